@@ -1,0 +1,114 @@
+//! The stored form of a message. Lua never parses it: the payload's JSON text is kept
+//! byte for byte, so 64-bit integers, key order and unicode survive every language.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::error::{Error, Result};
+use crate::keys::Layout;
+
+/// Deepest JSON nesting accepted; serde_json refuses deeper documents while parsing.
+pub const MAX_DEPTH: usize = 128;
+
+/// Check that `json` is one JSON value within the size limit.
+pub(crate) fn validate_payload(json: &str, max_bytes: usize) -> Result<()> {
+    if json.len() > max_bytes {
+        return Err(Error::PayloadTooLarge {
+            size: json.len(),
+            max: max_bytes,
+        });
+    }
+    // RawValue checks syntax (and serde_json's recursion limit of 128) without building
+    // a tree.
+    serde_json::from_str::<&RawValue>(json)
+        .map_err(|e| Error::PayloadNotSerializable(format!("not valid JSON: {e}")))?;
+    Ok(())
+}
+
+pub(crate) fn encode(layout: &Layout, id: &str, payload_json: &str, max_attempts: Option<u32>) -> String {
+    match layout {
+        // The recipe stores the bare payload, so its own consumers can read ours.
+        Layout::Seed { .. } => payload_json.to_owned(),
+        Layout::Native => {
+            let id = serde_json::Value::String(id.to_owned());
+            match max_attempts {
+                Some(n) => format!(r#"{{"v":1,"id":{id},"max_attempts":{n},"payload":{payload_json}}}"#),
+                None => format!(r#"{{"v":1,"id":{id},"payload":{payload_json}}}"#),
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Stored<'a> {
+    #[serde(borrow)]
+    payload: &'a RawValue,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+}
+
+/// A decoded envelope: the payload's JSON text and the per-message attempt limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Decoded {
+    pub(crate) payload_json: String,
+    pub(crate) max_attempts: Option<u32>,
+}
+
+pub(crate) fn decode(layout: &Layout, stored: &str) -> Result<Decoded, String> {
+    match layout {
+        Layout::Seed { .. } => match serde_json::from_str::<&RawValue>(stored) {
+            Ok(raw) => Ok(Decoded {
+                payload_json: raw.get().to_owned(),
+                max_attempts: None,
+            }),
+            Err(e) => Err(format!("payload is not valid JSON: {e}")),
+        },
+        Layout::Native => match serde_json::from_str::<Stored<'_>>(stored) {
+            Ok(s) => Ok(Decoded {
+                payload_json: s.payload.get().to_owned(),
+                max_attempts: s.max_attempts,
+            }),
+            Err(e) => Err(format!("envelope is not a valid delayq envelope: {e}")),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_bytes_round_trip_exactly() {
+        let payload = r#"{"z":1,"a":[9007199254740993,-1.5e300],"ü":"日本\n"}"#;
+        let stored = encode(&Layout::Native, "id\"1", payload, Some(3));
+        let back = decode(&Layout::Native, &stored).expect("decodes");
+        assert_eq!(back.payload_json, payload);
+        assert_eq!(back.max_attempts, Some(3));
+    }
+
+    #[test]
+    fn seed_layout_stores_the_bare_payload() {
+        let stored = encode(&Layout::seed(), "x", "[1,2]", Some(3));
+        assert_eq!(stored, "[1,2]");
+        assert_eq!(decode(&Layout::seed(), "[1,2]").expect("ok").max_attempts, None);
+    }
+
+    #[test]
+    fn invalid_payloads() {
+        assert!(matches!(
+            validate_payload("{", 100),
+            Err(Error::PayloadNotSerializable(_))
+        ));
+        assert!(matches!(
+            validate_payload("1 2", 100),
+            Err(Error::PayloadNotSerializable(_))
+        ));
+        assert!(matches!(
+            validate_payload("\"long\"", 3),
+            Err(Error::PayloadTooLarge { size: 6, max: 3 })
+        ));
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert!(validate_payload(&deep, 1 << 20).is_err());
+        assert!(decode(&Layout::Native, "not json").is_err());
+    }
+}

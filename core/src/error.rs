@@ -1,0 +1,136 @@
+//! One error type for the whole crate. The bindings map its variants onto their own
+//! exception classes in one place each, so every message here is written for users.
+
+use std::fmt;
+
+/// Everything that can go wrong in delayq.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The Redis URL could not be parsed or uses an unsupported scheme.
+    #[error("invalid Redis URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+
+    /// An option or argument was out of range; nothing was written.
+    #[error("invalid {name}: {reason}")]
+    InvalidArgument { name: String, reason: String },
+
+    /// Redis could not be reached (refused, unresolvable, dropped while connecting).
+    #[error("cannot connect to Redis at {addr}: {reason}")]
+    Connection { addr: String, reason: String },
+
+    /// An established connection broke before the reply arrived; the command may or
+    /// may not have run.
+    #[error("connection to Redis lost: {0}")]
+    ConnectionLost(String),
+
+    /// Redis did not answer within the configured timeout.
+    #[error("Redis did not answer within {timeout_ms} ms ({operation})")]
+    Timeout { operation: String, timeout_ms: u64 },
+
+    /// Wrong password or user, or the ACL user lacks a needed command or key.
+    #[error("Redis refused access: {0}")]
+    AuthFailed(String),
+
+    /// The payload cannot be represented as JSON (or is not valid JSON text).
+    #[error("payload is not serialisable as JSON: {0}")]
+    PayloadNotSerializable(String),
+
+    /// The payload's JSON is larger than `max_payload_bytes`.
+    #[error("payload is {size} bytes of JSON, over the limit of {max} bytes (max_payload_bytes)")]
+    PayloadTooLarge { size: usize, max: usize },
+
+    /// No message with this id exists in the queue.
+    #[error("no message with id {0:?} in this queue")]
+    UnknownId(String),
+
+    /// This delivery no longer holds the lease: it expired and the message was handed
+    /// to another consumer, or it was completed already.
+    #[error("lease lost for message {id:?}: {reason}")]
+    LeaseLost { id: String, reason: String },
+
+    /// A delayq Lua script or Redis returned an error that is not one of the above.
+    #[error("Redis error: {0}")]
+    Redis(String),
+
+    /// The worker was asked to do something its state forbids (e.g. run twice).
+    #[error("{0}")]
+    State(String),
+}
+
+/// Shorthand used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The operation ran out of time.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::Timeout { .. })
+    }
+
+    /// Redis could not be reached or the connection broke.
+    pub fn is_connection(&self) -> bool {
+        matches!(self, Self::Connection { .. } | Self::ConnectionLost(_))
+    }
+
+    /// Trying again later may succeed (the fault is in the network or server, not in
+    /// the request).
+    pub fn is_retryable(&self) -> bool {
+        self.is_connection() || self.is_timeout()
+    }
+
+    /// The caller passed something wrong; retrying the same call cannot succeed.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            Self::InvalidUrl { .. }
+                | Self::InvalidArgument { .. }
+                | Self::PayloadNotSerializable(_)
+                | Self::PayloadTooLarge { .. }
+        )
+    }
+
+    pub(crate) fn invalid(name: impl Into<String>, reason: impl fmt::Display) -> Self {
+        Self::InvalidArgument {
+            name: name.into(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Classify a redis-rs error raised while talking to `addr` during `operation`.
+    pub(crate) fn from_redis(err: &redis::RedisError, addr: &str, operation: &str, timeout_ms: u64) -> Self {
+        use redis::{ErrorKind, ServerErrorKind};
+        if err.is_timeout() {
+            return Self::Timeout {
+                operation: operation.to_owned(),
+                timeout_ms,
+            };
+        }
+        if err.is_connection_refusal() {
+            return Self::Connection {
+                addr: addr.to_owned(),
+                reason: err.to_string(),
+            };
+        }
+        if err.is_connection_dropped() || err.is_io_error() {
+            return Self::ConnectionLost(err.to_string());
+        }
+        match err.kind() {
+            ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
+                Self::AuthFailed(err.to_string())
+            }
+            ErrorKind::InvalidClientConfig => Self::InvalidUrl {
+                url: addr.to_owned(),
+                reason: err.to_string(),
+            },
+            _ => {
+                let text = err.to_string();
+                // Redis answers NOAUTH/WRONGPASS/NOPERM as plain error codes on some paths.
+                if ["NOAUTH", "WRONGPASS", "NOPERM"].iter().any(|c| text.contains(c)) {
+                    Self::AuthFailed(text)
+                } else {
+                    Self::Redis(text)
+                }
+            }
+        }
+    }
+}

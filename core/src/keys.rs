@@ -1,0 +1,158 @@
+//! Where a queue lives in Redis. Every key of one queue shares one hash tag, so each
+//! script touches a single slot and the queue runs unchanged on Redis Cluster.
+
+use crate::error::{Error, Result};
+
+/// How messages are laid out in Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Layout {
+    /// delayq's own keys under the `{prefix:queue}` hash tag.
+    Native,
+    /// The hand-made recipe's keys: a ZSET scored by due time in whole seconds and a
+    /// HASH id -> payload JSON. Leases, attempts, errors and dead letters live in extra
+    /// keys named after the ZSET (`<zset_key>:inflight`, ...), which the recipe ignores.
+    Seed { zset_key: String, payload_key: String },
+}
+
+impl Layout {
+    /// The recipe's own key names.
+    pub fn seed() -> Self {
+        Self::Seed {
+            zset_key: "delay_queue:zset".to_owned(),
+            payload_key: "delay_queue:payload".to_owned(),
+        }
+    }
+
+    pub(crate) fn script_name(&self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Seed { .. } => "seed",
+        }
+    }
+}
+
+/// The key names of one queue, in the order every script expects them (see lib.lua).
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    pub(crate) all: [String; 9],
+    pub(crate) wake_channel: String,
+}
+
+pub(crate) const MAX_NAME_BYTES: usize = 200;
+
+pub(crate) fn validate_name(what: &str, name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::invalid(what, "must not be empty"));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(Error::invalid(
+            what,
+            format!("is {} bytes, the limit is {MAX_NAME_BYTES}", name.len()),
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| c.is_control() || c.is_whitespace() || *c == '{' || *c == '}')
+    {
+        return Err(Error::invalid(
+            what,
+            format!(
+                "{name:?} contains {c:?}; braces would break the hash tag, blanks and control characters are refused"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str, queue: &str, layout: &Layout) -> Result<Self> {
+        validate_name("queue name", queue)?;
+        match layout {
+            Layout::Native => {
+                validate_name("prefix", prefix)?;
+                let tag = format!("{{{prefix}:{queue}}}");
+                let key = |suffix: &str| format!("{tag}:{suffix}");
+                Ok(Self {
+                    all: [
+                        key("scheduled"),
+                        key("messages"),
+                        key("inflight"),
+                        key("leases"),
+                        key("attempts"),
+                        key("errors"),
+                        key("dead"),
+                        key("stats"),
+                        key("seq"),
+                    ],
+                    wake_channel: key("wake"),
+                })
+            }
+            Layout::Seed { zset_key, payload_key } => {
+                for (what, name) in [("zset_key", zset_key), ("payload_key", payload_key)] {
+                    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+                        return Err(Error::invalid(what, format!("must be 1 to {MAX_NAME_BYTES} bytes")));
+                    }
+                }
+                let key = |suffix: &str| format!("{zset_key}:{suffix}");
+                Ok(Self {
+                    all: [
+                        zset_key.clone(),
+                        payload_key.clone(),
+                        key("inflight"),
+                        key("leases"),
+                        key("attempts"),
+                        key("errors"),
+                        key("dead"),
+                        key("stats"),
+                        key("seq"),
+                    ],
+                    wake_channel: key("wake"),
+                })
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn scheduled(&self) -> &str {
+        &self.all[0]
+    }
+    #[cfg(test)]
+    pub(crate) fn messages(&self) -> &str {
+        &self.all[1]
+    }
+    #[cfg(test)]
+    pub(crate) fn inflight(&self) -> &str {
+        &self.all[2]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn native_keys_share_one_hash_tag() {
+        let keys = Keys::new("dq", "orders", &Layout::Native).expect("valid names");
+        for key in keys.all.iter().chain([&keys.wake_channel]) {
+            assert!(key.starts_with("{dq:orders}:"), "{key}");
+        }
+    }
+
+    #[test]
+    fn seed_keys_are_the_recipes() {
+        let keys = Keys::new("dq", "ignored", &Layout::seed()).expect("valid names");
+        assert_eq!(keys.scheduled(), "delay_queue:zset");
+        assert_eq!(keys.messages(), "delay_queue:payload");
+        assert_eq!(keys.inflight(), "delay_queue:zset:inflight");
+    }
+
+    #[test]
+    fn names_that_break_the_hash_tag_are_refused() {
+        let err = Keys::new("dq", "a}b", &Layout::Native).expect_err("brace");
+        assert!(err.to_string().contains("queue name"), "{err}");
+        assert!(Keys::new("", "q", &Layout::Native).is_err());
+        assert!(Keys::new("dq", "", &Layout::Native).is_err());
+        assert!(Keys::new("dq", "has space", &Layout::Native).is_err());
+    }
+}

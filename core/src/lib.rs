@@ -1,0 +1,44 @@
+//! delayq: a reliable delay queue on Redis.
+//!
+//! Messages are scheduled in a sorted set by due time and handed to consumers under a
+//! lease: a consumer that dies or hangs loses its lease and the message is delivered
+//! again; a consumer that fails it retries with backoff until a dead-letter set takes
+//! it. Every operation is one Lua script on keys that share one hash tag.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use delayq::{Queue, QueueOptions, Worker, WorkerOptions};
+//!
+//! let queue = Queue::new("redis://127.0.0.1:6379", "orders", QueueOptions::default())?;
+//! queue.push(&serde_json::json!({"order_id": 10086, "action": "close"}), Duration::from_secs(1800))?;
+//!
+//! let worker = Worker::new(queue, WorkerOptions::default())?;
+//! let summary = worker.run(4, |delivery| {
+//!     let order: serde_json::Value = delivery.payload().map_err(|e| e.to_string())?;
+//!     println!("closing {order}");
+//!     Ok(())
+//! })?;
+//! # Ok::<(), delayq::Error>(())
+//! ```
+
+mod backoff;
+mod conn;
+mod envelope;
+mod error;
+mod keys;
+mod queue;
+mod scripts;
+mod time;
+mod worker;
+
+pub use conn::ConnectOptions;
+pub use envelope::MAX_DEPTH;
+pub use error::{Error, Result};
+pub use keys::Layout;
+pub use queue::{
+    DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, MAX_ID_BYTES, MessageInfo, NewMessage, PushOptions, Queue, QueueOptions,
+    State, Stats,
+};
+pub use scripts::MAX_BATCH;
+pub use time::{Due, MAX_DELAY, delay_from_secs};
+pub use worker::{Consumer, Delivery, Received, Stopper, Summary, Worker, WorkerOptions};

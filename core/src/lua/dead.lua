@@ -1,0 +1,14 @@
+-- dead.lua: list dead letters, newest first.
+-- KEYS: see lib.lua.   ARGV[3] limit.
+-- Returns groups of 5: id, dead_at_ms, envelope, attempts, last_error.
+local ids = redis.call('ZREVRANGE', K_DEAD, 0, tonumber(ARGV[3]) - 1, 'WITHSCORES')
+local result = {}
+for i = 1, #ids, 2 do
+  local id = ids[i]
+  result[#result + 1] = id
+  result[#result + 1] = tonumber(ids[i + 1])
+  result[#result + 1] = redis.call('HGET', K_MSG, id) or ''
+  result[#result + 1] = tonumber(redis.call('HGET', K_ATT, id) or '0')
+  result[#result + 1] = redis.call('HGET', K_ERR, id) or ''
+end
+return result

@@ -1,0 +1,30 @@
+-- get.lua: everything known about one message.
+-- KEYS: see lib.lua.   ARGV[3] id.
+-- Returns nil for an unknown id, else {state, envelope, due_ms, attempts, last_error,
+--   dead_at_ms}; state is scheduled | ready | inflight | dead; due_ms is -1 for a dead
+--   message; dead_at_ms is -1 unless dead; last_error is false when there is none.
+local id = ARGV[3]
+local envelope = redis.call('HGET', K_MSG, id)
+if not envelope then
+  return nil
+end
+local attempts = tonumber(redis.call('HGET', K_ATT, id) or '0')
+local err = redis.call('HGET', K_ERR, id)
+local score = redis.call('ZSCORE', K_SCHED, id)
+if score then
+  local due = due_of(tonumber(score))
+  local state = 'scheduled'
+  if tonumber(score) <= due_bound(now_ms()) then
+    state = 'ready'
+  end
+  return {state, envelope, due, attempts, err, -1}
+end
+local lease = redis.call('HGET', K_LEASE, id)
+if lease then
+  return {'inflight', envelope, lease_due(lease), attempts, err, -1}
+end
+local died = redis.call('ZSCORE', K_DEAD, id)
+if died then
+  return {'dead', envelope, -1, attempts, err, tonumber(died)}
+end
+return redis.error_reply('DQERR corrupt message ' .. id .. ' has an envelope but no state')

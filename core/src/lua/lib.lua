@@ -1,0 +1,119 @@
+-- lib.lua: prelude that the crate prepends to every script below (Redis Lua has no
+-- `require`). Every script receives the same KEYS, in this order, so that the Rust
+-- side builds one key list per queue and every key carries the queue's hash tag:
+--   KEYS[1] scheduled  ZSET  id -> score (due time, see score_of)
+--   KEYS[2] messages   HASH  id -> envelope (opaque to Lua: payload bytes never pass
+--                            through cjson, so 64-bit integers and key order survive)
+--   KEYS[3] inflight   ZSET  id -> lease deadline (ms, server clock)
+--   KEYS[4] leases     HASH  id -> "<token>:<due_ms>" of the current delivery
+--   KEYS[5] attempts   HASH  id -> deliveries so far
+--   KEYS[6] errors     HASH  id -> last error text
+--   KEYS[7] dead       ZSET  id -> time of death (ms)
+--   KEYS[8] stats      HASH  counters: pushed delivered acked retried dead ...
+--   KEYS[9] sequence   STRING  monotonic counter (FIFO order and lease tokens)
+-- ARGV[1] is the layout ("native" or "seed"), ARGV[2] the wake-up channel.
+-- Scripts return error replies only for caller bugs, as "DQERR <code> <detail>".
+local K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_STATS, K_SEQ =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local LAYOUT, CHANNEL = ARGV[1], ARGV[2]
+local SEED = LAYOUT == 'seed'
+
+-- Native scores pack a sequence number into the low 12 bits so that messages due in
+-- the same millisecond keep push order (BullMQ does the same); due_ms * 4096 stays
+-- below 2^53 until the year 2255, so doubles hold it exactly. The seed layout keeps
+-- the recipe's whole-second scores so the recipe's own consumers keep working.
+local SEQ_SPAN = 4096
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+local function next_seq(count)
+  return redis.call('INCRBY', K_SEQ, count or 1)
+end
+
+local function score_of(due_ms, seq)
+  if SEED then
+    -- Rounded up: a message may be late by the recipe's one-second grain, never early.
+    return math.ceil(due_ms / 1000)
+  end
+  return due_ms * SEQ_SPAN + (seq % SEQ_SPAN)
+end
+
+local function due_of(score)
+  if SEED then
+    return score * 1000
+  end
+  return math.floor(score / SEQ_SPAN)
+end
+
+-- Highest score that is due at `ms`.
+local function due_bound(ms)
+  if SEED then
+    return math.floor(ms / 1000)
+  end
+  return ms * SEQ_SPAN + SEQ_SPAN - 1
+end
+
+local function head_score()
+  local head = redis.call('ZRANGE', K_SCHED, 0, 0, 'WITHSCORES')
+  if head[2] then
+    return tonumber(head[2])
+  end
+  return nil
+end
+
+-- Idle consumers sleep until the earliest due time on a client-side timer; a
+-- message that becomes the new head must wake them, so its due time is published.
+local function wake_if_new_head(old_head)
+  local new_head = head_score()
+  if new_head and (old_head == nil or new_head < old_head) then
+    redis.call('PUBLISH', CHANNEL, fmt(due_of(new_head)))
+  end
+end
+
+local function lease_token(lease)
+  if not lease then
+    return nil
+  end
+  return string.match(lease, '^(%d+):')
+end
+
+local function lease_due(lease)
+  return tonumber(string.match(lease, ':(%d+)$'))
+end
+
+local function forget(ids)
+  if #ids == 0 then
+    return
+  end
+  redis.call('HDEL', K_MSG, unpack(ids))
+  redis.call('HDEL', K_ATT, unpack(ids))
+  redis.call('HDEL', K_ERR, unpack(ids))
+  redis.call('HDEL', K_LEASE, unpack(ids))
+end
+
+-- Dead letters are capped by age and count so Redis memory cannot grow without bound;
+-- envelopes go with their set entry, so nothing is left behind in the message hash.
+local TRIM_STEP = 1000
+local function trim_dead(now, dead_max, dead_ttl_ms)
+  local old = redis.call('ZRANGEBYSCORE', K_DEAD, '-inf', fmt(now - dead_ttl_ms), 'LIMIT', 0, TRIM_STEP)
+  local excess = redis.call('ZCARD', K_DEAD) - #old - dead_max
+  if excess > 0 then
+    local oldest = redis.call('ZRANGE', K_DEAD, #old, #old + math.min(excess, TRIM_STEP) - 1)
+    for _, id in ipairs(oldest) do
+      old[#old + 1] = id
+    end
+  end
+  if #old > 0 then
+    redis.call('ZREM', K_DEAD, unpack(old))
+    forget(old)
+    redis.call('HINCRBY', K_STATS, 'trimmed', #old)
+  end
+end
+

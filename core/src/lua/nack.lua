@@ -1,0 +1,40 @@
+-- nack.lua: fail deliveries: retry later, or bury them in the dead-letter set.
+-- KEYS: see lib.lua.
+-- ARGV[3] dead_max   ARGV[4] dead_ttl_ms
+-- ARGV[5..] groups of 4: id, token, retry delay in ms (-1 = dead letter now), error.
+-- Returns one status per group: 1 retried, 2 buried, 0 lease lost, -1 gone.
+local now = now_ms()
+local old_head = head_score()
+local result = {}
+local retried, buried = 0, 0
+for i = 5, #ARGV, 4 do
+  local id, token, delay, err = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
+  local held = lease_token(redis.call('HGET', K_LEASE, id))
+  if held == token then
+    redis.call('ZREM', K_INFLIGHT, id)
+    redis.call('HDEL', K_LEASE, id)
+    redis.call('HSET', K_ERR, id, err)
+    if delay < 0 then
+      redis.call('ZADD', K_DEAD, now, id)
+      buried = buried + 1
+      result[#result + 1] = 2
+    else
+      redis.call('ZADD', K_SCHED, score_of(now + delay, next_seq()), id)
+      retried = retried + 1
+      result[#result + 1] = 1
+    end
+  elseif redis.call('HEXISTS', K_MSG, id) == 1 then
+    result[#result + 1] = 0
+  else
+    result[#result + 1] = -1
+  end
+end
+if retried > 0 then
+  redis.call('HINCRBY', K_STATS, 'retried', retried)
+  wake_if_new_head(old_head)
+end
+if buried > 0 then
+  redis.call('HINCRBY', K_STATS, 'dead', buried)
+  trim_dead(now, tonumber(ARGV[3]), tonumber(ARGV[4]))
+end
+return result

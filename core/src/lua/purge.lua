@@ -1,0 +1,7 @@
+-- purge.lua: delete every message of the queue in any state; counters are kept.
+-- KEYS: see lib.lua.
+-- Returns the number of messages deleted.
+local count = redis.call('HLEN', K_MSG)
+redis.call('UNLINK', K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD)
+redis.call('HINCRBY', K_STATS, 'purged', count)
+return count

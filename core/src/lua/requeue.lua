@@ -1,0 +1,31 @@
+-- requeue.lua: send dead letters back to the queue, due now, with a fresh attempt
+-- budget (the last error stays visible until the next attempt ends).
+-- KEYS: see lib.lua.
+-- ARGV[3] id, or "" for the oldest ARGV[4] dead letters.
+-- Returns the number requeued; the caller repeats "" calls until fewer than ARGV[4].
+local ids
+if ARGV[3] ~= '' then
+  ids = {}
+  if redis.call('ZSCORE', K_DEAD, ARGV[3]) then
+    ids[1] = ARGV[3]
+  end
+else
+  ids = redis.call('ZRANGE', K_DEAD, 0, tonumber(ARGV[4]) - 1)
+end
+if #ids == 0 then
+  return 0
+end
+local old_head = head_score()
+local now = now_ms()
+local seq = next_seq(#ids)
+local adds = {}
+for i, id in ipairs(ids) do
+  adds[#adds + 1] = score_of(now, seq - #ids + i)
+  adds[#adds + 1] = id
+end
+redis.call('ZREM', K_DEAD, unpack(ids))
+redis.call('HDEL', K_ATT, unpack(ids))
+redis.call('ZADD', K_SCHED, unpack(adds))
+redis.call('HINCRBY', K_STATS, 'requeued', #ids)
+wake_if_new_head(old_head)
+return #ids

@@ -1,0 +1,17 @@
+-- reschedule.lua: move a waiting message to a new due time.
+-- KEYS: see lib.lua.
+-- ARGV[3] id   ARGV[4] kind ("d" delay from the server clock, "a" absolute)   ARGV[5] ms
+-- Returns the new due time in ms, or -1 when the message is not waiting.
+local id, kind, ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
+if not redis.call('ZSCORE', K_SCHED, id) then
+  return -1
+end
+local old_head = head_score()
+local due = ms
+if kind == 'd' then
+  due = now_ms() + ms
+end
+local score = score_of(due, next_seq())
+redis.call('ZADD', K_SCHED, score, id)
+wake_if_new_head(old_head)
+return due_of(score)

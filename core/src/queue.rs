@@ -1,0 +1,550 @@
+//! The producer and admin API of one queue.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::{FromRedisValue, RedisResult, Value};
+use serde::Serialize;
+
+use crate::conn::{ConnSlot, ConnectOptions, Endpoint, Replay};
+use crate::envelope;
+use crate::error::{Error, Result};
+use crate::keys::{Keys, Layout, validate_name};
+use crate::scripts::{self, MAX_BATCH};
+use crate::time::Due;
+
+/// Settings of one queue. The defaults are the same in every binding, so PHP and
+/// Python address the same keys given the same URL, queue name and prefix.
+#[derive(Debug, Clone)]
+pub struct QueueOptions {
+    /// First part of the hash tag: keys are `{prefix:queue}:...`.
+    pub prefix: String,
+    pub layout: Layout,
+    /// Largest payload, as JSON text, that `push` accepts.
+    pub max_payload_bytes: usize,
+    pub connect: ConnectOptions,
+    /// Dead letters kept at most (the oldest go first).
+    pub dead_max: usize,
+    /// Dead letters older than this are deleted.
+    pub dead_ttl: Duration,
+    /// Sub-queues one logical queue is spread over (Redis Cluster); only 1 for now.
+    pub partitions: u32,
+}
+
+/// Default `max_payload_bytes`: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
+
+impl Default for QueueOptions {
+    fn default() -> Self {
+        Self {
+            prefix: "dq".to_owned(),
+            layout: Layout::Native,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            connect: ConnectOptions::default(),
+            dead_max: 10_000,
+            dead_ttl: Duration::from_secs(30 * 24 * 3600),
+            partitions: 1,
+        }
+    }
+}
+
+/// Per-message options of a push.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PushOptions {
+    /// Caller-chosen id: pushing the same id again while the message exists creates
+    /// nothing and returns the same id.
+    pub id: Option<String>,
+    /// Deliveries allowed before the message goes to the dead-letter set (overrides
+    /// the worker's `max_attempts`).
+    pub max_attempts: Option<u32>,
+}
+
+/// One message of a `push_many` batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewMessage {
+    /// The payload as JSON text.
+    pub payload_json: String,
+    pub due: Due,
+    pub options: PushOptions,
+}
+
+impl NewMessage {
+    /// A message from any serialisable value.
+    pub fn new<T: Serialize + ?Sized>(payload: &T, due: impl Into<Due>) -> Result<Self> {
+        Ok(Self {
+            payload_json: to_json(payload)?,
+            due: due.into(),
+            options: PushOptions::default(),
+        })
+    }
+}
+
+/// Where a message is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Waiting for its due time.
+    Scheduled,
+    /// Due, not yet claimed by a consumer.
+    Ready,
+    /// Claimed by a consumer under a lease.
+    Inflight,
+    /// Gave up on: in the dead-letter set.
+    Dead,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Scheduled => "scheduled",
+            Self::Ready => "ready",
+            Self::Inflight => "inflight",
+            Self::Dead => "dead",
+        }
+    }
+}
+
+/// What `get` knows about a message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessageInfo {
+    pub id: String,
+    pub state: State,
+    /// The payload as JSON text (or the raw stored text when it is not valid JSON).
+    pub payload_json: String,
+    /// Due time of the pending or current delivery, Unix ms; `None` once dead.
+    pub due_at_ms: Option<i64>,
+    /// Deliveries so far.
+    pub attempts: u32,
+    pub max_attempts: Option<u32>,
+    pub last_error: Option<String>,
+    pub dead_at_ms: Option<i64>,
+}
+
+/// A message in the dead-letter set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    pub id: String,
+    pub payload_json: String,
+    pub attempts: u32,
+    pub last_error: String,
+    pub dead_at_ms: i64,
+}
+
+/// Queue depth and lifetime counters.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Waiting for a future due time.
+    pub scheduled: u64,
+    /// Due and waiting for a consumer.
+    pub ready: u64,
+    pub inflight: u64,
+    pub dead: u64,
+    /// Due time of the earliest waiting message, Unix ms.
+    pub next_due_ms: Option<i64>,
+    /// Lifetime counters: pushed, delivered, acked, retried, dead, expired, released,
+    /// cancelled, requeued, trimmed, purged, orphaned (absent ones are 0).
+    pub totals: BTreeMap<String, u64>,
+}
+
+impl Stats {
+    pub fn total(&self, name: &str) -> u64 {
+        self.totals.get(name).copied().unwrap_or(0)
+    }
+}
+
+pub(crate) fn to_json<T: Serialize + ?Sized>(payload: &T) -> Result<String> {
+    serde_json::to_string(payload).map_err(|e| Error::PayloadNotSerializable(e.to_string()))
+}
+
+pub(crate) struct Inner {
+    pub(crate) name: String,
+    pub(crate) keys: Keys,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) opts: QueueOptions,
+    conn: Mutex<ConnSlot>,
+}
+
+/// A handle on one queue. Cheap to clone; safe to share between threads; usable on
+/// both sides of a `fork()` (each process opens its own connection).
+#[derive(Clone)]
+pub struct Queue {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("name", &self.inner.name)
+            .field("url", &self.inner.endpoint.display)
+            .field("layout", &self.inner.opts.layout)
+            .finish()
+    }
+}
+
+/// Longest caller-supplied id.
+pub const MAX_ID_BYTES: usize = 200;
+
+fn validate_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return Err(Error::invalid(
+            "id",
+            format!("must be 1 to {MAX_ID_BYTES} bytes, got {}", id.len()),
+        ));
+    }
+    if let Some(c) = id.chars().find(|c| c.is_control()) {
+        return Err(Error::invalid(
+            "id",
+            format!("{id:?} contains the control character {c:?}"),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_max_attempts(n: Option<u32>) -> Result<()> {
+    match n {
+        Some(0) => Err(Error::invalid("max_attempts", "must be at least 1")),
+        _ => Ok(()),
+    }
+}
+
+fn ids_reply(v: Value) -> RedisResult<Vec<Value>> {
+    match v {
+        Value::Array(items) => Ok(items),
+        Value::Nil => Ok(Vec::new()),
+        other => Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "script reply is not an array",
+            format!("{other:?}"),
+        ))),
+    }
+}
+
+pub(crate) fn int(v: &Value) -> i64 {
+    i64::from_redis_value(v.clone()).unwrap_or(-1)
+}
+
+pub(crate) fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::Nil | Value::Boolean(false) => None,
+        other => String::from_redis_value(other.clone()).ok(),
+    }
+}
+
+impl Queue {
+    /// A handle on queue `name` at `url`. Validates everything; connects on first use.
+    pub fn new(url: &str, name: &str, opts: QueueOptions) -> Result<Self> {
+        if opts.max_payload_bytes == 0 {
+            return Err(Error::invalid("max_payload_bytes", "must be greater than zero"));
+        }
+        if opts.dead_max == 0 {
+            return Err(Error::invalid("dead_max", "must be at least 1"));
+        }
+        if opts.partitions != 1 {
+            return Err(Error::invalid(
+                "partitions",
+                format!(
+                    "{} partitions requested; this version supports exactly 1",
+                    opts.partitions
+                ),
+            ));
+        }
+        if matches!(opts.layout, Layout::Native) {
+            validate_name("prefix", &opts.prefix)?;
+        }
+        let keys = Keys::new(&opts.prefix, name, &opts.layout)?;
+        let endpoint = Endpoint::parse(url, opts.connect.clone())?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                name: name.to_owned(),
+                keys,
+                endpoint,
+                opts,
+                conn: Mutex::new(ConnSlot::new()),
+            }),
+        })
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub fn options(&self) -> &QueueOptions {
+        &self.inner.opts
+    }
+
+    /// The URL with its password hidden.
+    pub fn url(&self) -> &str {
+        &self.inner.endpoint.display
+    }
+
+    /// Run `build` to add arguments, then the script, on the producer connection.
+    pub(crate) fn call(
+        &self,
+        operation: &str,
+        replay: Replay,
+        script: &redis::Script,
+        build: impl Fn(&mut redis::ScriptInvocation<'_>),
+    ) -> Result<Value> {
+        let inner = &*self.inner;
+        inner.conn.lock().run(&inner.endpoint, operation, replay, |con| {
+            let mut inv = self.invocation(script);
+            build(&mut inv);
+            inv.invoke(con)
+        })
+    }
+
+    pub(crate) fn invocation<'a>(&'a self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        for k in &self.inner.keys.all {
+            inv.key(k);
+        }
+        inv.arg(self.inner.opts.layout.script_name())
+            .arg(&self.inner.keys.wake_channel);
+        inv
+    }
+
+    /// Check that Redis answers (connecting if needed).
+    pub fn ping(&self) -> Result<()> {
+        let inner = &*self.inner;
+        inner.conn.lock().run(&inner.endpoint, "ping", Replay::Safe, |con| {
+            redis::cmd("PING").query::<String>(con)
+        })?;
+        Ok(())
+    }
+
+    /// Schedule `payload` (any serialisable value) after `delay`. Returns its id.
+    pub fn push<T: Serialize + ?Sized>(&self, payload: &T, due: impl Into<Due>) -> Result<String> {
+        self.push_json(&to_json(payload)?, due.into(), &PushOptions::default())
+    }
+
+    /// Schedule `payload` at the Unix time `at`.
+    pub fn push_at<T: Serialize + ?Sized>(&self, payload: &T, at: std::time::SystemTime) -> Result<String> {
+        self.push_json(&to_json(payload)?, Due::at(at), &PushOptions::default())
+    }
+
+    /// Schedule a payload given as JSON text. One round trip.
+    pub fn push_json(&self, payload_json: &str, due: Due, options: &PushOptions) -> Result<String> {
+        let mut ids = self.push_many(&[NewMessage {
+            payload_json: payload_json.to_owned(),
+            due,
+            options: options.clone(),
+        }])?;
+        Ok(ids.remove(0))
+    }
+
+    /// Schedule a batch in one round trip (scripts of at most 1000 messages each,
+    /// pipelined). Every message is validated before anything is written.
+    pub fn push_many(&self, batch: &[NewMessage]) -> Result<Vec<String>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let inner = &*self.inner;
+        let mut ids = Vec::with_capacity(batch.len());
+        let mut envelopes = Vec::with_capacity(batch.len());
+        for (i, m) in batch.iter().enumerate() {
+            let at = |e: Error| -> Error {
+                if batch.len() == 1 {
+                    e
+                } else {
+                    match e {
+                        Error::InvalidArgument { name, reason } => Error::InvalidArgument {
+                            name: format!("{name} of item {i}"),
+                            reason,
+                        },
+                        Error::PayloadNotSerializable(r) => Error::PayloadNotSerializable(format!("item {i}: {r}")),
+                        other => other,
+                    }
+                }
+            };
+            envelope::validate_payload(&m.payload_json, inner.opts.max_payload_bytes).map_err(at)?;
+            validate_max_attempts(m.options.max_attempts).map_err(at)?;
+            m.due.validate().map_err(at)?;
+            let id = match &m.options.id {
+                Some(id) => {
+                    validate_id(id).map_err(at)?;
+                    id.clone()
+                }
+                // Sortable by creation time and unique without coordination. Having the
+                // id before the first send makes a retried push idempotent.
+                None => uuid::Uuid::now_v7().to_string(),
+            };
+            envelopes.push(envelope::encode(
+                &inner.opts.layout,
+                &id,
+                &m.payload_json,
+                m.options.max_attempts,
+            ));
+            ids.push(id);
+        }
+        let chunks: Vec<_> = (0..batch.len()).step_by(MAX_BATCH).collect();
+        let add_chunk = |inv: &mut redis::ScriptInvocation<'_>, start: usize| {
+            for i in start..(start + MAX_BATCH).min(batch.len()) {
+                let (kind, ms) = batch[i].due.script_args();
+                inv.arg(&ids[i]).arg(kind).arg(ms).arg(&envelopes[i]);
+            }
+        };
+        if chunks.len() == 1 || inner.endpoint.is_cluster() {
+            for start in chunks {
+                self.call("push", Replay::Safe, &scripts::PUSH, |inv| add_chunk(inv, start))?;
+            }
+        } else {
+            inner
+                .conn
+                .lock()
+                .run(&inner.endpoint, "push_many", Replay::Safe, |con| {
+                    scripts::PUSH.load(con)?;
+                    let mut pipe = redis::pipe();
+                    for &start in &chunks {
+                        let mut inv = self.invocation(&scripts::PUSH);
+                        add_chunk(&mut inv, start);
+                        pipe.invoke_script(&inv);
+                    }
+                    pipe.query::<Vec<Value>>(con)
+                })?;
+        }
+        Ok(ids)
+    }
+
+    /// Delete a message that has not been claimed yet. `false` when it is unknown,
+    /// running or dead.
+    pub fn cancel(&self, id: &str) -> Result<bool> {
+        validate_id(id)?;
+        let v = self.call("cancel", Replay::IfNotSent, &scripts::CANCEL, |inv| {
+            inv.arg(id);
+        })?;
+        Ok(int(&v) == 1)
+    }
+
+    /// Move a waiting message to a new due time. `false` when it is not waiting.
+    pub fn reschedule(&self, id: &str, due: impl Into<Due>) -> Result<bool> {
+        validate_id(id)?;
+        let due = due.into().validate()?;
+        let (kind, ms) = due.script_args();
+        let v = self.call("reschedule", Replay::Safe, &scripts::RESCHEDULE, |inv| {
+            inv.arg(id).arg(kind).arg(ms);
+        })?;
+        Ok(int(&v) >= 0)
+    }
+
+    /// Everything known about one message, or `None` when the id is unknown.
+    pub fn get(&self, id: &str) -> Result<Option<MessageInfo>> {
+        validate_id(id)?;
+        let v = self.call("get", Replay::Safe, &scripts::GET, |inv| {
+            inv.arg(id);
+        })?;
+        let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "get"))?;
+        if items.len() < 6 {
+            return Ok(None);
+        }
+        let state = match text(&items[0]).as_deref() {
+            Some("scheduled") => State::Scheduled,
+            Some("ready") => State::Ready,
+            Some("inflight") => State::Inflight,
+            _ => State::Dead,
+        };
+        let stored = text(&items[1]).unwrap_or_default();
+        let (payload_json, max_attempts) = match envelope::decode(&self.inner.opts.layout, &stored) {
+            Ok(d) => (d.payload_json, d.max_attempts),
+            Err(_) => (stored, None),
+        };
+        let due = int(&items[2]);
+        let dead = int(&items[5]);
+        Ok(Some(MessageInfo {
+            id: id.to_owned(),
+            state,
+            payload_json,
+            due_at_ms: (due >= 0).then_some(due),
+            attempts: u32::try_from(int(&items[3])).unwrap_or(0),
+            max_attempts,
+            last_error: text(&items[4]),
+            dead_at_ms: (dead >= 0).then_some(dead),
+        }))
+    }
+
+    /// Depth by state and lifetime counters.
+    pub fn stats(&self) -> Result<Stats> {
+        let v = self.call("stats", Replay::Safe, &scripts::STATS, |_| {})?;
+        let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "stats"))?;
+        let n = |i: usize| u64::try_from(items.get(i).map(int).unwrap_or(0)).unwrap_or(0);
+        let waiting = n(1);
+        let ready = n(2);
+        let next = items.get(5).map(int).unwrap_or(-1);
+        let mut totals = BTreeMap::new();
+        for pair in items.get(6..).unwrap_or_default().chunks(2) {
+            if let [k, v] = pair {
+                if let Some(k) = text(k) {
+                    totals.insert(k, text(v).and_then(|v| v.parse().ok()).unwrap_or(0));
+                }
+            }
+        }
+        Ok(Stats {
+            scheduled: waiting.saturating_sub(ready),
+            ready,
+            inflight: n(3),
+            dead: n(4),
+            next_due_ms: (next >= 0).then_some(next),
+            totals,
+        })
+    }
+
+    /// Up to `limit` dead letters, newest first.
+    pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = limit.min(self.inner.opts.dead_max.max(1));
+        let v = self.call("dead_letters", Replay::Safe, &scripts::DEAD, |inv| {
+            inv.arg(limit);
+        })?;
+        let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "dead_letters"))?;
+        Ok(items
+            .chunks(5)
+            .filter_map(|c| {
+                let [id, at, env, att, err] = c else { return None };
+                let stored = text(env).unwrap_or_default();
+                Some(DeadLetter {
+                    id: text(id)?,
+                    payload_json: envelope::decode(&self.inner.opts.layout, &stored)
+                        .map(|d| d.payload_json)
+                        .unwrap_or(stored),
+                    attempts: u32::try_from(int(att)).unwrap_or(0),
+                    last_error: text(err).unwrap_or_default(),
+                    dead_at_ms: int(at),
+                })
+            })
+            .collect())
+    }
+
+    /// Send dead letters back to the queue, due now, with a fresh attempt budget: one
+    /// (`Some(id)`) or all. Returns how many were requeued.
+    pub fn requeue_dead(&self, id: Option<&str>) -> Result<u64> {
+        if let Some(id) = id {
+            validate_id(id)?;
+            let v = self.call("requeue_dead", Replay::Safe, &scripts::REQUEUE, |inv| {
+                inv.arg(id).arg(1);
+            })?;
+            return Ok(u64::try_from(int(&v)).unwrap_or(0));
+        }
+        let mut total = 0;
+        loop {
+            // Batches keep each call short; a crash between batches only leaves the rest dead.
+            let v = self.call("requeue_dead", Replay::Safe, &scripts::REQUEUE, |inv| {
+                inv.arg("").arg(MAX_BATCH);
+            })?;
+            let n = u64::try_from(int(&v)).unwrap_or(0);
+            total += n;
+            if n < MAX_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Delete every message in every state. Returns how many were deleted.
+    pub fn purge(&self) -> Result<u64> {
+        let v = self.call("purge", Replay::IfNotSent, &scripts::PURGE, |_| {})?;
+        Ok(u64::try_from(int(&v)).unwrap_or(0))
+    }
+}

@@ -1,0 +1,29 @@
+//! The Lua scripts, one file each, loaded with EVALSHA and reloaded on NOSCRIPT.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+macro_rules! script {
+    ($name:ident, $file:literal) => {
+        pub(crate) static $name: LazyLock<Script> =
+            LazyLock::new(|| Script::new(concat!(include_str!("lua/lib.lua"), include_str!($file))));
+    };
+}
+
+script!(PUSH, "lua/push.lua");
+script!(CLAIM, "lua/claim.lua");
+script!(ACK, "lua/ack.lua");
+script!(NACK, "lua/nack.lua");
+script!(RELEASE, "lua/release.lua");
+script!(EXTEND, "lua/extend.lua");
+script!(CANCEL, "lua/cancel.lua");
+script!(RESCHEDULE, "lua/reschedule.lua");
+script!(GET, "lua/get.lua");
+script!(STATS, "lua/stats.lua");
+script!(DEAD, "lua/dead.lua");
+script!(REQUEUE, "lua/requeue.lua");
+script!(PURGE, "lua/purge.lua");
+
+/// Most ids one script call handles; bounds how long any call blocks Redis.
+pub const MAX_BATCH: usize = 1000;

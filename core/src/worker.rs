@@ -1,0 +1,1176 @@
+//! The consumer pool: native threads that claim, extend, acknowledge and reap, and a
+//! hand-off so that handlers can run on the caller's own thread (what PHP and Python
+//! need) or on the pool's threads (pure Rust).
+//!
+//! Threads of one running pool, each with its own connection:
+//! - `threads` fetchers: claim due messages in batches into a bounded prefetch buffer,
+//!   then sleep on a client-side timer until the next due time (no polling);
+//! - one subscriber: listens for producers' wake-ups on the queue's channel;
+//! - one completer: writes acks, nacks and releases in batches;
+//! - one heartbeat: extends the leases of everything claimed and not yet completed.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use parking_lot::{Condvar, Mutex};
+use redis::Value;
+use serde::de::DeserializeOwned;
+
+use crate::backoff::retry_delay;
+use crate::conn::ConnSlot;
+use crate::envelope;
+use crate::error::{Error, Result};
+use crate::queue::{Queue, int, text};
+use crate::scripts::{self, MAX_BATCH};
+
+/// Settings of a consumer pool.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Fetch threads (each with its own Redis connection).
+    pub threads: usize,
+    /// Most messages claimed per round trip (1..=1000).
+    pub batch: usize,
+    /// Most messages claimed and not yet completed; 0 means `batch * threads`.
+    pub prefetch: usize,
+    /// How long a claimed message stays reserved without a heartbeat; the pool
+    /// extends it while the handler runs, so it need not exceed the slowest handler.
+    pub lease: Duration,
+    /// Deliveries before a message goes to the dead-letter set (a message's own
+    /// `max_attempts` wins).
+    pub max_attempts: u32,
+    /// First retry delay; doubles with each attempt, with jitter.
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// Longest a handler may run: after it the lease is no longer extended and the
+    /// message is handed to another consumer when the lease ends.
+    pub timeout: Option<Duration>,
+    /// Longest an idle pool sleeps before asking Redis again. Producers wake idle
+    /// pools at once; this only bounds the wait for writers that do not publish
+    /// (the seed recipe's own producers) and for lost wake-ups.
+    pub idle_check: Duration,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self {
+            threads: 2,
+            batch: 50,
+            prefetch: 0,
+            lease: Duration::from_secs(30),
+            max_attempts: 5,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            timeout: None,
+            idle_check: Duration::from_secs(1),
+        }
+    }
+}
+
+impl WorkerOptions {
+    /// Refuse values that cannot work, naming the option.
+    pub fn validate(&self) -> Result<()> {
+        let range = |name: &str, v: usize, lo: usize, hi: usize| {
+            if v < lo || v > hi {
+                Err(Error::invalid(name, format!("must be between {lo} and {hi}, got {v}")))
+            } else {
+                Ok(())
+            }
+        };
+        range("threads", self.threads, 1, 64)?;
+        range("batch", self.batch, 1, MAX_BATCH)?;
+        range("prefetch", self.prefetch, 0, 100_000)?;
+        if self.lease < Duration::from_millis(100) {
+            return Err(Error::invalid(
+                "lease",
+                format!("must be at least 0.1 s, got {:?}", self.lease),
+            ));
+        }
+        if self.max_attempts == 0 {
+            return Err(Error::invalid("max_attempts", "must be at least 1"));
+        }
+        if self.backoff_max < self.backoff_base {
+            return Err(Error::invalid("backoff_max", "must not be smaller than backoff_base"));
+        }
+        if self.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Error::invalid("timeout", "must be greater than zero"));
+        }
+        if self.idle_check < Duration::from_millis(10) {
+            return Err(Error::invalid("idle_check", "must be at least 0.01 s"));
+        }
+        Ok(())
+    }
+
+    fn prefetch_limit(&self) -> usize {
+        if self.prefetch == 0 {
+            self.batch * self.threads
+        } else {
+            self.prefetch.max(1)
+        }
+    }
+
+    fn heartbeat(&self) -> Duration {
+        (self.lease / 3).max(Duration::from_millis(30))
+    }
+}
+
+/// One delivery of a message to a handler.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub id: String,
+    /// 1 for the first delivery.
+    pub attempt: u32,
+    /// When this delivery was due, Unix ms (the requested time, or the retry's).
+    pub due_at_ms: i64,
+    pub queue: Arc<str>,
+    /// Deliveries allowed in all (the message's own limit, else the worker's).
+    pub max_attempts: u32,
+    payload_json: String,
+    token: String,
+}
+
+impl Delivery {
+    /// The payload as JSON text, byte for byte as pushed.
+    pub fn payload_json(&self) -> &str {
+        &self.payload_json
+    }
+
+    /// The payload decoded into `T`.
+    pub fn payload<T: DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_str(&self.payload_json).map_err(|e| Error::PayloadNotSerializable(e.to_string()))
+    }
+
+    /// The fencing token of this delivery: a later delivery of the same message has
+    /// another one, and only the current one may complete it.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+}
+
+/// What a consumer's `recv_timeout` returns.
+#[derive(Debug)]
+pub enum Received {
+    Message(Delivery),
+    /// Nothing arrived within the timeout.
+    Idle,
+    /// The pool is stopping: hand out nothing more, then call `finish`.
+    Stopped,
+}
+
+/// Counts of one run of the pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Deliveries handed to the handler.
+    pub handled: u64,
+    /// Successful handler calls whose ack was written.
+    pub acked: u64,
+    /// Handler calls that failed (retried or dead-lettered).
+    pub failed: u64,
+    pub retried: u64,
+    pub dead: u64,
+    /// Completions refused because the lease had passed to another delivery.
+    pub lease_lost: u64,
+    /// Prefetched, never-started deliveries given back at stop.
+    pub released: u64,
+    /// Completions that could not be written before their lease ran out (Redis
+    /// unreachable); those messages will be delivered again.
+    pub unwritten: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    handled: AtomicU64,
+    acked: AtomicU64,
+    failed: AtomicU64,
+    retried: AtomicU64,
+    dead: AtomicU64,
+    lease_lost: AtomicU64,
+    released: AtomicU64,
+    unwritten: AtomicU64,
+}
+
+impl Counters {
+    fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn summary(&self) -> Summary {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Summary {
+            handled: g(&self.handled),
+            acked: g(&self.acked),
+            failed: g(&self.failed),
+            retried: g(&self.retried),
+            dead: g(&self.dead),
+            lease_lost: g(&self.lease_lost),
+            released: g(&self.released),
+            unwritten: g(&self.unwritten),
+        }
+    }
+}
+
+/// Wakes sleeping fetchers: on stop, when a producer publishes an earlier due time,
+/// and when a fetcher finds more work than it can take.
+#[derive(Default)]
+struct Wake {
+    state: Mutex<WakeState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct WakeState {
+    epoch: u64,
+    /// A moment on the local monotonic clock and the Redis clock reading for it, so
+    /// that due times (server ms) become local deadlines.
+    clock: Option<(Instant, i64)>,
+    /// Earliest due time published by a producer, as a local deadline.
+    earliest: Option<Instant>,
+}
+
+impl Wake {
+    fn kick(&self) {
+        self.state.lock().epoch += 1;
+        self.cv.notify_all();
+    }
+
+    fn epoch(&self) -> u64 {
+        self.state.lock().epoch
+    }
+
+    fn set_clock(&self, local: Instant, server_ms: i64) {
+        self.state.lock().clock = Some((local, server_ms));
+    }
+
+    fn local_deadline(&self, server_ms: i64) -> Option<Instant> {
+        let (local, server_now) = self.state.lock().clock?;
+        let ahead = server_ms - server_now;
+        Some(if ahead <= 0 {
+            local
+        } else {
+            local + Duration::from_millis(u64::try_from(ahead).unwrap_or(0))
+        })
+    }
+
+    fn offer_due(&self, server_ms: i64) {
+        let Some(at) = self.local_deadline(server_ms) else {
+            self.kick();
+            return;
+        };
+        let mut st = self.state.lock();
+        if st.earliest.is_none_or(|e| at < e) {
+            st.earliest = Some(at);
+            st.epoch += 1;
+            drop(st);
+            self.cv.notify_all();
+        }
+    }
+
+    fn forget_passed(&self, now: Instant) {
+        let mut st = self.state.lock();
+        if st.earliest.is_some_and(|e| e <= now) {
+            st.earliest = None;
+        }
+    }
+
+    /// Sleep until `deadline`, a published earlier due time, a kick after `seen`, or
+    /// stop.
+    fn wait(&self, deadline: Option<Instant>, seen: u64, stop: &AtomicBool) {
+        let mut st = self.state.lock();
+        loop {
+            if stop.load(Ordering::Acquire) || st.epoch != seen {
+                return;
+            }
+            let until = match (deadline, st.earliest) {
+                (Some(d), Some(e)) => Some(d.min(e)),
+                (d, e) => d.or(e),
+            };
+            match until {
+                Some(t) if t <= Instant::now() => return,
+                Some(t) => {
+                    self.cv.wait_until(&mut st, t);
+                }
+                None => self.cv.wait(&mut st),
+            }
+        }
+    }
+}
+
+/// Room in the prefetch buffer: claimed but not yet completed deliveries.
+struct Slots {
+    free: Mutex<usize>,
+    cv: Condvar,
+}
+
+impl Slots {
+    fn acquire_up_to(&self, want: usize, stop: &AtomicBool) -> usize {
+        let mut free = self.free.lock();
+        while *free == 0 {
+            if stop.load(Ordering::Acquire) {
+                return 0;
+            }
+            self.cv.wait(&mut free);
+        }
+        let got = want.min(*free);
+        *free -= got;
+        got
+    }
+
+    fn release(&self, n: usize) {
+        if n > 0 {
+            *self.free.lock() += n;
+            self.cv.notify_all();
+        }
+    }
+}
+
+/// Shared by a `Worker` and the pool it runs, so `stop` works before and during `run`.
+struct Control {
+    stop: AtomicBool,
+    wake: Wake,
+    slots: Slots,
+}
+
+impl Control {
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.kick();
+        let _free = self.slots.free.lock();
+        self.slots.cv.notify_all();
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+}
+
+/// Stops a running (or about to run) pool from any thread or a signal handler's
+/// thread; the pool finishes the running handlers and returns the prefetched rest.
+#[derive(Clone)]
+pub struct Stopper(Arc<Control>);
+
+impl std::fmt::Debug for Stopper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Stopper").field(&self.0.stopped()).finish()
+    }
+}
+
+impl Stopper {
+    pub fn stop(&self) {
+        self.0.stop();
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.0.stopped()
+    }
+}
+
+enum Outcome {
+    Ack {
+        id: String,
+        token: String,
+    },
+    /// `delay_ms` < 0 buries the message in the dead-letter set.
+    Nack {
+        id: String,
+        token: String,
+        delay_ms: i64,
+        error: String,
+        counted: bool,
+    },
+    Release {
+        id: String,
+        token: String,
+    },
+}
+
+impl Outcome {
+    fn token(&self) -> &str {
+        match self {
+            Self::Ack { token, .. } | Self::Nack { token, .. } | Self::Release { token, .. } => token,
+        }
+    }
+}
+
+struct Outstanding {
+    id: String,
+    started: Option<Instant>,
+    timed_out: bool,
+}
+
+struct Pool {
+    queue: Queue,
+    queue_name: Arc<str>,
+    opts: WorkerOptions,
+    control: Arc<Control>,
+    counters: Counters,
+    /// Claimed, not yet completed, by token.
+    outstanding: Mutex<HashMap<String, Outstanding>>,
+}
+
+/// A consumer pool on one queue.
+pub struct Worker {
+    queue: Queue,
+    opts: WorkerOptions,
+    control: Arc<Control>,
+    running: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("queue", &self.queue)
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+impl Worker {
+    /// A pool for `queue`. Validates the options; starts no thread.
+    pub fn new(queue: Queue, opts: WorkerOptions) -> Result<Self> {
+        opts.validate()?;
+        Ok(Self {
+            queue,
+            opts,
+            control: Arc::new(Control {
+                stop: AtomicBool::new(false),
+                wake: Wake::default(),
+                slots: Slots {
+                    free: Mutex::new(0),
+                    cv: Condvar::new(),
+                },
+            }),
+            running: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    pub fn options(&self) -> &WorkerOptions {
+        &self.opts
+    }
+
+    pub fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    /// A handle that stops this worker's current or next run.
+    pub fn stopper(&self) -> Stopper {
+        Stopper(Arc::clone(&self.control))
+    }
+
+    /// Ask the pool to stop; `run` / `finish` return once everything is written.
+    pub fn stop(&self) {
+        self.control.stop();
+    }
+
+    /// Whether a pool of this worker is running now (threads exist).
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// Start the pool's threads and return the hand-off through which the caller's
+    /// thread receives deliveries and reports their outcome.
+    pub fn start(&self) -> Result<Consumer> {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return Err(Error::State("this worker is already running".into()));
+        }
+        *self.control.slots.free.lock() = self.opts.prefetch_limit();
+        let pool = Arc::new(Pool {
+            queue: self.queue.clone(),
+            queue_name: Arc::from(self.queue.name()),
+            opts: self.opts.clone(),
+            control: Arc::clone(&self.control),
+            counters: Counters::default(),
+            outstanding: Mutex::new(HashMap::new()),
+        });
+        let (deliver_tx, deliver_rx) = crossbeam_channel::unbounded();
+        let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded();
+        let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
+        let mut fetchers = Vec::new();
+        let mut others = Vec::new();
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(f)
+                .map_err(|e| Error::State(format!("cannot start a pool thread: {e}")))
+        };
+        let result = (|| -> Result<()> {
+            for index in 0..self.opts.threads {
+                let (pool, tx, otx) = (Arc::clone(&pool), deliver_tx.clone(), outcome_tx.clone());
+                fetchers.push(spawn(
+                    format!("delayq-fetch-{index}"),
+                    Box::new(move || fetch_loop(&pool, index, &tx, &otx)),
+                )?);
+            }
+            let p = Arc::clone(&pool);
+            others.push(spawn(
+                "delayq-complete".into(),
+                Box::new(move || complete_loop(&p, &outcome_rx)),
+            )?);
+            let p = Arc::clone(&pool);
+            others.push(spawn(
+                "delayq-heartbeat".into(),
+                Box::new(move || heartbeat_loop(&p, &done_rx)),
+            )?);
+            if !self.queue.inner.endpoint.is_cluster() {
+                let p = Arc::clone(&pool);
+                others.push(spawn("delayq-wake".into(), Box::new(move || subscribe_loop(&p)))?);
+            }
+            Ok(())
+        })();
+        let consumer = Consumer {
+            pool,
+            deliveries: deliver_rx,
+            outcomes: Some(outcome_tx),
+            fetchers,
+            others,
+            done: Some(done_tx),
+            running: Arc::clone(&self.running),
+            finished: false,
+        };
+        drop(deliver_tx);
+        match result {
+            Ok(()) => Ok(consumer),
+            Err(e) => {
+                consumer.finish();
+                Err(e)
+            }
+        }
+    }
+
+    /// Run `handler` on `handler_threads` threads of the pool until stopped. A handler
+    /// that returns `Err` or panics fails the delivery (retry, then dead letter).
+    pub fn run<F>(&self, handler_threads: usize, handler: F) -> Result<Summary>
+    where
+        F: Fn(&Delivery) -> std::result::Result<(), String> + Sync,
+    {
+        if handler_threads == 0 {
+            return Err(Error::invalid("handler_threads", "must be at least 1"));
+        }
+        let consumer = self.start()?;
+        std::thread::scope(|s| {
+            for _ in 0..handler_threads {
+                s.spawn(|| {
+                    loop {
+                        match consumer.recv_timeout(Duration::from_millis(200)) {
+                            Received::Message(d) => match catch_unwind(AssertUnwindSafe(|| handler(&d))) {
+                                Ok(Ok(())) => consumer.ack(d),
+                                Ok(Err(e)) => consumer.fail(d, &e),
+                                Err(panic) => consumer.fail(d, &format!("handler panicked: {}", panic_text(&panic))),
+                            },
+                            Received::Idle => {}
+                            Received::Stopped => break,
+                        }
+                    }
+                });
+            }
+        });
+        Ok(consumer.finish())
+    }
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-text panic".to_owned())
+}
+
+/// The caller's side of a running pool.
+pub struct Consumer {
+    pool: Arc<Pool>,
+    deliveries: Receiver<Delivery>,
+    outcomes: Option<Sender<Outcome>>,
+    fetchers: Vec<JoinHandle<()>>,
+    others: Vec<JoinHandle<()>>,
+    done: Option<Sender<()>>,
+    running: Arc<AtomicBool>,
+    finished: bool,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("queue", &self.pool.queue_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Consumer {
+    /// The next delivery, waiting at most `timeout`. Returns `Stopped` once a stop was
+    /// asked for, even if prefetched deliveries remain (`finish` gives them back).
+    pub fn recv_timeout(&self, timeout: Duration) -> Received {
+        if self.pool.control.stopped() {
+            return Received::Stopped;
+        }
+        match self.deliveries.recv_timeout(timeout) {
+            Ok(d) => {
+                if self.pool.control.stopped() {
+                    // Not started: give it back at once rather than after its lease.
+                    self.send(Outcome::Release {
+                        id: d.id,
+                        token: d.token,
+                    });
+                    return Received::Stopped;
+                }
+                if let Some(o) = self.pool.outstanding.lock().get_mut(&d.token) {
+                    o.started = Some(Instant::now());
+                }
+                Counters::add(&self.pool.counters.handled, 1);
+                Received::Message(d)
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if self.pool.control.stopped() {
+                    Received::Stopped
+                } else {
+                    Received::Idle
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => Received::Stopped,
+        }
+    }
+
+    /// The handler succeeded: delete the message (written in the background, batched).
+    pub fn ack(&self, d: Delivery) {
+        self.send(Outcome::Ack {
+            id: d.id,
+            token: d.token,
+        });
+    }
+
+    /// The handler failed with `error`: retry after a backoff, or move the message to
+    /// the dead-letter set once its attempts are used up.
+    pub fn fail(&self, d: Delivery, error: &str) {
+        Counters::add(&self.pool.counters.failed, 1);
+        let delay_ms = if d.attempt >= d.max_attempts {
+            -1
+        } else {
+            let o = &self.pool.opts;
+            i64::try_from(retry_delay(d.attempt, o.backoff_base, o.backoff_max).as_millis()).unwrap_or(i64::MAX)
+        };
+        let error = if delay_ms < 0 && d.max_attempts > 1 {
+            format!("{error} (gave up after {} attempts)", d.attempt)
+        } else {
+            error.to_owned()
+        };
+        self.send(Outcome::Nack {
+            id: d.id,
+            token: d.token,
+            delay_ms,
+            error,
+            counted: true,
+        });
+    }
+
+    /// Give a delivery back unstarted: due again at once, the attempt not counted.
+    pub fn release(&self, d: Delivery) {
+        self.send(Outcome::Release {
+            id: d.id,
+            token: d.token,
+        });
+    }
+
+    fn send(&self, outcome: Outcome) {
+        if let Some(tx) = &self.outcomes {
+            // The completer lives until `finish` drops this sender, so this cannot fail.
+            let _ = tx.send(outcome);
+        }
+    }
+
+    /// A handle to stop this pool from another thread.
+    pub fn stopper(&self) -> Stopper {
+        Stopper(Arc::clone(&self.pool.control))
+    }
+
+    /// Ask the pool to stop (same as `Stopper::stop`).
+    pub fn stop(&self) {
+        self.pool.control.stop();
+    }
+
+    /// Stop, give back prefetched deliveries, write every pending completion, join
+    /// the threads, and return the counts.
+    pub fn finish(mut self) -> Summary {
+        self.shutdown();
+        self.pool.counters.summary()
+    }
+
+    fn shutdown(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.pool.control.stop();
+        for t in self.fetchers.drain(..) {
+            let _ = t.join();
+        }
+        while let Ok(d) = self.deliveries.try_recv() {
+            self.send(Outcome::Release {
+                id: d.id,
+                token: d.token,
+            });
+        }
+        // The completer ends once every sender (ours, the fetchers') is gone and it
+        // has written what they sent; then the heartbeat may end too.
+        self.outcomes = None;
+        let mut others = self.others.drain(..);
+        if let Some(completer) = others.next() {
+            let _ = completer.join();
+        }
+        // Leases were extended until the last completion was written.
+        self.done = None;
+        for t in others {
+            let _ = t.join();
+        }
+        self.pool.control.stop.store(false, Ordering::Release);
+        self.running.store(false, Ordering::Release);
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn pause_unless_stopped(pool: &Pool, pause: Duration) {
+    let w = &pool.control.wake;
+    w.wait(Some(Instant::now() + pause), w.epoch(), &pool.control.stop);
+}
+
+struct Claimed {
+    server_now_ms: i64,
+    next_ms: i64,
+    /// (id, token, due_ms, attempt, stored envelope)
+    items: Vec<(String, String, i64, u32, String)>,
+}
+
+fn claim(pool: &Pool, slot: &mut ConnSlot, want: usize) -> Result<Claimed> {
+    let q = &pool.queue;
+    let o = &pool.opts;
+    let qo = q.options();
+    let ep = &q.inner.endpoint;
+    let v = slot.run_once(ep, "claim", |con| {
+        q.invocation(&scripts::CLAIM)
+            .arg(want)
+            .arg(o.lease.as_millis() as u64)
+            .arg(qo.dead_max)
+            .arg(qo.dead_ttl.as_millis() as u64)
+            .invoke::<Value>(con)
+    })?;
+    let Value::Array(items) = v else {
+        return Err(Error::Redis("claim returned no array".into()));
+    };
+    if items.len() < 3 {
+        return Err(Error::Redis("claim returned a short reply".into()));
+    }
+    let mut out = Claimed {
+        server_now_ms: int(&items[0]),
+        next_ms: int(&items[1]),
+        items: Vec::with_capacity((items.len() - 3) / 5),
+    };
+    for c in items[3..].chunks(5) {
+        if let [id, token, due, attempt, env] = c {
+            out.items.push((
+                text(id).unwrap_or_default(),
+                text(token).unwrap_or_default(),
+                int(due),
+                u32::try_from(int(attempt)).unwrap_or(u32::MAX),
+                text(env).unwrap_or_default(),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes: &Sender<Outcome>) {
+    let control = &*pool.control;
+    let layout = &pool.queue.options().layout;
+    let mut slot = ConnSlot::new();
+    let mut deadline: Option<Instant> = None;
+    let mut seen = control.wake.epoch().wrapping_sub(1);
+    let mut error_pause = Duration::from_millis(50);
+    loop {
+        control.wake.wait(deadline, seen, &control.stop);
+        if control.stopped() {
+            return;
+        }
+        let room = control.slots.acquire_up_to(pool.opts.batch, &control.stop);
+        if room == 0 {
+            return;
+        }
+        seen = control.wake.epoch();
+        let started = Instant::now();
+        control.wake.forget_passed(started);
+        let claimed = match claim(pool, &mut slot, room) {
+            Ok(c) => c,
+            Err(e) => {
+                control.slots.release(room);
+                log::warn!(
+                    "delayq[{}]: claim failed: {e}; retrying in {error_pause:?}",
+                    pool.queue_name
+                );
+                pause_unless_stopped(pool, error_pause);
+                error_pause = (error_pause * 2).min(Duration::from_secs(2));
+                deadline = None;
+                seen = control.wake.epoch().wrapping_sub(1);
+                continue;
+            }
+        };
+        error_pause = Duration::from_millis(50);
+        // Halfway through the round trip is the best local estimate of the server's
+        // reading of TIME.
+        control
+            .wake
+            .set_clock(started + started.elapsed() / 2, claimed.server_now_ms);
+        let got = claimed.items.len();
+        control.slots.release(room - got);
+        {
+            let mut outstanding = pool.outstanding.lock();
+            for (id, token, ..) in &claimed.items {
+                outstanding.insert(
+                    token.clone(),
+                    Outstanding {
+                        id: id.clone(),
+                        started: None,
+                        timed_out: false,
+                    },
+                );
+            }
+        }
+        for (id, token, due_at_ms, attempt, stored) in claimed.items {
+            let decoded = envelope::decode(layout, &stored);
+            let max_attempts = decoded
+                .as_ref()
+                .ok()
+                .and_then(|d| d.max_attempts)
+                .unwrap_or(pool.opts.max_attempts);
+            match decoded {
+                Err(reason) => {
+                    log::error!(
+                        "delayq[{}]: message {id} is unreadable, dead-lettered: {reason}",
+                        pool.queue_name
+                    );
+                    let _ = outcomes.send(Outcome::Nack {
+                        id,
+                        token,
+                        delay_ms: -1,
+                        error: format!("poison message: {reason}"),
+                        counted: false,
+                    });
+                }
+                // Its earlier deliveries ended with an expired lease (the worker died or
+                // hung): running it again would exceed the limit.
+                Ok(_) if attempt > max_attempts => {
+                    let _ = outcomes.send(Outcome::Nack {
+                        id,
+                        token,
+                        delay_ms: -1,
+                        error: format!("gave up after {max_attempts} attempts: the lease of the last one expired"),
+                        counted: false,
+                    });
+                }
+                Ok(d) => {
+                    let _ = deliveries.send(Delivery {
+                        id,
+                        attempt,
+                        due_at_ms,
+                        queue: Arc::clone(&pool.queue_name),
+                        max_attempts,
+                        payload_json: d.payload_json,
+                        token,
+                    });
+                }
+            }
+        }
+        if got == room {
+            // More may be due: go again now, and let idle siblings join in.
+            deadline = None;
+            seen = seen.wrapping_sub(1);
+            control.wake.kick();
+            continue;
+        }
+        let next = if claimed.next_ms >= 0 {
+            control.wake.local_deadline(claimed.next_ms)
+        } else {
+            None
+        };
+        // One fetcher keeps a periodic look for writers that never publish; the
+        // others sleep until a due time or a wake-up, so an idle pool costs Redis at
+        // most one call per `idle_check`.
+        let cap = if index == 0 {
+            pool.opts.idle_check
+        } else {
+            Duration::from_secs(60)
+        };
+        let limit = Instant::now() + cap;
+        deadline = Some(next.map_or(limit, |n| n.min(limit)));
+    }
+}
+
+fn script_statuses(v: &Value) -> Vec<i64> {
+    match v {
+        Value::Array(items) => items.iter().map(int).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn complete_loop(pool: &Pool, outcomes: &Receiver<Outcome>) {
+    let mut slot = ConnSlot::new();
+    while let Ok(first) = outcomes.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match outcomes.try_recv() {
+                Ok(o) => batch.push(o),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        write_outcomes(pool, &mut slot, batch);
+    }
+}
+
+fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, batch: Vec<Outcome>) {
+    let (mut acks, mut nacks, mut releases) = (Vec::new(), Vec::new(), Vec::new());
+    for o in batch {
+        match o {
+            Outcome::Ack { .. } => acks.push(o),
+            Outcome::Nack { .. } => nacks.push(o),
+            Outcome::Release { .. } => releases.push(o),
+        }
+    }
+    let q = &pool.queue;
+    let qo = q.options();
+    let c = &pool.counters;
+    if !acks.is_empty() {
+        if let Some(statuses) = write_with_retry(pool, slot, "ack", &acks, |inv| {
+            for o in &acks {
+                if let Outcome::Ack { id, token } = o {
+                    inv.arg(id).arg(token);
+                }
+            }
+        }) {
+            for (o, s) in acks.iter().zip(statuses) {
+                match s {
+                    1 => Counters::add(&c.acked, 1),
+                    _ => lease_lost(pool, o),
+                }
+            }
+        }
+        forget(pool, &acks);
+    }
+    if !nacks.is_empty() {
+        if let Some(statuses) = write_with_retry(pool, slot, "nack", &nacks, |inv| {
+            inv.arg(qo.dead_max).arg(qo.dead_ttl.as_millis() as u64);
+            for o in &nacks {
+                if let Outcome::Nack {
+                    id,
+                    token,
+                    delay_ms,
+                    error,
+                    ..
+                } = o
+                {
+                    inv.arg(id).arg(token).arg(*delay_ms).arg(error);
+                }
+            }
+        }) {
+            for (o, s) in nacks.iter().zip(statuses) {
+                let counted = matches!(o, Outcome::Nack { counted: true, .. });
+                match s {
+                    1 => Counters::add(&c.retried, 1),
+                    2 if counted => Counters::add(&c.dead, 1),
+                    2 => {}
+                    _ => lease_lost(pool, o),
+                }
+            }
+        }
+        forget(pool, &nacks);
+    }
+    if !releases.is_empty() {
+        if let Some(statuses) = write_with_retry(pool, slot, "release", &releases, |inv| {
+            for o in &releases {
+                if let Outcome::Release { id, token } = o {
+                    inv.arg(id).arg(token);
+                }
+            }
+        }) {
+            let n = statuses.first().copied().unwrap_or(0);
+            Counters::add(&c.released, u64::try_from(n).unwrap_or(0));
+        }
+        forget(pool, &releases);
+    }
+}
+
+fn lease_lost(pool: &Pool, o: &Outcome) {
+    Counters::add(&pool.counters.lease_lost, 1);
+    let id = match o {
+        Outcome::Ack { id, .. } | Outcome::Nack { id, .. } | Outcome::Release { id, .. } => id,
+    };
+    log::warn!(
+        "delayq[{}]: {}",
+        pool.queue_name,
+        Error::LeaseLost {
+            id: id.clone(),
+            reason: "the lease expired and the message went to another delivery, or it was completed already; \
+                     raise `lease` or `timeout` if handlers run this long"
+                .into(),
+        }
+    );
+}
+
+fn forget(pool: &Pool, done: &[Outcome]) {
+    let mut outstanding = pool.outstanding.lock();
+    for o in done {
+        outstanding.remove(o.token());
+    }
+    drop(outstanding);
+    pool.control.slots.release(done.len());
+}
+
+/// Write one script call, reconnecting with backoff. Gives up once the lease has run
+/// out: by then the message is due for another delivery and the write is moot.
+fn write_with_retry(
+    pool: &Pool,
+    slot: &mut ConnSlot,
+    operation: &str,
+    batch: &[Outcome],
+    add_args: impl Fn(&mut redis::ScriptInvocation<'_>),
+) -> Option<Vec<i64>> {
+    let script = match operation {
+        "ack" => &*scripts::ACK,
+        "nack" => &*scripts::NACK,
+        _ => &*scripts::RELEASE,
+    };
+    let q = &pool.queue;
+    let give_up = Instant::now() + pool.opts.lease;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let res = slot.run_once(&q.inner.endpoint, operation, |con| {
+            let mut inv = q.invocation(script);
+            add_args(&mut inv);
+            inv.invoke::<Value>(con)
+        });
+        match res {
+            Ok(Value::Int(n)) => return Some(vec![n]),
+            Ok(v) => return Some(script_statuses(&v)),
+            Err(e) if e.is_retryable() && Instant::now() + pause < give_up => {
+                log::warn!(
+                    "delayq[{}]: {operation} failed: {e}; retrying in {pause:?}",
+                    pool.queue_name
+                );
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => {
+                log::error!(
+                    "delayq[{}]: could not write {} {operation}(s): {e}; they will be delivered again",
+                    pool.queue_name,
+                    batch.len()
+                );
+                Counters::add(&pool.counters.unwritten, batch.len() as u64);
+                return None;
+            }
+        }
+    }
+}
+
+fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
+    let mut slot = ConnSlot::new();
+    let every = pool.opts.heartbeat();
+    loop {
+        match done.recv_timeout(every) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        let mut running = Vec::new();
+        {
+            let mut outstanding = pool.outstanding.lock();
+            for (token, o) in outstanding.iter_mut() {
+                let overdue = matches!((pool.opts.timeout, o.started), (Some(t), Some(s)) if now.duration_since(s) > t);
+                if overdue {
+                    if !o.timed_out {
+                        o.timed_out = true;
+                        log::warn!(
+                            "delayq[{}]: handler of {} exceeded its timeout; its lease is left to expire so \
+                             another consumer gets the message",
+                            pool.queue_name,
+                            o.id
+                        );
+                    }
+                    continue;
+                }
+                running.push((o.id.clone(), token.clone()));
+            }
+        }
+        let q = &pool.queue;
+        for chunk in running.chunks(MAX_BATCH) {
+            let res = slot.run_once(&q.inner.endpoint, "extend", |con| {
+                let mut inv = q.invocation(&scripts::EXTEND);
+                inv.arg(pool.opts.lease.as_millis() as u64);
+                for (id, token) in chunk {
+                    inv.arg(id).arg(token);
+                }
+                inv.invoke::<Value>(con)
+            });
+            match res {
+                Ok(v) => {
+                    for ((id, _), s) in chunk.iter().zip(script_statuses(&v)) {
+                        if s != 1 {
+                            log::warn!(
+                                "delayq[{}]: lease of {id} was lost before the handler finished",
+                                pool.queue_name
+                            );
+                        }
+                    }
+                }
+                Err(e) => log::warn!("delayq[{}]: lease extension failed: {e}", pool.queue_name),
+            }
+        }
+    }
+}
+
+fn subscribe_loop(pool: &Pool) {
+    let control = &*pool.control;
+    let channel = &pool.queue.inner.keys.wake_channel;
+    let mut pause = Duration::from_millis(50);
+    while !control.stopped() {
+        let Some(conn) = pool.queue.inner.endpoint.pubsub_connection() else {
+            return;
+        };
+        let mut conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                log::debug!("delayq[{}]: wake-up subscription: {e}", pool.queue_name);
+                pause_unless_stopped(pool, pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        let mut pubsub = conn.as_pubsub();
+        // The read timeout only lets this thread notice a stop; it sends nothing.
+        if pubsub.subscribe(channel).is_err() || pubsub.set_read_timeout(Some(Duration::from_millis(250))).is_err() {
+            pause_unless_stopped(pool, pause);
+            continue;
+        }
+        pause = Duration::from_millis(50);
+        // Wake-ups published while we were not subscribed are lost: look now.
+        control.wake.kick();
+        while !control.stopped() {
+            match pubsub.get_message() {
+                Ok(msg) => match msg.get_payload::<String>().ok().and_then(|p| p.parse::<i64>().ok()) {
+                    Some(due) => control.wake.offer_due(due),
+                    None => control.wake.kick(),
+                },
+                Err(e) if e.is_timeout() => {}
+                Err(e) => {
+                    log::debug!("delayq[{}]: wake-up subscription lost: {e}", pool.queue_name);
+                    break;
+                }
+            }
+        }
+    }
+}

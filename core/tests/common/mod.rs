@@ -1,0 +1,155 @@
+//! A real redis-server per test, on a free loopback port, that a test may kill and
+//! restart. Never a mock.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use delayq::{Queue, QueueOptions};
+
+pub struct RedisServer {
+    pub port: u16,
+    pub dir: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl RedisServer {
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Extra redis-server arguments, e.g. `["--appendonly", "yes"]`.
+    pub fn start_with(args: &[&str]) -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("delayq-test-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut server = Self {
+            port,
+            dir,
+            args: args.iter().map(|s| (*s).to_owned()).collect(),
+            child: None,
+        };
+        server.launch();
+        server
+    }
+
+    fn launch(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (apt-get install redis-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut con) = self.raw_client().get_connection() {
+                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not start",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn raw_client(&self) -> redis::Client {
+        let password = self
+            .args
+            .iter()
+            .position(|a| a == "--requirepass")
+            .map(|i| self.args[i + 1].clone());
+        let url = match password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
+            None => self.url(),
+        };
+        redis::Client::open(url).expect("client")
+    }
+
+    /// A plain connection for inspecting keys.
+    pub fn con(&self) -> redis::Connection {
+        self.raw_client().get_connection().expect("connect to test redis")
+    }
+
+    /// kill -9: no shutdown, no save.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
+    pub fn queue(&self, name: &str) -> Queue {
+        Queue::new(&self.url(), name, QueueOptions::default()).expect("queue")
+    }
+
+    pub fn queue_with(&self, name: &str, opts: QueueOptions) -> Queue {
+        Queue::new(&self.url(), name, opts).expect("queue")
+    }
+
+    /// Every key and its type: a test's proof that nothing was written.
+    pub fn dump_keys(&self) -> Vec<String> {
+        let mut con = self.con();
+        let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).expect("KEYS");
+        keys.sort();
+        keys
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Wait until `cond` holds, failing the test after `limit`.
+pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// HLEN of the message hash equals the entries of all sets: no envelope leaks.
+pub fn assert_no_leak(server: &RedisServer, tag: &str) {
+    let mut con = server.con();
+    let k = |s: &str| format!("{tag}:{s}");
+    let hlen: u64 = redis::cmd("HLEN").arg(k("messages")).query(&mut con).expect("HLEN");
+    let mut sets = 0u64;
+    for z in ["scheduled", "inflight", "dead"] {
+        sets += redis::cmd("ZCARD").arg(k(z)).query::<u64>(&mut con).expect("ZCARD");
+    }
+    assert_eq!(hlen, sets, "message hash and sets disagree under {tag}");
+    for h in ["leases", "attempts", "errors"] {
+        let n: u64 = redis::cmd("HLEN").arg(k(h)).query(&mut con).expect("HLEN");
+        assert!(n <= hlen, "{h} holds {n} entries for {hlen} messages");
+    }
+}

@@ -1,0 +1,183 @@
+//! Producer and admin API against a real redis-server.
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use common::{RedisServer, assert_no_leak};
+use delayq::{Due, NewMessage, PushOptions, State};
+use serde_json::json;
+
+#[test]
+fn push_then_get_reports_state_payload_and_due_time() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    let before = delayq_now_ms(&server);
+    let id = q
+        .push(&json!({"order_id": 10086, "action": "close"}), Duration::from_secs(60))
+        .expect("push");
+    let info = q.get(&id).expect("get").expect("exists");
+    assert_eq!(info.state, State::Scheduled);
+    assert_eq!(info.payload_json, r#"{"order_id":10086,"action":"close"}"#);
+    let due = info.due_at_ms.expect("due");
+    assert!(
+        due >= before + 60_000 && due <= before + 61_000,
+        "due {due} vs now {before}"
+    );
+    assert_eq!(info.attempts, 0);
+    assert_eq!(info.last_error, None);
+
+    let now_id = q.push(&json!(1), Duration::ZERO).expect("push");
+    assert_eq!(q.get(&now_id).expect("get").expect("exists").state, State::Ready);
+    assert!(q.get("no-such-id").expect("get").is_none());
+    assert_no_leak(&server, "{dq:orders}");
+}
+
+fn delayq_now_ms(server: &RedisServer) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut server.con()).expect("TIME");
+    s * 1000 + us / 1000
+}
+
+#[test]
+fn payload_text_survives_exactly() {
+    let server = RedisServer::start();
+    let q = server.queue("exact");
+    let text = r#"{"z":1,"a":9223372036854775807,"n":-9223372036854775808,"u":"日本語 ✓","nested":{"b":[1,{"c":null}],"a":true}}"#;
+    let id = q.push_json(text, Due::NOW, &PushOptions::default()).expect("push");
+    assert_eq!(q.get(&id).expect("get").expect("exists").payload_json, text);
+}
+
+#[test]
+fn push_at_uses_absolute_time_and_past_times_are_due_now() {
+    let server = RedisServer::start();
+    let q = server.queue("at");
+    let at = SystemTime::UNIX_EPOCH + Duration::from_millis(4_102_444_800_123); // 2100-01-01
+    let id = q.push_at(&"later", at).expect("push_at");
+    assert_eq!(
+        q.get(&id).expect("get").expect("exists").due_at_ms,
+        Some(4_102_444_800_123)
+    );
+    let past = q
+        .push_at(&"past", SystemTime::UNIX_EPOCH + Duration::from_secs(1))
+        .expect("push_at");
+    assert_eq!(q.get(&past).expect("get").expect("exists").state, State::Ready);
+}
+
+#[test]
+fn a_caller_supplied_id_makes_push_idempotent() {
+    let server = RedisServer::start();
+    let q = server.queue("idem");
+    let opts = PushOptions {
+        id: Some("order-42-close".into()),
+        max_attempts: Some(3),
+    };
+    let first = q
+        .push_json(r#"{"v":1}"#, Due::In(Duration::from_secs(30)), &opts)
+        .expect("push");
+    let second = q
+        .push_json(r#"{"v":2}"#, Due::In(Duration::from_secs(90)), &opts)
+        .expect("push again");
+    assert_eq!(first, "order-42-close");
+    assert_eq!(second, first);
+    let info = q.get(&first).expect("get").expect("exists");
+    assert_eq!(info.payload_json, r#"{"v":1}"#, "the second push must not overwrite");
+    assert_eq!(info.max_attempts, Some(3));
+    let stats = q.stats().expect("stats");
+    assert_eq!(stats.scheduled, 1);
+    assert_eq!(stats.total("pushed"), 1);
+}
+
+#[test]
+fn push_many_is_one_round_trip_and_keeps_order() {
+    let server = RedisServer::start();
+    let q = server.queue("bulk");
+    q.ping().expect("ping");
+    let calls_before = commands_processed(&server);
+    let batch: Vec<NewMessage> = (0..2500)
+        .map(|i| NewMessage::new(&json!({"i": i}), Duration::ZERO).expect("message"))
+        .collect();
+    let ids = q.push_many(&batch).expect("push_many");
+    assert_eq!(ids.len(), 2500);
+    let calls = commands_processed(&server) - calls_before;
+    // Three script calls of at most 1000 and one SCRIPT LOAD, pipelined; the recipe
+    // needs 5000 commands for the same batch.
+    assert_eq!(calls, 4, "push_many sent {calls} script commands");
+    let stats = q.stats().expect("stats");
+    assert_eq!(stats.ready, 2500);
+    // Same due millisecond or not, the schedule keeps push order.
+    let mut con = server.con();
+    let order: Vec<String> = redis::cmd("ZRANGE")
+        .arg("{dq:bulk}:scheduled")
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .expect("ZRANGE");
+    assert_eq!(order, ids);
+}
+
+/// Commands the clients sent (script calls and loads); commands run inside scripts
+/// are not round trips.
+fn commands_processed(server: &RedisServer) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.con())
+        .expect("INFO");
+    info.lines()
+        .filter(|l| {
+            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_script|load:"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<i64>().ok())
+        .sum()
+}
+
+#[test]
+fn cancel_and_reschedule_only_touch_waiting_messages() {
+    let server = RedisServer::start();
+    let q = server.queue("cr");
+    let id = q.push(&"x", Duration::from_secs(3600)).expect("push");
+    assert!(q.reschedule(&id, Duration::from_secs(7200)).expect("reschedule"));
+    let due = q.get(&id).expect("get").expect("exists").due_at_ms.expect("due");
+    assert!(due > delayq_now_ms(&server) + 7_000_000);
+    assert!(q.reschedule(&id, Due::NOW).expect("reschedule"));
+    assert_eq!(q.get(&id).expect("get").expect("exists").state, State::Ready);
+    assert!(q.cancel(&id).expect("cancel"));
+    assert!(!q.cancel(&id).expect("cancel twice"));
+    assert!(!q.reschedule(&id, Due::NOW).expect("reschedule gone"));
+    assert!(q.get(&id).expect("get").is_none());
+    assert_eq!(q.stats().expect("stats").total("cancelled"), 1);
+    assert_no_leak(&server, "{dq:cr}");
+}
+
+#[test]
+fn purge_deletes_everything_and_reports_the_count() {
+    let server = RedisServer::start();
+    let q = server.queue("p");
+    for i in 0..10 {
+        q.push(&i, Duration::from_secs(i)).expect("push");
+    }
+    assert_eq!(q.purge().expect("purge"), 10);
+    let s = q.stats().expect("stats");
+    assert_eq!((s.scheduled, s.ready, s.inflight, s.dead), (0, 0, 0, 0));
+    assert_eq!(q.purge().expect("purge again"), 0);
+}
+
+#[test]
+fn queues_with_different_names_or_prefixes_are_independent() {
+    let server = RedisServer::start();
+    let a = server.queue("a");
+    let b = server.queue("b");
+    let other_prefix = server.queue_with(
+        "a",
+        delayq::QueueOptions {
+            prefix: "app2".into(),
+            ..Default::default()
+        },
+    );
+    a.push(&1, Duration::ZERO).expect("push");
+    assert_eq!(a.stats().expect("stats").ready, 1);
+    assert_eq!(b.stats().expect("stats").ready, 0);
+    assert_eq!(other_prefix.stats().expect("stats").ready, 0);
+    assert!(server.dump_keys().iter().all(|k| k.starts_with("{dq:a}:")));
+}
