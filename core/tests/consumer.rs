@@ -1,0 +1,484 @@
+//! The consumer pool against a real redis-server.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{RedisServer, assert_no_leak, wait_for};
+use delayq::{NewMessage, Received, State, Worker, WorkerOptions};
+use parking_lot::Mutex;
+use serde_json::json;
+
+fn opts() -> WorkerOptions {
+    WorkerOptions {
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(100),
+        ..WorkerOptions::default()
+    }
+}
+
+/// Run `worker` on `threads` handler threads until `done` says so, then stop it.
+fn run_until(
+    worker: &Worker,
+    threads: usize,
+    handler: impl Fn(&delayq::Delivery) -> Result<(), String> + Sync,
+    done: impl Fn() -> bool + Send,
+    limit: Duration,
+) -> delayq::Summary {
+    let stopper = worker.stopper();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            wait_for(limit, "the pool to finish its work", &done);
+            stopper.stop();
+        });
+        worker.run(threads, handler).expect("run")
+    })
+}
+
+#[test]
+fn ten_thousand_messages_are_each_delivered_once_across_eight_threads() {
+    let server = RedisServer::start();
+    let q = server.queue("exact");
+    let batch: Vec<NewMessage> = (0..10_000)
+        .map(|i| NewMessage::new(&json!({"n": i}), Duration::from_millis(i % 300)).expect("msg"))
+        .collect();
+    q.push_many(&batch).expect("push_many");
+    let seen: Mutex<HashMap<i64, usize>> = Mutex::new(HashMap::new());
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            threads: 4,
+            batch: 100,
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let summary = run_until(
+        &worker,
+        8,
+        |d| {
+            let v: serde_json::Value = d.payload().map_err(|e| e.to_string())?;
+            *seen.lock().entry(v["n"].as_i64().expect("n")).or_default() += 1;
+            Ok(())
+        },
+        || seen.lock().len() == 10_000 && q.stats().is_ok_and(|s| s.inflight == 0 && s.ready == 0),
+        Duration::from_secs(60),
+    );
+    let seen = seen.into_inner();
+    assert_eq!(seen.len(), 10_000);
+    let dups: Vec<_> = seen.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(dups.is_empty(), "duplicates: {dups:?}");
+    assert_eq!(summary.handled, 10_000);
+    assert_eq!(summary.acked, 10_000);
+    assert_eq!(summary.lease_lost, 0);
+    let s = q.stats().expect("stats");
+    assert_eq!((s.scheduled, s.ready, s.inflight, s.dead), (0, 0, 0, 0));
+    assert_eq!(s.total("acked"), 10_000);
+    assert_no_leak(&server, "{dq:exact}");
+}
+
+#[test]
+fn messages_arrive_in_due_order_and_never_early() {
+    let server = RedisServer::start();
+    let q = server.queue("order");
+    // Pushed in reverse: due order differs from push order.
+    let mut ids = Vec::new();
+    for i in (0..20u64).rev() {
+        ids.push((i, q.push(&i, Duration::from_millis(100 + i * 25)).expect("push")));
+    }
+    let got: Mutex<Vec<(u64, i64, i64)>> = Mutex::new(Vec::new());
+    let worker = Worker::new(q.clone(), WorkerOptions { threads: 1, ..opts() }).expect("worker");
+    run_until(
+        &worker,
+        1,
+        |d| {
+            let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut server.con()).map_err(|e| e.to_string())?;
+            got.lock().push((
+                d.payload().map_err(|e| e.to_string())?,
+                d.due_at_ms,
+                s * 1000 + us / 1000,
+            ));
+            Ok(())
+        },
+        || got.lock().len() == 20,
+        Duration::from_secs(20),
+    );
+    let got = got.into_inner();
+    let order: Vec<u64> = got.iter().map(|g| g.0).collect();
+    assert_eq!(order, (0..20).collect::<Vec<_>>());
+    for (n, due, handled_at) in got {
+        assert!(
+            handled_at >= due,
+            "message {n} handled at {handled_at}, before its due time {due}"
+        );
+    }
+}
+
+#[test]
+fn failures_retry_with_backoff_then_go_to_the_dead_letter_set() {
+    let server = RedisServer::start();
+    let q = server.queue("retry");
+    let id = q.push(&json!({"poison": true}), Duration::ZERO).expect("push");
+    let ok_id = q.push(&json!({"poison": false}), Duration::ZERO).expect("push");
+    let attempts: Mutex<Vec<(u32, Instant)>> = Mutex::new(Vec::new());
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            max_attempts: 3,
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(2),
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let summary = run_until(
+        &worker,
+        2,
+        |d| {
+            let v: serde_json::Value = d.payload().map_err(|e| e.to_string())?;
+            if v["poison"] == json!(true) {
+                attempts.lock().push((d.attempt, Instant::now()));
+                return Err(format!("RuntimeException: cannot close order (attempt {})", d.attempt));
+            }
+            Ok(())
+        },
+        || {
+            q.stats()
+                .is_ok_and(|s| s.dead == 1 && s.ready + s.scheduled + s.inflight == 0)
+        },
+        Duration::from_secs(20),
+    );
+    let attempts = attempts.into_inner();
+    assert_eq!(attempts.iter().map(|a| a.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+    // Equal jitter: the n-th retry waits at least half of base * 2^(n-1).
+    assert!(attempts[1].1 - attempts[0].1 >= Duration::from_millis(100));
+    assert!(attempts[2].1 - attempts[1].1 >= Duration::from_millis(200));
+    assert_eq!(
+        (summary.failed, summary.retried, summary.dead, summary.acked),
+        (3, 2, 1, 1)
+    );
+
+    let info = q.get(&id).expect("get").expect("kept as dead letter");
+    assert_eq!(info.state, State::Dead);
+    assert_eq!(info.attempts, 3);
+    let err = info.last_error.expect("last error");
+    assert!(
+        err.contains("cannot close order (attempt 3)") && err.contains("gave up after 3"),
+        "{err}"
+    );
+    assert!(q.get(&ok_id).expect("get").is_none(), "acked message is deleted");
+
+    let dead = q.dead_letters(10).expect("dead letters");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, id);
+    assert_eq!(dead[0].payload_json, r#"{"poison":true}"#);
+
+    assert_eq!(q.requeue_dead(Some(&id)).expect("requeue"), 1);
+    let info = q.get(&id).expect("get").expect("exists");
+    assert_eq!((info.state, info.attempts), (State::Ready, 0));
+    assert_eq!(q.requeue_dead(None).expect("requeue all"), 0);
+    assert_no_leak(&server, "{dq:retry}");
+}
+
+#[test]
+fn a_message_limit_overrides_the_worker_limit() {
+    let server = RedisServer::start();
+    let q = server.queue("limit");
+    let opts_once = delayq::PushOptions {
+        id: None,
+        max_attempts: Some(1),
+    };
+    let id = q.push_json("1", delayq::Due::NOW, &opts_once).expect("push");
+    let worker = Worker::new(q.clone(), opts()).expect("worker");
+    let calls = AtomicUsize::new(0);
+    run_until(
+        &worker,
+        1,
+        |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err("boom".into())
+        },
+        || q.stats().is_ok_and(|s| s.dead == 1),
+        Duration::from_secs(10),
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        q.get(&id).expect("get").expect("dead").last_error.as_deref(),
+        Some("boom")
+    );
+}
+
+#[test]
+fn dead_letters_are_capped() {
+    let server = RedisServer::start();
+    let q = server.queue_with(
+        "cap",
+        delayq::QueueOptions {
+            dead_max: 5,
+            ..Default::default()
+        },
+    );
+    let batch: Vec<NewMessage> = (0..12)
+        .map(|i| NewMessage::new(&i, Duration::ZERO).expect("msg"))
+        .collect();
+    q.push_many(&batch).expect("push");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            max_attempts: 1,
+            ..opts()
+        },
+    )
+    .expect("worker");
+    run_until(
+        &worker,
+        1,
+        |_| Err("no".into()),
+        || {
+            q.stats()
+                .is_ok_and(|s| s.ready + s.inflight == 0 && s.total("dead") == 12)
+        },
+        Duration::from_secs(10),
+    );
+    let s = q.stats().expect("stats");
+    assert_eq!(s.dead, 5);
+    assert_eq!(s.total("trimmed"), 7);
+    assert_no_leak(&server, "{dq:cap}");
+}
+
+#[test]
+fn a_handler_that_panics_fails_the_delivery_and_the_pool_goes_on() {
+    let server = RedisServer::start();
+    let q = server.queue("panic");
+    let bad = q.push(&"bad", Duration::ZERO).expect("push");
+    q.push(&"good", Duration::ZERO).expect("push");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            max_attempts: 1,
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let summary = run_until(
+        &worker,
+        1,
+        |d| {
+            assert_ne!(d.payload_json(), r#""bad""#, "bad payload");
+            Ok(())
+        },
+        || q.stats().is_ok_and(|s| s.dead == 1 && s.ready == 0 && s.inflight == 0),
+        Duration::from_secs(10),
+    );
+    assert_eq!((summary.acked, summary.dead), (1, 1));
+    let err = q.get(&bad).expect("get").expect("dead").last_error.expect("error");
+    assert!(err.contains("handler panicked") && err.contains("bad payload"), "{err}");
+}
+
+#[test]
+fn a_hung_handler_loses_its_lease_and_the_message_is_delivered_again() {
+    let server = RedisServer::start();
+    let q = server.queue("lease");
+    let id = q.push(&"slow", Duration::ZERO).expect("push");
+    let lease_opts = WorkerOptions {
+        threads: 1,
+        lease: Duration::from_millis(300),
+        timeout: Some(Duration::from_millis(50)),
+        ..opts()
+    };
+    // Consumer A takes the message and "hangs": its heartbeat stops at `timeout`.
+    let a = Worker::new(q.clone(), lease_opts.clone()).expect("worker a");
+    let ca = a.start().expect("start a");
+    let first = match ca.recv_timeout(Duration::from_secs(5)) {
+        Received::Message(d) => d,
+        other => panic!("expected a delivery, got {other:?}"),
+    };
+    assert_eq!((first.id.as_str(), first.attempt), (id.as_str(), 1));
+    // Consumer B gets it again once the lease has run out.
+    let b = Worker::new(q.clone(), lease_opts).expect("worker b");
+    let cb = b.start().expect("start b");
+    let second = match cb.recv_timeout(Duration::from_secs(5)) {
+        Received::Message(d) => d,
+        other => panic!("expected a re-delivery, got {other:?}"),
+    };
+    assert_eq!((second.id.as_str(), second.attempt), (id.as_str(), 2));
+    assert_ne!(first.token(), second.token());
+    let info = q.get(&id).expect("get").expect("exists");
+    assert_eq!(info.state, State::Inflight);
+    assert!(
+        info.last_error
+            .expect("error")
+            .contains("lease expired during attempt 1")
+    );
+
+    // The stale consumer's ack is refused (fencing); the current one's succeeds.
+    ca.ack(first);
+    let sa = ca.finish();
+    assert_eq!((sa.acked, sa.lease_lost), (0, 1));
+    assert_eq!(q.get(&id).expect("get").expect("still there").state, State::Inflight);
+    cb.ack(second);
+    let sb = cb.finish();
+    assert_eq!((sb.acked, sb.lease_lost), (1, 0));
+    assert!(q.get(&id).expect("get").is_none());
+    assert_no_leak(&server, "{dq:lease}");
+}
+
+#[test]
+fn heartbeats_keep_a_slow_handler_lease_alive() {
+    let server = RedisServer::start();
+    let q = server.queue("hb");
+    q.push(&"slow", Duration::ZERO).expect("push");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            lease: Duration::from_millis(200),
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let calls = AtomicUsize::new(0);
+    let summary = run_until(
+        &worker,
+        1,
+        |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(900));
+            Ok(())
+        },
+        || q.stats().is_ok_and(|s| s.total("acked") == 1),
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "lease must not expire while the handler runs"
+    );
+    assert_eq!((summary.acked, summary.lease_lost), (1, 0));
+    assert_eq!(q.stats().expect("stats").total("expired"), 0);
+}
+
+#[test]
+fn graceful_stop_finishes_running_handlers_and_returns_prefetched_messages_at_once() {
+    let server = RedisServer::start();
+    let q = server.queue("stop");
+    let batch: Vec<NewMessage> = (0..200)
+        .map(|i| NewMessage::new(&i, Duration::ZERO).expect("msg"))
+        .collect();
+    q.push_many(&batch).expect("push");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            threads: 2,
+            batch: 50,
+            lease: Duration::from_secs(60),
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let handled = Arc::new(AtomicUsize::new(0));
+    let stopper = worker.stopper();
+    let h = Arc::clone(&handled);
+    let summary = worker
+        .run(2, move |_| {
+            std::thread::sleep(Duration::from_millis(20));
+            if h.fetch_add(1, Ordering::SeqCst) == 10 {
+                stopper.stop();
+            }
+            Ok(())
+        })
+        .expect("run");
+    let handled = handled.load(Ordering::SeqCst) as u64;
+    assert_eq!(summary.handled, handled);
+    assert_eq!(summary.acked, handled, "every started handler finished and was acked");
+    assert!(summary.released > 0, "prefetched messages were returned");
+    let s = q.stats().expect("stats");
+    assert_eq!(s.inflight, 0, "nothing left waiting for a lease to expire");
+    assert_eq!(s.ready, 200 - handled);
+    assert_eq!(s.total("released"), summary.released);
+    // Released messages keep their attempt budget.
+    let first_left = q.dead_letters(1).expect("dead");
+    assert!(first_left.is_empty());
+    let rest = Worker::new(q.clone(), opts()).expect("worker");
+    let again = run_until(
+        &rest,
+        2,
+        |d| {
+            assert_eq!(d.attempt, 1, "a released delivery does not count as an attempt");
+            Ok(())
+        },
+        || q.stats().is_ok_and(|s| s.ready + s.inflight == 0),
+        Duration::from_secs(20),
+    );
+    assert_eq!(again.acked, 200 - handled);
+    assert_no_leak(&server, "{dq:stop}");
+}
+
+#[test]
+fn stop_before_run_returns_at_once_and_the_worker_can_run_again() {
+    let server = RedisServer::start();
+    let q = server.queue("again");
+    let worker = Worker::new(q.clone(), opts()).expect("worker");
+    worker.stop();
+    let s = worker.run(1, |_| Ok(())).expect("run");
+    assert_eq!(s.handled, 0);
+    q.push(&1, Duration::ZERO).expect("push");
+    let s = run_until(
+        &worker,
+        1,
+        |_| Ok(()),
+        || q.stats().is_ok_and(|s| s.total("acked") == 1),
+        Duration::from_secs(10),
+    );
+    assert_eq!(s.acked, 1);
+    let c = worker.start().expect("start");
+    assert!(worker.start().is_err(), "one pool per worker at a time");
+    c.finish();
+}
+
+#[test]
+fn an_idle_pool_is_woken_by_a_push_instead_of_polling() {
+    let server = RedisServer::start();
+    let q = server.queue("idle");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            threads: 2,
+            idle_check: Duration::from_secs(30),
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let consumer = worker.start().expect("start");
+    assert!(matches!(
+        consumer.recv_timeout(Duration::from_millis(300)),
+        Received::Idle
+    ));
+    let claims_before = claim_calls(&server);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        claim_calls(&server) - claims_before,
+        0,
+        "an idle pool must not poll Redis"
+    );
+    // With a 30 s idle check only the producer's wake-up can deliver this in time.
+    q.push(&"wake", Duration::from_millis(200)).expect("push");
+    match consumer.recv_timeout(Duration::from_secs(5)) {
+        Received::Message(d) => consumer.ack(d),
+        other => panic!("expected the pushed message, got {other:?}"),
+    }
+    assert_eq!(consumer.finish().acked, 1);
+}
+
+fn claim_calls(server: &RedisServer) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.con())
+        .expect("INFO");
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
