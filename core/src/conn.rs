@@ -153,7 +153,9 @@ impl Endpoint {
                     .map_err(|e| self.connect_error(&e))?;
                 Conn::Single(con)
             }
-            ClientKind::Cluster(client) => Conn::Cluster(client.get_connection().map_err(|e| self.connect_error(&e))?),
+            ClientKind::Cluster(client) => {
+                Conn::Cluster(Box::new(client.get_connection().map_err(|e| self.connect_error(&e))?))
+            }
         };
         Ok(conn)
     }
@@ -191,14 +193,14 @@ impl Endpoint {
 /// One live connection.
 pub(crate) enum Conn {
     Single(redis::Connection),
-    Cluster(redis::cluster::ClusterConnection),
+    Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
 impl Conn {
     pub(crate) fn as_dyn(&mut self) -> &mut dyn ConnectionLike {
         match self {
             Self::Single(c) => c,
-            Self::Cluster(c) => c,
+            Self::Cluster(c) => &mut **c,
         }
     }
 }
@@ -214,15 +216,15 @@ fn warn_if_evicting(conn: &mut Conn) {
         .arg("GET")
         .arg("maxmemory-policy")
         .query(conn.as_dyn());
-    if let Ok(reply) = policy {
-        if let Some(policy) = reply.get(1) {
-            if policy.starts_with("allkeys-") && !EVICTION_WARNED.swap(true, Ordering::Relaxed) {
-                log::warn!(
-                    "Redis maxmemory-policy is {policy}: under memory pressure Redis may evict delayq's keys, \
-                     and an evicted message is lost; use noeviction (or a volatile-* policy) for queues"
-                );
-            }
-        }
+    if let Ok(reply) = policy
+        && let Some(policy) = reply.get(1)
+        && policy.starts_with("allkeys-")
+        && !EVICTION_WARNED.swap(true, Ordering::Relaxed)
+    {
+        log::warn!(
+            "Redis maxmemory-policy is {policy}: under memory pressure Redis may evict delayq's keys, \
+             and an evicted message is lost; use noeviction (or a volatile-* policy) for queues"
+        );
     }
 }
 

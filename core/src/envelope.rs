@@ -18,11 +18,42 @@ pub(crate) fn validate_payload(json: &str, max_bytes: usize) -> Result<()> {
             max: max_bytes,
         });
     }
-    // RawValue checks syntax (and serde_json's recursion limit of 128) without building
-    // a tree.
+    // RawValue checks the syntax without building a tree, but it does not limit depth.
     serde_json::from_str::<&RawValue>(json)
         .map_err(|e| Error::PayloadNotSerializable(format!("not valid JSON: {e}")))?;
+    let depth = nesting_depth(json);
+    if depth > MAX_DEPTH {
+        return Err(Error::PayloadNotSerializable(format!(
+            "nested {depth} levels deep, the limit is {MAX_DEPTH} (every consumer language must be able to decode it)"
+        )));
+    }
     Ok(())
+}
+
+/// Deepest array/object nesting of syntactically valid JSON text.
+fn nesting_depth(json: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in json.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
 }
 
 pub(crate) fn encode(layout: &Layout, id: &str, payload_json: &str, max_attempts: Option<u32>) -> String {
@@ -107,8 +138,10 @@ mod tests {
             validate_payload("\"long\"", 3),
             Err(Error::PayloadTooLarge { size: 6, max: 3 })
         ));
-        let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
-        assert!(validate_payload(&deep, 1 << 20).is_err());
+        let deep = |n| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(validate_payload(&deep(MAX_DEPTH), 1 << 20).is_ok());
+        assert!(validate_payload(&deep(MAX_DEPTH + 1), 1 << 20).is_err());
+        assert_eq!(nesting_depth(r#"{"a":"[[[{{\"]]","b":[{}]}"#), 3);
         assert!(decode(&Layout::Native, "not json").is_err());
     }
 }

@@ -474,10 +474,10 @@ impl Queue {
         let next = items.get(5).map(int).unwrap_or(-1);
         let mut totals = BTreeMap::new();
         for pair in items.get(6..).unwrap_or_default().chunks(2) {
-            if let [k, v] = pair {
-                if let Some(k) = text(k) {
-                    totals.insert(k, text(v).and_then(|v| v.parse().ok()).unwrap_or(0));
-                }
+            if let [k, v] = pair
+                && let Some(k) = text(k)
+            {
+                totals.insert(k, text(v).and_then(|v| v.parse().ok()).unwrap_or(0));
             }
         }
         Ok(Stats {

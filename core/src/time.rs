@@ -58,10 +58,10 @@ impl Due {
     }
 
     pub(crate) fn validate(self) -> Result<Self> {
-        if let Self::In(d) = self {
-            if d > MAX_DELAY {
-                return Err(Error::invalid("delay", format!("{d:?} is more than 100 years")));
-            }
+        if let Self::In(d) = self
+            && d > MAX_DELAY
+        {
+            return Err(Error::invalid("delay", format!("{d:?} is more than 100 years")));
         }
         Ok(self)
     }

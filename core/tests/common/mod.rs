@@ -56,10 +56,10 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Ok(mut con) = self.raw_client().get_connection() {
-                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
-                    return;
-                }
+            if let Ok(mut con) = self.raw_client().get_connection()
+                && redis::cmd("PING").query::<String>(&mut con).is_ok()
+            {
+                return;
             }
             assert!(
                 Instant::now() < deadline,
