@@ -1,0 +1,31 @@
+# delayq: one entry point for build, test, bench and lint. `make help` lists targets.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+.PHONY: help setup demo build test lint fmt clippy doc
+
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+setup: ## Install everything (apt, pip), build, install the bindings, run the demo
+	scripts/setup.sh
+
+demo: ## Run the demo on REDIS_URL or a private redis-server
+	scripts/demo.sh
+
+build: ## Build the core and its examples (release)
+	cargo build --release -p delayq --examples
+
+test: ## Run every test (each suite starts its own redis-server)
+	scripts/test.sh
+
+lint: fmt clippy ## cargo fmt --check and clippy -D warnings
+
+fmt: ## Check formatting
+	cargo fmt --all -- --check
+
+clippy: ## Lint the core with warnings as errors
+	cargo clippy -p delayq --all-targets -- -D warnings
+
+doc: ## Build the API docs
+	cargo doc -p delayq --no-deps
