@@ -1,9 +1,25 @@
-//! PHP extension for delayq (ext-php-rs): conversion, error mapping and process
-//! supervision only; the queue logic lives in the `delayq` crate.
+//! PHP extension for delayq (ext-php-rs): value conversion, error mapping, running
+//! the handler on the PHP thread, and process supervision. The queue logic lives in
+//! the `delayq` crate; each file here mirrors one part of its API.
+
+mod convert;
+mod errors;
+mod queue;
 
 use ext_php_rs::prelude::*;
 
+extern "C" fn startup(_type: i32, _module: i32) -> i32 {
+    match errors::register() {
+        Ok(()) => 0,
+        Err(e) => {
+            // The engine reports "Unable to start delayq module" after this.
+            eprintln!("delayq: cannot register exception classes: {e}");
+            -1
+        }
+    }
+}
+
 #[php_module]
 pub fn module(module: ModuleBuilder) -> ModuleBuilder {
-    module
+    module.startup_function(startup).class::<queue::PhpDelayQueue>()
 }

@@ -1,0 +1,317 @@
+//! PHP values to and from JSON text, as `json_encode` / `json_decode($json, true)`
+//! would, but strict: invalid UTF-8, NAN/INF, resources, closures and arbitrary
+//! objects are refused with the path of the culprit, and nothing is serialize()d.
+
+use std::fmt::Write as _;
+
+use ext_php_rs::boxed::ZBox;
+use ext_php_rs::convert::IntoZval;
+use ext_php_rs::exception::PhpException;
+use ext_php_rs::flags::DataType;
+use ext_php_rs::types::{ArrayKey, ZendHashTable, ZendObject, Zval};
+use ext_php_rs::zend::ClassEntry;
+
+use crate::errors;
+
+type PhpResult<T> = Result<T, PhpException>;
+
+/// A PHP payload as JSON text.
+pub(crate) fn payload_to_json(value: &Zval) -> PhpResult<String> {
+    let mut out = String::with_capacity(64);
+    write_json(value, &mut out, 0, &mut String::from("$payload"))?;
+    Ok(out)
+}
+
+fn write_json(value: &Zval, out: &mut String, depth: usize, path: &mut String) -> PhpResult<()> {
+    if depth > delayq::MAX_DEPTH {
+        return Err(errors::payload(format!(
+            "{path} is nested deeper than {} levels (or refers to itself)",
+            delayq::MAX_DEPTH
+        )));
+    }
+    let value = value.dereference();
+    match value.get_type() {
+        DataType::Null | DataType::Undef => out.push_str("null"),
+        DataType::True => out.push_str("true"),
+        DataType::False => out.push_str("false"),
+        DataType::Bool => out.push_str(if value.bool().unwrap_or(false) { "true" } else { "false" }),
+        DataType::Long => {
+            let _ = write!(out, "{}", value.long().unwrap_or(0));
+        }
+        DataType::Double => {
+            let f = value.double().unwrap_or(0.0);
+            if !f.is_finite() {
+                return Err(errors::payload(format!("{path} is {f}, which JSON cannot represent")));
+            }
+            out.push_str(&serde_json::to_string(&f).map_err(|e| errors::payload(e.to_string()))?);
+        }
+        DataType::String => {
+            let bytes = value.zend_str().map(|s| s.as_bytes()).unwrap_or_default();
+            write_str(bytes, out, path)?;
+        }
+        DataType::Array => {
+            let table = value
+                .array()
+                .ok_or_else(|| errors::payload(format!("{path} is an unreadable array")))?;
+            write_table(table, out, depth, path, table.has_sequential_keys())?;
+        }
+        DataType::Object(_) => {
+            let object = value
+                .object()
+                .ok_or_else(|| errors::payload(format!("{path} is an unreadable object")))?;
+            write_object(object, out, depth, path)?;
+        }
+        DataType::Resource => {
+            return Err(errors::payload(format!(
+                "{path} is a resource, which cannot be a payload"
+            )));
+        }
+        other => {
+            return Err(errors::payload(format!(
+                "{path} has the type {other}, which cannot be a payload"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn write_str(bytes: &[u8], out: &mut String, path: &str) -> PhpResult<()> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| errors::payload(format!("{path} is not valid UTF-8 (byte {})", e.valid_up_to())))?;
+    out.push_str(&serde_json::to_string(text).map_err(|e| errors::payload(e.to_string()))?);
+    Ok(())
+}
+
+fn write_table(table: &ZendHashTable, out: &mut String, depth: usize, path: &mut String, list: bool) -> PhpResult<()> {
+    out.push(if list { '[' } else { '{' });
+    for (i, (key, item)) in table.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let mark = path.len();
+        let key_text = match &key {
+            ArrayKey::Long(n) => n.to_string(),
+            ArrayKey::String(s) => s.clone(),
+            ArrayKey::Str(s) => (*s).to_owned(),
+            ArrayKey::ZendString(s) => match s.as_str() {
+                Ok(s) => s.to_owned(),
+                Err(_) => {
+                    return Err(errors::payload(format!("{path} has a key that is not valid UTF-8")));
+                }
+            },
+        };
+        let _ = write!(path, "[{key_text:?}]");
+        if !list {
+            write_str(key_text.as_bytes(), out, path)?;
+            out.push(':');
+        }
+        write_json(item, out, depth + 1, path)?;
+        path.truncate(mark);
+    }
+    out.push(if list { ']' } else { '}' });
+    Ok(())
+}
+
+fn write_object(object: &ZendObject, out: &mut String, depth: usize, path: &mut String) -> PhpResult<()> {
+    let class = object.get_class_name().unwrap_or_else(|_| "object".into());
+    if let Some(json_serializable) = ClassEntry::try_find("JsonSerializable")
+        && object.instance_of(json_serializable)
+    {
+        let data = object
+            .try_call_method("jsonSerialize", vec![])
+            .map_err(|e| errors::payload(format!("{path}: {class}::jsonSerialize() failed: {e}")))?;
+        return write_json(&data, out, depth + 1, path);
+    }
+    if class == "stdClass" {
+        let props = object
+            .get_properties()
+            .map_err(|e| errors::payload(format!("{path}: cannot read the properties of stdClass: {e}")))?;
+        return write_table(props, out, depth, path, false);
+    }
+    let hint = if class == "Closure" {
+        "a Closure cannot be a payload".to_owned()
+    } else {
+        format!("objects of class {class} are not payloads: implement JsonSerializable or pass an array")
+    };
+    Err(errors::payload(format!("{path} is an object: {hint}")))
+}
+
+/// JSON text to a PHP value, as `json_decode($json, true)` returns it.
+pub(crate) fn json_to_zval(json: &str) -> PhpResult<Zval> {
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| errors::payload(format!("stored payload is not valid JSON: {e}")))?;
+    value_to_zval(&value)
+}
+
+fn value_to_zval(value: &serde_json::Value) -> PhpResult<Zval> {
+    use serde_json::Value as V;
+    let mut z = Zval::new();
+    match value {
+        V::Null => z.set_null(),
+        V::Bool(b) => z.set_bool(*b),
+        V::Number(n) => match n.as_i64() {
+            Some(i) => z.set_long(i),
+            // Beyond 64 bits PHP has only floats, as json_decode does.
+            None => z.set_double(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        V::String(s) => z.set_string(s, false).map_err(|e| errors::payload(e.to_string()))?,
+        V::Array(items) => {
+            let mut table = ZendHashTable::with_capacity(u32::try_from(items.len()).unwrap_or(u32::MAX));
+            for item in items {
+                table
+                    .push(value_to_zval(item)?)
+                    .map_err(|e| errors::payload(e.to_string()))?;
+            }
+            z.set_hashtable(table);
+        }
+        V::Object(map) => {
+            let mut table = ZendHashTable::with_capacity(u32::try_from(map.len()).unwrap_or(u32::MAX));
+            for (k, v) in map {
+                // Numeric keys become integer keys, as in any PHP array.
+                table
+                    .insert(k.as_str(), value_to_zval(v)?)
+                    .map_err(|e| errors::payload(e.to_string()))?;
+            }
+            z.set_hashtable(table);
+        }
+    }
+    Ok(z)
+}
+
+/// A number of seconds from an int or float argument.
+pub(crate) fn seconds(value: &Zval, name: &str) -> PhpResult<f64> {
+    let value = value.dereference();
+    if let Some(f) = value.double() {
+        return Ok(f);
+    }
+    if let Some(i) = value.long() {
+        return Ok(i as f64);
+    }
+    Err(errors::type_error(format!(
+        "{name} must be a number of seconds (int|float), {} given",
+        type_name(value)
+    )))
+}
+
+pub(crate) fn type_name(value: &Zval) -> String {
+    match value.get_type() {
+        DataType::Object(_) => value
+            .object()
+            .and_then(|o| o.get_class_name().ok())
+            .unwrap_or_else(|| "object".into()),
+        DataType::Long => "int".into(),
+        DataType::Double => "float".into(),
+        DataType::True | DataType::False | DataType::Bool => "bool".into(),
+        DataType::Null => "null".into(),
+        other => other.to_string().to_lowercase(),
+    }
+}
+
+/// Reads an options array, refusing keys nobody asked for.
+pub(crate) struct Options<'a> {
+    table: Option<&'a ZendHashTable>,
+    what: String,
+    known: Vec<&'static str>,
+}
+
+impl<'a> Options<'a> {
+    pub(crate) fn new(table: Option<&'a ZendHashTable>, what: impl Into<String>) -> Self {
+        Self {
+            table,
+            what: what.into(),
+            known: Vec::new(),
+        }
+    }
+
+    pub(crate) fn get(&mut self, key: &'static str) -> Option<&'a Zval> {
+        self.known.push(key);
+        self.table?.get(key).filter(|v| !v.dereference().is_null())
+    }
+
+    pub(crate) fn string(&mut self, key: &'static str) -> PhpResult<Option<String>> {
+        let what = self.what.clone();
+        self.get(key)
+            .map(|v| {
+                v.dereference().string().ok_or_else(|| {
+                    errors::type_error(format!("{what} '{key}' must be a string, {} given", type_name(v)))
+                })
+            })
+            .transpose()
+    }
+
+    pub(crate) fn seconds(&mut self, key: &'static str) -> PhpResult<Option<f64>> {
+        let what = self.what.clone();
+        self.get(key)
+            .map(|v| seconds(v, &format!("{what} '{key}'")))
+            .transpose()
+    }
+
+    pub(crate) fn duration(&mut self, key: &'static str) -> PhpResult<Option<std::time::Duration>> {
+        let what = self.what.clone();
+        match self.seconds(key)? {
+            Some(s) => delayq::delay_from_secs(&format!("{what} '{key}'"), s)
+                .map(Some)
+                .map_err(|e| errors::to_php(&e)),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn int(&mut self, key: &'static str, min: i64, max: i64) -> PhpResult<Option<i64>> {
+        let what = self.what.clone();
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => {
+                let n = v.dereference().long().ok_or_else(|| {
+                    errors::type_error(format!("{what} '{key}' must be an int, {} given", type_name(v)))
+                })?;
+                if n < min || n > max {
+                    return Err(errors::invalid(format!(
+                        "{what} '{key}' must be between {min} and {max}, got {n}"
+                    )));
+                }
+                Ok(Some(n))
+            }
+        }
+    }
+
+    /// Fails on any key that was not read, naming it and the accepted ones.
+    pub(crate) fn finish(self) -> PhpResult<()> {
+        let Some(table) = self.table else { return Ok(()) };
+        for (key, _) in table.iter() {
+            let name = match &key {
+                ArrayKey::Long(n) => n.to_string(),
+                ArrayKey::String(s) => s.clone(),
+                ArrayKey::Str(s) => (*s).to_owned(),
+                ArrayKey::ZendString(s) => s.as_str().unwrap_or("?").to_owned(),
+            };
+            if !self.known.contains(&name.as_str()) {
+                let mut known = self.known.clone();
+                known.sort_unstable();
+                return Err(errors::invalid(format!(
+                    "unknown {} '{name}' (known: {})",
+                    self.what,
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A PHP array from string keys and values.
+pub(crate) fn assoc(entries: Vec<(&str, Zval)>) -> PhpResult<ZBox<ZendHashTable>> {
+    let mut table = ZendHashTable::with_capacity(u32::try_from(entries.len()).unwrap_or(u32::MAX));
+    for (k, v) in entries {
+        table.insert(k, v).map_err(|e| errors::payload(e.to_string()))?;
+    }
+    Ok(table)
+}
+
+pub(crate) fn zv<T: IntoZval>(v: T) -> Zval {
+    v.into_zval(false).unwrap_or_default()
+}
+
+/// Unix milliseconds as PHP's float seconds.
+pub(crate) fn ms_to_secs(ms: i64) -> f64 {
+    ms as f64 / 1000.0
+}

@@ -1,0 +1,144 @@
+//! Error mapping: every core error becomes one subclass of `DelayQueueException`,
+//! decided here and nowhere else.
+
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use ext_php_rs::args::ArgInfoTables;
+use ext_php_rs::builders::ClassBuilder;
+use ext_php_rs::exception::PhpException;
+use ext_php_rs::ffi::zend_class_entry;
+use ext_php_rs::zend::{ClassEntry, ce};
+
+unsafe extern "C" {
+    // SPL's RuntimeException: not reachable through ClassEntry::try_find at startup.
+    static spl_ce_RuntimeException: *mut zend_class_entry;
+}
+
+fn runtime_exception() -> &'static ClassEntry {
+    // SAFETY: SPL is part of every PHP build and registers its classes before any
+    // extension's startup runs; the pointer is never written again.
+    unsafe { &*spl_ce_RuntimeException.cast::<ClassEntry>() }
+}
+
+/// The exception classes, in registration order (parents first).
+#[derive(Clone, Copy)]
+pub(crate) enum Kind {
+    Root,
+    InvalidArgument,
+    Connection,
+    Auth,
+    Payload,
+    LeaseLost,
+    Timeout,
+}
+
+const CLASSES: [(&str, Option<Kind>); 7] = [
+    ("DelayQueueException", None),
+    ("DelayQueueInvalidArgumentException", Some(Kind::Root)),
+    ("DelayQueueConnectionException", Some(Kind::Root)),
+    ("DelayQueueAuthException", Some(Kind::Root)),
+    ("DelayQueuePayloadException", Some(Kind::Root)),
+    ("DelayQueueLeaseLostException", Some(Kind::Root)),
+    ("DelayQueueTimeoutException", Some(Kind::Connection)),
+];
+
+static ENTRIES: [AtomicPtr<ClassEntry>; 7] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 7];
+
+fn entry(kind: Kind) -> &'static ClassEntry {
+    let ptr = ENTRIES[kind as usize].load(Ordering::Acquire);
+    // SAFETY: set once at module startup to a class entry the engine owns for the life
+    // of the process; null only if startup failed, when the extension is not loaded.
+    unsafe { ptr.as_ref() }.unwrap_or_else(ce::exception)
+}
+
+fn root() -> &'static ClassEntry {
+    entry(Kind::Root)
+}
+
+fn connection() -> &'static ClassEntry {
+    entry(Kind::Connection)
+}
+
+macro_rules! keep {
+    ($name:ident, $kind:expr) => {
+        fn $name(ce: &'static mut ClassEntry, _: ArgInfoTables) {
+            ENTRIES[$kind as usize].store(ce, Ordering::Release);
+        }
+    };
+}
+keep!(keep_root, Kind::Root);
+keep!(keep_invalid, Kind::InvalidArgument);
+keep!(keep_connection, Kind::Connection);
+keep!(keep_auth, Kind::Auth);
+keep!(keep_payload, Kind::Payload);
+keep!(keep_lease_lost, Kind::LeaseLost);
+keep!(keep_timeout, Kind::Timeout);
+
+/// Registers the exception hierarchy (called from the module's startup).
+pub(crate) fn register() -> ext_php_rs::error::Result<()> {
+    let keepers: [fn(&'static mut ClassEntry, ArgInfoTables); 7] = [
+        keep_root,
+        keep_invalid,
+        keep_connection,
+        keep_auth,
+        keep_payload,
+        keep_lease_lost,
+        keep_timeout,
+    ];
+    for ((name, parent), keeper) in CLASSES.into_iter().zip(keepers) {
+        let parent: ext_php_rs::class::ClassEntryInfo = match parent {
+            None => (runtime_exception, "RuntimeException"),
+            Some(Kind::Connection) => (connection, "DelayQueueConnectionException"),
+            Some(_) => (root, "DelayQueueException"),
+        };
+        ClassBuilder::new(name)
+            .extends(parent)
+            .registration(keeper)
+            .register()?;
+    }
+    Ok(())
+}
+
+fn class(kind: Kind) -> &'static ClassEntry {
+    entry(kind)
+}
+
+/// A `DelayQueueException` subclass for a core error.
+pub(crate) fn to_php(err: &delayq::Error) -> PhpException {
+    use delayq::Error as E;
+    let kind = match err {
+        E::InvalidUrl { .. } | E::InvalidArgument { .. } => Kind::InvalidArgument,
+        E::Timeout { .. } => Kind::Timeout,
+        E::Connection { .. } | E::ConnectionLost(_) => Kind::Connection,
+        E::AuthFailed(_) => Kind::Auth,
+        E::PayloadNotSerializable(_) | E::PayloadTooLarge { .. } => Kind::Payload,
+        E::LeaseLost { .. } => Kind::LeaseLost,
+        _ => Kind::Root,
+    };
+    PhpException::new(err.to_string(), 0, class(kind))
+}
+
+/// Wrong input that PHP code passed: unknown option, out-of-range value.
+pub(crate) fn invalid(message: impl Into<String>) -> PhpException {
+    PhpException::new(message.into(), 0, class(Kind::InvalidArgument))
+}
+
+/// A payload that cannot become JSON.
+pub(crate) fn payload(message: impl Into<String>) -> PhpException {
+    PhpException::new(message.into(), 0, class(Kind::Payload))
+}
+
+/// A value of the wrong PHP type.
+pub(crate) fn type_error(message: impl Into<String>) -> PhpException {
+    PhpException::new(message.into(), 0, ce::type_error())
+}
+
+pub(crate) trait OrThrow<T> {
+    fn or_throw(self) -> Result<T, PhpException>;
+}
+
+impl<T> OrThrow<T> for delayq::Result<T> {
+    fn or_throw(self) -> Result<T, PhpException> {
+        self.map_err(|e| to_php(&e))
+    }
+}

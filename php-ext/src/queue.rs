@@ -1,0 +1,323 @@
+//! `DelayQueue`: the producer and admin API (mirrors `delayq::Queue`).
+
+use ext_php_rs::boxed::ZBox;
+use ext_php_rs::exception::PhpException;
+use ext_php_rs::prelude::*;
+use ext_php_rs::types::{ZendHashTable, Zval};
+use ext_php_rs::zend::ClassEntry;
+
+use crate::convert::{self, Options, assoc, ms_to_secs, zv};
+use crate::errors::{self, OrThrow};
+
+type PhpResult<T> = Result<T, PhpException>;
+
+/// A delay queue on Redis. Safe to use on both sides of `pcntl_fork()`: each process
+/// opens its own connection.
+#[php_class]
+#[php(name = "DelayQueue")]
+#[php(flags = ext_php_rs::flags::ClassFlags::Final)]
+#[derive(Debug)]
+pub struct PhpDelayQueue {
+    pub(crate) queue: delayq::Queue,
+}
+
+fn queue_options(options: Option<&ZendHashTable>) -> PhpResult<delayq::QueueOptions> {
+    let mut o = Options::new(options, "DelayQueue option");
+    let mut opts = delayq::QueueOptions::default();
+    if let Some(prefix) = o.string("prefix")? {
+        opts.prefix = prefix;
+    }
+    let layout = o.string("layout")?;
+    let zset_key = o.string("zset_key")?;
+    let payload_key = o.string("payload_key")?;
+    opts.layout = match layout.as_deref() {
+        None | Some("native") => {
+            if zset_key.is_some() || payload_key.is_some() {
+                return Err(errors::invalid(
+                    "'zset_key' and 'payload_key' apply only with 'layout' => 'seed'",
+                ));
+            }
+            delayq::Layout::Native
+        }
+        Some("seed") => {
+            let delayq::Layout::Seed {
+                zset_key: default_zset,
+                payload_key: default_payload,
+            } = delayq::Layout::seed()
+            else {
+                return Err(errors::invalid("seed layout unavailable"));
+            };
+            delayq::Layout::Seed {
+                zset_key: zset_key.unwrap_or(default_zset),
+                payload_key: payload_key.unwrap_or(default_payload),
+            }
+        }
+        Some(other) => {
+            return Err(errors::invalid(format!(
+                "DelayQueue option 'layout' must be 'native' or 'seed', got '{other}'"
+            )));
+        }
+    };
+    if let Some(n) = o.int("max_payload_bytes", 1, 512 << 20)? {
+        opts.max_payload_bytes = n as usize;
+    }
+    if let Some(d) = o.duration("connect_timeout")? {
+        opts.connect.connect_timeout = d;
+    }
+    if let Some(d) = o.duration("read_timeout")? {
+        opts.connect.read_timeout = d;
+    }
+    if let Some(d) = o.duration("retry_timeout")? {
+        opts.connect.retry_timeout = d;
+    }
+    if let Some(ca) = o.string("tls_ca_file")? {
+        opts.connect.tls_ca_file = Some(ca.into());
+    }
+    if let Some(n) = o.int("partitions", 1, 1024)? {
+        opts.partitions = n as u32;
+    }
+    if let Some(n) = o.int("dead_max", 1, 100_000_000)? {
+        opts.dead_max = n as usize;
+    }
+    if let Some(d) = o.duration("dead_ttl")? {
+        opts.dead_ttl = d;
+    }
+    o.finish()?;
+    Ok(opts)
+}
+
+fn push_options(options: Option<&ZendHashTable>, what: &'static str) -> PhpResult<delayq::PushOptions> {
+    let mut o = Options::new(options, what);
+    let id = o.string("id")?;
+    let max_attempts = o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32);
+    o.finish()?;
+    Ok(delayq::PushOptions { id, max_attempts })
+}
+
+fn delay(value: &Zval, name: &str) -> PhpResult<delayq::Due> {
+    let secs = convert::seconds(value, name)?;
+    delayq::delay_from_secs(name, secs).map(delayq::Due::In).or_throw()
+}
+
+/// `float|int` Unix seconds or a `DateTimeInterface`.
+fn absolute(at: &Zval) -> PhpResult<delayq::Due> {
+    let at = at.dereference();
+    if let Some(object) = at.object() {
+        let is_datetime = ClassEntry::try_find("DateTimeInterface").is_some_and(|ce| object.instance_of(ce));
+        if !is_datetime {
+            return Err(errors::type_error(format!(
+                "at must be a Unix timestamp (int|float) or a DateTimeInterface, {} given",
+                convert::type_name(at)
+            )));
+        }
+        let text = object
+            .try_call_method("format", vec![&"U.u"])
+            .map_err(|e| errors::invalid(format!("at: cannot read the DateTimeInterface: {e}")))?;
+        let secs: f64 = text
+            .str()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| errors::invalid("at: the DateTimeInterface has no Unix time"))?;
+        return delayq::Due::from_unix_secs(secs).or_throw();
+    }
+    delayq::Due::from_unix_secs(convert::seconds(at, "at")?).or_throw()
+}
+
+fn state_name(s: delayq::State) -> &'static str {
+    s.as_str()
+}
+
+#[php_impl]
+impl PhpDelayQueue {
+    /// @param array{prefix?: string, layout?: 'native'|'seed', zset_key?: string, payload_key?: string,
+    ///   max_payload_bytes?: int, connect_timeout?: float, read_timeout?: float, retry_timeout?: float,
+    ///   tls_ca_file?: string, partitions?: int, dead_max?: int, dead_ttl?: float} $options
+    #[php(defaults(url = "\"redis://127.0.0.1:6379\"", queue = "\"default\""))]
+    pub fn __construct(url: String, queue: String, options: Option<&ZendHashTable>) -> PhpResult<Self> {
+        let opts = queue_options(options)?;
+        Ok(Self {
+            queue: delayq::Queue::new(&url, &queue, opts).or_throw()?,
+        })
+    }
+
+    /// Schedule `$payload` (array, scalar, null or JsonSerializable) after `$delay`
+    /// seconds, measured on the Redis server's clock. Returns the message id.
+    ///
+    /// @param array{id?: string, max_attempts?: int} $options
+    pub fn push(&self, payload: &Zval, delay: Option<&Zval>, options: Option<&ZendHashTable>) -> PhpResult<String> {
+        let due = match delay {
+            Some(d) if !d.dereference().is_null() => self::delay(d, "delay")?,
+            _ => delayq::Due::NOW,
+        };
+        let opts = push_options(options, "push option")?;
+        let json = convert::payload_to_json(payload)?;
+        self.queue.push_json(&json, due, &opts).or_throw()
+    }
+
+    /// Schedule `$payload` at `$at`: Unix seconds (float) or a DateTimeInterface.
+    ///
+    /// @param array{id?: string, max_attempts?: int} $options
+    pub fn push_at(&self, payload: &Zval, at: &Zval, options: Option<&ZendHashTable>) -> PhpResult<String> {
+        let due = absolute(at)?;
+        let opts = push_options(options, "pushAt option")?;
+        let json = convert::payload_to_json(payload)?;
+        self.queue.push_json(&json, due, &opts).or_throw()
+    }
+
+    /// Schedule many messages in one round trip. Each item is
+    /// `['payload' => …, 'delay' => seconds]` or `['payload' => …, 'at' => time]`, with
+    /// optional `'id'` and `'max_attempts'`. Returns the ids in order. Nothing is
+    /// written unless every item is valid.
+    ///
+    /// @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int}> $items
+    /// @return list<string>
+    pub fn push_many(&self, items: &ZendHashTable) -> PhpResult<Vec<String>> {
+        let mut batch = Vec::with_capacity(items.len());
+        for (i, (_, item)) in items.iter().enumerate() {
+            let table = item.dereference().array().ok_or_else(|| {
+                errors::type_error(format!(
+                    "pushMany item {i} must be an array, {} given",
+                    convert::type_name(item)
+                ))
+            })?;
+            let mut o = Options::new(Some(table), format!("pushMany item {i} key"));
+            let payload = o.get("payload");
+            let delay_v = o.get("delay");
+            let at_v = o.get("at");
+            let id = o.string("id")?;
+            let max_attempts = o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32);
+            o.finish()?;
+            if table.get("payload").is_none() {
+                return Err(errors::invalid(format!("pushMany item {i} has no 'payload'")));
+            }
+            let due = match (delay_v, at_v) {
+                (Some(_), Some(_)) => {
+                    return Err(errors::invalid(format!("pushMany item {i} has both 'delay' and 'at'")));
+                }
+                (Some(d), None) => self::delay(d, &format!("pushMany item {i} 'delay'"))?,
+                (None, Some(a)) => absolute(a)?,
+                (None, None) => delayq::Due::NOW,
+            };
+            let null = Zval::new();
+            let payload_json = convert::payload_to_json(payload.unwrap_or(&null))?;
+            batch.push(delayq::NewMessage {
+                payload_json,
+                due,
+                options: delayq::PushOptions { id, max_attempts },
+            });
+        }
+        self.queue.push_many(&batch).or_throw()
+    }
+
+    /// Delete a message that has not been claimed yet. False when it is unknown,
+    /// running or dead.
+    pub fn cancel(&self, id: String) -> PhpResult<bool> {
+        self.queue.cancel(&id).or_throw()
+    }
+
+    /// Move a waiting message to `$delay` seconds from now. False when it is not
+    /// waiting (unknown, running or dead).
+    pub fn reschedule(&self, id: String, delay: &Zval) -> PhpResult<bool> {
+        let due = self::delay(delay, "delay")?;
+        self.queue.reschedule(&id, due).or_throw()
+    }
+
+    /// Everything known about a message, or null for an unknown id.
+    ///
+    /// @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead', payload: mixed,
+    ///   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float}|null
+    pub fn get(&self, id: String) -> PhpResult<Option<ZBox<ZendHashTable>>> {
+        let Some(info) = self.queue.get(&id).or_throw()? else {
+            return Ok(None);
+        };
+        let payload = convert::json_to_zval(&info.payload_json).unwrap_or_else(|_| zv(info.payload_json.clone()));
+        Ok(Some(assoc(vec![
+            ("id", zv(info.id)),
+            ("state", zv(state_name(info.state))),
+            ("payload", payload),
+            ("due_at", zv(info.due_at_ms.map(ms_to_secs))),
+            ("attempts", zv(i64::from(info.attempts))),
+            ("max_attempts", zv(info.max_attempts.map(i64::from))),
+            ("last_error", zv(info.last_error)),
+            ("dead_at", zv(info.dead_at_ms.map(ms_to_secs))),
+        ])?))
+    }
+
+    /// Queue depth by state and lifetime counters.
+    ///
+    /// @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
+    ///   pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
+    ///   cancelled: int, requeued: int, trimmed: int, purged: int}
+    pub fn stats(&self) -> PhpResult<ZBox<ZendHashTable>> {
+        let s = self.queue.stats().or_throw()?;
+        let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
+        let mut entries = vec![
+            ("scheduled", n(s.scheduled)),
+            ("ready", n(s.ready)),
+            ("inflight", n(s.inflight)),
+            ("dead", n(s.dead)),
+            ("next_due_at", zv(s.next_due_ms.map(ms_to_secs))),
+        ];
+        for (php, core) in [
+            ("pushed", "pushed"),
+            ("delivered", "delivered"),
+            ("acked", "acked"),
+            ("retried", "retried"),
+            ("died", "dead"),
+            ("expired", "expired"),
+            ("released", "released"),
+            ("cancelled", "cancelled"),
+            ("requeued", "requeued"),
+            ("trimmed", "trimmed"),
+            ("purged", "purged"),
+        ] {
+            entries.push((php, n(s.total(core))));
+        }
+        assoc(entries)
+    }
+
+    /// Up to `$limit` dead letters, newest first.
+    ///
+    /// @return list<array{id: string, payload: mixed, attempts: int, last_error: string, dead_at: float}>
+    #[php(defaults(limit = 100))]
+    pub fn dead_letters(&self, limit: i64) -> PhpResult<ZBox<ZendHashTable>> {
+        if limit < 0 {
+            return Err(errors::invalid(format!("limit must not be negative, got {limit}")));
+        }
+        let mut list = ZendHashTable::new();
+        for d in self.queue.dead_letters(limit as usize).or_throw()? {
+            let payload = convert::json_to_zval(&d.payload_json).unwrap_or_else(|_| zv(d.payload_json.clone()));
+            let entry = assoc(vec![
+                ("id", zv(d.id)),
+                ("payload", payload),
+                ("attempts", zv(i64::from(d.attempts))),
+                ("last_error", zv(d.last_error)),
+                ("dead_at", zv(ms_to_secs(d.dead_at_ms))),
+            ])?;
+            list.push(entry).map_err(|e| errors::payload(e.to_string()))?;
+        }
+        Ok(list)
+    }
+
+    /// Send dead letters back to the queue, due now, with a fresh attempt budget:
+    /// the one with `$id`, or all when `$id` is null. Returns how many.
+    pub fn requeue_dead(&self, id: Option<String>) -> PhpResult<i64> {
+        let n = self.queue.requeue_dead(id.as_deref()).or_throw()?;
+        Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    /// Delete every message of the queue in every state. Returns how many.
+    pub fn purge(&self) -> PhpResult<i64> {
+        Ok(i64::try_from(self.queue.purge().or_throw()?).unwrap_or(i64::MAX))
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> String {
+        self.queue.name().to_owned()
+    }
+
+    /// Check that Redis answers; throws DelayQueueConnectionException otherwise.
+    pub fn ping(&self) -> PhpResult<bool> {
+        self.queue.ping().or_throw()?;
+        Ok(true)
+    }
+}
