@@ -128,6 +128,11 @@ pub(crate) fn payload(message: impl Into<String>) -> PhpException {
     PhpException::new(message.into(), 0, class(Kind::Payload))
 }
 
+/// The pool itself failed (a worker process could not start).
+pub(crate) fn worker_failed(message: impl Into<String>) -> PhpException {
+    PhpException::new(message.into(), 0, class(Kind::Root))
+}
+
 /// A value of the wrong PHP type.
 pub(crate) fn type_error(message: impl Into<String>) -> PhpException {
     PhpException::new(message.into(), 0, ce::type_error())

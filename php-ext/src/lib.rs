@@ -5,6 +5,9 @@
 mod convert;
 mod errors;
 mod queue;
+mod signals;
+mod supervisor;
+mod worker;
 
 use ext_php_rs::prelude::*;
 
@@ -21,5 +24,9 @@ extern "C" fn startup(_type: i32, _module: i32) -> i32 {
 
 #[php_module]
 pub fn module(module: ModuleBuilder) -> ModuleBuilder {
-    module.startup_function(startup).class::<queue::PhpDelayQueue>()
+    module
+        .startup_function(startup)
+        .class::<queue::PhpDelayQueue>()
+        .class::<worker::PhpWorker>()
+        .class::<worker::PhpMessage>()
 }

@@ -1,0 +1,368 @@
+//! `processes` mode: fork N handler processes before any thread exists, restart those
+//! that die or are recycled (max_jobs, max_memory_mb), kill those whose handler runs
+//! past `timeout`, forward SIGTERM, wait for all, and sum their summaries.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ext_php_rs::boxed::ZBox;
+use ext_php_rs::exception::PhpException;
+use ext_php_rs::types::{ZendCallable, ZendHashTable};
+use ext_php_rs::zend::ExecutorGlobals;
+
+use crate::convert::zv;
+use crate::errors;
+use crate::signals;
+use crate::worker::{Ended, PhpWorker, RunSummary, summary_array};
+
+type PhpResult<T> = Result<T, PhpException>;
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// When the handler of one process started (Unix ms), 0 while it is idle. Lives in
+/// memory shared between the supervisor and its children.
+pub(crate) struct Slot(*const AtomicI64);
+
+impl Slot {
+    fn cell(&self) -> &AtomicI64 {
+        // SAFETY: points into the shared mapping, which outlives every child and the
+        // supervisor's use of it.
+        unsafe { &*self.0 }
+    }
+
+    pub(crate) fn started(&self) {
+        self.cell().store(now_ms(), Ordering::Release);
+    }
+
+    pub(crate) fn finished(&self) {
+        self.cell().store(0, Ordering::Release);
+    }
+
+    fn started_at(&self) -> i64 {
+        self.cell().load(Ordering::Acquire)
+    }
+}
+
+struct SharedSlots {
+    base: *mut AtomicI64,
+    len: usize,
+}
+
+impl SharedSlots {
+    fn new(len: usize) -> PhpResult<Self> {
+        let bytes = len * std::mem::size_of::<AtomicI64>();
+        // SAFETY: an anonymous shared mapping; checked for failure below. Zeroed pages
+        // are valid AtomicI64 values.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(errors::invalid(format!(
+                "cannot map shared memory: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(Self { base: base.cast(), len })
+    }
+
+    fn slot(&self, i: usize) -> Slot {
+        assert!(i < self.len);
+        // SAFETY: within the mapping.
+        Slot(unsafe { self.base.add(i) })
+    }
+}
+
+impl Drop for SharedSlots {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`.
+        unsafe {
+            libc::munmap(self.base.cast(), self.len * std::mem::size_of::<AtomicI64>());
+        }
+    }
+}
+
+struct Child {
+    pid: libc::pid_t,
+    report: File,
+    born: Instant,
+}
+
+/// What a child tells its supervisor when it ends.
+enum Report {
+    Done(RunSummary),
+    Fatal(String),
+}
+
+fn encode(report: &Report) -> String {
+    match report {
+        Report::Done(s) => {
+            let c = &s.core;
+            format!(
+                "done {} {} {} {} {} {} {} {} {}\n",
+                c.handled,
+                c.acked,
+                c.failed,
+                c.retried,
+                c.dead,
+                c.lease_lost,
+                c.released,
+                c.unwritten,
+                s.ended.map_or("none", Ended::as_str)
+            )
+        }
+        Report::Fatal(text) => format!("fatal {}\n", text.replace('\n', " ")),
+    }
+}
+
+fn decode(text: &str) -> Option<Report> {
+    let line = text.lines().next()?;
+    if let Some(msg) = line.strip_prefix("fatal ") {
+        return Some(Report::Fatal(msg.to_owned()));
+    }
+    let mut parts = line.strip_prefix("done ")?.split(' ');
+    let mut n = || parts.next().and_then(|p| p.parse::<u64>().ok()).unwrap_or(0);
+    let core = delayq::Summary {
+        handled: n(),
+        acked: n(),
+        failed: n(),
+        retried: n(),
+        dead: n(),
+        lease_lost: n(),
+        released: n(),
+        unwritten: n(),
+    };
+    let ended = match parts.next() {
+        Some("stop") => Some(Ended::Stop),
+        Some("signal") => Some(Ended::Signal),
+        Some("max_jobs") => Some(Ended::MaxJobs),
+        Some("max_memory") => Some(Ended::MaxMemory),
+        Some("exit") => Some(Ended::Exit),
+        _ => None,
+    };
+    Some(Report::Done(RunSummary { core, ended }))
+}
+
+fn add(total: &mut delayq::Summary, s: &delayq::Summary) {
+    total.handled += s.handled;
+    total.acked += s.acked;
+    total.failed += s.failed;
+    total.retried += s.retried;
+    total.dead += s.dead;
+    total.lease_lost += s.lease_lost;
+    total.released += s.released;
+    total.unwritten += s.unwritten;
+}
+
+/// In the child: run, report, and leave without running the parent's script further.
+fn child_main(worker: &PhpWorker, handler: &ZendCallable, slot: &Slot, mut report: File, parent: libc::pid_t) -> ! {
+    signals::clear();
+    // SAFETY: plain syscalls. A child whose supervisor dies gets SIGTERM and stops
+    // gracefully instead of running on unsupervised.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+        if libc::getppid() != parent {
+            libc::raise(libc::SIGTERM);
+        }
+    }
+    let describe_pending = |fallback: String| {
+        ExecutorGlobals::take_exception()
+            .and_then(|ex| {
+                let class = ex.get_class_name().ok()?;
+                let msg = ex.try_call_method("getMessage", vec![]).ok()?.string()?;
+                Some(format!("{class}: {msg}"))
+            })
+            .unwrap_or(fallback)
+    };
+    let outcome = match worker.call_on_start() {
+        Err(e) => Report::Fatal(format!("on_start failed: {}", describe_pending(format!("{e:?}")))),
+        Ok(()) => match worker.consume(handler, Some(slot)) {
+            Ok(s) => Report::Done(s),
+            Err(e) => Report::Fatal(describe_pending(format!("{e:?}"))),
+        },
+    };
+    let _ = report.write_all(encode(&outcome).as_bytes());
+    drop(report);
+    // SAFETY: ends the child without PHP's shutdown, which belongs to the parent's
+    // script (its output buffers, shutdown functions and connections).
+    unsafe { libc::_exit(0) }
+}
+
+fn spawn(worker: &PhpWorker, handler: &ZendCallable, slot: &Slot) -> PhpResult<Child> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe() fills two descriptors; checked below.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(errors::invalid(format!(
+            "cannot create a pipe: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: each descriptor is owned by exactly one File from here on.
+    let (read_end, write_end) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: no Rust thread exists in this process (the pool's threads start in the
+    // children), so the child inherits a consistent state.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => Err(errors::invalid(format!(
+            "fork failed: {}",
+            std::io::Error::last_os_error()
+        ))),
+        0 => {
+            drop(read_end);
+            child_main(worker, handler, slot, write_end, parent)
+        }
+        pid => {
+            drop(write_end);
+            Ok(Child {
+                pid,
+                report: read_end,
+                born: Instant::now(),
+            })
+        }
+    }
+}
+
+fn kill(pid: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: signals our own child.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult<ZBox<ZendHashTable>> {
+    let n = worker.limits().processes;
+    let timeout = worker.limits().timeout;
+    let slots = SharedSlots::new(n)?;
+    let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
+    let mut children: Vec<Option<Child>> = (0..n).map(|_| None).collect();
+    let mut spawn_at: Vec<Instant> = vec![Instant::now(); n];
+    let mut quick_deaths = vec![0u32; n];
+    let mut total = delayq::Summary::default();
+    let (mut restarts, mut killed_hung) = (0i64, 0i64);
+    let mut ended: Option<Ended> = None;
+    let mut fatal: Option<String> = None;
+    let mut stopping = false;
+    let mut told_children = false;
+    loop {
+        if !stopping {
+            let why = if signals::take() {
+                Some(Ended::Signal)
+            } else if worker.stop_requested() {
+                Some(Ended::Stop)
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                stopping = true;
+                ended = Some(why);
+            }
+        }
+        if stopping {
+            if !told_children {
+                told_children = true;
+                for c in children.iter().flatten() {
+                    kill(c.pid, libc::SIGTERM);
+                }
+            }
+        } else {
+            let now = Instant::now();
+            for i in 0..n {
+                if children[i].is_none() && spawn_at[i] <= now {
+                    slots.slot(i).finished();
+                    children[i] = Some(spawn(worker, handler, &slots.slot(i))?);
+                }
+            }
+        }
+        // Reap every child that ended.
+        loop {
+            let mut status = 0;
+            // SAFETY: waits for our own children without blocking.
+            let pid = unsafe { libc::waitpid(-1, &raw mut status, libc::WNOHANG) };
+            if pid <= 0 {
+                break;
+            }
+            let Some(i) = children.iter().position(|c| c.as_ref().is_some_and(|c| c.pid == pid)) else {
+                continue;
+            };
+            let Some(mut child) = children[i].take() else { continue };
+            let mut text = String::new();
+            let _ = child.report.read_to_string(&mut text);
+            match decode(&text) {
+                Some(Report::Fatal(msg)) => {
+                    fatal.get_or_insert(msg);
+                    stopping = true;
+                }
+                Some(Report::Done(s)) => {
+                    add(&mut total, &s.core);
+                    // stop() called inside a child means: stop the whole pool.
+                    if s.ended == Some(Ended::Stop) && !stopping {
+                        stopping = true;
+                        ended = Some(Ended::Stop);
+                    }
+                }
+                // Killed (SIGKILL, OOM, segfault): its leases expire and its messages
+                // are delivered again.
+                None => {}
+            }
+            if !stopping {
+                restarts += 1;
+                // A child that dies right after starting is backed off, not respawned
+                // in a tight loop.
+                if child.born.elapsed() < Duration::from_secs(1) {
+                    quick_deaths[i] += 1;
+                } else {
+                    quick_deaths[i] = 0;
+                }
+                let backoff =
+                    Duration::from_millis(100 * (1u64 << quick_deaths[i].min(8))).min(Duration::from_secs(30));
+                spawn_at[i] = Instant::now() + if quick_deaths[i] == 0 { Duration::ZERO } else { backoff };
+            }
+        }
+        if let Some(t) = timeout {
+            let limit = i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
+            let now = now_ms();
+            for (i, c) in children.iter().enumerate() {
+                let Some(c) = c else { continue };
+                let started = slots.slot(i).started_at();
+                if started > 0 && now - started > limit {
+                    kill(c.pid, libc::SIGKILL);
+                    slots.slot(i).finished();
+                    killed_hung += 1;
+                }
+            }
+        }
+        if stopping && children.iter().all(Option::is_none) {
+            break;
+        }
+        if let Some(f) = &dispatch {
+            let _ = f.try_call(vec![]);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Some(msg) = fatal {
+        return Err(errors::worker_failed(format!("a worker process failed: {msg}")));
+    }
+    summary_array(
+        &RunSummary { core: total, ended },
+        vec![
+            ("processes", zv(i64::try_from(n).unwrap_or(i64::MAX))),
+            ("restarts", zv(restarts)),
+            ("killed_hung", zv(killed_hung)),
+        ],
+    )
+}

@@ -1,0 +1,393 @@
+//! `DelayQueueWorker` and `DelayQueueMessage`: runs the handler on the PHP thread
+//! (mirrors `delayq::Worker` / `delayq::Consumer`), and in `processes` mode forks and
+//! supervises handler processes (see `supervisor.rs`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ext_php_rs::boxed::ZBox;
+use ext_php_rs::convert::IntoZval;
+use ext_php_rs::exception::PhpException;
+use ext_php_rs::prelude::*;
+use ext_php_rs::types::{ZendCallable, ZendClassObject, ZendHashTable, ZendObject, Zval};
+use ext_php_rs::zend::{BailoutGuard, ExecutorGlobals};
+
+use crate::convert::{self, Options, assoc, zv};
+use crate::errors::{self, OrThrow};
+use crate::queue::PhpDelayQueue;
+use crate::signals;
+use crate::supervisor::{self, Slot};
+
+type PhpResult<T> = Result<T, PhpException>;
+
+unsafe extern "C" {
+    // ZEND_API since PHP 8.0: the pending "exception" is exit()/die() unwinding.
+    fn zend_is_unwind_exit(ex: *const ext_php_rs::ffi::zend_object) -> bool;
+}
+
+/// One delivery, as the handler's second argument. Read-only.
+#[php_class]
+#[php(name = "DelayQueueMessage")]
+#[php(flags = ext_php_rs::flags::ClassFlags::Final)]
+#[derive(Debug)]
+pub struct PhpMessage {
+    id: String,
+    attempt: i64,
+    max_attempts: i64,
+    due_at: f64,
+    queue: String,
+}
+
+#[php_impl]
+impl PhpMessage {
+    /// The message id.
+    #[php(getter)]
+    pub fn get_id(&self) -> String {
+        self.id.clone()
+    }
+
+    /// This delivery's number, counting from 1.
+    #[php(getter)]
+    pub fn get_attempt(&self) -> i64 {
+        self.attempt
+    }
+
+    /// Deliveries allowed before the message goes to the dead-letter set.
+    #[php(getter)]
+    pub fn get_max_attempts(&self) -> i64 {
+        self.max_attempts
+    }
+
+    /// When this delivery was due: Unix time in seconds (float).
+    #[php(getter)]
+    pub fn get_due_at(&self) -> f64 {
+        self.due_at
+    }
+
+    /// The queue's name.
+    #[php(getter)]
+    pub fn get_queue(&self) -> String {
+        self.queue.clone()
+    }
+}
+
+/// Worker settings that belong to the PHP side (process supervision).
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    pub(crate) processes: usize,
+    pub(crate) max_jobs: Option<u64>,
+    pub(crate) max_memory_bytes: Option<i64>,
+    pub(crate) timeout: Option<Duration>,
+}
+
+/// A pool of consumers running a PHP callable for each due message.
+#[php_class]
+#[php(name = "DelayQueueWorker")]
+#[php(flags = ext_php_rs::flags::ClassFlags::Final)]
+pub struct PhpWorker {
+    worker: delayq::Worker,
+    limits: Limits,
+    on_start: Option<Zval>,
+    /// Set by `stop()` in the supervisor process.
+    stop_requested: Arc<AtomicBool>,
+    running: bool,
+}
+
+impl std::fmt::Debug for PhpWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DelayQueueWorker")
+            .field("worker", &self.worker)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// `stop()` was called.
+    Stop,
+    /// SIGTERM or SIGINT.
+    Signal,
+    MaxJobs,
+    MaxMemory,
+    /// The handler called exit() or die().
+    Exit,
+}
+
+impl Ended {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Signal => "signal",
+            Self::MaxJobs => "max_jobs",
+            Self::MaxMemory => "max_memory",
+            Self::Exit => "exit",
+        }
+    }
+}
+
+/// The counts of one process's run.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunSummary {
+    pub(crate) core: delayq::Summary,
+    pub(crate) ended: Option<Ended>,
+}
+
+fn describe_exception(ex: &ZendObject) -> String {
+    let class = ex.get_class_name().unwrap_or_else(|_| "Exception".into());
+    let call = |m: &str| ex.try_call_method(m, vec![]).ok();
+    let message = call("getMessage").and_then(|z| z.string()).unwrap_or_default();
+    let file = call("getFile").and_then(|z| z.string()).unwrap_or_default();
+    let line = call("getLine").and_then(|z| z.long()).unwrap_or(0);
+    format!("{class}: {message} in {file}:{line}")
+}
+
+fn memory_usage() -> i64 {
+    ZendCallable::try_from_name("memory_get_usage")
+        .ok()
+        .and_then(|f| f.try_call(vec![]).ok())
+        .and_then(|z| z.long())
+        .unwrap_or(0)
+}
+
+impl PhpWorker {
+    /// The handler loop of one process: claims run on the pool's threads, the
+    /// handler on this (the PHP) thread.
+    pub(crate) fn consume(&self, handler: &ZendCallable, slot: Option<&Slot>) -> PhpResult<RunSummary> {
+        let consumer = BailoutGuard::new(self.worker.start().or_throw()?);
+        let stopper = consumer.stopper();
+        let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
+        let queue_name = self.worker.queue().name().to_owned();
+        let mut jobs: u64 = 0;
+        let mut ended = None;
+        loop {
+            if ended.is_none() && signals::take() {
+                ended = Some(Ended::Signal);
+                stopper.stop();
+            }
+            if ended.is_none() && stopper.is_stopped() {
+                ended = Some(Ended::Stop);
+            }
+            if let Some(f) = &dispatch {
+                // Lets the script's own pcntl_signal() handlers run (they may call stop()).
+                let _ = f.try_call(vec![]);
+            }
+            let delivery = match consumer.recv_timeout(Duration::from_millis(100)) {
+                delayq::Received::Message(d) => d,
+                delayq::Received::Idle => continue,
+                delayq::Received::Stopped => break,
+            };
+            let payload = match convert::json_to_zval(delivery.payload_json()) {
+                Ok(p) => p,
+                Err(_) => {
+                    consumer.fail(delivery, "payload is not valid JSON");
+                    continue;
+                }
+            };
+            let message = PhpMessage {
+                id: delivery.id.clone(),
+                attempt: i64::from(delivery.attempt),
+                max_attempts: i64::from(delivery.max_attempts),
+                due_at: convert::ms_to_secs(delivery.due_at_ms),
+                queue: queue_name.clone(),
+            };
+            let message = ZendClassObject::new(message).into_zval(false).unwrap_or_default();
+            if let Some(s) = slot {
+                s.started();
+            }
+            let result = handler.try_call(vec![&payload, &message]);
+            if let Some(s) = slot {
+                s.finished();
+            }
+            jobs += 1;
+            match result {
+                Ok(_) => consumer.ack(delivery),
+                Err(call_error) => {
+                    let pending = ExecutorGlobals::get().exception().map(std::ptr::from_ref);
+                    match pending {
+                        // SAFETY: the pointer is the engine's pending exception, alive
+                        // until taken or the request ends.
+                        Some(ex) if unsafe { zend_is_unwind_exit(ex.cast()) } => {
+                            // exit() in the handler: the message goes back at once, the
+                            // pool stops, and the exit continues once run() returns.
+                            consumer.release(delivery);
+                            ended = Some(Ended::Exit);
+                            stopper.stop();
+                            break;
+                        }
+                        Some(_) => {
+                            let text = ExecutorGlobals::take_exception()
+                                .map(|ex| describe_exception(&ex))
+                                .unwrap_or_else(|| call_error.to_string());
+                            consumer.fail(delivery, &text);
+                        }
+                        None => consumer.fail(delivery, &format!("handler could not be called: {call_error}")),
+                    }
+                }
+            }
+            if ended.is_none() && self.limits.max_jobs.is_some_and(|m| jobs >= m) {
+                ended = Some(Ended::MaxJobs);
+                stopper.stop();
+            }
+            if ended.is_none() && self.limits.max_memory_bytes.is_some_and(|m| memory_usage() >= m) {
+                ended = Some(Ended::MaxMemory);
+                stopper.stop();
+            }
+        }
+        let consumer = BailoutGuard::into_inner(consumer);
+        Ok(RunSummary {
+            core: consumer.finish(),
+            ended,
+        })
+    }
+
+    pub(crate) fn call_on_start(&self) -> PhpResult<()> {
+        let Some(callable) = &self.on_start else { return Ok(()) };
+        let f =
+            ZendCallable::new(callable).map_err(|e| errors::type_error(format!("on_start is not callable: {e}")))?;
+        match f.try_call(vec![]) {
+            Ok(_) => Ok(()),
+            // The PHP exception stays pending and reaches the caller unchanged.
+            Err(e) => Err(PhpException::from(format!("on_start failed: {e}"))),
+        }
+    }
+
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop_requested.load(Ordering::Acquire)
+    }
+}
+
+pub(crate) fn summary_array(s: &RunSummary, extra: Vec<(&str, Zval)>) -> PhpResult<ZBox<ZendHashTable>> {
+    let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
+    let c = &s.core;
+    let mut entries = vec![
+        ("handled", n(c.handled)),
+        ("acked", n(c.acked)),
+        ("failed", n(c.failed)),
+        ("retried", n(c.retried)),
+        ("dead", n(c.dead)),
+        ("lease_lost", n(c.lease_lost)),
+        ("released", n(c.released)),
+        ("unwritten", n(c.unwritten)),
+        ("stopped_by", zv(s.ended.map(Ended::as_str))),
+    ];
+    entries.extend(extra);
+    assoc(entries)
+}
+
+fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerOptions, Limits, Option<Zval>)> {
+    let mut o = Options::new(options, "DelayQueueWorker option");
+    let mut w = delayq::WorkerOptions::default();
+    if let Some(n) = o.int("threads", 1, 64)? {
+        w.threads = n as usize;
+    }
+    let processes = o.int("processes", 1, 256)?.unwrap_or(1) as usize;
+    if let Some(n) = o.int("batch", 1, delayq::MAX_BATCH as i64)? {
+        w.batch = n as usize;
+    }
+    if let Some(n) = o.int("prefetch", 0, 100_000)? {
+        w.prefetch = n as usize;
+    }
+    if let Some(d) = o.duration("lease")? {
+        w.lease = d;
+    }
+    if let Some(n) = o.int("max_attempts", 1, i64::from(u32::MAX))? {
+        w.max_attempts = n as u32;
+    }
+    if let Some(d) = o.duration("backoff_base")? {
+        w.backoff_base = d;
+    }
+    if let Some(d) = o.duration("backoff_max")? {
+        w.backoff_max = d;
+    }
+    w.timeout = o.duration("timeout")?;
+    if let Some(d) = o.duration("idle_check")? {
+        w.idle_check = d;
+    }
+    let max_jobs = o.int("max_jobs", 1, i64::MAX)?.map(|n| n as u64);
+    let max_memory_bytes = o.int("max_memory_mb", 1, 1 << 30)?.map(|mb| mb << 20);
+    let on_start = match o.get("on_start") {
+        Some(v) if v.is_callable() => Some(v.shallow_clone()),
+        Some(v) => {
+            return Err(errors::type_error(format!(
+                "DelayQueueWorker option 'on_start' must be callable, {} given",
+                convert::type_name(v)
+            )));
+        }
+        None => None,
+    };
+    o.finish()?;
+    let limits = Limits {
+        processes,
+        max_jobs,
+        max_memory_bytes,
+        timeout: w.timeout,
+    };
+    Ok((w, limits, on_start))
+}
+
+#[php_impl]
+impl PhpWorker {
+    /// @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
+    ///   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
+    ///   idle_check?: float, max_jobs?: int, max_memory_mb?: int, on_start?: callable} $options
+    pub fn __construct(queue: &PhpDelayQueue, options: Option<&ZendHashTable>) -> PhpResult<Self> {
+        let (opts, limits, on_start) = worker_options(options)?;
+        Ok(Self {
+            worker: delayq::Worker::new(queue.queue.clone(), opts).or_throw()?,
+            limits,
+            on_start,
+            stop_requested: Arc::new(AtomicBool::new(false)),
+            running: false,
+        })
+    }
+
+    /// Consume until stopped (stop(), SIGTERM, SIGINT, max_jobs, max_memory_mb), calling
+    /// `$handler(mixed $payload, DelayQueueMessage $message)` for each due message.
+    /// Returning acknowledges the message; throwing retries it with backoff, and after
+    /// max_attempts moves it to the dead-letter set with the exception as its error.
+    /// Returns once every acknowledgement is written.
+    ///
+    /// @param callable(mixed, DelayQueueMessage): void $handler
+    /// @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int,
+    ///   released: int, unwritten: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int}
+    pub fn run(&mut self, handler: ZendCallable) -> PhpResult<ZBox<ZendHashTable>> {
+        if self.running {
+            return Err(errors::invalid("this DelayQueueWorker is already running"));
+        }
+        self.running = true;
+        self.stop_requested.store(false, Ordering::Release);
+        let guard = signals::install();
+        let result = if self.limits.processes > 1 || self.limits.timeout.is_some() {
+            supervisor::supervise(self, &handler)
+        } else {
+            self.call_on_start().and_then(|()| {
+                let s = self.consume(&handler, None)?;
+                summary_array(
+                    &s,
+                    vec![
+                        ("processes", zv(1i64)),
+                        ("restarts", zv(0i64)),
+                        ("killed_hung", zv(0i64)),
+                    ],
+                )
+            })
+        };
+        drop(guard);
+        self.running = false;
+        result
+    }
+
+    /// Stop gracefully: running handlers finish and are acknowledged, prefetched
+    /// messages go back to the queue at once, then run() returns. Safe to call from a
+    /// handler or a pcntl signal handler.
+    pub fn stop(&self) {
+        self.stop_requested.store(true, Ordering::Release);
+        self.worker.stop();
+    }
+}
