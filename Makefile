@@ -24,8 +24,8 @@ lint: fmt clippy ## cargo fmt --check and clippy -D warnings
 fmt: ## Check formatting
 	cargo fmt --all -- --check
 
-clippy: ## Lint the core with warnings as errors
-	cargo clippy -p delayq --all-targets -- -D warnings
+clippy: ## Lint the core and the bindings with warnings as errors
+	cargo clippy --workspace --all-targets -- -D warnings
 
 doc: ## Build the API docs
 	cargo doc -p delayq --no-deps

@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         worker.run(4, |d| {
             let order: serde_json::Value = d.payload().map_err(|e| e.to_string())?;
             let id = order["order_id"].as_u64().unwrap_or_default();
-            if id % 100 == 0 && d.attempt == 1 {
+            if id.is_multiple_of(100) && d.attempt == 1 {
                 return Err(format!("payment service timed out for order {id}"));
             }
             let now = std::time::SystemTime::now()

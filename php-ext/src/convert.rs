@@ -315,3 +315,50 @@ pub(crate) fn zv<T: IntoZval>(v: T) -> Zval {
 pub(crate) fn ms_to_secs(ms: i64) -> f64 {
     ms as f64 / 1000.0
 }
+
+/// A PHP `float` parameter counting seconds; an int is accepted as PHP would coerce it.
+#[derive(Debug, Clone, Copy)]
+pub struct Seconds(pub(crate) f64);
+
+impl<'a> ext_php_rs::convert::FromZval<'a> for Seconds {
+    const TYPE: DataType = DataType::Double;
+
+    fn from_zval(zval: &'a Zval) -> Option<Self> {
+        let zval = zval.dereference();
+        zval.double().or_else(|| zval.long().map(|i| i as f64)).map(Self)
+    }
+}
+
+impl From<f64> for Seconds {
+    fn from(s: f64) -> Self {
+        Self(s)
+    }
+}
+
+impl ext_php_rs::convert::StubLiteral for Seconds {
+    fn stub_literal(&self) -> String {
+        ext_php_rs::convert::StubLiteral::stub_literal(&self.0)
+    }
+}
+
+/// An `array $options = []` parameter.
+#[derive(Debug, Clone, Copy)]
+pub struct OptionsArg<'a>(pub(crate) Option<&'a ZendHashTable>);
+
+impl OptionsArg<'_> {
+    pub(crate) const EMPTY: Self = Self(None);
+}
+
+impl<'a> ext_php_rs::convert::FromZval<'a> for OptionsArg<'a> {
+    const TYPE: DataType = DataType::Array;
+
+    fn from_zval(zval: &'a Zval) -> Option<Self> {
+        zval.dereference().array().map(|t| Self(Some(t)))
+    }
+}
+
+impl ext_php_rs::convert::StubLiteral for OptionsArg<'_> {
+    fn stub_literal(&self) -> String {
+        "[]".to_owned()
+    }
+}

@@ -24,7 +24,9 @@ extern "C" fn startup(_type: i32, _module: i32) -> i32 {
 
 #[php_module]
 pub fn module(module: ModuleBuilder) -> ModuleBuilder {
+    // `extension_loaded('delayq')`, not the crate's package name.
     module
+        .name("delayq")
         .startup_function(startup)
         .class::<queue::PhpDelayQueue>()
         .class::<worker::PhpWorker>()

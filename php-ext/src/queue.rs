@@ -6,7 +6,7 @@ use ext_php_rs::prelude::*;
 use ext_php_rs::types::{ZendHashTable, Zval};
 use ext_php_rs::zend::ClassEntry;
 
-use crate::convert::{self, Options, assoc, ms_to_secs, zv};
+use crate::convert::{self, Options, OptionsArg, Seconds, assoc, ms_to_secs, zv};
 use crate::errors::{self, OrThrow};
 
 type PhpResult<T> = Result<T, PhpException>;
@@ -131,9 +131,13 @@ impl PhpDelayQueue {
     /// @param array{prefix?: string, layout?: 'native'|'seed', zset_key?: string, payload_key?: string,
     ///   max_payload_bytes?: int, connect_timeout?: float, read_timeout?: float, retry_timeout?: float,
     ///   tls_ca_file?: string, partitions?: int, dead_max?: int, dead_ttl?: float} $options
-    #[php(defaults(url = "\"redis://127.0.0.1:6379\"", queue = "\"default\""))]
-    pub fn __construct(url: String, queue: String, options: Option<&ZendHashTable>) -> PhpResult<Self> {
-        let opts = queue_options(options)?;
+    #[php(defaults(
+        url = "\"redis://127.0.0.1:6379\"",
+        queue = "\"default\"",
+        options = "OptionsArg::EMPTY"
+    ))]
+    pub fn __construct(url: String, queue: String, options: OptionsArg<'_>) -> PhpResult<Self> {
+        let opts = queue_options(options.0)?;
         Ok(Self {
             queue: delayq::Queue::new(&url, &queue, opts).or_throw()?,
         })
@@ -143,12 +147,12 @@ impl PhpDelayQueue {
     /// seconds, measured on the Redis server's clock. Returns the message id.
     ///
     /// @param array{id?: string, max_attempts?: int} $options
-    pub fn push(&self, payload: &Zval, delay: Option<&Zval>, options: Option<&ZendHashTable>) -> PhpResult<String> {
-        let due = match delay {
-            Some(d) if !d.dereference().is_null() => self::delay(d, "delay")?,
-            _ => delayq::Due::NOW,
-        };
-        let opts = push_options(options, "push option")?;
+    #[php(defaults(delay = 0.0, options = "OptionsArg::EMPTY"))]
+    pub fn push(&self, payload: &Zval, delay: Seconds, options: OptionsArg<'_>) -> PhpResult<String> {
+        let due = delayq::delay_from_secs("delay", delay.0)
+            .map(delayq::Due::In)
+            .or_throw()?;
+        let opts = push_options(options.0, "push option")?;
         let json = convert::payload_to_json(payload)?;
         self.queue.push_json(&json, due, &opts).or_throw()
     }
@@ -156,9 +160,10 @@ impl PhpDelayQueue {
     /// Schedule `$payload` at `$at`: Unix seconds (float) or a DateTimeInterface.
     ///
     /// @param array{id?: string, max_attempts?: int} $options
-    pub fn push_at(&self, payload: &Zval, at: &Zval, options: Option<&ZendHashTable>) -> PhpResult<String> {
+    #[php(defaults(options = "OptionsArg::EMPTY"))]
+    pub fn push_at(&self, payload: &Zval, at: &Zval, options: OptionsArg<'_>) -> PhpResult<String> {
         let due = absolute(at)?;
-        let opts = push_options(options, "pushAt option")?;
+        let opts = push_options(options.0, "pushAt option")?;
         let json = convert::payload_to_json(payload)?;
         self.queue.push_json(&json, due, &opts).or_throw()
     }
@@ -216,8 +221,10 @@ impl PhpDelayQueue {
 
     /// Move a waiting message to `$delay` seconds from now. False when it is not
     /// waiting (unknown, running or dead).
-    pub fn reschedule(&self, id: String, delay: &Zval) -> PhpResult<bool> {
-        let due = self::delay(delay, "delay")?;
+    pub fn reschedule(&self, id: String, delay: Seconds) -> PhpResult<bool> {
+        let due = delayq::delay_from_secs("delay", delay.0)
+            .map(delayq::Due::In)
+            .or_throw()?;
         self.queue.reschedule(&id, due).or_throw()
     }
 

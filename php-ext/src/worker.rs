@@ -13,7 +13,7 @@ use ext_php_rs::prelude::*;
 use ext_php_rs::types::{ZendCallable, ZendClassObject, ZendHashTable, ZendObject, Zval};
 use ext_php_rs::zend::{BailoutGuard, ExecutorGlobals};
 
-use crate::convert::{self, Options, assoc, zv};
+use crate::convert::{self, Options, OptionsArg, assoc, zv};
 use crate::errors::{self, OrThrow};
 use crate::queue::PhpDelayQueue;
 use crate::signals;
@@ -336,8 +336,9 @@ impl PhpWorker {
     /// @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
     ///   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
     ///   idle_check?: float, max_jobs?: int, max_memory_mb?: int, on_start?: callable} $options
-    pub fn __construct(queue: &PhpDelayQueue, options: Option<&ZendHashTable>) -> PhpResult<Self> {
-        let (opts, limits, on_start) = worker_options(options)?;
+    #[php(defaults(options = "OptionsArg::EMPTY"))]
+    pub fn __construct(queue: &PhpDelayQueue, options: OptionsArg<'_>) -> PhpResult<Self> {
+        let (opts, limits, on_start) = worker_options(options.0)?;
         Ok(Self {
             worker: delayq::Worker::new(queue.queue.clone(), opts).or_throw()?,
             limits,

@@ -1,0 +1,215 @@
+<?php
+declare(strict_types=1);
+
+use PHPUnit\Framework\TestCase;
+
+final class Order implements JsonSerializable
+{
+    public function __construct(private int $id) {}
+
+    public function jsonSerialize(): array
+    {
+        return ['order_id' => $this->id, 'action' => 'close'];
+    }
+}
+
+final class QueueTest extends TestCase
+{
+    private DelayQueue $q;
+    private Redis $redis;
+
+    protected function setUp(): void
+    {
+        $server = $GLOBALS['DELAYQ_REDIS'];
+        $this->redis = $server->redis();
+        $this->redis->flushAll();
+        $this->q = new DelayQueue($server->url(), 'orders');
+    }
+
+    private function serverNow(): float
+    {
+        [$s, $us] = $this->redis->time();
+        return (int) $s + (int) $us / 1e6;
+    }
+
+    public function testPushAndGetRoundTripPayloadsExactly(): void
+    {
+        $payload = ['order_id' => 10086, 'big' => PHP_INT_MAX, 'neg' => PHP_INT_MIN, 'u' => '日本語 ✓',
+            'map' => ['z' => 1, 'a' => [1.5, null, true]], '7' => 'numeric key', 'empty' => []];
+        $before = $this->serverNow();
+        $id = $this->q->push($payload, 60);
+        $info = $this->q->get($id);
+        $this->assertSame($id, $info['id']);
+        $this->assertSame('scheduled', $info['state']);
+        $this->assertSame($payload, $info['payload']);
+        $this->assertSame(array_keys($payload), array_keys($info['payload']), 'key order survives');
+        $this->assertGreaterThanOrEqual($before + 60, $info['due_at']);
+        $this->assertLessThan($before + 61, $info['due_at']);
+        $this->assertSame(0, $info['attempts']);
+        $this->assertNull($info['last_error']);
+        $this->assertNull($this->q->get('no-such-id'));
+    }
+
+    public function testScalarsNullAndJsonSerializablePayloads(): void
+    {
+        foreach ([null, true, 0, -7, 1.25, 'text', [1, 2, 3]] as $p) {
+            $this->assertSame($p, $this->q->get($this->q->push($p))['payload']);
+        }
+        $this->assertSame(['order_id' => 5, 'action' => 'close'], $this->q->get($this->q->push(new Order(5)))['payload']);
+        $obj = new stdClass();
+        $obj->a = 1;
+        $this->assertSame(['a' => 1], $this->q->get($this->q->push($obj))['payload']);
+        $this->assertSame('ready', $this->q->get($this->q->push('now'))['state']);
+    }
+
+    public function testPushAtAcceptsUnixSecondsAndDateTimes(): void
+    {
+        $id = $this->q->pushAt('x', 4102444800.25);
+        $this->assertSame(4102444800.25, $this->q->get($id)['due_at']);
+        $id = $this->q->pushAt('y', new DateTimeImmutable('2100-01-01 00:00:00.5 UTC'));
+        $this->assertSame(4102444800.5, $this->q->get($id)['due_at']);
+        $this->assertSame('ready', $this->q->get($this->q->pushAt('past', 1))['state']);
+    }
+
+    public function testAnIdMakesPushIdempotent(): void
+    {
+        $first = $this->q->push(['v' => 1], 30, ['id' => 'order-42-close', 'max_attempts' => 3]);
+        $second = $this->q->push(['v' => 2], 90, ['id' => 'order-42-close']);
+        $this->assertSame('order-42-close', $first);
+        $this->assertSame($first, $second);
+        $info = $this->q->get($first);
+        $this->assertSame(['v' => 1], $info['payload']);
+        $this->assertSame(3, $info['max_attempts']);
+        $this->assertSame(1, $this->q->stats()['pushed']);
+    }
+
+    public function testPushManyIsOneCallAndKeepsOrder(): void
+    {
+        $items = [];
+        for ($i = 0; $i < 1500; $i++) {
+            $items[] = ['payload' => ['i' => $i], 'delay' => 0];
+        }
+        $items[] = ['payload' => 'later', 'delay' => 3600, 'id' => 'fixed'];
+        $items[] = ['payload' => 'at', 'at' => 4102444800];
+        $ids = $this->q->pushMany($items);
+        $this->assertCount(1502, $ids);
+        $this->assertSame('fixed', $ids[1500]);
+        $stats = $this->q->stats();
+        $this->assertSame(1500, $stats['ready']);
+        $this->assertSame(2, $stats['scheduled']);
+        $this->assertSame(array_slice($ids, 0, 1500), $this->redis->zRange('{dq:orders}:scheduled', 0, 1499));
+    }
+
+    public function testCancelRescheduleAndPurge(): void
+    {
+        $id = $this->q->push('x', 3600);
+        $this->assertTrue($this->q->reschedule($id, 0));
+        $this->assertSame('ready', $this->q->get($id)['state']);
+        $this->assertTrue($this->q->cancel($id));
+        $this->assertFalse($this->q->cancel($id));
+        $this->assertFalse($this->q->reschedule($id, 5));
+        $this->assertNull($this->q->get($id));
+        $this->q->push(1);
+        $this->q->push(2, 10);
+        $this->assertSame(2, $this->q->purge());
+        $this->assertSame(0, $this->q->stats()['ready'] + $this->q->stats()['scheduled']);
+    }
+
+    public function testStatsShape(): void
+    {
+        $stats = $this->q->stats();
+        foreach (['scheduled', 'ready', 'inflight', 'dead', 'pushed', 'acked', 'retried', 'died', 'expired'] as $k) {
+            $this->assertIsInt($stats[$k], $k);
+        }
+        $this->assertNull($stats['next_due_at']);
+        $this->assertSame('orders', $this->q->name());
+        $this->assertTrue($this->q->ping());
+    }
+
+    /** @return array<string, array{0: callable, 1: class-string, 2: string}> */
+    public function badInputs(): array
+    {
+        return [
+            'resource' => [fn (DelayQueue $q) => $q->push(fopen('php://memory', 'r')), DelayQueuePayloadException::class, '$payload is a resource'],
+            'closure' => [fn (DelayQueue $q) => $q->push(['a' => ['b' => fn () => 1]]), DelayQueuePayloadException::class, '$payload["a"]["b"] is an object: a Closure'],
+            'object' => [fn (DelayQueue $q) => $q->push(new ArrayObject()), DelayQueuePayloadException::class, 'ArrayObject'],
+            'invalid utf-8' => [fn (DelayQueue $q) => $q->push(['k' => "\xff"]), DelayQueuePayloadException::class, 'not valid UTF-8'],
+            'nan in payload' => [fn (DelayQueue $q) => $q->push([NAN]), DelayQueuePayloadException::class, 'NaN'],
+            'too deep' => [fn (DelayQueue $q) => $q->push(json_decode(str_repeat('[', 200) . str_repeat(']', 200), true, 512)), DelayQueuePayloadException::class, 'nested deeper'],
+            'nan delay' => [fn (DelayQueue $q) => $q->push(1, NAN), DelayQueueInvalidArgumentException::class, 'invalid delay'],
+            'inf delay' => [fn (DelayQueue $q) => $q->push(1, INF), DelayQueueInvalidArgumentException::class, 'must be finite'],
+            'negative delay' => [fn (DelayQueue $q) => $q->push(1, -1), DelayQueueInvalidArgumentException::class, 'must not be negative'],
+            'string delay' => [fn (DelayQueue $q) => $q->push(1, 'soon'), TypeError::class, 'delay'],
+            'unknown push option' => [fn (DelayQueue $q) => $q->push(1, 0, ['idd' => 'x']), DelayQueueInvalidArgumentException::class, "unknown push option 'idd'"],
+            'bad id' => [fn (DelayQueue $q) => $q->push(1, 0, ['id' => '']), DelayQueueInvalidArgumentException::class, 'invalid id'],
+            'bad max_attempts' => [fn (DelayQueue $q) => $q->push(1, 0, ['max_attempts' => 0]), DelayQueueInvalidArgumentException::class, 'max_attempts'],
+            'bad pushMany item' => [fn (DelayQueue $q) => $q->pushMany([['payload' => 1], ['payload' => 2, 'dleay' => 1]]), DelayQueueInvalidArgumentException::class, "pushMany item 1 key 'dleay'"],
+            'pushMany without payload' => [fn (DelayQueue $q) => $q->pushMany([['delay' => 1]]), DelayQueueInvalidArgumentException::class, "has no 'payload'"],
+            'bad at' => [fn (DelayQueue $q) => $q->pushAt(1, new stdClass()), TypeError::class, 'DateTimeInterface'],
+            'bad url' => [fn () => new DelayQueue('http://127.0.0.1'), DelayQueueInvalidArgumentException::class, 'invalid Redis URL'],
+            'unknown queue option' => [fn () => new DelayQueue('redis://127.0.0.1:1', 'q', ['prefx' => 'a']), DelayQueueInvalidArgumentException::class, "unknown DelayQueue option 'prefx'"],
+            'bad layout' => [fn () => new DelayQueue('redis://127.0.0.1:1', 'q', ['layout' => 'x']), DelayQueueInvalidArgumentException::class, "'layout'"],
+            'bad queue name' => [fn () => new DelayQueue('redis://127.0.0.1:1', 'a{b'), DelayQueueInvalidArgumentException::class, 'queue name'],
+            'bad worker option' => [fn (DelayQueue $q) => new DelayQueueWorker($q, ['batch' => 5000]), DelayQueueInvalidArgumentException::class, "'batch'"],
+            'unknown worker option' => [fn (DelayQueue $q) => new DelayQueueWorker($q, ['procs' => 2]), DelayQueueInvalidArgumentException::class, "unknown DelayQueueWorker option 'procs'"],
+            'on_start not callable' => [fn (DelayQueue $q) => new DelayQueueWorker($q, ['on_start' => 'no_such_function']), TypeError::class, 'on_start'],
+        ];
+    }
+
+    /** @dataProvider badInputs */
+    public function testBadInputIsRefusedWithANamedErrorAndWritesNothing(callable $call, string $class, string $text): void
+    {
+        try {
+            $call($this->q);
+            $this->fail("no $class thrown");
+        } catch (Throwable $e) {
+            $this->assertInstanceOf($class, $e, $e->getMessage());
+            $this->assertStringContainsString($text, $e->getMessage());
+        }
+        $this->assertSame([], $this->redis->keys('*'), 'bad input must write nothing');
+    }
+
+    public function testPayloadLimit(): void
+    {
+        $q = new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'small', ['max_payload_bytes' => 16]);
+        $this->expectException(DelayQueuePayloadException::class);
+        $this->expectExceptionMessage('over the limit of 16 bytes');
+        $q->push(str_repeat('x', 100));
+    }
+
+    public function testConnectionAndAuthErrorsAreTheirOwnClasses(): void
+    {
+        $sock = stream_socket_server('tcp://127.0.0.1:0');
+        $port = (int) substr(strrchr(stream_socket_get_name($sock, false), ':'), 1);
+        fclose($sock);
+        $q = new DelayQueue("redis://:secret@127.0.0.1:$port", 'q', ['retry_timeout' => 0.2]);
+        try {
+            $q->push(1);
+            $this->fail('connected to a closed port');
+        } catch (DelayQueueConnectionException $e) {
+            $this->assertStringNotContainsString('secret', $e->getMessage());
+        }
+        $this->redis->rawCommand('ACL', 'SETUSER', 'reader', 'on', '>pw', '~*', '+ping');
+        $weak = new DelayQueue('redis://reader:pw@127.0.0.1:' . $GLOBALS['DELAYQ_REDIS']->port, 'q');
+        $this->expectException(DelayQueueAuthException::class);
+        $weak->push(1);
+    }
+
+    public function testAQueueMadeBeforeForkWorksInParentAndChild(): void
+    {
+        $before = $this->q->push('before fork');
+        $pid = pcntl_fork();
+        if ($pid === 0) {
+            // The child uses its copy (its own connection), then drops it.
+            $ok = $this->q->get($before) !== null && $this->q->push('from child') !== '';
+            unset($this->q);
+            posix_kill(getmypid(), SIGKILL); // no shutdown handlers of the parent's test runner
+            exit($ok ? 0 : 1);
+        }
+        pcntl_waitpid($pid, $status);
+        $this->assertSame(2, $this->q->stats()['ready'], 'the child pushed through its own connection');
+        // The parent's connection was not disturbed by the child's use or death.
+        $this->assertNotSame('', $this->q->push('after fork'));
+        $this->assertSame(3, $this->q->stats()['ready']);
+    }
+}

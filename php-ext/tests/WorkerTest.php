@@ -1,0 +1,202 @@
+<?php
+declare(strict_types=1);
+
+use PHPUnit\Framework\TestCase;
+
+final class WorkerTest extends TestCase
+{
+    private DelayQueue $q;
+    private Redis $redis;
+    private string $log;
+
+    protected function setUp(): void
+    {
+        $server = $GLOBALS['DELAYQ_REDIS'];
+        $this->redis = $server->redis();
+        $this->redis->flushAll();
+        $this->q = new DelayQueue($server->url(), 'jobs');
+        $this->log = tempnam(sys_get_temp_dir(), 'delayq-log-');
+        unlink($this->log);
+    }
+
+    protected function tearDown(): void
+    {
+        foreach (['', '.starts', '.summary'] as $suffix) {
+            @unlink($this->log . $suffix);
+        }
+    }
+
+    private function fill(int $n, array $extra = []): void
+    {
+        $items = [];
+        for ($i = 0; $i < $n; $i++) {
+            $items[] = ['payload' => ['n' => $i] + ($extra[$i] ?? [])];
+        }
+        $this->q->pushMany($items);
+    }
+
+    /** @return resource */
+    private function startWorker(array $options)
+    {
+        $cmd = array_merge(delayq_php_command(), [__DIR__ . '/worker_script.php', $GLOBALS['DELAYQ_REDIS']->url(),
+            'jobs', $this->log, json_encode($options)]);
+        $proc = proc_open($cmd, [0 => ['file', '/dev/null', 'r'], 1 => ['file', '/dev/null', 'w'],
+            2 => ['file', "{$this->log}.stderr", 'w']], $pipes);
+        $this->assertIsResource($proc);
+        return $proc;
+    }
+
+    /** @return list<array{0: int, 1: int, 2: int}> n, attempt, pid */
+    private function handled(): array
+    {
+        $lines = @file($this->log, FILE_IGNORE_NEW_LINES | FILE_SKIP_EMPTY_LINES) ?: [];
+        return array_map(fn ($l) => array_map('intval', explode(' ', $l)), $lines);
+    }
+
+    private function drained(): bool
+    {
+        $s = $this->q->stats();
+        return $s['ready'] + $s['scheduled'] + $s['inflight'] === 0;
+    }
+
+    private function assertEveryMessageHandled(int $n, int $maxDuplicates): void
+    {
+        $counts = array_count_values(array_column($this->handled(), 0));
+        $missing = array_diff(range(0, $n - 1), array_keys($counts));
+        $this->assertSame([], array_values($missing), 'lost messages');
+        $duplicates = array_sum($counts) - count($counts);
+        $this->assertLessThanOrEqual($maxDuplicates, $duplicates, "$duplicates duplicates");
+    }
+
+    public function testHandlerExceptionsRetryThenDeadLetterWithTheError(): void
+    {
+        $bad = $this->q->push(['bad' => true]);
+        $good = $this->q->push(['bad' => false]);
+        $attempts = [];
+        $w = new DelayQueueWorker($this->q, ['max_attempts' => 3, 'backoff_base' => 0.05, 'backoff_max' => 0.2]);
+        $summary = $w->run(function ($payload, DelayQueueMessage $m) use (&$attempts, $w) {
+            $this->assertGreaterThanOrEqual($m->dueAt, microtime(true) + 0.002, 'never early');
+            $this->assertSame('jobs', $m->queue);
+            if ($payload['bad']) {
+                $attempts[] = $m->attempt;
+                if ($m->attempt === 3) {
+                    $w->stop();
+                }
+                throw new DomainException("cannot close order (attempt {$m->attempt})");
+            }
+        });
+        $this->assertSame([1, 2, 3], $attempts);
+        $this->assertSame(['handled' => 4, 'acked' => 1, 'failed' => 3, 'retried' => 2, 'dead' => 1],
+            array_intersect_key($summary, array_flip(['handled', 'acked', 'failed', 'retried', 'dead'])));
+        $this->assertSame('stop', $summary['stopped_by']);
+        $info = $this->q->get($bad);
+        $this->assertSame('dead', $info['state']);
+        $this->assertSame(3, $info['attempts']);
+        $this->assertStringStartsWith('DomainException: cannot close order (attempt 3) in ', $info['last_error']);
+        $this->assertStringContainsString('gave up after 3 attempts', $info['last_error']);
+        $this->assertNull($this->q->get($good));
+        $dead = $this->q->deadLetters();
+        $this->assertCount(1, $dead);
+        $this->assertSame(['bad' => true], $dead[0]['payload']);
+        $this->assertSame(1, $this->q->requeueDead());
+        $this->assertSame('ready', $this->q->get($bad)['state']);
+    }
+
+    public function testOnStartMaxJobsAndOrderByDueTime(): void
+    {
+        for ($i = 4; $i >= 0; $i--) {
+            $this->q->push($i, 0.05 * $i);
+        }
+        $started = 0;
+        $got = [];
+        $w = new DelayQueueWorker($this->q, ['threads' => 1, 'max_jobs' => 5, 'on_start' => function () use (&$started) {
+            $started++;
+        }]);
+        $summary = $w->run(function ($payload) use (&$got) {
+            $got[] = $payload;
+        });
+        $this->assertSame(1, $started);
+        $this->assertSame([0, 1, 2, 3, 4], $got);
+        $this->assertSame('max_jobs', $summary['stopped_by']);
+        $this->assertSame(5, $summary['acked']);
+        $this->assertTrue($this->drained());
+    }
+
+    public function testSigtermStopsGracefullyAndLosesNothing(): void
+    {
+        $this->fill(500);
+        $proc = $this->startWorker(['threads' => 2, 'batch' => 50, 'lease' => 60.0, '_sleep_ms' => 5]);
+        delayq_wait_for(20, 'some messages handled', fn () => count($this->handled()) >= 50);
+        proc_terminate($proc, SIGTERM);
+        $this->assertSame(0, proc_close($proc));
+        $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
+        $this->assertSame('signal', $summary['stopped_by']);
+        $handled = count($this->handled());
+        $this->assertSame($handled, $summary['acked'], 'every handled message was acknowledged');
+        $stats = $this->q->stats();
+        $this->assertSame(0, $stats['inflight'], 'prefetched messages went back at once');
+        $this->assertSame(500 - $handled, $stats['ready']);
+        // A new worker finishes the rest: nothing was lost.
+        $proc = $this->startWorker([]);
+        delayq_wait_for(20, 'the rest handled', fn () => $this->drained());
+        proc_terminate($proc, SIGTERM);
+        proc_close($proc);
+        $this->assertEveryMessageHandled(500, 0);
+    }
+
+    public function testSigintStopsGracefullyToo(): void
+    {
+        $this->fill(20);
+        $proc = $this->startWorker([]);
+        delayq_wait_for(20, 'all handled', fn () => $this->drained());
+        proc_terminate($proc, SIGINT);
+        $this->assertSame(0, proc_close($proc));
+        $this->assertSame('signal', json_decode((string) file_get_contents("{$this->log}.summary"), true)['stopped_by']);
+    }
+
+    public function testProcessesModeRestartsAKilledChildAndLosesNothing(): void
+    {
+        $this->fill(2000);
+        $proc = $this->startWorker(['processes' => 3, 'lease' => 1.0, '_sleep_ms' => 1]);
+        delayq_wait_for(20, 'three children started', fn () => count(@file("{$this->log}.starts") ?: []) >= 3);
+        delayq_wait_for(20, 'a quarter handled', fn () => count($this->handled()) >= 500);
+        $victim = (int) trim(file("{$this->log}.starts")[0]);
+        posix_kill($victim, SIGKILL);
+        $inflight = $this->q->stats()['inflight'];
+        delayq_wait_for(30, 'every message handled', fn () => $this->drained());
+        proc_terminate($proc, SIGTERM);
+        $this->assertSame(0, proc_close($proc));
+        $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
+        $this->assertSame(3, $summary['processes']);
+        $this->assertGreaterThanOrEqual(1, $summary['restarts'], 'the killed child was replaced');
+        $this->assertGreaterThanOrEqual(4, count(file("{$this->log}.starts")), 'on_start ran in the new child');
+        $this->assertNotContains($victim, array_slice(array_column($this->handled(), 2), -10));
+        $this->assertEveryMessageHandled(2000, $inflight + 3);
+    }
+
+    public function testAHungHandlerIsKilledAndItsMessageDeliveredAgain(): void
+    {
+        $this->fill(50, [3 => ['hang' => true]]);
+        $proc = $this->startWorker(['processes' => 2, 'timeout' => 0.5, 'lease' => 1.0]);
+        delayq_wait_for(30, 'every message handled', fn () => $this->drained());
+        proc_terminate($proc, SIGTERM);
+        $this->assertSame(0, proc_close($proc));
+        $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
+        $this->assertSame(1, $summary['killed_hung']);
+        $hung = array_values(array_filter($this->handled(), fn ($h) => $h[0] === 3));
+        $this->assertCount(1, $hung);
+        $this->assertSame(2, $hung[0][1], 'handled on its second attempt');
+        $this->assertEveryMessageHandled(50, 10);
+    }
+
+    public function testExitInAHandlerStopsThePoolAndReturnsTheMessage(): void
+    {
+        $this->fill(5, [0 => ['exit' => true]]);
+        $proc = $this->startWorker(['threads' => 1]);
+        $this->assertSame(3, proc_close($proc), 'exit(3) reaches the script');
+        $stats = $this->q->stats();
+        $this->assertSame(0, $stats['inflight'], 'nothing left waiting for a lease');
+        $this->assertSame(5, $stats['ready']);
+        $this->assertSame(0, $this->q->get($this->redis->zRange('{dq:jobs}:scheduled', 0, 0)[0])['attempts']);
+    }
+}

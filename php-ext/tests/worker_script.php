@@ -1,0 +1,26 @@
+<?php
+// A worker run as a child process by WorkerTest:
+//   php worker_script.php URL QUEUE LOG OPTIONS_JSON
+// Appends "<n> <attempt> <pid>\n" to LOG for every handled message. A payload with
+// "hang" sleeps forever on its first attempt; one with "exit" calls exit(3).
+declare(strict_types=1);
+
+[, $url, $queue, $log, $options] = $argv;
+$options = json_decode($options, true, 512, JSON_THROW_ON_ERROR);
+$sleepMs = $options['_sleep_ms'] ?? 1;
+unset($options['_sleep_ms']);
+$options['on_start'] = function () use ($log) {
+    file_put_contents("$log.starts", getmypid() . "\n", FILE_APPEND);
+};
+$worker = new DelayQueueWorker(new DelayQueue($url, $queue), $options);
+$summary = $worker->run(function ($payload, DelayQueueMessage $m) use ($log, $sleepMs) {
+    if (($payload['hang'] ?? false) && $m->attempt === 1) {
+        sleep(3600);
+    }
+    if ($payload['exit'] ?? false) {
+        exit(3);
+    }
+    usleep($sleepMs * 1000);
+    file_put_contents($log, "{$payload['n']} {$m->attempt} " . getmypid() . "\n", FILE_APPEND);
+});
+file_put_contents("$log.summary", json_encode($summary));
