@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build test lint fmt clippy doc
+.PHONY: help setup demo build php test lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -13,8 +13,11 @@ setup: ## Install everything (apt, pip), build, install the bindings, run the de
 demo: ## Run the demo on REDIS_URL or a private redis-server
 	scripts/demo.sh
 
-build: ## Build the core and its examples (release)
-	cargo build --release -p delayq --examples
+build: ## Build the core, its examples and the PHP extension (release)
+	cargo build --release -p delayq --examples -p delayq-php
+
+php: ## Build the PHP extension and install it into the system PHP (needs root)
+	scripts/php-install.sh
 
 test: ## Run every test (each suite starts its own redis-server)
 	scripts/test.sh

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything delayq needs on Debian (apt packages, Python build tools), builds
-# the core and the bindings, installs the bindings that are built, then runs the demo.
+# the core and the PHP extension, installs the extension into the system PHP, then
+# runs the demo.
 #   DELAYQ_NO_DEMO=1  skip the demo (CI runs it separately)
 #   REDIS_URL=...     run the demo against that Redis instead of a private one
 set -euo pipefail
@@ -30,6 +31,9 @@ python3 -m pip install -q --disable-pip-version-check -r scripts/requirements-de
 
 echo "== cargo: building the core (release)"
 cargo build -q --release -p delayq --examples
+
+echo "== PHP extension: building and installing into $(php-config --extension-dir)"
+as_root scripts/php-install.sh
 
 if [ "${DELAYQ_NO_DEMO:-0}" != "1" ]; then
   scripts/demo.sh

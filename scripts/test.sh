@@ -1,8 +1,26 @@
 #!/usr/bin/env bash
-# Every test: Rust unit and integration tests (each starts its own redis-server).
+# Every test. Each suite starts its own redis-server on a free loopback port.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || { echo "redis-server missing: run scripts/setup.sh first" >&2; exit 1; }
+
 echo "== core: cargo test"
 cargo test -p delayq --all-targets
 cargo test -p delayq --doc
+
+echo "== PHP extension: PHPUnit"
+cargo build -q --release -p delayq-php
+ext="$PWD/target/release/libdelayq_php.so"
+php_cmd=(php)
+if php -r 'exit(extension_loaded("delayq") ? 0 : 1);'; then
+  # Installed system-wide: test this build, not an older installed one.
+  installed="$(php-config --extension-dir)/delayq.so"
+  if ! cmp -s "$ext" "$installed"; then
+    if [ -w "$installed" ]; then scripts/php-install.sh >/dev/null
+    else echo "the installed $installed is older than this build: run scripts/php-install.sh as root" >&2; exit 1; fi
+  fi
+else
+  php_cmd=(php -d "extension=$ext")
+  export DELAYQ_EXTENSION="$ext"
+fi
+(cd php-ext && "${php_cmd[@]}" /usr/bin/phpunit)

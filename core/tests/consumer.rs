@@ -289,8 +289,16 @@ fn a_hung_handler_loses_its_lease_and_the_message_is_delivered_again() {
         timeout: Some(Duration::from_millis(50)),
         ..opts()
     };
-    // Consumer A takes the message and "hangs": its heartbeat stops at `timeout`.
-    let a = Worker::new(q.clone(), lease_opts.clone()).expect("worker a");
+    // Consumer A takes the message and "hangs": its heartbeat stops at `timeout`. With
+    // room for one delivery it cannot claim the re-delivery itself.
+    let a = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            prefetch: 1,
+            ..lease_opts.clone()
+        },
+    )
+    .expect("worker a");
     let ca = a.start().expect("start a");
     let first = match ca.recv_timeout(Duration::from_secs(5)) {
         Received::Message(d) => d,
