@@ -410,6 +410,13 @@ struct Pool {
     counters: Counters,
     /// Claimed, not yet completed, by token.
     outstanding: Mutex<HashMap<String, Outstanding>>,
+    /// Deliveries the caller works on at once (its handler threads or tasks).
+    handlers: usize,
+    /// Every handler is past `timeout`: claim nothing, and give prefetched deliveries
+    /// back so that other consumers run them instead of waiting behind a hung handler.
+    stalled: AtomicBool,
+    /// The hand-off buffer, for giving prefetched deliveries back while stalled.
+    buffered: Receiver<Delivery>,
 }
 
 /// A consumer pool on one queue.
@@ -472,12 +479,22 @@ impl Worker {
     }
 
     /// Start the pool's threads and return the hand-off through which the caller's
-    /// thread receives deliveries and reports their outcome.
+    /// thread receives deliveries and reports their outcome, one at a time.
     pub fn start(&self) -> Result<Consumer> {
+        self.start_with(1)
+    }
+
+    /// Like `start`, for a caller that works on up to `handlers` deliveries at once
+    /// (threads or async tasks).
+    pub fn start_with(&self, handlers: usize) -> Result<Consumer> {
+        if handlers == 0 {
+            return Err(Error::invalid("handlers", "must be at least 1"));
+        }
         if self.running.swap(true, Ordering::AcqRel) {
             return Err(Error::State("this worker is already running".into()));
         }
         *self.control.slots.free.lock() = self.opts.prefetch_limit();
+        let (deliver_tx, deliver_rx) = crossbeam_channel::unbounded();
         let pool = Arc::new(Pool {
             queue: self.queue.clone(),
             queue_name: Arc::from(self.queue.name()),
@@ -485,8 +502,10 @@ impl Worker {
             control: Arc::clone(&self.control),
             counters: Counters::default(),
             outstanding: Mutex::new(HashMap::new()),
+            handlers,
+            stalled: AtomicBool::new(false),
+            buffered: deliver_rx.clone(),
         });
-        let (deliver_tx, deliver_rx) = crossbeam_channel::unbounded();
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded();
         let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
         let mut fetchers = Vec::new();
@@ -550,7 +569,7 @@ impl Worker {
         if handler_threads == 0 {
             return Err(Error::invalid("handler_threads", "must be at least 1"));
         }
-        let consumer = self.start()?;
+        let consumer = self.start_with(handler_threads)?;
         std::thread::scope(|s| {
             for _ in 0..handler_threads {
                 s.spawn(|| {
@@ -797,6 +816,12 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
         control.wake.wait(deadline, seen, &control.stop);
         if control.stopped() {
             return;
+        }
+        if pool.stalled.load(Ordering::Acquire) {
+            // The heartbeat clears the stall and kicks the fetchers.
+            deadline = None;
+            seen = control.wake.epoch();
+            continue;
         }
         let room = control.slots.acquire_up_to(pool.opts.batch, &control.stop);
         if room == 0 {
@@ -1077,6 +1102,43 @@ fn write_with_retry(
     }
 }
 
+/// While every handler is stuck, prefetched deliveries would only wait behind them
+/// (their leases renewed): release them so that other consumers run them now.
+fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot) {
+    let waiting: Vec<Delivery> = pool.buffered.try_iter().collect();
+    if waiting.is_empty() {
+        return;
+    }
+    let q = &pool.queue;
+    let res = slot.run_once(&q.inner.endpoint, "release", |con| {
+        let mut inv = q.invocation(&scripts::RELEASE);
+        for d in &waiting {
+            inv.arg(&d.id).arg(&d.token);
+        }
+        inv.invoke::<i64>(con)
+    });
+    match res {
+        Ok(n) => {
+            Counters::add(&pool.counters.released, u64::try_from(n).unwrap_or(0));
+            log::warn!(
+                "delayq[{}]: every handler is past its timeout; gave {n} waiting deliveries back to the queue",
+                pool.queue_name
+            );
+        }
+        // Their leases are no longer renewed either way: they expire and are delivered again.
+        Err(e) => log::warn!(
+            "delayq[{}]: could not give waiting deliveries back: {e}",
+            pool.queue_name
+        ),
+    }
+    let mut outstanding = pool.outstanding.lock();
+    for d in &waiting {
+        outstanding.remove(&d.token);
+    }
+    drop(outstanding);
+    pool.control.slots.release(waiting.len());
+}
+
 fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
     let mut slot = ConnSlot::new();
     let every = pool.opts.heartbeat();
@@ -1086,6 +1148,19 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
             Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
         }
         let now = Instant::now();
+        let overdue_count = pool
+            .outstanding
+            .lock()
+            .values()
+            .filter(|o| matches!((pool.opts.timeout, o.started), (Some(t), Some(s)) if now.duration_since(s) > t))
+            .count();
+        let stalled = overdue_count >= pool.handlers;
+        if stalled {
+            pool.stalled.store(true, Ordering::Release);
+            give_back_buffered(pool, &mut slot);
+        } else if pool.stalled.swap(false, Ordering::AcqRel) {
+            pool.control.wake.kick();
+        }
         let mut running = Vec::new();
         {
             let mut outstanding = pool.outstanding.lock();

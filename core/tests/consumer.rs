@@ -31,8 +31,14 @@ fn run_until(
     let stopper = worker.stopper();
     std::thread::scope(|s| {
         s.spawn(move || {
-            wait_for(limit, "the pool to finish its work", &done);
+            // Stop the pool even when the wait fails, so the test fails instead of hanging.
+            let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                wait_for(limit, "the pool to finish its work", &done)
+            }));
             stopper.stop();
+            if let Err(panic) = waited {
+                std::panic::resume_unwind(panic);
+            }
         });
         worker.run(threads, handler).expect("run")
     })
@@ -489,4 +495,59 @@ fn claim_calls(server: &RedisServer) -> i64 {
         .find(|l| l.starts_with("cmdstat_evalsha:"))
         .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
         .unwrap_or(0)
+}
+
+#[test]
+fn a_consumer_whose_handlers_all_hang_gives_its_prefetched_messages_to_others() {
+    let server = RedisServer::start();
+    let q = server.queue("stall");
+    let batch: Vec<NewMessage> = (0..20)
+        .map(|i| NewMessage::new(&i, Duration::ZERO).expect("msg"))
+        .collect();
+    q.push_many(&batch).expect("push");
+    let hung_opts = WorkerOptions {
+        threads: 1,
+        lease: Duration::from_millis(300),
+        timeout: Some(Duration::from_millis(50)),
+        ..opts()
+    };
+    // A claims a batch, starts one message and never finishes it.
+    let a = Worker::new(q.clone(), hung_opts).expect("worker a");
+    let ca = a.start().expect("start a");
+    let stuck = match ca.recv_timeout(Duration::from_secs(5)) {
+        Received::Message(d) => d,
+        other => panic!("expected a delivery, got {other:?}"),
+    };
+    // B gets every message: the 19 that A gave back, and the stuck one once its lease ends.
+    let b = Worker::new(q.clone(), opts()).expect("worker b");
+    let seen: Mutex<Vec<(u64, u32)>> = Mutex::new(Vec::new());
+    run_until(
+        &b,
+        2,
+        |d| {
+            seen.lock().push((d.payload().map_err(|e| e.to_string())?, d.attempt));
+            Ok(())
+        },
+        || seen.lock().len() >= 20 && q.stats().is_ok_and(|s| s.ready + s.inflight <= 1),
+        Duration::from_secs(20),
+    );
+    let mut seen = seen.into_inner();
+    seen.sort_unstable();
+    assert_eq!(
+        seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        (0..20).collect::<Vec<_>>()
+    );
+    let stuck_n: u64 = stuck.payload().expect("payload");
+    assert!(
+        seen.contains(&(stuck_n, 2)),
+        "the stuck message ran again on B: {seen:?}"
+    );
+    assert!(
+        seen.iter().filter(|s| s.1 == 1).count() >= 19,
+        "given back uncounted: {seen:?}"
+    );
+    drop(stuck);
+    let sa = ca.finish();
+    assert!(sa.released >= 1, "{sa:?}");
+    assert_eq!(sa.acked, 0);
 }

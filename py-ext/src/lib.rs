@@ -1,9 +1,23 @@
-//! Python module for delayq (pyo3): conversion and error mapping only; the queue logic
-//! lives in the `delayq` crate.
+//! Python module for delayq (pyo3): value conversion, error mapping, and the handler
+//! loop. The queue logic lives in the `delayq` crate; each file here mirrors one part
+//! of its API, and the Python package in `delayq/` adds the idioms (signals, asyncio,
+//! context managers).
+
+mod convert;
+mod errors;
+mod queue;
+mod worker;
 
 use pyo3::prelude::*;
 
 #[pymodule]
-fn _delayq(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<queue::PyQueue>()?;
+    m.add_class::<worker::PyMessage>()?;
+    m.add_class::<worker::PyWorker>()?;
+    m.add_class::<worker::PyConsumer>()?;
+    m.add_class::<worker::PyDelivery>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEFAULT_MAX_PAYLOAD_BYTES", delayq::DEFAULT_MAX_PAYLOAD_BYTES)?;
     Ok(())
 }

@@ -1,0 +1,147 @@
+"""The compiled part of delayq (Rust, pyo3). Import from ``delayq``, not from here."""
+
+from datetime import datetime
+from os import PathLike
+from typing import Any, Iterable, Mapping, Optional, Union, final
+
+__all__ = ["DelayQueue", "Message", "_Worker", "_Consumer", "_Delivery", "__version__", "DEFAULT_MAX_PAYLOAD_BYTES"]
+
+__version__: str
+DEFAULT_MAX_PAYLOAD_BYTES: int
+
+@final
+class DelayQueue:
+    """A delay queue on Redis. Usable on both sides of ``os.fork()``: each process opens
+    its own connection.
+
+    ``url``: ``redis://[user:password@]host:port[/db]``, ``rediss://`` for TLS (with
+    ``tls_ca_file`` for a private CA), ``redis+cluster://host1:port1,host2:port2``.
+    With ``layout="seed"`` the queue uses the hand-made recipe's keys
+    (``delay_queue:zset`` and ``delay_queue:payload`` unless ``zset_key`` and
+    ``payload_key`` say otherwise). Timeouts are seconds.
+    """
+
+    def __new__(
+        cls,
+        url: str = "redis://127.0.0.1:6379",
+        queue: str = "default",
+        *,
+        prefix: str = "dq",
+        layout: str = "native",
+        zset_key: Optional[str] = None,
+        payload_key: Optional[str] = None,
+        max_payload_bytes: int = 1048576,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 5.0,
+        retry_timeout: float = 5.0,
+        tls_ca_file: Optional[Union[str, PathLike[str]]] = None,
+        partitions: int = 1,
+        dead_max: int = 10000,
+        dead_ttl: float = 2592000.0,
+    ) -> DelayQueue: ...
+    @property
+    def name(self) -> str:
+        """The queue's name."""
+    def push(
+        self, payload: Any, delay: float = 0.0, *, id: Optional[str] = None, max_attempts: Optional[int] = None
+    ) -> str:
+        """Schedule ``payload`` (any JSON value) after ``delay`` seconds on the Redis
+        server's clock; returns the message id. An ``id`` makes the push idempotent.
+
+        Raises TypeError for a value that is not JSON, ValueError (or
+        InvalidArgumentError) for NaN, negative or infinite delays, PayloadError when
+        the JSON is over ``max_payload_bytes``."""
+    def push_at(
+        self,
+        payload: Any,
+        at: Union[float, datetime],
+        *,
+        id: Optional[str] = None,
+        max_attempts: Optional[int] = None,
+    ) -> str:
+        """Schedule ``payload`` at ``at``: Unix seconds or a datetime."""
+    def push_many(self, items: Iterable[Union[tuple[Any, float], Mapping[str, Any]]]) -> list[str]:
+        """Schedule many messages in one round trip: ``(payload, delay)`` tuples or dicts
+        with ``payload`` and optional ``delay`` or ``at``, ``id``, ``max_attempts``.
+        Nothing is written unless every item is valid."""
+    def cancel(self, id: str) -> bool:
+        """Delete a message that has not been claimed yet; False when it is unknown,
+        running or dead."""
+    def reschedule(self, id: str, delay: float) -> bool:
+        """Move a waiting message to ``delay`` seconds from now; False when not waiting."""
+    def get(self, id: str) -> Optional[dict[str, Any]]:
+        """``{id, state, payload, due_at, attempts, max_attempts, last_error, dead_at}``, or
+        None for an unknown id. ``state`` is scheduled, ready, inflight or dead."""
+    def stats(self) -> dict[str, Any]:
+        """Depth (scheduled, ready, inflight, dead, next_due_at) and lifetime counters
+        (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
+        trimmed, purged)."""
+    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Up to ``limit`` dead letters, newest first: ``{id, payload, attempts,
+        last_error, dead_at}``."""
+    def requeue_dead(self, id: Optional[str] = None) -> int:
+        """Send dead letters back, due now, with a fresh attempt budget: one, or all when
+        ``id`` is None. Returns how many."""
+    def purge(self) -> int:
+        """Delete every message in every state; returns how many."""
+    def ping(self) -> bool:
+        """Check that Redis answers; raises ConnectionError otherwise."""
+
+@final
+class Message:
+    """One delivery, the handler's second argument. Read-only."""
+
+    @property
+    def id(self) -> str:
+        """The message id."""
+    @property
+    def attempt(self) -> int:
+        """This delivery's number, counting from 1."""
+    @property
+    def max_attempts(self) -> int:
+        """Deliveries allowed before the message goes to the dead-letter set."""
+    @property
+    def due_at(self) -> float:
+        """When this delivery was due: Unix time in seconds."""
+    @property
+    def queue(self) -> str:
+        """The queue's name."""
+
+@final
+class _Delivery:
+    @property
+    def payload(self) -> Any: ...
+    @property
+    def message(self) -> Message: ...
+
+@final
+class _Consumer:
+    def recv(self, timeout: float) -> Optional[_Delivery]: ...
+    @property
+    def stopped(self) -> bool: ...
+    def ack(self, delivery: _Delivery) -> None: ...
+    def fail(self, delivery: _Delivery, error: str) -> None: ...
+    def release(self, delivery: _Delivery) -> None: ...
+    def stop(self) -> None: ...
+    def finish(self, stopped_by: Optional[str]) -> dict[str, Any]: ...
+
+@final
+class _Worker:
+    def __new__(
+        cls,
+        queue: DelayQueue,
+        *,
+        threads: int,
+        batch: int,
+        prefetch: int,
+        lease: float,
+        max_attempts: int,
+        backoff_base: float,
+        backoff_max: float,
+        timeout: Optional[float],
+        idle_check: float,
+    ) -> _Worker: ...
+    def run(self, handler: Any) -> dict[str, Any]: ...
+    def start(self, handlers: int) -> _Consumer: ...
+    def take_stop_reason(self) -> Optional[str]: ...
+    def stop(self, reason: str = "stop") -> None: ...

@@ -1,0 +1,179 @@
+//! Python values to and from JSON text. Strict: only JSON's own types (dict with str
+//! keys, list, tuple, str, int within 64 bits, finite float, bool, None) are accepted,
+//! naming the path of anything else; dict key order and 64-bit integers survive.
+
+use std::fmt::Write as _;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+
+use crate::errors;
+
+pub(crate) fn payload_to_json(value: &Bound<'_, PyAny>) -> PyResult<String> {
+    let mut out = String::with_capacity(64);
+    write_json(value, &mut out, 0, &mut String::from("payload"))?;
+    Ok(out)
+}
+
+fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "object".into())
+}
+
+fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &mut String) -> PyResult<()> {
+    if depth > delayq::MAX_DEPTH {
+        return Err(errors::new_err(
+            value.py(),
+            errors::Kind::Payload,
+            format!(
+                "{path} is nested deeper than {} levels (or contains itself)",
+                delayq::MAX_DEPTH
+            ),
+        ));
+    }
+    if value.is_none() {
+        out.push_str("null");
+    } else if let Ok(b) = value.cast::<PyBool>() {
+        out.push_str(if b.is_true() { "true" } else { "false" });
+    } else if let Ok(i) = value.cast::<PyInt>() {
+        match i.extract::<i64>() {
+            Ok(n) => {
+                let _ = write!(out, "{n}");
+            }
+            Err(_) => match i.extract::<u64>() {
+                Ok(n) => {
+                    let _ = write!(out, "{n}");
+                }
+                Err(_) => {
+                    return Err(PyValueError::new_err(format!(
+                        "{path} is an int outside the 64-bit range, which other languages cannot read back"
+                    )));
+                }
+            },
+        }
+    } else if let Ok(f) = value.cast::<PyFloat>() {
+        let f = f.value();
+        if !f.is_finite() {
+            return Err(PyValueError::new_err(format!(
+                "{path} is {f}, which JSON cannot represent"
+            )));
+        }
+        out.push_str(&serde_json::to_string(&f).map_err(|e| PyValueError::new_err(e.to_string()))?);
+    } else if let Ok(s) = value.cast::<PyString>() {
+        let text = s.to_cow().map_err(|_| {
+            PyValueError::new_err(format!("{path} is a str that is not valid unicode (lone surrogate)"))
+        })?;
+        out.push_str(&serde_json::to_string(&*text).map_err(|e| PyValueError::new_err(e.to_string()))?);
+    } else if let Ok(d) = value.cast::<PyDict>() {
+        out.push('{');
+        for (i, (k, v)) in d.iter().enumerate() {
+            let key = k.cast::<PyString>().map_err(|_| {
+                errors::type_error(format!(
+                    "{path} has a key of type {}; JSON object keys must be str",
+                    type_name(&k)
+                ))
+            })?;
+            let key = key
+                .to_cow()
+                .map_err(|_| PyValueError::new_err(format!("{path} has a key that is not valid unicode")))?;
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&serde_json::to_string(&*key).map_err(|e| PyValueError::new_err(e.to_string()))?);
+            out.push(':');
+            let mark = path.len();
+            let _ = write!(path, "[{key:?}]");
+            write_json(&v, out, depth + 1, path)?;
+            path.truncate(mark);
+        }
+        out.push('}');
+    } else if value.cast::<PyList>().is_ok() || value.cast::<PyTuple>().is_ok() {
+        out.push('[');
+        for (i, item) in value.try_iter()?.enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let mark = path.len();
+            let _ = write!(path, "[{i}]");
+            write_json(&item?, out, depth + 1, path)?;
+            path.truncate(mark);
+        }
+        out.push(']');
+    } else {
+        return Err(errors::type_error(format!(
+            "{path} is of type {}, which is not a JSON value (dict, list, str, int, float, bool, None)",
+            type_name(value)
+        )));
+    }
+    Ok(())
+}
+
+/// JSON text to Python objects, as `json.loads` would return them.
+pub(crate) fn json_to_py<'py>(py: Python<'py>, json: &str) -> PyResult<Bound<'py, PyAny>> {
+    let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
+        errors::new_err(
+            py,
+            errors::Kind::Payload,
+            format!("stored payload is not valid JSON: {e}"),
+        )
+    })?;
+    value_to_py(py, &value)
+}
+
+fn value_to_py<'py>(py: Python<'py>, value: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value as V;
+    Ok(match value {
+        V::Null => py.None().into_bound(py),
+        V::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        V::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else {
+                PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN)).into_any()
+            }
+        }
+        V::String(s) => PyString::new(py, s).into_any(),
+        V::Array(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(value_to_py(py, item)?)?;
+            }
+            list.into_any()
+        }
+        V::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, v) in map {
+                dict.set_item(k, value_to_py(py, v)?)?;
+            }
+            dict.into_any()
+        }
+    })
+}
+
+/// Seconds from an int or float argument, validated by the core.
+pub(crate) fn seconds(py: Python<'_>, value: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+    if value.cast::<PyBool>().is_ok() || !(value.cast::<PyFloat>().is_ok() || value.cast::<PyInt>().is_ok()) {
+        return Err(errors::type_error(format!(
+            "{name} must be a number of seconds (int or float), got {}",
+            type_name(value)
+        )));
+    }
+    let _ = py;
+    value.extract::<f64>()
+}
+
+/// Unix seconds from a float/int or a datetime (naive datetimes are local time, as
+/// `datetime.timestamp()` treats them).
+pub(crate) fn unix_seconds(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    let datetime = py.import("datetime")?.getattr("datetime")?;
+    if value.is_instance(&datetime)? {
+        return value.call_method0("timestamp")?.extract::<f64>();
+    }
+    seconds(py, value, "at")
+}

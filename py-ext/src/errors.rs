@@ -1,0 +1,70 @@
+//! Error mapping: every core error becomes one subclass of `delayq.DelayQueueError`
+//! (defined in delayq/errors.py, where multiple inheritance from the builtin
+//! ValueError / ConnectionError / TimeoutError is plain Python).
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+static CLASSES: [PyOnceLock<Py<PyType>>; 7] = [const { PyOnceLock::new() }; 7];
+const NAMES: [&str; 7] = [
+    "DelayQueueError",
+    "InvalidArgumentError",
+    "ConnectionError",
+    "TimeoutError",
+    "AuthError",
+    "PayloadError",
+    "LeaseLostError",
+];
+
+#[derive(Clone, Copy)]
+pub(crate) enum Kind {
+    Root = 0,
+    InvalidArgument = 1,
+    Connection = 2,
+    Timeout = 3,
+    Auth = 4,
+    Payload = 5,
+    LeaseLost = 6,
+}
+
+pub(crate) fn new_err(py: Python<'_>, kind: Kind, message: String) -> PyErr {
+    match CLASSES[kind as usize].import(py, "delayq.errors", NAMES[kind as usize]) {
+        Ok(ty) => PyErr::from_type(ty.clone(), message),
+        Err(e) => e,
+    }
+}
+
+/// The Python exception for a core error.
+pub(crate) fn to_py(py: Python<'_>, err: &delayq::Error) -> PyErr {
+    use delayq::Error as E;
+    let kind = match err {
+        E::InvalidUrl { .. } | E::InvalidArgument { .. } => Kind::InvalidArgument,
+        E::Timeout { .. } => Kind::Timeout,
+        E::Connection { .. } | E::ConnectionLost(_) => Kind::Connection,
+        E::AuthFailed(_) => Kind::Auth,
+        E::PayloadNotSerializable(_) | E::PayloadTooLarge { .. } => Kind::Payload,
+        E::LeaseLost { .. } => Kind::LeaseLost,
+        _ => Kind::Root,
+    };
+    new_err(py, kind, err.to_string())
+}
+
+pub(crate) fn invalid(py: Python<'_>, message: impl Into<String>) -> PyErr {
+    new_err(py, Kind::InvalidArgument, message.into())
+}
+
+pub(crate) fn type_error(message: impl Into<String>) -> PyErr {
+    PyTypeError::new_err(message.into())
+}
+
+pub(crate) trait OrRaise<T> {
+    fn or_raise(self, py: Python<'_>) -> PyResult<T>;
+}
+
+impl<T> OrRaise<T> for delayq::Result<T> {
+    fn or_raise(self, py: Python<'_>) -> PyResult<T> {
+        self.map_err(|e| to_py(py, &e))
+    }
+}

@@ -1,0 +1,317 @@
+//! `delayq.DelayQueue`: the producer and admin API (mirrors `delayq::Queue`).
+
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use crate::convert::{self, json_to_py, payload_to_json};
+use crate::errors::{self, OrRaise};
+
+/// A delay queue on Redis. Usable on both sides of os.fork(): each process opens its
+/// own connection.
+#[pyclass(name = "DelayQueue", module = "delayq", frozen)]
+pub(crate) struct PyQueue {
+    pub(crate) queue: delayq::Queue,
+}
+
+fn duration(py: Python<'_>, name: &str, secs: Option<f64>) -> PyResult<Option<Duration>> {
+    secs.map(|s| delayq::delay_from_secs(name, s).or_raise(py)).transpose()
+}
+
+fn delay_due(py: Python<'_>, value: &Bound<'_, PyAny>, name: &str) -> PyResult<delayq::Due> {
+    let secs = convert::seconds(py, value, name)?;
+    delayq::delay_from_secs(name, secs).map(delayq::Due::In).or_raise(py)
+}
+
+fn at_due(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<delayq::Due> {
+    delayq::Due::from_unix_secs(convert::unix_seconds(py, value)?).or_raise(py)
+}
+
+// The default in the signature below is a literal so that Python can show it.
+const _: () = assert!(delayq::DEFAULT_MAX_PAYLOAD_BYTES == 1_048_576);
+
+fn ms_to_secs(ms: i64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+#[pymethods]
+impl PyQueue {
+    #[new]
+    #[pyo3(signature = (url = "redis://127.0.0.1:6379", queue = "default", *, prefix = "dq", layout = "native",
+        zset_key = None, payload_key = None, max_payload_bytes = 1_048_576,
+        connect_timeout = 2.0, read_timeout = 5.0, retry_timeout = 5.0, tls_ca_file = None, partitions = 1,
+        dead_max = 10_000, dead_ttl = 2_592_000.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        url: &str,
+        queue: &str,
+        prefix: &str,
+        layout: &str,
+        zset_key: Option<String>,
+        payload_key: Option<String>,
+        max_payload_bytes: usize,
+        connect_timeout: f64,
+        read_timeout: f64,
+        retry_timeout: f64,
+        tls_ca_file: Option<std::path::PathBuf>,
+        partitions: u32,
+        dead_max: usize,
+        dead_ttl: f64,
+    ) -> PyResult<Self> {
+        let layout = match layout {
+            "native" => {
+                if zset_key.is_some() || payload_key.is_some() {
+                    return Err(errors::invalid(
+                        py,
+                        "zset_key and payload_key apply only with layout='seed'",
+                    ));
+                }
+                delayq::Layout::Native
+            }
+            "seed" => match delayq::Layout::seed() {
+                delayq::Layout::Seed {
+                    zset_key: z,
+                    payload_key: p,
+                } => delayq::Layout::Seed {
+                    zset_key: zset_key.unwrap_or(z),
+                    payload_key: payload_key.unwrap_or(p),
+                },
+                other => other,
+            },
+            other => {
+                return Err(errors::invalid(
+                    py,
+                    format!("layout must be 'native' or 'seed', got {other:?}"),
+                ));
+            }
+        };
+        let mut opts = delayq::QueueOptions {
+            prefix: prefix.to_owned(),
+            layout,
+            max_payload_bytes,
+            partitions,
+            dead_max,
+            ..Default::default()
+        };
+        let c = &mut opts.connect;
+        c.connect_timeout = duration(py, "connect_timeout", Some(connect_timeout))?.unwrap_or(c.connect_timeout);
+        c.read_timeout = duration(py, "read_timeout", Some(read_timeout))?.unwrap_or(c.read_timeout);
+        c.retry_timeout = duration(py, "retry_timeout", Some(retry_timeout))?.unwrap_or(c.retry_timeout);
+        c.tls_ca_file = tls_ca_file;
+        opts.dead_ttl = duration(py, "dead_ttl", Some(dead_ttl))?.unwrap_or(opts.dead_ttl);
+        Ok(Self {
+            queue: delayq::Queue::new(url, queue, opts).or_raise(py)?,
+        })
+    }
+
+    /// Schedule `payload` (any JSON value) after `delay` seconds on the Redis clock.
+    /// Returns the message id; an `id` makes the push idempotent.
+    #[pyo3(signature = (payload, delay = 0.0, *, id = None, max_attempts = None))]
+    fn push(
+        &self,
+        py: Python<'_>,
+        payload: &Bound<'_, PyAny>,
+        delay: f64,
+        id: Option<String>,
+        max_attempts: Option<u32>,
+    ) -> PyResult<String> {
+        let due = delayq::delay_from_secs("delay", delay)
+            .map(delayq::Due::In)
+            .or_raise(py)?;
+        let json = payload_to_json(payload)?;
+        let opts = delayq::PushOptions { id, max_attempts };
+        py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
+    }
+
+    /// Schedule `payload` at `at`: Unix seconds or a datetime.
+    #[pyo3(signature = (payload, at, *, id = None, max_attempts = None))]
+    fn push_at(
+        &self,
+        py: Python<'_>,
+        payload: &Bound<'_, PyAny>,
+        at: &Bound<'_, PyAny>,
+        id: Option<String>,
+        max_attempts: Option<u32>,
+    ) -> PyResult<String> {
+        let due = at_due(py, at)?;
+        let json = payload_to_json(payload)?;
+        let opts = delayq::PushOptions { id, max_attempts };
+        py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
+    }
+
+    /// Schedule many messages in one round trip: `(payload, delay)` tuples or dicts
+    /// with `payload` and optional `delay` or `at`, `id`, `max_attempts`. Nothing is
+    /// written unless every item is valid.
+    fn push_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+        let mut batch = Vec::new();
+        for (i, item) in items.try_iter()?.enumerate() {
+            let item = item?;
+            let message = if let Ok(t) = item.cast::<PyTuple>() {
+                if t.len() != 2 {
+                    return Err(errors::type_error(format!(
+                        "push_many item {i} must be a (payload, delay) pair, got a tuple of {}",
+                        t.len()
+                    )));
+                }
+                delayq::NewMessage {
+                    payload_json: payload_to_json(&t.get_item(0)?)?,
+                    due: delay_due(py, &t.get_item(1)?, &format!("push_many item {i} delay"))?,
+                    options: delayq::PushOptions::default(),
+                }
+            } else if let Ok(d) = item.cast::<PyDict>() {
+                for key in d.keys() {
+                    let k: String = key.extract()?;
+                    if !["payload", "delay", "at", "id", "max_attempts"].contains(&k.as_str()) {
+                        return Err(errors::invalid(
+                            py,
+                            format!(
+                                "push_many item {i} has an unknown key '{k}' (known: payload, delay, at, id, max_attempts)"
+                            ),
+                        ));
+                    }
+                }
+                let payload = d
+                    .get_item("payload")?
+                    .ok_or_else(|| errors::invalid(py, format!("push_many item {i} has no 'payload'")))?;
+                let due = match (d.get_item("delay")?, d.get_item("at")?) {
+                    (Some(_), Some(_)) => {
+                        return Err(errors::invalid(
+                            py,
+                            format!("push_many item {i} has both 'delay' and 'at'"),
+                        ));
+                    }
+                    (Some(delay), None) => delay_due(py, &delay, &format!("push_many item {i} delay"))?,
+                    (None, Some(at)) => at_due(py, &at)?,
+                    (None, None) => delayq::Due::NOW,
+                };
+                delayq::NewMessage {
+                    payload_json: payload_to_json(&payload)?,
+                    due,
+                    options: delayq::PushOptions {
+                        id: d.get_item("id")?.map(|v| v.extract()).transpose()?,
+                        max_attempts: d.get_item("max_attempts")?.map(|v| v.extract()).transpose()?,
+                    },
+                }
+            } else {
+                return Err(errors::type_error(format!(
+                    "push_many item {i} must be a (payload, delay) tuple or a dict, got {}",
+                    item.get_type().name()?
+                )));
+            };
+            batch.push(message);
+        }
+        py.detach(|| self.queue.push_many(&batch)).or_raise(py)
+    }
+
+    /// Delete a message that has not been claimed yet; False when it is unknown,
+    /// running or dead.
+    fn cancel(&self, py: Python<'_>, id: &str) -> PyResult<bool> {
+        py.detach(|| self.queue.cancel(id)).or_raise(py)
+    }
+
+    /// Move a waiting message to `delay` seconds from now; False when not waiting.
+    fn reschedule(&self, py: Python<'_>, id: &str, delay: f64) -> PyResult<bool> {
+        let due = delayq::delay_from_secs("delay", delay)
+            .map(delayq::Due::In)
+            .or_raise(py)?;
+        py.detach(|| self.queue.reschedule(id, due)).or_raise(py)
+    }
+
+    /// Everything known about a message, or None for an unknown id.
+    fn get<'py>(&self, py: Python<'py>, id: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(info) = py.detach(|| self.queue.get(id)).or_raise(py)? else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("id", &info.id)?;
+        d.set_item("state", info.state.as_str())?;
+        let payload = json_to_py(py, &info.payload_json).unwrap_or_else(|_| {
+            info.payload_json
+                .clone()
+                .into_pyobject(py)
+                .map(|s| s.into_any())
+                .unwrap_or_else(|_| py.None().into_bound(py))
+        });
+        d.set_item("payload", payload)?;
+        d.set_item("due_at", info.due_at_ms.map(ms_to_secs))?;
+        d.set_item("attempts", info.attempts)?;
+        d.set_item("max_attempts", info.max_attempts)?;
+        d.set_item("last_error", info.last_error)?;
+        d.set_item("dead_at", info.dead_at_ms.map(ms_to_secs))?;
+        Ok(Some(d))
+    }
+
+    /// Queue depth by state and lifetime counters (same keys as PHP's stats()).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = py.detach(|| self.queue.stats()).or_raise(py)?;
+        let d = PyDict::new(py);
+        d.set_item("scheduled", s.scheduled)?;
+        d.set_item("ready", s.ready)?;
+        d.set_item("inflight", s.inflight)?;
+        d.set_item("dead", s.dead)?;
+        d.set_item("next_due_at", s.next_due_ms.map(ms_to_secs))?;
+        for (key, core) in [
+            ("pushed", "pushed"),
+            ("delivered", "delivered"),
+            ("acked", "acked"),
+            ("retried", "retried"),
+            ("died", "dead"),
+            ("expired", "expired"),
+            ("released", "released"),
+            ("cancelled", "cancelled"),
+            ("requeued", "requeued"),
+            ("trimmed", "trimmed"),
+            ("purged", "purged"),
+        ] {
+            d.set_item(key, s.total(core))?;
+        }
+        Ok(d)
+    }
+
+    /// Up to `limit` dead letters, newest first.
+    #[pyo3(signature = (limit = 100))]
+    fn dead_letters<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
+        let dead = py.detach(|| self.queue.dead_letters(limit)).or_raise(py)?;
+        let list = PyList::empty(py);
+        for x in dead {
+            let d = PyDict::new(py);
+            d.set_item("id", &x.id)?;
+            d.set_item("payload", json_to_py(py, &x.payload_json).ok())?;
+            d.set_item("attempts", x.attempts)?;
+            d.set_item("last_error", &x.last_error)?;
+            d.set_item("dead_at", ms_to_secs(x.dead_at_ms))?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    /// Send dead letters back, due now, with a fresh attempt budget: one, or all when
+    /// `id` is None. Returns how many.
+    #[pyo3(signature = (id = None))]
+    fn requeue_dead(&self, py: Python<'_>, id: Option<String>) -> PyResult<u64> {
+        py.detach(|| self.queue.requeue_dead(id.as_deref())).or_raise(py)
+    }
+
+    /// Delete every message in every state; returns how many.
+    fn purge(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.queue.purge()).or_raise(py)
+    }
+
+    /// Check that Redis answers.
+    fn ping(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.queue.ping()).or_raise(py)?;
+        Ok(true)
+    }
+
+    /// The queue's name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.queue.name()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("DelayQueue(url={:?}, queue={:?})", self.queue.url(), self.queue.name())
+    }
+}

@@ -1,0 +1,295 @@
+//! `delayq.Worker` glue (mirrors `delayq::Worker` / `delayq::Consumer`): the handler
+//! runs on the calling thread with the GIL; Redis I/O runs on the pool's threads, and
+//! every wait releases the GIL.
+
+use std::time::Duration;
+
+use pyo3::exceptions::{PyKeyboardInterrupt, PySystemExit};
+use pyo3::prelude::*;
+use pyo3::sync::MutexExt;
+use pyo3::types::PyDict;
+
+use crate::convert::json_to_py;
+use crate::errors::{self, OrRaise};
+use crate::queue::PyQueue;
+
+/// One delivery, the handler's second argument. Read-only.
+#[pyclass(name = "Message", module = "delayq", frozen, get_all)]
+pub(crate) struct PyMessage {
+    /// The message id.
+    id: String,
+    /// This delivery's number, counting from 1.
+    attempt: u32,
+    /// Deliveries allowed before the message goes to the dead-letter set.
+    max_attempts: u32,
+    /// When this delivery was due: Unix time in seconds.
+    due_at: f64,
+    /// The queue's name.
+    queue: String,
+}
+
+#[pymethods]
+impl PyMessage {
+    fn __repr__(&self) -> String {
+        format!(
+            "Message(id={:?}, attempt={}, due_at={}, queue={:?})",
+            self.id, self.attempt, self.due_at, self.queue
+        )
+    }
+}
+
+fn message(d: &delayq::Delivery) -> PyMessage {
+    PyMessage {
+        id: d.id.clone(),
+        attempt: d.attempt,
+        max_attempts: d.max_attempts,
+        due_at: d.due_at_ms as f64 / 1000.0,
+        queue: d.queue.to_string(),
+    }
+}
+
+fn describe(py: Python<'_>, err: &PyErr) -> String {
+    let name = err
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    format!("{name}: {}", err.value(py))
+}
+
+#[pyclass(name = "_Worker", module = "delayq._delayq", frozen)]
+pub(crate) struct PyWorker {
+    worker: delayq::Worker,
+    stopped_by: std::sync::Mutex<Option<String>>,
+}
+
+fn summary<'py>(py: Python<'py>, s: &delayq::Summary, stopped_by: Option<String>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in [
+        ("handled", s.handled),
+        ("acked", s.acked),
+        ("failed", s.failed),
+        ("retried", s.retried),
+        ("dead", s.dead),
+        ("lease_lost", s.lease_lost),
+        ("released", s.released),
+        ("unwritten", s.unwritten),
+    ] {
+        d.set_item(k, v)?;
+    }
+    d.set_item("stopped_by", stopped_by)?;
+    Ok(d)
+}
+
+impl PyWorker {
+    fn take_reason(&self, py: Python<'_>) -> Option<String> {
+        self.stopped_by.lock_py_attached(py).ok().and_then(|mut r| r.take())
+    }
+}
+
+#[pymethods]
+impl PyWorker {
+    #[new]
+    #[pyo3(signature = (queue, *, threads, batch, prefetch, lease, max_attempts, backoff_base, backoff_max,
+        timeout, idle_check))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        queue: &PyQueue,
+        threads: usize,
+        batch: usize,
+        prefetch: usize,
+        lease: f64,
+        max_attempts: u32,
+        backoff_base: f64,
+        backoff_max: f64,
+        timeout: Option<f64>,
+        idle_check: f64,
+    ) -> PyResult<Self> {
+        let secs = |name: &str, v: f64| delayq::delay_from_secs(name, v).or_raise(py);
+        let opts = delayq::WorkerOptions {
+            threads,
+            batch,
+            prefetch,
+            lease: secs("lease", lease)?,
+            max_attempts,
+            backoff_base: secs("backoff_base", backoff_base)?,
+            backoff_max: secs("backoff_max", backoff_max)?,
+            timeout: timeout.map(|t| secs("timeout", t)).transpose()?,
+            idle_check: secs("idle_check", idle_check)?,
+        };
+        Ok(Self {
+            worker: delayq::Worker::new(queue.queue.clone(), opts).or_raise(py)?,
+            stopped_by: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Run a synchronous handler until stopped.
+    fn run<'py>(&self, py: Python<'py>, handler: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let consumer = py.detach(|| self.worker.start()).or_raise(py)?;
+        let finish = |py: Python<'py>, consumer: delayq::Consumer| {
+            let s = py.detach(|| consumer.finish());
+            summary(py, &s, self.take_reason(py))
+        };
+        loop {
+            // Runs Python signal handlers (delayq's own call stop()).
+            if let Err(e) = py.check_signals() {
+                consumer.stop();
+                finish(py, consumer)?;
+                return Err(e);
+            }
+            let d = match py.detach(|| consumer.recv_timeout(Duration::from_millis(100))) {
+                delayq::Received::Message(d) => d,
+                delayq::Received::Idle => continue,
+                delayq::Received::Stopped => break,
+            };
+            let payload = match json_to_py(py, d.payload_json()) {
+                Ok(p) => p,
+                Err(e) => {
+                    consumer.fail(d, &describe(py, &e));
+                    continue;
+                }
+            };
+            match handler.call1((payload, message(&d))) {
+                Ok(_) => consumer.ack(d),
+                Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) || e.is_instance_of::<PySystemExit>(py) => {
+                    // The process is being asked to end: give the message back now.
+                    consumer.release(d);
+                    consumer.stop();
+                    finish(py, consumer)?;
+                    return Err(e);
+                }
+                Err(e) => consumer.fail(d, &describe(py, &e)),
+            }
+        }
+        finish(py, consumer)
+    }
+
+    /// Start the pool for a caller-driven loop (the asyncio runner) that runs up to
+    /// `handlers` deliveries at once.
+    fn start(&self, py: Python<'_>, handlers: usize) -> PyResult<PyConsumer> {
+        let consumer = py.detach(|| self.worker.start_with(handlers)).or_raise(py)?;
+        Ok(PyConsumer {
+            consumer: std::sync::Mutex::new(Some(consumer)),
+        })
+    }
+
+    /// Why the pool was stopped ("stop", "signal"), once; for the asyncio runner.
+    fn take_stop_reason(&self, py: Python<'_>) -> Option<String> {
+        self.take_reason(py)
+    }
+
+    /// Stop gracefully; `reason` ends up in the summary's "stopped_by".
+    #[pyo3(signature = (reason = "stop"))]
+    fn stop(&self, py: Python<'_>, reason: &str) {
+        if let Ok(mut r) = self.stopped_by.lock_py_attached(py) {
+            r.get_or_insert_with(|| reason.to_owned());
+        }
+        self.worker.stop();
+    }
+}
+
+/// A delivery handed to Python code by `_Consumer.recv`.
+#[pyclass(name = "_Delivery", module = "delayq._delayq", frozen)]
+pub(crate) struct PyDelivery {
+    delivery: std::sync::Mutex<Option<delayq::Delivery>>,
+    #[pyo3(get)]
+    payload: Py<PyAny>,
+    #[pyo3(get)]
+    message: Py<PyMessage>,
+}
+
+#[pyclass(name = "_Consumer", module = "delayq._delayq", frozen)]
+pub(crate) struct PyConsumer {
+    consumer: std::sync::Mutex<Option<delayq::Consumer>>,
+}
+
+impl PyConsumer {
+    fn with<T>(&self, py: Python<'_>, f: impl FnOnce(&delayq::Consumer) -> T) -> PyResult<T> {
+        let guard = self
+            .consumer
+            .lock_py_attached(py)
+            .map_err(|_| errors::new_err(py, errors::Kind::Root, "consumer lock poisoned".into()))?;
+        let c = guard
+            .as_ref()
+            .ok_or_else(|| errors::new_err(py, errors::Kind::Root, "this consumer is finished".into()))?;
+        Ok(f(c))
+    }
+
+    fn take(py: Python<'_>, d: &PyDelivery) -> PyResult<delayq::Delivery> {
+        d.delivery
+            .lock_py_attached(py)
+            .ok()
+            .and_then(|mut d| d.take())
+            .ok_or_else(|| errors::invalid(py, "this delivery was completed already"))
+    }
+}
+
+#[pymethods]
+impl PyConsumer {
+    /// The next delivery within `timeout` seconds, or None (idle, or stopping: see
+    /// `stopped`).
+    fn recv(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<PyDelivery>> {
+        let wait = Duration::from_secs_f64(timeout.clamp(0.0, 60.0));
+        let received = {
+            let guard = self
+                .consumer
+                .lock_py_attached(py)
+                .map_err(|_| errors::new_err(py, errors::Kind::Root, "consumer lock poisoned".into()))?;
+            let Some(c) = guard.as_ref() else { return Ok(None) };
+            py.detach(|| c.recv_timeout(wait))
+        };
+        let delayq::Received::Message(d) = received else {
+            return Ok(None);
+        };
+        let payload = match json_to_py(py, d.payload_json()) {
+            Ok(p) => p.unbind(),
+            Err(e) => {
+                let text = describe(py, &e);
+                self.with(py, |c| c.fail(d, &text))?;
+                return Ok(None);
+            }
+        };
+        let message = Py::new(py, message(&d))?;
+        Ok(Some(PyDelivery {
+            delivery: std::sync::Mutex::new(Some(d)),
+            payload,
+            message,
+        }))
+    }
+
+    /// Whether the pool is stopping (recv returns None from now on).
+    #[getter]
+    fn stopped(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with(py, |c| c.stopper().is_stopped())
+    }
+
+    fn ack(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<()> {
+        let d = Self::take(py, delivery)?;
+        self.with(py, |c| c.ack(d))
+    }
+
+    fn fail(&self, py: Python<'_>, delivery: &PyDelivery, error: &str) -> PyResult<()> {
+        let d = Self::take(py, delivery)?;
+        self.with(py, |c| c.fail(d, error))
+    }
+
+    fn release(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<()> {
+        let d = Self::take(py, delivery)?;
+        self.with(py, |c| c.release(d))
+    }
+
+    fn stop(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |c| c.stop())
+    }
+
+    /// Give back prefetched deliveries, write every completion, join the threads.
+    fn finish<'py>(&self, py: Python<'py>, stopped_by: Option<String>) -> PyResult<Bound<'py, PyDict>> {
+        let consumer = self.consumer.lock_py_attached(py).ok().and_then(|mut c| c.take());
+        let s = match consumer {
+            Some(c) => py.detach(|| c.finish()),
+            None => delayq::Summary::default(),
+        };
+        summary(py, &s, stopped_by)
+    }
+}

@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+
+import pytest
+
+import delayq
+from harness import RedisServer
+
+
+def test_push_and_get_round_trip_payloads_exactly(queue: delayq.DelayQueue) -> None:
+    payload = {"order_id": 10086, "big": 2**63 - 1, "neg": -(2**63), "u": "日本語 ✓",
+               "map": {"z": 1, "a": [1.5, None, True]}, "7": "str key", "empty": {}}
+    msg_id = queue.push(payload, delay=60)
+    info = queue.get(msg_id)
+    assert info is not None
+    assert info["id"] == msg_id
+    assert info["state"] == "scheduled"
+    assert info["payload"] == payload
+    assert list(info["payload"]) == list(payload), "key order survives"
+    assert info["attempts"] == 0 and info["last_error"] is None
+    assert queue.get("no-such-id") is None
+    assert queue.get(queue.push("now"))["state"] == "ready"  # type: ignore[index]
+
+
+def test_scalars_and_tuples(queue: delayq.DelayQueue) -> None:
+    for p in [None, True, 0, -7, 1.25, "text", [1, 2, 3]]:
+        assert queue.get(queue.push(p))["payload"] == p  # type: ignore[index]
+    assert queue.get(queue.push((1, "a")))["payload"] == [1, "a"]  # type: ignore[index]
+
+
+def test_push_at_with_unix_seconds_and_datetimes(queue: delayq.DelayQueue) -> None:
+    assert queue.get(queue.push_at("x", 4102444800.25))["due_at"] == 4102444800.25  # type: ignore[index]
+    at = datetime.datetime(2100, 1, 1, 0, 0, 0, 500000, tzinfo=datetime.timezone.utc)
+    assert queue.get(queue.push_at("y", at))["due_at"] == 4102444800.5  # type: ignore[index]
+    assert queue.get(queue.push_at("past", 1))["state"] == "ready"  # type: ignore[index]
+
+
+def test_an_id_makes_push_idempotent(queue: delayq.DelayQueue) -> None:
+    first = queue.push({"v": 1}, 30, id="order-42-close", max_attempts=3)
+    assert queue.push({"v": 2}, 90, id="order-42-close") == first == "order-42-close"
+    info = queue.get(first)
+    assert info is not None and info["payload"] == {"v": 1} and info["max_attempts"] == 3
+    assert queue.stats()["pushed"] == 1
+
+
+def test_push_many_tuples_and_dicts(queue: delayq.DelayQueue) -> None:
+    ids = queue.push_many([({"i": i}, 0) for i in range(1200)])
+    more = queue.push_many([{"payload": "later", "delay": 3600, "id": "fixed"}, {"payload": "at", "at": 4102444800}])
+    assert len(ids) == 1200 and more[0] == "fixed"
+    stats = queue.stats()
+    assert stats["ready"] == 1200 and stats["scheduled"] == 2
+
+
+def test_cancel_reschedule_purge_and_stats(queue: delayq.DelayQueue) -> None:
+    msg_id = queue.push("x", 3600)
+    assert queue.reschedule(msg_id, 0)
+    assert queue.get(msg_id)["state"] == "ready"  # type: ignore[index]
+    assert queue.cancel(msg_id) and not queue.cancel(msg_id)
+    assert not queue.reschedule(msg_id, 5)
+    queue.push(1)
+    queue.push(2, 10)
+    assert queue.purge() == 2
+    stats = queue.stats()
+    assert {k: stats[k] for k in ("scheduled", "ready", "inflight", "dead")} == dict.fromkeys(
+        ("scheduled", "ready", "inflight", "dead"), 0)
+    assert stats["cancelled"] == 1 and stats["next_due_at"] is None
+    assert queue.name == "jobs" and queue.ping()
+
+
+def nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+BAD = [
+    (lambda q: q.push(object()), TypeError, "payload is of type object"),
+    (lambda q: q.push({"a": {1: 2}}), TypeError, "payload[\"a\"] has a key of type int"),
+    (lambda q: q.push({"a": [set()]}), TypeError, "payload[\"a\"][0] is of type set"),
+    (lambda q: q.push(float("nan")), ValueError, "NaN"),
+    (lambda q: q.push(2**64), ValueError, "64-bit"),
+    (lambda q: q.push(1, delay=float("nan")), delayq.InvalidArgumentError, "invalid delay"),
+    (lambda q: q.push(1, delay=-1), ValueError, "must not be negative"),
+    (lambda q: q.push(1, delay=float("inf")), ValueError, "must be finite"),
+    (lambda q: q.push(1, delay="soon"), TypeError, "str"),
+    (lambda q: q.push(1, id=""), delayq.InvalidArgumentError, "invalid id"),
+    (lambda q: q.push(1, max_attempts=0), delayq.InvalidArgumentError, "max_attempts"),
+    (lambda q: q.push(nested(200)), delayq.PayloadError, "nested deeper"),
+    (lambda q: q.push_many([{"payload": 1}, {"payload": 2, "dleay": 1}]), delayq.InvalidArgumentError, "unknown key 'dleay'"),
+    (lambda q: q.push_many([{"delay": 1}]), delayq.InvalidArgumentError, "has no 'payload'"),
+    (lambda q: q.push_many([(1, 2, 3)]), TypeError, "pair"),
+    (lambda q: q.push_at(1, "tomorrow"), TypeError, "at must be"),
+    (lambda q: delayq.DelayQueue("http://127.0.0.1"), delayq.InvalidArgumentError, "invalid Redis URL"),
+    (lambda q: delayq.DelayQueue("redis://127.0.0.1:1", "a{b"), delayq.InvalidArgumentError, "queue name"),
+    (lambda q: delayq.DelayQueue("redis://127.0.0.1:1", layout="x"), delayq.InvalidArgumentError, "layout"),
+    (lambda q: delayq.DelayQueue("redis://127.0.0.1:1", prefx="a"), TypeError, "prefx"),
+    (lambda q: delayq.Worker(q, batch=5000), delayq.InvalidArgumentError, "batch"),
+    (lambda q: delayq.Worker(q, concurrency=0), delayq.InvalidArgumentError, "concurrency"),
+]
+
+
+@pytest.mark.parametrize("call,exc,text", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_input_raises_a_named_error_and_writes_nothing(
+    queue: delayq.DelayQueue, server: RedisServer, call, exc, text  # type: ignore[no-untyped-def]
+) -> None:
+    with pytest.raises(exc) as info:
+        call(queue)
+    assert text in str(info.value)
+    assert server.keys() == []
+
+
+def test_payload_limit(redis_url: str) -> None:
+    q = delayq.DelayQueue(redis_url, "small", max_payload_bytes=16)
+    with pytest.raises(delayq.PayloadError, match="over the limit of 16 bytes"):
+        q.push("x" * 100)
+
+
+def test_connection_and_auth_errors(redis_url: str, server: RedisServer) -> None:
+    from harness import free_port
+
+    q = delayq.DelayQueue(f"redis://:secret@127.0.0.1:{free_port()}", retry_timeout=0.2)
+    with pytest.raises(delayq.ConnectionError) as info:
+        q.push(1)
+    assert isinstance(info.value, ConnectionError) and "secret" not in str(info.value)
+    server.cli("ACL", "SETUSER", "reader", "on", ">pw", "~*", "+ping")
+    weak = delayq.DelayQueue(f"redis://reader:pw@127.0.0.1:{server.port}")
+    with pytest.raises(delayq.AuthError):
+        weak.push(1)
+
+
+def test_a_queue_made_before_fork_works_in_parent_and_child(queue: delayq.DelayQueue) -> None:
+    before = queue.push("before fork")
+    pid = os.fork()
+    if pid == 0:
+        ok = queue.get(before) is not None and bool(queue.push("from child"))
+        del queue
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert queue.stats()["ready"] == 2, "the child pushed through its own connection"
+    assert queue.push("after fork")
+    assert queue.stats()["ready"] == 3
+
+
+def test_errors_share_one_root() -> None:
+    for e in (delayq.InvalidArgumentError, delayq.PayloadError, delayq.ConnectionError, delayq.TimeoutError,
+              delayq.AuthError, delayq.LeaseLostError):
+        assert issubclass(e, delayq.DelayQueueError)
+    assert issubclass(delayq.TimeoutError, TimeoutError) and issubclass(delayq.InvalidArgumentError, ValueError)
+    assert signal.SIGTERM  # the worker tests rely on it

@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import delayq
+from harness import HERE, drained, wait_for
+
+
+def fill(q: delayq.DelayQueue, n: int, extra: dict[int, dict[str, Any]] | None = None) -> None:
+    q.push_many([{"payload": {"n": i, **(extra or {}).get(i, {})}} for i in range(n)])
+
+
+def handled(log: str) -> list[tuple[int, int, int]]:
+    try:
+        with open(log) as f:
+            return [tuple(int(x) for x in line.split()) for line in f if line.strip()]  # type: ignore[misc]
+    except FileNotFoundError:
+        return []
+
+
+def start_worker(url: str, log: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "worker_process.py"), url, "jobs", log, *extra])
+
+
+def assert_all_handled(log: str, n: int, max_duplicates: int) -> None:
+    counts = Counter(h[0] for h in handled(log))
+    assert sorted(set(range(n)) - set(counts)) == [], "lost messages"
+    duplicates = sum(counts.values()) - len(counts)
+    assert duplicates <= max_duplicates, f"{duplicates} duplicates"
+
+
+def test_failures_retry_with_backoff_then_dead_letter(queue: delayq.DelayQueue) -> None:
+    bad = queue.push({"bad": True})
+    good = queue.push({"bad": False})
+    attempts: list[int] = []
+    worker = delayq.Worker(queue, max_attempts=3, backoff_base=0.05, backoff_max=0.2)
+
+    def handle(payload: dict[str, bool], msg: delayq.Message) -> None:
+        assert time.time() + 0.002 >= msg.due_at, "never early"
+        assert msg.queue == "jobs"
+        if payload["bad"]:
+            attempts.append(msg.attempt)
+            if msg.attempt == 3:
+                worker.stop()
+            raise LookupError(f"cannot close order (attempt {msg.attempt})")
+
+    summary = worker.run(handle)
+    assert attempts == [1, 2, 3]
+    assert {k: summary[k] for k in ("handled", "acked", "failed", "retried", "dead")} == {
+        "handled": 4, "acked": 1, "failed": 3, "retried": 2, "dead": 1}
+    assert summary["stopped_by"] == "stop"
+    info = queue.get(bad)
+    assert info is not None and info["state"] == "dead" and info["attempts"] == 3
+    assert info["last_error"].startswith("LookupError: cannot close order (attempt 3)")
+    assert queue.get(good) is None
+    [dead] = queue.dead_letters()
+    assert dead["payload"] == {"bad": True}
+    assert queue.requeue_dead() == 1
+
+
+def test_stop_from_another_thread_and_context_manager(queue: delayq.DelayQueue) -> None:
+    fill(queue, 50)
+    seen: list[int] = []
+    with delayq.Worker(queue) as worker:
+        threading.Timer(5, worker.stop).start()  # a safety net; the handler stops it first
+
+        def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+            seen.append(payload["n"])
+            if len(seen) == 50:
+                threading.Thread(target=worker.stop).start()
+
+        summary = worker.run(handle)
+    assert sorted(seen) == list(range(50))
+    assert summary["acked"] == 50 and drained(queue)
+
+
+def test_async_handlers_run_concurrently(queue: delayq.DelayQueue) -> None:
+    fill(queue, 40)
+    seen: list[int] = []
+    running = 0
+    peak = 0
+    worker = delayq.Worker(queue, concurrency=8)
+
+    async def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        if payload["n"] == 7:
+            raise ValueError("seven")
+        seen.append(payload["n"])
+        if len(seen) == 39:
+            worker.stop()
+
+    summary = worker.run(handle)
+    assert sorted(seen) == [n for n in range(40) if n != 7]
+    assert peak > 1, "handlers overlapped"
+    assert summary["acked"] == 39 and summary["failed"] >= 1
+    assert summary["stopped_by"] == "stop"
+    assert queue.stats()["inflight"] == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_a_worker_process_gracefully_and_loses_nothing(
+    queue: delayq.DelayQueue, redis_url: str, tmp_path: Any, sig: signal.Signals
+) -> None:
+    log = str(tmp_path / "log")
+    fill(queue, 400)
+    proc = start_worker(redis_url, log)
+    wait_for(20, "some handled", lambda: len(handled(log)) >= 50)
+    proc.send_signal(sig)
+    assert proc.wait(20) == 0
+    with open(log + ".summary") as f:
+        summary = json.load(f)
+    assert summary["stopped_by"] == "signal"
+    done = len(handled(log))
+    assert summary["acked"] == done, "every handled message was acknowledged"
+    stats = queue.stats()
+    assert stats["inflight"] == 0, "prefetched messages went back at once"
+    assert stats["ready"] == 400 - done
+    proc = start_worker(redis_url, log)
+    wait_for(30, "the rest handled", lambda: drained(queue))
+    proc.terminate()
+    proc.wait(20)
+    assert_all_handled(log, 400, 0)
+
+
+def test_a_worker_killed_with_sigkill_loses_nothing(queue: delayq.DelayQueue, redis_url: str, tmp_path: Any) -> None:
+    log = str(tmp_path / "log")
+    fill(queue, 1000)
+    victim = start_worker(redis_url, log)
+    wait_for(20, "some handled", lambda: len(handled(log)) >= 200)
+    victim.kill()
+    victim.wait()
+    inflight = queue.stats()["inflight"]
+    assert inflight > 0
+    proc = start_worker(redis_url, log)
+    wait_for(30, "the rest handled", lambda: drained(queue))
+    proc.terminate()
+    proc.wait(20)
+    assert_all_handled(log, 1000, inflight)
+    assert queue.stats()["expired"] >= inflight
+
+
+def test_a_hung_handler_loses_its_lease_and_another_worker_gets_the_message(
+    queue: delayq.DelayQueue, redis_url: str, tmp_path: Any
+) -> None:
+    log = str(tmp_path / "log")
+    fill(queue, 1, {0: {"hang": True}})
+    hung = start_worker(redis_url, log, "0.2")
+    wait_for(10, "the hung worker to take it", lambda: queue.stats()["inflight"] == 1)
+    other = start_worker(redis_url, log + ".other")
+    wait_for(20, "the message handled elsewhere", lambda: drained(queue))
+    [(n, attempt, pid)] = handled(log + ".other")
+    assert (n, attempt) == (0, 2) and pid == other.pid
+    for p in (hung, other):
+        p.kill()
+        p.wait()

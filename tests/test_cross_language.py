@@ -1,0 +1,94 @@
+"""PHP pushes and Python consumes, Python pushes and PHP consumes: payloads with
+unicode, nested maps and 64-bit integers arrive equal, on the same keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+import delayq
+from harness import drained
+
+PAYLOADS: list[Any] = [
+    {"order_id": 10086, "action": "close", "note": "日本語 ✓ \u00e9\n\t\"quoted\""},
+    {"big": 9223372036854775807, "neg": -9223372036854775808, "float": 1.5, "exp": 1e-300},
+    {"z": {"y": {"x": [1, {"w": None}, True, False]}}, "a": [], "m": {}},
+    [1, "two", [3]],
+    "plain string",
+    42,
+    None,
+]
+
+
+def php(code: str, *args: str) -> str:
+    cmd = ["php"]
+    ext = os.environ.get("DELAYQ_EXTENSION")
+    if ext:
+        cmd += ["-d", f"extension={ext}"]
+    out = subprocess.run([*cmd, "-r", code, *args], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr + out.stdout
+    return out.stdout
+
+
+def test_php_pushes_and_python_consumes(queue: delayq.DelayQueue, redis_url: str) -> None:
+    ids = json.loads(php(
+        """
+        $q = new DelayQueue($argv[1], 'jobs');
+        $ids = [];
+        foreach (json_decode($argv[2], true, 512, JSON_BIGINT_AS_STRING) as $i => $p) {
+            $ids[] = $q->push($p, 0.05 * $i, ['max_attempts' => 7]);
+        }
+        echo json_encode($ids);
+        """,
+        redis_url,
+        json.dumps(PAYLOADS),
+    ))
+    got: dict[str, Any] = {}
+    worker = delayq.Worker(queue)
+
+    def handle(payload: Any, msg: delayq.Message) -> None:
+        got[msg.id] = payload
+        assert msg.max_attempts == 7 and msg.attempt == 1
+        if len(got) == len(PAYLOADS):
+            worker.stop()
+
+    worker.run(handle)
+    assert [got[i] for i in ids] == PAYLOADS
+    assert [list(p) for p in (got[ids[0]], got[ids[2]])] == [list(PAYLOADS[0]), list(PAYLOADS[2])], "key order"
+    assert drained(queue)
+
+
+def test_python_pushes_and_php_consumes(queue: delayq.DelayQueue, redis_url: str) -> None:
+    ids = [queue.push(p, i * 0.05) for i, p in enumerate(PAYLOADS)]
+    out = php(
+        """
+        $q = new DelayQueue($argv[1], 'jobs');
+        $got = [];
+        $w = new DelayQueueWorker($q);
+        $w->run(function ($payload, DelayQueueMessage $m) use (&$got, $w, $argv) {
+            $got[$m->id] = $payload;
+            if (count($got) === (int) $argv[2]) { $w->stop(); }
+        });
+        echo json_encode($got, JSON_UNESCAPED_UNICODE | JSON_PRESERVE_ZERO_FRACTION);
+        """,
+        redis_url,
+        str(len(PAYLOADS)),
+    )
+    got = json.loads(out)
+    assert [got[i] for i in ids] == PAYLOADS
+    assert list(got[ids[2]]) == list(PAYLOADS[2]), "key order"
+    assert drained(queue)
+
+
+def test_both_languages_see_the_same_state(queue: delayq.DelayQueue, redis_url: str) -> None:
+    msg_id = queue.push({"k": 1}, 3600, id="shared-1")
+    info = json.loads(php("echo json_encode((new DelayQueue($argv[1], 'jobs'))->get('shared-1'));", redis_url))
+    mine = queue.get(msg_id)
+    assert mine is not None
+    assert {k: info[k] for k in ("id", "state", "payload", "attempts")} == {
+        k: mine[k] for k in ("id", "state", "payload", "attempts")}
+    assert abs(info["due_at"] - mine["due_at"]) < 1e-6
+    assert php("var_export((new DelayQueue($argv[1], 'jobs'))->cancel('shared-1'));", redis_url) == "true"
+    assert queue.get(msg_id) is None
