@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php test lint fmt clippy doc
+.PHONY: help setup demo build php python test lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -18,6 +18,9 @@ build: ## Build the core, its examples and the PHP extension (release)
 
 php: ## Build the PHP extension and install it into the system PHP (needs root)
 	scripts/php-install.sh
+
+python: ## Build the Python module and install it into the current python3
+	scripts/py-install.sh
 
 test: ## Run every test (each suite starts its own redis-server)
 	scripts/test.sh

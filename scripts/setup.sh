@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything delayq needs on Debian (apt packages, Python build tools), builds
-# the core and the PHP extension, installs the extension into the system PHP, then
-# runs the demo.
+# the core and both bindings, installs the PHP extension into the system PHP and the
+# Python module into the current python3, then runs the demo.
 #   DELAYQ_NO_DEMO=1  skip the demo (CI runs it separately)
 #   REDIS_URL=...     run the demo against that Redis instead of a private one
 set -euo pipefail
@@ -34,6 +34,9 @@ cargo build -q --release -p delayq --examples
 
 echo "== PHP extension: building and installing into $(php-config --extension-dir)"
 as_root scripts/php-install.sh
+
+echo "== Python module: building and installing into $(command -v python3)"
+scripts/py-install.sh
 
 if [ "${DELAYQ_NO_DEMO:-0}" != "1" ]; then
   scripts/demo.sh

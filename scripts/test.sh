@@ -24,3 +24,12 @@ else
   export DELAYQ_EXTENSION="$ext"
 fi
 (cd php-ext && "${php_cmd[@]}" /usr/bin/phpunit)
+
+echo "== Python module: pytest, stubtest, mypy --strict"
+scripts/py-install.sh >/dev/null
+python3 -m pytest -q py-ext/tests
+(cd /tmp && python3 -m mypy.stubtest delayq)
+python3 -m mypy --strict examples/python
+
+echo "== cross-language: PHP and Python on the same queues"
+python3 -m pytest -q tests

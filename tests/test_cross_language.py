@@ -14,7 +14,7 @@ from harness import drained
 PAYLOADS: list[Any] = [
     {"order_id": 10086, "action": "close", "note": "日本語 ✓ \u00e9\n\t\"quoted\""},
     {"big": 9223372036854775807, "neg": -9223372036854775808, "float": 1.5, "exp": 1e-300},
-    {"z": {"y": {"x": [1, {"w": None}, True, False]}}, "a": [], "m": {}},
+    {"z": {"y": {"x": [1, {"w": None}, True, False]}}, "a": [], "7": "numeric-looking key"},
     [1, "two", [3]],
     "plain string",
     42,
@@ -92,3 +92,11 @@ def test_both_languages_see_the_same_state(queue: delayq.DelayQueue, redis_url: 
     assert abs(info["due_at"] - mine["due_at"]) < 1e-6
     assert php("var_export((new DelayQueue($argv[1], 'jobs'))->cancel('shared-1'));", redis_url) == "true"
     assert queue.get(msg_id) is None
+
+
+def test_an_empty_object_reaches_php_as_an_empty_array(queue: delayq.DelayQueue, redis_url: str) -> None:
+    # PHP arrays cannot tell {} from [] apart: json_decode($json, true) gives [] for
+    # both, and so does delayq. Everything else about the payload is unchanged.
+    msg_id = queue.push({"m": {}, "l": []})
+    out = php("echo json_encode((new DelayQueue($argv[1], 'jobs'))->get($argv[2])['payload']);", redis_url, msg_id)
+    assert json.loads(out) == {"m": [], "l": []}

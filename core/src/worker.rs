@@ -970,7 +970,7 @@ fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, batch: Vec<Outcome>) {
     let qo = q.options();
     let c = &pool.counters;
     if !acks.is_empty() {
-        if let Some(statuses) = write_with_retry(pool, slot, "ack", &acks, |inv| {
+        if let Some((statuses, retried)) = write_with_retry(pool, slot, "ack", &acks, |inv| {
             for o in &acks {
                 if let Outcome::Ack { id, token } = o {
                     inv.arg(id).arg(token);
@@ -980,6 +980,9 @@ fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, batch: Vec<Outcome>) {
             for (o, s) in acks.iter().zip(statuses) {
                 match s {
                     1 => Counters::add(&c.acked, 1),
+                    // After a retried write, "gone" means the first try went through
+                    // before the connection broke.
+                    -1 if retried => Counters::add(&c.acked, 1),
                     _ => lease_lost(pool, o),
                 }
             }
@@ -987,7 +990,7 @@ fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, batch: Vec<Outcome>) {
         forget(pool, &acks);
     }
     if !nacks.is_empty() {
-        if let Some(statuses) = write_with_retry(pool, slot, "nack", &nacks, |inv| {
+        if let Some((statuses, _)) = write_with_retry(pool, slot, "nack", &nacks, |inv| {
             inv.arg(qo.dead_max).arg(qo.dead_ttl.as_millis() as u64);
             for o in &nacks {
                 if let Outcome::Nack {
@@ -1015,7 +1018,7 @@ fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, batch: Vec<Outcome>) {
         forget(pool, &nacks);
     }
     if !releases.is_empty() {
-        if let Some(statuses) = write_with_retry(pool, slot, "release", &releases, |inv| {
+        if let Some((statuses, _)) = write_with_retry(pool, slot, "release", &releases, |inv| {
             for o in &releases {
                 if let Outcome::Release { id, token } = o {
                     inv.arg(id).arg(token);
@@ -1057,13 +1060,14 @@ fn forget(pool: &Pool, done: &[Outcome]) {
 
 /// Write one script call, reconnecting with backoff. Gives up once the lease has run
 /// out: by then the message is due for another delivery and the write is moot.
+/// Returns the script's statuses and whether the call had to be sent again.
 fn write_with_retry(
     pool: &Pool,
     slot: &mut ConnSlot,
     operation: &str,
     batch: &[Outcome],
     add_args: impl Fn(&mut redis::ScriptInvocation<'_>),
-) -> Option<Vec<i64>> {
+) -> Option<(Vec<i64>, bool)> {
     let script = match operation {
         "ack" => &*scripts::ACK,
         "nack" => &*scripts::NACK,
@@ -1072,6 +1076,7 @@ fn write_with_retry(
     let q = &pool.queue;
     let give_up = Instant::now() + pool.opts.lease;
     let mut pause = Duration::from_millis(20);
+    let mut retried = false;
     loop {
         let res = slot.run_once(&q.inner.endpoint, operation, |con| {
             let mut inv = q.invocation(script);
@@ -1079,9 +1084,10 @@ fn write_with_retry(
             inv.invoke::<Value>(con)
         });
         match res {
-            Ok(Value::Int(n)) => return Some(vec![n]),
-            Ok(v) => return Some(script_statuses(&v)),
+            Ok(Value::Int(n)) => return Some((vec![n], retried)),
+            Ok(v) => return Some((script_statuses(&v), retried)),
             Err(e) if e.is_retryable() && Instant::now() + pause < give_up => {
+                retried = true;
                 log::warn!(
                     "delayq[{}]: {operation} failed: {e}; retrying in {pause:?}",
                     pool.queue_name
