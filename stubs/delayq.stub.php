@@ -74,8 +74,8 @@ final class DelayQueue
 
     /**
      * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead', payload: mixed,
-     *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float}|null
-     *   null for an unknown id
+     *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
+     *   created_at: ?float}|null  null for an unknown id
      */
     public function get(string $id): ?array {}
 

@@ -56,15 +56,24 @@ fn nesting_depth(json: &str) -> usize {
     max
 }
 
-pub(crate) fn encode(layout: &Layout, id: &str, payload_json: &str, max_attempts: Option<u32>) -> String {
+/// `created_ms` is the producer's clock (informational; due times use Redis's).
+pub(crate) fn encode(
+    layout: &Layout,
+    id: &str,
+    payload_json: &str,
+    max_attempts: Option<u32>,
+    created_ms: i64,
+) -> String {
     match layout {
         // The recipe stores the bare payload, so its own consumers can read ours.
         Layout::Seed { .. } => payload_json.to_owned(),
         Layout::Native => {
             let id = serde_json::Value::String(id.to_owned());
             match max_attempts {
-                Some(n) => format!(r#"{{"v":1,"id":{id},"max_attempts":{n},"payload":{payload_json}}}"#),
-                None => format!(r#"{{"v":1,"id":{id},"payload":{payload_json}}}"#),
+                Some(n) => format!(
+                    r#"{{"v":1,"id":{id},"created_ms":{created_ms},"max_attempts":{n},"payload":{payload_json}}}"#
+                ),
+                None => format!(r#"{{"v":1,"id":{id},"created_ms":{created_ms},"payload":{payload_json}}}"#),
             }
         }
     }
@@ -76,6 +85,8 @@ struct Stored<'a> {
     payload: &'a RawValue,
     #[serde(default)]
     max_attempts: Option<u32>,
+    #[serde(default)]
+    created_ms: Option<i64>,
 }
 
 /// A decoded envelope: the payload's JSON text and the per-message attempt limit.
@@ -83,6 +94,7 @@ struct Stored<'a> {
 pub(crate) struct Decoded {
     pub(crate) payload_json: String,
     pub(crate) max_attempts: Option<u32>,
+    pub(crate) created_ms: Option<i64>,
 }
 
 pub(crate) fn decode(layout: &Layout, stored: &str) -> Result<Decoded, String> {
@@ -91,6 +103,7 @@ pub(crate) fn decode(layout: &Layout, stored: &str) -> Result<Decoded, String> {
             Ok(raw) => Ok(Decoded {
                 payload_json: raw.get().to_owned(),
                 max_attempts: None,
+                created_ms: None,
             }),
             Err(e) => Err(format!("payload is not valid JSON: {e}")),
         },
@@ -98,6 +111,7 @@ pub(crate) fn decode(layout: &Layout, stored: &str) -> Result<Decoded, String> {
             Ok(s) => Ok(Decoded {
                 payload_json: s.payload.get().to_owned(),
                 max_attempts: s.max_attempts,
+                created_ms: s.created_ms,
             }),
             Err(e) => Err(format!("envelope is not a valid delayq envelope: {e}")),
         },
@@ -111,15 +125,16 @@ mod tests {
     #[test]
     fn payload_bytes_round_trip_exactly() {
         let payload = r#"{"z":1,"a":[9007199254740993,-1.5e300],"ü":"日本\n"}"#;
-        let stored = encode(&Layout::Native, "id\"1", payload, Some(3));
+        let stored = encode(&Layout::Native, "id\"1", payload, Some(3), 1_700_000_000_123);
         let back = decode(&Layout::Native, &stored).expect("decodes");
         assert_eq!(back.payload_json, payload);
         assert_eq!(back.max_attempts, Some(3));
+        assert_eq!(back.created_ms, Some(1_700_000_000_123));
     }
 
     #[test]
     fn seed_layout_stores_the_bare_payload() {
-        let stored = encode(&Layout::seed(), "x", "[1,2]", Some(3));
+        let stored = encode(&Layout::seed(), "x", "[1,2]", Some(3), 1);
         assert_eq!(stored, "[1,2]");
         assert_eq!(decode(&Layout::seed(), "[1,2]").expect("ok").max_attempts, None);
     }

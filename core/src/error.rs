@@ -58,10 +58,43 @@ pub enum Error {
     State(String),
 }
 
+/// What kind of fault an error is: the bindings pick their exception class from this,
+/// so the mapping from the many variants lives here once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Category {
+    /// Bad URL, option or argument.
+    InvalidArgument,
+    /// The payload cannot be stored.
+    Payload,
+    /// Redis unreachable or the connection broke.
+    Connection,
+    /// Redis did not answer in time.
+    Timeout,
+    /// Authentication or ACL permissions.
+    Auth,
+    LeaseLost,
+    /// Anything else.
+    Other,
+}
+
 /// Shorthand used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The kind of fault, for choosing an exception class.
+    pub fn category(&self) -> Category {
+        match self {
+            Self::InvalidUrl { .. } | Self::InvalidArgument { .. } => Category::InvalidArgument,
+            Self::PayloadNotSerializable(_) | Self::PayloadTooLarge { .. } => Category::Payload,
+            Self::Connection { .. } | Self::ConnectionLost(_) => Category::Connection,
+            Self::Timeout { .. } => Category::Timeout,
+            Self::AuthFailed(_) => Category::Auth,
+            Self::LeaseLost { .. } => Category::LeaseLost,
+            Self::UnknownId(_) | Self::Redis(_) | Self::State(_) => Category::Other,
+        }
+    }
+
     /// The operation ran out of time.
     pub fn is_timeout(&self) -> bool {
         matches!(self, Self::Timeout { .. })

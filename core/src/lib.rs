@@ -33,11 +33,11 @@ mod worker;
 
 pub use conn::ConnectOptions;
 pub use envelope::MAX_DEPTH;
-pub use error::{Error, Result};
+pub use error::{Category, Error, Result};
 pub use keys::Layout;
 pub use queue::{
-    DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, MAX_ID_BYTES, MessageInfo, NewMessage, PushOptions, Queue, QueueOptions,
-    State, Stats,
+    COUNTERS, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, MAX_ID_BYTES, MessageInfo, NewMessage, PushOptions, Queue,
+    QueueOptions, State, Stats,
 };
 pub use scripts::MAX_BATCH;
 pub use time::{Due, MAX_DELAY, delay_from_secs};

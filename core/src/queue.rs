@@ -120,6 +120,8 @@ pub struct MessageInfo {
     pub max_attempts: Option<u32>,
     pub last_error: Option<String>,
     pub dead_at_ms: Option<i64>,
+    /// When it was pushed, Unix ms on the producer's clock (`None` in the seed layout).
+    pub created_at_ms: Option<i64>,
 }
 
 /// A message in the dead-letter set.
@@ -148,9 +150,30 @@ pub struct Stats {
     pub totals: BTreeMap<String, u64>,
 }
 
+/// The lifetime counters under the names the bindings show (`died` is the `dead`
+/// counter, so it does not clash with the dead-letter depth).
+pub const COUNTERS: [(&str, &str); 11] = [
+    ("pushed", "pushed"),
+    ("delivered", "delivered"),
+    ("acked", "acked"),
+    ("retried", "retried"),
+    ("died", "dead"),
+    ("expired", "expired"),
+    ("released", "released"),
+    ("cancelled", "cancelled"),
+    ("requeued", "requeued"),
+    ("trimmed", "trimmed"),
+    ("purged", "purged"),
+];
+
 impl Stats {
     pub fn total(&self, name: &str) -> u64 {
         self.totals.get(name).copied().unwrap_or(0)
+    }
+
+    /// Every lifetime counter, named as in `COUNTERS`, in that order.
+    pub fn named_totals(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        COUNTERS.iter().map(|(shown, stored)| (*shown, self.total(stored)))
     }
 }
 
@@ -342,6 +365,7 @@ impl Queue {
             return Ok(Vec::new());
         }
         let inner = &*self.inner;
+        let created_ms = crate::time::now_unix_ms();
         let mut ids = Vec::with_capacity(batch.len());
         let mut envelopes = Vec::with_capacity(batch.len());
         for (i, m) in batch.iter().enumerate() {
@@ -376,6 +400,7 @@ impl Queue {
                 &id,
                 &m.payload_json,
                 m.options.max_attempts,
+                created_ms,
             ));
             ids.push(id);
         }
@@ -446,9 +471,9 @@ impl Queue {
             _ => State::Dead,
         };
         let stored = text(&items[1]).unwrap_or_default();
-        let (payload_json, max_attempts) = match envelope::decode(&self.inner.opts.layout, &stored) {
-            Ok(d) => (d.payload_json, d.max_attempts),
-            Err(_) => (stored, None),
+        let (payload_json, max_attempts, created_at_ms) = match envelope::decode(&self.inner.opts.layout, &stored) {
+            Ok(d) => (d.payload_json, d.max_attempts, d.created_ms),
+            Err(_) => (stored, None, None),
         };
         let due = int(&items[2]);
         let dead = int(&items[5]);
@@ -461,6 +486,7 @@ impl Queue {
             max_attempts,
             last_error: text(&items[4]),
             dead_at_ms: (dead >= 0).then_some(dead),
+            created_at_ms,
         }))
     }
 

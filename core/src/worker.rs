@@ -35,7 +35,10 @@ pub struct WorkerOptions {
     pub threads: usize,
     /// Most messages claimed per round trip (1..=1000).
     pub batch: usize,
-    /// Most messages claimed and not yet completed; 0 means `batch * threads`.
+    /// Upper bound of messages claimed and not yet completed; 0 means
+    /// `batch * threads`. Within it the pool holds about 50 ms of work per handler at
+    /// the measured handler speed (one per handler until measured), so slow handlers
+    /// leave due messages to idle consumers instead of hoarding them.
     pub prefetch: usize,
     /// How long a claimed message stays reserved without a heartbeat; the pool
     /// extends it while the handler runs, so it need not exceed the slowest handler.
@@ -132,6 +135,7 @@ pub struct Delivery {
     pub max_attempts: u32,
     payload_json: String,
     token: String,
+    handed_out: Option<Instant>,
 }
 
 impl Delivery {
@@ -320,6 +324,11 @@ impl Slots {
         got
     }
 
+    fn wait_for_release(&self, limit: Duration) {
+        let mut free = self.free.lock();
+        self.cv.wait_for(&mut free, limit);
+    }
+
     fn release(&self, n: usize) {
         if n > 0 {
             *self.free.lock() += n;
@@ -417,6 +426,37 @@ struct Pool {
     stalled: AtomicBool,
     /// The hand-off buffer, for giving prefetched deliveries back while stalled.
     buffered: Receiver<Delivery>,
+    /// Moving average of one handler call, in microseconds (0 until measured).
+    handler_us: AtomicU64,
+}
+
+/// How much work the prefetch buffer may hold per handler: enough to hide a claim's
+/// round trip, little enough that slow handlers do not hoard due messages that idle
+/// consumers elsewhere could run.
+const PREFETCH_WINDOW: Duration = Duration::from_millis(50);
+
+impl Pool {
+    /// Deliveries to hold (running and waiting) at the measured handler speed, within
+    /// `prefetch`. Until the first measurement, one per handler.
+    fn prefetch_now(&self) -> usize {
+        let max = self.opts.prefetch_limit();
+        let us = self.handler_us.load(Ordering::Relaxed);
+        if us == 0 {
+            return self.handlers.min(max).max(1);
+        }
+        let per_handler = PREFETCH_WINDOW.as_micros() as u64 / us + 1;
+        usize::try_from(per_handler.saturating_mul(self.handlers as u64))
+            .unwrap_or(max)
+            .clamp(1, max)
+    }
+
+    fn record_handler_time(&self, d: &Delivery) {
+        let Some(start) = d.handed_out else { return };
+        let sample = (start.elapsed().as_micros() as u64).max(1);
+        let old = self.handler_us.load(Ordering::Relaxed);
+        let new = if old == 0 { sample } else { (old * 4 + sample) / 5 };
+        self.handler_us.store(new, Ordering::Relaxed);
+    }
 }
 
 /// A consumer pool on one queue.
@@ -505,6 +545,7 @@ impl Worker {
             handlers,
             stalled: AtomicBool::new(false),
             buffered: deliver_rx.clone(),
+            handler_us: AtomicU64::new(0),
         });
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded();
         let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
@@ -627,7 +668,7 @@ impl Consumer {
             return Received::Stopped;
         }
         match self.deliveries.recv_timeout(timeout) {
-            Ok(d) => {
+            Ok(mut d) => {
                 if self.pool.control.stopped() {
                     // Not started: give it back at once rather than after its lease.
                     self.send(Outcome::Release {
@@ -640,6 +681,7 @@ impl Consumer {
                     o.started = Some(Instant::now());
                 }
                 Counters::add(&self.pool.counters.handled, 1);
+                d.handed_out = Some(Instant::now());
                 Received::Message(d)
             }
             Err(RecvTimeoutError::Timeout) => {
@@ -655,6 +697,7 @@ impl Consumer {
 
     /// The handler succeeded: delete the message (written in the background, batched).
     pub fn ack(&self, d: Delivery) {
+        self.pool.record_handler_time(&d);
         self.send(Outcome::Ack {
             id: d.id,
             token: d.token,
@@ -664,6 +707,7 @@ impl Consumer {
     /// The handler failed with `error`: retry after a backoff, or move the message to
     /// the dead-letter set once its attempts are used up.
     pub fn fail(&self, d: Delivery, error: &str) {
+        self.pool.record_handler_time(&d);
         Counters::add(&self.pool.counters.failed, 1);
         let delay_ms = if d.attempt >= d.max_attempts {
             -1
@@ -823,7 +867,16 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             seen = control.wake.epoch();
             continue;
         }
-        let room = control.slots.acquire_up_to(pool.opts.batch, &control.stop);
+        let held = pool.outstanding.lock().len();
+        let want = pool.opts.batch.min(pool.prefetch_now().saturating_sub(held));
+        if want == 0 {
+            // Enough work in hand: wait for a completion (local, no Redis call).
+            control.slots.wait_for_release(Duration::from_millis(100));
+            deadline = None;
+            seen = control.wake.epoch().wrapping_sub(1);
+            continue;
+        }
+        let room = control.slots.acquire_up_to(want, &control.stop);
         if room == 0 {
             return;
         }
@@ -907,6 +960,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
                         max_attempts,
                         payload_json: d.payload_json,
                         token,
+                        handed_out: None,
                     });
                 }
             }

@@ -397,7 +397,8 @@ fn graceful_stop_finishes_running_handlers_and_returns_prefetched_messages_at_on
     let h = Arc::clone(&handled);
     let summary = worker
         .run(2, move |_| {
-            std::thread::sleep(Duration::from_millis(20));
+            // Fast handlers: the prefetch buffer grows, so the stop has deliveries to return.
+            std::thread::sleep(Duration::from_millis(1));
             if h.fetch_add(1, Ordering::SeqCst) == 10 {
                 stopper.stop();
             }
@@ -501,7 +502,7 @@ fn claim_calls(server: &RedisServer) -> i64 {
 fn a_consumer_whose_handlers_all_hang_gives_its_prefetched_messages_to_others() {
     let server = RedisServer::start();
     let q = server.queue("stall");
-    let batch: Vec<NewMessage> = (0..20)
+    let batch: Vec<NewMessage> = (0..200)
         .map(|i| NewMessage::new(&i, Duration::ZERO).expect("msg"))
         .collect();
     q.push_many(&batch).expect("push");
@@ -511,14 +512,24 @@ fn a_consumer_whose_handlers_all_hang_gives_its_prefetched_messages_to_others() 
         timeout: Some(Duration::from_millis(50)),
         ..opts()
     };
-    // A claims a batch, starts one message and never finishes it.
+    // A handles 20 quickly, so its prefetch buffer grows; then one handler call hangs.
     let a = Worker::new(q.clone(), hung_opts).expect("worker a");
     let ca = a.start().expect("start a");
-    let stuck = match ca.recv_timeout(Duration::from_secs(5)) {
-        Received::Message(d) => d,
-        other => panic!("expected a delivery, got {other:?}"),
+    let mut by_a = Vec::new();
+    let stuck = loop {
+        match ca.recv_timeout(Duration::from_secs(5)) {
+            Received::Message(d) if by_a.len() < 20 => {
+                by_a.push(d.payload::<u64>().expect("payload"));
+                ca.ack(d);
+            }
+            Received::Message(d) => break d,
+            other => panic!("expected a delivery, got {other:?}"),
+        }
     };
-    // B gets every message: the 19 that A gave back, and the stuck one once its lease ends.
+    wait_for(Duration::from_secs(5), "A to hold more than the stuck one", || {
+        q.stats().is_ok_and(|s| s.inflight > 1)
+    });
+    // B gets every other message: those A gave back, and the stuck one after its lease.
     let b = Worker::new(q.clone(), opts()).expect("worker b");
     let seen: Mutex<Vec<(u64, u32)>> = Mutex::new(Vec::new());
     run_until(
@@ -528,26 +539,56 @@ fn a_consumer_whose_handlers_all_hang_gives_its_prefetched_messages_to_others() 
             seen.lock().push((d.payload().map_err(|e| e.to_string())?, d.attempt));
             Ok(())
         },
-        || seen.lock().len() >= 20 && q.stats().is_ok_and(|s| s.ready + s.inflight <= 1),
+        || seen.lock().len() >= 180 && q.stats().is_ok_and(|s| s.ready + s.scheduled == 0 && s.inflight == 0),
         Duration::from_secs(20),
     );
-    let mut seen = seen.into_inner();
-    seen.sort_unstable();
-    assert_eq!(
-        seen.iter().map(|s| s.0).collect::<Vec<_>>(),
-        (0..20).collect::<Vec<_>>()
-    );
+    let seen = seen.into_inner();
+    let mut all: Vec<u64> = seen.iter().map(|s| s.0).chain(by_a.iter().copied()).collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..200).collect::<Vec<_>>());
     let stuck_n: u64 = stuck.payload().expect("payload");
-    assert!(
-        seen.contains(&(stuck_n, 2)),
-        "the stuck message ran again on B: {seen:?}"
-    );
-    assert!(
-        seen.iter().filter(|s| s.1 == 1).count() >= 19,
-        "given back uncounted: {seen:?}"
-    );
+    assert!(seen.contains(&(stuck_n, 2)), "the stuck message ran again on B");
     drop(stuck);
     let sa = ca.finish();
-    assert!(sa.released >= 1, "{sa:?}");
-    assert_eq!(sa.acked, 0);
+    assert!(sa.released >= 1, "A gave its waiting deliveries back: {sa:?}");
+    assert_eq!(sa.acked, 20);
+}
+
+#[test]
+fn slow_handlers_do_not_hoard_due_messages_from_idle_consumers() {
+    let server = RedisServer::start();
+    let q = server.queue("fair");
+    let batch: Vec<NewMessage> = (0..8)
+        .map(|i| NewMessage::new(&i, Duration::ZERO).expect("msg"))
+        .collect();
+    q.push_many(&batch).expect("push");
+    let by: Mutex<Vec<char>> = Mutex::new(Vec::new());
+    let slow = |who: char| {
+        let by = &by;
+        move |_: &delayq::Delivery| {
+            std::thread::sleep(Duration::from_millis(150));
+            by.lock().push(who);
+            Ok(())
+        }
+    };
+    let a = Worker::new(q.clone(), opts()).expect("worker a");
+    let b = Worker::new(q.clone(), opts()).expect("worker b");
+    let (sa, sb) = (a.stopper(), b.stopper());
+    std::thread::scope(|s| {
+        s.spawn(|| a.run(1, slow('a')).expect("run a"));
+        // A is busy with its first message before B even starts.
+        wait_for(Duration::from_secs(5), "A to start", || {
+            q.stats().is_ok_and(|s| s.inflight >= 1)
+        });
+        s.spawn(|| b.run(1, slow('b')).expect("run b"));
+        wait_for(Duration::from_secs(20), "all handled", || by.lock().len() == 8);
+        sa.stop();
+        sb.stop();
+    });
+    let by = by.into_inner();
+    let b_count = by.iter().filter(|w| **w == 'b').count();
+    assert!(
+        b_count >= 3,
+        "B handled {b_count} of 8: A hoarded due messages ({by:?})"
+    );
 }

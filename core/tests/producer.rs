@@ -26,6 +26,8 @@ fn push_then_get_reports_state_payload_and_due_time() {
     );
     assert_eq!(info.attempts, 0);
     assert_eq!(info.last_error, None);
+    let created = info.created_at_ms.expect("created");
+    assert!((created - before).abs() < 5_000, "created {created} vs now {before}");
 
     let now_id = q.push(&json!(1), Duration::ZERO).expect("push");
     assert_eq!(q.get(&now_id).expect("get").expect("exists").state, State::Ready);

@@ -9,30 +9,8 @@ use common::{RedisServer, wait_for};
 use delayq::{Layout, Queue, QueueOptions, State, Worker, WorkerOptions};
 use parking_lot::Mutex;
 
-/// The recipe's pop_delay.lua, word for word.
-const RECIPE_POP: &str = r#"
--- pop_delay.lua
--- KEYS[1] zset key, KEYS[2] payload hash key
--- ARGV[1] now timestamp, ARGV[2] batch size
-local zsetKey = KEYS[1]
-local hashKey = KEYS[2]
-local now = tonumber(ARGV[1])
-local batch = tonumber(ARGV[2])
-local msgIds = redis.call('ZRANGEBYSCORE', zsetKey, 0, now, 'LIMIT', 0, batch)
-local result = {}
-for i, msgId in ipairs(msgIds) do
-    local removed = redis.call('ZREM', zsetKey, msgId)
-    if removed == 1 then
-        local payload = redis.call('HGET', hashKey, msgId)
-        if payload then
-            redis.call('HDEL', hashKey, msgId)
-            table.insert(result, msgId)
-            table.insert(result, payload)
-        end
-    end
-end
-return result
-"#;
+/// The recipe's pop_delay.lua, word for word (shared with the PHP tests).
+const RECIPE_POP: &str = include_str!("../../tests/fixtures/pop_delay.lua");
 
 fn seed_queue(server: &RedisServer) -> Queue {
     Queue::new(

@@ -105,14 +105,14 @@ fn class(kind: Kind) -> &'static ClassEntry {
 
 /// A `DelayQueueException` subclass for a core error.
 pub(crate) fn to_php(err: &delayq::Error) -> PhpException {
-    use delayq::Error as E;
-    let kind = match err {
-        E::InvalidUrl { .. } | E::InvalidArgument { .. } => Kind::InvalidArgument,
-        E::Timeout { .. } => Kind::Timeout,
-        E::Connection { .. } | E::ConnectionLost(_) => Kind::Connection,
-        E::AuthFailed(_) => Kind::Auth,
-        E::PayloadNotSerializable(_) | E::PayloadTooLarge { .. } => Kind::Payload,
-        E::LeaseLost { .. } => Kind::LeaseLost,
+    use delayq::Category as C;
+    let kind = match err.category() {
+        C::InvalidArgument => Kind::InvalidArgument,
+        C::Payload => Kind::Payload,
+        C::Connection => Kind::Connection,
+        C::Timeout => Kind::Timeout,
+        C::Auth => Kind::Auth,
+        C::LeaseLost => Kind::LeaseLost,
         _ => Kind::Root,
     };
     PhpException::new(err.to_string(), 0, class(kind))

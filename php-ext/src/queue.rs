@@ -231,7 +231,8 @@ impl PhpDelayQueue {
     /// Everything known about a message, or null for an unknown id.
     ///
     /// @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead', payload: mixed,
-    ///   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float}|null
+    ///   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
+    ///   created_at: ?float}|null
     pub fn get(&self, id: String) -> PhpResult<Option<ZBox<ZendHashTable>>> {
         let Some(info) = self.queue.get(&id).or_throw()? else {
             return Ok(None);
@@ -246,6 +247,7 @@ impl PhpDelayQueue {
             ("max_attempts", zv(info.max_attempts.map(i64::from))),
             ("last_error", zv(info.last_error)),
             ("dead_at", zv(info.dead_at_ms.map(ms_to_secs))),
+            ("created_at", zv(info.created_at_ms.map(ms_to_secs))),
         ])?))
     }
 
@@ -264,20 +266,8 @@ impl PhpDelayQueue {
             ("dead", n(s.dead)),
             ("next_due_at", zv(s.next_due_ms.map(ms_to_secs))),
         ];
-        for (php, core) in [
-            ("pushed", "pushed"),
-            ("delivered", "delivered"),
-            ("acked", "acked"),
-            ("retried", "retried"),
-            ("died", "dead"),
-            ("expired", "expired"),
-            ("released", "released"),
-            ("cancelled", "cancelled"),
-            ("requeued", "requeued"),
-            ("trimmed", "trimmed"),
-            ("purged", "purged"),
-        ] {
-            entries.push((php, n(s.total(core))));
+        for (name, total) in s.named_totals() {
+            entries.push((name, n(total)));
         }
         assoc(entries)
     }

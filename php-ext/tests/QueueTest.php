@@ -47,6 +47,7 @@ final class QueueTest extends TestCase
         $this->assertLessThan($before + 61, $info['due_at']);
         $this->assertSame(0, $info['attempts']);
         $this->assertNull($info['last_error']);
+        $this->assertEqualsWithDelta(microtime(true), $info['created_at'], 5.0);
         $this->assertNull($this->q->get('no-such-id'));
     }
 

@@ -3,32 +3,10 @@ declare(strict_types=1);
 
 use PHPUnit\Framework\TestCase;
 
-/** The hand-made recipe (../shared/seeds), written with phpredis as teams run it. */
+/** The hand-made recipe (../shared/seeds), written with phpredis as teams run it; its
+ * pop_delay.lua is tests/fixtures/pop_delay.lua, word for word. */
 final class Recipe
 {
-    public const POP = <<<'LUA'
--- pop_delay.lua
--- KEYS[1] zset key, KEYS[2] payload hash key
--- ARGV[1] now timestamp, ARGV[2] batch size
-local zsetKey = KEYS[1]
-local hashKey = KEYS[2]
-local now = tonumber(ARGV[1])
-local batch = tonumber(ARGV[2])
-local msgIds = redis.call('ZRANGEBYSCORE', zsetKey, 0, now, 'LIMIT', 0, batch)
-local result = {}
-for i, msgId in ipairs(msgIds) do
-    local removed = redis.call('ZREM', zsetKey, msgId)
-    if removed == 1 then
-        local payload = redis.call('HGET', hashKey, msgId)
-        if payload then
-            redis.call('HDEL', hashKey, msgId)
-            table.insert(result, msgId)
-            table.insert(result, payload)
-        end
-    end
-end
-return result
-LUA;
 
     public static function push(Redis $redis, array $payload, int $delaySeconds): string
     {
@@ -42,7 +20,8 @@ LUA;
     /** @return array<string, mixed> id => payload */
     public static function pop(Redis $redis): array
     {
-        $result = $redis->eval(self::POP, ['delay_queue:zset', 'delay_queue:payload', time(), 50], 2);
+        $pop = file_get_contents(dirname(__DIR__, 2) . '/tests/fixtures/pop_delay.lua');
+        $result = $redis->eval($pop, ['delay_queue:zset', 'delay_queue:payload', time(), 50], 2);
         $out = [];
         for ($i = 0; $i < count($result); $i += 2) {
             $out[$result[$i]] = json_decode($result[$i + 1], true);

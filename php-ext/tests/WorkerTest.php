@@ -122,6 +122,20 @@ final class WorkerTest extends TestCase
         $this->assertTrue($this->drained());
     }
 
+    public function testMaxMemoryEndsTheRun(): void
+    {
+        $this->fill(50);
+        $hoard = [];
+        $w = new DelayQueueWorker($this->q, ['max_memory_mb' => memory_get_usage() / 1048576 + 8]);
+        $summary = $w->run(function () use (&$hoard) {
+            $hoard[] = str_repeat('x', 1 << 20);
+        });
+        $this->assertSame('max_memory', $summary['stopped_by']);
+        $this->assertLessThan(50, $summary['acked']);
+        $this->assertGreaterThanOrEqual(8, $summary['acked']);
+        $this->assertSame(0, $this->q->stats()['inflight'], 'prefetched messages went back at once');
+    }
+
     public function testSigtermStopsGracefullyAndLosesNothing(): void
     {
         $this->fill(500);

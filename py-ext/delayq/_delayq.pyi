@@ -70,7 +70,8 @@ class DelayQueue:
     def reschedule(self, id: str, delay: float) -> bool:
         """Move a waiting message to ``delay`` seconds from now; False when not waiting."""
     def get(self, id: str) -> Optional[dict[str, Any]]:
-        """``{id, state, payload, due_at, attempts, max_attempts, last_error, dead_at}``, or
+        """``{id, state, payload, due_at, attempts, max_attempts, last_error, dead_at,
+        created_at}``, or
         None for an unknown id. ``state`` is scheduled, ready, inflight or dead."""
     def stats(self) -> dict[str, Any]:
         """Depth (scheduled, ready, inflight, dead, next_due_at) and lifetime counters

@@ -38,14 +38,14 @@ pub(crate) fn new_err(py: Python<'_>, kind: Kind, message: String) -> PyErr {
 
 /// The Python exception for a core error.
 pub(crate) fn to_py(py: Python<'_>, err: &delayq::Error) -> PyErr {
-    use delayq::Error as E;
-    let kind = match err {
-        E::InvalidUrl { .. } | E::InvalidArgument { .. } => Kind::InvalidArgument,
-        E::Timeout { .. } => Kind::Timeout,
-        E::Connection { .. } | E::ConnectionLost(_) => Kind::Connection,
-        E::AuthFailed(_) => Kind::Auth,
-        E::PayloadNotSerializable(_) | E::PayloadTooLarge { .. } => Kind::Payload,
-        E::LeaseLost { .. } => Kind::LeaseLost,
+    use delayq::Category as C;
+    let kind = match err.category() {
+        C::InvalidArgument => Kind::InvalidArgument,
+        C::Payload => Kind::Payload,
+        C::Connection => Kind::Connection,
+        C::Timeout => Kind::Timeout,
+        C::Auth => Kind::Auth,
+        C::LeaseLost => Kind::LeaseLost,
         _ => Kind::Root,
     };
     new_err(py, kind, err.to_string())

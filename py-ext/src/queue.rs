@@ -240,6 +240,7 @@ impl PyQueue {
         d.set_item("max_attempts", info.max_attempts)?;
         d.set_item("last_error", info.last_error)?;
         d.set_item("dead_at", info.dead_at_ms.map(ms_to_secs))?;
+        d.set_item("created_at", info.created_at_ms.map(ms_to_secs))?;
         Ok(Some(d))
     }
 
@@ -252,20 +253,8 @@ impl PyQueue {
         d.set_item("inflight", s.inflight)?;
         d.set_item("dead", s.dead)?;
         d.set_item("next_due_at", s.next_due_ms.map(ms_to_secs))?;
-        for (key, core) in [
-            ("pushed", "pushed"),
-            ("delivered", "delivered"),
-            ("acked", "acked"),
-            ("retried", "retried"),
-            ("died", "dead"),
-            ("expired", "expired"),
-            ("released", "released"),
-            ("cancelled", "cancelled"),
-            ("requeued", "requeued"),
-            ("trimmed", "trimmed"),
-            ("purged", "purged"),
-        ] {
-            d.set_item(key, s.total(core))?;
+        for (name, total) in s.named_totals() {
+            d.set_item(name, total)?;
         }
         Ok(d)
     }

@@ -1,0 +1,79 @@
+"""delayq: a reliable delay queue on Redis (Rust core, shared with the PHP extension)."""
+
+from collections.abc import Awaitable
+from types import TracebackType
+from typing import Any, Callable, Optional, Union
+
+from . import errors as errors
+from ._delayq import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES
+from ._delayq import DelayQueue as DelayQueue
+from ._delayq import Message as Message
+from ._delayq import __version__ as __version__
+from .errors import AuthError as AuthError
+from .errors import ConnectionError as ConnectionError
+from .errors import DelayQueueError as DelayQueueError
+from .errors import InvalidArgumentError as InvalidArgumentError
+from .errors import LeaseLostError as LeaseLostError
+from .errors import PayloadError as PayloadError
+from .errors import TimeoutError as TimeoutError
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "AuthError",
+    "ConnectionError",
+    "DelayQueue",
+    "DelayQueueError",
+    "InvalidArgumentError",
+    "LeaseLostError",
+    "Message",
+    "PayloadError",
+    "TimeoutError",
+    "Worker",
+    "__version__",
+    "errors",
+]
+
+Handler = Callable[[Any, Message], Union[None, Awaitable[None]]]
+
+class Worker:
+    """A pool of consumers that calls ``handler(payload, message)`` for each due message.
+
+    Returning acknowledges the message; raising retries it with exponential backoff and
+    jitter, and after ``max_attempts`` moves it to the dead-letter set with the
+    exception as its last error. ``threads`` native threads do the Redis I/O; the
+    handler runs on the calling thread. ``timeout`` (seconds) bounds one handler call:
+    after it the lease is no longer renewed and another worker gets the message. A
+    coroutine function handler runs on an asyncio loop, ``concurrency`` at a time.
+    """
+
+    def __init__(
+        self,
+        queue: DelayQueue,
+        *,
+        threads: int = 4,
+        batch: int = 50,
+        prefetch: int = 0,
+        lease: float = 30.0,
+        max_attempts: int = 5,
+        backoff_base: float = 1.0,
+        backoff_max: float = 300.0,
+        timeout: Optional[float] = None,
+        idle_check: float = 1.0,
+        concurrency: int = 10,
+    ) -> None: ...
+    def run(self, handler: Handler) -> dict[str, Any]:
+        """Consume until ``stop()``, SIGTERM or SIGINT (which stop it gracefully); return
+        the counts (handled, acked, failed, retried, dead, lease_lost, released,
+        unwritten, stopped_by) once every acknowledgement is written."""
+    async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
+        """Consume on the running event loop with up to ``concurrency`` handlers at once."""
+    def stop(self) -> None:
+        """Stop gracefully: running handlers finish and are acknowledged, prefetched
+        messages go back to the queue at once, then ``run`` returns."""
+    def __enter__(self) -> Worker: ...
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None: ...
