@@ -148,6 +148,15 @@ impl Error {
             return Self::ConnectionLost(err.to_string());
         }
         match err.kind() {
+            // Transient server states (loading its data after a restart, a failover or
+            // resharding in progress): retried like a dropped connection.
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly,
+            ) => Self::ConnectionLost(format!("Redis is not ready: {err}")),
             ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
                 Self::AuthFailed(err.to_string())
             }
@@ -165,5 +174,37 @@ impl Error {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::{ErrorKind, ServerErrorKind};
+
+    fn server_error(kind: ServerErrorKind, text: &'static str) -> Error {
+        let err = redis::RedisError::from((ErrorKind::Server(kind), text));
+        Error::from_redis(&err, "redis://127.0.0.1:6379", "push", 5000)
+    }
+
+    #[test]
+    fn transient_server_states_are_retried() {
+        for kind in [
+            ServerErrorKind::BusyLoading,
+            ServerErrorKind::TryAgain,
+            ServerErrorKind::ClusterDown,
+            ServerErrorKind::MasterDown,
+            ServerErrorKind::ReadOnly,
+        ] {
+            let err = server_error(kind, "not ready");
+            assert!(err.is_retryable(), "{kind:?}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn permission_errors_are_auth_errors_and_final() {
+        let err = server_error(ServerErrorKind::NoPerm, "NOPERM this user has no permissions");
+        assert_eq!(err.category(), Category::Auth);
+        assert!(!err.is_retryable());
     }
 }

@@ -91,7 +91,8 @@ pub struct PhpWorker {
     on_start: Option<Zval>,
     /// Set by `stop()` in the supervisor process.
     stop_requested: Arc<AtomicBool>,
-    running: bool,
+    /// `run()` takes `&self`: a handler calls `stop()` on the same object while it runs.
+    running: AtomicBool,
 }
 
 impl std::fmt::Debug for PhpWorker {
@@ -344,7 +345,7 @@ impl PhpWorker {
             limits,
             on_start,
             stop_requested: Arc::new(AtomicBool::new(false)),
-            running: false,
+            running: AtomicBool::new(false),
         })
     }
 
@@ -357,11 +358,10 @@ impl PhpWorker {
     /// @param callable(mixed, DelayQueueMessage): void $handler
     /// @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int,
     ///   released: int, unwritten: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int}
-    pub fn run(&mut self, handler: ZendCallable) -> PhpResult<ZBox<ZendHashTable>> {
-        if self.running {
+    pub fn run(&self, handler: ZendCallable) -> PhpResult<ZBox<ZendHashTable>> {
+        if self.running.swap(true, Ordering::AcqRel) {
             return Err(errors::invalid("this DelayQueueWorker is already running"));
         }
-        self.running = true;
         self.stop_requested.store(false, Ordering::Release);
         let guard = signals::install();
         let result = if self.limits.processes > 1 || self.limits.timeout.is_some() {
@@ -380,7 +380,7 @@ impl PhpWorker {
             })
         };
         drop(guard);
-        self.running = false;
+        self.running.store(false, Ordering::Release);
         result
     }
 
