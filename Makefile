@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test lint fmt clippy doc
+.PHONY: help setup demo build php python test bench lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ python: ## Build the Python module and install it into the current python3
 
 test: ## Run every test (each suite starts its own redis-server)
 	scripts/test.sh
+
+bench: ## Benchmark delayq against the seed recipe on a private, pinned redis-server
+	python3 bench/run.py
 
 lint: fmt clippy ## cargo fmt --check and clippy -D warnings
 

@@ -127,9 +127,11 @@ final class DelayQueueWorker
     /**
      * @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
      *   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
-     *   idle_check?: float, max_jobs?: int, max_memory_mb?: int, on_start?: callable} $options
+     *   idle_check?: float, max_jobs?: int, max_memory_mb?: int, on_start?: callable,
+     *   on_stop?: callable} $options
      *   processes > 1 (or a timeout) forks handler processes and supervises them;
-     *   on_start runs once in each worker process, after the fork
+     *   on_start runs once in each worker process, after the fork; on_stop runs in each
+     *   worker process after its pool stopped and wrote every acknowledgement
      */
     public function __construct(DelayQueue $queue, array $options = []) {}
 

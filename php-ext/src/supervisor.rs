@@ -191,7 +191,10 @@ fn child_main(worker: &PhpWorker, handler: &ZendCallable, slot: &Slot, mut repor
     let outcome = match worker.call_on_start() {
         Err(e) => Report::Fatal(format!("on_start failed: {}", describe_pending(format!("{e:?}")))),
         Ok(()) => match worker.consume(handler, Some(slot)) {
-            Ok(s) => Report::Done(s),
+            Ok(s) => match worker.call_on_stop() {
+                Ok(()) => Report::Done(s),
+                Err(e) => Report::Fatal(format!("on_stop failed: {}", describe_pending(format!("{e:?}")))),
+            },
             Err(e) => Report::Fatal(describe_pending(format!("{e:?}"))),
         },
     };

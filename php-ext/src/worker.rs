@@ -89,6 +89,7 @@ pub struct PhpWorker {
     worker: delayq::Worker,
     limits: Limits,
     on_start: Option<Zval>,
+    on_stop: Option<Zval>,
     /// Set by `stop()` in the supervisor process.
     stop_requested: Arc<AtomicBool>,
     /// `run()` takes `&self`: a handler calls `stop()` on the same object while it runs.
@@ -244,14 +245,12 @@ impl PhpWorker {
     }
 
     pub(crate) fn call_on_start(&self) -> PhpResult<()> {
-        let Some(callable) = &self.on_start else { return Ok(()) };
-        let f =
-            ZendCallable::new(callable).map_err(|e| errors::type_error(format!("on_start is not callable: {e}")))?;
-        match f.try_call(vec![]) {
-            Ok(_) => Ok(()),
-            // The PHP exception stays pending and reaches the caller unchanged.
-            Err(e) => Err(PhpException::from(format!("on_start failed: {e}"))),
-        }
+        call_hook(self.on_start.as_ref(), "on_start")
+    }
+
+    /// After this process's pool has stopped and written every acknowledgement.
+    pub(crate) fn call_on_stop(&self) -> PhpResult<()> {
+        call_hook(self.on_stop.as_ref(), "on_stop")
     }
 
     pub(crate) fn limits(&self) -> &Limits {
@@ -260,6 +259,16 @@ impl PhpWorker {
 
     pub(crate) fn stop_requested(&self) -> bool {
         self.stop_requested.load(Ordering::Acquire)
+    }
+}
+
+fn call_hook(callable: Option<&Zval>, name: &str) -> PhpResult<()> {
+    let Some(callable) = callable else { return Ok(()) };
+    let f = ZendCallable::new(callable).map_err(|e| errors::type_error(format!("{name} is not callable: {e}")))?;
+    match f.try_call(vec![]) {
+        Ok(_) => Ok(()),
+        // The PHP exception stays pending and reaches the caller unchanged.
+        Err(e) => Err(PhpException::from(format!("{name} failed: {e}"))),
     }
 }
 
@@ -281,7 +290,9 @@ pub(crate) fn summary_array(s: &RunSummary, extra: Vec<(&str, Zval)>) -> PhpResu
     assoc(entries)
 }
 
-fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerOptions, Limits, Option<Zval>)> {
+type Hooks = (Option<Zval>, Option<Zval>);
+
+fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerOptions, Limits, Hooks)> {
     let mut o = Options::new(options, "DelayQueueWorker option");
     let mut w = delayq::WorkerOptions::default();
     if let Some(n) = o.int("threads", 1, 64)? {
@@ -312,16 +323,16 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerO
     }
     let max_jobs = o.int("max_jobs", 1, i64::MAX)?.map(|n| n as u64);
     let max_memory_bytes = o.int("max_memory_mb", 1, 1 << 30)?.map(|mb| mb << 20);
-    let on_start = match o.get("on_start") {
-        Some(v) if v.is_callable() => Some(v.shallow_clone()),
-        Some(v) => {
-            return Err(errors::type_error(format!(
-                "DelayQueueWorker option 'on_start' must be callable, {} given",
-                convert::type_name(v)
-            )));
-        }
-        None => None,
+    let mut hook = |name: &'static str| match o.get(name) {
+        Some(v) if v.is_callable() => Ok(Some(v.shallow_clone())),
+        Some(v) => Err(errors::type_error(format!(
+            "DelayQueueWorker option '{name}' must be callable, {} given",
+            convert::type_name(v)
+        ))),
+        None => Ok(None),
     };
+    let on_start = hook("on_start")?;
+    let on_stop = hook("on_stop")?;
     o.finish()?;
     let limits = Limits {
         processes,
@@ -329,21 +340,23 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerO
         max_memory_bytes,
         timeout: w.timeout,
     };
-    Ok((w, limits, on_start))
+    Ok((w, limits, (on_start, on_stop)))
 }
 
 #[php_impl]
 impl PhpWorker {
     /// @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
     ///   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
-    ///   idle_check?: float, max_jobs?: int, max_memory_mb?: int, on_start?: callable} $options
+    ///   idle_check?: float, max_jobs?: int, max_memory_mb?: int, on_start?: callable,
+    ///   on_stop?: callable} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn __construct(queue: &PhpDelayQueue, options: OptionsArg<'_>) -> PhpResult<Self> {
-        let (opts, limits, on_start) = worker_options(options.0)?;
+        let (opts, limits, (on_start, on_stop)) = worker_options(options.0)?;
         Ok(Self {
             worker: delayq::Worker::new(queue.queue.clone(), opts).or_throw()?,
             limits,
             on_start,
+            on_stop,
             stop_requested: Arc::new(AtomicBool::new(false)),
             running: AtomicBool::new(false),
         })
@@ -369,6 +382,7 @@ impl PhpWorker {
         } else {
             self.call_on_start().and_then(|()| {
                 let s = self.consume(&handler, None)?;
+                self.call_on_stop()?;
                 summary_array(
                     &s,
                     vec![

@@ -21,7 +21,7 @@ final class WorkerTest extends TestCase
 
     protected function tearDown(): void
     {
-        foreach (['', '.starts', '.summary'] as $suffix) {
+        foreach (['', '.starts', '.stops', '.summary', '.stderr'] as $suffix) {
             @unlink($this->log . $suffix);
         }
     }
@@ -145,6 +145,7 @@ final class WorkerTest extends TestCase
         $this->assertSame(0, proc_close($proc));
         $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
         $this->assertSame('signal', $summary['stopped_by']);
+        $this->assertCount(1, file("{$this->log}.stops"), 'on_stop ran once, after the pool stopped');
         $handled = count($this->handled());
         $this->assertSame($handled, $summary['acked'], 'every handled message was acknowledged');
         $stats = $this->q->stats();
@@ -184,6 +185,9 @@ final class WorkerTest extends TestCase
         $this->assertSame(3, $summary['processes']);
         $this->assertGreaterThanOrEqual(1, $summary['restarts'], 'the killed child was replaced');
         $this->assertGreaterThanOrEqual(4, count(file("{$this->log}.starts")), 'on_start ran in the new child');
+        $stops = array_map('intval', file("{$this->log}.stops"));
+        $this->assertCount(3, $stops, 'on_stop ran in each child that stopped gracefully');
+        $this->assertNotContains($victim, $stops, 'not in the SIGKILLed one');
         $this->assertNotContains($victim, array_slice(array_column($this->handled(), 2), -10));
         $this->assertEveryMessageHandled(2000, $inflight + 3);
     }

@@ -12,6 +12,9 @@ unset($options['_sleep_ms']);
 $options['on_start'] = function () use ($log) {
     file_put_contents("$log.starts", getmypid() . "\n", FILE_APPEND);
 };
+$options['on_stop'] = function () use ($log) {
+    file_put_contents("$log.stops", getmypid() . "\n", FILE_APPEND);
+};
 $worker = new DelayQueueWorker(new DelayQueue($url, $queue), $options);
 $summary = $worker->run(function ($payload, DelayQueueMessage $m) use ($log, $sleepMs) {
     if (($payload['hang'] ?? false) && $m->attempt === 1) {

@@ -1,0 +1,82 @@
+<?php
+// W2, W3, W5 consumers: 4 worker processes, no-op handler. Each process writes
+// "order_id handled_at" lines (handled_at: Unix seconds, float) to RECORDS/<pid> when
+// it ends; the runner checks them for loss and duplicates and computes the figures.
+//   php consume.php --system=seed|delayq --url=... --records=DIR [--until-empty]
+// Without --until-empty it runs until SIGTERM (idle-cost runs).
+declare(strict_types=1);
+require __DIR__ . '/common.php';
+
+$a = bench_args($argv);
+$system = $a['system'];
+$url = $a['url'];
+$records = $a['records'];
+$untilEmpty = isset($a['until-empty']);
+$procs = 4;
+$seen = [];
+
+$flush = function () use (&$seen, $records) {
+    file_put_contents("$records/" . getmypid(), implode("\n", $seen));
+};
+
+if ($system === 'seed') {
+    // The recipe's consumer (article 000): pop_delay.lua with time(), batch 50,
+    // usleep(200 ms) when nothing is due, in pcntl_fork processes.
+    $pop = file_get_contents(dirname(__DIR__, 2) . '/tests/fixtures/pop_delay.lua');
+    $stop = false;
+    pcntl_async_signals(true);
+    $pids = [];
+    for ($p = 0; $p < $procs; $p++) {
+        $pid = pcntl_fork();
+        if ($pid === 0) {
+            pcntl_signal(SIGTERM, function () use (&$stop) { $stop = true; });
+            $redis = bench_redis($url);
+            while (!$stop) {
+                $result = $redis->eval($pop, ['delay_queue:zset', 'delay_queue:payload', time(), 50], 2);
+                if (!$result) {
+                    // Only the bench's end check; the recipe itself loops forever.
+                    if ($untilEmpty && $redis->exists('bench:filled') && $redis->zCard('delay_queue:zset') === 0) {
+                        break;
+                    }
+                    usleep(200 * 1000);
+                    continue;
+                }
+                $now = microtime(true);
+                for ($i = 0; $i < count($result); $i += 2) {
+                    $seen[] = json_decode($result[$i + 1], true)['order_id'] . ' ' . $now;
+                }
+            }
+            $flush();
+            exit(0);
+        }
+        $pids[] = $pid;
+    }
+    pcntl_signal(SIGTERM, function () use ($pids) {
+        foreach ($pids as $pid) {
+            posix_kill($pid, SIGTERM);
+        }
+    });
+    foreach ($pids as $pid) {
+        while (pcntl_waitpid($pid, $status) === -1 && pcntl_get_last_error() === PCNTL_EINTR) {
+        }
+    }
+    exit(0);
+}
+
+$q = new DelayQueue($url, 'bench');
+$w = new DelayQueueWorker($q, ['processes' => $procs, 'threads' => 2, 'batch' => 1000, 'on_stop' => $flush]);
+if ($untilEmpty) {
+    $marker = bench_redis($url);
+    pcntl_signal(SIGALRM, function () use ($q, $w, $marker) {
+        $s = $q->stats();
+        if ($marker->exists('bench:filled') && $s['ready'] + $s['scheduled'] + $s['inflight'] === 0) {
+            $w->stop();
+        } else {
+            pcntl_alarm(1);
+        }
+    });
+    pcntl_alarm(1);
+}
+$w->run(function (array $payload) use (&$seen) {
+    $seen[] = $payload['order_id'] . ' ' . microtime(true);
+});

@@ -1,0 +1,50 @@
+<?php
+// Fills a queue before a consumer run (not timed): N messages due now (W2), or due
+// spread over 0-10 s (W3). Writes "order_id requested_due" lines to --due-file.
+//   php fill.php --system=seed|delayq --n=N --url=... [--spread=10] --due-file=F
+declare(strict_types=1);
+require __DIR__ . '/common.php';
+
+$a = bench_args($argv);
+$n = (int) $a['n'];
+$spread = (float) ($a['spread'] ?? 0);
+$system = $a['system'];
+$lines = [];
+if ($system === 'seed') {
+    $redis = bench_redis($a['url']);
+    $pipe = $redis->multi(Redis::PIPELINE);
+    for ($i = 0; $i < $n; $i++) {
+        $delay = $spread > 0 ? $spread * $i / $n : 0;
+        $requested = microtime(true) + $delay;
+        // The recipe's score: time() + delay, whole seconds.
+        $id = uniqid('msg_', true);
+        $pipe->hSet('delay_queue:payload', $id, json_encode(['order_id' => $i, 'action' => 'close']));
+        $pipe->zAdd('delay_queue:zset', time() + (int) $delay, $id);
+        $lines[] = "$i $requested";
+        if ($i % 1000 === 999) {
+            $pipe->exec();
+            $pipe = $redis->multi(Redis::PIPELINE);
+        }
+    }
+    $pipe->exec();
+} else {
+    $q = new DelayQueue($a['url'], 'bench');
+    $items = [];
+    for ($i = 0; $i < $n; $i++) {
+        $delay = $spread > 0 ? $spread * $i / $n : 0;
+        // An absolute due time: what the runner records is exactly what delayq schedules.
+        $requested = microtime(true) + $delay;
+        $items[] = ['payload' => ['order_id' => $i, 'action' => 'close'], 'at' => $requested];
+        $lines[] = "$i $requested";
+        if (count($items) === 1000) {
+            $q->pushMany($items);
+            $items = [];
+        }
+    }
+    if ($items) {
+        $q->pushMany($items);
+    }
+}
+file_put_contents($a['due-file'], implode("\n", $lines));
+// Consumers started before the fill stop only once it is complete and drained.
+bench_redis($a['url'])->set('bench:filled', '1');

@@ -1,0 +1,308 @@
+"""Side-by-side benchmark: delayq (PHP extension) against the seed recipe (PHP +
+phpredis, as ../shared/seeds describes it), on one private redis-server.
+
+Redis runs pinned to CPU 0 and every client to CPU 1 (taskset): on a 2-core machine
+round-trip cost changes about 3x with placement, so only pinned ratios mean anything.
+Each figure is measured 3 times and reported as median and range. Every consumer run is
+checked from per-message records (lost and duplicated messages); a run that loses a
+message is marked VOID. Writes bench/results/<date>.md and prints it.
+
+    python3 bench/run.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+PHP_DIR = ROOT / "bench" / "php"
+SYSTEMS = ["seed", "delayq"]
+LABEL = {"seed": "seed recipe (PHP + phpredis)", "delayq": "delayq (PHP extension)"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Redis:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="delayq-bench-")
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", "0", "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(200):
+            if self.cli("PING") == "PONG":
+                return
+            time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def cli(self, *args: str) -> str:
+        return subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True).stdout.strip()
+
+    def calls(self) -> int:
+        """Commands executed so far, excluding INFO itself."""
+        total = 0
+        for line in self.cli("INFO", "commandstats").splitlines():
+            if line.startswith("cmdstat_") and not line.startswith("cmdstat_info:"):
+                total += int(line.split("calls=")[1].split(",")[0])
+        return total
+
+    def used_memory(self) -> int:
+        for line in self.cli("INFO", "memory").splitlines():
+            if line.startswith("used_memory:"):
+                return int(line.split(":")[1])
+        return 0
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def php(script: str, *args: str, background: bool = False) -> Any:
+    cmd = ["taskset", "-c", "1", "php"]
+    if os.environ.get("DELAYQ_EXTENSION"):
+        cmd += ["-d", f"extension={os.environ['DELAYQ_EXTENSION']}"]
+    cmd += [str(PHP_DIR / script), *args]
+    if background:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"{script} {args}: {out.stderr or out.stdout}")
+    return out.stdout
+
+
+def read_records(records: Path) -> list[tuple[int, float]]:
+    rows = []
+    for f in records.iterdir():
+        for line in f.read_text().splitlines():
+            if line.strip():
+                n, at = line.split()
+                rows.append((int(n), float(at)))
+    return rows
+
+
+def verify(rows: list[tuple[int, float]], n: int) -> tuple[int, int]:
+    seen = [r[0] for r in rows]
+    distinct = set(seen)
+    return n - len(distinct & set(range(n))), len(seen) - len(distinct)
+
+
+def consume(redis: Redis, system: str, records: Path, until_empty: bool = True) -> subprocess.Popen[str]:
+    args = [f"--system={system}", f"--url={redis.url}", f"--records={records}"]
+    if until_empty:
+        args.append("--until-empty")
+    return php("consume.php", *args, background=True)
+
+
+def med(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+class Bench:
+    def __init__(self, quick: bool) -> None:
+        self.quick = quick
+        self.rows: list[dict[str, Any]] = []
+        self.redis = Redis()
+
+    def fresh(self) -> None:
+        self.redis.cli("FLUSHALL")
+
+    def record(self, workload: str, system: str, unit: str, values: list[float], note: str = "",
+               higher_is_better: bool = True) -> None:
+        m, lo, hi = med(values)
+        self.rows.append({"workload": workload, "system": system, "unit": unit, "median": m, "lo": lo, "hi": hi,
+                          "note": note, "higher": higher_is_better})
+        print(f"{workload:10} {system:8} {m:12.1f} {unit} [{lo:.1f} .. {hi:.1f}] {note}", flush=True)
+
+    def repeat(self, fn: Callable[[], float]) -> list[float]:
+        return [fn() for _ in range(3)]
+
+    def push(self) -> None:
+        n = 5000 if self.quick else 20000
+        for mode, label in (("single", "W1 push"), ("bulk", "W1b bulk")):
+            for system in SYSTEMS:
+                def once() -> float:
+                    self.fresh()
+                    out = json.loads(php("push.php", f"--system={system}", f"--mode={mode}", f"--n={n}",
+                                         f"--url={self.redis.url}"))
+                    assert out["stored"] == n, out
+                    return float(out["rate"])
+                self.record(label, system, "msg/s", self.repeat(once))
+
+    def ceiling(self) -> None:
+        n = 20000
+        for pipeline, label in ((1, "ceiling 1 client"), (50, "ceiling -P 50")):
+            for test in ("zadd", "hset"):
+                values = []
+                for _ in range(3):
+                    out = subprocess.run(
+                        ["taskset", "-c", "1", "redis-benchmark", "-p", str(self.redis.port), "-c", "1",
+                         "-n", str(n), "-P", str(pipeline), "-t", test, "--csv"],
+                        capture_output=True, text=True).stdout
+                    line = [row for row in out.splitlines() if row.startswith('"') and "requests" not in row][0]
+                    values.append(float(line.split(",")[1].strip('"')))
+                self.record(label, test.upper(), "req/s", values)
+
+    def drain(self) -> None:
+        n = 20000 if self.quick else 200000
+        for system in SYSTEMS:
+            def once() -> float:
+                self.fresh()
+                with tempfile.TemporaryDirectory() as tmp:
+                    php("fill.php", f"--system={system}", f"--n={n}", f"--url={self.redis.url}",
+                        f"--due-file={tmp}/due")
+                    records = Path(tmp) / "records"
+                    records.mkdir()
+                    start = time.time()
+                    proc = consume(self.redis, system, records)
+                    proc.wait(timeout=600)
+                    rows = read_records(records)
+                    lost, dups = verify(rows, n)
+                    if lost:
+                        print(f"VOID: {system} drain lost {lost} messages", flush=True)
+                        return float("nan")
+                    # Until the last message was handled: stop detection is not drain time.
+                    return n / (max(at for _, at in rows) - start)
+            self.record("W2 drain", system, "msg/s", self.repeat(once), f"N={n}, 4 processes, verified")
+
+    def lateness(self) -> None:
+        n, spread = 2000, 10.0
+        if self.quick:
+            spread = 3.0
+        for system in SYSTEMS:
+            p99s, earliest = [], []
+            for _ in range(3):
+                self.fresh()
+                with tempfile.TemporaryDirectory() as tmp:
+                    records = Path(tmp) / "records"
+                    records.mkdir()
+                    proc = consume(self.redis, system, records)
+                    time.sleep(1.0)  # the consumers are up and idle
+                    php("fill.php", f"--system={system}", f"--n={n}", f"--url={self.redis.url}",
+                        f"--spread={spread}", f"--due-file={tmp}/due")
+                    proc.wait(timeout=120)
+                    due = dict(read_records_file(Path(tmp) / "due"))
+                    rows = read_records(records)
+                    lost, dups = verify(rows, n)
+                    if lost:
+                        print(f"VOID: {system} lateness lost {lost}", flush=True)
+                        continue
+                    late = sorted((at - due[i]) * 1000 for i, at in rows)
+                    p99s.append(late[int(len(late) * 0.99) - 1])
+                    earliest.append(late[0])
+            self.record("W3 p99", system, "ms late", p99s, f"{n} msgs over 0-{spread:g} s", higher_is_better=False)
+            self.record("W3 earliest", system, "ms", earliest, "negative = early", higher_is_better=False)
+
+    def idle(self) -> None:
+        window = 3.0 if self.quick else 10.0
+        for system in SYSTEMS:
+            values = []
+            for _ in range(3):
+                self.fresh()
+                with tempfile.TemporaryDirectory() as tmp:
+                    records = Path(tmp) / "records"
+                    records.mkdir()
+                    proc = consume(self.redis, system, records, until_empty=False)
+                    time.sleep(2.0)
+                    before = self.redis.calls()
+                    time.sleep(window)
+                    values.append((self.redis.calls() - before) / window / 4)
+                    proc.terminate()
+                    proc.wait(timeout=60)
+            self.record("W5 idle", system, "cmd/s per worker", values, f"4 idle workers, {window:g} s",
+                        higher_is_better=False)
+
+    def report(self, args: list[str]) -> str:
+        seed = {(r["workload"]): r["median"] for r in self.rows if r["system"] == "seed"}
+        lines = [
+            f"# delayq benchmark, {datetime.date.today().isoformat()}",
+            "",
+            f"Command: `python3 bench/run.py{' ' + ' '.join(args) if args else ''}` (Redis pinned to CPU 0,",
+            "clients to CPU 1; median of 3 runs, range in brackets).",
+            "",
+            "| workload | system | median | range | vs seed recipe | notes |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in self.rows:
+            ratio = ""
+            base = seed.get(r["workload"])
+            if r["system"] != "seed" and base and r["unit"].endswith("/s") and r["workload"].startswith("W"):
+                ratio = f"{r['median'] / base:.2f}x"
+            lines.append(f"| {r['workload']} | {LABEL.get(r['system'], r['system'])} | {r['median']:,.1f} {r['unit']} "
+                         f"| {r['lo']:,.1f} .. {r['hi']:,.1f} | {ratio} | {r['note']} |")
+        lines += [
+            "",
+            "## How to read these numbers",
+            "",
+            "- W1: one call per message (the recipe needs HSET + ZADD, two round trips; delayq one).",
+            "  W1b: batches (the recipe hand-pipelined by 500, delayq `pushMany` by 1000).",
+            "- W2: 4 worker processes drain already-due messages with a no-op handler. The recipe's",
+            "  pop deletes each payload before the handler runs, so a worker that dies loses what",
+            "  it popped; delayq keeps each message under a lease until it is acknowledged. Time",
+            "  runs to the last handled message; every message is checked handled exactly once.",
+            "- W3: handled time minus requested due time. The recipe scores whole seconds",
+            "  (`time() + delay`) and polls every 200 ms, so it runs messages up to a second",
+            "  early and late; negative `earliest` means early.",
+            "- W5: Redis commands per second per idle worker (INFO commandstats delta).",
+            "- Ceiling: `redis-benchmark` on the same pinned Redis, one client.",
+            "- Not yet measured here: Laravel's queue, BullMQ, arq, delayq from Python and Rust,",
+            "  kill -9 during a drain (W4), memory (W6); see issue 5.",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def read_records_file(path: Path) -> list[tuple[int, float]]:
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            n, at = line.split()
+            rows.append((int(n), float(at)))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke test")
+    opts = parser.parse_args()
+    for tool in ("taskset", "redis-server", "redis-benchmark", "php"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} not found: run scripts/setup.sh first")
+    bench = Bench(opts.quick)
+    try:
+        bench.push()
+        bench.ceiling()
+        bench.drain()
+        bench.lateness()
+        bench.idle()
+    finally:
+        bench.redis.stop()
+    text = bench.report(sys.argv[1:])
+    out = ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}{'-quick' if opts.quick else ''}.md"
+    out.write_text(text)
+    print(text)
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+//! rediss:// with a private CA, a wrong CA refused, and the warning about an evicting
+//! maxmemory-policy. Certificates are made here with openssl.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::RedisServer;
+use delayq::{ConnectOptions, Error, Queue, QueueOptions};
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let status = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl must be installed");
+    assert!(
+        status.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+}
+
+/// A CA, a server certificate for 127.0.0.1 signed by it, and an unrelated CA.
+fn make_certs(dir: &Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=delayq test CA",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "other.key",
+            "-out",
+            "other.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=some other CA",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("ext");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+}
+
+fn tls_queue(port: u16, ca: &Path) -> Queue {
+    Queue::new(
+        &format!("rediss://127.0.0.1:{port}"),
+        "secure",
+        QueueOptions {
+            connect: ConnectOptions {
+                tls_ca_file: Some(ca.to_path_buf()),
+                retry_timeout: Duration::from_millis(300),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .expect("valid")
+}
+
+#[test]
+fn rediss_with_a_private_ca_works_and_a_wrong_ca_is_refused() {
+    let dir = std::env::temp_dir().join(format!("delayq-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    make_certs(&dir);
+    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let (cert, key, ca) = (dir.join("server.pem"), dir.join("server.key"), dir.join("ca.pem"));
+    let server = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        cert.to_str().expect("path"),
+        "--tls-key-file",
+        key.to_str().expect("path"),
+        "--tls-ca-cert-file",
+        ca.to_str().expect("path"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let q = tls_queue(tls_port, &ca);
+    let id = q
+        .push(&serde_json::json!({"secret": "over TLS"}), Duration::ZERO)
+        .expect("push over TLS");
+    assert_eq!(
+        q.get(&id).expect("get").expect("exists").payload_json,
+        r#"{"secret":"over TLS"}"#
+    );
+    // The plain port of the same server sees the message: it really went through TLS.
+    assert_eq!(server.queue("secure").stats().expect("stats").ready, 1);
+
+    let wrong = tls_queue(tls_port, &dir.join("other.pem"));
+    let err = wrong.stats().expect_err("an unknown CA must be refused");
+    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+struct Captured(Mutex<Vec<String>>);
+
+impl log::Log for Captured {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            self.0.lock().expect("lock").push(r.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static LOGGED: Captured = Captured(Mutex::new(Vec::new()));
+
+#[test]
+fn an_evicting_maxmemory_policy_is_warned_about_once() {
+    log::set_logger(&LOGGED).expect("logger");
+    log::set_max_level(log::LevelFilter::Warn);
+    let server = RedisServer::start_with(&["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"]);
+    let q = server.queue("evict");
+    q.push(&1, Duration::ZERO).expect("push");
+    server.queue("evict2").push(&2, Duration::ZERO).expect("push");
+    let warnings: Vec<String> = LOGGED
+        .0
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|m| m.contains("maxmemory-policy"))
+        .cloned()
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("allkeys-lru") && warnings[0].contains("noeviction"),
+        "{warnings:?}"
+    );
+}
