@@ -29,7 +29,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 PHP_DIR = ROOT / "bench" / "php"
 SYSTEMS = ["seed", "delayq"]
-LABEL = {"seed": "seed recipe (PHP + phpredis)", "delayq": "delayq (PHP extension)"}
+LABEL = {"seed": "seed recipe (PHP + phpredis)", "delayq": "delayq (PHP extension)", "rust": "delayq (Rust core)"}
 
 
 def free_port() -> int:
@@ -58,14 +58,6 @@ class Redis:
 
     def cli(self, *args: str) -> str:
         return subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True).stdout.strip()
-
-    def calls(self) -> int:
-        """Commands executed so far, excluding INFO itself."""
-        total = 0
-        for line in self.cli("INFO", "commandstats").splitlines():
-            if line.startswith("cmdstat_") and not line.startswith("cmdstat_info:"):
-                total += int(line.split("calls=")[1].split(",")[0])
-        return total
 
     def used_memory(self) -> int:
         for line in self.cli("INFO", "memory").splitlines():
@@ -160,7 +152,7 @@ class Bench:
                         ["taskset", "-c", "1", "redis-benchmark", "-p", str(self.redis.port), "-c", "1",
                          "-n", str(n), "-P", str(pipeline), "-t", test, "--csv"],
                         capture_output=True, text=True).stdout
-                    line = [row for row in out.splitlines() if row.startswith('"') and "requests" not in row][0]
+                    line = [row for row in out.splitlines() if row.startswith('"') and not row.startswith('"test"')][0]
                     values.append(float(line.split(",")[1].strip('"')))
                 self.record(label, test.upper(), "req/s", values)
 
@@ -185,6 +177,21 @@ class Bench:
                     # Until the last message was handled: stop detection is not drain time.
                     return n / (max(at for _, at in rows) - start)
             self.record("W2 drain", system, "msg/s", self.repeat(once), f"N={n}, 4 processes, verified")
+
+        # The core alone (no PHP): tells the Redis-side cost from the binding's.
+        subprocess.run(["cargo", "build", "-q", "--release", "-p", "delayq", "--example", "drain"], cwd=ROOT, check=True)
+        binary = ROOT / "target" / "release" / "examples" / "drain"
+
+        def rust_once() -> float:
+            self.fresh()
+            out = subprocess.run(["taskset", "-c", "1", str(binary), self.redis.url, str(n)], capture_output=True,
+                                 text=True, check=True).stdout
+            result = json.loads(out)
+            if result["acked"] != n or result["left"] != 0:
+                print(f"VOID: rust drain {result}", flush=True)
+                return float("nan")
+            return float(result["rate"])
+        self.record("W2 drain", "rust", "msg/s", self.repeat(rust_once), f"N={n}, 4 threads, summary-verified")
 
     def lateness(self) -> None:
         n, spread = 2000, 10.0
@@ -225,9 +232,16 @@ class Bench:
                     records.mkdir()
                     proc = consume(self.redis, system, records, until_empty=False)
                     time.sleep(2.0)
-                    before = self.redis.calls()
-                    time.sleep(window)
-                    values.append((self.redis.calls() - before) / window / 4)
+                    # Client commands only: MONITOR marks those a Lua script runs "[n lua]".
+                    # To a file: a pipe would fill with the recipe's long EVAL lines and stall.
+                    with open(Path(tmp) / "monitor", "w") as sink:
+                        mon = subprocess.Popen(["redis-cli", "-p", str(self.redis.port), "monitor"], stdout=sink)
+                        time.sleep(window)
+                        mon.terminate()
+                        mon.wait()
+                    out = (Path(tmp) / "monitor").read_text()
+                    sent = [ln for ln in out.splitlines() if ln[:1].isdigit() and " lua]" not in ln]
+                    values.append(len(sent) / window / 4)
                     proc.terminate()
                     proc.wait(timeout=60)
             self.record("W5 idle", system, "cmd/s per worker", values, f"4 idle workers, {window:g} s",
@@ -264,10 +278,13 @@ class Bench:
             "- W3: handled time minus requested due time. The recipe scores whole seconds",
             "  (`time() + delay`) and polls every 200 ms, so it runs messages up to a second",
             "  early and late; negative `earliest` means early.",
-            "- W5: Redis commands per second per idle worker (INFO commandstats delta).",
+            "- W5: commands per second that each idle worker sends Redis (from MONITOR, not",
+            "  counting the commands a Lua script runs).",
             "- Ceiling: `redis-benchmark` on the same pinned Redis, one client.",
-            "- Not yet measured here: Laravel's queue, BullMQ, arq, delayq from Python and Rust,",
-            "  kill -9 during a drain (W4), memory (W6); see issue 5.",
+            "- W2 \"Rust core\" runs the core alone (4 handler threads in one process), to separate",
+            "  the Redis-side cost from the binding's.",
+            "- Not yet measured here: Laravel's queue, BullMQ, arq, delayq from Python, kill -9",
+            "  during a drain (W4), memory (W6); see issue 5.",
         ]
         return "\n".join(lines) + "\n"
 

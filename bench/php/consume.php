@@ -29,7 +29,7 @@ if ($system === 'seed') {
     for ($p = 0; $p < $procs; $p++) {
         $pid = pcntl_fork();
         if ($pid === 0) {
-            pcntl_signal(SIGTERM, function () use (&$stop) { $stop = true; });
+            pcntl_signal(SIGTERM, function () use (&$stop) { $stop = true; }, false);
             $redis = bench_redis($url);
             while (!$stop) {
                 $result = $redis->eval($pop, ['delay_queue:zset', 'delay_queue:payload', time(), 50], 2);
@@ -51,11 +51,12 @@ if ($system === 'seed') {
         }
         $pids[] = $pid;
     }
+    // Not restarting syscalls: the blocking waitpid below must return for the handler to run.
     pcntl_signal(SIGTERM, function () use ($pids) {
         foreach ($pids as $pid) {
             posix_kill($pid, SIGTERM);
         }
-    });
+    }, false);
     foreach ($pids as $pid) {
         while (pcntl_waitpid($pid, $status) === -1 && pcntl_get_last_error() === PCNTL_EINTR) {
         }

@@ -4,17 +4,27 @@
 -- ARGV[3..] pairs: id, token.
 -- Returns one status per pair: 1 acked, 0 lease lost (the message lives on under
 --   another delivery), -1 gone (already completed, cancelled or purged).
-local result, done = {}, {}
+local ids, tokens = {}, {}
 for i = 3, #ARGV, 2 do
-  local id, token = ARGV[i], ARGV[i + 1]
-  local held = lease_token(redis.call('HGET', K_LEASE, id))
-  if held == token then
+  ids[#ids + 1] = ARGV[i]
+  tokens[#tokens + 1] = ARGV[i + 1]
+end
+-- Whole-batch reads and writes: a fixed number of calls per batch, not per message.
+local leases = redis.call('HMGET', K_LEASE, unpack(ids))
+local result, done, others, other_at = {}, {}, {}, {}
+for i, id in ipairs(ids) do
+  if lease_token(leases[i]) == tokens[i] then
     done[#done + 1] = id
-    result[#result + 1] = 1
-  elseif redis.call('HEXISTS', K_MSG, id) == 1 then
-    result[#result + 1] = 0
+    result[i] = 1
   else
-    result[#result + 1] = -1
+    others[#others + 1] = id
+    other_at[#other_at + 1] = i
+  end
+end
+if #others > 0 then
+  local alive = redis.call('HMGET', K_MSG, unpack(others))
+  for j, i in ipairs(other_at) do
+    result[i] = alive[j] and 0 or -1
   end
 end
 if #done > 0 then

@@ -42,7 +42,10 @@ if n > 0 then
     deadlines[#deadlines + 1] = id
   end
   redis.call('ZREM', K_SCHED, unpack(ids))
+  -- Whole-batch reads and writes: a fixed number of calls per batch, not per message.
   local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
+  local previous = redis.call('HMGET', K_ATT, unpack(ids))
+  local attempts = {}
   local orphans = {}
   local claimed = 0
   for i = 1, n do
@@ -52,7 +55,9 @@ if n > 0 then
       local due_ms = fmt(due_of(tonumber(due[2 * i])))
       leases[#leases + 1] = id
       leases[#leases + 1] = token .. ':' .. due_ms
-      local attempt = redis.call('HINCRBY', K_ATT, id, 1)
+      local attempt = tonumber(previous[i] or '0') + 1
+      attempts[#attempts + 1] = id
+      attempts[#attempts + 1] = attempt
       result[#result + 1] = id
       result[#result + 1] = token
       result[#result + 1] = due_ms
@@ -68,6 +73,7 @@ if n > 0 then
     -- Orphans get a deadline here too and are removed right after: one variadic ZADD.
     redis.call('ZADD', K_INFLIGHT, unpack(deadlines))
     redis.call('HSET', K_LEASE, unpack(leases))
+    redis.call('HSET', K_ATT, unpack(attempts))
     redis.call('HINCRBY', K_STATS, 'delivered', claimed)
   end
   if #orphans > 0 then
