@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use delayq::{NewMessage, Queue, QueueOptions, Worker, WorkerOptions};
 
-#[expect(clippy::print_stdout, reason = "its one line of JSON on stdout is what bench/run.py reads")]
+#[expect(
+    clippy::print_stdout,
+    reason = "its one line of JSON on stdout is what bench/run.py reads"
+)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let url = args.next().unwrap_or_else(|| "redis://127.0.0.1:6379".into());
