@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-apt_packages=(redis-server php8.2-cli php8.2-dev php-redis phpunit clang libclang-dev make pkg-config)
+apt_packages=(redis-server php8.2-cli php8.2-dev php-redis phpunit clang libclang-dev make pkg-config openssl)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
