@@ -240,7 +240,7 @@ pub(crate) enum Replay {
 /// A lazily opened, fork-aware connection that reconnects with backoff.
 pub(crate) struct ConnSlot {
     conn: Option<Conn>,
-    pid: u32,
+    forks: u64,
 }
 
 impl std::fmt::Debug for ConnSlot {
@@ -259,19 +259,19 @@ impl ConnSlot {
     pub(crate) fn new() -> Self {
         Self {
             conn: None,
-            pid: std::process::id(),
+            forks: crate::fork::generation(),
         }
     }
 
     fn take_over_after_fork(&mut self) {
-        let pid = std::process::id();
-        if pid != self.pid {
+        let forks = crate::fork::generation();
+        if forks != self.forks {
             // The socket (and any TLS session) belongs to the parent: closing it, or a
             // TLS close_notify, would disturb the parent's connection. Leak it instead.
             if let Some(conn) = self.conn.take() {
                 std::mem::forget(conn);
             }
-            self.pid = pid;
+            self.forks = forks;
         }
     }
 

@@ -30,6 +30,26 @@ impl Layout {
             Self::Seed { .. } => "seed",
         }
     }
+
+    /// The due time (Unix ms) that a schedule score stands for; mirrors `due_of` in
+    /// lib.lua (native scores keep a sequence number in their low 12 bits).
+    pub(crate) fn due_ms_of_score(&self, score: f64) -> i64 {
+        match self {
+            Self::Native => (score / 4096.0).floor() as i64,
+            Self::Seed { .. } => (score * 1000.0) as i64,
+        }
+    }
+}
+
+/// The parts of a lease string "<token>:<score>:<attempt>" (see lib.lua) that a
+/// consumer needs: the due time and the attempt. `None` when it is malformed.
+pub(crate) fn parse_lease(layout: &Layout, lease: &str) -> Option<(i64, u32)> {
+    let mut parts = lease.split(':');
+    let (_token, score, attempt) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((layout.due_ms_of_score(score.parse().ok()?), attempt.parse().ok()?))
 }
 
 /// The key names of one queue, in the order every script expects them (see lib.lua).
@@ -145,6 +165,25 @@ mod tests {
         assert_eq!(keys.scheduled(), "delay_queue:zset");
         assert_eq!(keys.messages(), "delay_queue:payload");
         assert_eq!(keys.inflight(), "delay_queue:zset:inflight");
+    }
+
+    #[test]
+    fn leases_give_due_time_and_attempt_per_layout() {
+        // 1_764_460_800_123 ms with sequence 7 in the low 12 bits.
+        let native = format!("42.3:{}:2", 1_764_460_800_123_f64 * 4096.0 + 7.0);
+        assert_eq!(parse_lease(&Layout::Native, &native), Some((1_764_460_800_123, 2)));
+        assert_eq!(
+            parse_lease(&Layout::seed(), "42.3:1764460801:1"),
+            Some((1_764_460_801_000, 1))
+        );
+        // Redis may print a large score in exponent form.
+        assert_eq!(
+            parse_lease(&Layout::Native, "1.1:7.2272307e+15:1"),
+            Some((1_764_460_620_117, 1))
+        );
+        for bad in ["", "1:2", "1:x:1", "1:2:-1", "1:2:3:4"] {
+            assert_eq!(parse_lease(&Layout::Native, bad), None, "{bad:?}");
+        }
     }
 
     #[test]

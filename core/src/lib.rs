@@ -25,6 +25,7 @@ mod backoff;
 mod conn;
 mod envelope;
 mod error;
+mod fork;
 mod keys;
 mod queue;
 mod scripts;

@@ -393,7 +393,7 @@ impl Queue {
                 }
                 // Sortable by creation time and unique without coordination. Having the
                 // id before the first send makes a retried push idempotent.
-                None => uuid::Uuid::now_v7().to_string(),
+                None => crate::fork::new_message_id(),
             };
             envelopes.push(envelope::encode(
                 &inner.opts.layout,

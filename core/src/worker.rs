@@ -25,6 +25,7 @@ use crate::backoff::retry_delay;
 use crate::conn::ConnSlot;
 use crate::envelope;
 use crate::error::{Error, Result};
+use crate::keys;
 use crate::queue::{Queue, int, text};
 use crate::scripts::{self, MAX_BATCH};
 
@@ -807,7 +808,7 @@ fn pause_unless_stopped(pool: &Pool, pause: Duration) {
 struct Claimed {
     server_now_ms: i64,
     next_ms: i64,
-    /// (id, token, due_ms, attempt, stored envelope)
+    /// (id, lease, due_ms, attempt, stored envelope)
     items: Vec<(String, String, i64, u32, String)>,
 }
 
@@ -833,15 +834,19 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, want: usize) -> Result<Claimed> {
     let mut out = Claimed {
         server_now_ms: int(&items[0]),
         next_ms: int(&items[1]),
-        items: Vec::with_capacity((items.len() - 3) / 5),
+        items: Vec::with_capacity((items.len() - 3) / 3),
     };
-    for c in items[3..].chunks(5) {
-        if let [id, token, due, attempt, env] = c {
+    let layout = &qo.layout;
+    for c in items[3..].chunks(3) {
+        if let [id, lease, env] = c {
+            let lease = text(lease).unwrap_or_default();
+            let (due_ms, attempt) = keys::parse_lease(layout, &lease)
+                .ok_or_else(|| Error::Redis(format!("claim returned a malformed lease {lease:?}")))?;
             out.items.push((
                 text(id).unwrap_or_default(),
-                text(token).unwrap_or_default(),
-                int(due),
-                u32::try_from(int(attempt)).unwrap_or(u32::MAX),
+                lease,
+                due_ms,
+                attempt,
                 text(env).unwrap_or_default(),
             ));
         }

@@ -322,6 +322,9 @@ fn a_hung_handler_loses_its_lease_and_the_message_is_delivered_again() {
     assert_ne!(first.token(), second.token());
     let info = q.get(&id).expect("get").expect("exists");
     assert_eq!(info.state, State::Inflight);
+    // The expired delivery counts; the running one is read from its lease.
+    assert_eq!(info.attempts, 2);
+    assert_eq!(info.due_at_ms, Some(second.due_at_ms));
     assert!(
         info.last_error
             .expect("error")

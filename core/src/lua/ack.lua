@@ -1,7 +1,7 @@
 -- ack.lua: complete deliveries; only the delivery holding the lease may do so
 -- (fencing: a worker whose lease expired cannot complete the re-delivery).
 -- KEYS: see lib.lua.
--- ARGV[3..] pairs: id, token.
+-- ARGV[3..] pairs: id, lease (as claim returned it).
 -- Returns one status per pair: 1 acked, 0 lease lost (the message lives on under
 --   another delivery), -1 gone (already completed, cancelled or purged).
 local ids, tokens = {}, {}
@@ -13,7 +13,7 @@ end
 local leases = redis.call('HMGET', K_LEASE, unpack(ids))
 local result, done, others, other_at = {}, {}, {}, {}
 for i, id in ipairs(ids) do
-  if lease_token(leases[i]) == tokens[i] then
+  if leases[i] == tokens[i] then
     done[#done + 1] = id
     result[i] = 1
   else

@@ -2,26 +2,44 @@
 -- re-scheduling deliveries whose lease expired (their worker died or hung).
 -- KEYS: see lib.lua.
 -- ARGV[3] batch (1..1000)   ARGV[4] lease_ms   ARGV[5] dead_max   ARGV[6] dead_ttl_ms
--- Returns {now_ms, next_ms, reaped, id1, token1, due_ms1, attempt1, envelope1, ...}
+-- Returns {now_ms, next_ms, reaped, id1, lease1, envelope1, id2, lease2, envelope2, ...}
 --   next_ms: earliest due time or lease deadline still ahead, -1 if none; the caller
 --   sleeps until then unless a producer publishes an earlier due time.
+--   lease: "<token>:<score>:<attempt>" (see lib.lua); the caller reads the due time
+--   and the attempt from it and sends it back whole to complete the delivery.
+-- This script runs once per batch of up to 1000 messages and is the drain's hot path:
+-- every per-message step below is one element of a variadic call, and the only
+-- per-message Lua work is one string concatenation.
 local batch = tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[4])
 local now = now_ms()
 
 -- Expired leases go back to the front of the schedule: the message is due already.
+-- Their delivery counts as an attempt, with the expiry as its error.
 local expired = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', now, 'LIMIT', 0, batch)
 if #expired > 0 then
-  local readd = {}
+  local readd, counted, errors = {}, {}, {}
   local seq = next_seq(#expired)
+  local held = redis.call('HMGET', K_LEASE, unpack(expired))
+  local before = redis.call('HMGET', K_ATT, unpack(expired))
   for i, id in ipairs(expired) do
     readd[#readd + 1] = score_of(now, seq - #expired + i)
     readd[#readd + 1] = id
-    local att = redis.call('HGET', K_ATT, id) or '0'
-    redis.call('HSET', K_ERR, id, 'lease expired during attempt ' .. att .. ' (worker stopped or hung)')
+    local attempt = nil
+    if held[i] then
+      local _, _, a = lease_parts(held[i])
+      attempt = a
+    end
+    attempt = attempt or (tonumber(before[i]) or 0) + 1
+    counted[#counted + 1] = id
+    counted[#counted + 1] = attempt
+    errors[#errors + 1] = id
+    errors[#errors + 1] = 'lease expired during attempt ' .. attempt .. ' (worker stopped or hung)'
   end
   redis.call('ZREM', K_INFLIGHT, unpack(expired))
   redis.call('HDEL', K_LEASE, unpack(expired))
+  redis.call('HSET', K_ATT, unpack(counted))
+  redis.call('HSET', K_ERR, unpack(errors))
   redis.call('ZADD', K_SCHED, unpack(readd))
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
 end
@@ -33,35 +51,29 @@ local due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'W
 local n = #due / 2
 if n > 0 then
   local ids, leases, deadlines = {}, {}, {}
-  local deadline = now + lease_ms
-  local token_base = next_seq(n) - n
+  -- A string once, not a number that each of the n ZADD arguments would format again.
+  local deadline = fmt(now + lease_ms)
   for i = 1, n do
     local id = due[2 * i - 1]
     ids[i] = id
-    deadlines[#deadlines + 1] = deadline
-    deadlines[#deadlines + 1] = id
+    deadlines[2 * i - 1] = deadline
+    deadlines[2 * i] = id
   end
   redis.call('ZREM', K_SCHED, unpack(ids))
-  -- Whole-batch reads and writes: a fixed number of calls per batch, not per message.
   local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
   local previous = redis.call('HMGET', K_ATT, unpack(ids))
-  local attempts = {}
+  -- One sequence number per batch; "<batch>.<i>" keeps every delivery's token unique.
+  local token = fmt(next_seq()) .. '.'
   local orphans = {}
   local claimed = 0
   for i = 1, n do
     local id = ids[i]
     if envelopes[i] then
-      local token = fmt(token_base + i)
-      local due_ms = fmt(due_of(tonumber(due[2 * i])))
+      local lease = token .. i .. ':' .. due[2 * i] .. ':' .. ((tonumber(previous[i]) or 0) + 1)
       leases[#leases + 1] = id
-      leases[#leases + 1] = token .. ':' .. due_ms
-      local attempt = tonumber(previous[i] or '0') + 1
-      attempts[#attempts + 1] = id
-      attempts[#attempts + 1] = attempt
+      leases[#leases + 1] = lease
       result[#result + 1] = id
-      result[#result + 1] = token
-      result[#result + 1] = due_ms
-      result[#result + 1] = attempt
+      result[#result + 1] = lease
       result[#result + 1] = envelopes[i]
       claimed = claimed + 1
     else
@@ -73,7 +85,6 @@ if n > 0 then
     -- Orphans get a deadline here too and are removed right after: one variadic ZADD.
     redis.call('ZADD', K_INFLIGHT, unpack(deadlines))
     redis.call('HSET', K_LEASE, unpack(leases))
-    redis.call('HSET', K_ATT, unpack(attempts))
     redis.call('HINCRBY', K_STATS, 'delivered', claimed)
   end
   if #orphans > 0 then

@@ -21,7 +21,8 @@ if score then
 end
 local lease = redis.call('HGET', K_LEASE, id)
 if lease then
-  return {'inflight', envelope, lease_due(lease), attempts, err, -1}
+  local _, score, attempt = lease_parts(lease)
+  return {'inflight', envelope, due_of(score), attempt, err, -1}
 end
 local died = redis.call('ZSCORE', K_DEAD, id)
 if died then

@@ -5,8 +5,9 @@
 --   KEYS[2] messages   HASH  id -> envelope (opaque to Lua: payload bytes never pass
 --                            through cjson, so 64-bit integers and key order survive)
 --   KEYS[3] inflight   ZSET  id -> lease deadline (ms, server clock)
---   KEYS[4] leases     HASH  id -> "<token>:<due_ms>" of the current delivery
---   KEYS[5] attempts   HASH  id -> deliveries so far
+--   KEYS[4] leases     HASH  id -> "<token>:<score>:<attempt>" of the current delivery
+--   KEYS[5] attempts   HASH  id -> finished deliveries (written when a delivery fails
+--                            or its lease expires; an in-flight one counts in its lease)
 --   KEYS[6] errors     HASH  id -> last error text
 --   KEYS[7] dead       ZSET  id -> time of death (ms)
 --   KEYS[8] stats      HASH  counters: pushed delivered acked retried dead ...
@@ -70,22 +71,23 @@ end
 
 -- Idle consumers sleep until the earliest due time on a client-side timer; a
 -- message that becomes the new head must wake them, so its due time is published.
+local function wake_if_earlier(old_head, lowest_added)
+  if lowest_added and (old_head == nil or lowest_added < old_head) then
+    redis.call('PUBLISH', CHANNEL, fmt(due_of(lowest_added)))
+  end
+end
+
 local function wake_if_new_head(old_head)
-  local new_head = head_score()
-  if new_head and (old_head == nil or new_head < old_head) then
-    redis.call('PUBLISH', CHANNEL, fmt(due_of(new_head)))
-  end
+  wake_if_earlier(old_head, head_score())
 end
 
-local function lease_token(lease)
-  if not lease then
-    return nil
-  end
-  return string.match(lease, '^(%d+):')
-end
-
-local function lease_due(lease)
-  return tonumber(string.match(lease, ':(%d+)$'))
+-- A lease is "<token>:<score>:<attempt>": the fencing token of one delivery (unique),
+-- the schedule score it was claimed at (a release puts it back there, and it gives
+-- the due time) and which delivery of the message this is. Completions send the
+-- whole string back and compare it as one value: no parsing on the hot path.
+local function lease_parts(lease)
+  local token, score, attempt = string.match(lease, '^([^:]+):([^:]+):(%d+)$')
+  return token, tonumber(score), tonumber(attempt)
 end
 
 local function forget(ids)

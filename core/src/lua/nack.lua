@@ -1,7 +1,7 @@
 -- nack.lua: fail deliveries: retry later, or bury them in the dead-letter set.
 -- KEYS: see lib.lua.
 -- ARGV[3] dead_max   ARGV[4] dead_ttl_ms
--- ARGV[5..] groups of 4: id, token, retry delay in ms (-1 = dead letter now), error.
+-- ARGV[5..] groups of 4: id, lease (as claim returned it), retry delay in ms (-1 = dead letter now), error.
 -- Returns one status per group: 1 retried, 2 buried, 0 lease lost, -1 gone.
 local now = now_ms()
 local old_head = head_score()
@@ -9,10 +9,12 @@ local result = {}
 local retried, buried = 0, 0
 for i = 5, #ARGV, 4 do
   local id, token, delay, err = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
-  local held = lease_token(redis.call('HGET', K_LEASE, id))
-  if held == token then
+  local held = redis.call('HGET', K_LEASE, id)
+  if held and held == token then
+    local _, _, attempt = lease_parts(held)
     redis.call('ZREM', K_INFLIGHT, id)
     redis.call('HDEL', K_LEASE, id)
+    redis.call('HSET', K_ATT, id, attempt)
     redis.call('HSET', K_ERR, id, err)
     if delay < 0 then
       redis.call('ZADD', K_DEAD, now, id)

@@ -10,13 +10,19 @@ local old_head = head_score()
 local count = (#ARGV - 2) / 4
 local seq = next_seq(count)
 local result = {now}
-local adds, envelopes, seen = {}, {}, {}
-local created = 0
+local adds, envelopes, seen, ids = {}, {}, {}, {}
+for i = 0, count - 1 do
+  ids[i + 1] = ARGV[3 + i * 4]
+end
+-- One read for the whole batch (HMGET: there is no variadic HEXISTS); ids are fresh
+-- UUIDs unless the caller chose them, so the envelopes it returns are nearly all nil.
+local existing = redis.call('HMGET', K_MSG, unpack(ids))
+local created, lowest = 0, nil
 for i = 0, count - 1 do
   local base = 3 + i * 4
-  local id, kind, ms, envelope = ARGV[base], ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 3]
+  local id, kind, ms, envelope = ids[i + 1], ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 3]
   -- HSETNX-like check, but also against ids earlier in this same batch.
-  if redis.call('HEXISTS', K_MSG, id) == 1 or seen[id] then
+  if existing[i + 1] or seen[id] then
     local score = redis.call('ZSCORE', K_SCHED, id)
     result[#result + 1] = 0
     result[#result + 1] = score and due_of(tonumber(score)) or -1
@@ -26,6 +32,9 @@ for i = 0, count - 1 do
       due = now + ms
     end
     local score = score_of(due, seq - count + 1 + i)
+    if lowest == nil or score < lowest then
+      lowest = score
+    end
     adds[#adds + 1] = score
     adds[#adds + 1] = id
     seen[id] = true
@@ -40,6 +49,7 @@ if created > 0 then
   redis.call('HSET', K_MSG, unpack(envelopes))
   redis.call('ZADD', K_SCHED, unpack(adds))
   redis.call('HINCRBY', K_STATS, 'pushed', created)
-  wake_if_new_head(old_head)
+  -- The lowest new score is the new head when it beats the old one: no second read.
+  wake_if_earlier(old_head, lowest)
 end
 return result

@@ -1,20 +1,20 @@
 -- release.lua: give back deliveries that a stopping worker prefetched but never
 -- started: due again at once, at their old place, and the attempt does not count.
 -- KEYS: see lib.lua.
--- ARGV[3..] pairs: id, token.
+-- ARGV[3..] pairs: id, lease (as claim returned it).
 -- Returns the number released (pairs whose lease was lost are skipped).
 local old_head = head_score()
 local released = 0
 for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local lease = redis.call('HGET', K_LEASE, id)
-  if lease_token(lease) == token then
+  if lease and lease == token then
+    -- Back to the score it was claimed at: its place in line is kept, and the
+    -- delivery never ran, so it does not count as an attempt.
+    local _, score = lease_parts(lease)
     redis.call('ZREM', K_INFLIGHT, id)
     redis.call('HDEL', K_LEASE, id)
-    if redis.call('HINCRBY', K_ATT, id, -1) <= 0 then
-      redis.call('HDEL', K_ATT, id)
-    end
-    redis.call('ZADD', K_SCHED, score_of(lease_due(lease), next_seq()), id)
+    redis.call('ZADD', K_SCHED, score, id)
     released = released + 1
   end
 end
