@@ -107,6 +107,11 @@ pub(crate) fn decode(layout: &Layout, stored: &str) -> Result<Decoded, String> {
             }),
             Err(e) => Err(format!("payload is not valid JSON: {e}")),
         },
+        // serde would read a JSON array as the struct's fields in order: "[1,2,3]" must
+        // not pass for an envelope with payload 1 and max_attempts 2.
+        Layout::Native if !stored.trim_start().starts_with('{') => {
+            Err("envelope is not a valid delayq envelope: not a JSON object".to_owned())
+        }
         Layout::Native => match serde_json::from_str::<Stored<'_>>(stored) {
             Ok(s) => Ok(Decoded {
                 payload_json: s.payload.get().to_owned(),
@@ -158,5 +163,7 @@ mod tests {
         assert!(validate_payload(&deep(MAX_DEPTH + 1), 1 << 20).is_err());
         assert_eq!(nesting_depth(r#"{"a":"[[[{{\"]]","b":[{}]}"#), 3);
         assert!(decode(&Layout::Native, "not json").is_err());
+        assert!(decode(&Layout::Native, r#"[{"x":1},2,3]"#).is_err());
+        assert!(decode(&Layout::Native, r#"{"v":1}"#).is_err());
     }
 }

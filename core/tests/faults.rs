@@ -188,3 +188,58 @@ fn a_worker_process_killed_mid_run_loses_nothing() {
     assert!(q.stats().expect("stats").total("expired") >= before.inflight);
     assert_no_leak(&server, "{dq:crash}");
 }
+
+#[test]
+fn a_poison_envelope_written_by_hand_goes_to_the_dead_letters_and_the_pool_goes_on() {
+    let server = RedisServer::start();
+    let q = server.queue("poison");
+    let good: Vec<NewMessage> = (0..100u64)
+        .map(|n| NewMessage::new(&json!({"n": n}), Duration::ZERO).expect("msg"))
+        .collect();
+    q.push_many(&good).expect("push");
+    // What a foreign tool or a half-migrated producer might leave behind: not JSON,
+    // and JSON that is not an envelope. Score 1: long due.
+    let mut con = server.con();
+    for (id, text) in [("poison-text", "{not json"), ("poison-shape", "[1,2,3]")] {
+        let _: () = redis::pipe()
+            .hset("{dq:poison}:messages", id, text)
+            .zadd("{dq:poison}:scheduled", id, 1)
+            .query(&mut con)
+            .expect("write by hand");
+    }
+    let seen: Mutex<HashSet<u64>> = Mutex::new(HashSet::new());
+    let worker = Worker::new(q.clone(), fast_retry()).expect("worker");
+    let stopper = worker.stopper();
+    let summary = std::thread::scope(|s| {
+        s.spawn(|| {
+            wait_for(Duration::from_secs(30), "all handled or buried", || {
+                q.stats().is_ok_and(|s| s.ready + s.scheduled + s.inflight == 0)
+            });
+            stopper.stop();
+        });
+        worker
+            .run(2, |d| {
+                seen.lock().insert(n_of(d)?);
+                Ok(())
+            })
+            .expect("run")
+    });
+    assert_eq!(seen.into_inner().len(), 100, "the good messages all ran");
+    assert_eq!(
+        (summary.handled, summary.failed),
+        (100, 0),
+        "no handler ever saw a poison message"
+    );
+    let dead = q.dead_letters(10).expect("dead letters");
+    let mut ids: Vec<&str> = dead.iter().map(|d| d.id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["poison-shape", "poison-text"]);
+    for d in &dead {
+        let why = &d.last_error;
+        assert!(why.starts_with("poison message: "), "{}: {why}", d.id);
+    }
+    // The stored bytes are kept as they were, for a person to look at.
+    let info = q.get("poison-text").expect("get").expect("kept");
+    assert_eq!(info.payload_json, "{not json");
+    assert_no_leak(&server, "{dq:poison}");
+}

@@ -153,3 +153,106 @@ pub fn assert_no_leak(server: &RedisServer, tag: &str) {
         assert!(n <= hlen, "{h} holds {n} entries for {hlen} messages");
     }
 }
+
+/// A TCP proxy in front of a test server that can cut every connection (as a
+/// restarted load balancer or a NAT timeout does) or stop forwarding while keeping
+/// the sockets open (a partition: the client sees no error, only silence).
+pub struct Proxy {
+    pub port: u16,
+    state: std::sync::Arc<ProxyState>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    /// Bumped by `cut`: pumps of an older generation close their sockets.
+    generation: std::sync::atomic::AtomicU64,
+    stalled: std::sync::atomic::AtomicBool,
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl Proxy {
+    pub fn start(upstream_port: u16) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy port");
+        let port = listener.local_addr().expect("addr").port();
+        listener.set_nonblocking(true).expect("nonblocking");
+        let state = Arc::new(ProxyState::default());
+        let st = Arc::clone(&state);
+        std::thread::spawn(move || {
+            while !st.stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream_port)) else {
+                            continue;
+                        };
+                        let generation = st.generation.load(Ordering::Relaxed);
+                        for (from, to) in [
+                            (client.try_clone().expect("clone"), server.try_clone().expect("clone")),
+                            (server, client),
+                        ] {
+                            let st = Arc::clone(&st);
+                            std::thread::spawn(move || pump(&from, &to, &st, generation));
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Self { port, state }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Close every open connection, mid-command or not; new ones are accepted.
+    pub fn cut(&self) {
+        self.state.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Stop (`true`) or resume (`false`) forwarding bytes on every connection.
+    pub fn stall(&self, on: bool) {
+        self.state.stalled.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.state.stopped.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.cut();
+    }
+}
+
+fn pump(from: &std::net::TcpStream, to: &std::net::TcpStream, st: &ProxyState, generation: u64) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::Ordering;
+    let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
+    let mut buf = [0u8; 16 * 1024];
+    let (mut from_r, mut to_w) = (from, to);
+    loop {
+        if st.generation.load(Ordering::Relaxed) != generation {
+            break;
+        }
+        if st.stalled.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        match from_r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                // Bytes read just as the stall began are held back too.
+                while st.stalled.load(Ordering::Relaxed) && st.generation.load(Ordering::Relaxed) == generation {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if st.generation.load(Ordering::Relaxed) != generation || to_w.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
