@@ -191,9 +191,17 @@ final class QueueTest extends TestCase
             $this->assertStringNotContainsString('secret', $e->getMessage());
         }
         $this->redis->rawCommand('ACL', 'SETUSER', 'reader', 'on', '>pw', '~*', '+ping');
-        $weak = new DelayQueue('redis://reader:pw@127.0.0.1:' . $GLOBALS['DELAYQ_REDIS']->port, 'q');
-        $this->expectException(DelayQueueAuthException::class);
-        $weak->push(1);
+        $port = $GLOBALS['DELAYQ_REDIS']->port;
+        foreach (["redis://reader:pw@127.0.0.1:$port" => 'no permissions', "redis://reader:wrong@127.0.0.1:$port" => ''] as $url => $text) {
+            try {
+                (new DelayQueue($url, 'q'))->push(1);
+                $this->fail("$url: no DelayQueueAuthException");
+            } catch (DelayQueueAuthException $e) {
+                $this->assertStringContainsString($text, $e->getMessage());
+                $this->assertStringNotContainsString('wrong', $e->getMessage(), 'the password is not echoed');
+            }
+        }
+        $this->assertSame([], $this->redis->keys('*'), 'refused calls write nothing');
     }
 
     public function testAQueueMadeBeforeForkWorksInParentAndChild(): void

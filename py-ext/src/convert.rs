@@ -4,7 +4,6 @@
 
 use std::fmt::Write as _;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
@@ -14,6 +13,12 @@ pub(crate) fn payload_to_json(value: &Bound<'_, PyAny>) -> PyResult<String> {
     let mut out = String::with_capacity(64);
     write_json(value, &mut out, 0, &mut String::from("payload"))?;
     Ok(out)
+}
+
+/// Values that JSON cannot carry are payload errors: `delayq.PayloadError`, which is
+/// also a `ValueError`.
+fn payload_error(py: Python<'_>, message: impl Into<String>) -> PyErr {
+    errors::new_err(py, errors::Kind::Payload, message.into())
 }
 
 fn type_name(value: &Bound<'_, PyAny>) -> String {
@@ -49,25 +54,30 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
                     let _ = write!(out, "{n}");
                 }
                 Err(_) => {
-                    return Err(PyValueError::new_err(format!(
-                        "{path} is an int outside the 64-bit range, which other languages cannot read back"
-                    )));
+                    return Err(payload_error(
+                        value.py(),
+                        format!("{path} is an int outside the 64-bit range, which other languages cannot read back"),
+                    ));
                 }
             },
         }
     } else if let Ok(f) = value.cast::<PyFloat>() {
         let f = f.value();
         if !f.is_finite() {
-            return Err(PyValueError::new_err(format!(
-                "{path} is {f}, which JSON cannot represent"
-            )));
+            return Err(payload_error(
+                value.py(),
+                format!("{path} is {f}, which JSON cannot represent"),
+            ));
         }
-        out.push_str(&serde_json::to_string(&f).map_err(|e| PyValueError::new_err(e.to_string()))?);
+        out.push_str(&serde_json::to_string(&f).map_err(|e| payload_error(value.py(), e.to_string()))?);
     } else if let Ok(s) = value.cast::<PyString>() {
         let text = s.to_cow().map_err(|_| {
-            PyValueError::new_err(format!("{path} is a str that is not valid unicode (lone surrogate)"))
+            payload_error(
+                value.py(),
+                format!("{path} is a str that is not valid unicode (lone surrogate)"),
+            )
         })?;
-        out.push_str(&serde_json::to_string(&*text).map_err(|e| PyValueError::new_err(e.to_string()))?);
+        out.push_str(&serde_json::to_string(&*text).map_err(|e| payload_error(value.py(), e.to_string()))?);
     } else if let Ok(d) = value.cast::<PyDict>() {
         out.push('{');
         for (i, (k, v)) in d.iter().enumerate() {
@@ -79,11 +89,11 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
             })?;
             let key = key
                 .to_cow()
-                .map_err(|_| PyValueError::new_err(format!("{path} has a key that is not valid unicode")))?;
+                .map_err(|_| payload_error(value.py(), format!("{path} has a key that is not valid unicode")))?;
             if i > 0 {
                 out.push(',');
             }
-            out.push_str(&serde_json::to_string(&*key).map_err(|e| PyValueError::new_err(e.to_string()))?);
+            out.push_str(&serde_json::to_string(&*key).map_err(|e| payload_error(value.py(), e.to_string()))?);
             out.push(':');
             let mark = path.len();
             let _ = write!(path, "[{key:?}]");

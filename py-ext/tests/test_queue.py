@@ -81,8 +81,12 @@ BAD = [
     (lambda q: q.push(object()), TypeError, "payload is of type object"),
     (lambda q: q.push({"a": {1: 2}}), TypeError, "payload[\"a\"] has a key of type int"),
     (lambda q: q.push({"a": [set()]}), TypeError, "payload[\"a\"][0] is of type set"),
-    (lambda q: q.push(float("nan")), ValueError, "NaN"),
-    (lambda q: q.push(2**64), ValueError, "64-bit"),
+    (lambda q: q.push(float("nan")), delayq.PayloadError, "NaN"),
+    (lambda q: q.push({"x": [float("-inf")]}), delayq.PayloadError, "payload[\"x\"][0] is -inf"),
+    (lambda q: q.push(2**64), delayq.PayloadError, "64-bit"),
+    (lambda q: q.push({"k": "\udcff"}), delayq.PayloadError, "payload[\"k\"] is a str that is not valid unicode"),
+    (lambda q: q.push({"\ud800": 1}), delayq.PayloadError, "has a key that is not valid unicode"),
+    (lambda q: q.push(b"\xff"), TypeError, "payload is of type bytes"),
     (lambda q: q.push(1, delay=float("nan")), delayq.InvalidArgumentError, "invalid delay"),
     (lambda q: q.push(1, delay=-1), ValueError, "must not be negative"),
     (lambda q: q.push(1, delay=float("inf")), ValueError, "must be finite"),
@@ -128,8 +132,13 @@ def test_connection_and_auth_errors(redis_url: str, server: RedisServer) -> None
     assert isinstance(info.value, ConnectionError) and "secret" not in str(info.value)
     server.cli("ACL", "SETUSER", "reader", "on", ">pw", "~*", "+ping")
     weak = delayq.DelayQueue(f"redis://reader:pw@127.0.0.1:{server.port}")
-    with pytest.raises(delayq.AuthError):
+    with pytest.raises(delayq.AuthError, match="no permissions"):
         weak.push(1)
+    wrong = delayq.DelayQueue(f"redis://reader:wrong@127.0.0.1:{server.port}")
+    with pytest.raises(delayq.AuthError) as auth:
+        wrong.push(1)
+    assert "wrong" not in str(auth.value), "the password is not echoed"
+    assert server.keys() == []
 
 
 def test_a_queue_made_before_fork_works_in_parent_and_child(queue: delayq.DelayQueue) -> None:
