@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test bench lint fmt clippy doc
+.PHONY: help setup demo build php python test soak bench lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ python: ## Build the Python module and install it into the current python3
 
 test: ## Run every test (each suite starts its own redis-server)
 	scripts/test.sh
+
+soak: ## The long load test: 200 000 messages over 60 s, 8 producers, 8 handlers
+	DELAYQ_SOAK_MESSAGES=200000 DELAYQ_SOAK_SECONDS=60 cargo test --release -p delayq --test soak -- --nocapture
 
 bench: ## Benchmark delayq against the seed recipe on a private, pinned redis-server
 	python3 bench/run.py
