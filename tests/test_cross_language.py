@@ -17,6 +17,10 @@ PAYLOADS: list[Any] = [
     {"z": {"y": {"x": [1, {"w": None}, True, False]}}, "a": [], "7": "numeric-looking key"},
     [1, "two", [3]],
     "plain string",
+    # Text that would be code to unserialize(), pickle or a script built by splicing:
+    # it must arrive as the same text, and nothing may run.
+    {"php": 'O:8:"stdClass":1:{s:1:"a";i:1;}', "pickle": "cos\nsystem\n(S'echo pwned'\ntR.",
+     "lua": "']]) redis.call('FLUSHALL') --"},
     42,
     None,
 ]

@@ -173,9 +173,13 @@ final class QueueTest extends TestCase
     public function testPayloadLimit(): void
     {
         $q = new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'small', ['max_payload_bytes' => 16]);
-        $this->expectException(DelayQueuePayloadException::class);
-        $this->expectExceptionMessage('over the limit of 16 bytes');
-        $q->push(str_repeat('x', 100));
+        try {
+            $q->push(str_repeat('x', 100));
+            $this->fail('an oversized payload was accepted');
+        } catch (DelayQueuePayloadException $e) {
+            $this->assertStringContainsString('over the limit of 16 bytes', $e->getMessage());
+        }
+        $this->assertSame([], $this->redis->keys('*'), 'an oversized payload writes nothing');
     }
 
     public function testConnectionAndAuthErrorsAreTheirOwnClasses(): void

@@ -117,10 +117,11 @@ def test_bad_input_raises_a_named_error_and_writes_nothing(
     assert server.keys() == []
 
 
-def test_payload_limit(redis_url: str) -> None:
+def test_payload_limit(redis_url: str, server: RedisServer) -> None:
     q = delayq.DelayQueue(redis_url, "small", max_payload_bytes=16)
     with pytest.raises(delayq.PayloadError, match="over the limit of 16 bytes"):
         q.push("x" * 100)
+    assert server.keys() == []
 
 
 def test_connection_and_auth_errors(redis_url: str, server: RedisServer) -> None:
