@@ -13,6 +13,7 @@ message is marked VOID. Writes bench/results/<date>.md and prints it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -24,12 +25,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 PHP_DIR = ROOT / "bench" / "php"
-SYSTEMS = ["seed", "delayq"]
-LABEL = {"seed": "seed recipe (PHP + phpredis)", "delayq": "delayq (PHP extension)", "rust": "delayq (Rust core)"}
+PY_BENCH = ROOT / "bench" / "python" / "bench.py"
+SYSTEMS = ["seed", "delayq", "python"]
+LABEL = {"seed": "seed recipe (PHP + phpredis)", "delayq": "delayq (PHP extension)", "python": "delayq (Python module)",
+         "rust": "delayq (Rust core)"}
 
 
 def free_port() -> int:
@@ -84,6 +87,21 @@ def php(script: str, *args: str, background: bool = False) -> Any:
     return out.stdout
 
 
+def python(*args: str, background: bool = False) -> Any:
+    cmd = ["taskset", "-c", "1", sys.executable, str(PY_BENCH), *args]
+    if background:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench.py {args}: {out.stderr or out.stdout}")
+    return out.stdout
+
+
+def fill(system: str, *args: str) -> None:
+    # delayq's queues are the same from every language: PHP fills them for Python too.
+    php("fill.php", f"--system={'seed' if system == 'seed' else 'delayq'}", *args)
+
+
 def read_records(records: Path) -> list[tuple[int, float]]:
     rows = []
     for f in records.iterdir():
@@ -100,15 +118,28 @@ def verify(rows: list[tuple[int, float]], n: int) -> tuple[int, int]:
     return n - len(distinct & set(range(n))), len(seen) - len(distinct)
 
 
-def consume(redis: Redis, system: str, records: Path, until_empty: bool = True) -> subprocess.Popen[str]:
-    args = [f"--system={system}", f"--url={redis.url}", f"--records={records}"]
+def consume(redis: Redis, system: str, records: Path, until_empty: bool = True, *extra: str) -> subprocess.Popen[str]:
+    args = [f"--url={redis.url}", f"--records={records}", *extra]
     if until_empty:
         args.append("--until-empty")
-    return php("consume.php", *args, background=True)
+    if system == "python":
+        return python("consume", *args, background=True)
+    return php("consume.php", f"--system={system}", *args, background=True)
 
 
 def med(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
+
+
+@contextlib.contextmanager
+def filled(bench: "Bench", system: str, n: int) -> Iterator[Path]:
+    """A fresh Redis with N due messages for `system`; yields an empty records folder."""
+    bench.fresh()
+    with tempfile.TemporaryDirectory() as tmp:
+        fill(system, f"--n={n}", f"--url={bench.redis.url}", f"--due-file={tmp}/due")
+        records = Path(tmp) / "records"
+        records.mkdir()
+        yield records
 
 
 class Bench:
@@ -116,6 +147,8 @@ class Bench:
         self.quick = quick
         self.rows: list[dict[str, Any]] = []
         self.redis = Redis()
+        # W3: every message's lateness in ms, all runs, per system (for the plot).
+        self.late: dict[str, list[float]] = {}
 
     def fresh(self) -> None:
         self.redis.cli("FLUSHALL")
@@ -136,8 +169,11 @@ class Bench:
             for system in SYSTEMS:
                 def once() -> float:
                     self.fresh()
-                    out = json.loads(php("push.php", f"--system={system}", f"--mode={mode}", f"--n={n}",
-                                         f"--url={self.redis.url}"))
+                    if system == "python":
+                        out = json.loads(python("push", f"--mode={mode}", f"--n={n}", f"--url={self.redis.url}"))
+                    else:
+                        out = json.loads(php("push.php", f"--system={system}", f"--mode={mode}", f"--n={n}",
+                                             f"--url={self.redis.url}"))
                     assert out["stored"] == n, out
                     return float(out["rate"])
                 self.record(label, system, "msg/s", self.repeat(once))
@@ -160,12 +196,7 @@ class Bench:
         n = 20000 if self.quick else 200000
         for system in SYSTEMS:
             def once() -> float:
-                self.fresh()
-                with tempfile.TemporaryDirectory() as tmp:
-                    php("fill.php", f"--system={system}", f"--n={n}", f"--url={self.redis.url}",
-                        f"--due-file={tmp}/due")
-                    records = Path(tmp) / "records"
-                    records.mkdir()
+                with filled(self, system, n) as records:
                     start = time.time()
                     proc = consume(self.redis, system, records)
                     proc.wait(timeout=600)
@@ -206,8 +237,8 @@ class Bench:
                     records.mkdir()
                     proc = consume(self.redis, system, records)
                     time.sleep(1.0)  # the consumers are up and idle
-                    php("fill.php", f"--system={system}", f"--n={n}", f"--url={self.redis.url}",
-                        f"--spread={spread}", f"--due-file={tmp}/due")
+                    fill(system, f"--n={n}", f"--url={self.redis.url}", f"--spread={spread}",
+                         f"--due-file={tmp}/due")
                     proc.wait(timeout=120)
                     due = dict(read_records_file(Path(tmp) / "due"))
                     rows = read_records(records)
@@ -216,6 +247,7 @@ class Bench:
                         print(f"VOID: {system} lateness lost {lost}", flush=True)
                         continue
                     late = sorted((at - due[i]) * 1000 for i, at in rows)
+                    self.late.setdefault(system, []).extend(late)
                     p99s.append(late[int(len(late) * 0.99) - 1])
                     earliest.append(late[0])
             self.record("W3 p99", system, "ms late", p99s, f"{n} msgs over 0-{spread:g} s", higher_is_better=False)
@@ -247,7 +279,91 @@ class Bench:
             self.record("W5 idle", system, "cmd/s per worker", values, f"4 idle workers, {window:g} s",
                         higher_is_better=False)
 
-    def report(self, args: list[str]) -> str:
+    def crash(self) -> None:
+        """W4: kill -9 of one of the 4 worker processes 1 s into a drain with a 1 ms handler."""
+        n = 4000 if self.quick else 20000
+        for system in SYSTEMS:
+            lost_runs, dup_runs = [], []
+            for _ in range(3):
+                with filled(self, system, n) as records:
+                    # A 5 s lease: what the victim held comes back within the run.
+                    proc = consume(self.redis, system, records, True, "--sleep-ms=1", "--lease=5")
+                    time.sleep(1.0)
+                    victims = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                             text=True).stdout.split()
+                    if not victims:
+                        raise RuntimeError(f"{system}: no worker process to kill")
+                    os.kill(int(victims[0]), 9)
+                    proc.wait(timeout=600)
+                    lost, dups = verify(read_records(records), n)
+                    lost_runs.append(float(lost))
+                    dup_runs.append(float(dups))
+            note = f"N={n}, 1 ms handler, 1 of 4 processes killed at 1 s"
+            self.record("W4 lost", system, "messages", lost_runs, note, higher_is_better=False)
+            self.record("W4 duplicates", system, "messages", dup_runs, note, higher_is_better=False)
+
+    def memory(self) -> None:
+        """W6: Redis memory per stored message; worker RSS before and after a long drain."""
+        n = 50000 if self.quick else 200000
+        for system in ("seed", "delayq"):
+            def per_message() -> float:
+                self.fresh()
+                before = self.redis.used_memory()
+                with tempfile.TemporaryDirectory() as tmp:
+                    fill(system, f"--n={n}", f"--url={self.redis.url}", f"--due-file={tmp}/due")
+                return (self.redis.used_memory() - before) / n
+            self.record("W6 Redis memory", system, "bytes/message", self.repeat(per_message), f"{n:,} stored",
+                        higher_is_better=False)
+        big = 100000 if self.quick else 1000000
+        for system in SYSTEMS:
+            starts, growths = [], []
+            for _ in range(3):
+                with filled(self, system, big) as records:
+                    proc = consume(self.redis, system, records, True, "--stream-records")
+                    samples = []
+                    while proc.poll() is None:
+                        time.sleep(0.25)
+                        samples.append(tree_rss_kib(proc.pid))
+                    proc.wait()
+                    lost, _ = verify(read_records(records), big)
+                    if lost:
+                        print(f"VOID: {system} memory run lost {lost}", flush=True)
+                        continue
+                    # Only samples with every process up: the first and the last one, before
+                    # the pool winds down and processes exit.
+                    full = max(c for c, _ in samples)
+                    settled = [kib for c, kib in samples if c == full]
+                    starts.append(settled[0] / 1024)
+                    growths.append((settled[-1] - settled[0]) / 1024)
+            note = f"sum over the worker processes, {big:,} messages drained"
+            self.record("W6 worker RSS at start", system, "MiB", starts, note, higher_is_better=False)
+            self.record("W6 worker RSS growth", system, "MiB", growths, note, higher_is_better=False)
+
+    def plot_lateness(self, path: Path) -> None:
+        """W3 as a picture: the share of messages handled by a given lateness."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(9, 5))
+        for system, late in self.late.items():
+            xs = sorted(late)
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            ax.step(xs, ys, where="post", label=LABEL.get(system, system))
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.axvline(5, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_xlabel("handled time - requested due time (ms; negative = early; symlog scale)")
+        ax.set_ylabel("share of messages")
+        ax.set_title("W3 lateness: 2 000 messages due over 10 s, 3 runs each (dotted: 5 ms)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+    def report(self, args: list[str], plot: str) -> str:
         seed = {(r["workload"]): r["median"] for r in self.rows if r["system"] == "seed"}
         lines = [
             f"# delayq benchmark, {datetime.date.today().isoformat()}",
@@ -277,16 +393,45 @@ class Bench:
             "  runs to the last handled message; every message is checked handled exactly once.",
             "- W3: handled time minus requested due time. The recipe scores whole seconds",
             "  (`time() + delay`) and polls every 200 ms, so it runs messages up to a second",
-            "  early and late; negative `earliest` means early.",
+            "  early and late; negative `earliest` means early. The whole distributions:",
+            f"  [{plot}]({plot}).",
+            "",
+            f"![W3 lateness]({plot})",
+            "",
             "- W5: commands per second that each idle worker sends Redis (from MONITOR, not",
             "  counting the commands a Lua script runs).",
             "- Ceiling: `redis-benchmark` on the same pinned Redis, one client.",
             "- W2 \"Rust core\" runs the core alone (4 handler threads in one process), to separate",
             "  the Redis-side cost from the binding's.",
-            "- Not yet measured here: Laravel's queue, BullMQ, arq, delayq from Python, kill -9",
-            "  during a drain (W4), memory (W6); see issue 5.",
+            "- W4: one of the 4 worker processes is killed with SIGKILL 1 s into a drain whose",
+            "  handler takes 1 ms; each process appends a record as soon as it handled a",
+            "  message, so a killed process keeps its records. \"lost\" counts messages that never",
+            "  ran. The recipe loses the rest of the batch its killed process had popped; delayq",
+            "  runs the killed process's deliveries again after their lease (5 s here), so a",
+            "  message that ran just before the kill may run twice.",
+            "- W6: Redis `used_memory` growth per stored message; worker RSS summed over the",
+            "  consumer's processes at the first full sample and growth until the last.",
+            "- \"delayq (Python module)\" drains with 4 processes of `delayq.Worker` (2 I/O threads",
+            "  each), filled by the PHP script: the queues are the same from every language.",
+            "- Not yet measured here: Laravel's queue, BullMQ, arq; see issue 5.",
         ]
         return "\n".join(lines) + "\n"
+
+
+def tree_rss_kib(pid: int) -> tuple[int, int]:
+    """(processes, resident KiB) of a process and all its descendants."""
+    count, total, todo = 0, 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+            count += 1
+        except OSError:
+            continue
+        todo += [int(c) for c in subprocess.run(["pgrep", "-P", str(p)], capture_output=True,
+                                                text=True).stdout.split()]
+    return count, total
 
 
 def read_records_file(path: Path) -> list[tuple[int, float]]:
@@ -312,10 +457,14 @@ def main() -> None:
         bench.drain()
         bench.lateness()
         bench.idle()
+        bench.crash()
+        bench.memory()
     finally:
         bench.redis.stop()
-    text = bench.report(sys.argv[1:])
     out = ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}{'-quick' if opts.quick else ''}.md"
+    plot = out.with_name(out.stem + "-lateness.png")
+    bench.plot_lateness(plot)
+    text = bench.report(sys.argv[1:], plot.name)
     out.write_text(text)
     print(text)
     print(f"written to {out}")

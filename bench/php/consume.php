@@ -1,8 +1,9 @@
 <?php
-// W2, W3, W5 consumers: 4 worker processes, no-op handler. Each process writes
+// W2-W6 consumers: 4 worker processes, no-op handler (or --sleep-ms of work). Each process writes
 // "order_id handled_at" lines (handled_at: Unix seconds, float) to RECORDS/<pid> when
 // it ends; the runner checks them for loss and duplicates and computes the figures.
 //   php consume.php --system=seed|delayq --url=... --records=DIR [--until-empty]
+//       [--sleep-ms=0] [--lease=30] [--stream-records]
 // Without --until-empty it runs until SIGTERM (idle-cost runs).
 declare(strict_types=1);
 require __DIR__ . '/common.php';
@@ -14,9 +15,28 @@ $records = $a['records'];
 $untilEmpty = isset($a['until-empty']);
 $procs = 4;
 $seen = [];
+$sleepMs = (float) ($a['sleep-ms'] ?? 0);
+// Records appended one by one, not kept in memory: kill -9 and memory runs.
+$stream = $sleepMs > 0 || isset($a['stream-records']);
+$lease = (float) ($a['lease'] ?? 30);
 
-$flush = function () use (&$seen, $records) {
+$flush = function () use (&$seen, $records, $stream) {
+    if ($stream) {
+        return; // written as they happened
+    }
     file_put_contents("$records/" . getmypid(), implode("\n", $seen));
+};
+// The no-op handler keeps its records in memory; a handler with work (--sleep-ms, the
+// kill -9 run) appends each record at once, so a killed process keeps what it did.
+$handled = function (int $orderId) use (&$seen, $records, $sleepMs, $stream) {
+    if ($sleepMs > 0) {
+        usleep((int) ($sleepMs * 1000));
+    }
+    if ($stream) {
+        file_put_contents("$records/" . getmypid(), $orderId . ' ' . microtime(true) . "\n", FILE_APPEND);
+    } else {
+        $seen[] = $orderId . ' ' . microtime(true);
+    }
 };
 
 if ($system === 'seed') {
@@ -41,9 +61,8 @@ if ($system === 'seed') {
                     usleep(200 * 1000);
                     continue;
                 }
-                $now = microtime(true);
                 for ($i = 0; $i < count($result); $i += 2) {
-                    $seen[] = json_decode($result[$i + 1], true)['order_id'] . ' ' . $now;
+                    $handled(json_decode($result[$i + 1], true)['order_id']);
                 }
             }
             $flush();
@@ -65,7 +84,8 @@ if ($system === 'seed') {
 }
 
 $q = new DelayQueue($url, 'bench');
-$w = new DelayQueueWorker($q, ['processes' => $procs, 'threads' => 2, 'batch' => 1000, 'on_stop' => $flush]);
+$w = new DelayQueueWorker($q, ['processes' => $procs, 'threads' => 2, 'batch' => 1000, 'lease' => $lease,
+    'on_stop' => $flush]);
 if ($untilEmpty) {
     $marker = bench_redis($url);
     pcntl_signal(SIGALRM, function () use ($q, $w, $marker) {
@@ -78,6 +98,6 @@ if ($untilEmpty) {
     });
     pcntl_alarm(1);
 }
-$w->run(function (array $payload) use (&$seen) {
-    $seen[] = $payload['order_id'] . ' ' . microtime(true);
+$w->run(function (array $payload) use ($handled) {
+    $handled($payload['order_id']);
 });

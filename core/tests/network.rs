@@ -37,6 +37,14 @@ fn n_of(d: &delayq::Delivery) -> Result<u64, String> {
     v["n"].as_u64().ok_or_else(|| "no n".to_owned())
 }
 
+/// A handler that notes each message's number.
+fn record_into(seen: &Mutex<Vec<u64>>) -> impl Fn(&delayq::Delivery) -> Result<(), String> + Sync + '_ {
+    move |d| {
+        seen.lock().push(n_of(d)?);
+        Ok(())
+    }
+}
+
 fn worker_opts() -> WorkerOptions {
     WorkerOptions {
         threads: 2,
@@ -92,14 +100,7 @@ fn a_pool_rides_out_a_stall_and_loses_nothing() {
     let worker = Worker::new(q, worker_opts()).expect("worker");
     let stopper = worker.stopper();
     let summary = std::thread::scope(|s| {
-        let run = s.spawn(|| {
-            worker
-                .run(2, |d| {
-                    seen.lock().push(n_of(d)?);
-                    Ok(())
-                })
-                .expect("run")
-        });
+        let run = s.spawn(|| worker.run(2, record_into(&seen)).expect("run"));
         wait_for(Duration::from_secs(30), "a start", || seen.lock().len() >= 300);
         proxy.stall(true);
         // Longer than the lease: deliveries in hand may go to another delivery later.
@@ -141,14 +142,7 @@ fn connections_cut_mid_command_are_reopened_and_nothing_is_lost() {
     let stopper = worker.stopper();
     const N: u64 = 1000;
     let summary = std::thread::scope(|s| {
-        let run = s.spawn(|| {
-            worker
-                .run(2, |d| {
-                    seen.lock().push(n_of(d)?);
-                    Ok(())
-                })
-                .expect("run")
-        });
+        let run = s.spawn(|| worker.run(2, record_into(&seen)).expect("run"));
         let pushes = s.spawn(|| {
             // Every push must succeed: a cut connection is reopened and the push sent
             // again under the same id within the retry budget.
