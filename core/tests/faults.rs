@@ -252,3 +252,22 @@ fn a_poison_envelope_written_by_hand_goes_to_the_dead_letters_and_the_pool_goes_
     assert_eq!(info.payload_json, "{not json");
     assert_no_leak(&server, "{dq:poison}");
 }
+
+#[test]
+fn get_reports_a_delivery_whose_lease_it_cannot_read() {
+    let server = RedisServer::start();
+    let q = server.queue("oddlease");
+    let id = q.push(&json!({"n": 1}), Duration::ZERO).expect("push");
+    // What an older delayq mid-upgrade (or a hand edit) might leave: an in-flight
+    // message whose lease string is not in this version's format.
+    let mut con = server.con();
+    let _: () = redis::pipe()
+        .zrem("{dq:oddlease}:scheduled", &id)
+        .zadd("{dq:oddlease}:inflight", &id, 9_999_999_999_999_i64)
+        .hset("{dq:oddlease}:leases", &id, "17:1764460800000")
+        .query(&mut con)
+        .expect("write by hand");
+    let info = q.get(&id).expect("get works").expect("exists");
+    assert_eq!(info.state, delayq::State::Inflight);
+    assert_eq!(info.due_at_ms, None);
+}
