@@ -7,14 +7,26 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{RedisServer, wait_for};
+use common::{RedisServer, free_port, wait_for};
 use delayq::{NewMessage, Queue, QueueOptions, Worker, WorkerOptions};
 use parking_lot::Mutex;
 
 #[test]
 fn a_queue_works_on_a_three_master_cluster() {
+    // The bus port defaults to port + 10000, past 65535 for a port high in the
+    // ephemeral range: give it a free port of its own.
     let nodes: Vec<RedisServer> = (0..3)
-        .map(|_| RedisServer::start_with(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]))
+        .map(|_| {
+            let bus = free_port().to_string();
+            RedisServer::start_with(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                &bus,
+                "--cluster-node-timeout",
+                "2000",
+            ])
+        })
         .collect();
     let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
     let out = Command::new("redis-cli")

@@ -1,0 +1,95 @@
+"""The same API on Redis Cluster from PHP and Python: a `redis+cluster://` URL with
+seed nodes, three masters started here, PHP pushes and Python consumes and back, and
+every key of the queue in one hash slot (one node)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections import Counter
+from typing import Any, Iterator
+
+import pytest
+
+import delayq
+from harness import RedisServer, free_port, wait_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[list[RedisServer]]:
+    # The bus port defaults to port + 10000, past 65535 for a port high in the
+    # ephemeral range: give it a free port of its own.
+    nodes = [
+        RedisServer("--cluster-enabled", "yes", "--cluster-port", str(free_port()), "--cluster-node-timeout", "2000")
+        for _ in range(3)
+    ]
+    try:
+        out = subprocess.run(
+            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        wait_for(20, "cluster_state:ok", lambda: all("cluster_state:ok" in n.cli("CLUSTER", "INFO") for n in nodes))
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def php_cmd() -> list[str]:
+    cmd = ["php"]
+    ext = os.environ.get("DELAYQ_EXTENSION")
+    if ext:
+        cmd += ["-d", f"extension={ext}"]
+    return cmd
+
+
+def test_php_and_python_share_a_queue_on_a_cluster(cluster: list[RedisServer], tmp_path: Any) -> None:
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster[:2])
+    code = (
+        '$q = new DelayQueue($argv[1], "orders");'
+        '$items = []; foreach (range(0, 299) as $i) { $items[] = ["payload" => ["n" => $i], "delay" => ($i % 30) / 100]; }'
+        '$q->pushMany($items); echo $q->stats()["pushed"];'
+    )
+    out = subprocess.run([*php_cmd(), "-r", code, url], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert out.stdout == "300"
+
+    queue = delayq.DelayQueue(url, "orders")
+    got: Counter[int] = Counter()
+    worker = delayq.Worker(queue, idle_check=0.1)
+
+    def handle(payload: dict[str, Any], msg: delayq.Message) -> None:
+        got[payload["n"]] += 1
+        if len(got) == 300:
+            worker.stop()
+
+    worker.run(handle)
+    assert got == Counter(range(300)), "each message exactly once"
+
+    # And back: Python pushes, a PHP worker process consumes.
+    queue.push_many([({"n": i}, 0) for i in range(300, 400)])
+    log = str(tmp_path / "log")
+    script = os.path.join(ROOT, "php-ext", "tests", "worker_script.php")
+    proc = subprocess.Popen([*php_cmd(), script, url, "orders", log, '{"idle_check": 0.1, "_sleep_ms": 0}'])
+    try:
+        def handled() -> list[int]:
+            try:
+                with open(log) as f:
+                    return [int(line.split()[0]) for line in f if line.strip()]
+            except FileNotFoundError:
+                return []
+
+        wait_for(30, "PHP handled Python's messages", lambda: len(handled()) >= 100)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    assert sorted(handled()) == list(range(300, 400))
+    stats = queue.stats()
+    assert stats["acked"] == 400 and stats["ready"] + stats["scheduled"] + stats["inflight"] == 0
+    holders = [n.port for n in cluster if n.keys()]
+    assert len(holders) == 1, f"the queue's keys are on {holders}: not one hash slot"
