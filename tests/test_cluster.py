@@ -14,6 +14,7 @@ import pytest
 
 import delayq
 from harness import RedisServer, free_port, wait_for
+from phpcli import php, php_cmd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,14 +41,6 @@ def cluster() -> Iterator[list[RedisServer]]:
             n.stop()
 
 
-def php_cmd() -> list[str]:
-    cmd = ["php"]
-    ext = os.environ.get("DELAYQ_EXTENSION")
-    if ext:
-        cmd += ["-d", f"extension={ext}"]
-    return cmd
-
-
 def test_php_and_python_share_a_queue_on_a_cluster(cluster: list[RedisServer], tmp_path: Any) -> None:
     url = "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster[:2])
     code = (
@@ -55,9 +48,7 @@ def test_php_and_python_share_a_queue_on_a_cluster(cluster: list[RedisServer], t
         '$items = []; foreach (range(0, 299) as $i) { $items[] = ["payload" => ["n" => $i], "delay" => ($i % 30) / 100]; }'
         '$q->pushMany($items); echo $q->stats()["pushed"];'
     )
-    out = subprocess.run([*php_cmd(), "-r", code, url], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr + out.stdout
-    assert out.stdout == "300"
+    assert php(code, url) == "300"
 
     queue = delayq.DelayQueue(url, "orders")
     got: Counter[int] = Counter()

@@ -4,12 +4,11 @@ unicode, nested maps and 64-bit integers arrive equal, on the same keys."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from typing import Any
 
 import delayq
 from harness import drained
+from phpcli import php
 
 PAYLOADS: list[Any] = [
     {"order_id": 10086, "action": "close", "note": "日本語 ✓ \u00e9\n\t\"quoted\""},
@@ -24,16 +23,6 @@ PAYLOADS: list[Any] = [
     42,
     None,
 ]
-
-
-def php(code: str, *args: str) -> str:
-    cmd = ["php"]
-    ext = os.environ.get("DELAYQ_EXTENSION")
-    if ext:
-        cmd += ["-d", f"extension={ext}"]
-    out = subprocess.run([*cmd, "-r", code, *args], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr + out.stdout
-    return out.stdout
 
 
 def test_php_pushes_and_python_consumes(queue: delayq.DelayQueue, redis_url: str) -> None:

@@ -17,17 +17,10 @@ import pytest
 
 import delayq
 from harness import RedisServer, drained, wait_for
+from phpcli import php, php_cmd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 20_000
-
-
-def php_cmd() -> list[str]:
-    cmd = ["php"]
-    ext = os.environ.get("DELAYQ_EXTENSION")
-    if ext:
-        cmd += ["-d", f"extension={ext}"]
-    return cmd
 
 
 def worker_cmd(kind: str, url: str, log: str) -> list[str]:
@@ -101,9 +94,7 @@ def test_an_acl_user_limited_to_one_queue_works_from_php_and_python(
         'foreach (range(0, 49) as $i) { $q->push(["n" => $i]); }'
         'echo json_encode($q->stats()["pushed"]);'
     )
-    out = subprocess.run([*php_cmd(), "-r", code, url], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr + out.stdout
-    assert out.stdout == "50"
+    assert php(code, url) == "50"
     queue = delayq.DelayQueue(url, "jobs")
     queue.push({"n": 50}, delay=0.05)
     log = str(tmp_path / "log")
@@ -117,10 +108,7 @@ def test_an_acl_user_limited_to_one_queue_works_from_php_and_python(
     # Another queue's keys stay out of reach, from both languages.
     with pytest.raises(delayq.AuthError, match="no permissions"):
         delayq.DelayQueue(url, "payments").push(1)
-    out = subprocess.run(
-        [*php_cmd(), "-r", 'try { (new DelayQueue($argv[1], "payments"))->push(1); } '
-         'catch (DelayQueueAuthException $e) { echo "refused"; }', url],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert out.stdout == "refused", out.stderr + out.stdout
+    refused = php('try { (new DelayQueue($argv[1], "payments"))->push(1); } '
+                  'catch (DelayQueueAuthException $e) { echo "refused"; }', url)
+    assert refused == "refused"
     assert not [k for k in server.keys() if "payments" in k]
