@@ -74,27 +74,26 @@ class Redis:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def php(script: str, *args: str, background: bool = False) -> Any:
-    cmd = ["taskset", "-c", "1", "php"]
-    if os.environ.get("DELAYQ_EXTENSION"):
-        cmd += ["-d", f"extension={os.environ['DELAYQ_EXTENSION']}"]
-    cmd += [str(PHP_DIR / script), *args]
+def client(cmd: list[str], background: bool = False) -> Any:
+    """Run a benchmark client pinned to CPU 1: its stdout, or the process if `background`."""
+    cmd = ["taskset", "-c", "1", *cmd]
     if background:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
-        raise RuntimeError(f"{script} {args}: {out.stderr or out.stdout}")
+        raise RuntimeError(f"{' '.join(cmd[3:])}: {out.stderr or out.stdout}")
     return out.stdout
+
+
+def php(script: str, *args: str, background: bool = False) -> Any:
+    cmd = ["php"]
+    if os.environ.get("DELAYQ_EXTENSION"):
+        cmd += ["-d", f"extension={os.environ['DELAYQ_EXTENSION']}"]
+    return client([*cmd, str(PHP_DIR / script), *args], background)
 
 
 def python(*args: str, background: bool = False) -> Any:
-    cmd = ["taskset", "-c", "1", sys.executable, str(PY_BENCH), *args]
-    if background:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise RuntimeError(f"bench.py {args}: {out.stderr or out.stdout}")
-    return out.stdout
+    return client([sys.executable, str(PY_BENCH), *args], background)
 
 
 def fill(system: str, *args: str) -> None:
