@@ -23,7 +23,11 @@ final class DelayQueue
      *   Python address the same queue
      * @param array{prefix?: string, layout?: 'native'|'seed', zset_key?: string, payload_key?: string,
      *   max_payload_bytes?: int, connect_timeout?: float, read_timeout?: float, retry_timeout?: float,
-     *   tls_ca_file?: string, partitions?: int, dead_max?: int, dead_ttl?: float} $options
+     *   tls_ca_file?: string, partitions?: int, wait_replicas?: int, wait_timeout?: float, dead_max?: int,
+     *   dead_ttl?: float} $options 'partitions' spreads the queue over that many hash tags
+     *   (one per Redis Cluster master; changing it moves the queue to other keys, so drain
+     *   first); 'wait_replicas' makes every push wait until that many replicas have it
+     *   (Redis WAIT, at most 'wait_timeout' seconds, default 1)
      * @throws DelayQueueInvalidArgumentException on an unknown option or a bad value
      */
     public function __construct(string $url = 'redis://127.0.0.1:6379', string $queue = 'default', array $options = []) {}
@@ -32,11 +36,14 @@ final class DelayQueue
      * Schedules $payload (array, scalar, null or JsonSerializable) after $delay seconds,
      * measured on the Redis server's clock. One round trip.
      *
-     * @param array{id?: string, max_attempts?: int} $options 'id' makes the push idempotent
+     * @param array{id?: string, max_attempts?: int, partition_key?: string} $options 'id' makes
+     *   the push idempotent; on a partitioned queue, messages with the same 'partition_key'
+     *   share a partition (and their order), otherwise the id picks one
      * @return string the message id
      * @throws DelayQueuePayloadException when the payload cannot become JSON or is too large
      * @throws DelayQueueInvalidArgumentException on a negative, NAN or INF delay or a bad option
      * @throws DelayQueueConnectionException when Redis cannot be reached within retry_timeout
+     * @throws DelayQueueTimeoutException when fewer than wait_replicas replicas confirmed it
      */
     public function push(mixed $payload, float $delay = 0.0, array $options = []): string {}
 
@@ -44,7 +51,7 @@ final class DelayQueue
      * Schedules $payload at $at.
      *
      * @param float|int|\DateTimeInterface $at Unix time in seconds, or a date
-     * @param array{id?: string, max_attempts?: int} $options
+     * @param array{id?: string, max_attempts?: int, partition_key?: string} $options
      * @return string the message id
      */
     public function pushAt(mixed $payload, mixed $at, array $options = []): string {}
@@ -53,7 +60,8 @@ final class DelayQueue
      * Schedules many messages in one round trip. Nothing is written unless every item
      * is valid.
      *
-     * @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int}> $items
+     * @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
+     *   partition_key?: string}> $items
      * @return list<string> the ids, in order
      */
     public function pushMany(array $items): array {}
@@ -80,8 +88,10 @@ final class DelayQueue
     public function get(string $id): ?array {}
 
     /**
+     * Summed over the partitions.
+     *
      * @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
-     *   pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
+     *   partitions: int, pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
      *   cancelled: int, requeued: int, trimmed: int, purged: int}
      */
     public function stats(): array {}

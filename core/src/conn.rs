@@ -36,7 +36,9 @@ impl Default for ConnectOptions {
 
 enum ClientKind {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    /// The cluster client, and one plain client per seed node for the wake-up
+    /// subscription (a cluster delivers every PUBLISH to every node).
+    Cluster(redis::cluster::ClusterClient, Vec<redis::Client>),
 }
 
 /// A parsed, validated place to connect to. Creating one does not connect.
@@ -120,12 +122,16 @@ impl Endpoint {
                 if nodes.is_empty() {
                     return Err(bad("a cluster URL needs at least one host:port".into()));
                 }
+                let seeds = nodes
+                    .iter()
+                    .map(|n| redis::Client::open(n.as_str()).map_err(|e| bad(e.to_string())))
+                    .collect::<Result<Vec<_>>>()?;
                 let client = redis::cluster::ClusterClient::builder(nodes)
                     .connection_timeout(opts.connect_timeout)
                     .response_timeout(opts.read_timeout)
                     .build()
                     .map_err(|e| bad(e.to_string()))?;
-                ClientKind::Cluster(client)
+                ClientKind::Cluster(client, seeds)
             }
             other => return Err(bad(format!("unsupported scheme {other:?}"))),
         };
@@ -133,7 +139,7 @@ impl Endpoint {
     }
 
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self.client, ClientKind::Cluster(_))
+        matches!(self.client, ClientKind::Cluster(..))
     }
 
     pub(crate) fn error(&self, err: &redis::RedisError, operation: &str) -> Error {
@@ -153,7 +159,7 @@ impl Endpoint {
                     .map_err(|e| self.connect_error(&e))?;
                 Conn::Single(con)
             }
-            ClientKind::Cluster(client) => {
+            ClientKind::Cluster(client, _) => {
                 Conn::Cluster(Box::new(client.get_connection().map_err(|e| self.connect_error(&e))?))
             }
         };
@@ -177,16 +183,17 @@ impl Endpoint {
         }
     }
 
-    /// A plain (non-cluster) connection for pub/sub.
-    pub(crate) fn pubsub_connection(&self) -> Option<Result<redis::Connection>> {
-        match &self.client {
-            ClientKind::Single(client) => Some(
-                client
-                    .get_connection_with_timeout(self.opts.connect_timeout)
-                    .map_err(|e| self.connect_error(&e)),
-            ),
-            ClientKind::Cluster(_) => None,
-        }
+    /// A plain connection for pub/sub. On a cluster, to seed node `attempt` (modulo
+    /// their number), so that a caller that counts its attempts goes round the seeds
+    /// while some are down.
+    pub(crate) fn pubsub_connection(&self, attempt: usize) -> Result<redis::Connection> {
+        let client = match &self.client {
+            ClientKind::Single(client) => client,
+            ClientKind::Cluster(_, seeds) => &seeds[attempt % seeds.len()],
+        };
+        client
+            .get_connection_with_timeout(self.opts.connect_timeout)
+            .map_err(|e| self.connect_error(&e))
     }
 }
 
@@ -201,6 +208,20 @@ impl Conn {
         match self {
             Self::Single(c) => c,
             Self::Cluster(c) => &mut **c,
+        }
+    }
+
+    /// Run a keyless command (WAIT) on the master that serves `key`, over the same
+    /// connection that wrote to it.
+    pub(crate) fn query_on_key_node(&mut self, cmd: &redis::Cmd, key: &str) -> RedisResult<i64> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        match self {
+            Self::Single(c) => cmd.query(c),
+            Self::Cluster(c) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let v = c.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)))?;
+                Ok(redis::FromRedisValue::from_redis_value(v)?)
+            }
         }
     }
 }
@@ -284,6 +305,17 @@ impl ConnSlot {
         replay: Replay,
         mut op: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
     ) -> Result<T> {
+        self.run_conn(ep, operation, replay, |con| op(con.as_dyn()))
+    }
+
+    /// `run`, for an `op` that needs the connection itself (cluster routing).
+    pub(crate) fn run_conn<T>(
+        &mut self,
+        ep: &Endpoint,
+        operation: &str,
+        replay: Replay,
+        mut op: impl FnMut(&mut Conn) -> RedisResult<T>,
+    ) -> Result<T> {
         self.take_over_after_fork();
         let deadline = Instant::now() + ep.opts.retry_timeout;
         let mut pause = Duration::from_millis(20);
@@ -296,7 +328,7 @@ impl ConnSlot {
                 }),
             };
             let err = match attempt {
-                Ok(conn) => match op(conn.as_dyn()) {
+                Ok(conn) => match op(conn) {
                     Ok(v) => return Ok(v),
                     Err(e) => {
                         let err = ep.error(&e, operation);

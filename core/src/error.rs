@@ -28,6 +28,18 @@ pub enum Error {
     #[error("Redis did not answer within {timeout_ms} ms ({operation})")]
     Timeout { operation: String, timeout_ms: u64 },
 
+    /// The push is on the master, but fewer replicas than `wait_replicas` confirmed it
+    /// within `wait_timeout`: a failover now could lose it.
+    #[error(
+        "pushed, but only {confirmed} of {wanted} replicas confirmed it within {timeout_ms} ms (wait_replicas): \
+         a failover now could lose it; pushing again with the same id is safe"
+    )]
+    NotReplicated {
+        wanted: u32,
+        confirmed: u32,
+        timeout_ms: u64,
+    },
+
     /// Wrong password or user, or the ACL user lacks a needed command or key.
     #[error("Redis refused access: {0}")]
     AuthFailed(String),
@@ -88,7 +100,7 @@ impl Error {
             Self::InvalidUrl { .. } | Self::InvalidArgument { .. } => Category::InvalidArgument,
             Self::PayloadNotSerializable(_) | Self::PayloadTooLarge { .. } => Category::Payload,
             Self::Connection { .. } | Self::ConnectionLost(_) => Category::Connection,
-            Self::Timeout { .. } => Category::Timeout,
+            Self::Timeout { .. } | Self::NotReplicated { .. } => Category::Timeout,
             Self::AuthFailed(_) => Category::Auth,
             Self::LeaseLost { .. } => Category::LeaseLost,
             Self::UnknownId(_) | Self::Redis(_) | Self::State(_) => Category::Other,
@@ -97,7 +109,7 @@ impl Error {
 
     /// The operation ran out of time.
     pub fn is_timeout(&self) -> bool {
-        matches!(self, Self::Timeout { .. })
+        matches!(self, Self::Timeout { .. } | Self::NotReplicated { .. })
     }
 
     /// Redis could not be reached or the connection broke.

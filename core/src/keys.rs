@@ -85,13 +85,64 @@ pub(crate) fn validate_name(what: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Redis Cluster's hash slot of a hash tag's content (CRC16/XMODEM mod 16384).
+pub(crate) fn slot_of(tag: &str) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % SLOTS
+}
+
+const SLOTS: u16 = 16384;
+
+/// Most partitions one queue may have.
+pub const MAX_PARTITIONS: u32 = 1024;
+
+/// The hash tag contents of each partition of queue `queue`.
+///
+/// One partition keeps the plain `prefix:queue` tag, so a queue keeps its keys when it
+/// has never been partitioned. With `n` > 1, partition `i` gets the tag
+/// `prefix:queue:p<i>of<n>~<salt>` with the smallest salt whose slot falls in the
+/// middle half of the `i`-th of `n` equal slot ranges. `redis-cli --cluster create`
+/// gives each master one contiguous, equal range, so `n` partitions on `n` masters (or
+/// a multiple of them) land on different masters. Every language computes the same
+/// tags, since only this function names them.
+pub(crate) fn partition_tags(prefix: &str, queue: &str, n: u32) -> Vec<String> {
+    if n <= 1 {
+        return vec![format!("{prefix}:{queue}")];
+    }
+    let width = f64::from(SLOTS) / f64::from(n);
+    (0..n)
+        .map(|i| {
+            let lo = (f64::from(i) + 0.25) * width;
+            let hi = (f64::from(i) + 0.75) * width;
+            (0u32..)
+                .map(|salt| format!("{prefix}:{queue}:p{i}of{n}~{salt}"))
+                .find(|tag| {
+                    let slot = f64::from(slot_of(tag));
+                    slot >= lo.floor() && slot < hi.ceil()
+                })
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The partition (of `n`) that a message with this id, or this caller's partition
+/// key, belongs to: FNV-1a, the same in every process and language.
+pub(crate) fn partition_of(key: &str, n: usize) -> usize {
+    if n <= 1 {
+        return 0;
+    }
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (hash % n as u64) as usize
+}
+
 impl Keys {
-    pub(crate) fn new(prefix: &str, queue: &str, layout: &Layout) -> Result<Self> {
+    /// The keys of a queue (native layout: of one partition, given its hash tag).
+    pub(crate) fn new(tag: &str, queue: &str, layout: &Layout) -> Result<Self> {
         validate_name("queue name", queue)?;
         match layout {
             Layout::Native => {
-                validate_name("prefix", prefix)?;
-                let tag = format!("{{{prefix}:{queue}}}");
+                let tag = format!("{{{tag}}}");
                 let key = |suffix: &str| format!("{tag}:{suffix}");
                 Ok(Self {
                     all: [
@@ -153,7 +204,7 @@ mod tests {
 
     #[test]
     fn native_keys_share_one_hash_tag() {
-        let keys = Keys::new("dq", "orders", &Layout::Native).expect("valid names");
+        let keys = Keys::new("dq:orders", "orders", &Layout::Native).expect("valid names");
         for key in keys.all.iter().chain([&keys.wake_channel]) {
             assert!(key.starts_with("{dq:orders}:"), "{key}");
         }
@@ -188,10 +239,58 @@ mod tests {
 
     #[test]
     fn names_that_break_the_hash_tag_are_refused() {
-        let err = Keys::new("dq", "a}b", &Layout::Native).expect_err("brace");
+        let err = Keys::new("dq:a}b", "a}b", &Layout::Native).expect_err("brace");
         assert!(err.to_string().contains("queue name"), "{err}");
-        assert!(Keys::new("", "q", &Layout::Native).is_err());
-        assert!(Keys::new("dq", "", &Layout::Native).is_err());
-        assert!(Keys::new("dq", "has space", &Layout::Native).is_err());
+        assert!(Keys::new("dq:", "", &Layout::Native).is_err());
+        assert!(Keys::new("dq:has space", "has space", &Layout::Native).is_err());
+    }
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        // Values from `CLUSTER KEYSLOT` on Redis 7.
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("dq:orders"), slot_of("dq:orders"));
+        assert_eq!(slot_of("123456789"), 12739);
+    }
+
+    #[test]
+    fn one_partition_keeps_the_plain_tag() {
+        assert_eq!(partition_tags("dq", "orders", 1), ["dq:orders"]);
+    }
+
+    #[test]
+    fn partitions_spread_over_equal_slot_ranges() {
+        for n in [2u32, 3, 6, 16, MAX_PARTITIONS] {
+            let tags = partition_tags("dq", "orders", n);
+            assert_eq!(tags.len(), n as usize);
+            let width = 16384.0 / f64::from(n);
+            for (i, tag) in tags.iter().enumerate() {
+                assert!(tag.starts_with(&format!("dq:orders:p{i}of{n}~")), "{tag}");
+                let range = (f64::from(slot_of(tag)) / width).floor() as usize;
+                assert_eq!(range, i, "{tag} is in slot {} of range {range}", slot_of(tag));
+            }
+        }
+        // Three partitions on three masters made by `redis-cli --cluster create`
+        // (slots 0-5460, 5461-10922, 10923-16383): one on each.
+        let masters: Vec<usize> = partition_tags("dq", "q", 3)
+            .iter()
+            .map(|t| match slot_of(t) {
+                0..=5460 => 0,
+                5461..=10922 => 1,
+                _ => 2,
+            })
+            .collect();
+        assert_eq!(masters, [0, 1, 2]);
+    }
+
+    #[test]
+    fn partition_choice_is_stable_and_spread() {
+        assert_eq!(partition_of("anything", 1), 0);
+        assert_eq!(partition_of("order-42", 8), partition_of("order-42", 8));
+        let mut counts = [0usize; 4];
+        for i in 0..4000 {
+            counts[partition_of(&format!("0190a5b2-{i:04}"), 4)] += 1;
+        }
+        assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "{counts:?}");
     }
 }

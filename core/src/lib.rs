@@ -35,7 +35,7 @@ mod worker;
 pub use conn::ConnectOptions;
 pub use envelope::MAX_DEPTH;
 pub use error::{Category, Error, Result};
-pub use keys::Layout;
+pub use keys::{Layout, MAX_PARTITIONS};
 pub use queue::{
     COUNTERS, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, MAX_ID_BYTES, MessageInfo, NewMessage, PushOptions, Queue,
     QueueOptions, State, Stats,

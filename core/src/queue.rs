@@ -8,10 +8,10 @@ use parking_lot::Mutex;
 use redis::{FromRedisValue, RedisResult, Value};
 use serde::Serialize;
 
-use crate::conn::{ConnSlot, ConnectOptions, Endpoint, Replay};
+use crate::conn::{Conn, ConnSlot, ConnectOptions, Endpoint, Replay};
 use crate::envelope;
 use crate::error::{Error, Result};
-use crate::keys::{Keys, Layout, validate_name};
+use crate::keys::{Keys, Layout, MAX_PARTITIONS, partition_of, partition_tags, validate_name};
 use crate::scripts::{self, MAX_BATCH};
 use crate::time::Due;
 
@@ -29,8 +29,16 @@ pub struct QueueOptions {
     pub dead_max: usize,
     /// Dead letters older than this are deleted.
     pub dead_ttl: Duration,
-    /// Sub-queues one logical queue is spread over (Redis Cluster); only 1 for now.
+    /// Sub-queues one logical queue is spread over, each under its own hash tag, so
+    /// that on Redis Cluster one hot queue uses several masters (see `partition_tags`).
+    /// Changing it moves the queue to other keys: drain the queue first.
     pub partitions: u32,
+    /// Replicas that must confirm each push (Redis `WAIT`) before it returns; 0 (the
+    /// default) returns once the master has it. For pushes that must survive a
+    /// failover.
+    pub wait_replicas: u32,
+    /// Longest wait for those replicas.
+    pub wait_timeout: Duration,
 }
 
 /// Default `max_payload_bytes`: 1 MiB.
@@ -46,6 +54,8 @@ impl Default for QueueOptions {
             dead_max: 10_000,
             dead_ttl: Duration::from_secs(30 * 24 * 3600),
             partitions: 1,
+            wait_replicas: 0,
+            wait_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -59,6 +69,9 @@ pub struct PushOptions {
     /// Deliveries allowed before the message goes to the dead-letter set (overrides
     /// the worker's `max_attempts`).
     pub max_attempts: Option<u32>,
+    /// On a partitioned queue, messages with the same key go to the same partition
+    /// (and so keep their order); by default the id picks the partition.
+    pub partition_key: Option<String>,
 }
 
 /// One message of a `push_many` batch.
@@ -183,7 +196,8 @@ pub(crate) fn to_json<T: Serialize + ?Sized>(payload: &T) -> Result<String> {
 
 pub(crate) struct Inner {
     pub(crate) name: String,
-    pub(crate) keys: Keys,
+    /// The keys of each partition.
+    pub(crate) parts: Vec<Keys>,
     pub(crate) endpoint: Endpoint,
     pub(crate) opts: QueueOptions,
     conn: Mutex<ConnSlot>,
@@ -210,15 +224,19 @@ impl std::fmt::Debug for Queue {
 pub const MAX_ID_BYTES: usize = 200;
 
 fn validate_id(id: &str) -> Result<()> {
+    validate_key("id", id)
+}
+
+fn validate_key(what: &str, id: &str) -> Result<()> {
     if id.is_empty() || id.len() > MAX_ID_BYTES {
         return Err(Error::invalid(
-            "id",
+            what,
             format!("must be 1 to {MAX_ID_BYTES} bytes, got {}", id.len()),
         ));
     }
     if let Some(c) = id.chars().find(|c| c.is_control()) {
         return Err(Error::invalid(
-            "id",
+            what,
             format!("{id:?} contains the control character {c:?}"),
         ));
     }
@@ -264,24 +282,40 @@ impl Queue {
         if opts.dead_max == 0 {
             return Err(Error::invalid("dead_max", "must be at least 1"));
         }
-        if opts.partitions != 1 {
+        if !(1..=MAX_PARTITIONS).contains(&opts.partitions) {
             return Err(Error::invalid(
                 "partitions",
-                format!(
-                    "{} partitions requested; this version supports exactly 1",
-                    opts.partitions
-                ),
+                format!("must be between 1 and {MAX_PARTITIONS}, got {}", opts.partitions),
             ));
         }
-        if matches!(opts.layout, Layout::Native) {
-            validate_name("prefix", &opts.prefix)?;
+        if opts.wait_replicas > 0 && opts.wait_timeout.is_zero() {
+            return Err(Error::invalid(
+                "wait_timeout",
+                "must be greater than zero (Redis would wait forever)",
+            ));
         }
-        let keys = Keys::new(&opts.prefix, name, &opts.layout)?;
+        let parts = match &opts.layout {
+            Layout::Native => {
+                validate_name("prefix", &opts.prefix)?;
+                validate_name("queue name", name)?;
+                partition_tags(&opts.prefix, name, opts.partitions)
+                    .iter()
+                    .map(|tag| Keys::new(tag, name, &opts.layout))
+                    .collect::<Result<Vec<_>>>()?
+            }
+            Layout::Seed { .. } if opts.partitions > 1 => {
+                return Err(Error::invalid(
+                    "partitions",
+                    "the seed layout is the recipe's one ZSET and HASH; it cannot be partitioned",
+                ));
+            }
+            Layout::Seed { .. } => vec![Keys::new("", name, &opts.layout)?],
+        };
         let endpoint = Endpoint::parse(url, opts.connect.clone())?;
         Ok(Self {
             inner: Arc::new(Inner {
                 name: name.to_owned(),
-                keys,
+                parts,
                 endpoint,
                 opts,
                 conn: Mutex::new(ConnSlot::new()),
@@ -303,9 +337,33 @@ impl Queue {
         &self.inner.endpoint.display
     }
 
-    /// Run `build` to add arguments, then the script, on the producer connection.
+    /// How many partitions this queue is spread over.
+    pub fn partitions(&self) -> usize {
+        self.inner.parts.len()
+    }
+
+    /// The partition that holds (or will hold) a message: by its partition key when it
+    /// has one, else by its id.
+    pub fn partition_of(&self, id: &str, partition_key: Option<&str>) -> usize {
+        partition_of(partition_key.unwrap_or(id), self.partitions())
+    }
+
+    /// The hash tag of partition `part` (`{...}` included), e.g. for ACL rules.
+    pub fn hash_tag(&self, part: usize) -> Option<String> {
+        let keys = self.inner.parts.get(part)?;
+        let first = &keys.all[0];
+        Some(
+            first
+                .split_once('}')
+                .map_or_else(|| first.clone(), |(tag, _)| format!("{tag}}}")),
+        )
+    }
+
+    /// Run `build` to add arguments, then the script on partition `part`, on the
+    /// producer connection.
     pub(crate) fn call(
         &self,
+        part: usize,
         operation: &str,
         replay: Replay,
         script: &redis::Script,
@@ -313,20 +371,64 @@ impl Queue {
     ) -> Result<Value> {
         let inner = &*self.inner;
         inner.conn.lock().run(&inner.endpoint, operation, replay, |con| {
-            let mut inv = self.invocation(script);
+            let mut inv = self.invocation(part, script);
             build(&mut inv);
             inv.invoke(con)
         })
     }
 
-    pub(crate) fn invocation<'a>(&'a self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+    /// Run a by-id script on the id's own partition first, then on the others, until
+    /// `found` accepts a reply (a message pushed with a partition key may live on any).
+    fn call_by_id(
+        &self,
+        id: &str,
+        operation: &str,
+        replay: Replay,
+        script: &redis::Script,
+        build: impl Fn(&mut redis::ScriptInvocation<'_>),
+        found: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        let n = self.partitions();
+        let home = partition_of(id, n);
+        let mut last = Value::Nil;
+        for part in std::iter::once(home).chain((0..n).filter(|&p| p != home)) {
+            last = self.call(part, operation, replay, script, &build)?;
+            if found(&last) {
+                break;
+            }
+        }
+        Ok(last)
+    }
+
+    pub(crate) fn invocation<'a>(&'a self, part: usize, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let keys = &self.inner.parts[part];
         let mut inv = script.prepare_invoke();
-        for k in &self.inner.keys.all {
+        for k in &keys.all {
             inv.key(k);
         }
-        inv.arg(self.inner.opts.layout.script_name())
-            .arg(&self.inner.keys.wake_channel);
+        inv.arg(self.inner.opts.layout.script_name()).arg(&keys.wake_channel);
         inv
+    }
+
+    /// Ask Redis to confirm that `wait_replicas` replicas have the writes made so far
+    /// on this connection to partition `part`'s master.
+    fn confirm_replicated(&self, con: &mut Conn, part: usize) -> RedisResult<i64> {
+        let o = &self.inner.opts;
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(o.wait_replicas).arg(o.wait_timeout.as_millis() as u64);
+        con.query_on_key_node(&cmd, &self.inner.parts[part].all[0])
+    }
+
+    fn check_replicated(&self, confirmed: i64) -> Result<()> {
+        let o = &self.inner.opts;
+        if confirmed < i64::from(o.wait_replicas) {
+            return Err(Error::NotReplicated {
+                wanted: o.wait_replicas,
+                confirmed: u32::try_from(confirmed).unwrap_or(0),
+                timeout_ms: o.wait_timeout.as_millis() as u64,
+            });
+        }
+        Ok(())
     }
 
     /// Check that Redis answers (connecting if needed).
@@ -386,6 +488,9 @@ impl Queue {
             envelope::validate_payload(&m.payload_json, inner.opts.max_payload_bytes).map_err(at)?;
             validate_max_attempts(m.options.max_attempts).map_err(at)?;
             m.due.validate().map_err(at)?;
+            if let Some(key) = &m.options.partition_key {
+                validate_key("partition_key", key).map_err(at)?;
+            }
             let id = match &m.options.id {
                 Some(id) => {
                     validate_id(id).map_err(at)?;
@@ -404,31 +509,73 @@ impl Queue {
             ));
             ids.push(id);
         }
-        let chunks: Vec<_> = (0..batch.len()).step_by(MAX_BATCH).collect();
-        let add_chunk = |inv: &mut redis::ScriptInvocation<'_>, start: usize| {
-            for i in start..(start + MAX_BATCH).min(batch.len()) {
+        // Per partition, in push order, in scripts of at most MAX_BATCH messages.
+        let n = self.partitions();
+        let mut by_part: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, m) in batch.iter().enumerate() {
+            by_part[self.partition_of(&ids[i], m.options.partition_key.as_deref())].push(i);
+        }
+        let chunks: Vec<(usize, &[usize])> = by_part
+            .iter()
+            .enumerate()
+            .flat_map(|(part, idx)| idx.chunks(MAX_BATCH).map(move |c| (part, c)))
+            .collect();
+        let add_chunk = |inv: &mut redis::ScriptInvocation<'_>, members: &[usize]| {
+            for &i in members {
                 let (kind, ms) = batch[i].due.script_args();
                 inv.arg(&ids[i]).arg(kind).arg(ms).arg(&envelopes[i]);
             }
         };
-        if chunks.len() == 1 || inner.endpoint.is_cluster() {
-            for start in chunks {
-                self.call("push", Replay::Safe, &scripts::PUSH, |inv| add_chunk(inv, start))?;
+        let waits = inner.opts.wait_replicas > 0;
+        if inner.endpoint.is_cluster() {
+            // Each partition may live on another master: one call per script, and the
+            // WAIT on the connection to that master.
+            for (part, members) in chunks {
+                let confirmed = inner
+                    .conn
+                    .lock()
+                    .run_conn(&inner.endpoint, "push", Replay::Safe, |con| {
+                        let mut inv = self.invocation(part, &scripts::PUSH);
+                        add_chunk(&mut inv, members);
+                        inv.invoke::<Value>(con.as_dyn())?;
+                        if waits {
+                            self.confirm_replicated(con, part)
+                        } else {
+                            Ok(i64::MAX)
+                        }
+                    })?;
+                self.check_replicated(confirmed)?;
             }
+        } else if chunks.len() == 1 && !waits {
+            let (part, members) = chunks[0];
+            self.call(part, "push", Replay::Safe, &scripts::PUSH, |inv| {
+                add_chunk(inv, members)
+            })?;
         } else {
-            inner
+            // One round trip for the whole batch, the WAIT included.
+            let confirmed = inner
                 .conn
                 .lock()
-                .run(&inner.endpoint, "push_many", Replay::Safe, |con| {
-                    scripts::PUSH.load(con)?;
+                .run_conn(&inner.endpoint, "push_many", Replay::Safe, |con| {
                     let mut pipe = redis::pipe();
-                    for &start in &chunks {
-                        let mut inv = self.invocation(&scripts::PUSH);
-                        add_chunk(&mut inv, start);
-                        pipe.invoke_script(&inv);
+                    pipe.load_script(&scripts::PUSH).ignore();
+                    for &(part, members) in &chunks {
+                        let mut inv = self.invocation(part, &scripts::PUSH);
+                        add_chunk(&mut inv, members);
+                        pipe.invoke_script(&inv).ignore();
                     }
-                    pipe.query::<Vec<Value>>(con)
+                    if waits {
+                        pipe.cmd("WAIT")
+                            .arg(inner.opts.wait_replicas)
+                            .arg(inner.opts.wait_timeout.as_millis() as u64);
+                        let (confirmed,): (i64,) = pipe.query(con.as_dyn())?;
+                        Ok(confirmed)
+                    } else {
+                        pipe.query::<()>(con.as_dyn())?;
+                        Ok(i64::MAX)
+                    }
                 })?;
+            self.check_replicated(confirmed)?;
         }
         Ok(ids)
     }
@@ -437,9 +584,16 @@ impl Queue {
     /// running or dead.
     pub fn cancel(&self, id: &str) -> Result<bool> {
         validate_id(id)?;
-        let v = self.call("cancel", Replay::IfNotSent, &scripts::CANCEL, |inv| {
-            inv.arg(id);
-        })?;
+        let v = self.call_by_id(
+            id,
+            "cancel",
+            Replay::IfNotSent,
+            &scripts::CANCEL,
+            |inv| {
+                inv.arg(id);
+            },
+            |v| int(v) == 1,
+        )?;
         Ok(int(&v) == 1)
     }
 
@@ -448,18 +602,32 @@ impl Queue {
         validate_id(id)?;
         let due = due.into().validate()?;
         let (kind, ms) = due.script_args();
-        let v = self.call("reschedule", Replay::Safe, &scripts::RESCHEDULE, |inv| {
-            inv.arg(id).arg(kind).arg(ms);
-        })?;
+        let v = self.call_by_id(
+            id,
+            "reschedule",
+            Replay::Safe,
+            &scripts::RESCHEDULE,
+            |inv| {
+                inv.arg(id).arg(kind).arg(ms);
+            },
+            |v| int(v) >= 0,
+        )?;
         Ok(int(&v) >= 0)
     }
 
     /// Everything known about one message, or `None` when the id is unknown.
     pub fn get(&self, id: &str) -> Result<Option<MessageInfo>> {
         validate_id(id)?;
-        let v = self.call("get", Replay::Safe, &scripts::GET, |inv| {
-            inv.arg(id);
-        })?;
+        let v = self.call_by_id(
+            id,
+            "get",
+            Replay::Safe,
+            &scripts::GET,
+            |inv| {
+                inv.arg(id);
+            },
+            |v| matches!(v, Value::Array(items) if items.len() >= 6),
+        )?;
         let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "get"))?;
         if items.len() < 6 {
             return Ok(None);
@@ -490,9 +658,35 @@ impl Queue {
         }))
     }
 
-    /// Depth by state and lifetime counters.
+    /// Depth by state and lifetime counters, summed over the partitions.
     pub fn stats(&self) -> Result<Stats> {
-        let v = self.call("stats", Replay::Safe, &scripts::STATS, |_| {})?;
+        let mut total = Stats::default();
+        for part in 0..self.partitions() {
+            let s = self.partition_stats(part)?;
+            total.scheduled += s.scheduled;
+            total.ready += s.ready;
+            total.inflight += s.inflight;
+            total.dead += s.dead;
+            total.next_due_ms = match (total.next_due_ms, s.next_due_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            for (k, v) in s.totals {
+                *total.totals.entry(k).or_insert(0) += v;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Depth and counters of one partition (0 for an unpartitioned queue).
+    pub fn partition_stats(&self, part: usize) -> Result<Stats> {
+        if part >= self.partitions() {
+            return Err(Error::invalid(
+                "partition",
+                format!("this queue has partitions 0 to {}, not {part}", self.partitions() - 1),
+            ));
+        }
+        let v = self.call(part, "stats", Replay::Safe, &scripts::STATS, |_| {})?;
         let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "stats"))?;
         let n = |i: usize| u64::try_from(items.get(i).map(int).unwrap_or(0)).unwrap_or(0);
         let waiting = n(1);
@@ -516,19 +710,19 @@ impl Queue {
         })
     }
 
-    /// Up to `limit` dead letters, newest first.
+    /// Up to `limit` dead letters, newest first (from every partition).
     pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
         if limit == 0 {
             return Ok(Vec::new());
         }
         let limit = limit.min(self.inner.opts.dead_max.max(1));
-        let v = self.call("dead_letters", Replay::Safe, &scripts::DEAD, |inv| {
-            inv.arg(limit);
-        })?;
-        let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "dead_letters"))?;
-        Ok(items
-            .chunks(5)
-            .filter_map(|c| {
+        let mut all = Vec::new();
+        for part in 0..self.partitions() {
+            let v = self.call(part, "dead_letters", Replay::Safe, &scripts::DEAD, |inv| {
+                inv.arg(limit);
+            })?;
+            let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "dead_letters"))?;
+            all.extend(items.chunks(5).filter_map(|c| {
                 let [id, at, env, att, err] = c else { return None };
                 let stored = text(env).unwrap_or_default();
                 Some(DeadLetter {
@@ -540,8 +734,12 @@ impl Queue {
                     last_error: text(err).unwrap_or_default(),
                     dead_at_ms: int(at),
                 })
-            })
-            .collect())
+            }));
+        }
+        // Each partition's list is newest first already; merge them the same way.
+        all.sort_by_key(|d| std::cmp::Reverse(d.dead_at_ms));
+        all.truncate(limit);
+        Ok(all)
     }
 
     /// Send dead letters back to the queue, due now, with a fresh attempt budget: one
@@ -549,28 +747,42 @@ impl Queue {
     pub fn requeue_dead(&self, id: Option<&str>) -> Result<u64> {
         if let Some(id) = id {
             validate_id(id)?;
-            let v = self.call("requeue_dead", Replay::Safe, &scripts::REQUEUE, |inv| {
-                inv.arg(id).arg(1);
-            })?;
+            let v = self.call_by_id(
+                id,
+                "requeue_dead",
+                Replay::Safe,
+                &scripts::REQUEUE,
+                |inv| {
+                    inv.arg(id).arg(1);
+                },
+                |v| int(v) > 0,
+            )?;
             return Ok(u64::try_from(int(&v)).unwrap_or(0));
         }
         let mut total = 0;
-        loop {
-            // Batches keep each call short; a crash between batches only leaves the rest dead.
-            let v = self.call("requeue_dead", Replay::Safe, &scripts::REQUEUE, |inv| {
-                inv.arg("").arg(MAX_BATCH);
-            })?;
-            let n = u64::try_from(int(&v)).unwrap_or(0);
-            total += n;
-            if n < MAX_BATCH as u64 {
-                return Ok(total);
+        for part in 0..self.partitions() {
+            loop {
+                // Batches keep each call short; a crash between batches only leaves the rest dead.
+                let v = self.call(part, "requeue_dead", Replay::Safe, &scripts::REQUEUE, |inv| {
+                    inv.arg("").arg(MAX_BATCH);
+                })?;
+                let n = u64::try_from(int(&v)).unwrap_or(0);
+                total += n;
+                if n < MAX_BATCH as u64 {
+                    break;
+                }
             }
         }
+        Ok(total)
     }
 
     /// Delete every message in every state. Returns how many were deleted.
     pub fn purge(&self) -> Result<u64> {
-        let v = self.call("purge", Replay::IfNotSent, &scripts::PURGE, |_| {})?;
-        Ok(u64::try_from(int(&v)).unwrap_or(0))
+        let mut total = 0;
+        for part in 0..self.partitions() {
+            let v = self.call(part, "purge", Replay::IfNotSent, &scripts::PURGE, |_| {})?;
+            total += u64::try_from(int(&v)).unwrap_or(0);
+        }
+        Ok(total)
     }
 }

@@ -136,6 +136,7 @@ pub struct Delivery {
     pub max_attempts: u32,
     payload_json: String,
     token: String,
+    part: usize,
     handed_out: Option<Instant>,
 }
 
@@ -154,6 +155,11 @@ impl Delivery {
     /// another one, and only the current one may complete it.
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// The partition of the queue it came from (0 on an unpartitioned queue).
+    pub fn partition(&self) -> usize {
+        self.part
     }
 }
 
@@ -219,26 +225,69 @@ impl Counters {
     }
 }
 
-/// Wakes sleeping fetchers: on stop, when a producer publishes an earlier due time,
-/// and when a fetcher finds more work than it can take.
-#[derive(Default)]
+/// When each partition should next be looked at, shared by the fetchers; wakes them
+/// on stop, when a producer publishes an earlier due time, and when a fetcher finds
+/// more work than it can take.
 struct Wake {
     state: Mutex<WakeState>,
     cv: Condvar,
 }
 
-#[derive(Default)]
 struct WakeState {
     epoch: u64,
     /// A moment on the local monotonic clock and the Redis clock reading for it, so
     /// that due times (server ms) become local deadlines.
     clock: Option<(Instant, i64)>,
-    /// Earliest due time published by a producer, as a local deadline.
-    earliest: Option<Instant>,
+    /// Per partition: the earliest due time producers announced, or "now" after a
+    /// kick, as a local deadline. A claim of the partition clears a passed one.
+    announced: Vec<Option<Instant>>,
+    /// Per partition: when the last claim said its next message is due; `None` when
+    /// it found the partition empty.
+    next_due: Vec<Option<Instant>>,
+}
+
+impl WakeState {
+    fn due_at(&self, part: usize) -> Option<Instant> {
+        match (self.announced[part], self.next_due[part]) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// What a fetcher should do next.
+enum Pick {
+    /// Claim from this partition now.
+    Claim(usize),
+    /// Nothing is due before this moment (`None`: nothing known to be due at all).
+    Sleep(Option<Instant>),
 }
 
 impl Wake {
+    fn new(partitions: usize) -> Self {
+        Self {
+            state: Mutex::new(WakeState {
+                epoch: 0,
+                clock: None,
+                announced: vec![None; partitions],
+                next_due: vec![None; partitions],
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Look at every partition now (start, a new subscription, the end of a stall).
     fn kick(&self) {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        st.announced.iter_mut().for_each(|a| *a = Some(now));
+        st.epoch += 1;
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Wake every waiter without changing what is due (stop).
+    fn interrupt(&self) {
         self.state.lock().epoch += 1;
         self.cv.notify_all();
     }
@@ -251,8 +300,8 @@ impl Wake {
         self.state.lock().clock = Some((local, server_ms));
     }
 
-    fn local_deadline(&self, server_ms: i64) -> Option<Instant> {
-        let (local, server_now) = self.state.lock().clock?;
+    fn local_deadline(st: &WakeState, server_ms: i64) -> Option<Instant> {
+        let (local, server_now) = st.clock?;
         let ahead = server_ms - server_now;
         Some(if ahead <= 0 {
             local
@@ -261,28 +310,72 @@ impl Wake {
         })
     }
 
-    fn offer_due(&self, server_ms: i64) {
-        let Some(at) = self.local_deadline(server_ms) else {
-            self.kick();
-            return;
-        };
+    /// A producer announced a message due at `server_ms` on partition `part`.
+    fn offer_due(&self, part: usize, server_ms: Option<i64>) {
         let mut st = self.state.lock();
-        if st.earliest.is_none_or(|e| at < e) {
-            st.earliest = Some(at);
+        if part >= st.announced.len() {
+            return;
+        }
+        let at = server_ms
+            .and_then(|ms| Self::local_deadline(&st, ms))
+            .unwrap_or_else(Instant::now);
+        if st.announced[part].is_none_or(|e| at < e) {
+            st.announced[part] = Some(at);
             st.epoch += 1;
             drop(st);
             self.cv.notify_all();
         }
     }
 
-    fn forget_passed(&self, now: Instant) {
+    /// The first partition from `cursor` on that is due now, and the epoch this
+    /// answer was read in (for `wait`).
+    fn pick(&self, cursor: usize, now: Instant) -> (Pick, u64) {
+        let st = self.state.lock();
+        let n = st.announced.len();
+        let mut earliest: Option<Instant> = None;
+        for part in (cursor..n).chain(0..cursor) {
+            match st.due_at(part) {
+                Some(t) if t <= now => return (Pick::Claim(part), st.epoch),
+                Some(t) => earliest = Some(earliest.map_or(t, |e| e.min(t))),
+                None => {}
+            }
+        }
+        (Pick::Sleep(earliest), st.epoch)
+    }
+
+    /// A claim of `part` starts: announcements it answers are spent.
+    fn begin_claim(&self, part: usize, now: Instant) {
         let mut st = self.state.lock();
-        if st.earliest.is_some_and(|e| e <= now) {
-            st.earliest = None;
+        if st.announced[part].is_some_and(|a| a <= now) {
+            st.announced[part] = None;
         }
     }
 
-    /// Sleep until `deadline`, a published earlier due time, a kick after `seen`, or
+    /// A claim of `part` ended: it filled its batch (`more`, so look again now and let
+    /// idle siblings join in), or the partition's next message is due at `next_ms`
+    /// (server clock; negative when it is empty).
+    fn end_claim(&self, part: usize, more: bool, next_ms: i64) {
+        let mut st = self.state.lock();
+        st.next_due[part] = if more {
+            Some(Instant::now())
+        } else if next_ms >= 0 {
+            Self::local_deadline(&st, next_ms)
+        } else {
+            None
+        };
+        if more {
+            st.epoch += 1;
+            drop(st);
+            self.cv.notify_all();
+        }
+    }
+
+    /// A claim of `part` failed: look again once the caller's pause is over.
+    fn retry_claim(&self, part: usize) {
+        self.state.lock().announced[part] = Some(Instant::now());
+    }
+
+    /// Sleep until `deadline`, a change after `seen` (an announcement, a kick), or
     /// stop.
     fn wait(&self, deadline: Option<Instant>, seen: u64, stop: &AtomicBool) {
         let mut st = self.state.lock();
@@ -290,11 +383,7 @@ impl Wake {
             if stop.load(Ordering::Acquire) || st.epoch != seen {
                 return;
             }
-            let until = match (deadline, st.earliest) {
-                (Some(d), Some(e)) => Some(d.min(e)),
-                (d, e) => d.or(e),
-            };
-            match until {
+            match deadline {
                 Some(t) if t <= Instant::now() => return,
                 Some(t) => {
                     self.cv.wait_until(&mut st, t);
@@ -348,7 +437,7 @@ struct Control {
 impl Control {
     fn stop(&self) {
         self.stop.store(true, Ordering::Release);
-        self.wake.kick();
+        self.wake.interrupt();
         let _free = self.slots.free.lock();
         self.slots.cv.notify_all();
     }
@@ -381,11 +470,13 @@ impl Stopper {
 
 enum Outcome {
     Ack {
+        part: usize,
         id: String,
         token: String,
     },
     /// `delay_ms` < 0 buries the message in the dead-letter set.
     Nack {
+        part: usize,
         id: String,
         token: String,
         delay_ms: i64,
@@ -393,6 +484,7 @@ enum Outcome {
         counted: bool,
     },
     Release {
+        part: usize,
         id: String,
         token: String,
     },
@@ -404,9 +496,24 @@ impl Outcome {
             Self::Ack { token, .. } | Self::Nack { token, .. } | Self::Release { token, .. } => token,
         }
     }
+
+    fn part(&self) -> usize {
+        match self {
+            Self::Ack { part, .. } | Self::Nack { part, .. } | Self::Release { part, .. } => *part,
+        }
+    }
+
+    fn release(d: Delivery) -> Self {
+        Self::Release {
+            part: d.part,
+            id: d.id,
+            token: d.token,
+        }
+    }
 }
 
 struct Outstanding {
+    part: usize,
     id: String,
     started: Option<Instant>,
     timed_out: bool,
@@ -481,12 +588,13 @@ impl Worker {
     /// A pool for `queue`. Validates the options; starts no thread.
     pub fn new(queue: Queue, opts: WorkerOptions) -> Result<Self> {
         opts.validate()?;
+        let partitions = queue.partitions();
         Ok(Self {
             queue,
             opts,
             control: Arc::new(Control {
                 stop: AtomicBool::new(false),
-                wake: Wake::default(),
+                wake: Wake::new(partitions),
                 slots: Slots {
                     free: Mutex::new(0),
                     cv: Condvar::new(),
@@ -535,6 +643,8 @@ impl Worker {
             return Err(Error::State("this worker is already running".into()));
         }
         *self.control.slots.free.lock() = self.opts.prefetch_limit();
+        // Look at every partition at once, whatever an earlier run left behind.
+        self.control.wake.kick();
         let (deliver_tx, deliver_rx) = crossbeam_channel::unbounded();
         let pool = Arc::new(Pool {
             queue: self.queue.clone(),
@@ -576,10 +686,8 @@ impl Worker {
                 "delayq-heartbeat".into(),
                 Box::new(move || heartbeat_loop(&p, &done_rx)),
             )?);
-            if !self.queue.inner.endpoint.is_cluster() {
-                let p = Arc::clone(&pool);
-                others.push(spawn("delayq-wake".into(), Box::new(move || subscribe_loop(&p)))?);
-            }
+            let p = Arc::clone(&pool);
+            others.push(spawn("delayq-wake".into(), Box::new(move || subscribe_loop(&p)))?);
             Ok(())
         })();
         let consumer = Consumer {
@@ -672,10 +780,7 @@ impl Consumer {
             Ok(mut d) => {
                 if self.pool.control.stopped() {
                     // Not started: give it back at once rather than after its lease.
-                    self.send(Outcome::Release {
-                        id: d.id,
-                        token: d.token,
-                    });
+                    self.send(Outcome::release(d));
                     return Received::Stopped;
                 }
                 if let Some(o) = self.pool.outstanding.lock().get_mut(&d.token) {
@@ -700,6 +805,7 @@ impl Consumer {
     pub fn ack(&self, d: Delivery) {
         self.pool.record_handler_time(&d);
         self.send(Outcome::Ack {
+            part: d.part,
             id: d.id,
             token: d.token,
         });
@@ -722,6 +828,7 @@ impl Consumer {
             error.to_owned()
         };
         self.send(Outcome::Nack {
+            part: d.part,
             id: d.id,
             token: d.token,
             delay_ms,
@@ -732,10 +839,7 @@ impl Consumer {
 
     /// Give a delivery back unstarted: due again at once, the attempt not counted.
     pub fn release(&self, d: Delivery) {
-        self.send(Outcome::Release {
-            id: d.id,
-            token: d.token,
-        });
+        self.send(Outcome::release(d));
     }
 
     fn send(&self, outcome: Outcome) {
@@ -772,10 +876,7 @@ impl Consumer {
             let _ = t.join();
         }
         while let Ok(d) = self.deliveries.try_recv() {
-            self.send(Outcome::Release {
-                id: d.id,
-                token: d.token,
-            });
+            self.send(Outcome::release(d));
         }
         // The completer ends once every sender (ours, the fetchers') is gone and it
         // has written what they sent; then the heartbeat may end too.
@@ -812,13 +913,13 @@ struct Claimed {
     items: Vec<(String, String, i64, u32, String)>,
 }
 
-fn claim(pool: &Pool, slot: &mut ConnSlot, want: usize) -> Result<Claimed> {
+fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<Claimed> {
     let q = &pool.queue;
     let o = &pool.opts;
     let qo = q.options();
     let ep = &q.inner.endpoint;
     let v = slot.run_once(ep, "claim", |con| {
-        q.invocation(&scripts::CLAIM)
+        q.invocation(part, &scripts::CLAIM)
             .arg(want)
             .arg(o.lease.as_millis() as u64)
             .arg(qo.dead_max)
@@ -854,22 +955,32 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, want: usize) -> Result<Claimed> {
     Ok(out)
 }
 
+/// Claims due messages into the prefetch buffer. Partitions are taken in rotation
+/// among those due; when none is due the fetcher sleeps until the earliest known due
+/// time or an announcement, so an idle pool sends Redis nothing but the periodic look.
 fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes: &Sender<Outcome>) {
     let control = &*pool.control;
-    let layout = &pool.queue.options().layout;
+    let wake = &control.wake;
+    let parts = pool.queue.partitions();
     let mut slot = ConnSlot::new();
-    let mut deadline: Option<Instant> = None;
-    let mut seen = control.wake.epoch().wrapping_sub(1);
+    let mut cursor = index % parts;
+    // One fetcher looks periodically for writers that never publish (the recipe's own
+    // producers) and lost wake-ups, one partition per look; the others only rarely.
+    let look_every = if index == 0 {
+        pool.opts.idle_check
+    } else {
+        Duration::from_secs(60)
+    };
+    let mut look_cursor = index % parts;
+    let mut last_look = Instant::now();
     let mut error_pause = Duration::from_millis(50);
     loop {
-        control.wake.wait(deadline, seen, &control.stop);
         if control.stopped() {
             return;
         }
         if pool.stalled.load(Ordering::Acquire) {
             // The heartbeat clears the stall and kicks the fetchers.
-            deadline = None;
-            seen = control.wake.epoch();
+            wake.wait(None, wake.epoch(), &control.stop);
             continue;
         }
         let held = pool.outstanding.lock().len();
@@ -877,18 +988,31 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
         if want == 0 {
             // Enough work in hand: wait for a completion (local, no Redis call).
             control.slots.wait_for_release(Duration::from_millis(100));
-            deadline = None;
-            seen = control.wake.epoch().wrapping_sub(1);
             continue;
         }
+        let now = Instant::now();
+        let part = match wake.pick(cursor, now) {
+            (Pick::Claim(part), _) => part,
+            (Pick::Sleep(_), _) if now >= last_look + look_every => {
+                let part = look_cursor;
+                look_cursor = (look_cursor + 1) % parts;
+                part
+            }
+            (Pick::Sleep(due), seen) => {
+                let look = last_look + look_every;
+                wake.wait(Some(due.map_or(look, |d| d.min(look))), seen, &control.stop);
+                continue;
+            }
+        };
+        cursor = (part + 1) % parts;
         let room = control.slots.acquire_up_to(want, &control.stop);
         if room == 0 {
             return;
         }
-        seen = control.wake.epoch();
         let started = Instant::now();
-        control.wake.forget_passed(started);
-        let claimed = match claim(pool, &mut slot, room) {
+        last_look = started;
+        wake.begin_claim(part, started);
+        let claimed = match claim(pool, &mut slot, part, room) {
             Ok(c) => c,
             Err(e) => {
                 control.slots.release(room);
@@ -898,17 +1022,14 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
                 );
                 pause_unless_stopped(pool, error_pause);
                 error_pause = (error_pause * 2).min(Duration::from_secs(2));
-                deadline = None;
-                seen = control.wake.epoch().wrapping_sub(1);
+                wake.retry_claim(part);
                 continue;
             }
         };
         error_pause = Duration::from_millis(50);
         // Halfway through the round trip is the best local estimate of the server's
         // reading of TIME.
-        control
-            .wake
-            .set_clock(started + started.elapsed() / 2, claimed.server_now_ms);
+        wake.set_clock(started + started.elapsed() / 2, claimed.server_now_ms);
         let got = claimed.items.len();
         control.slots.release(room - got);
         {
@@ -917,6 +1038,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
                 outstanding.insert(
                     token.clone(),
                     Outstanding {
+                        part,
                         id: id.clone(),
                         started: None,
                         timed_out: false,
@@ -924,74 +1046,68 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
                 );
             }
         }
-        for (id, token, due_at_ms, attempt, stored) in claimed.items {
-            let decoded = envelope::decode(layout, &stored);
-            let max_attempts = decoded
-                .as_ref()
-                .ok()
-                .and_then(|d| d.max_attempts)
-                .unwrap_or(pool.opts.max_attempts);
-            match decoded {
-                Err(reason) => {
-                    log::error!(
-                        "delayq[{}]: message {id} is unreadable, dead-lettered: {reason}",
-                        pool.queue_name
-                    );
-                    let _ = outcomes.send(Outcome::Nack {
-                        id,
-                        token,
-                        delay_ms: -1,
-                        error: format!("poison message: {reason}"),
-                        counted: false,
-                    });
-                }
-                // Its earlier deliveries ended with an expired lease (the worker died or
-                // hung): running it again would exceed the limit.
-                Ok(_) if attempt > max_attempts => {
-                    let _ = outcomes.send(Outcome::Nack {
-                        id,
-                        token,
-                        delay_ms: -1,
-                        error: format!("gave up after {max_attempts} attempts: the lease of the last one expired"),
-                        counted: false,
-                    });
-                }
-                Ok(d) => {
-                    let _ = deliveries.send(Delivery {
-                        id,
-                        attempt,
-                        due_at_ms,
-                        queue: Arc::clone(&pool.queue_name),
-                        max_attempts,
-                        payload_json: d.payload_json,
-                        token,
-                        handed_out: None,
-                    });
-                }
+        hand_out(pool, part, claimed.items, deliveries, outcomes);
+        wake.end_claim(part, got == room, claimed.next_ms);
+    }
+}
+
+/// Pass claimed messages to the handlers; bury the unreadable and the over-tried.
+fn hand_out(
+    pool: &Pool,
+    part: usize,
+    items: Vec<(String, String, i64, u32, String)>,
+    deliveries: &Sender<Delivery>,
+    outcomes: &Sender<Outcome>,
+) {
+    let layout = &pool.queue.options().layout;
+    for (id, token, due_at_ms, attempt, stored) in items {
+        let decoded = envelope::decode(layout, &stored);
+        let max_attempts = decoded
+            .as_ref()
+            .ok()
+            .and_then(|d| d.max_attempts)
+            .unwrap_or(pool.opts.max_attempts);
+        match decoded {
+            Err(reason) => {
+                log::error!(
+                    "delayq[{}]: message {id} is unreadable, dead-lettered: {reason}",
+                    pool.queue_name
+                );
+                let _ = outcomes.send(Outcome::Nack {
+                    part,
+                    id,
+                    token,
+                    delay_ms: -1,
+                    error: format!("poison message: {reason}"),
+                    counted: false,
+                });
+            }
+            // Its earlier deliveries ended with an expired lease (the worker died or
+            // hung): running it again would exceed the limit.
+            Ok(_) if attempt > max_attempts => {
+                let _ = outcomes.send(Outcome::Nack {
+                    part,
+                    id,
+                    token,
+                    delay_ms: -1,
+                    error: format!("gave up after {max_attempts} attempts: the lease of the last one expired"),
+                    counted: false,
+                });
+            }
+            Ok(d) => {
+                let _ = deliveries.send(Delivery {
+                    id,
+                    attempt,
+                    due_at_ms,
+                    queue: Arc::clone(&pool.queue_name),
+                    max_attempts,
+                    payload_json: d.payload_json,
+                    token,
+                    part,
+                    handed_out: None,
+                });
             }
         }
-        if got == room {
-            // More may be due: go again now, and let idle siblings join in.
-            deadline = None;
-            seen = seen.wrapping_sub(1);
-            control.wake.kick();
-            continue;
-        }
-        let next = if claimed.next_ms >= 0 {
-            control.wake.local_deadline(claimed.next_ms)
-        } else {
-            None
-        };
-        // One fetcher keeps a periodic look for writers that never publish; the
-        // others sleep until a due time or a wake-up, so an idle pool costs Redis at
-        // most one call per `idle_check`.
-        let cap = if index == 0 {
-            pool.opts.idle_check
-        } else {
-            Duration::from_secs(60)
-        };
-        let limit = Instant::now() + cap;
-        deadline = Some(next.map_or(limit, |n| n.min(limit)));
     }
 }
 
@@ -1017,6 +1133,21 @@ fn complete_loop(pool: &Pool, outcomes: &Receiver<Outcome>) {
 }
 
 fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, batch: Vec<Outcome>) {
+    if pool.queue.partitions() == 1 {
+        return write_part_outcomes(pool, slot, 0, batch);
+    }
+    let mut by_part: Vec<Vec<Outcome>> = (0..pool.queue.partitions()).map(|_| Vec::new()).collect();
+    for o in batch {
+        by_part[o.part()].push(o);
+    }
+    for (part, outcomes) in by_part.into_iter().enumerate() {
+        if !outcomes.is_empty() {
+            write_part_outcomes(pool, slot, part, outcomes);
+        }
+    }
+}
+
+fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec<Outcome>) {
     let (mut acks, mut nacks, mut releases) = (Vec::new(), Vec::new(), Vec::new());
     for o in batch {
         match o {
@@ -1029,9 +1160,9 @@ fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, batch: Vec<Outcome>) {
     let qo = q.options();
     let c = &pool.counters;
     if !acks.is_empty() {
-        if let Some((statuses, retried)) = write_with_retry(pool, slot, "ack", &acks, |inv| {
+        if let Some((statuses, retried)) = write_with_retry(pool, slot, part, "ack", &acks, |inv| {
             for o in &acks {
-                if let Outcome::Ack { id, token } = o {
+                if let Outcome::Ack { id, token, .. } = o {
                     inv.arg(id).arg(token);
                 }
             }
@@ -1049,7 +1180,7 @@ fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, batch: Vec<Outcome>) {
         forget(pool, &acks);
     }
     if !nacks.is_empty() {
-        if let Some((statuses, _)) = write_with_retry(pool, slot, "nack", &nacks, |inv| {
+        if let Some((statuses, _)) = write_with_retry(pool, slot, part, "nack", &nacks, |inv| {
             inv.arg(qo.dead_max).arg(qo.dead_ttl.as_millis() as u64);
             for o in &nacks {
                 if let Outcome::Nack {
@@ -1077,9 +1208,9 @@ fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, batch: Vec<Outcome>) {
         forget(pool, &nacks);
     }
     if !releases.is_empty() {
-        if let Some((statuses, _)) = write_with_retry(pool, slot, "release", &releases, |inv| {
+        if let Some((statuses, _)) = write_with_retry(pool, slot, part, "release", &releases, |inv| {
             for o in &releases {
-                if let Outcome::Release { id, token } = o {
+                if let Outcome::Release { id, token, .. } = o {
                     inv.arg(id).arg(token);
                 }
             }
@@ -1123,6 +1254,7 @@ fn forget(pool: &Pool, done: &[Outcome]) {
 fn write_with_retry(
     pool: &Pool,
     slot: &mut ConnSlot,
+    part: usize,
     operation: &str,
     batch: &[Outcome],
     add_args: impl Fn(&mut redis::ScriptInvocation<'_>),
@@ -1138,7 +1270,7 @@ fn write_with_retry(
     let mut retried = false;
     loop {
         let res = slot.run_once(&q.inner.endpoint, operation, |con| {
-            let mut inv = q.invocation(script);
+            let mut inv = q.invocation(part, script);
             add_args(&mut inv);
             inv.invoke::<Value>(con)
         });
@@ -1175,13 +1307,24 @@ fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot) {
         return;
     }
     let q = &pool.queue;
-    let res = slot.run_once(&q.inner.endpoint, "release", |con| {
-        let mut inv = q.invocation(&scripts::RELEASE);
-        for d in &waiting {
-            inv.arg(&d.id).arg(&d.token);
-        }
-        inv.invoke::<i64>(con)
-    });
+    let mut by_part: Vec<Vec<&Delivery>> = vec![Vec::new(); q.partitions()];
+    for d in &waiting {
+        by_part[d.part].push(d);
+    }
+    let res = by_part
+        .iter()
+        .enumerate()
+        .filter(|(_, ds)| !ds.is_empty())
+        .try_fold(0, |total, (part, ds)| {
+            slot.run_once(&q.inner.endpoint, "release", |con| {
+                let mut inv = q.invocation(part, &scripts::RELEASE);
+                for d in ds {
+                    inv.arg(&d.id).arg(&d.token);
+                }
+                inv.invoke::<i64>(con)
+            })
+            .map(|n| total + n)
+        });
     match res {
         Ok(n) => {
             Counters::add(&pool.counters.released, u64::try_from(n).unwrap_or(0));
@@ -1243,22 +1386,28 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                     }
                     continue;
                 }
-                running.push((o.id.clone(), token.clone()));
+                running.push((o.part, o.id.clone(), token.clone()));
             }
         }
+        // By partition, then in scripts of at most MAX_BATCH.
+        running.sort_unstable_by_key(|(part, ..)| *part);
         let q = &pool.queue;
-        for chunk in running.chunks(MAX_BATCH) {
+        for chunk in running
+            .chunk_by(|a, b| a.0 == b.0)
+            .flat_map(|same_part| same_part.chunks(MAX_BATCH))
+        {
+            let part = chunk[0].0;
             let res = slot.run_once(&q.inner.endpoint, "extend", |con| {
-                let mut inv = q.invocation(&scripts::EXTEND);
+                let mut inv = q.invocation(part, &scripts::EXTEND);
                 inv.arg(pool.opts.lease.as_millis() as u64);
-                for (id, token) in chunk {
+                for (_, id, token) in chunk {
                     inv.arg(id).arg(token);
                 }
                 inv.invoke::<Value>(con)
             });
             match res {
                 Ok(v) => {
-                    for ((id, _), s) in chunk.iter().zip(script_statuses(&v)) {
+                    for ((_, id, _), s) in chunk.iter().zip(script_statuses(&v)) {
                         if s != 1 {
                             log::warn!(
                                 "delayq[{}]: lease of {id} was lost before the handler finished",
@@ -1273,18 +1422,27 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
     }
 }
 
+/// Listens for producers' announcements on every partition's channel. On a cluster
+/// it subscribes on one seed node (a cluster forwards every PUBLISH to every node) and
+/// moves to the next seed when that node fails.
 fn subscribe_loop(pool: &Pool) {
     let control = &*pool.control;
-    let channel = &pool.queue.inner.keys.wake_channel;
+    let channels: HashMap<&str, usize> = pool
+        .queue
+        .inner
+        .parts
+        .iter()
+        .enumerate()
+        .map(|(part, keys)| (keys.wake_channel.as_str(), part))
+        .collect();
     let mut pause = Duration::from_millis(50);
+    let mut attempt = 0;
     while !control.stopped() {
-        let Some(conn) = pool.queue.inner.endpoint.pubsub_connection() else {
-            return;
-        };
-        let mut conn = match conn {
+        let mut conn = match pool.queue.inner.endpoint.pubsub_connection(attempt) {
             Ok(c) => c,
             Err(e) => {
                 log::debug!("delayq[{}]: wake-up subscription: {e}", pool.queue_name);
+                attempt += 1;
                 pause_unless_stopped(pool, pause);
                 pause = (pause * 2).min(Duration::from_secs(2));
                 continue;
@@ -1292,22 +1450,29 @@ fn subscribe_loop(pool: &Pool) {
         };
         let mut pubsub = conn.as_pubsub();
         // The read timeout only lets this thread notice a stop; it sends nothing.
-        if pubsub.subscribe(channel).is_err() || pubsub.set_read_timeout(Some(Duration::from_millis(250))).is_err() {
+        if pubsub.subscribe(channels.keys().copied().collect::<Vec<_>>()).is_err()
+            || pubsub.set_read_timeout(Some(Duration::from_millis(250))).is_err()
+        {
+            attempt += 1;
             pause_unless_stopped(pool, pause);
             continue;
         }
         pause = Duration::from_millis(50);
-        // Wake-ups published while we were not subscribed are lost: look now.
+        // Announcements published while we were not subscribed are lost: look now.
         control.wake.kick();
         while !control.stopped() {
             match pubsub.get_message() {
-                Ok(msg) => match msg.get_payload::<String>().ok().and_then(|p| p.parse::<i64>().ok()) {
-                    Some(due) => control.wake.offer_due(due),
-                    None => control.wake.kick(),
-                },
+                Ok(msg) => {
+                    let Some(&part) = channels.get(msg.get_channel_name()) else {
+                        continue;
+                    };
+                    let due = msg.get_payload::<String>().ok().and_then(|p| p.parse::<i64>().ok());
+                    control.wake.offer_due(part, due);
+                }
                 Err(e) if e.is_timeout() => {}
                 Err(e) => {
                     log::debug!("delayq[{}]: wake-up subscription lost: {e}", pool.queue_name);
+                    attempt += 1;
                     break;
                 }
             }

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::RedisServer;
-use delayq::{ConnectOptions, Due, Error, NewMessage, PushOptions, Queue, QueueOptions, Worker, WorkerOptions};
+use delayq::{ConnectOptions, Due, Error, Layout, NewMessage, PushOptions, Queue, QueueOptions, Worker, WorkerOptions};
 
 fn assert_nothing_written(server: &RedisServer) {
     assert_eq!(server.dump_keys(), Vec::<String>::new(), "bad input must write nothing");
@@ -69,7 +69,7 @@ fn bad_ids_attempt_limits_and_delays_are_named() {
             Due::NOW,
             &PushOptions {
                 id: Some(id.to_owned()),
-                max_attempts: None,
+                ..Default::default()
             },
         )
     };
@@ -82,8 +82,8 @@ fn bad_ids_attempt_limits_and_delays_are_named() {
             "1",
             Due::NOW,
             &PushOptions {
-                id: None,
                 max_attempts: Some(0),
+                ..Default::default()
             },
         )
         .expect_err("zero attempts");
@@ -127,16 +127,30 @@ fn bad_urls_and_names_are_refused_without_connecting() {
         let err = Queue::new("redis://127.0.0.1:1", name, QueueOptions::default()).expect_err(name);
         assert!(err.to_string().starts_with("invalid queue name"), "{err}");
     }
+    for (partitions, layout) in [(0, Layout::Native), (1025, Layout::Native), (2, Layout::seed())] {
+        let err = Queue::new(
+            "redis://127.0.0.1:1",
+            "q",
+            QueueOptions {
+                partitions,
+                layout,
+                ..Default::default()
+            },
+        )
+        .expect_err("partitions");
+        assert!(err.to_string().starts_with("invalid partitions"), "{err}");
+    }
     let err = Queue::new(
         "redis://127.0.0.1:1",
         "q",
         QueueOptions {
-            partitions: 3,
+            wait_replicas: 1,
+            wait_timeout: Duration::ZERO,
             ..Default::default()
         },
     )
-    .expect_err("partitions");
-    assert!(err.to_string().starts_with("invalid partitions"), "{err}");
+    .expect_err("wait forever");
+    assert!(err.to_string().starts_with("invalid wait_timeout"), "{err}");
 }
 
 #[test]

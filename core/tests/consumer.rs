@@ -194,8 +194,8 @@ fn a_message_limit_overrides_the_worker_limit() {
     let server = RedisServer::start();
     let q = server.queue("limit");
     let opts_once = delayq::PushOptions {
-        id: None,
         max_attempts: Some(1),
+        ..Default::default()
     };
     let id = q.push_json("1", delayq::Due::NOW, &opts_once).expect("push");
     let worker = Worker::new(q.clone(), opts()).expect("worker");

@@ -72,6 +72,7 @@ fn a_caller_supplied_id_makes_push_idempotent() {
     let opts = PushOptions {
         id: Some("order-42-close".into()),
         max_attempts: Some(3),
+        ..Default::default()
     };
     let first = q
         .push_json(r#"{"v":1}"#, Due::In(Duration::from_secs(30)), &opts)

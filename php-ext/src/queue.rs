@@ -73,8 +73,14 @@ fn queue_options(options: Option<&ZendHashTable>) -> PhpResult<delayq::QueueOpti
     if let Some(ca) = o.string("tls_ca_file")? {
         opts.connect.tls_ca_file = Some(ca.into());
     }
-    if let Some(n) = o.int("partitions", 1, 1024)? {
+    if let Some(n) = o.int("partitions", 1, i64::from(delayq::MAX_PARTITIONS))? {
         opts.partitions = n as u32;
+    }
+    if let Some(n) = o.int("wait_replicas", 0, 64)? {
+        opts.wait_replicas = n as u32;
+    }
+    if let Some(d) = o.duration("wait_timeout")? {
+        opts.wait_timeout = d;
     }
     if let Some(n) = o.int("dead_max", 1, 100_000_000)? {
         opts.dead_max = n as usize;
@@ -90,8 +96,13 @@ fn push_options(options: Option<&ZendHashTable>, what: &'static str) -> PhpResul
     let mut o = Options::new(options, what);
     let id = o.string("id")?;
     let max_attempts = o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32);
+    let partition_key = o.string("partition_key")?;
     o.finish()?;
-    Ok(delayq::PushOptions { id, max_attempts })
+    Ok(delayq::PushOptions {
+        id,
+        max_attempts,
+        partition_key,
+    })
 }
 
 fn delay(value: &Zval, name: &str) -> PhpResult<delayq::Due> {
@@ -130,7 +141,8 @@ fn state_name(s: delayq::State) -> &'static str {
 impl PhpDelayQueue {
     /// @param array{prefix?: string, layout?: 'native'|'seed', zset_key?: string, payload_key?: string,
     ///   max_payload_bytes?: int, connect_timeout?: float, read_timeout?: float, retry_timeout?: float,
-    ///   tls_ca_file?: string, partitions?: int, dead_max?: int, dead_ttl?: float} $options
+    ///   tls_ca_file?: string, partitions?: int, wait_replicas?: int, wait_timeout?: float, dead_max?: int,
+    ///   dead_ttl?: float} $options
     #[php(defaults(
         url = "\"redis://127.0.0.1:6379\"",
         queue = "\"default\"",
@@ -146,7 +158,7 @@ impl PhpDelayQueue {
     /// Schedule `$payload` (array, scalar, null or JsonSerializable) after `$delay`
     /// seconds, measured on the Redis server's clock. Returns the message id.
     ///
-    /// @param array{id?: string, max_attempts?: int} $options
+    /// @param array{id?: string, max_attempts?: int, partition_key?: string} $options
     #[php(defaults(delay = 0.0, options = "OptionsArg::EMPTY"))]
     pub fn push(&self, payload: &Zval, delay: Seconds, options: OptionsArg<'_>) -> PhpResult<String> {
         let due = delayq::delay_from_secs("delay", delay.0)
@@ -159,7 +171,7 @@ impl PhpDelayQueue {
 
     /// Schedule `$payload` at `$at`: Unix seconds (float) or a DateTimeInterface.
     ///
-    /// @param array{id?: string, max_attempts?: int} $options
+    /// @param array{id?: string, max_attempts?: int, partition_key?: string} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn push_at(&self, payload: &Zval, at: &Zval, options: OptionsArg<'_>) -> PhpResult<String> {
         let due = absolute(at)?;
@@ -170,10 +182,11 @@ impl PhpDelayQueue {
 
     /// Schedule many messages in one round trip. Each item is
     /// `['payload' => …, 'delay' => seconds]` or `['payload' => …, 'at' => time]`, with
-    /// optional `'id'` and `'max_attempts'`. Returns the ids in order. Nothing is
+    /// optional `'id'`, `'max_attempts'` and `'partition_key'`. Returns the ids in order. Nothing is
     /// written unless every item is valid.
     ///
-    /// @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int}> $items
+    /// @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
+    ///   partition_key?: string}> $items
     /// @return list<string>
     pub fn push_many(&self, items: &ZendHashTable) -> PhpResult<Vec<String>> {
         let mut batch = Vec::with_capacity(items.len());
@@ -190,6 +203,7 @@ impl PhpDelayQueue {
             let at_v = o.get("at");
             let id = o.string("id")?;
             let max_attempts = o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32);
+            let partition_key = o.string("partition_key")?;
             o.finish()?;
             if table.get("payload").is_none() {
                 return Err(errors::invalid(format!("pushMany item {i} has no 'payload'")));
@@ -207,7 +221,11 @@ impl PhpDelayQueue {
             batch.push(delayq::NewMessage {
                 payload_json,
                 due,
-                options: delayq::PushOptions { id, max_attempts },
+                options: delayq::PushOptions {
+                    id,
+                    max_attempts,
+                    partition_key,
+                },
             });
         }
         self.queue.push_many(&batch).or_throw()
@@ -254,7 +272,7 @@ impl PhpDelayQueue {
     /// Queue depth by state and lifetime counters.
     ///
     /// @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
-    ///   pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
+    ///   partitions: int, pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
     ///   cancelled: int, requeued: int, trimmed: int, purged: int}
     pub fn stats(&self) -> PhpResult<ZBox<ZendHashTable>> {
         let s = self.queue.stats().or_throw()?;
@@ -265,6 +283,7 @@ impl PhpDelayQueue {
             ("inflight", n(s.inflight)),
             ("dead", n(s.dead)),
             ("next_due_at", zv(s.next_due_ms.map(ms_to_secs))),
+            ("partitions", zv(self.queue.partitions() as i64)),
         ];
         for (name, total) in s.named_totals() {
             entries.push((name, n(total)));

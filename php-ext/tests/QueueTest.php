@@ -225,4 +225,54 @@ final class QueueTest extends TestCase
         $this->assertNotSame('', $this->q->push('after fork'));
         $this->assertSame(3, $this->q->stats()['ready']);
     }
+
+    public function testAPartitionedQueueSpreadsOverHashTagsAndKeepsKeyedMessagesTogether(): void
+    {
+        $url = $GLOBALS['DELAYQ_REDIS']->url();
+        $q = new DelayQueue($url, 'parts', ['partitions' => 3]);
+        $ids = $q->pushMany(array_map(fn ($i) => ['payload' => ['n' => $i], 'delay' => 60], range(0, 299)));
+        $tags = array_unique(array_map(fn ($k) => strstr($k, '}', true) . '}', $this->redis->keys('*')));
+        $this->assertCount(3, $tags, 'three hash tags: ' . implode(' ', $tags));
+        $stats = $q->stats();
+        $this->assertSame([300, 3], [$stats['scheduled'], $stats['partitions']]);
+        foreach (array_slice($ids, 0, 10) as $id) {
+            $this->assertSame('scheduled', $q->get($id)['state']);
+        }
+        // Messages of one customer share a partition; by-id calls still find them.
+        $keyed = [];
+        foreach (range(0, 5) as $step) {
+            $keyed[] = $q->push(['customer' => 'alice', 'step' => $step], 0, ['partition_key' => 'alice']);
+        }
+        $keyed[] = $q->pushAt('bob', 4102444800.0, ['partition_key' => 'bob']);
+        $this->assertTrue($q->cancel($keyed[6]));
+        $this->assertTrue($q->reschedule($keyed[0], 30));
+        $this->assertSame(306, $q->purge());
+
+        try {
+            $q->push(1, 0, ['partition_key' => '']);
+            $this->fail('empty partition_key accepted');
+        } catch (DelayQueueInvalidArgumentException $e) {
+            $this->assertStringContainsString('partition_key', $e->getMessage());
+        }
+        foreach ([0, 1025, 'x'] as $bad) {
+            try {
+                new DelayQueue($url, 'parts', ['partitions' => $bad]);
+                $this->fail("partitions => $bad accepted");
+            } catch (DelayQueueInvalidArgumentException | TypeError $e) {
+                $this->assertStringContainsString('partitions', $e->getMessage());
+            }
+        }
+    }
+
+    public function testAPushThatNoReplicaConfirmsRaisesATimeout(): void
+    {
+        $q = new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'durable', ['wait_replicas' => 1, 'wait_timeout' => 0.1]);
+        try {
+            $q->push('must survive a failover', 0, ['id' => 'order-1']);
+            $this->fail('no replica, yet the push returned');
+        } catch (DelayQueueTimeoutException $e) {
+            $this->assertStringContainsString('0 of 1 replicas', $e->getMessage());
+        }
+        $this->assertSame('ready', $q->get('order-1')['state'], 'it is on the master');
+    }
 }

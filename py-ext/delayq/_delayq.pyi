@@ -19,6 +19,11 @@ class DelayQueue:
     With ``layout="seed"`` the queue uses the hand-made recipe's keys
     (``delay_queue:zset`` and ``delay_queue:payload`` unless ``zset_key`` and
     ``payload_key`` say otherwise). Timeouts are seconds.
+
+    ``partitions`` spreads one queue over that many hash tags, one per Redis Cluster
+    master (changing it moves the queue to other keys: drain it first).
+    ``wait_replicas`` makes every push wait until that many replicas confirm it (Redis
+    ``WAIT``, at most ``wait_timeout`` seconds); fewer raise TimeoutError.
     """
 
     def __new__(
@@ -36,6 +41,8 @@ class DelayQueue:
         retry_timeout: float = 5.0,
         tls_ca_file: Optional[Union[str, PathLike[str]]] = None,
         partitions: int = 1,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
         dead_max: int = 10000,
         dead_ttl: float = 2592000.0,
     ) -> DelayQueue: ...
@@ -43,10 +50,18 @@ class DelayQueue:
     def name(self) -> str:
         """The queue's name."""
     def push(
-        self, payload: Any, delay: float = 0.0, *, id: Optional[str] = None, max_attempts: Optional[int] = None
+        self,
+        payload: Any,
+        delay: float = 0.0,
+        *,
+        id: Optional[str] = None,
+        max_attempts: Optional[int] = None,
+        partition_key: Optional[str] = None,
     ) -> str:
         """Schedule ``payload`` (any JSON value) after ``delay`` seconds on the Redis
         server's clock; returns the message id. An ``id`` makes the push idempotent.
+        On a partitioned queue, messages with the same ``partition_key`` share a
+        partition (and their order); otherwise the id picks one.
 
         Raises TypeError for a value that is not JSON, ValueError (or
         InvalidArgumentError) for NaN, negative or infinite delays, PayloadError when
@@ -58,12 +73,13 @@ class DelayQueue:
         *,
         id: Optional[str] = None,
         max_attempts: Optional[int] = None,
+        partition_key: Optional[str] = None,
     ) -> str:
         """Schedule ``payload`` at ``at``: Unix seconds or a datetime."""
     def push_many(self, items: Iterable[Union[tuple[Any, float], Mapping[str, Any]]]) -> list[str]:
         """Schedule many messages in one round trip: ``(payload, delay)`` tuples or dicts
-        with ``payload`` and optional ``delay`` or ``at``, ``id``, ``max_attempts``.
-        Nothing is written unless every item is valid."""
+        with ``payload`` and optional ``delay`` or ``at``, ``id``, ``max_attempts``,
+        ``partition_key``. Nothing is written unless every item is valid."""
     def cancel(self, id: str) -> bool:
         """Delete a message that has not been claimed yet; False when it is unknown,
         running or dead."""
@@ -74,7 +90,8 @@ class DelayQueue:
         created_at}``, or
         None for an unknown id. ``state`` is scheduled, ready, inflight or dead."""
     def stats(self) -> dict[str, Any]:
-        """Depth (scheduled, ready, inflight, dead, next_due_at) and lifetime counters
+        """Depth (scheduled, ready, inflight, dead, next_due_at), summed over the
+        ``partitions``, and lifetime counters
         (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
         trimmed, purged)."""
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:

@@ -41,7 +41,7 @@ impl PyQueue {
     #[pyo3(signature = (url = "redis://127.0.0.1:6379", queue = "default", *, prefix = "dq", layout = "native",
         zset_key = None, payload_key = None, max_payload_bytes = 1_048_576,
         connect_timeout = 2.0, read_timeout = 5.0, retry_timeout = 5.0, tls_ca_file = None, partitions = 1,
-        dead_max = 10_000, dead_ttl = 2_592_000.0))]
+        wait_replicas = 0, wait_timeout = 1.0, dead_max = 10_000, dead_ttl = 2_592_000.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -57,6 +57,8 @@ impl PyQueue {
         retry_timeout: f64,
         tls_ca_file: Option<std::path::PathBuf>,
         partitions: u32,
+        wait_replicas: u32,
+        wait_timeout: f64,
         dead_max: usize,
         dead_ttl: f64,
     ) -> PyResult<Self> {
@@ -92,9 +94,11 @@ impl PyQueue {
             layout,
             max_payload_bytes,
             partitions,
+            wait_replicas,
             dead_max,
             ..Default::default()
         };
+        opts.wait_timeout = duration(py, "wait_timeout", Some(wait_timeout))?.unwrap_or(opts.wait_timeout);
         let c = &mut opts.connect;
         c.connect_timeout = duration(py, "connect_timeout", Some(connect_timeout))?.unwrap_or(c.connect_timeout);
         c.read_timeout = duration(py, "read_timeout", Some(read_timeout))?.unwrap_or(c.read_timeout);
@@ -108,7 +112,7 @@ impl PyQueue {
 
     /// Schedule `payload` (any JSON value) after `delay` seconds on the Redis clock.
     /// Returns the message id; an `id` makes the push idempotent.
-    #[pyo3(signature = (payload, delay = 0.0, *, id = None, max_attempts = None))]
+    #[pyo3(signature = (payload, delay = 0.0, *, id = None, max_attempts = None, partition_key = None))]
     fn push(
         &self,
         py: Python<'_>,
@@ -116,17 +120,22 @@ impl PyQueue {
         delay: f64,
         id: Option<String>,
         max_attempts: Option<u32>,
+        partition_key: Option<String>,
     ) -> PyResult<String> {
         let due = delayq::delay_from_secs("delay", delay)
             .map(delayq::Due::In)
             .or_raise(py)?;
         let json = payload_to_json(payload)?;
-        let opts = delayq::PushOptions { id, max_attempts };
+        let opts = delayq::PushOptions {
+            id,
+            max_attempts,
+            partition_key,
+        };
         py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
     }
 
     /// Schedule `payload` at `at`: Unix seconds or a datetime.
-    #[pyo3(signature = (payload, at, *, id = None, max_attempts = None))]
+    #[pyo3(signature = (payload, at, *, id = None, max_attempts = None, partition_key = None))]
     fn push_at(
         &self,
         py: Python<'_>,
@@ -134,15 +143,20 @@ impl PyQueue {
         at: &Bound<'_, PyAny>,
         id: Option<String>,
         max_attempts: Option<u32>,
+        partition_key: Option<String>,
     ) -> PyResult<String> {
         let due = at_due(py, at)?;
         let json = payload_to_json(payload)?;
-        let opts = delayq::PushOptions { id, max_attempts };
+        let opts = delayq::PushOptions {
+            id,
+            max_attempts,
+            partition_key,
+        };
         py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
     }
 
     /// Schedule many messages in one round trip: `(payload, delay)` tuples or dicts
-    /// with `payload` and optional `delay` or `at`, `id`, `max_attempts`. Nothing is
+    /// with `payload` and optional `delay` or `at`, `id`, `max_attempts`, `partition_key`. Nothing is
     /// written unless every item is valid.
     fn push_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
         let mut batch = Vec::new();
@@ -163,11 +177,12 @@ impl PyQueue {
             } else if let Ok(d) = item.cast::<PyDict>() {
                 for key in d.keys() {
                     let k: String = key.extract()?;
-                    if !["payload", "delay", "at", "id", "max_attempts"].contains(&k.as_str()) {
+                    if !["payload", "delay", "at", "id", "max_attempts", "partition_key"].contains(&k.as_str()) {
                         return Err(errors::invalid(
                             py,
                             format!(
-                                "push_many item {i} has an unknown key '{k}' (known: payload, delay, at, id, max_attempts)"
+                                "push_many item {i} has an unknown key '{k}' \
+                                 (known: payload, delay, at, id, max_attempts, partition_key)"
                             ),
                         ));
                     }
@@ -192,6 +207,7 @@ impl PyQueue {
                     options: delayq::PushOptions {
                         id: d.get_item("id")?.map(|v| v.extract()).transpose()?,
                         max_attempts: d.get_item("max_attempts")?.map(|v| v.extract()).transpose()?,
+                        partition_key: d.get_item("partition_key")?.map(|v| v.extract()).transpose()?,
                     },
                 }
             } else {
@@ -253,6 +269,7 @@ impl PyQueue {
         d.set_item("inflight", s.inflight)?;
         d.set_item("dead", s.dead)?;
         d.set_item("next_due_at", s.next_due_ms.map(ms_to_secs))?;
+        d.set_item("partitions", self.queue.partitions())?;
         for (name, total) in s.named_totals() {
             d.set_item(name, total)?;
         }

@@ -162,3 +162,32 @@ def test_errors_share_one_root() -> None:
         assert issubclass(e, delayq.DelayQueueError)
     assert issubclass(delayq.TimeoutError, TimeoutError) and issubclass(delayq.InvalidArgumentError, ValueError)
     assert signal.SIGTERM  # the worker tests rely on it
+
+
+def test_a_partitioned_queue_spreads_and_keyed_messages_stay_together(redis_url: str, server: RedisServer) -> None:
+    q = delayq.DelayQueue(redis_url, "parts", partitions=3)
+    ids = q.push_many([{"payload": {"n": i}, "delay": 60} for i in range(300)])
+    tags = {k.split("}")[0] + "}" for k in server.keys()}
+    assert len(tags) == 3, tags
+    stats = q.stats()
+    assert (stats["scheduled"], stats["partitions"]) == (300, 3)
+    assert all(q.get(i)["state"] == "scheduled" for i in ids[:10])  # type: ignore[index]
+    alice = [q.push({"step": s}, partition_key="alice") for s in range(5)]
+    bob = q.push_at("bob", 4102444800.0, partition_key="bob")
+    q.push_many([{"payload": "carol", "partition_key": "carol"}])
+    assert q.cancel(bob) and q.reschedule(alice[0], delay=30)
+    assert q.purge() == 306
+    with pytest.raises(delayq.InvalidArgumentError, match="partition_key"):
+        q.push(1, partition_key="")
+    for bad in (0, 1025):
+        with pytest.raises(delayq.InvalidArgumentError, match="partitions"):
+            delayq.DelayQueue(redis_url, "parts", partitions=bad)
+    with pytest.raises(delayq.InvalidArgumentError, match="partitions"):
+        delayq.DelayQueue(redis_url, "parts", partitions=2, layout="seed")
+
+
+def test_a_push_that_no_replica_confirms_raises_a_timeout(redis_url: str) -> None:
+    q = delayq.DelayQueue(redis_url, "durable", wait_replicas=1, wait_timeout=0.1)
+    with pytest.raises(delayq.TimeoutError, match="0 of 1 replicas"):
+        q.push("must survive a failover", id="order-1")
+    assert q.get("order-1")["state"] == "ready"  # type: ignore[index]

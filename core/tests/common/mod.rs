@@ -105,6 +105,10 @@ impl RedisServer {
         self.launch();
     }
 
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     pub fn queue(&self, name: &str) -> Queue {
         Queue::new(&self.url(), name, QueueOptions::default()).expect("queue")
     }
@@ -255,4 +259,147 @@ fn pump(from: &std::net::TcpStream, to: &std::net::TcpStream, st: &ProxyState, g
     }
     let _ = from.shutdown(std::net::Shutdown::Both);
     let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// A Redis Cluster on loopback ports: `masters` masters, each with `replicas_each`
+/// replicas, made by `redis-cli --cluster create` (no Docker).
+pub struct Cluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl Cluster {
+    pub fn start(masters: usize, replicas_each: usize) -> Self {
+        // RUST_LOG=delayq=debug shows the pool's view of redirects and failovers.
+        let _ = env_logger::builder().is_test(true).try_init();
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas_each))
+            .map(|_| {
+                // The bus port defaults to port + 10000, past 65535 for a port high in
+                // the ephemeral range: give it a free port of its own.
+                let bus = free_port().to_string();
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    &bus,
+                    "--cluster-node-timeout",
+                    "2000",
+                    // Redis 7.0 judges a fresh replica's data too old to fail over
+                    // ("Disconnected from master for longer than allowed"): let any
+                    // replica take over, as most deployments do.
+                    "--cluster-replica-validity-factor",
+                    "0",
+                    "--appendonly",
+                    "no",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", &replicas_each.to_string(), "--cluster-yes"])
+            .output()
+            .expect("redis-cli");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+        let cluster = Self { nodes };
+        cluster.wait_ok();
+        if replicas_each > 0 {
+            // A replica is only elected once every master knows it as a replica: wait
+            // until gossip has told every node about every other.
+            let total = cluster.nodes.len();
+            wait_for(Duration::from_secs(30), "every node knows every other", || {
+                cluster.nodes.iter().all(|n| {
+                    redis::cmd("CLUSTER")
+                        .arg("NODES")
+                        .query::<String>(&mut n.con())
+                        .is_ok_and(|view| {
+                            let lines: Vec<&str> = view.lines().collect();
+                            lines.len() == total
+                                && lines
+                                    .iter()
+                                    .all(|l| l.contains(" connected") && !l.contains("handshake"))
+                                && lines.iter().filter(|l| l.contains("slave")).count() == masters * replicas_each
+                        })
+                })
+            });
+            wait_for(Duration::from_secs(30), "replicas in sync", || {
+                cluster.masters().iter().all(|&m| {
+                    redis::cmd("INFO")
+                        .arg("replication")
+                        .query::<String>(&mut cluster.nodes[m].con())
+                        .is_ok_and(|i| i.contains(&format!("connected_slaves:{replicas_each}")))
+                })
+            });
+        }
+        cluster
+    }
+
+    /// Wait until every live node says the cluster is up and agrees on the masters.
+    pub fn wait_ok(&self) {
+        wait_for(Duration::from_secs(30), "cluster_state:ok", || {
+            self.nodes.iter().filter(|n| n.is_running()).all(|n| {
+                redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query::<String>(&mut n.con())
+                    .is_ok_and(|i| i.contains("cluster_state:ok"))
+            })
+        });
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// Indexes of the live nodes that are masters now.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                self.nodes[i].is_running()
+                    && redis::cmd("ROLE")
+                        .query::<Vec<redis::Value>>(&mut self.nodes[i].con())
+                        .ok()
+                        .and_then(|r| r.first().cloned())
+                        .is_some_and(|v| matches!(v, redis::Value::BulkString(b) if b == b"master"))
+            })
+            .collect()
+    }
+
+    /// The live master that serves `key` now.
+    pub fn master_of(&self, key: &str) -> usize {
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut self.nodes[self.masters()[0]].con())
+            .expect("KEYSLOT");
+        self.masters()
+            .into_iter()
+            .find(|&m| {
+                let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query(&mut self.nodes[m].con())
+                    .expect("CLUSTER SLOTS");
+                let me = self.nodes[m].port;
+                ranges.iter().any(|r| {
+                    let int = |v: &redis::Value| match v {
+                        redis::Value::Int(n) => *n,
+                        _ => -1,
+                    };
+                    let owner_port = match r.get(2) {
+                        Some(redis::Value::Array(node)) => node.get(1).map_or(-1, int),
+                        _ => -1,
+                    };
+                    (int(&r[0])..=int(&r[1])).contains(&i64::from(slot)) && owner_port == i64::from(me)
+                })
+            })
+            .expect("a master serves every slot")
+    }
+
+    pub fn node_id(&self, node: usize) -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut self.nodes[node].con())
+            .expect("CLUSTER MYID")
+    }
 }
