@@ -2,10 +2,10 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test soak bench lint fmt clippy doc
+.PHONY: help setup demo build php python test soak bench bench-cluster lint fmt clippy doc
 
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 setup: ## Install everything (apt, pip), build, install the bindings, run the demo
 	scripts/setup.sh
@@ -30,6 +30,9 @@ soak: ## The long load test: 200 000 messages over 60 s, 8 producers, 8 handlers
 
 bench: ## Benchmark delayq against the seed recipe on a private, pinned redis-server
 	python3 bench/run.py
+
+bench-cluster: ## One queue with 1 and 3 partitions on a 3-master cluster, next to one Redis
+	python3 bench/cluster.py
 
 lint: fmt clippy ## cargo fmt --check and clippy -D warnings
 

@@ -1,7 +1,7 @@
 //! Drain throughput of the core alone: N already-due messages, a no-op handler on the
 //! pool's own threads. Used by bench/run.py; prints one JSON line.
 //!
-//! cargo run --release -p delayq --example drain -- redis://127.0.0.1:6379 200000
+//! cargo run --release -p delayq --example drain -- redis://127.0.0.1:6379 200000 [partitions]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -16,7 +16,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let url = args.next().unwrap_or_else(|| "redis://127.0.0.1:6379".into());
     let n: usize = args.next().map_or(Ok(200_000), |a| a.parse())?;
-    let queue = Queue::new(&url, "bench-rust", QueueOptions::default())?;
+    let partitions: u32 = args.next().map_or(Ok(1), |a| a.parse())?;
+    let queue = Queue::new(
+        &url,
+        "bench-rust",
+        QueueOptions {
+            partitions,
+            ..QueueOptions::default()
+        },
+    )?;
     queue.purge()?;
     for start in (0..n).step_by(10_000) {
         let batch = (start..(start + 10_000).min(n))
