@@ -1,6 +1,7 @@
 """The same API on Redis Cluster from PHP and Python: a `redis+cluster://` URL with
-seed nodes, three masters started here, PHP pushes and Python consumes and back, and
-every key of the queue in one hash slot (one node)."""
+seed nodes, three masters started here, PHP pushes and Python consumes and back; a
+plain queue keeps every key in one hash slot (one node), a queue with three
+partitions puts one partition on each master, computed alike in both languages."""
 
 from __future__ import annotations
 
@@ -84,3 +85,50 @@ def test_php_and_python_share_a_queue_on_a_cluster(cluster: list[RedisServer], t
     assert stats["acked"] == 400 and stats["ready"] + stats["scheduled"] + stats["inflight"] == 0
     holders = [n.port for n in cluster if n.keys()]
     assert len(holders) == 1, f"the queue's keys are on {holders}: not one hash slot"
+
+
+def test_a_partitioned_queue_spans_the_masters_from_php_and_python(cluster: list[RedisServer], tmp_path: Any) -> None:
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster[:2])
+    code = (
+        '$q = new DelayQueue($argv[1], "spread", ["partitions" => 3]);'
+        '$items = []; foreach (range(0, 299) as $i) { $items[] = ["payload" => ["n" => $i], "delay" => ($i % 30) / 100]; }'
+        '$q->pushMany($items); echo $q->stats()["pushed"];'
+    )
+    assert php(code, url) == "300"
+    # Three partitions on three masters: each node holds the keys of one hash tag.
+    tags = [{k.split("}")[0] for k in n.keys() if k.startswith("{dq:spread")} for n in cluster]
+    assert all(len(t) == 1 for t in tags), tags
+
+    queue = delayq.DelayQueue(url, "spread", partitions=3)
+    got: Counter[int] = Counter()
+    worker = delayq.Worker(queue, idle_check=5)
+
+    def handle(payload: dict[str, Any], msg: delayq.Message) -> None:
+        got[payload["n"]] += 1
+        if len(got) == 300:
+            worker.stop()
+
+    worker.run(handle)
+    assert got == Counter(range(300)), "each message exactly once"
+
+    # And back: Python pushes with partition keys, a PHP worker drains every partition.
+    queue.push_many([{"payload": {"n": i}, "partition_key": f"customer-{i % 7}"} for i in range(300, 400)])
+    log = str(tmp_path / "log")
+    script = os.path.join(ROOT, "php-ext", "tests", "worker_script.php")
+    options = '{"idle_check": 0.1, "_sleep_ms": 0, "_queue": {"partitions": 3}}'
+    proc = subprocess.Popen([*php_cmd(), script, url, "spread", log, options])
+    try:
+        def handled() -> list[int]:
+            try:
+                with open(log) as f:
+                    return [int(line.split()[0]) for line in f if line.strip()]
+            except FileNotFoundError:
+                return []
+
+        wait_for(30, "PHP handled Python's messages", lambda: len(handled()) >= 100)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    assert sorted(handled()) == list(range(300, 400))
+    stats = queue.stats()
+    assert stats["acked"] == 400 and stats["ready"] + stats["scheduled"] + stats["inflight"] == 0

@@ -3,19 +3,21 @@
 //   php worker_script.php URL QUEUE LOG OPTIONS_JSON
 // Appends "<n> <attempt> <pid>\n" to LOG for every handled message. A payload with
 // "hang" sleeps forever on its first attempt; one with "exit" calls exit(3).
+// OPTIONS_JSON holds worker options, and "_queue" the queue's own options.
 declare(strict_types=1);
 
 [, $url, $queue, $log, $options] = $argv;
 $options = json_decode($options, true, 512, JSON_THROW_ON_ERROR);
 $sleepMs = $options['_sleep_ms'] ?? 1;
-unset($options['_sleep_ms']);
+$queueOptions = $options['_queue'] ?? [];
+unset($options['_sleep_ms'], $options['_queue']);
 $options['on_start'] = function () use ($log) {
     file_put_contents("$log.starts", getmypid() . "\n", FILE_APPEND);
 };
 $options['on_stop'] = function () use ($log) {
     file_put_contents("$log.stops", getmypid() . "\n", FILE_APPEND);
 };
-$worker = new DelayQueueWorker(new DelayQueue($url, $queue), $options);
+$worker = new DelayQueueWorker(new DelayQueue($url, $queue, $queueOptions), $options);
 $summary = $worker->run(function ($payload, DelayQueueMessage $m) use ($log, $sleepMs) {
     if (($payload['hang'] ?? false) && $m->attempt === 1) {
         sleep(3600);
