@@ -180,6 +180,8 @@ final class DelayQueueMessage
     public $dueAt;
     /** @var string the queue's name */
     public $queue;
+    /** @var int the partition it came from (0 unless the queue has 'partitions') */
+    public $partition;
 
     /** @internal created by the worker */
     public function __construct() {}

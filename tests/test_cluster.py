@@ -83,7 +83,7 @@ def test_php_and_python_share_a_queue_on_a_cluster(cluster: list[RedisServer], t
     assert sorted(handled()) == list(range(300, 400))
     stats = queue.stats()
     assert stats["acked"] == 400 and stats["ready"] + stats["scheduled"] + stats["inflight"] == 0
-    holders = [n.port for n in cluster if n.keys()]
+    holders = [n.port for n in cluster if any(k.startswith("{dq:orders}") for k in n.keys())]
     assert len(holders) == 1, f"the queue's keys are on {holders}: not one hash slot"
 
 
@@ -101,15 +101,18 @@ def test_a_partitioned_queue_spans_the_masters_from_php_and_python(cluster: list
 
     queue = delayq.DelayQueue(url, "spread", partitions=3)
     got: Counter[int] = Counter()
+    partitions: set[int] = set()
     worker = delayq.Worker(queue, idle_check=5)
 
     def handle(payload: dict[str, Any], msg: delayq.Message) -> None:
         got[payload["n"]] += 1
+        partitions.add(msg.partition)
         if len(got) == 300:
             worker.stop()
 
     worker.run(handle)
     assert got == Counter(range(300)), "each message exactly once"
+    assert partitions == {0, 1, 2}
 
     # And back: Python pushes with partition keys, a PHP worker drains every partition.
     queue.push_many([{"payload": {"n": i}, "partition_key": f"customer-{i % 7}"} for i in range(300, 400)])
@@ -130,5 +133,12 @@ def test_a_partitioned_queue_spans_the_masters_from_php_and_python(cluster: list
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     assert sorted(handled()) == list(range(300, 400))
+    with open(log) as f:
+        by_customer: dict[int, set[int]] = {}
+        for line in f:
+            n, _, _, part = (int(x) for x in line.split())
+            by_customer.setdefault(n % 7, set()).add(part)
+    assert all(len(parts) == 1 for parts in by_customer.values()), f"a customer spans partitions: {by_customer}"
+    assert len(set().union(*by_customer.values())) > 1, "seven customers all on one partition"
     stats = queue.stats()
     assert stats["acked"] == 400 and stats["ready"] + stats["scheduled"] + stats["inflight"] == 0

@@ -37,6 +37,7 @@ pub struct PhpMessage {
     max_attempts: i64,
     due_at: f64,
     queue: String,
+    partition: i64,
 }
 
 #[php_impl]
@@ -69,6 +70,12 @@ impl PhpMessage {
     #[php(getter)]
     pub fn get_queue(&self) -> String {
         self.queue.clone()
+    }
+
+    /// The partition it came from (0 unless the queue has `partitions`).
+    #[php(getter)]
+    pub fn get_partition(&self) -> i64 {
+        self.partition
     }
 }
 
@@ -193,6 +200,7 @@ impl PhpWorker {
                 max_attempts: i64::from(delivery.max_attempts),
                 due_at: convert::ms_to_secs(delivery.due_at_ms),
                 queue: queue_name.clone(),
+                partition: delivery.partition() as i64,
             };
             let message = ZendClassObject::new(message).into_zval(false).unwrap_or_default();
             if let Some(s) = slot {

@@ -46,7 +46,7 @@ final class WorkerTest extends TestCase
         return $proc;
     }
 
-    /** @return list<array{0: int, 1: int, 2: int}> n, attempt, pid */
+    /** @return list<array{0: int, 1: int, 2: int, 3: int}> n, attempt, pid, partition */
     private function handled(): array
     {
         $lines = @file($this->log, FILE_IGNORE_NEW_LINES | FILE_SKIP_EMPTY_LINES) ?: [];

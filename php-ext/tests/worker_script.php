@@ -1,7 +1,7 @@
 <?php
 // A worker run as a child process by WorkerTest:
 //   php worker_script.php URL QUEUE LOG OPTIONS_JSON
-// Appends "<n> <attempt> <pid>\n" to LOG for every handled message. A payload with
+// Appends "<n> <attempt> <pid> <partition>\n" to LOG for every handled message. A payload with
 // "hang" sleeps forever on its first attempt; one with "exit" calls exit(3).
 // OPTIONS_JSON holds worker options, and "_queue" the queue's own options.
 declare(strict_types=1);
@@ -26,6 +26,6 @@ $summary = $worker->run(function ($payload, DelayQueueMessage $m) use ($log, $sl
         exit(3);
     }
     usleep($sleepMs * 1000);
-    file_put_contents($log, "{$payload['n']} {$m->attempt} " . getmypid() . "\n", FILE_APPEND);
+    file_put_contents($log, "{$payload['n']} {$m->attempt} " . getmypid() . " {$m->partition}\n", FILE_APPEND);
 });
 file_put_contents("$log.summary", json_encode($summary));

@@ -124,6 +124,9 @@ class Message:
     @property
     def queue(self) -> str:
         """The queue's name."""
+    @property
+    def partition(self) -> int:
+        """The partition it came from (0 unless the queue has ``partitions``)."""
 
 @final
 class _Delivery:

@@ -26,6 +26,8 @@ pub(crate) struct PyMessage {
     due_at: f64,
     /// The queue's name.
     queue: String,
+    /// The partition it came from (0 unless the queue has `partitions`).
+    partition: usize,
 }
 
 #[pymethods]
@@ -45,6 +47,7 @@ fn message(d: &delayq::Delivery) -> PyMessage {
         max_attempts: d.max_attempts,
         due_at: d.due_at_ms as f64 / 1000.0,
         queue: d.queue.to_string(),
+        partition: d.partition(),
     }
 }
 
