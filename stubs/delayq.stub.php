@@ -38,7 +38,7 @@ final class DelayQueue
      *
      * @param array{id?: string, max_attempts?: int, partition_key?: string} $options 'id' makes
      *   the push idempotent; on a partitioned queue, messages with the same 'partition_key'
-     *   share a partition (and their order), otherwise the id picks one
+     *   share a partition (claimed in due-time order), otherwise the id picks one
      * @return string the message id
      * @throws DelayQueuePayloadException when the payload cannot become JSON or is too large
      * @throws DelayQueueInvalidArgumentException on a negative, NAN or INF delay or a bad option

@@ -70,7 +70,7 @@ pub struct PushOptions {
     /// the worker's `max_attempts`).
     pub max_attempts: Option<u32>,
     /// On a partitioned queue, messages with the same key go to the same partition
-    /// (and so keep their order); by default the id picks the partition.
+    /// (claimed in due-time order); by default the id picks the partition.
     pub partition_key: Option<String>,
 }
 

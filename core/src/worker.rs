@@ -257,8 +257,8 @@ impl WakeState {
 
 /// What a fetcher should do next.
 enum Pick {
-    /// Claim from this partition now.
-    Claim(usize),
+    /// Claim from this partition now; `due` partitions are due in all.
+    Claim { part: usize, due: usize },
     /// Nothing is due before this moment (`None`: nothing known to be due at all).
     Sleep(Option<Instant>),
 }
@@ -333,14 +333,23 @@ impl Wake {
         let st = self.state.lock();
         let n = st.announced.len();
         let mut earliest: Option<Instant> = None;
+        let mut first_due = None;
+        let mut due = 0;
         for part in (cursor..n).chain(0..cursor) {
             match st.due_at(part) {
-                Some(t) if t <= now => return (Pick::Claim(part), st.epoch),
+                Some(t) if t <= now => {
+                    first_due.get_or_insert(part);
+                    due += 1;
+                }
                 Some(t) => earliest = Some(earliest.map_or(t, |e| e.min(t))),
                 None => {}
             }
         }
-        (Pick::Sleep(earliest), st.epoch)
+        let pick = match first_due {
+            Some(part) => Pick::Claim { part, due },
+            None => Pick::Sleep(earliest),
+        };
+        (pick, st.epoch)
     }
 
     /// A claim of `part` starts: announcements it answers are spent.
@@ -991,12 +1000,15 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             continue;
         }
         let now = Instant::now();
-        let part = match wake.pick(cursor, now) {
-            (Pick::Claim(part), _) => part,
+        let (part, share) = match wake.pick(cursor, now) {
+            // Rotation alone is fair by claims, not by messages: room freed in bursts
+            // would give one partition the big claims and the next the leftovers. An
+            // equal share of the room per due partition keeps it fair by messages.
+            (Pick::Claim { part, due }, _) => (part, want.div_ceil(due)),
             (Pick::Sleep(_), _) if now >= last_look + look_every => {
                 let part = look_cursor;
                 look_cursor = (look_cursor + 1) % parts;
-                part
+                (part, want)
             }
             (Pick::Sleep(due), seen) => {
                 let look = last_look + look_every;
@@ -1005,7 +1017,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             }
         };
         cursor = (part + 1) % parts;
-        let room = control.slots.acquire_up_to(want, &control.stop);
+        let room = control.slots.acquire_up_to(share, &control.stop);
         if room == 0 {
             return;
         }

@@ -61,7 +61,7 @@ class DelayQueue:
         """Schedule ``payload`` (any JSON value) after ``delay`` seconds on the Redis
         server's clock; returns the message id. An ``id`` makes the push idempotent.
         On a partitioned queue, messages with the same ``partition_key`` share a
-        partition (and their order); otherwise the id picks one.
+        partition (claimed in due-time order); otherwise the id picks one.
 
         Raises TypeError for a value that is not JSON, ValueError (or
         InvalidArgumentError) for NaN, negative or infinite delays, PayloadError when
