@@ -30,9 +30,15 @@ from typing import Any, Callable, Iterator
 ROOT = Path(__file__).resolve().parent.parent
 PHP_DIR = ROOT / "bench" / "php"
 PY_BENCH = ROOT / "bench" / "python" / "bench.py"
+ARQ_BENCH = ROOT / "bench" / "python" / "arq_bench.py"
+NODE_DIR = ROOT / "bench" / "node"
 SYSTEMS = ["seed", "delayq", "python"]
+# Other queues users run today, on the workloads they have an equivalent for.
+OTHERS = ["bullmq", "arq"]
 LABEL = {"seed": "seed recipe (PHP + phpredis)", "delayq": "delayq (PHP extension)", "python": "delayq (Python module)",
-         "rust": "delayq (Rust core)"}
+         "rust": "delayq (Rust core)", "bullmq": "BullMQ (Node.js)", "arq": "arq (Python asyncio)"}
+# Slow systems drain fewer messages, so that a run ends in minutes.
+DRAIN_N = {"arq": 20000, "bullmq": 50000}
 
 
 def free_port() -> int:
@@ -96,7 +102,26 @@ def python(*args: str, background: bool = False) -> Any:
     return client([sys.executable, str(PY_BENCH), *args], background)
 
 
+def other(system: str, *args: str, background: bool = False) -> Any:
+    if system == "bullmq":
+        return client(["node", str(NODE_DIR / "bullmq.mjs"), *args], background)
+    return client([sys.executable, str(ARQ_BENCH), *args], background)
+
+
+def install_others() -> None:
+    """BullMQ from npm and arq from PyPI, on first use (they are not delayq's dependencies)."""
+    if not (NODE_DIR / "node_modules" / "bullmq").exists():
+        subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True)
+    try:
+        import arq  # noqa: F401
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "arq"], check=True)
+
+
 def fill(system: str, *args: str) -> None:
+    if system in OTHERS:
+        other(system, "fill", *args)
+        return
     # delayq's queues are the same from every language: PHP fills them for Python too.
     php("fill.php", f"--system={'seed' if system == 'seed' else 'delayq'}", *args)
 
@@ -123,6 +148,8 @@ def consume(redis: Redis, system: str, records: Path, until_empty: bool = True, 
         args.append("--until-empty")
     if system == "python":
         return python("consume", *args, background=True)
+    if system in OTHERS:
+        return other(system, "consume", *args, background=True)
     return php("consume.php", f"--system={system}", *args, background=True)
 
 
@@ -165,10 +192,13 @@ class Bench:
     def push(self) -> None:
         n = 5000 if self.quick else 20000
         for mode, label in (("single", "W1 push"), ("bulk", "W1b bulk")):
-            for system in SYSTEMS:
+            # arq has no bulk enqueue.
+            for system in SYSTEMS + (OTHERS if mode == "single" else ["bullmq"]):
                 def once() -> float:
                     self.fresh()
-                    if system == "python":
+                    if system in OTHERS:
+                        out = json.loads(other(system, "push", f"--mode={mode}", f"--n={n}", f"--url={self.redis.url}"))
+                    elif system == "python":
                         out = json.loads(python("push", f"--mode={mode}", f"--n={n}", f"--url={self.redis.url}"))
                     else:
                         out = json.loads(php("push.php", f"--system={system}", f"--mode={mode}", f"--n={n}",
@@ -192,8 +222,9 @@ class Bench:
                 self.record(label, test.upper(), "req/s", values)
 
     def drain(self) -> None:
-        n = 20000 if self.quick else 200000
-        for system in SYSTEMS:
+        for system in SYSTEMS + OTHERS:
+            n = 20000 if self.quick else DRAIN_N.get(system, 200000)
+
             def once() -> float:
                 with filled(self, system, n) as records:
                     start = time.time()
@@ -206,11 +237,14 @@ class Bench:
                         return float("nan")
                     # Until the last message was handled: stop detection is not drain time.
                     return n / (max(at for _, at in rows) - start)
-            self.record("W2 drain", system, "msg/s", self.repeat(once), f"N={n}, 4 processes, verified")
+            workers = {"bullmq": "1 process, concurrency 4"}.get(system, "4 processes")
+            self.record("W2 drain", system, "msg/s", self.repeat(once), f"N={n}, {workers}, verified")
 
         # The core alone (no PHP): tells the Redis-side cost from the binding's.
         subprocess.run(["cargo", "build", "-q", "--release", "-p", "delayq", "--example", "drain"], cwd=ROOT, check=True)
         binary = ROOT / "target" / "release" / "examples" / "drain"
+
+        n = 20000 if self.quick else 200000
 
         def rust_once() -> float:
             self.fresh()
@@ -227,7 +261,7 @@ class Bench:
         n, spread = 2000, 10.0
         if self.quick:
             spread = 3.0
-        for system in SYSTEMS:
+        for system in SYSTEMS + OTHERS:
             p99s, earliest = [], []
             for _ in range(3):
                 self.fresh()
@@ -412,7 +446,12 @@ class Bench:
             "  consumer's processes at the first full sample and growth until the last.",
             "- \"delayq (Python module)\" drains with 4 processes of `delayq.Worker` (2 I/O threads",
             "  each), filled by the PHP script: the queues are the same from every language.",
-            "- Not yet measured here: Laravel's queue, BullMQ, arq; see issue 5.",
+            "- BullMQ (npm `bullmq`, Node.js 20): delayed jobs (`delay`, `addBulk` for W1b),",
+            "  `removeOnComplete`; one Worker process with concurrency 4. arq (PyPI): jobs",
+            "  deferred with `_defer_by`, 4 worker processes polling every 10 ms (`poll_delay`;",
+            "  its default is 0.5 s), no bulk enqueue (no W1b). Both drain fewer messages (see",
+            "  N in the notes) so that a run takes minutes; each run is verified the same way.",
+            "- Not yet measured here: Laravel's queue (issue 5).",
         ]
         return "\n".join(lines) + "\n"
 
@@ -446,9 +485,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke test")
     opts = parser.parse_args()
-    for tool in ("taskset", "redis-server", "redis-benchmark", "php"):
+    for tool in ("taskset", "redis-server", "redis-benchmark", "php", "node", "npm"):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found: run scripts/setup.sh first")
+    install_others()
     bench = Bench(opts.quick)
     try:
         bench.push()
