@@ -17,11 +17,9 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,30 +28,7 @@ DRAIN = ROOT / "target" / "release" / "examples" / "drain"
 sys.path.insert(0, str(ROOT / "bench"))
 
 import delayq  # noqa: E402
-from run import free_port  # noqa: E402
-
-
-class Node:
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="delayq-bench-cluster-")
-        self.proc = subprocess.Popen(
-            ["taskset", "-c", "0", "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", self.dir, *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(200):
-            if self.cli("PING") == "PONG":
-                return
-            time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
-
-    def cli(self, *args: str) -> str:
-        return subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True).stdout.strip()
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+from run import Redis as Node, free_port  # noqa: E402
 
 
 def start_cluster() -> list[Node]:

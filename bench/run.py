@@ -48,12 +48,14 @@ def free_port() -> int:
 
 
 class Redis:
-    def __init__(self) -> None:
+    """A private redis-server pinned to CPU 0; `extra` are more redis-server arguments."""
+
+    def __init__(self, *extra: str) -> None:
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="delayq-bench-")
         self.proc = subprocess.Popen(
             ["taskset", "-c", "0", "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", self.dir],
+             "--save", "", "--appendonly", "no", "--dir", self.dir, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(200):
             if self.cli("PING") == "PONG":

@@ -5,6 +5,7 @@ partitions puts one partition on each master, computed alike in both languages."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -42,6 +43,28 @@ def cluster() -> Iterator[list[RedisServer]]:
             n.stop()
 
 
+def php_worker_until(url: str, queue: str, log: str, queue_options: dict[str, Any], count: int) -> list[list[int]]:
+    """Run php-ext/tests/worker_script.php on `queue` until it has handled `count`
+    messages, stop it with SIGTERM; its log rows: n, attempt, pid, partition."""
+    script = os.path.join(ROOT, "php-ext", "tests", "worker_script.php")
+    options = json.dumps({"idle_check": 0.1, "_sleep_ms": 0, "_queue": queue_options})
+    proc = subprocess.Popen([*php_cmd(), script, url, queue, log, options])
+
+    def rows() -> list[list[int]]:
+        try:
+            with open(log) as f:
+                return [[int(x) for x in line.split()] for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    try:
+        wait_for(30, f"PHP handled {count} messages", lambda: len(rows()) >= count)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    return rows()
+
+
 def test_php_and_python_share_a_queue_on_a_cluster(cluster: list[RedisServer], tmp_path: Any) -> None:
     url = "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster[:2])
     code = (
@@ -65,22 +88,8 @@ def test_php_and_python_share_a_queue_on_a_cluster(cluster: list[RedisServer], t
 
     # And back: Python pushes, a PHP worker process consumes.
     queue.push_many([({"n": i}, 0) for i in range(300, 400)])
-    log = str(tmp_path / "log")
-    script = os.path.join(ROOT, "php-ext", "tests", "worker_script.php")
-    proc = subprocess.Popen([*php_cmd(), script, url, "orders", log, '{"idle_check": 0.1, "_sleep_ms": 0}'])
-    try:
-        def handled() -> list[int]:
-            try:
-                with open(log) as f:
-                    return [int(line.split()[0]) for line in f if line.strip()]
-            except FileNotFoundError:
-                return []
-
-        wait_for(30, "PHP handled Python's messages", lambda: len(handled()) >= 100)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-    assert sorted(handled()) == list(range(300, 400))
+    rows = php_worker_until(url, "orders", str(tmp_path / "log"), {}, 100)
+    assert sorted(r[0] for r in rows) == list(range(300, 400))
     stats = queue.stats()
     assert stats["acked"] == 400 and stats["ready"] + stats["scheduled"] + stats["inflight"] == 0
     holders = [n.port for n in cluster if any(k.startswith("{dq:orders}") for k in n.keys())]
@@ -116,28 +125,11 @@ def test_a_partitioned_queue_spans_the_masters_from_php_and_python(cluster: list
 
     # And back: Python pushes with partition keys, a PHP worker drains every partition.
     queue.push_many([{"payload": {"n": i}, "partition_key": f"customer-{i % 7}"} for i in range(300, 400)])
-    log = str(tmp_path / "log")
-    script = os.path.join(ROOT, "php-ext", "tests", "worker_script.php")
-    options = '{"idle_check": 0.1, "_sleep_ms": 0, "_queue": {"partitions": 3}}'
-    proc = subprocess.Popen([*php_cmd(), script, url, "spread", log, options])
-    try:
-        def handled() -> list[int]:
-            try:
-                with open(log) as f:
-                    return [int(line.split()[0]) for line in f if line.strip()]
-            except FileNotFoundError:
-                return []
-
-        wait_for(30, "PHP handled Python's messages", lambda: len(handled()) >= 100)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-    assert sorted(handled()) == list(range(300, 400))
-    with open(log) as f:
-        by_customer: dict[int, set[int]] = {}
-        for line in f:
-            n, _, _, part = (int(x) for x in line.split())
-            by_customer.setdefault(n % 7, set()).add(part)
+    rows = php_worker_until(url, "spread", str(tmp_path / "log"), {"partitions": 3}, 100)
+    assert sorted(r[0] for r in rows) == list(range(300, 400))
+    by_customer: dict[int, set[int]] = {}
+    for n, _, _, part in rows:
+        by_customer.setdefault(n % 7, set()).add(part)
     assert all(len(parts) == 1 for parts in by_customer.values()), f"a customer spans partitions: {by_customer}"
     assert len(set().union(*by_customer.values())) > 1, "seven customers all on one partition"
     stats = queue.stats()

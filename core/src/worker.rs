@@ -1072,6 +1072,17 @@ fn hand_out(
     outcomes: &Sender<Outcome>,
 ) {
     let layout = &pool.queue.options().layout;
+    // Straight to the dead letters, without counting as a failed handler call.
+    let bury = |id, token, error| {
+        let _ = outcomes.send(Outcome::Nack {
+            part,
+            id,
+            token,
+            delay_ms: -1,
+            error,
+            counted: false,
+        });
+    };
     for (id, token, due_at_ms, attempt, stored) in items {
         let decoded = envelope::decode(layout, &stored);
         let max_attempts = decoded
@@ -1085,26 +1096,16 @@ fn hand_out(
                     "delayq[{}]: message {id} is unreadable, dead-lettered: {reason}",
                     pool.queue_name
                 );
-                let _ = outcomes.send(Outcome::Nack {
-                    part,
-                    id,
-                    token,
-                    delay_ms: -1,
-                    error: format!("poison message: {reason}"),
-                    counted: false,
-                });
+                bury(id, token, format!("poison message: {reason}"));
             }
             // Its earlier deliveries ended with an expired lease (the worker died or
             // hung): running it again would exceed the limit.
             Ok(_) if attempt > max_attempts => {
-                let _ = outcomes.send(Outcome::Nack {
-                    part,
+                bury(
                     id,
                     token,
-                    delay_ms: -1,
-                    error: format!("gave up after {max_attempts} attempts: the lease of the last one expired"),
-                    counted: false,
-                });
+                    format!("gave up after {max_attempts} attempts: the lease of the last one expired"),
+                );
             }
             Ok(d) => {
                 let _ = deliveries.send(Delivery {
