@@ -43,6 +43,38 @@ def cluster() -> Iterator[list[RedisServer]]:
             n.stop()
 
 
+def cluster_url(cluster: list[RedisServer]) -> str:
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster[:2])
+
+
+def php_push_300(url: str, queue: str, php_options: str) -> str:
+    """PHP pushes {"n": 0..299}, due over 0-0.3 s; returns its stats()["pushed"]."""
+    code = (
+        f'$q = new DelayQueue($argv[1], "{queue}", {php_options});'
+        '$items = []; foreach (range(0, 299) as $i) { $items[] = ["payload" => ["n" => $i], "delay" => ($i % 30) / 100]; }'
+        '$q->pushMany($items); echo $q->stats()["pushed"];'
+    )
+    return str(php(code, url))
+
+
+def python_consume_300(queue: delayq.DelayQueue) -> tuple[Counter[int], set[int]]:
+    """A Python worker runs until 300 distinct messages were handled: how often each
+    ran, and the partitions they came from. A short idle_check is not needed: producers'
+    wake-ups reach the pool on a cluster too."""
+    got: Counter[int] = Counter()
+    partitions: set[int] = set()
+    worker = delayq.Worker(queue, idle_check=5)
+
+    def handle(payload: dict[str, Any], msg: delayq.Message) -> None:
+        got[payload["n"]] += 1
+        partitions.add(msg.partition)
+        if len(got) == 300:
+            worker.stop()
+
+    worker.run(handle)
+    return got, partitions
+
+
 def php_worker_until(url: str, queue: str, log: str, queue_options: dict[str, Any], count: int) -> list[list[int]]:
     """Run php-ext/tests/worker_script.php on `queue` until it has handled `count`
     messages, stop it with SIGTERM; its log rows: n, attempt, pid, partition."""
@@ -66,24 +98,10 @@ def php_worker_until(url: str, queue: str, log: str, queue_options: dict[str, An
 
 
 def test_php_and_python_share_a_queue_on_a_cluster(cluster: list[RedisServer], tmp_path: Any) -> None:
-    url = "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster[:2])
-    code = (
-        '$q = new DelayQueue($argv[1], "orders");'
-        '$items = []; foreach (range(0, 299) as $i) { $items[] = ["payload" => ["n" => $i], "delay" => ($i % 30) / 100]; }'
-        '$q->pushMany($items); echo $q->stats()["pushed"];'
-    )
-    assert php(code, url) == "300"
-
+    url = cluster_url(cluster)
+    assert php_push_300(url, "orders", "[]") == "300"
     queue = delayq.DelayQueue(url, "orders")
-    got: Counter[int] = Counter()
-    worker = delayq.Worker(queue, idle_check=0.1)
-
-    def handle(payload: dict[str, Any], msg: delayq.Message) -> None:
-        got[payload["n"]] += 1
-        if len(got) == 300:
-            worker.stop()
-
-    worker.run(handle)
+    got, _ = python_consume_300(queue)
     assert got == Counter(range(300)), "each message exactly once"
 
     # And back: Python pushes, a PHP worker process consumes.
@@ -97,29 +115,14 @@ def test_php_and_python_share_a_queue_on_a_cluster(cluster: list[RedisServer], t
 
 
 def test_a_partitioned_queue_spans_the_masters_from_php_and_python(cluster: list[RedisServer], tmp_path: Any) -> None:
-    url = "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster[:2])
-    code = (
-        '$q = new DelayQueue($argv[1], "spread", ["partitions" => 3]);'
-        '$items = []; foreach (range(0, 299) as $i) { $items[] = ["payload" => ["n" => $i], "delay" => ($i % 30) / 100]; }'
-        '$q->pushMany($items); echo $q->stats()["pushed"];'
-    )
-    assert php(code, url) == "300"
+    url = cluster_url(cluster)
+    assert php_push_300(url, "spread", '["partitions" => 3]') == "300"
     # Three partitions on three masters: each node holds the keys of one hash tag.
     tags = [{k.split("}")[0] for k in n.keys() if k.startswith("{dq:spread")} for n in cluster]
     assert all(len(t) == 1 for t in tags), tags
 
     queue = delayq.DelayQueue(url, "spread", partitions=3)
-    got: Counter[int] = Counter()
-    partitions: set[int] = set()
-    worker = delayq.Worker(queue, idle_check=5)
-
-    def handle(payload: dict[str, Any], msg: delayq.Message) -> None:
-        got[payload["n"]] += 1
-        partitions.add(msg.partition)
-        if len(got) == 300:
-            worker.stop()
-
-    worker.run(handle)
+    got, partitions = python_consume_300(queue)
     assert got == Counter(range(300)), "each message exactly once"
     assert partitions == {0, 1, 2}
 
