@@ -41,15 +41,14 @@ impl Layout {
     }
 }
 
-/// The parts of a lease string "<token>:<score>:<attempt>" (see lib.lua) that a
-/// consumer needs: the due time and the attempt. `None` when it is malformed.
-pub(crate) fn parse_lease(layout: &Layout, lease: &str) -> Option<(i64, u32)> {
-    let mut parts = lease.split(':');
-    let (_token, score, attempt) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() {
+/// The due time in a lease string "<token>:<score>" (see lib.lua): the score the
+/// message was claimed at. `None` when it is malformed.
+pub(crate) fn due_ms_of_lease(layout: &Layout, lease: &str) -> Option<i64> {
+    let (token, score) = lease.split_once(':')?;
+    if token.is_empty() || score.contains(':') {
         return None;
     }
-    Some((layout.due_ms_of_score(score.parse().ok()?), attempt.parse().ok()?))
+    Some(layout.due_ms_of_score(score.parse().ok()?))
 }
 
 /// The key names of one queue, in the order every script expects them (see lib.lua).
@@ -219,21 +218,22 @@ mod tests {
     }
 
     #[test]
-    fn leases_give_due_time_and_attempt_per_layout() {
+    fn leases_give_the_due_time_per_layout() {
         // 1_764_460_800_123 ms with sequence 7 in the low 12 bits.
-        let native = format!("42.3:{}:2", 1_764_460_800_123_f64 * 4096.0 + 7.0);
-        assert_eq!(parse_lease(&Layout::Native, &native), Some((1_764_460_800_123, 2)));
+        let native = format!("42:{}", 1_764_460_800_123_f64 * 4096.0 + 7.0);
+        assert_eq!(due_ms_of_lease(&Layout::Native, &native), Some(1_764_460_800_123));
         assert_eq!(
-            parse_lease(&Layout::seed(), "42.3:1764460801:1"),
-            Some((1_764_460_801_000, 1))
+            due_ms_of_lease(&Layout::seed(), "42:1764460801"),
+            Some(1_764_460_801_000)
         );
         // Redis may print a large score in exponent form.
         assert_eq!(
-            parse_lease(&Layout::Native, "1.1:7.2272307e+15:1"),
-            Some((1_764_460_620_117, 1))
+            due_ms_of_lease(&Layout::Native, "1:7.2272307e+15"),
+            Some(1_764_460_620_117)
         );
-        for bad in ["", "1:2", "1:x:1", "1:2:-1", "1:2:3:4"] {
-            assert_eq!(parse_lease(&Layout::Native, bad), None, "{bad:?}");
+        // An older delayq's "<token>.<i>:<score>:<attempt>" is not this format.
+        for bad in ["", "1", ":2", "1:x", "1.1:2:3", "1:2:3"] {
+            assert_eq!(due_ms_of_lease(&Layout::Native, bad), None, "{bad:?}");
         }
     }
 

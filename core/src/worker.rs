@@ -938,28 +938,39 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
     let Value::Array(items) = v else {
         return Err(Error::Redis("claim returned no array".into()));
     };
-    if items.len() < 3 {
-        return Err(Error::Redis("claim returned a short reply".into()));
+    let malformed = || Error::Redis("claim returned a malformed reply".into());
+    let (header, rest) = items.split_first_chunk::<4>().ok_or_else(malformed)?;
+    let claimed = usize::try_from(int(&header[3])).map_err(|_| malformed())?;
+    if rest.len() < 3 * claimed || (rest.len() - 3 * claimed) % 2 != 0 {
+        return Err(malformed());
     }
-    let mut out = Claimed {
-        server_now_ms: int(&items[0]),
-        next_ms: int(&items[1]),
-        items: Vec::with_capacity((items.len() - 3) / 3),
-    };
-    let layout = &qo.layout;
-    for c in items[3..].chunks(3) {
-        if let [id, lease, env] = c {
-            let lease = text(lease).unwrap_or_default();
-            let (due_ms, attempt) = keys::parse_lease(layout, &lease)
-                .ok_or_else(|| Error::Redis(format!("claim returned a malformed lease {lease:?}")))?;
-            out.items.push((
-                text(id).unwrap_or_default(),
-                lease,
-                due_ms,
-                attempt,
-                text(env).unwrap_or_default(),
-            ));
+    let (deliveries, later) = rest.split_at(3 * claimed);
+    let mut attempts = vec![1u32; claimed];
+    for pair in later.chunks_exact(2) {
+        let (i, attempt) = (int(&pair[0]), int(&pair[1]));
+        let slot = usize::try_from(i - 1).ok().and_then(|i| attempts.get_mut(i));
+        match (slot, u32::try_from(attempt)) {
+            (Some(slot), Ok(attempt)) => *slot = attempt,
+            _ => return Err(malformed()),
         }
+    }
+    let layout = &qo.layout;
+    let mut out = Claimed {
+        server_now_ms: int(&header[0]),
+        next_ms: int(&header[1]),
+        items: Vec::with_capacity(claimed),
+    };
+    for (c, attempt) in deliveries.chunks_exact(3).zip(attempts) {
+        let lease = text(&c[1]).unwrap_or_default();
+        let due_ms = keys::due_ms_of_lease(layout, &lease)
+            .ok_or_else(|| Error::Redis(format!("claim returned a malformed lease {lease:?}")))?;
+        out.items.push((
+            text(&c[0]).unwrap_or_default(),
+            lease,
+            due_ms,
+            attempt,
+            text(&c[2]).unwrap_or_default(),
+        ));
     }
     Ok(out)
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{RedisServer, wait_for};
+use common::{RedisServer, StopOnDrop, wait_for};
 use delayq::{Error, NewMessage, Queue, QueueOptions, Worker, WorkerOptions};
 use serde_json::json;
 
@@ -18,7 +18,7 @@ const ACL_RULE: &str = "on >s3cret resetkeys ~{dq:orders}:* resetchannels &{dq:o
      +evalsha +script|load \
      +time +incrby +publish +subscribe +unsubscribe +unlink \
      +zadd +zrem +zrange +zrevrange +zrangebyscore +zcard +zcount +zscore \
-     +hset +hget +hmget +hdel +hincrby +hgetall +hlen";
+     +hset +hget +hmget +hdel +hincrby +hgetall +hlen +exists";
 
 #[test]
 fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
@@ -63,6 +63,7 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
     let stopper = worker.stopper();
     let summary = std::thread::scope(|s| {
         s.spawn(|| {
+            let _stop = StopOnDrop(stopper.clone());
             wait_for(Duration::from_secs(20), "all handled", || {
                 q.stats().is_ok_and(|s| s.ready + s.inflight == 0)
             });

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{RedisServer, assert_no_leak, wait_for};
+use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
 use delayq::{NewMessage, Queue, QueueOptions, Worker, WorkerOptions};
 use parking_lot::Mutex;
 use serde_json::json;
@@ -171,6 +171,7 @@ fn a_worker_process_killed_mid_run_loses_nothing() {
     let stopper = worker.stopper();
     std::thread::scope(|s| {
         s.spawn(|| {
+            let _stop = StopOnDrop(stopper.clone());
             wait_for(Duration::from_secs(60), "the rest handled", || {
                 q.stats().is_ok_and(|s| s.ready + s.scheduled + s.inflight == 0)
             });
@@ -221,6 +222,7 @@ fn a_poison_envelope_written_by_hand_goes_to_the_dead_letters_and_the_pool_goes_
     let stopper = worker.stopper();
     let summary = std::thread::scope(|s| {
         s.spawn(|| {
+            let _stop = StopOnDrop(stopper.clone());
             wait_for(Duration::from_secs(30), "all handled or buried", || {
                 q.stats().is_ok_and(|s| s.ready + s.scheduled + s.inflight == 0)
             });
@@ -259,15 +261,17 @@ fn get_reports_a_delivery_whose_lease_it_cannot_read() {
     let q = server.queue("oddlease");
     let id = q.push(&json!({"n": 1}), Duration::ZERO).expect("push");
     // What an older delayq mid-upgrade (or a hand edit) might leave: an in-flight
-    // message whose lease string is not in this version's format.
+    // message whose lease string is not in this version's format (this one is the
+    // "<token>.<i>:<score>:<attempt>" of versions before 2026-11-30).
     let mut con = server.con();
     let _: () = redis::pipe()
         .zrem("{dq:oddlease}:scheduled", &id)
         .zadd("{dq:oddlease}:inflight", &id, 9_999_999_999_999_i64)
-        .hset("{dq:oddlease}:leases", &id, "17:1764460800000")
+        .hset("{dq:oddlease}:leases", &id, "17.1:7227231436800000:1")
         .query(&mut con)
         .expect("write by hand");
     let info = q.get(&id).expect("get works").expect("exists");
     assert_eq!(info.state, delayq::State::Inflight);
     assert_eq!(info.due_at_ms, None);
+    assert_eq!(info.attempts, 1, "the running delivery is the first");
 }

@@ -5,9 +5,10 @@
 mod common;
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Proxy, RedisServer, assert_no_leak, wait_for};
+use common::{Proxy, RedisServer, StopOnDrop, assert_no_leak, wait_for};
 use delayq::{ConnectOptions, NewMessage, Queue, QueueOptions, Worker, WorkerOptions};
 use parking_lot::Mutex;
 use serde_json::json;
@@ -100,6 +101,7 @@ fn a_pool_rides_out_a_stall_and_loses_nothing() {
     let worker = Worker::new(q, worker_opts()).expect("worker");
     let stopper = worker.stopper();
     let summary = std::thread::scope(|s| {
+        let _stop = StopOnDrop(stopper.clone());
         let run = s.spawn(|| worker.run(2, record_into(&seen)).expect("run"));
         wait_for(Duration::from_secs(30), "a start", || seen.lock().len() >= 300);
         proxy.stall(true);
@@ -141,7 +143,10 @@ fn connections_cut_mid_command_are_reopened_and_nothing_is_lost() {
     let worker = Worker::new(q, worker_opts()).expect("worker");
     let stopper = worker.stopper();
     const N: u64 = 1000;
+    const CUTS: u64 = 5;
+    let pushed = AtomicU64::new(0);
     let summary = std::thread::scope(|s| {
+        let _stop = StopOnDrop(stopper.clone());
         let run = s.spawn(|| worker.run(2, record_into(&seen)).expect("run"));
         let pushes = s.spawn(|| {
             // Every push must succeed: a cut connection is reopened and the push sent
@@ -150,16 +155,20 @@ fn connections_cut_mid_command_are_reopened_and_nothing_is_lost() {
                 producer
                     .push(&json!({"n": n}), Duration::from_millis(n % 50))
                     .unwrap_or_else(|e| panic!("push {n} failed across a cut: {e}"));
+                pushed.fetch_add(1, Ordering::Relaxed);
             }
         });
+        // Cuts spread over the pushes by count, not by time: pushes got fast enough
+        // to finish between two cuts of a timer.
         let mut cuts = 0;
-        while !pushes.is_finished() {
-            std::thread::sleep(Duration::from_millis(100));
+        for k in 1..=CUTS {
+            while pushed.load(Ordering::Relaxed) < k * N / (CUTS + 1) && !pushes.is_finished() {
+                std::thread::yield_now();
+            }
             proxy.cut();
             cuts += 1;
         }
         pushes.join().expect("producer thread");
-        assert!(cuts >= 3, "only {cuts} cuts: the test proves nothing");
         eprintln!("cuts: {cuts} cuts while pushing {N}, every push succeeded");
         let direct = server.queue("cut");
         wait_for(Duration::from_secs(60), "everything handled", || {

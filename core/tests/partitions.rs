@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{RedisServer, assert_no_leak, wait_for};
+use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
 use delayq::{Due, NewMessage, PushOptions, Queue, QueueOptions, State, Worker, WorkerOptions};
 use parking_lot::Mutex;
 
@@ -46,6 +46,7 @@ fn drain(worker: &Worker, total: usize) -> Vec<(usize, serde_json::Value)> {
     let stopper = worker.stopper();
     std::thread::scope(|s| {
         s.spawn(|| {
+            let _stop = StopOnDrop(stopper.clone());
             wait_for(Duration::from_secs(30), "every message handled", || {
                 seen.lock().len() >= total
             });
@@ -251,6 +252,7 @@ fn by_id_calls_and_dead_letters_work_across_partitions() {
     let stopper = worker.stopper();
     std::thread::scope(|s| {
         s.spawn(|| {
+            let _stop = StopOnDrop(stopper.clone());
             wait_for(Duration::from_secs(20), "ten dead letters", || {
                 q.stats().is_ok_and(|st| st.dead == 10)
             });
@@ -311,6 +313,7 @@ fn an_idle_pool_sleeps_on_every_partition_and_wakes_for_any() {
     };
     std::thread::scope(|s| {
         s.spawn(|| {
+            let _stop = StopOnDrop(stopper.clone());
             // Let the pool look once at every partition, then count its calls.
             std::thread::sleep(Duration::from_millis(500));
             let before = commands(&server);

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{RedisServer, wait_for};
+use common::{RedisServer, StopOnDrop, wait_for};
 use delayq::{Layout, Queue, QueueOptions, State, Worker, WorkerOptions};
 use parking_lot::Mutex;
 
@@ -100,6 +100,7 @@ fn delayq_consumes_what_the_recipes_producer_pushed() {
     let stopper = worker.stopper();
     std::thread::scope(|s| {
         s.spawn(|| {
+            let _stop = StopOnDrop(stopper.clone());
             wait_for(Duration::from_secs(10), "five handled", || {
                 got.lock().len() == 5 && q.stats().is_ok_and(|s| s.inflight == 0)
             });
@@ -149,6 +150,7 @@ fn in_the_seed_layout_failures_retry_and_dead_letter_in_side_keys() {
     let stopper = worker.stopper();
     std::thread::scope(|s| {
         s.spawn(|| {
+            let _stop = StopOnDrop(stopper.clone());
             // The retry is rounded up to a whole second, as the recipe's scores are.
             wait_for(Duration::from_secs(10), "the dead letter", || {
                 q.stats().is_ok_and(|s| s.dead == 1)

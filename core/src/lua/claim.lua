@@ -2,11 +2,15 @@
 -- re-scheduling deliveries whose lease expired (their worker died or hung).
 -- KEYS: see lib.lua.
 -- ARGV[3] batch (1..1000)   ARGV[4] lease_ms   ARGV[5] dead_max   ARGV[6] dead_ttl_ms
--- Returns {now_ms, next_ms, reaped, id1, lease1, envelope1, id2, lease2, envelope2, ...}
+-- Returns {now_ms, next_ms, reaped, n, id1, lease1, envelope1, ..., idn, leasen,
+--          envelopen, i1, attempt1, i2, attempt2, ...}
 --   next_ms: earliest due time or lease deadline still ahead, -1 if none; the caller
 --   sleeps until then unless a producer publishes an earlier due time.
---   lease: "<token>:<score>:<attempt>" (see lib.lua); the caller reads the due time
---   and the attempt from it and sends it back whole to complete the delivery.
+--   n messages were claimed; the pairs after them (i, attempt) say which of them are
+--   on a later attempt; every other one is on its first (nearly all are, so the
+--   reply does not repeat it).
+--   lease: "<token>:<score>" (see lib.lua); the caller reads the due time from it and
+--   sends it back whole to complete the delivery.
 -- This script runs once per batch of up to 1000 messages and is the drain's hot path:
 -- every per-message step below is one element of a variadic call, and the only
 -- per-message Lua work is one string concatenation.
@@ -20,17 +24,11 @@ local expired = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', now, 'LIMIT', 0,
 if #expired > 0 then
   local readd, counted, errors = {}, {}, {}
   local seq = next_seq(#expired)
-  local held = redis.call('HMGET', K_LEASE, unpack(expired))
   local before = redis.call('HMGET', K_ATT, unpack(expired))
   for i, id in ipairs(expired) do
     readd[#readd + 1] = score_of(now, seq - #expired + i)
     readd[#readd + 1] = id
-    local attempt = nil
-    if held[i] then
-      local _, _, a = lease_parts(held[i])
-      attempt = a
-    end
-    attempt = attempt or (tonumber(before[i]) or 0) + 1
+    local attempt = (tonumber(before[i]) or 0) + 1
     counted[#counted + 1] = id
     counted[#counted + 1] = attempt
     errors[#errors + 1] = id
@@ -46,49 +44,58 @@ end
 
 trim_dead(now, tonumber(ARGV[5]), tonumber(ARGV[6]))
 
-local result = {now, -1, #expired}
+local result = {now, -1, #expired, 0}
 local due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'WITHSCORES', 'LIMIT', 0, batch)
 local n = #due / 2
 if n > 0 then
-  local ids, leases, deadlines = {}, {}, {}
-  -- A string once, not a number that each of the n ZADD arguments would format again.
-  local deadline = fmt(now + lease_ms)
+  local ids = {}
   for i = 1, n do
-    local id = due[2 * i - 1]
-    ids[i] = id
-    deadlines[2 * i - 1] = deadline
-    deadlines[2 * i] = id
+    ids[i] = due[2 * i - 1]
   end
   redis.call('ZREM', K_SCHED, unpack(ids))
   local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
-  local previous = redis.call('HMGET', K_ATT, unpack(ids))
-  -- One sequence number per batch; "<batch>.<i>" keeps every delivery's token unique.
-  local token = fmt(next_seq()) .. '.'
-  local orphans = {}
+  local previous = nil
+  if redis.call('EXISTS', K_ATT) == 1 then
+    previous = redis.call('HMGET', K_ATT, unpack(ids))
+  end
+  -- A string once, not a number that each of the n ZADD arguments would format again.
+  local deadline = fmt(now + lease_ms)
+  local token = fmt(next_seq()) .. ':'
+  local leases, deadlines, later, orphans = {}, {}, {}, {}
   local claimed = 0
   for i = 1, n do
     local id = ids[i]
-    if envelopes[i] then
-      local lease = token .. i .. ':' .. due[2 * i] .. ':' .. ((tonumber(previous[i]) or 0) + 1)
-      leases[#leases + 1] = id
-      leases[#leases + 1] = lease
-      result[#result + 1] = id
-      result[#result + 1] = lease
-      result[#result + 1] = envelopes[i]
+    local envelope = envelopes[i]
+    if envelope then
       claimed = claimed + 1
+      local lease = token .. due[2 * i]
+      leases[2 * claimed - 1] = id
+      leases[2 * claimed] = lease
+      deadlines[2 * claimed - 1] = deadline
+      deadlines[2 * claimed] = id
+      result[3 * claimed + 2] = id
+      result[3 * claimed + 3] = lease
+      result[3 * claimed + 4] = envelope
+      local finished = previous and tonumber(previous[i])
+      if finished then
+        later[#later + 1] = claimed
+        later[#later + 1] = finished + 1
+      end
     else
       -- A scheduled id without an envelope was written by hand or by a foreign tool.
       orphans[#orphans + 1] = id
     end
   end
+  result[4] = claimed
+  for _, v in ipairs(later) do
+    result[#result + 1] = v
+  end
   if claimed > 0 then
-    -- Orphans get a deadline here too and are removed right after: one variadic ZADD.
     redis.call('ZADD', K_INFLIGHT, unpack(deadlines))
-    redis.call('HSET', K_LEASE, unpack(leases))
+    hset_as_hashtable(K_LEASE, leases)
     redis.call('HINCRBY', K_STATS, 'delivered', claimed)
   end
   if #orphans > 0 then
-    redis.call('ZREM', K_INFLIGHT, unpack(orphans))
     forget(orphans)
     redis.call('HINCRBY', K_STATS, 'orphaned', #orphans)
   end

@@ -21,12 +21,12 @@ if score then
 end
 local lease = redis.call('HGET', K_LEASE, id)
 if lease then
-  local _, score, attempt = lease_parts(lease)
+  local _, score = lease_parts(lease)
   if not score then
     -- Not a lease this version wrote (an older delayq mid-upgrade, or a hand edit).
-    return {'inflight', envelope, -1, attempts, err, -1}
+    return {'inflight', envelope, -1, attempts + 1, err, -1}
   end
-  return {'inflight', envelope, due_of(score), attempt, err, -1}
+  return {'inflight', envelope, due_of(score), attempts + 1, err, -1}
 end
 local died = redis.call('ZSCORE', K_DEAD, id)
 if died then

@@ -5,9 +5,9 @@
 --   KEYS[2] messages   HASH  id -> envelope (opaque to Lua: payload bytes never pass
 --                            through cjson, so 64-bit integers and key order survive)
 --   KEYS[3] inflight   ZSET  id -> lease deadline (ms, server clock)
---   KEYS[4] leases     HASH  id -> "<token>:<score>:<attempt>" of the current delivery
+--   KEYS[4] leases     HASH  id -> "<token>:<score>" of the current delivery
 --   KEYS[5] attempts   HASH  id -> finished deliveries (written when a delivery fails
---                            or its lease expires; an in-flight one counts in its lease)
+--                            or its lease expires; the running one is attempts + 1)
 --   KEYS[6] errors     HASH  id -> last error text
 --   KEYS[7] dead       ZSET  id -> time of death (ms)
 --   KEYS[8] stats      HASH  counters: pushed delivered acked retried dead ...
@@ -81,13 +81,40 @@ local function wake_if_new_head(old_head)
   wake_if_earlier(old_head, head_score())
 end
 
--- A lease is "<token>:<score>:<attempt>": the fencing token of one delivery (unique),
--- the schedule score it was claimed at (a release puts it back there, and it gives
--- the due time) and which delivery of the message this is. Completions send the
--- whole string back and compare it as one value: no parsing on the hot path.
+-- A lease is "<token>:<score>": the fencing token of one claim (unique; one claim's
+-- deliveries share it, and one claim holds a message at most once) and the schedule
+-- score the message was claimed at (a release puts it back there, and it gives the
+-- due time). Completions send the whole string back and compare it as one value: no
+-- parsing on the hot path. Which delivery of the message this is needs no storing:
+-- attempts holds the finished ones, so the running one is attempts + 1.
 local function lease_parts(lease)
-  local token, score, attempt = string.match(lease, '^([^:]+):([^:]+):(%d+)$')
-  return token, tonumber(score), tonumber(attempt)
+  local token, score = string.match(lease, '^([^:]+):([^:]+)$')
+  return token, tonumber(score)
+end
+
+-- Redis stores a small hash as a listpack and converts it once it passes
+-- hash-max-listpack-entries (128); filling a fresh listpack with a claim of 1000
+-- leases costs about 4x what the same writes cost in a hashtable (measured: 1.4 ms
+-- against 0.37 ms per 1000 on Redis 7.0), and the leases hash is fresh whenever the
+-- pool has caught up (an empty hash is deleted). One value longer than
+-- hash-max-listpack-value (64) in the same HSET makes Redis build a hashtable from
+-- the start; Redis never turns it back, so the field can go at once. Ids are never
+-- empty, so the empty field name is free.
+local LISTPACK_BREAKER = string.rep('-', 65)
+local function hset_as_hashtable(key, pairs)
+  local n = #pairs
+  pairs[n + 1] = ''
+  pairs[n + 2] = LISTPACK_BREAKER
+  redis.call('HSET', key, unpack(pairs))
+  redis.call('HDEL', key, '')
+end
+
+-- Attempts and errors exist only for messages that failed before; while none has,
+-- their hashes do not exist and the per-message deletes are skipped.
+local function hdel_if_any(key, ids)
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('HDEL', key, unpack(ids))
+  end
 end
 
 local function forget(ids)
@@ -95,8 +122,8 @@ local function forget(ids)
     return
   end
   redis.call('HDEL', K_MSG, unpack(ids))
-  redis.call('HDEL', K_ATT, unpack(ids))
-  redis.call('HDEL', K_ERR, unpack(ids))
+  hdel_if_any(K_ATT, ids)
+  hdel_if_any(K_ERR, ids)
   redis.call('HDEL', K_LEASE, unpack(ids))
 end
 

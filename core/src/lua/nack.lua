@@ -11,7 +11,7 @@ for i = 5, #ARGV, 4 do
   local id, token, delay, err = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local held = redis.call('HGET', K_LEASE, id)
   if held and held == token then
-    local _, _, attempt = lease_parts(held)
+    local attempt = tonumber(redis.call('HGET', K_ATT, id) or '0') + 1
     redis.call('ZREM', K_INFLIGHT, id)
     redis.call('HDEL', K_LEASE, id)
     redis.call('HSET', K_ATT, id, attempt)

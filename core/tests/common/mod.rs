@@ -152,9 +152,22 @@ pub fn assert_no_leak(server: &RedisServer, tag: &str) {
         sets += redis::cmd("ZCARD").arg(k(z)).query::<u64>(&mut con).expect("ZCARD");
     }
     assert_eq!(hlen, sets, "message hash and sets disagree under {tag}");
-    for h in ["leases", "attempts", "errors"] {
+    for h in ["attempts", "errors"] {
         let n: u64 = redis::cmd("HLEN").arg(k(h)).query(&mut con).expect("HLEN");
         assert!(n <= hlen, "{h} holds {n} entries for {hlen} messages");
+    }
+    let leases: u64 = redis::cmd("HLEN").arg(k("leases")).query(&mut con).expect("HLEN");
+    let inflight: u64 = redis::cmd("ZCARD").arg(k("inflight")).query(&mut con).expect("ZCARD");
+    assert_eq!(leases, inflight, "leases and in-flight set disagree under {tag}");
+}
+
+/// Stops a pool when dropped, also while a failed assertion unwinds: inside
+/// `thread::scope`, a pool that keeps running turns a failing test into a hang.
+pub struct StopOnDrop(pub delayq::Stopper);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop();
     }
 }
 
