@@ -34,11 +34,12 @@ ARQ_BENCH = ROOT / "bench" / "python" / "arq_bench.py"
 NODE_DIR = ROOT / "bench" / "node"
 SYSTEMS = ["seed", "delayq", "python"]
 # Other queues users run today, on the workloads they have an equivalent for.
-OTHERS = ["bullmq", "arq"]
+OTHERS = ["bullmq", "arq", "laravel"]
 LABEL = {"seed": "seed recipe (PHP + phpredis)", "delayq": "delayq (PHP extension)", "python": "delayq (Python module)",
-         "rust": "delayq (Rust core)", "bullmq": "BullMQ (Node.js)", "arq": "arq (Python asyncio)"}
+         "rust": "delayq (Rust core)", "bullmq": "BullMQ (Node.js)", "arq": "arq (Python asyncio)",
+         "laravel": "Laravel queue (PHP, Redis driver)"}
 # Slow systems drain fewer messages, so that a run ends in minutes.
-DRAIN_N = {"arq": 20000, "bullmq": 50000}
+DRAIN_N = {"arq": 20000, "bullmq": 50000, "laravel": 50000}
 
 
 def free_port() -> int:
@@ -107,11 +108,17 @@ def python(*args: str, background: bool = False) -> Any:
 def other(system: str, *args: str, background: bool = False) -> Any:
     if system == "bullmq":
         return client(["node", str(NODE_DIR / "bullmq.mjs"), *args], background)
+    if system == "laravel":
+        return php("laravel.php", *args, background=background)
     return client([sys.executable, str(ARQ_BENCH), *args], background)
 
 
 def install_others() -> None:
-    """BullMQ from npm and arq from PyPI, on first use (they are not delayq's dependencies)."""
+    """BullMQ from npm, arq from PyPI and Laravel from Debian, on first use (they are not
+    delayq's dependencies)."""
+    if not Path("/usr/share/php/Illuminate/autoload.php").exists():
+        subprocess.run(["apt-get", "install", "-y", "-q", "php-laravel-framework"], check=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     if not (NODE_DIR / "node_modules" / "bullmq").exists():
         subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True)
     try:
@@ -194,7 +201,7 @@ class Bench:
     def push(self) -> None:
         n = 5000 if self.quick else 20000
         for mode, label in (("single", "W1 push"), ("bulk", "W1b bulk")):
-            # arq has no bulk enqueue.
+            # arq and Laravel have no delayed bulk enqueue.
             for system in SYSTEMS + (OTHERS if mode == "single" else ["bullmq"]):
                 def once() -> float:
                     self.fresh()
@@ -453,7 +460,11 @@ class Bench:
             "  deferred with `_defer_by`, 4 worker processes polling every 10 ms (`poll_delay`;",
             "  its default is 0.5 s), no bulk enqueue (no W1b). Both drain fewer messages (see",
             "  N in the notes) so that a run takes minutes; each run is verified the same way.",
-            "- Not yet measured here: Laravel's queue (issue 5).",
+            "- Laravel (Debian's `php-laravel-framework` 8.83, Illuminate\\Queue\\Capsule standalone,",
+            "  phpredis): `later()` jobs of a `Class@method` handler; 4 forked processes running",
+            "  Laravel's `Worker::runNextJob` loop with `sleep` 0.1 s (the CLI default is 3 s).",
+            "  `later()` keeps whole seconds of the due time, so it can run early, like the recipe.",
+            "  Laravel has no delayed bulk push (no W1b).",
         ]
         return "\n".join(lines) + "\n"
 
