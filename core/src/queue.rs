@@ -1,5 +1,6 @@
 //! The producer and admin API of one queue.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -520,7 +521,14 @@ impl Queue {
             .enumerate()
             .flat_map(|(part, idx)| idx.chunks(MAX_BATCH).map(move |c| (part, c)))
             .collect();
+        // An id that delayq generated cannot exist before its first send, so the script
+        // skips looking it up; a resend (the first one may have run) and ids that the
+        // caller chose are looked up. The cluster client resends on its own, so there
+        // every send looks up.
+        let sent = Cell::new(inner.endpoint.is_cluster());
         let add_chunk = |inv: &mut redis::ScriptInvocation<'_>, members: &[usize]| {
+            let fresh = !sent.get() && members.iter().all(|&i| batch[i].options.id.is_none());
+            inv.arg(if fresh { "new" } else { "check" });
             for &i in members {
                 let (kind, ms) = batch[i].due.script_args();
                 inv.arg(&ids[i]).arg(kind).arg(ms).arg(&envelopes[i]);
@@ -549,7 +557,8 @@ impl Queue {
         } else if chunks.len() == 1 && !waits {
             let (part, members) = chunks[0];
             self.call(part, "push", Replay::Safe, &scripts::PUSH, |inv| {
-                add_chunk(inv, members)
+                add_chunk(inv, members);
+                sent.set(true);
             })?;
         } else {
             // One round trip for the whole batch, the WAIT included.
@@ -564,6 +573,7 @@ impl Queue {
                         add_chunk(&mut inv, members);
                         pipe.invoke_script(&inv).ignore();
                     }
+                    sent.set(true);
                     if waits {
                         pipe.cmd("WAIT")
                             .arg(inner.opts.wait_replicas)
