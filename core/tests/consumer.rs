@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{RedisServer, assert_no_leak, wait_for};
+use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
 use delayq::{NewMessage, Received, State, Worker, WorkerOptions};
 use parking_lot::Mutex;
 use serde_json::json;
@@ -578,6 +578,7 @@ fn slow_handlers_do_not_hoard_due_messages_from_idle_consumers() {
     let b = Worker::new(q.clone(), opts()).expect("worker b");
     let (sa, sb) = (a.stopper(), b.stopper());
     std::thread::scope(|s| {
+        let (_stop_a, _stop_b) = (StopOnDrop(sa.clone()), StopOnDrop(sb.clone()));
         s.spawn(|| a.run(1, slow('a')).expect("run a"));
         // A is busy with its first message before B even starts.
         wait_for(Duration::from_secs(5), "A to start", || {

@@ -40,6 +40,7 @@ fn the_pool_and_producers_survive_a_redis_restart_and_lose_nothing() {
     let worker = Worker::new(q.clone(), fast_retry()).expect("worker");
     let stopper = worker.stopper();
     let summary = std::thread::scope(|s| {
+        let _stop = StopOnDrop(stopper.clone());
         let run = s.spawn(|| {
             worker
                 .run(2, |d| {

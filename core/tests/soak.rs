@@ -10,7 +10,7 @@ mod common;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{RedisServer, assert_no_leak, wait_for};
+use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
 use delayq::{NewMessage, Worker, WorkerOptions};
 use rand::Rng;
 use serde_json::json;
@@ -62,6 +62,7 @@ fn producers_and_a_pool_under_load_lose_nothing() {
     let stopper = worker.stopper();
     let started = Instant::now();
     let (rss_start, rss_end) = std::thread::scope(|s| {
+        let _stop = StopOnDrop(stopper.clone());
         let run = s.spawn(|| {
             worker
                 .run(HANDLERS, |d| {
