@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test soak bench bench-cluster lint fmt clippy doc
+.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -33,6 +33,9 @@ bench: ## Benchmark delayq against the seed recipe on a private, pinned redis-se
 
 bench-cluster: ## One queue with 1 and 3 partitions on a 3-master cluster, next to one Redis
 	python3 bench/cluster.py
+
+bench-redis-cost: ## Redis time per drained message: delayq's scripts against the recipe's pop
+	python3 bench/redis_cost.py
 
 lint: fmt clippy ## cargo fmt --check and clippy -D warnings
 
