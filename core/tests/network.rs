@@ -204,3 +204,34 @@ fn connections_cut_mid_command_are_reopened_and_nothing_is_lost() {
     );
     assert_no_leak(&server, "{dq:cut}");
 }
+
+#[test]
+fn a_push_whose_lost_reply_is_sent_again_without_making_a_second_message() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let q = through(&proxy, "lostreply");
+    let direct = server.queue("lostreply");
+    // The connection is open and the script loaded: the next request is the push itself.
+    q.push(&json!({"n": 0}), Duration::from_secs(60)).expect("first push");
+    proxy.swallow_replies(true);
+    let id = std::thread::scope(|s| {
+        // Redis runs the push, its reply is lost, the client times out and sends it
+        // again on a new connection, whose replies get through.
+        s.spawn(|| {
+            wait_for(Duration::from_secs(5), "the push to run", || {
+                direct.stats().is_ok_and(|st| st.total("pushed") == 2)
+            });
+            proxy.swallow_replies(false);
+        });
+        q.push(&json!({"n": 1}), Duration::from_secs(60))
+            .expect("push across a lost reply")
+    });
+    let stats = direct.stats().expect("stats");
+    assert_eq!(stats.total("pushed"), 2, "the resend wrote the message a second time");
+    assert_eq!(stats.scheduled, 2);
+    assert_eq!(
+        direct.get(&id).expect("get").expect("exists").state,
+        delayq::State::Scheduled
+    );
+    assert_no_leak(&server, "{dq:lostreply}");
+}

@@ -184,6 +184,9 @@ struct ProxyState {
     /// Bumped by `cut`: pumps of an older generation close their sockets.
     generation: std::sync::atomic::AtomicU64,
     stalled: std::sync::atomic::AtomicBool,
+    /// Replies from the server are read and dropped: the server ran the request, the
+    /// client never hears of it.
+    swallow_replies: std::sync::atomic::AtomicBool,
     stopped: std::sync::atomic::AtomicBool,
 }
 
@@ -204,12 +207,16 @@ impl Proxy {
                             continue;
                         };
                         let generation = st.generation.load(Ordering::Relaxed);
-                        for (from, to) in [
-                            (client.try_clone().expect("clone"), server.try_clone().expect("clone")),
-                            (server, client),
+                        for (from, to, replies) in [
+                            (
+                                client.try_clone().expect("clone"),
+                                server.try_clone().expect("clone"),
+                                false,
+                            ),
+                            (server, client, true),
                         ] {
                             let st = Arc::clone(&st);
-                            std::thread::spawn(move || pump(&from, &to, &st, generation));
+                            std::thread::spawn(move || pump(&from, &to, &st, generation, replies));
                         }
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
@@ -232,6 +239,13 @@ impl Proxy {
     pub fn stall(&self, on: bool) {
         self.state.stalled.store(on, std::sync::atomic::Ordering::Relaxed);
     }
+
+    /// Drop (`true`) or forward (`false`) what the server sends back.
+    pub fn swallow_replies(&self, on: bool) {
+        self.state
+            .swallow_replies
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Drop for Proxy {
@@ -241,7 +255,7 @@ impl Drop for Proxy {
     }
 }
 
-fn pump(from: &std::net::TcpStream, to: &std::net::TcpStream, st: &ProxyState, generation: u64) {
+fn pump(from: &std::net::TcpStream, to: &std::net::TcpStream, st: &ProxyState, generation: u64, replies: bool) {
     use std::io::{Read, Write};
     use std::sync::atomic::Ordering;
     let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
@@ -261,6 +275,9 @@ fn pump(from: &std::net::TcpStream, to: &std::net::TcpStream, st: &ProxyState, g
                 // Bytes read just as the stall began are held back too.
                 while st.stalled.load(Ordering::Relaxed) && st.generation.load(Ordering::Relaxed) == generation {
                     std::thread::sleep(Duration::from_millis(5));
+                }
+                if replies && st.swallow_replies.load(Ordering::Relaxed) {
+                    continue;
                 }
                 if st.generation.load(Ordering::Relaxed) != generation || to_w.write_all(&buf[..n]).is_err() {
                     break;
