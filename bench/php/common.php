@@ -27,3 +27,19 @@ function bench_result(array $fields): void
 {
     echo json_encode($fields), "\n";
 }
+
+/** In the parent of forked consumers: pass SIGTERM on to them and wait until all exit. */
+function bench_wait_children(array $pids): void
+{
+    pcntl_async_signals(true);
+    // Not restarting syscalls: the blocking waitpid below must return for the handler to run.
+    pcntl_signal(SIGTERM, function () use ($pids) {
+        foreach ($pids as $pid) {
+            posix_kill($pid, SIGTERM);
+        }
+    }, false);
+    foreach ($pids as $pid) {
+        while (pcntl_waitpid($pid, $status) === -1 && pcntl_get_last_error() === PCNTL_EINTR) {
+        }
+    }
+}

@@ -70,16 +70,7 @@ if ($system === 'seed') {
         }
         $pids[] = $pid;
     }
-    // Not restarting syscalls: the blocking waitpid below must return for the handler to run.
-    pcntl_signal(SIGTERM, function () use ($pids) {
-        foreach ($pids as $pid) {
-            posix_kill($pid, SIGTERM);
-        }
-    }, false);
-    foreach ($pids as $pid) {
-        while (pcntl_waitpid($pid, $status) === -1 && pcntl_get_last_error() === PCNTL_EINTR) {
-        }
-    }
+    bench_wait_children($pids);
     exit(0);
 }
 

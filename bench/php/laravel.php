@@ -165,12 +165,4 @@ for ($p = 0; $p < 4; $p++) {
     }
     exit(0);
 }
-pcntl_signal(SIGTERM, function () use ($pids) {
-    foreach ($pids as $pid) {
-        posix_kill($pid, SIGTERM);
-    }
-}, false);
-foreach ($pids as $pid) {
-    while (pcntl_waitpid($pid, $status) === -1 && pcntl_get_last_error() === PCNTL_EINTR) {
-    }
-}
+bench_wait_children($pids);
