@@ -27,6 +27,7 @@ mod envelope;
 mod error;
 mod fork;
 mod keys;
+mod logs;
 mod queue;
 mod scripts;
 mod time;
@@ -36,6 +37,7 @@ pub use conn::ConnectOptions;
 pub use envelope::MAX_DEPTH;
 pub use error::{Category, Error, Result};
 pub use keys::{Layout, MAX_PARTITIONS};
+pub use logs::{LogRecord, capture_logs, logger_name, set_log_level, take_logs};
 pub use queue::{
     COUNTERS, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, MAX_ID_BYTES, MessageInfo, NewMessage, PushOptions, Queue,
     QueueOptions, State, Stats,

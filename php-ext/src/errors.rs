@@ -143,7 +143,10 @@ pub(crate) trait OrThrow<T> {
 }
 
 impl<T> OrThrow<T> for delayq::Result<T> {
+    /// Every call into the core ends here, on the PHP thread: the place to write what
+    /// the core logged meanwhile.
     fn or_throw(self) -> Result<T, PhpException> {
+        crate::logs::flush();
         self.map_err(|e| to_php(&e))
     }
 }

@@ -4,6 +4,7 @@
 
 mod convert;
 mod errors;
+mod logs;
 mod queue;
 mod signals;
 mod supervisor;
@@ -11,7 +12,8 @@ mod worker;
 
 use ext_php_rs::prelude::*;
 
-extern "C" fn startup(_type: i32, _module: i32) -> i32 {
+extern "C" fn startup(_type: i32, module_number: i32) -> i32 {
+    logs::install(module_number);
     match errors::register() {
         Ok(()) => 0,
         Err(e) => {

@@ -150,6 +150,7 @@ impl PhpDelayQueue {
     ))]
     pub fn __construct(url: String, queue: String, options: OptionsArg<'_>) -> PhpResult<Self> {
         let opts = queue_options(options.0)?;
+        crate::logs::sync_level();
         Ok(Self {
             queue: delayq::Queue::new(&url, &queue, opts).or_throw()?,
         })

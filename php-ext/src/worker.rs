@@ -164,6 +164,7 @@ impl PhpWorker {
     /// The handler loop of one process: claims run on the pool's threads, the
     /// handler on this (the PHP) thread.
     pub(crate) fn consume(&self, handler: &ZendCallable, slot: Option<&Slot>) -> PhpResult<RunSummary> {
+        crate::logs::sync_level();
         let consumer = BailoutGuard::new(self.worker.start().or_throw()?);
         let stopper = consumer.stopper();
         let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
@@ -182,7 +183,9 @@ impl PhpWorker {
                 // Lets the script's own pcntl_signal() handlers run (they may call stop()).
                 let _ = f.try_call(vec![]);
             }
-            let delivery = match consumer.recv_timeout(Duration::from_millis(100)) {
+            let received = consumer.recv_timeout(Duration::from_millis(100));
+            crate::logs::flush();
+            let delivery = match received {
                 delayq::Received::Message(d) => d,
                 delayq::Received::Idle => continue,
                 delayq::Received::Stopped => break,
@@ -246,10 +249,9 @@ impl PhpWorker {
             }
         }
         let consumer = BailoutGuard::into_inner(consumer);
-        Ok(RunSummary {
-            core: consumer.finish(),
-            ended,
-        })
+        let core = consumer.finish();
+        crate::logs::flush();
+        Ok(RunSummary { core, ended })
     }
 
     pub(crate) fn call_on_start(&self) -> PhpResult<()> {

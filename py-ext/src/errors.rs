@@ -64,7 +64,10 @@ pub(crate) trait OrRaise<T> {
 }
 
 impl<T> OrRaise<T> for delayq::Result<T> {
+    /// Every call into the core ends here, on the caller's thread: the place to hand
+    /// over what the core logged meanwhile.
     fn or_raise(self, py: Python<'_>) -> PyResult<T> {
+        crate::logs::flush(py);
         self.map_err(|e| to_py(py, &e))
     }
 }

@@ -5,6 +5,7 @@
 
 mod convert;
 mod errors;
+mod logs;
 mod queue;
 mod worker;
 
@@ -12,6 +13,7 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    logs::install(m.py());
     m.add_class::<queue::PyQueue>()?;
     m.add_class::<worker::PyMessage>()?;
     m.add_class::<worker::PyWorker>()?;

@@ -105,6 +105,7 @@ impl PyQueue {
         c.retry_timeout = duration(py, "retry_timeout", Some(retry_timeout))?.unwrap_or(c.retry_timeout);
         c.tls_ca_file = tls_ca_file;
         opts.dead_ttl = duration(py, "dead_ttl", Some(dead_ttl))?.unwrap_or(opts.dead_ttl);
+        crate::logs::sync_level(py);
         Ok(Self {
             queue: delayq::Queue::new(url, queue, opts).or_raise(py)?,
         })

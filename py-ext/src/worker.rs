@@ -129,9 +129,11 @@ impl PyWorker {
 
     /// Run a synchronous handler until stopped.
     fn run<'py>(&self, py: Python<'py>, handler: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        crate::logs::sync_level(py);
         let consumer = py.detach(|| self.worker.start()).or_raise(py)?;
         let finish = |py: Python<'py>, consumer: delayq::Consumer| {
             let s = py.detach(|| consumer.finish());
+            crate::logs::flush(py);
             summary(py, &s, self.take_reason(py))
         };
         loop {
@@ -141,7 +143,9 @@ impl PyWorker {
                 finish(py, consumer)?;
                 return Err(e);
             }
-            let d = match py.detach(|| consumer.recv_timeout(Duration::from_millis(100))) {
+            let received = py.detach(|| consumer.recv_timeout(Duration::from_millis(100)));
+            crate::logs::flush(py);
+            let d = match received {
                 delayq::Received::Message(d) => d,
                 delayq::Received::Idle => continue,
                 delayq::Received::Stopped => break,
@@ -171,6 +175,7 @@ impl PyWorker {
     /// Start the pool for a caller-driven loop (the asyncio runner) that runs up to
     /// `handlers` deliveries at once.
     fn start(&self, py: Python<'_>, handlers: usize) -> PyResult<PyConsumer> {
+        crate::logs::sync_level(py);
         let consumer = py.detach(|| self.worker.start_with(handlers)).or_raise(py)?;
         Ok(PyConsumer {
             consumer: std::sync::Mutex::new(Some(consumer)),
@@ -242,6 +247,7 @@ impl PyConsumer {
             let Some(c) = guard.as_ref() else { return Ok(None) };
             py.detach(|| c.recv_timeout(wait))
         };
+        crate::logs::flush(py);
         let delayq::Received::Message(d) = received else {
             return Ok(None);
         };
@@ -293,6 +299,7 @@ impl PyConsumer {
             Some(c) => py.detach(|| c.finish()),
             None => delayq::Summary::default(),
         };
+        crate::logs::flush(py);
         summary(py, &s, stopped_by)
     }
 }

@@ -1,0 +1,82 @@
+"""What the core logs reaches Python's `logging`, under the `delayq` logger, on a
+Python thread: from the pool's threads between deliveries, from a producer's call
+when it returns."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+import delayq
+from harness import RedisServer, wait_for
+
+
+def delayq_records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name.startswith("delayq") and r.levelno == level]
+
+
+def test_a_poison_message_is_logged_as_an_error_while_the_worker_runs(
+    queue: delayq.DelayQueue, server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    poison = queue.push({"n": 1})
+    server.cli("HSET", "{dq:jobs}:messages", poison, "{not json")
+    caplog.set_level(logging.WARNING, logger="delayq")
+    seen_by: list[str] = []
+
+    with delayq.Worker(queue, threads=1) as worker:
+
+        def stop_once_logged() -> None:
+            try:
+                wait_for(10, "the error logged", lambda: bool(delayq_records(caplog, logging.ERROR)))
+                seen_by.append("running")
+            finally:
+                worker.stop()
+
+        threading.Thread(target=stop_once_logged).start()
+        worker.run(lambda payload, msg: pytest.fail("a poison message reached the handler"))
+
+    assert seen_by == ["running"], "logged while the worker ran, not only when it stopped"
+    [record] = delayq_records(caplog, logging.ERROR)
+    assert record.name == "delayq.worker"
+    assert poison in record.getMessage() and "unreadable" in record.getMessage()
+    assert record.threadName == threading.main_thread().name, "emitted on the Python thread"
+    assert queue.stats()["dead"] == 1
+
+
+def test_an_evicting_redis_is_reported_once_as_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    evicting = RedisServer("--maxmemory-policy", "allkeys-lru")
+    try:
+        caplog.set_level(logging.WARNING, logger="delayq")
+        q = delayq.DelayQueue(evicting.url, "jobs")
+        q.push({"n": 1})
+        q.push({"n": 2})
+        [record] = delayq_records(caplog, logging.WARNING)
+        assert record.name == "delayq.conn"
+        assert "maxmemory-policy is allkeys-lru" in record.getMessage()
+    finally:
+        evicting.stop()
+
+
+def test_the_delayq_loggers_level_decides_what_is_kept(
+    queue: delayq.DelayQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A producer's reconnect attempts are logged at debug level only.
+    caplog.set_level(logging.DEBUG, logger="delayq")
+    unreachable = RedisServer()
+    url = unreachable.url
+    unreachable.stop()
+    q = delayq.DelayQueue(url, "jobs", retry_timeout=0.3, connect_timeout=0.1)
+    with pytest.raises(delayq.ConnectionError):
+        q.push({"n": 1})
+    debug = delayq_records(caplog, logging.DEBUG)
+    assert debug and all(r.name.startswith("delayq.") for r in debug), caplog.records
+    assert any("retrying in" in r.getMessage() for r in debug)
+
+    caplog.clear()
+    caplog.set_level(logging.WARNING, logger="delayq")
+    q = delayq.DelayQueue(url, "jobs", retry_timeout=0.3, connect_timeout=0.1)
+    with pytest.raises(delayq.ConnectionError):
+        q.push({"n": 1})
+    assert delayq_records(caplog, logging.DEBUG) == []
