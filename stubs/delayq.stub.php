@@ -92,7 +92,7 @@ final class DelayQueue
      *
      * @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
      *   partitions: int, pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
-     *   cancelled: int, requeued: int, trimmed: int, purged: int}
+     *   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int}
      */
     public function stats(): array {}
 
@@ -109,6 +109,16 @@ final class DelayQueue
      * @return int how many were requeued
      */
     public function requeueDead(?string $id = null): int {}
+
+    /**
+     * Deletes dead letters for good, payload and all; waiting and running messages are
+     * not touched.
+     *
+     * @param string|null $id one dead letter, or null for all
+     * @return int how many were deleted (0 for an id that is not a dead letter)
+     * @throws DelayQueueInvalidArgumentException for an empty or oversized id
+     */
+    public function deleteDead(?string $id = null): int {}
 
     /**
      * Deletes every message of the queue in every state (counters are kept).

@@ -160,13 +160,13 @@ pub struct Stats {
     /// Due time of the earliest waiting message, Unix ms.
     pub next_due_ms: Option<i64>,
     /// Lifetime counters: pushed, delivered, acked, retried, dead, expired, released,
-    /// cancelled, requeued, trimmed, purged, orphaned (absent ones are 0).
+    /// cancelled, requeued, discarded, trimmed, purged, orphaned (absent ones are 0).
     pub totals: BTreeMap<String, u64>,
 }
 
 /// The lifetime counters under the names the bindings show (`died` is the `dead`
 /// counter, so it does not clash with the dead-letter depth).
-pub const COUNTERS: [(&str, &str); 11] = [
+pub const COUNTERS: [(&str, &str); 12] = [
     ("pushed", "pushed"),
     ("delivered", "delivered"),
     ("acked", "acked"),
@@ -176,6 +176,7 @@ pub const COUNTERS: [(&str, &str); 11] = [
     ("released", "released"),
     ("cancelled", "cancelled"),
     ("requeued", "requeued"),
+    ("discarded", "discarded"),
     ("trimmed", "trimmed"),
     ("purged", "purged"),
 ];
@@ -755,13 +756,24 @@ impl Queue {
     /// Send dead letters back to the queue, due now, with a fresh attempt budget: one
     /// (`Some(id)`) or all. Returns how many were requeued.
     pub fn requeue_dead(&self, id: Option<&str>) -> Result<u64> {
+        self.on_dead("requeue_dead", &scripts::REQUEUE, id)
+    }
+
+    /// Delete dead letters for good, payload and all: one (`Some(id)`) or all. Returns
+    /// how many were deleted. Waiting and running messages are not touched (see
+    /// `cancel` and `purge`).
+    pub fn delete_dead(&self, id: Option<&str>) -> Result<u64> {
+        self.on_dead("delete_dead", &scripts::DELETE_DEAD, id)
+    }
+
+    fn on_dead(&self, operation: &'static str, script: &redis::Script, id: Option<&str>) -> Result<u64> {
         if let Some(id) = id {
             validate_id(id)?;
             let v = self.call_by_id(
                 id,
-                "requeue_dead",
+                operation,
                 Replay::Safe,
-                &scripts::REQUEUE,
+                script,
                 |inv| {
                     inv.arg(id).arg(1);
                 },
@@ -772,8 +784,8 @@ impl Queue {
         let mut total = 0;
         for part in 0..self.partitions() {
             loop {
-                // Batches keep each call short; a crash between batches only leaves the rest dead.
-                let v = self.call(part, "requeue_dead", Replay::Safe, &scripts::REQUEUE, |inv| {
+                // Batches keep each call short; a crash between batches leaves the rest as they were.
+                let v = self.call(part, operation, Replay::Safe, script, |inv| {
                     inv.arg("").arg(MAX_BATCH);
                 })?;
                 let n = u64::try_from(int(&v)).unwrap_or(0);

@@ -23,6 +23,7 @@ script!(GET, "lua/get.lua");
 script!(STATS, "lua/stats.lua");
 script!(DEAD, "lua/dead.lua");
 script!(REQUEUE, "lua/requeue.lua");
+script!(DELETE_DEAD, "lua/delete_dead.lua");
 script!(PURGE, "lua/purge.lua");
 
 /// Most ids one script call handles; bounds how long any call blocks Redis.

@@ -190,6 +190,64 @@ fn failures_retry_with_backoff_then_go_to_the_dead_letter_set() {
 }
 
 #[test]
+fn dead_letters_are_deleted_one_or_all_and_nothing_else_is_touched() {
+    let server = RedisServer::start();
+    let q = server.queue("discard");
+    // Three messages that fail once and die (a limit of 1), one that waits, one done.
+    let doomed: Vec<String> = (0..3)
+        .map(|i| {
+            let opts = delayq::PushOptions {
+                max_attempts: Some(1),
+                ..Default::default()
+            };
+            q.push_json(&json!({"doomed": i}).to_string(), Duration::ZERO.into(), &opts)
+                .expect("push")
+        })
+        .collect();
+    let waiting = q
+        .push(&json!({"later": true}), Duration::from_secs(3600))
+        .expect("push");
+    let worker = Worker::new(q.clone(), opts()).expect("worker");
+    run_until(
+        &worker,
+        1,
+        |_| Err("boom".into()),
+        || q.stats().is_ok_and(|s| s.dead == 3 && s.ready + s.inflight == 0),
+        Duration::from_secs(20),
+    );
+
+    assert_eq!(q.delete_dead(Some(&doomed[1])).expect("delete one"), 1);
+    assert!(q.get(&doomed[1]).expect("get").is_none(), "gone, payload and all");
+    assert_eq!(
+        q.delete_dead(Some(&doomed[1])).expect("again"),
+        0,
+        "nothing left to delete"
+    );
+    assert_eq!(
+        q.delete_dead(Some(&waiting)).expect("a waiting one"),
+        0,
+        "not a dead letter"
+    );
+    assert_eq!(
+        q.delete_dead(Some("no such id")).expect("unknown id"),
+        0,
+        "an unknown id deletes nothing"
+    );
+    assert!(matches!(
+        q.delete_dead(Some("")),
+        Err(delayq::Error::InvalidArgument { .. })
+    ));
+
+    assert_eq!(q.delete_dead(None).expect("delete all"), 2);
+    let s = q.stats().expect("stats");
+    assert_eq!((s.dead, s.scheduled), (0, 1));
+    assert_eq!(s.total("discarded"), 3);
+    assert_eq!(q.get(&waiting).expect("get").map(|i| i.state), Some(State::Scheduled));
+    assert_eq!(q.delete_dead(None).expect("none left"), 0);
+    assert_no_leak(&server, "{dq:discard}");
+}
+
+#[test]
 fn a_message_limit_overrides_the_worker_limit() {
     let server = RedisServer::start();
     let q = server.queue("limit");

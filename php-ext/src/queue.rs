@@ -274,7 +274,7 @@ impl PhpDelayQueue {
     ///
     /// @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
     ///   partitions: int, pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
-    ///   cancelled: int, requeued: int, trimmed: int, purged: int}
+    ///   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int}
     pub fn stats(&self) -> PhpResult<ZBox<ZendHashTable>> {
         let s = self.queue.stats().or_throw()?;
         let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
@@ -319,6 +319,13 @@ impl PhpDelayQueue {
     /// the one with `$id`, or all when `$id` is null. Returns how many.
     pub fn requeue_dead(&self, id: Option<String>) -> PhpResult<i64> {
         let n = self.queue.requeue_dead(id.as_deref()).or_throw()?;
+        Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    /// Delete dead letters for good, payload and all: the one with `$id`, or all when
+    /// `$id` is null. Returns how many. Waiting and running messages are not touched.
+    pub fn delete_dead(&self, id: Option<String>) -> PhpResult<i64> {
+        let n = self.queue.delete_dead(id.as_deref()).or_throw()?;
         Ok(i64::try_from(n).unwrap_or(i64::MAX))
     }
 

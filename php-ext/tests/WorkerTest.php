@@ -102,6 +102,39 @@ final class WorkerTest extends TestCase
         $this->assertSame('ready', $this->q->get($bad)['state']);
     }
 
+    public function testDeadLettersAreDeletedOneOrAllAndNothingElseIsTouched(): void
+    {
+        $doomed = [];
+        for ($i = 0; $i < 3; $i++) {
+            $doomed[] = $this->q->push(['doomed' => $i], 0, ['max_attempts' => 1]);
+        }
+        $waiting = $this->q->push(['later' => true], 3600);
+        $w = new DelayQueueWorker($this->q, []);
+        $calls = 0;
+        // Failures are written before run() returns, so all three are dead by then.
+        $w->run(function () use ($w, &$calls) {
+            if (++$calls === 3) {
+                $w->stop();
+            }
+            throw new RuntimeException('boom');
+        });
+        $this->assertSame(3, $this->q->stats()['dead']);
+        $this->assertSame(1, $this->q->deleteDead($doomed[1]));
+        $this->assertNull($this->q->get($doomed[1]), 'gone, payload and all');
+        $this->assertSame(0, $this->q->deleteDead($doomed[1]));
+        $this->assertSame(0, $this->q->deleteDead($waiting), 'not a dead letter');
+        try {
+            $this->q->deleteDead('');
+            $this->fail('an empty id was accepted');
+        } catch (DelayQueueInvalidArgumentException $e) {
+            $this->assertStringContainsString('id', $e->getMessage());
+        }
+        $this->assertSame(2, $this->q->deleteDead());
+        $s = $this->q->stats();
+        $this->assertSame([0, 1, 3], [$s['dead'], $s['scheduled'], $s['discarded']]);
+        $this->assertSame('scheduled', $this->q->get($waiting)['state']);
+    }
+
     public function testOnStartMaxJobsAndOrderByDueTime(): void
     {
         for ($i = 4; $i >= 0; $i--) {

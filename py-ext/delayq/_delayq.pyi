@@ -93,13 +93,16 @@ class DelayQueue:
         """Depth (scheduled, ready, inflight, dead, next_due_at), summed over the
         ``partitions``, and lifetime counters
         (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
-        trimmed, purged)."""
+        discarded, trimmed, purged)."""
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """Up to ``limit`` dead letters, newest first: ``{id, payload, attempts,
         last_error, dead_at}``."""
     def requeue_dead(self, id: Optional[str] = None) -> int:
         """Send dead letters back, due now, with a fresh attempt budget: one, or all when
         ``id`` is None. Returns how many."""
+    def delete_dead(self, id: Optional[str] = None) -> int:
+        """Delete dead letters for good, payload and all: one, or all when ``id`` is
+        None. Returns how many; waiting and running messages are not touched."""
     def purge(self) -> int:
         """Delete every message in every state; returns how many."""
     def ping(self) -> bool:

@@ -301,6 +301,13 @@ impl PyQueue {
         py.detach(|| self.queue.requeue_dead(id.as_deref())).or_raise(py)
     }
 
+    /// Delete dead letters for good, payload and all: one, or all when `id` is None.
+    /// Returns how many; waiting and running messages are not touched.
+    #[pyo3(signature = (id = None))]
+    fn delete_dead(&self, py: Python<'_>, id: Option<String>) -> PyResult<u64> {
+        py.detach(|| self.queue.delete_dead(id.as_deref())).or_raise(py)
+    }
+
     /// Delete every message in every state; returns how many.
     fn purge(&self, py: Python<'_>) -> PyResult<u64> {
         py.detach(|| self.queue.purge()).or_raise(py)

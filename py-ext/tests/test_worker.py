@@ -69,6 +69,34 @@ def test_failures_retry_with_backoff_then_dead_letter(queue: delayq.DelayQueue) 
     assert queue.requeue_dead() == 1
 
 
+def test_dead_letters_are_deleted_one_or_all_and_nothing_else_is_touched(queue: delayq.DelayQueue) -> None:
+    doomed = [queue.push({"doomed": i}, max_attempts=1) for i in range(3)]
+    waiting = queue.push({"later": True}, delay=3600)
+    worker = delayq.Worker(queue)
+    calls = []
+
+    # Failures are written before run() returns, so all three are dead by then.
+    def fail(payload: Any, msg: delayq.Message) -> None:
+        calls.append(msg.id)
+        if len(calls) == 3:
+            worker.stop()
+        raise RuntimeError("boom")
+
+    worker.run(fail)
+    assert queue.stats()["dead"] == 3
+    assert queue.delete_dead(doomed[1]) == 1
+    assert queue.get(doomed[1]) is None, "gone, payload and all"
+    assert queue.delete_dead(doomed[1]) == 0
+    assert queue.delete_dead(waiting) == 0, "not a dead letter"
+    with pytest.raises(delayq.InvalidArgumentError, match="id"):
+        queue.delete_dead("")
+    assert queue.delete_dead() == 2
+    s = queue.stats()
+    assert (s["dead"], s["scheduled"], s["discarded"]) == (0, 1, 3)
+    info = queue.get(waiting)
+    assert info is not None and info["state"] == "scheduled"
+
+
 def test_stop_from_another_thread_and_context_manager(queue: delayq.DelayQueue) -> None:
     fill(queue, 50)
     seen: list[int] = []

@@ -127,6 +127,18 @@ local function forget(ids)
   redis.call('HDEL', K_LEASE, unpack(ids))
 end
 
+-- The dead letters that requeue and delete act on: ARGV[3] is one id, or "" for the
+-- oldest ARGV[4] (the caller repeats until a call returns fewer).
+local function chosen_dead()
+  if ARGV[3] ~= '' then
+    if redis.call('ZSCORE', K_DEAD, ARGV[3]) then
+      return {ARGV[3]}
+    end
+    return {}
+  end
+  return redis.call('ZRANGE', K_DEAD, 0, tonumber(ARGV[4]) - 1)
+end
+
 -- Dead letters are capped by age and count so Redis memory cannot grow without bound;
 -- envelopes go with their set entry, so nothing is left behind in the message hash.
 local TRIM_STEP = 1000

@@ -3,15 +3,7 @@
 -- KEYS: see lib.lua.
 -- ARGV[3] id, or "" for the oldest ARGV[4] dead letters.
 -- Returns the number requeued; the caller repeats "" calls until fewer than ARGV[4].
-local ids
-if ARGV[3] ~= '' then
-  ids = {}
-  if redis.call('ZSCORE', K_DEAD, ARGV[3]) then
-    ids[1] = ARGV[3]
-  end
-else
-  ids = redis.call('ZRANGE', K_DEAD, 0, tonumber(ARGV[4]) - 1)
-end
+local ids = chosen_dead()
 if #ids == 0 then
   return 0
 end
