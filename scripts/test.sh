@@ -29,7 +29,7 @@ echo "== Python module: pytest, stubtest, mypy --strict"
 scripts/py-install.sh >/dev/null
 python3 -m pytest -q py-ext/tests
 (cd /tmp && python3 -m mypy.stubtest delayq)
-python3 -m mypy --strict examples/python
+python3 -m mypy --strict examples/python py-ext/delayq
 
 echo "== cross-language: PHP and Python on the same queues"
 python3 -m pytest -q tests

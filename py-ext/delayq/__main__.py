@@ -1,0 +1,215 @@
+"""delayq's operator tool: look into a queue and act on its dead letters without
+writing code. The same queues from PHP, Python or Rust.
+
+    delayq --queue orders stats
+    delayq --queue orders dead --limit 20
+    delayq --queue orders requeue-dead --all
+    delayq --url redis://10.0.0.5:6379 --queue orders --json get close-order-10086
+
+Exit status: 0 done, 1 nothing matched (an unknown id, a message that is not in the
+state the command needs), 2 bad usage, 3 Redis could not be reached or refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from typing import Any, Callable, Optional, Sequence, TextIO
+
+from . import DelayQueue, DelayQueueError, InvalidArgumentError, __version__
+
+NOT_FOUND = 1
+FAILED = 3
+
+
+def _when(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
+    t = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d} UTC"
+
+
+def _clip(text: str, width: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _payload(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class _Output:
+    def __init__(self, as_json: bool, out: TextIO) -> None:
+        self.as_json = as_json
+        self.out = out
+
+    def emit(self, value: Any, human: Callable[[], Sequence[str]]) -> None:
+        if self.as_json:
+            self.out.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
+        else:
+            for line in human():
+                self.out.write(line + "\n")
+
+
+DEPTH = ("scheduled", "ready", "inflight", "dead")
+NOT_COUNTERS = {*DEPTH, "next_due_at", "partitions"}
+
+
+def _stats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    s = q.stats()
+
+    def human() -> list[str]:
+        depth = ", ".join(f"{s[k]} {k}" for k in DEPTH)
+        counters = "  ".join(f"{k} {v}" for k, v in s.items() if k not in NOT_COUNTERS)
+        return [
+            f"queue {q.name}: {depth}",
+            f"next due: {_when(s['next_due_at'])}",
+            f"partitions: {s['partitions']}",
+            f"since created: {counters}",
+        ]
+
+    out.emit(s, human)
+    return 0
+
+
+def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    info = q.get(args.id)
+    if info is None:
+        sys.stderr.write(f"delayq: no message {args.id!r} in queue {q.name!r}\n")
+        return NOT_FOUND
+
+    def human() -> list[str]:
+        return [
+            f"id:           {info['id']}",
+            f"state:        {info['state']}",
+            f"due at:       {_when(info['due_at'])}",
+            f"attempts:     {info['attempts']}"
+            + (f" of {info['max_attempts']}" if info["max_attempts"] is not None else ""),
+            f"last error:   {info['last_error'] or '-'}",
+            f"dead since:   {_when(info['dead_at'])}",
+            f"created at:   {_when(info['created_at'])}",
+            f"payload:      {_payload(info['payload'])}",
+        ]
+
+    out.emit(info, human)
+    return 0
+
+
+def _dead(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    letters = q.dead_letters(args.limit)
+
+    def human() -> list[str]:
+        if not letters:
+            return [f"queue {q.name}: no dead letters"]
+        lines = []
+        for d in letters:
+            lines.append(f"{d['id']}  died {_when(d['dead_at'])}  after {d['attempts']} attempts")
+            lines.append(f"    error:   {_clip(d['last_error'])}")
+            lines.append(f"    payload: {_clip(_payload(d['payload']))}")
+        return lines
+
+    out.emit(letters, human)
+    return 0
+
+
+def _on_dead(verb: str, act: Callable[[DelayQueue, Optional[str]], int]) -> Callable[..., int]:
+    def run(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+        n = act(q, None if args.all else args.id)
+        out.emit({verb: n}, lambda: [f"{verb} {n} dead letter{'' if n == 1 else 's'}"])
+        if args.id is not None and n == 0:
+            sys.stderr.write(f"delayq: {args.id!r} is not a dead letter of queue {q.name!r}\n")
+            return NOT_FOUND
+        return 0
+
+    return run
+
+
+def _cancel(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    cancelled = q.cancel(args.id)
+    out.emit({"cancelled": cancelled}, lambda: [f"cancelled {args.id}" if cancelled else f"{args.id} not cancelled"])
+    if not cancelled:
+        sys.stderr.write(f"delayq: {args.id!r} is not waiting in queue {q.name!r} (unknown, running or dead)\n")
+        return NOT_FOUND
+    return 0
+
+
+def _purge(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    if not args.yes:
+        sys.stderr.write(f"delayq: purge deletes every message of queue {q.name!r}; add --yes to do it\n")
+        return 2
+    n = q.purge()
+    out.emit({"purged": n}, lambda: [f"purged {n} messages from queue {q.name}"])
+    return 0
+
+
+def _ping(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    q.ping()
+    out.emit({"ok": True}, lambda: ["ok"])
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="delayq",
+        description="Look into a delayq queue and act on its dead letters.",
+        epilog="Exit status: 0 done, 1 nothing matched, 2 bad usage, 3 Redis unreachable or refused.",
+    )
+    p.add_argument("--version", action="version", version=f"delayq {__version__}")
+    p.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"),
+                   help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379)")
+    p.add_argument("--queue", "-q", default=os.environ.get("DELAYQ_QUEUE", "default"),
+                   help="queue name (default: $DELAYQ_QUEUE, else 'default')")
+    p.add_argument("--prefix", default="dq", help="key prefix (default: dq)")
+    p.add_argument("--partitions", type=int, default=1, help="as the queue was made with (default: 1)")
+    p.add_argument("--layout", choices=("native", "seed"), default="native")
+    p.add_argument("--zset-key", help="with --layout seed: the recipe's ZSET (default: delay_queue:zset)")
+    p.add_argument("--payload-key", help="with --layout seed: the recipe's HASH (default: delay_queue:payload)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("stats", help="depth by state and lifetime counters").set_defaults(run=_stats)
+    g = sub.add_parser("get", help="everything known about one message")
+    g.add_argument("id")
+    g.set_defaults(run=_get)
+    d = sub.add_parser("dead", help="dead letters, newest first")
+    d.add_argument("--limit", type=int, default=20, help="at most this many (default: 20)")
+    d.set_defaults(run=_dead)
+    for name, verb, act, what in (
+        ("requeue-dead", "requeued", DelayQueue.requeue_dead, "run dead letters again, due now"),
+        ("delete-dead", "deleted", DelayQueue.delete_dead, "delete dead letters for good"),
+    ):
+        c = sub.add_parser(name, help=what)
+        which = c.add_mutually_exclusive_group(required=True)
+        which.add_argument("id", nargs="?", help="one dead letter")
+        which.add_argument("--all", action="store_true", help="every dead letter of the queue")
+        c.set_defaults(run=_on_dead(verb, act))
+    c = sub.add_parser("cancel", help="delete a message that is still waiting")
+    c.add_argument("id")
+    c.set_defaults(run=_cancel)
+    c = sub.add_parser("purge", help="delete every message of the queue")
+    c.add_argument("--yes", action="store_true", help="really")
+    c.set_defaults(run=_purge)
+    sub.add_parser("ping", help="check that Redis answers").set_defaults(run=_ping)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        q = DelayQueue(args.url, args.queue, prefix=args.prefix, partitions=args.partitions, layout=args.layout,
+                       zset_key=args.zset_key, payload_key=args.payload_key)
+        code: int = args.run(q, _Output(args.json, sys.stdout), args)
+        return code
+    except InvalidArgumentError as e:
+        sys.stderr.write(f"delayq: {e}\n")
+        return 2
+    except DelayQueueError as e:
+        sys.stderr.write(f"delayq: {e}\n")
+        return FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

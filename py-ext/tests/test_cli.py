@@ -1,0 +1,111 @@
+"""`python -m delayq` (installed as `delayq`): the operator's view of a queue."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import delayq
+from harness import RedisServer
+
+
+def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "delayq", "--url", url, "--queue", "jobs", *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def cli_json(url: str, *args: str) -> Any:
+    done = cli(url, "--json", *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def make_dead(queue: delayq.DelayQueue, n: int) -> list[str]:
+    ids = [queue.push({"doomed": i, "text": "ünïcode"}, max_attempts=1) for i in range(n)]
+    worker = delayq.Worker(queue)
+    calls: list[str] = []
+
+    def fail(payload: Any, msg: delayq.Message) -> None:
+        calls.append(msg.id)
+        if len(calls) == n:
+            worker.stop()
+        raise ValueError(f"cannot close order {payload['doomed']}")
+
+    worker.run(fail)
+    assert queue.stats()["dead"] == n
+    return ids
+
+
+def test_stats_get_and_dead_letters_read_what_the_api_reads(queue: delayq.DelayQueue, redis_url: str) -> None:
+    [dead] = make_dead(queue, 1)
+    waiting = queue.push({"later": True}, delay=3600, id="close-order-1")
+
+    stats = cli_json(redis_url, "stats")
+    assert stats == queue.stats()
+    assert (stats["scheduled"], stats["dead"], stats["died"]) == (1, 1, 1)
+    text = cli(redis_url, "stats").stdout
+    assert "queue jobs: 1 scheduled, 0 ready, 0 inflight, 1 dead" in text
+
+    assert cli_json(redis_url, "get", waiting) == queue.get(waiting)
+    text = cli(redis_url, "get", dead).stdout
+    assert "state:        dead" in text and "ValueError: cannot close order 0" in text
+    assert '"text":"ünïcode"' in text
+
+    assert cli_json(redis_url, "dead") == queue.dead_letters(20)
+    text = cli(redis_url, "dead").stdout
+    assert text.startswith(f"{dead}  died ") and "after 1 attempts" in text
+
+    missing = cli(redis_url, "get", "no-such-id")
+    assert missing.returncode == 1 and "no message 'no-such-id'" in missing.stderr
+
+
+def test_dead_letters_are_requeued_and_deleted_one_or_all(queue: delayq.DelayQueue, redis_url: str) -> None:
+    ids = make_dead(queue, 4)
+    assert cli_json(redis_url, "requeue-dead", ids[0]) == {"requeued": 1}
+    info = queue.get(ids[0])
+    assert info is not None and info["state"] == "ready"
+
+    not_dead = cli(redis_url, "delete-dead", ids[0])
+    assert not_dead.returncode == 1 and "is not a dead letter" in not_dead.stderr
+    assert queue.get(ids[0]) is not None, "a waiting message is not touched"
+
+    assert cli_json(redis_url, "delete-dead", ids[1]) == {"deleted": 1}
+    assert queue.get(ids[1]) is None
+    assert cli(redis_url, "delete-dead", "--all").stdout == "deleted 2 dead letters\n"
+    assert queue.stats()["dead"] == 0
+
+    usage = cli(redis_url, "delete-dead")
+    assert usage.returncode == 2 and "one of the arguments id --all is required" in usage.stderr
+    assert cli(redis_url, "requeue-dead", "--all").stdout == "requeued 0 dead letters\n"
+
+
+def test_cancel_and_purge(queue: delayq.DelayQueue, redis_url: str) -> None:
+    a = queue.push({"n": 1}, delay=60)
+    queue.push({"n": 2}, delay=60)
+    assert cli_json(redis_url, "cancel", a) == {"cancelled": True}
+    again = cli(redis_url, "cancel", a)
+    assert again.returncode == 1 and "is not waiting" in again.stderr
+
+    refused = cli(redis_url, "purge")
+    assert refused.returncode == 2 and "add --yes" in refused.stderr
+    assert queue.stats()["scheduled"] == 1, "nothing deleted without --yes"
+    assert cli_json(redis_url, "purge", "--yes") == {"purged": 1}
+    assert queue.stats()["scheduled"] == 0
+
+
+def test_bad_input_and_an_unreachable_redis_have_their_own_exit_status(redis_url: str) -> None:
+    bad = cli(redis_url, "get", "")
+    assert bad.returncode == 2 and "id" in bad.stderr
+
+    mixed = cli(redis_url, "--zset-key", "my:zset", "stats")
+    assert mixed.returncode == 2 and "only with layout='seed'" in mixed.stderr
+
+    gone = RedisServer()
+    url = gone.url
+    gone.stop()
+    down = cli(url, "ping")
+    assert down.returncode == 3 and "cannot connect to Redis" in down.stderr
