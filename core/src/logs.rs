@@ -104,7 +104,9 @@ pub fn set_log_level(level: log::LevelFilter) {
 /// The records logged since the last call, oldest first; a note of how many were
 /// dropped comes last. Cheap when there are none.
 pub fn take_logs() -> Vec<LogRecord> {
-    if !BUFFER.pending.swap(false, Ordering::AcqRel) {
+    // A plain load first: the usual answer is "none", and a load leaves the cache
+    // line shared instead of taking it for a write.
+    if !BUFFER.pending.load(Ordering::Acquire) || !BUFFER.pending.swap(false, Ordering::AcqRel) {
         return Vec::new();
     }
     let generation = crate::fork::generation();

@@ -24,12 +24,22 @@ extern "C" fn startup(_type: i32, module_number: i32) -> i32 {
     }
 }
 
+/// `php --ri delayq` and `phpinfo()`.
+extern "C" fn info(_module: *mut ext_php_rs::zend::ModuleEntry) {
+    ext_php_rs::info_table_start!();
+    ext_php_rs::info_table_row!("delayq support", "enabled");
+    ext_php_rs::info_table_row!("version", env!("CARGO_PKG_VERSION"));
+    ext_php_rs::info_table_row!(logs::LEVEL_INI, logs::configured_level());
+    ext_php_rs::info_table_end!();
+}
+
 #[php_module]
 pub fn module(module: ModuleBuilder) -> ModuleBuilder {
     // `extension_loaded('delayq')`, not the crate's package name.
     module
         .name("delayq")
         .startup_function(startup)
+        .info_function(info)
         .class::<queue::PhpDelayQueue>()
         .class::<worker::PhpWorker>()
         .class::<worker::PhpMessage>()

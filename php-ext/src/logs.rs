@@ -39,13 +39,21 @@ fn parse_level(value: &str) -> Option<log::LevelFilter> {
     })
 }
 
-/// Apply the current `delayq.log_level`.
-pub(crate) fn sync_level() {
-    let value = ZendCallable::try_from_name("ini_get")
+fn ini_value() -> Option<String> {
+    ZendCallable::try_from_name("ini_get")
         .ok()
         .and_then(|f| f.try_call(vec![&LEVEL_INI]).ok())
-        .and_then(|z| z.string());
-    let Some(value) = value else { return };
+        .and_then(|z| z.string())
+}
+
+/// The setting as written, for `php --ri delayq`.
+pub(crate) fn configured_level() -> String {
+    ini_value().unwrap_or_default()
+}
+
+/// Apply the current `delayq.log_level`.
+pub(crate) fn sync_level() {
+    let Some(value) = ini_value() else { return };
     match parse_level(&value) {
         Some(level) => delayq::set_log_level(level),
         None => {

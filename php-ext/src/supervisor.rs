@@ -100,6 +100,8 @@ struct Child {
     pid: libc::pid_t,
     report: File,
     born: Instant,
+    /// Killed by the supervisor for running past `timeout` (already reported).
+    killed_hung: bool,
 }
 
 /// What a child tells its supervisor when it ends.
@@ -235,6 +237,7 @@ fn spawn(worker: &PhpWorker, handler: &ZendCallable, slot: &Slot) -> PhpResult<C
                 pid,
                 report: read_end,
                 born: Instant::now(),
+                killed_hung: false,
             })
         }
     }
@@ -244,6 +247,28 @@ fn kill(pid: libc::pid_t, signal: libc::c_int) {
     // SAFETY: signals our own child.
     unsafe {
         libc::kill(pid, signal);
+    }
+}
+
+/// How a child that sent no report ended, from its `waitpid` status.
+fn describe_death(status: libc::c_int) -> String {
+    if libc::WIFSIGNALED(status) {
+        let signal = libc::WTERMSIG(status);
+        let name = match signal {
+            libc::SIGKILL => " (SIGKILL: the OOM killer, or kill -9)",
+            libc::SIGSEGV => " (SIGSEGV: a crash)",
+            libc::SIGABRT => " (SIGABRT: an abort)",
+            libc::SIGBUS => " (SIGBUS: a crash)",
+            _ => "",
+        };
+        format!("was killed by signal {signal}{name}")
+    } else if libc::WIFEXITED(status) {
+        format!(
+            "exited with status {} before it could report (a fatal error in PHP?)",
+            libc::WEXITSTATUS(status)
+        )
+    } else {
+        format!("ended (wait status {status})")
     }
 }
 
@@ -312,6 +337,11 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
                 }
                 Some(Report::Done(s)) => {
                     add(&mut total, &s.core);
+                    if let Some(why @ (Ended::MaxJobs | Ended::MaxMemory)) = s.ended
+                        && !stopping
+                    {
+                        log::info!("worker process {pid} recycled ({}); starting another", why.as_str());
+                    }
                     // stop() called inside a child means: stop the whole pool.
                     if s.ended == Some(Ended::Stop) && !stopping {
                         stopping = true;
@@ -320,7 +350,12 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
                 }
                 // Killed (SIGKILL, OOM, segfault): its leases expire and its messages
                 // are delivered again.
-                None => {}
+                None if child.killed_hung => {}
+                None => log::warn!(
+                    "worker process {pid} {}; the messages it held are delivered again when their lease ends{}",
+                    describe_death(status),
+                    if stopping { "" } else { "; starting another" }
+                ),
             }
             if !stopping {
                 restarts += 1;
@@ -333,22 +368,37 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
                 }
                 let backoff =
                     Duration::from_millis(100 * (1u64 << quick_deaths[i].min(8))).min(Duration::from_secs(30));
+                if quick_deaths[i] > 0 {
+                    log::warn!(
+                        "worker process {pid} ended within a second of starting ({} in a row); the next starts in {:.1} s",
+                        quick_deaths[i],
+                        backoff.as_secs_f64()
+                    );
+                }
                 spawn_at[i] = Instant::now() + if quick_deaths[i] == 0 { Duration::ZERO } else { backoff };
             }
         }
         if let Some(t) = timeout {
             let limit = i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
             let now = now_ms();
-            for (i, c) in children.iter().enumerate() {
+            for (i, c) in children.iter_mut().enumerate() {
                 let Some(c) = c else { continue };
                 let started = slots.slot(i).started_at();
                 if started > 0 && now - started > limit {
                     kill(c.pid, libc::SIGKILL);
+                    c.killed_hung = true;
                     slots.slot(i).finished();
                     killed_hung += 1;
+                    log::warn!(
+                        "worker process {}: its handler ran past the {:.1} s timeout and was killed; the message \
+                         is delivered again when its lease ends",
+                        c.pid,
+                        t.as_secs_f64()
+                    );
                 }
             }
         }
+        crate::logs::flush();
         if stopping && children.iter().all(Option::is_none) {
             break;
         }

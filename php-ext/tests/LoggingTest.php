@@ -36,6 +36,11 @@ final class LoggingTest extends TestCase
     public function testTheLevelIsAnIniSettingThatDefaultsToWarning(): void
     {
         $this->assertSame('warning', ini_get('delayq.log_level'));
+        $cmd = array_merge(delayq_php_command(), ['-d', 'delayq.log_level=debug', '--ri', 'delayq']);
+        exec(implode(' ', array_map('escapeshellarg', $cmd)), $lines, $status);
+        $this->assertSame(0, $status);
+        $this->assertContains('delayq support => enabled', $lines);
+        $this->assertContains('delayq.log_level => debug', $lines);
     }
 
     public function testAPoisonMessageIsLoggedAsAnErrorWhileTheWorkerRuns(): void

@@ -223,6 +223,9 @@ final class WorkerTest extends TestCase
         $this->assertNotContains($victim, $stops, 'not in the SIGKILLed one');
         $this->assertNotContains($victim, array_slice(array_column($this->handled(), 2), -10));
         $this->assertEveryMessageHandled(2000, $inflight + 3);
+        $stderr = (string) file_get_contents("{$this->log}.stderr");
+        $this->assertStringContainsString("[delayq warning] worker process $victim was killed by signal 9 (SIGKILL", $stderr,
+            'the supervisor says what happened, through error_log()');
     }
 
     public function testAHungHandlerIsKilledAndItsMessageDeliveredAgain(): void
@@ -234,6 +237,9 @@ final class WorkerTest extends TestCase
         $this->assertSame(0, proc_close($proc));
         $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
         $this->assertSame(1, $summary['killed_hung']);
+        $stderr = (string) file_get_contents("{$this->log}.stderr");
+        $this->assertSame(1, substr_count($stderr, 'its handler ran past the 0.5 s timeout and was killed'), $stderr);
+        $this->assertStringNotContainsString('killed by signal', $stderr, 'not reported as a death of unknown cause');
         $hung = array_values(array_filter($this->handled(), fn ($h) => $h[0] === 3));
         $this->assertCount(1, $hung);
         $this->assertSame(2, $hung[0][1], 'handled on its second attempt');
