@@ -195,6 +195,24 @@ final class DelayQueueMessage
 
     /** @internal created by the worker */
     public function __construct() {}
+
+    /**
+     * Fails this delivery and runs it again after $delay seconds (a rate limit's "try
+     * again in 60 s"), whatever the handler does next (return or throw). Counts as an
+     * attempt: past max_attempts the message goes to the dead-letter set.
+     *
+     * @throws DelayQueueInvalidArgumentException for a negative or non-finite delay, or a
+     *   second decision for the same delivery
+     */
+    public function retryLater(float $delay, string $reason = "retry requested by the handler"): void {}
+
+    /**
+     * Fails this delivery for good: to the dead-letter set now with $reason, no
+     * retries (the order it was about no longer exists), whatever the handler does next.
+     *
+     * @throws DelayQueueInvalidArgumentException for a second decision for the same delivery
+     */
+    public function deadLetter(string $reason = "dead-lettered by the handler"): void {}
 }
 
 /** Every error that delayq raises. */

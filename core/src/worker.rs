@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::keys;
 use crate::queue::{Queue, int, text};
 use crate::scripts::{self, MAX_BATCH};
+use crate::time::MAX_DELAY;
 
 /// Settings of a consumer pool.
 #[derive(Debug, Clone)]
@@ -121,6 +122,18 @@ impl WorkerOptions {
     fn heartbeat(&self) -> Duration {
         (self.lease / 3).max(Duration::from_millis(30))
     }
+}
+
+/// How a failed delivery goes on (see [`Consumer::fail_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Retry {
+    /// After the worker's exponential backoff (what a plain failure does).
+    Backoff,
+    /// After this delay, measured on the Redis server's clock (at most `MAX_DELAY`).
+    After(Duration),
+    /// Not at all: to the dead-letter set now.
+    Never,
 }
 
 /// One delivery of a message to a handler.
@@ -823,15 +836,27 @@ impl Consumer {
     /// The handler failed with `error`: retry after a backoff, or move the message to
     /// the dead-letter set once its attempts are used up.
     pub fn fail(&self, d: Delivery, error: &str) {
+        self.fail_with(d, error, Retry::Backoff);
+    }
+
+    /// The handler failed with `error` and says how to go on: after the worker's
+    /// backoff, after a delay of its own (a rate limit's "try again in 60 s"), or never
+    /// (the order no longer exists: straight to the dead-letter set). Either way it
+    /// counts as an attempt, and a retry past `max_attempts` goes to the dead letters.
+    pub fn fail_with(&self, d: Delivery, error: &str, retry: Retry) {
         self.pool.record_handler_time(&d);
         Counters::add(&self.pool.counters.failed, 1);
-        let delay_ms = if d.attempt >= d.max_attempts {
-            -1
-        } else {
-            let o = &self.pool.opts;
-            i64::try_from(retry_delay(d.attempt, o.backoff_base, o.backoff_max).as_millis()).unwrap_or(i64::MAX)
+        let delay = match retry {
+            Retry::Never => None,
+            _ if d.attempt >= d.max_attempts => None,
+            Retry::After(delay) => Some(delay.min(MAX_DELAY)),
+            Retry::Backoff => {
+                let o = &self.pool.opts;
+                Some(retry_delay(d.attempt, o.backoff_base, o.backoff_max))
+            }
         };
-        let error = if delay_ms < 0 && d.max_attempts > 1 {
+        let delay_ms = delay.map_or(-1, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let error = if delay.is_none() && retry != Retry::Never && d.max_attempts > 1 {
             format!("{error} (gave up after {} attempts)", d.attempt)
         } else {
             error.to_owned()

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
-use delayq::{NewMessage, Received, State, Worker, WorkerOptions};
+use delayq::{NewMessage, Received, Retry, State, Worker, WorkerOptions};
 use parking_lot::Mutex;
 use serde_json::json;
 
@@ -245,6 +245,58 @@ fn dead_letters_are_deleted_one_or_all_and_nothing_else_is_touched() {
     assert_eq!(q.get(&waiting).expect("get").map(|i| i.state), Some(State::Scheduled));
     assert_eq!(q.delete_dead(None).expect("none left"), 0);
     assert_no_leak(&server, "{dq:discard}");
+}
+
+#[test]
+fn fail_with_retries_after_its_own_delay_or_never() {
+    let server = RedisServer::start();
+    let q = server.queue("failwith");
+    let later = q.push(&json!({"n": 1}), Duration::ZERO).expect("push");
+    let hopeless = q.push(&json!({"n": 2}), Duration::ZERO).expect("push");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            max_attempts: 2,
+            backoff_base: Duration::from_secs(60),
+            backoff_max: Duration::from_secs(60),
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let c = worker.start().expect("start");
+    let next = || match c.recv_timeout(Duration::from_secs(5)) {
+        Received::Message(d) => d,
+        other => panic!("expected a delivery, got {other:?}"),
+    };
+    for _ in 0..2 {
+        let d = next();
+        if d.id == later {
+            c.fail_with(d, "rate limited", Retry::After(Duration::from_millis(200)));
+        } else {
+            c.fail_with(d, "order is gone", Retry::Never);
+        }
+    }
+    let again = next();
+    assert_eq!(
+        (again.id.as_str(), again.attempt),
+        (later.as_str(), 2),
+        "after 200 ms, not the 30 s backoff"
+    );
+    // The last attempt: a retry would exceed max_attempts.
+    c.fail_with(again, "rate limited", Retry::After(Duration::from_millis(200)));
+    let summary = c.finish();
+    assert_eq!((summary.failed, summary.retried, summary.dead), (3, 1, 2));
+    let info = q.get(&hopeless).expect("get").expect("dead letter");
+    assert_eq!(
+        (info.state, info.last_error.as_deref()),
+        (State::Dead, Some("order is gone"))
+    );
+    let info = q.get(&later).expect("get").expect("dead letter");
+    assert_eq!(
+        (info.state, info.last_error.as_deref()),
+        (State::Dead, Some("rate limited (gave up after 2 attempts)"))
+    );
+    assert_no_leak(&server, "{dq:failwith}");
 }
 
 #[test]

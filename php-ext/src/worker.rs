@@ -2,6 +2,8 @@
 //! (mirrors `delayq::Worker` / `delayq::Consumer`), and in `processes` mode forks and
 //! supervises handler processes (see `supervisor.rs`).
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -13,7 +15,7 @@ use ext_php_rs::prelude::*;
 use ext_php_rs::types::{ZendCallable, ZendClassObject, ZendHashTable, ZendObject, Zval};
 use ext_php_rs::zend::{BailoutGuard, ExecutorGlobals};
 
-use crate::convert::{self, Options, OptionsArg, assoc, zv};
+use crate::convert::{self, Options, OptionsArg, Seconds, assoc, zv};
 use crate::errors::{self, OrThrow};
 use crate::queue::PhpDelayQueue;
 use crate::signals;
@@ -26,7 +28,11 @@ unsafe extern "C" {
     fn zend_is_unwind_exit(ex: *const ext_php_rs::ffi::zend_object) -> bool;
 }
 
-/// One delivery, as the handler's second argument. Read-only.
+/// What a handler asked for with retryLater() or deadLetter(); shared with the loop
+/// that reads it once the handler is done (both on the PHP thread).
+type Decision = Rc<RefCell<Option<(delayq::Retry, String)>>>;
+
+/// One delivery, as the handler's second argument.
 #[php_class]
 #[php(name = "DelayQueueMessage")]
 #[php(flags = ext_php_rs::flags::ClassFlags::Final)]
@@ -38,6 +44,20 @@ pub struct PhpMessage {
     due_at: f64,
     queue: String,
     partition: i64,
+    decision: Decision,
+}
+
+impl PhpMessage {
+    fn decide(&self, retry: delayq::Retry, reason: String) -> PhpResult<()> {
+        let mut decision = self.decision.borrow_mut();
+        if decision.is_some() {
+            return Err(errors::invalid(
+                "retryLater() or deadLetter() was called for this delivery already",
+            ));
+        }
+        *decision = Some((retry, reason));
+        Ok(())
+    }
 }
 
 #[php_impl]
@@ -76,6 +96,22 @@ impl PhpMessage {
     #[php(getter)]
     pub fn get_partition(&self) -> i64 {
         self.partition
+    }
+
+    /// Fail this delivery and run it again after `$delay` seconds (a rate limit's
+    /// "try again in 60 s"), whatever the handler does next. Counts as an attempt:
+    /// past max_attempts the message goes to the dead-letter set.
+    #[php(defaults(reason = "\"retry requested by the handler\""))]
+    pub fn retry_later(&self, delay: Seconds, reason: String) -> PhpResult<()> {
+        let delay = delayq::delay_from_secs("delay", delay.0).or_throw()?;
+        self.decide(delayq::Retry::After(delay), reason)
+    }
+
+    /// Fail this delivery for good: to the dead-letter set now with `$reason`, no
+    /// retries (the order it was about no longer exists), whatever the handler does next.
+    #[php(defaults(reason = "\"dead-lettered by the handler\""))]
+    pub fn dead_letter(&self, reason: String) -> PhpResult<()> {
+        self.decide(delayq::Retry::Never, reason)
     }
 }
 
@@ -197,6 +233,7 @@ impl PhpWorker {
                     continue;
                 }
             };
+            let decision = Decision::default();
             let message = PhpMessage {
                 id: delivery.id.clone(),
                 attempt: i64::from(delivery.attempt),
@@ -204,6 +241,7 @@ impl PhpWorker {
                 due_at: convert::ms_to_secs(delivery.due_at_ms),
                 queue: queue_name.clone(),
                 partition: delivery.partition() as i64,
+                decision: Rc::clone(&decision),
             };
             let message = ZendClassObject::new(message).into_zval(false).unwrap_or_default();
             if let Some(s) = slot {
@@ -214,8 +252,14 @@ impl PhpWorker {
                 s.finished();
             }
             jobs += 1;
+            // The message's own decision wins over the handler's return or exception
+            // (but not over exit(), which stops the pool).
+            let decided = decision.borrow_mut().take();
             match result {
-                Ok(_) => consumer.ack(delivery),
+                Ok(_) => match decided {
+                    Some((retry, reason)) => consumer.fail_with(delivery, &reason, retry),
+                    None => consumer.ack(delivery),
+                },
                 Err(call_error) => {
                     let pending = ExecutorGlobals::get().exception().map(std::ptr::from_ref);
                     match pending {
@@ -233,7 +277,10 @@ impl PhpWorker {
                             let text = ExecutorGlobals::take_exception()
                                 .map(|ex| describe_exception(&ex))
                                 .unwrap_or_else(|| call_error.to_string());
-                            consumer.fail(delivery, &text);
+                            match decided {
+                                Some((retry, reason)) => consumer.fail_with(delivery, &reason, retry),
+                                None => consumer.fail(delivery, &text),
+                            }
                         }
                         None => consumer.fail(delivery, &format!("handler could not be called: {call_error}")),
                     }

@@ -102,6 +102,58 @@ final class WorkerTest extends TestCase
         $this->assertSame('ready', $this->q->get($bad)['state']);
     }
 
+    public function testAHandlerDecidesWhenToRetryOrToGiveUp(): void
+    {
+        $later = $this->q->push(['kind' => 'later']);
+        $hopeless = $this->q->push(['kind' => 'hopeless']);
+        $raised = $this->q->push(['kind' => 'raised']);
+        $tries = [];
+        $refused = [];
+        // A backoff of at least 15 s: a retry within seconds can only be retryLater's.
+        $w = new DelayQueueWorker($this->q, ['max_attempts' => 5, 'backoff_base' => 30.0, 'backoff_max' => 60.0]);
+        $summary = $w->run(function (array $p, DelayQueueMessage $m) use ($w, &$tries, &$refused) {
+            if ($p['kind'] === 'later') {
+                $tries[] = [$m->attempt, microtime(true)];
+                if ($m->attempt > 1) {
+                    $w->stop();
+                    return;
+                }
+                try {
+                    $m->retryLater(-1);
+                } catch (DelayQueueInvalidArgumentException $e) {
+                    $refused[] = $e->getMessage();
+                }
+                $m->retryLater(0.3, 'rate limited');
+                try {
+                    $m->deadLetter();
+                } catch (DelayQueueInvalidArgumentException $e) {
+                    $refused[] = $e->getMessage();
+                }
+            } elseif ($p['kind'] === 'hopeless') {
+                $m->deadLetter('order 42 no longer exists');   // and returns: not an ack
+            } else {
+                $m->retryLater(3600);
+                throw new RuntimeException('boom');            // the decision wins
+            }
+        });
+        $this->assertCount(2, $refused);
+        $this->assertStringContainsString('delay', $refused[0]);
+        $this->assertStringContainsString('already', $refused[1]);
+        $this->assertSame([1, 2], array_column($tries, 0));
+        $gap = $tries[1][1] - $tries[0][1];
+        $this->assertGreaterThanOrEqual(0.298, $gap);
+        $this->assertLessThan(10, $gap, "its own delay, not the worker's backoff");
+        $this->assertSame(['acked' => 1, 'failed' => 3, 'retried' => 2, 'dead' => 1],
+            array_intersect_key($summary, array_flip(['acked', 'failed', 'retried', 'dead'])));
+        $info = $this->q->get($hopeless);
+        $this->assertSame(['dead', 1, 'order 42 no longer exists'], [$info['state'], $info['attempts'], $info['last_error']]);
+        $info = $this->q->get($raised);
+        $this->assertSame(['scheduled', 1, 'retry requested by the handler'],
+            [$info['state'], $info['attempts'], $info['last_error']]);
+        $this->assertEqualsWithDelta(microtime(true) + 3600, $info['due_at'], 10);
+        $this->assertNull($this->q->get($later));
+    }
+
     public function testDeadLettersAreDeletedOneOrAllAndNothingElseIsTouched(): void
     {
         $doomed = [];

@@ -110,7 +110,7 @@ class DelayQueue:
 
 @final
 class Message:
-    """One delivery, the handler's second argument. Read-only."""
+    """One delivery, the handler's second argument."""
 
     @property
     def id(self) -> str:
@@ -130,6 +130,13 @@ class Message:
     @property
     def partition(self) -> int:
         """The partition it came from (0 unless the queue has ``partitions``)."""
+    def retry_later(self, delay: float, reason: str = "retry requested by the handler") -> None:
+        """Fail this delivery and run it again after ``delay`` seconds (a rate limit's
+        "try again in 60 s"), whatever the handler does next. Counts as an attempt:
+        past max_attempts the message goes to the dead-letter set."""
+    def dead_letter(self, reason: str = "dead-lettered by the handler") -> None:
+        """Fail this delivery for good: to the dead-letter set now with ``reason``, no
+        retries, whatever the handler does next."""
 
 @final
 class _Delivery:

@@ -13,21 +13,29 @@ use crate::convert::json_to_py;
 use crate::errors::{self, OrRaise};
 use crate::queue::PyQueue;
 
-/// One delivery, the handler's second argument. Read-only.
-#[pyclass(name = "Message", module = "delayq", frozen, get_all)]
+/// One delivery, the handler's second argument.
+#[pyclass(name = "Message", module = "delayq", frozen)]
 pub(crate) struct PyMessage {
     /// The message id.
+    #[pyo3(get)]
     id: String,
     /// This delivery's number, counting from 1.
+    #[pyo3(get)]
     attempt: u32,
     /// Deliveries allowed before the message goes to the dead-letter set.
+    #[pyo3(get)]
     max_attempts: u32,
     /// When this delivery was due: Unix time in seconds.
+    #[pyo3(get)]
     due_at: f64,
     /// The queue's name.
+    #[pyo3(get)]
     queue: String,
     /// The partition it came from (0 unless the queue has `partitions`).
+    #[pyo3(get)]
     partition: usize,
+    /// What the handler asked for with retry_later() or dead_letter().
+    decision: std::sync::Mutex<Option<(delayq::Retry, String)>>,
 }
 
 #[pymethods]
@@ -37,6 +45,43 @@ impl PyMessage {
             "Message(id={:?}, attempt={}, due_at={}, queue={:?})",
             self.id, self.attempt, self.due_at, self.queue
         )
+    }
+
+    /// Fail this delivery and run it again after `delay` seconds (a rate limit's
+    /// "try again in 60 s"), whatever the handler does next. Counts as an attempt:
+    /// past max_attempts the message goes to the dead-letter set.
+    #[pyo3(signature = (delay, reason = "retry requested by the handler"))]
+    fn retry_later(&self, py: Python<'_>, delay: f64, reason: &str) -> PyResult<()> {
+        let delay = delayq::delay_from_secs("delay", delay).or_raise(py)?;
+        self.decide(py, delayq::Retry::After(delay), reason)
+    }
+
+    /// Fail this delivery for good: to the dead-letter set now with `reason`, no
+    /// retries (the order it was about no longer exists), whatever the handler does next.
+    #[pyo3(signature = (reason = "dead-lettered by the handler"))]
+    fn dead_letter(&self, py: Python<'_>, reason: &str) -> PyResult<()> {
+        self.decide(py, delayq::Retry::Never, reason)
+    }
+}
+
+impl PyMessage {
+    fn decide(&self, py: Python<'_>, retry: delayq::Retry, reason: &str) -> PyResult<()> {
+        let mut decision = self
+            .decision
+            .lock_py_attached(py)
+            .map_err(|_| errors::new_err(py, errors::Kind::Root, "message lock poisoned".into()))?;
+        if decision.is_some() {
+            return Err(errors::invalid(
+                py,
+                "retry_later() or dead_letter() was called for this delivery already",
+            ));
+        }
+        *decision = Some((retry, reason.to_owned()));
+        Ok(())
+    }
+
+    fn take_decision(&self, py: Python<'_>) -> Option<(delayq::Retry, String)> {
+        self.decision.lock_py_attached(py).ok().and_then(|mut d| d.take())
     }
 }
 
@@ -48,6 +93,23 @@ fn message(d: &delayq::Delivery) -> PyMessage {
         due_at: d.due_at_ms as f64 / 1000.0,
         queue: d.queue.to_string(),
         partition: d.partition(),
+        decision: std::sync::Mutex::new(None),
+    }
+}
+
+/// The end of one handler call: the message's own decision, if the handler made one,
+/// wins over its return or its exception.
+fn complete(
+    py: Python<'_>,
+    consumer: &delayq::Consumer,
+    d: delayq::Delivery,
+    message: &PyMessage,
+    raised: Option<String>,
+) {
+    match (message.take_decision(py), raised) {
+        (Some((retry, reason)), _) => consumer.fail_with(d, &reason, retry),
+        (None, None) => consumer.ack(d),
+        (None, Some(error)) => consumer.fail(d, &error),
     }
 }
 
@@ -157,8 +219,9 @@ impl PyWorker {
                     continue;
                 }
             };
-            match handler.call1((payload, message(&d))) {
-                Ok(_) => consumer.ack(d),
+            let msg = Bound::new(py, message(&d))?;
+            match handler.call1((payload, &msg)) {
+                Ok(_) => complete(py, &consumer, d, msg.get(), None),
                 Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) || e.is_instance_of::<PySystemExit>(py) => {
                     // The process is being asked to end: give the message back now.
                     consumer.release(d);
@@ -166,7 +229,7 @@ impl PyWorker {
                     finish(py, consumer)?;
                     return Err(e);
                 }
-                Err(e) => consumer.fail(d, &describe(py, &e)),
+                Err(e) => complete(py, &consumer, d, msg.get(), Some(describe(py, &e))),
             }
         }
         finish(py, consumer)
@@ -275,12 +338,14 @@ impl PyConsumer {
 
     fn ack(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<()> {
         let d = Self::take(py, delivery)?;
-        self.with(py, |c| c.ack(d))
+        self.with(py, |c| complete(py, c, d, delivery.message.get(), None))
     }
 
     fn fail(&self, py: Python<'_>, delivery: &PyDelivery, error: &str) -> PyResult<()> {
         let d = Self::take(py, delivery)?;
-        self.with(py, |c| c.fail(d, error))
+        self.with(py, |c| {
+            complete(py, c, d, delivery.message.get(), Some(error.to_owned()))
+        })
     }
 
     fn release(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<()> {

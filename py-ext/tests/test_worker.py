@@ -97,6 +97,68 @@ def test_dead_letters_are_deleted_one_or_all_and_nothing_else_is_touched(queue: 
     assert info is not None and info["state"] == "scheduled"
 
 
+def test_a_handler_decides_when_to_retry_or_to_give_up(queue: delayq.DelayQueue) -> None:
+    later = queue.push({"kind": "later"})
+    hopeless = queue.push({"kind": "hopeless"})
+    raised = queue.push({"kind": "raised"})
+    handled: list[tuple[str, int, float]] = []
+    misuse: list[str] = []
+    # A backoff of at least 15 s: a retry within seconds can only be retry_later's.
+    worker = delayq.Worker(queue, max_attempts=5, backoff_base=30.0, backoff_max=60.0)
+
+    def handle(payload: dict[str, str], msg: delayq.Message) -> None:
+        kind = payload["kind"]
+        handled.append((kind, msg.attempt, time.time()))
+        if kind == "later":
+            if msg.attempt == 1:
+                with pytest.raises(delayq.InvalidArgumentError, match="delay"):
+                    msg.retry_later(-1.0)
+                msg.retry_later(0.3, "rate limited")
+                with pytest.raises(delayq.InvalidArgumentError, match="already"):
+                    msg.dead_letter()
+                misuse.append("refused")
+            else:
+                worker.stop()
+        elif kind == "hopeless":
+            msg.dead_letter("order 42 no longer exists")  # and returns: not an ack
+        else:
+            msg.retry_later(3600)
+            raise RuntimeError("boom")  # the decision wins over the exception
+
+    summary = worker.run(handle)
+    assert misuse == ["refused"]
+    tries = [(a, t) for k, a, t in handled if k == "later"]
+    assert [a for a, _ in tries] == [1, 2]
+    assert tries[1][1] - tries[0][1] >= 0.3 - 0.002
+    assert tries[1][1] - tries[0][1] < 10, "its own delay, not the worker's backoff"
+    assert {k: summary[k] for k in ("acked", "failed", "retried", "dead")} == {
+        "acked": 1, "failed": 3, "retried": 2, "dead": 1}
+
+    info = queue.get(hopeless)
+    assert info is not None
+    assert (info["state"], info["attempts"], info["last_error"]) == ("dead", 1, "order 42 no longer exists")
+    info = queue.get(raised)
+    assert info is not None
+    assert (info["state"], info["attempts"], info["last_error"]) == (
+        "scheduled", 1, "retry requested by the handler")
+    assert 3590 < info["due_at"] - time.time() <= 3600
+    assert queue.get(later) is None
+
+
+def test_retry_later_past_max_attempts_and_from_an_async_handler(queue: delayq.DelayQueue) -> None:
+    once = queue.push({"n": 1}, max_attempts=1)
+    worker = delayq.Worker(queue)
+
+    async def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        msg.retry_later(0.1, "still busy")
+        worker.stop()
+
+    worker.run(handle)
+    info = queue.get(once)
+    assert info is not None
+    assert (info["state"], info["last_error"]) == ("dead", "still busy")
+
+
 def test_stop_from_another_thread_and_context_manager(queue: delayq.DelayQueue) -> None:
     fill(queue, 50)
     seen: list[int] = []

@@ -20,9 +20,12 @@ local LAYOUT, CHANNEL = ARGV[1], ARGV[2]
 local SEED = LAYOUT == 'seed'
 
 -- Native scores pack a sequence number into the low 12 bits so that messages due in
--- the same millisecond keep push order (BullMQ does the same); due_ms * 4096 stays
--- below 2^53 until the year 2255, so doubles hold it exactly. The seed layout keeps
--- the recipe's whole-second scores so the recipe's own consumers keep working.
+-- the same millisecond keep push order (BullMQ does the same). due_ms * 4096 stays
+-- below 2^53, where doubles hold every integer, for due times until September 2039;
+-- a later due time is rounded to a multiple of 2 (8 by the year 2150), which can
+-- reorder messages due in the same millisecond and make one up to 1 ms late, never
+-- early. The seed layout keeps the recipe's whole-second scores so the recipe's own
+-- consumers keep working.
 local SEQ_SPAN = 4096
 
 local function now_ms()
