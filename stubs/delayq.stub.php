@@ -103,6 +103,16 @@ final class DelayQueue
     public function deadLetters(int $limit = 100): array {}
 
     /**
+     * The consumer pools alive on this queue, from every host and language, oldest
+     * first. A pool renews its entry every lease / 3 and drops out after three missed
+     * renewals; a pool that stops leaves at once.
+     *
+     * @return list<array{id: string, host: string, pid: int, started_at: float, last_seen: float,
+     *   threads: int, handlers: int, handled: int, acked: int, failed: int, holding: int}>
+     */
+    public function workers(): array {}
+
+    /**
      * Sends dead letters back to the queue, due now, with a fresh attempt budget.
      *
      * @param string|null $id one dead letter, or null for all

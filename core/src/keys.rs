@@ -54,7 +54,7 @@ pub(crate) fn due_ms_of_lease(layout: &Layout, lease: &str) -> Option<i64> {
 /// The key names of one queue, in the order every script expects them (see lib.lua).
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    pub(crate) all: [String; 9],
+    pub(crate) all: [String; 10],
     pub(crate) wake_channel: String,
 }
 
@@ -154,6 +154,7 @@ impl Keys {
                         key("dead"),
                         key("stats"),
                         key("seq"),
+                        key("workers"),
                     ],
                     wake_channel: key("wake"),
                 })
@@ -176,6 +177,7 @@ impl Keys {
                         key("dead"),
                         key("stats"),
                         key("seq"),
+                        key("workers"),
                     ],
                     wake_channel: key("wake"),
                 })

@@ -138,6 +138,33 @@ pub struct MessageInfo {
     pub created_at_ms: Option<i64>,
 }
 
+/// A consumer pool that is alive: it registered when it started and renews its entry
+/// every heartbeat (`lease / 3`); one that dies unannounced drops out after three
+/// missed heartbeats.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[non_exhaustive]
+pub struct WorkerInfo {
+    /// `host:pid:n`, n counting the pools of that process.
+    pub id: String,
+    pub host: String,
+    pub pid: u32,
+    /// Unix ms on the pool's clock.
+    pub started_at_ms: i64,
+    /// Its last heartbeat, Unix ms on the Redis server's clock.
+    #[serde(skip)]
+    pub last_seen_ms: i64,
+    /// I/O threads.
+    pub threads: usize,
+    /// Deliveries it works on at once (handler threads, tasks or processes' share).
+    pub handlers: usize,
+    /// Totals since it started, as of its last heartbeat.
+    pub handled: u64,
+    pub acked: u64,
+    pub failed: u64,
+    /// Deliveries it held (running or prefetched) at its last heartbeat.
+    pub holding: u64,
+}
+
 /// A message in the dead-letter set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadLetter {
@@ -796,6 +823,32 @@ impl Queue {
             }
         }
         Ok(total)
+    }
+
+    /// The consumer pools working on this queue, from every host and language, oldest
+    /// first (registered in partition 0 of a partitioned queue).
+    pub fn workers(&self) -> Result<Vec<WorkerInfo>> {
+        let v = self.call(0, "workers", Replay::Safe, &scripts::WORKERS, |_| {})?;
+        let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "workers"))?;
+        let Some((now, entries)) = items.split_first() else {
+            return Ok(Vec::new());
+        };
+        let now = int(now);
+        let mut out: Vec<WorkerInfo> = entries
+            .chunks_exact(2)
+            .filter_map(|pair| {
+                let entry = text(&pair[1])?;
+                let mut parts = entry.splitn(3, '|');
+                let expires: i64 = parts.next()?.parse().ok()?;
+                let seen: i64 = parts.next()?.parse().ok()?;
+                // Expired, or not written by a version that this one can read.
+                let mut info: WorkerInfo = serde_json::from_str(parts.next()?).ok().filter(|_| expires > now)?;
+                info.last_seen_ms = seen;
+                Some(info)
+            })
+            .collect();
+        out.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
+        Ok(out)
     }
 
     /// Delete every message in every state. Returns how many were deleted.

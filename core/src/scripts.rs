@@ -25,6 +25,8 @@ script!(DEAD, "lua/dead.lua");
 script!(REQUEUE, "lua/requeue.lua");
 script!(DELETE_DEAD, "lua/delete_dead.lua");
 script!(PURGE, "lua/purge.lua");
+script!(BEAT, "lua/beat.lua");
+script!(WORKERS, "lua/workers.lua");
 
 /// Most ids one script call handles; bounds how long any call blocks Redis.
 pub const MAX_BATCH: usize = 1000;

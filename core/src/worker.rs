@@ -1396,14 +1396,88 @@ fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot) {
     pool.control.slots.release(waiting.len());
 }
 
+/// This pool's entry in the queue's list of live pools (`Queue::workers`).
+struct Registration {
+    id: String,
+    host: String,
+    started_at_ms: i64,
+    ttl: Duration,
+}
+
+static POOLS_STARTED: AtomicU64 = AtomicU64::new(0);
+
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+impl Registration {
+    fn new(pool: &Pool) -> Self {
+        let host = host_name();
+        let n = POOLS_STARTED.fetch_add(1, Ordering::Relaxed) + 1;
+        Self {
+            id: format!("{host}:{}:{n}", std::process::id()),
+            host,
+            started_at_ms: crate::time::now_unix_ms(),
+            // Three missed heartbeats, and a margin for a slow Redis.
+            ttl: pool.opts.heartbeat() * 3 + Duration::from_secs(1),
+        }
+    }
+
+    /// Register or renew (`alive`), or leave the list.
+    fn beat(&self, pool: &Pool, slot: &mut ConnSlot, alive: bool) {
+        let c = &pool.counters;
+        let info = serde_json::json!({
+            "id": self.id,
+            "host": self.host,
+            "pid": std::process::id(),
+            "started_at_ms": self.started_at_ms,
+            "threads": pool.opts.threads,
+            "handlers": pool.handlers,
+            "handled": c.handled.load(Ordering::Relaxed),
+            "acked": c.acked.load(Ordering::Relaxed),
+            "failed": c.failed.load(Ordering::Relaxed),
+            "holding": pool.outstanding.lock().len(),
+        });
+        let ttl_ms = if alive { self.ttl.as_millis() as u64 } else { 0 };
+        let q = &pool.queue;
+        let res = slot.run_once(&q.inner.endpoint, "beat", |con| {
+            q.invocation(0, &scripts::BEAT)
+                .arg(&self.id)
+                .arg(ttl_ms)
+                .arg(info.to_string())
+                .invoke::<i64>(con)
+        });
+        // Only the list of pools misses this beat; the queue works on.
+        if let Err(e) = res {
+            log::debug!(
+                "delayq[{}]: could not renew the pool's registration: {e}",
+                pool.queue_name
+            );
+        }
+    }
+}
+
 fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
     let mut slot = ConnSlot::new();
     let every = pool.opts.heartbeat();
+    let registration = Registration::new(pool);
+    registration.beat(pool, &mut slot, true);
     loop {
         match done.recv_timeout(every) {
             Err(RecvTimeoutError::Timeout) => {}
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                registration.beat(pool, &mut slot, false);
+                return;
+            }
         }
+        registration.beat(pool, &mut slot, true);
         let now = Instant::now();
         let overdue_count = pool
             .outstanding

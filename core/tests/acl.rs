@@ -67,6 +67,9 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
             wait_for(Duration::from_secs(20), "all handled", || {
                 q.stats().is_ok_and(|s| s.ready + s.inflight == 0)
             });
+            wait_for(Duration::from_secs(5), "the pool listed", || {
+                q.workers().is_ok_and(|w| w.len() == 1)
+            });
             stopper.stop();
         });
         worker
@@ -85,6 +88,10 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
     assert_eq!(dead[0].id, ids[3]);
     assert_eq!(q.requeue_dead(None).expect("requeue"), 1);
     assert_eq!(q.purge().expect("purge"), 1);
+    assert!(
+        q.workers().expect("workers").is_empty(),
+        "the stopped pool left the list"
+    );
 
     // The same credentials cannot reach another queue's keys.
     let other = Queue::new(&url, "payments", QueueOptions::default()).expect("queue");

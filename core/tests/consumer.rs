@@ -300,6 +300,88 @@ fn fail_with_retries_after_its_own_delay_or_never() {
 }
 
 #[test]
+fn live_pools_are_listed_until_they_stop_or_miss_their_heartbeats() {
+    let server = RedisServer::start();
+    let q = server.queue("pools");
+    assert!(q.workers().expect("workers").is_empty());
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            threads: 2,
+            // A heartbeat every 200 ms.
+            lease: Duration::from_millis(600),
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let c = worker.start().expect("start");
+    wait_for(Duration::from_secs(5), "the pool to register", || {
+        q.workers().is_ok_and(|w| w.len() == 1)
+    });
+    let info = q.workers().expect("workers").remove(0);
+    assert_eq!((info.pid, info.threads), (std::process::id(), 2));
+    assert!(!info.host.is_empty() && info.id.starts_with(&format!("{}:{}:", info.host, info.pid)));
+    let now_ms = || {
+        i64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_millis(),
+        )
+        .expect("ms")
+    };
+    assert!((now_ms() - info.last_seen_ms).abs() < 2_000, "{info:?}");
+
+    for i in 0..3 {
+        q.push(&json!({"n": i}), Duration::ZERO).expect("push");
+    }
+    for _ in 0..3 {
+        match c.recv_timeout(Duration::from_secs(5)) {
+            Received::Message(d) => c.ack(d),
+            other => panic!("expected a delivery, got {other:?}"),
+        }
+    }
+    wait_for(Duration::from_secs(5), "a heartbeat to carry the counters", || {
+        q.workers()
+            .is_ok_and(|w| w.first().is_some_and(|i| (i.handled, i.acked) == (3, 3)))
+    });
+    c.finish();
+    assert!(
+        q.workers().expect("workers").is_empty(),
+        "a stopped pool leaves at once"
+    );
+
+    // A pool that died unannounced: its entry expired a moment ago.
+    let ghost = format!(
+        r#"{}|{}|{{"id":"ghost:1:1","host":"ghost","pid":1,"started_at_ms":1,"threads":1,"handlers":1,"handled":0,"acked":0,"failed":0,"holding":0}}"#,
+        now_ms() - 1,
+        now_ms() - 3_000
+    );
+    let mut con = server.con();
+    let _: () = redis::cmd("HSET")
+        .arg("{dq:pools}:workers")
+        .arg("ghost:1:1")
+        .arg(&ghost)
+        .query(&mut con)
+        .expect("write by hand");
+    assert!(
+        q.workers().expect("workers").is_empty(),
+        "an expired entry is not listed"
+    );
+    let c = worker.start().expect("start again");
+    wait_for(Duration::from_secs(5), "the new pool to register", || {
+        q.workers().is_ok_and(|w| w.len() == 1)
+    });
+    let left: Vec<String> = redis::cmd("HKEYS")
+        .arg("{dq:pools}:workers")
+        .query(&mut con)
+        .expect("hkeys");
+    assert_eq!(left.len(), 1, "a beat drops the expired entry: {left:?}");
+    assert!(!left[0].starts_with("ghost"));
+    c.finish();
+}
+
+#[test]
 fn a_message_limit_overrides_the_worker_limit() {
     let server = RedisServer::start();
     let q = server.queue("limit");

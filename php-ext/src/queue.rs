@@ -292,6 +292,32 @@ impl PhpDelayQueue {
         assoc(entries)
     }
 
+    /// The consumer pools alive on this queue, from every host and language, oldest first.
+    ///
+    /// @return list<array{id: string, host: string, pid: int, started_at: float, last_seen: float,
+    ///   threads: int, handlers: int, handled: int, acked: int, failed: int, holding: int}>
+    pub fn workers(&self) -> PhpResult<ZBox<ZendHashTable>> {
+        let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
+        let mut list = ZendHashTable::new();
+        for w in self.queue.workers().or_throw()? {
+            let entry = assoc(vec![
+                ("id", zv(w.id)),
+                ("host", zv(w.host)),
+                ("pid", zv(i64::from(w.pid))),
+                ("started_at", zv(ms_to_secs(w.started_at_ms))),
+                ("last_seen", zv(ms_to_secs(w.last_seen_ms))),
+                ("threads", n(w.threads as u64)),
+                ("handlers", n(w.handlers as u64)),
+                ("handled", n(w.handled)),
+                ("acked", n(w.acked)),
+                ("failed", n(w.failed)),
+                ("holding", n(w.holding)),
+            ])?;
+            list.push(entry).map_err(|e| errors::payload(e.to_string()))?;
+        }
+        Ok(list)
+    }
+
     /// Up to `$limit` dead letters, newest first.
     ///
     /// @return list<array{id: string, payload: mixed, attempts: int, last_error: string, dead_at: float}>

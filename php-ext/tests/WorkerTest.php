@@ -280,6 +280,25 @@ final class WorkerTest extends TestCase
             'the supervisor says what happened, through error_log()');
     }
 
+    public function testEachProcessOfAPoolIsListedUntilItStops(): void
+    {
+        $this->assertSame([], $this->q->workers());
+        $proc = $this->startWorker(['processes' => 2, 'lease' => 0.6]);
+        delayq_wait_for(20, 'two children started', fn () => count(@file("{$this->log}.starts") ?: []) >= 2);
+        delayq_wait_for(10, 'both listed', fn () => count($this->q->workers()) === 2);
+        $children = array_map('intval', file("{$this->log}.starts"));
+        $pools = $this->q->workers();
+        sort($children);
+        $pids = array_column($pools, 'pid');
+        sort($pids);
+        $this->assertSame($children, $pids, 'the children, not the supervisor');
+        $this->assertSame(gethostname(), $pools[0]['host']);
+        $this->assertEqualsWithDelta(microtime(true), $pools[0]['last_seen'], 2.0);
+        proc_terminate($proc, SIGTERM);
+        $this->assertSame(0, proc_close($proc));
+        $this->assertSame([], $this->q->workers(), 'each left the list as it stopped');
+    }
+
     public function testAHungHandlerIsKilledAndItsMessageDeliveredAgain(): void
     {
         $this->fill(50, [3 => ['hang' => true]]);

@@ -2,6 +2,7 @@
 writing code. The same queues from PHP, Python or Rust.
 
     delayq --queue orders stats
+    delayq --queue orders workers
     delayq --queue orders dead --limit 20
     delayq --queue orders requeue-dead --all
     delayq --url redis://10.0.0.5:6379 --queue orders --json get close-order-10086
@@ -17,6 +18,7 @@ import datetime
 import json
 import os
 import sys
+import time
 from typing import Any, Callable, Optional, Sequence, TextIO
 
 from . import DelayQueue, DelayQueueError, InvalidArgumentError, __version__
@@ -127,6 +129,34 @@ def _on_dead(verb: str, act: Callable[[DelayQueue, Optional[str]], int]) -> Call
     return run
 
 
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _workers(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    pools = q.workers()
+
+    def human() -> list[str]:
+        now = time.time()
+        lines = [f"queue {q.name}: {len(pools)} pool{'' if len(pools) == 1 else 's'} alive"]
+        for w in pools:
+            lines.append(
+                f"{w['id']}  up {_age(now - w['started_at'])}  seen {_age(now - w['last_seen'])} ago  "
+                f"{w['handlers']} handlers  handled {w['handled']} (acked {w['acked']}, failed {w['failed']})  "
+                f"holding {w['holding']}"
+            )
+        return lines
+
+    out.emit(pools, human)
+    return 0
+
+
 def _cancel(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     cancelled = q.cancel(args.id)
     out.emit({"cancelled": cancelled}, lambda: [f"cancelled {args.id}" if cancelled else f"{args.id} not cancelled"])
@@ -171,6 +201,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("stats", help="depth by state and lifetime counters").set_defaults(run=_stats)
+    sub.add_parser("workers", help="the consumer pools alive, from every host and language").set_defaults(
+        run=_workers)
     g = sub.add_parser("get", help="everything known about one message")
     g.add_argument("id")
     g.set_defaults(run=_get)

@@ -97,6 +97,11 @@ class DelayQueue:
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """Up to ``limit`` dead letters, newest first: ``{id, payload, attempts,
         last_error, dead_at}``."""
+    def workers(self) -> list[dict[str, Any]]:
+        """The consumer pools alive on this queue, from every host and language, oldest
+        first: ``{id, host, pid, started_at, last_seen, threads, handlers, handled,
+        acked, failed, holding}``. A pool renews its entry every ``lease / 3`` and drops
+        out after three missed renewals."""
     def requeue_dead(self, id: Optional[str] = None) -> int:
         """Send dead letters back, due now, with a fresh attempt budget: one, or all when
         ``id`` is None. Returns how many."""

@@ -294,6 +294,28 @@ impl PyQueue {
         Ok(list)
     }
 
+    /// The consumer pools alive on this queue, from every host and language.
+    fn workers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let pools = py.detach(|| self.queue.workers()).or_raise(py)?;
+        let list = PyList::empty(py);
+        for w in pools {
+            let d = PyDict::new(py);
+            d.set_item("id", &w.id)?;
+            d.set_item("host", &w.host)?;
+            d.set_item("pid", w.pid)?;
+            d.set_item("started_at", ms_to_secs(w.started_at_ms))?;
+            d.set_item("last_seen", ms_to_secs(w.last_seen_ms))?;
+            d.set_item("threads", w.threads)?;
+            d.set_item("handlers", w.handlers)?;
+            d.set_item("handled", w.handled)?;
+            d.set_item("acked", w.acked)?;
+            d.set_item("failed", w.failed)?;
+            d.set_item("holding", w.holding)?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
     /// Send dead letters back, due now, with a fresh attempt budget: one, or all when
     /// `id` is None. Returns how many.
     #[pyo3(signature = (id = None))]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import delayq
-from harness import RedisServer
+from harness import RedisServer, wait_for
 
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -81,6 +83,23 @@ def test_dead_letters_are_requeued_and_deleted_one_or_all(queue: delayq.DelayQue
     usage = cli(redis_url, "delete-dead")
     assert usage.returncode == 2 and "one of the arguments id --all is required" in usage.stderr
     assert cli(redis_url, "requeue-dead", "--all").stdout == "requeued 0 dead letters\n"
+
+
+def test_workers_lists_the_pools_alive(queue: delayq.DelayQueue, redis_url: str) -> None:
+    assert cli(redis_url, "workers").stdout == "queue jobs: 0 pools alive\n"
+    worker = delayq.Worker(queue, threads=2)
+    runner = threading.Thread(target=worker.run, args=(lambda payload, msg: None,))
+    runner.start()
+    try:
+        wait_for(10, "the pool to register", lambda: len(queue.workers()) == 1)
+        [pool] = cli_json(redis_url, "workers")
+        assert (pool["pid"], pool["threads"]) == (os.getpid(), 2)
+        text = cli(redis_url, "workers").stdout
+        assert text.startswith("queue jobs: 1 pool alive\n") and pool["id"] in text
+    finally:
+        worker.stop()
+        runner.join()
+    assert cli_json(redis_url, "workers") == []
 
 
 def test_cancel_and_purge(queue: delayq.DelayQueue, redis_url: str) -> None:

@@ -145,6 +145,24 @@ def test_a_handler_decides_when_to_retry_or_to_give_up(queue: delayq.DelayQueue)
     assert queue.get(later) is None
 
 
+def test_a_running_pool_is_listed_with_its_counters(queue: delayq.DelayQueue) -> None:
+    fill(queue, 3)
+    seen: list[list[dict[str, Any]]] = []
+    worker = delayq.Worker(queue, lease=0.6)  # renewed every 0.2 s
+
+    def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        if payload["n"] == 2:
+            wait_for(5, "a renewal that counts two handled", lambda: queue.workers()[0]["handled"] >= 2)
+            seen.append(queue.workers())
+            worker.stop()
+
+    worker.run(handle)
+    [[pool]] = seen
+    assert pool["pid"] == os.getpid() and pool["handlers"] == 1
+    assert pool["holding"] >= 1, "the running delivery"
+    assert queue.workers() == [], "a stopped pool leaves the list"
+
+
 def test_retry_later_past_max_attempts_and_from_an_async_handler(queue: delayq.DelayQueue) -> None:
     once = queue.push({"n": 1}, max_attempts=1)
     worker = delayq.Worker(queue)
