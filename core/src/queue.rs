@@ -291,6 +291,21 @@ fn ids_reply(v: Value) -> RedisResult<Vec<Value>> {
     }
 }
 
+/// A pool's entry as beat.lua stored it ("<expires_ms>|<seen_ms>|<info JSON>"), unless
+/// it has expired (or was written by a version that this one cannot read).
+fn live_pool(entry: &Value, now_ms: i64) -> Option<WorkerInfo> {
+    let entry = text(entry)?;
+    let mut parts = entry.splitn(3, '|');
+    let expires: i64 = parts.next()?.parse().ok()?;
+    let seen: i64 = parts.next()?.parse().ok()?;
+    if expires <= now_ms {
+        return None;
+    }
+    let mut info: WorkerInfo = serde_json::from_str(parts.next()?).ok()?;
+    info.last_seen_ms = seen;
+    Some(info)
+}
+
 pub(crate) fn int(v: &Value) -> i64 {
     i64::from_redis_value(v.clone()).unwrap_or(-1)
 }
@@ -826,27 +841,27 @@ impl Queue {
     }
 
     /// The consumer pools working on this queue, from every host and language, oldest
-    /// first (registered in partition 0 of a partitioned queue).
+    /// first. A pool renews its entry in the partition its claim goes to, so the
+    /// partitions' lists are merged, each pool at its latest renewal.
     pub fn workers(&self) -> Result<Vec<WorkerInfo>> {
-        let v = self.call(0, "workers", Replay::Safe, &scripts::WORKERS, |_| {})?;
-        let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "workers"))?;
-        let Some((now, entries)) = items.split_first() else {
-            return Ok(Vec::new());
-        };
-        let now = int(now);
-        let mut out: Vec<WorkerInfo> = entries
-            .chunks_exact(2)
-            .filter_map(|pair| {
-                let entry = text(&pair[1])?;
-                let mut parts = entry.splitn(3, '|');
-                let expires: i64 = parts.next()?.parse().ok()?;
-                let seen: i64 = parts.next()?.parse().ok()?;
-                // Expired, or not written by a version that this one can read.
-                let mut info: WorkerInfo = serde_json::from_str(parts.next()?).ok().filter(|_| expires > now)?;
-                info.last_seen_ms = seen;
-                Some(info)
-            })
-            .collect();
+        let mut latest: BTreeMap<String, WorkerInfo> = BTreeMap::new();
+        for part in 0..self.partitions() {
+            let v = self.call(part, "workers", Replay::Safe, &scripts::WORKERS, |_| {})?;
+            let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "workers"))?;
+            let Some((now, entries)) = items.split_first() else {
+                continue;
+            };
+            let now = int(now);
+            for info in entries.chunks_exact(2).filter_map(|pair| live_pool(&pair[1], now)) {
+                if latest
+                    .get(&info.id)
+                    .is_none_or(|seen| seen.last_seen_ms < info.last_seen_ms)
+                {
+                    latest.insert(info.id.clone(), info);
+                }
+            }
+        }
+        let mut out: Vec<WorkerInfo> = latest.into_values().collect();
         out.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
         Ok(out)
     }

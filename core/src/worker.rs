@@ -558,6 +558,7 @@ struct Pool {
     buffered: Receiver<Delivery>,
     /// Moving average of one handler call, in microseconds (0 until measured).
     handler_us: AtomicU64,
+    registration: Registration,
 }
 
 /// How much work the prefetch buffer may hold per handler: enough to hide a claim's
@@ -679,6 +680,7 @@ impl Worker {
             stalled: AtomicBool::new(false),
             buffered: deliver_rx.clone(),
             handler_us: AtomicU64::new(0),
+            registration: Registration::new(&self.opts),
         });
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded();
         let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
@@ -952,14 +954,27 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
     let o = &pool.opts;
     let qo = q.options();
     let ep = &q.inner.endpoint;
-    let v = slot.run_once(ep, "claim", |con| {
-        q.invocation(part, &scripts::CLAIM)
-            .arg(want)
+    let beat = pool.registration.take_pending();
+    let res = slot.run_once(ep, "claim", |con| {
+        let mut inv = q.invocation(part, &scripts::CLAIM);
+        inv.arg(want)
             .arg(o.lease.as_millis() as u64)
             .arg(qo.dead_max)
-            .arg(qo.dead_ttl.as_millis() as u64)
-            .invoke::<Value>(con)
-    })?;
+            .arg(qo.dead_ttl.as_millis() as u64);
+        if let Some((id, ttl_ms, info)) = &beat {
+            inv.arg(*id).arg(*ttl_ms).arg(info);
+        }
+        inv.invoke::<Value>(con)
+    });
+    let v = match res {
+        Ok(v) => v,
+        Err(e) => {
+            if let Some((_, _, info)) = beat {
+                pool.registration.put_back(info);
+            }
+            return Err(e);
+        }
+    };
     let Value::Array(items) = v else {
         return Err(Error::Redis("claim returned no array".into()));
     };
@@ -1396,12 +1411,17 @@ fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot) {
     pool.control.slots.release(waiting.len());
 }
 
-/// This pool's entry in the queue's list of live pools (`Queue::workers`).
+/// This pool's entry in the queue's list of live pools (`Queue::workers`). The
+/// heartbeat prepares each renewal and the next claim carries it (a claim runs at
+/// least every `idle_check`, so an idle pool sends Redis nothing more); one that no
+/// claim took within a heartbeat is sent on its own.
 struct Registration {
     id: String,
     host: String,
     started_at_ms: i64,
     ttl: Duration,
+    /// The renewal waiting for a claim to carry it: its info JSON.
+    pending: Mutex<Option<String>>,
 }
 
 static POOLS_STARTED: AtomicU64 = AtomicU64::new(0);
@@ -1418,22 +1438,27 @@ fn host_name() -> String {
 }
 
 impl Registration {
-    fn new(pool: &Pool) -> Self {
+    fn new(opts: &WorkerOptions) -> Self {
         let host = host_name();
         let n = POOLS_STARTED.fetch_add(1, Ordering::Relaxed) + 1;
         Self {
             id: format!("{host}:{}:{n}", std::process::id()),
             host,
             started_at_ms: crate::time::now_unix_ms(),
-            // Three missed heartbeats, and a margin for a slow Redis.
-            ttl: pool.opts.heartbeat() * 3 + Duration::from_secs(1),
+            // A renewal can wait up to two heartbeats (one for a claim to carry it);
+            // one more, and a margin for a slow Redis.
+            ttl: opts.heartbeat() * 3 + Duration::from_secs(1),
+            pending: Mutex::new(None),
         }
     }
 
-    /// Register or renew (`alive`), or leave the list.
-    fn beat(&self, pool: &Pool, slot: &mut ConnSlot, alive: bool) {
+    fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn info(&self, pool: &Pool) -> String {
         let c = &pool.counters;
-        let info = serde_json::json!({
+        serde_json::json!({
             "id": self.id,
             "host": self.host,
             "pid": std::process::id(),
@@ -1444,14 +1469,50 @@ impl Registration {
             "acked": c.acked.load(Ordering::Relaxed),
             "failed": c.failed.load(Ordering::Relaxed),
             "holding": pool.outstanding.lock().len(),
-        });
-        let ttl_ms = if alive { self.ttl.as_millis() as u64 } else { 0 };
+        })
+        .to_string()
+    }
+
+    /// The renewal for a claim to carry, if one is waiting: (id, ttl_ms, info).
+    fn take_pending(&self) -> Option<(&str, u64, String)> {
+        let info = self.pending.lock().take()?;
+        Some((&self.id, self.ttl_ms(), info))
+    }
+
+    /// A claim that was to carry `info` failed: the next one carries it.
+    fn put_back(&self, info: String) {
+        self.pending.lock().get_or_insert(info);
+    }
+
+    /// On every heartbeat: prepare a renewal, and send the previous one if no claim
+    /// took it.
+    fn on_heartbeat(&self, pool: &Pool, slot: &mut ConnSlot) {
+        let info = self.info(pool);
+        let untaken = self.pending.lock().replace(info).is_some();
+        if untaken && let Some((_, ttl_ms, info)) = self.take_pending() {
+            self.send(pool, slot, 0, ttl_ms, &info);
+        }
+    }
+
+    /// Register now (the pool starts).
+    fn join(&self, pool: &Pool, slot: &mut ConnSlot) {
+        self.send(pool, slot, 0, self.ttl_ms(), &self.info(pool));
+    }
+
+    /// Leave the list of every partition a claim may have renewed it in.
+    fn leave(&self, pool: &Pool, slot: &mut ConnSlot) {
+        for part in 0..pool.queue.partitions() {
+            self.send(pool, slot, part, 0, "");
+        }
+    }
+
+    fn send(&self, pool: &Pool, slot: &mut ConnSlot, part: usize, ttl_ms: u64, info: &str) {
         let q = &pool.queue;
         let res = slot.run_once(&q.inner.endpoint, "beat", |con| {
-            q.invocation(0, &scripts::BEAT)
+            q.invocation(part, &scripts::BEAT)
                 .arg(&self.id)
                 .arg(ttl_ms)
-                .arg(info.to_string())
+                .arg(info)
                 .invoke::<i64>(con)
         });
         // Only the list of pools misses this beat; the queue works on.
@@ -1467,17 +1528,16 @@ impl Registration {
 fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
     let mut slot = ConnSlot::new();
     let every = pool.opts.heartbeat();
-    let registration = Registration::new(pool);
-    registration.beat(pool, &mut slot, true);
+    pool.registration.join(pool, &mut slot);
     loop {
         match done.recv_timeout(every) {
             Err(RecvTimeoutError::Timeout) => {}
             Ok(()) | Err(RecvTimeoutError::Disconnected) => {
-                registration.beat(pool, &mut slot, false);
+                pool.registration.leave(pool, &mut slot);
                 return;
             }
         }
-        registration.beat(pool, &mut slot, true);
+        pool.registration.on_heartbeat(pool, &mut slot);
         let now = Instant::now();
         let overdue_count = pool
             .outstanding

@@ -2,6 +2,8 @@
 -- re-scheduling deliveries whose lease expired (their worker died or hung).
 -- KEYS: see lib.lua.
 -- ARGV[3] batch (1..1000)   ARGV[4] lease_ms   ARGV[5] dead_max   ARGV[6] dead_ttl_ms
+-- ARGV[7..9], when present: the claiming pool's heartbeat (pool id, ttl_ms, info JSON;
+--   see beat.lua), carried by a claim so that it costs no command of its own.
 -- Returns {now_ms, next_ms, reaped, n, id1, lease1, envelope1, ..., idn, leasen,
 --          envelopen, i1, attempt1, i2, attempt2, ...}
 --   next_ms: earliest due time or lease deadline still ahead, -1 if none; the caller
@@ -115,4 +117,7 @@ if lease_head[2] then
   end
 end
 result[2] = next_ms
+if ARGV[7] then
+  register_pool(now, ARGV[7], tonumber(ARGV[8]), ARGV[9])
+end
 return result
