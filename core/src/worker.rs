@@ -1152,6 +1152,11 @@ fn hand_out(
             // Its earlier deliveries ended with an expired lease (the worker died or
             // hung): running it again would exceed the limit.
             Ok(_) if attempt > max_attempts => {
+                log::warn!(
+                    "delayq[{}]: message {id} moved to the dead-letter set: its last {max_attempts} deliveries \
+                     ended with an expired lease (the worker died or hung)",
+                    pool.queue_name
+                );
                 bury(
                     id,
                     token,
@@ -1263,7 +1268,15 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
                 let counted = matches!(o, Outcome::Nack { counted: true, .. });
                 match s {
                     1 => Counters::add(&c.retried, 1),
-                    2 if counted => Counters::add(&c.dead, 1),
+                    2 if counted => {
+                        Counters::add(&c.dead, 1);
+                        if let Outcome::Nack { id, error, .. } = o {
+                            log::warn!(
+                                "delayq[{}]: message {id} moved to the dead-letter set: {error}",
+                                pool.queue_name
+                            );
+                        }
+                    }
                     2 => {}
                     _ => lease_lost(pool, o),
                 }

@@ -45,6 +45,24 @@ def test_a_poison_message_is_logged_as_an_error_while_the_worker_runs(
     assert queue.stats()["dead"] == 1
 
 
+def test_a_message_that_dies_is_logged_as_a_warning_with_its_error(
+    queue: delayq.DelayQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    doomed = queue.push({"n": 1}, max_attempts=1)
+    caplog.set_level(logging.WARNING, logger="delayq")
+    worker = delayq.Worker(queue)
+
+    def fail(payload: object, msg: delayq.Message) -> None:
+        worker.stop()
+        raise LookupError("order 7 not found")
+
+    worker.run(fail)
+    [record] = delayq_records(caplog, logging.WARNING)
+    assert record.getMessage() == (
+        f"delayq[jobs]: message {doomed} moved to the dead-letter set: LookupError: order 7 not found"
+    )
+
+
 def test_an_evicting_redis_is_reported_once_as_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     evicting = RedisServer("--maxmemory-policy", "allkeys-lru")
     try:
