@@ -83,11 +83,18 @@ class Redis:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+LOGS = Path(tempfile.gettempdir()) / "delayq-bench-logs"
+
+
 def client(cmd: list[str], background: bool = False) -> Any:
     """Run a benchmark client pinned to CPU 1: its stdout, or the process if `background`."""
     cmd = ["taskset", "-c", "1", *cmd]
     if background:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # To a file, not a pipe: nobody reads a background client's output while it runs,
+        # and a full pipe would stop the client at its next log line.
+        LOGS.mkdir(exist_ok=True)
+        with open(LOGS / f"client-{time.time_ns()}.log", "w") as log:
+            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[3:])}: {out.stderr or out.stdout}")

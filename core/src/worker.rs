@@ -1603,8 +1603,10 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
             });
             match res {
                 Ok(v) => {
-                    for ((_, id, _), s) in chunk.iter().zip(script_statuses(&v)) {
-                        if s != 1 {
+                    for ((_, id, token), s) in chunk.iter().zip(script_statuses(&v)) {
+                        // A completion written since the snapshot above is no loss: its
+                        // message is gone (-1) or it has left `outstanding` by now.
+                        if s == 0 && pool.outstanding.lock().contains_key(token) {
                             log::warn!(
                                 "delayq[{}]: lease of {id} was lost before the handler finished",
                                 pool.queue_name

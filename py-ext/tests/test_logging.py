@@ -63,6 +63,26 @@ def test_a_message_that_dies_is_logged_as_a_warning_with_its_error(
     )
 
 
+def test_a_busy_drain_with_frequent_heartbeats_warns_of_nothing(
+    queue: delayq.DelayQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Acks written while a heartbeat is on its way must not read as lost leases.
+    n = 20000
+    queue.push_many([{"payload": {"n": i}} for i in range(n)])
+    caplog.set_level(logging.WARNING, logger="delayq")
+    worker = delayq.Worker(queue, lease=0.3)  # a heartbeat every 0.1 s
+    handled = []
+
+    def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        handled.append(payload["n"])
+        if len(handled) == n:
+            worker.stop()
+
+    summary = worker.run(handle)
+    assert summary["acked"] == n
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("delayq")] == []
+
+
 def test_an_evicting_redis_is_reported_once_as_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     evicting = RedisServer("--maxmemory-policy", "allkeys-lru")
     try:

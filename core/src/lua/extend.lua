@@ -1,17 +1,22 @@
 -- extend.lua: heartbeat: push the lease deadline of running deliveries forward.
 -- KEYS: see lib.lua.
 -- ARGV[3] lease_ms   ARGV[4..] pairs: id, lease (as claim returned it).
--- Returns one status per pair: 1 extended, 0 lease lost.
+-- Returns one status per pair: 1 extended; 0 lease lost (another delivery holds the
+--   message, or its lease expired and it waits to be delivered again); -1 the message
+--   is gone (its completion was written while the heartbeat was on its way: no loss).
 local now = now_ms()
 local deadline = now + tonumber(ARGV[3])
 local result = {}
 for i = 4, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
-  if redis.call('HGET', K_LEASE, id) == token then
+  local lease = redis.call('HGET', K_LEASE, id)
+  if lease == token then
     redis.call('ZADD', K_INFLIGHT, 'XX', deadline, id)
     result[#result + 1] = 1
-  else
+  elseif lease or redis.call('HEXISTS', K_MSG, id) == 1 then
     result[#result + 1] = 0
+  else
+    result[#result + 1] = -1
   end
 end
 return result
