@@ -91,7 +91,7 @@ final class DelayQueue
      * Summed over the partitions.
      *
      * @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
-     *   partitions: int, pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
+     *   paused_at: ?float, partitions: int, pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
      *   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int}
      */
     public function stats(): array {}
@@ -129,6 +129,28 @@ final class DelayQueue
      * @throws DelayQueueInvalidArgumentException for an empty or oversized id
      */
     public function deleteDead(?string $id = null): int {}
+
+    /**
+     * Stops consumption for every worker pool, on every host and in every language,
+     * until resume(). Claims hand out nothing, so no handler starts a new message
+     * beyond what a pool had already prefetched (about 50 ms of work per handler);
+     * running handlers finish and complete as usual, pushes are still accepted, and
+     * messages whose worker died are still taken back after their lease.
+     * A pause is stored in Redis: it survives worker restarts and purge().
+     *
+     * @return bool false if the queue was paused already (the first pause's time is kept)
+     */
+    public function pause(): bool {}
+
+    /**
+     * Undoes pause(); idle worker pools are woken at once.
+     *
+     * @return bool false if the queue was not paused
+     */
+    public function resume(): bool {}
+
+    /** Whether pause() is in force (stats()['paused_at'] says since when). */
+    public function isPaused(): bool {}
 
     /**
      * Deletes every message of the queue in every state (counters are kept).

@@ -54,7 +54,7 @@ pub(crate) fn due_ms_of_lease(layout: &Layout, lease: &str) -> Option<i64> {
 /// The key names of one queue, in the order every script expects them (see lib.lua).
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    pub(crate) all: [String; 10],
+    pub(crate) all: [String; 11],
     pub(crate) wake_channel: String,
 }
 
@@ -155,6 +155,7 @@ impl Keys {
                         key("stats"),
                         key("seq"),
                         key("workers"),
+                        key("paused"),
                     ],
                     wake_channel: key("wake"),
                 })
@@ -178,6 +179,7 @@ impl Keys {
                         key("stats"),
                         key("seq"),
                         key("workers"),
+                        key("paused"),
                     ],
                     wake_channel: key("wake"),
                 })

@@ -186,6 +186,8 @@ pub struct Stats {
     pub dead: u64,
     /// Due time of the earliest waiting message, Unix ms.
     pub next_due_ms: Option<i64>,
+    /// When consumption was paused (Unix ms), while it is (see `Queue::pause`).
+    pub paused_at_ms: Option<i64>,
     /// Lifetime counters: pushed, delivered, acked, retried, dead, expired, released,
     /// cancelled, requeued, discarded, trimmed, purged, orphaned (absent ones are 0).
     pub totals: BTreeMap<String, u64>,
@@ -216,6 +218,13 @@ impl Stats {
     /// Every lifetime counter, named as in `COUNTERS`, in that order.
     pub fn named_totals(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         COUNTERS.iter().map(|(shown, stored)| (*shown, self.total(stored)))
+    }
+}
+
+fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -720,10 +729,8 @@ impl Queue {
             total.ready += s.ready;
             total.inflight += s.inflight;
             total.dead += s.dead;
-            total.next_due_ms = match (total.next_due_ms, s.next_due_ms) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            total.next_due_ms = earliest(total.next_due_ms, s.next_due_ms);
+            total.paused_at_ms = earliest(total.paused_at_ms, s.paused_at_ms);
             for (k, v) in s.totals {
                 *total.totals.entry(k).or_insert(0) += v;
             }
@@ -745,8 +752,9 @@ impl Queue {
         let waiting = n(1);
         let ready = n(2);
         let next = items.get(5).map(int).unwrap_or(-1);
+        let paused = items.get(6).map(int).unwrap_or(-1);
         let mut totals = BTreeMap::new();
-        for pair in items.get(6..).unwrap_or_default().chunks(2) {
+        for pair in items.get(7..).unwrap_or_default().chunks(2) {
             if let [k, v] = pair
                 && let Some(k) = text(k)
             {
@@ -759,6 +767,7 @@ impl Queue {
             inflight: n(3),
             dead: n(4),
             next_due_ms: (next >= 0).then_some(next),
+            paused_at_ms: (paused >= 0).then_some(paused),
             totals,
         })
     }
@@ -864,6 +873,39 @@ impl Queue {
         let mut out: Vec<WorkerInfo> = latest.into_values().collect();
         out.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
         Ok(out)
+    }
+
+    /// Stop consumption on every partition, for every consumer pool on any host, until
+    /// `resume`: claims hand out nothing, so no handler starts a new message except
+    /// those a pool had already prefetched (about 50 ms of work per handler). Running
+    /// handlers finish and complete as usual, pushes keep being accepted, and idle
+    /// pools keep their cost of one look per `idle_check`. Returns whether the queue
+    /// was running (pausing a paused queue keeps the first pause's time).
+    pub fn pause(&self) -> Result<bool> {
+        self.set_paused(true)
+    }
+
+    /// Undo `pause`: consumers waiting since are woken at once. Returns whether the
+    /// queue was paused.
+    pub fn resume(&self) -> Result<bool> {
+        self.set_paused(false)
+    }
+
+    /// Whether `pause` is in force (on any partition).
+    pub fn is_paused(&self) -> Result<bool> {
+        Ok(self.stats()?.paused_at_ms.is_some())
+    }
+
+    fn set_paused(&self, paused: bool) -> Result<bool> {
+        let operation = if paused { "pause" } else { "resume" };
+        let mut changed = false;
+        for part in 0..self.partitions() {
+            let v = self.call(part, operation, Replay::Safe, &scripts::PAUSE, |inv| {
+                inv.arg(u8::from(paused));
+            })?;
+            changed |= int(&v) == 1;
+        }
+        Ok(changed)
     }
 
     /// Delete every message in every state. Returns how many were deleted.

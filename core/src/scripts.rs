@@ -27,6 +27,7 @@ script!(DELETE_DEAD, "lua/delete_dead.lua");
 script!(PURGE, "lua/purge.lua");
 script!(BEAT, "lua/beat.lua");
 script!(WORKERS, "lua/workers.lua");
+script!(PAUSE, "lua/pause.lua");
 
 /// Most ids one script call handles; bounds how long any call blocks Redis.
 pub const MAX_BATCH: usize = 1000;

@@ -49,6 +49,9 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
     assert!(q.reschedule(&later, Duration::from_secs(60)).expect("reschedule"));
     assert!(q.cancel(&later).expect("cancel"));
     assert_eq!(q.stats().expect("stats").ready, 5);
+    assert!(q.pause().expect("pause"));
+    assert!(q.is_paused().expect("is_paused"));
+    assert!(q.resume().expect("resume"));
 
     // Consumer side: order 5 fails for good, the rest succeed.
     let worker = Worker::new(

@@ -788,3 +788,85 @@ fn slow_handlers_do_not_hoard_due_messages_from_idle_consumers() {
         "B handled {b_count} of 8: A hoarded due messages ({by:?})"
     );
 }
+
+#[test]
+fn a_paused_queue_hands_out_nothing_until_resumed_and_resuming_wakes_idle_pools() {
+    let server = RedisServer::start();
+    let q = server.queue_with(
+        "paused",
+        delayq::QueueOptions {
+            partitions: 2,
+            ..Default::default()
+        },
+    );
+    let running = q.push(&json!({"n": -1}), Duration::ZERO).expect("push");
+    // Longer than the test: only the wake-up that resuming publishes can end the wait.
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            idle_check: Duration::from_secs(600),
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let consumer = worker.start().expect("start");
+    let in_hand = match consumer.recv_timeout(Duration::from_secs(10)) {
+        Received::Message(d) => d,
+        other => panic!("the first message never came: {other:?}"),
+    };
+    assert_eq!(in_hand.id, running);
+
+    assert!(q.pause().expect("pause"), "it was running");
+    assert!(!q.pause().expect("pause again"), "already paused");
+    assert!(q.is_paused().expect("is_paused"));
+    let paused_at = q.stats().expect("stats").paused_at_ms.expect("paused_at_ms");
+    for i in 0..40 {
+        let opts = delayq::PushOptions {
+            partition_key: Some(format!("key{i}")),
+            ..Default::default()
+        };
+        q.push_json(&json!({"n": i}).to_string(), Duration::ZERO.into(), &opts)
+            .expect("a paused queue still takes pushes");
+    }
+    let s = q.stats().expect("stats");
+    assert!(
+        (0..2).all(|p| q
+            .partition_stats(p)
+            .is_ok_and(|s| s.ready > 0 && s.paused_at_ms.is_some())),
+        "every partition holds due messages and is paused"
+    );
+    assert_eq!(s.ready, 40);
+    // The handler that holds a message when the pause comes finishes it as usual.
+    consumer.ack(in_hand);
+    assert!(
+        matches!(consumer.recv_timeout(Duration::from_millis(1500)), Received::Idle),
+        "nothing is handed out while paused"
+    );
+    let s = q.stats().expect("stats");
+    assert_eq!((s.ready, s.inflight, s.total("acked")), (40, 0, 1));
+    assert_eq!(s.total("delivered"), 1);
+    assert_eq!(
+        q.stats().expect("stats").paused_at_ms,
+        Some(paused_at),
+        "a second pause keeps the first's time"
+    );
+
+    assert!(q.resume().expect("resume"), "it was paused");
+    assert!(!q.resume().expect("resume again"), "already running");
+    assert!(!q.is_paused().expect("is_paused"));
+    let mut got = 0;
+    while got < 40 {
+        match consumer.recv_timeout(Duration::from_secs(10)) {
+            Received::Message(d) => {
+                consumer.ack(d);
+                got += 1;
+            }
+            other => panic!("after resume only {got} of 40 came: {other:?}"),
+        }
+    }
+    let summary = consumer.finish();
+    assert_eq!(summary.acked, 41);
+    for p in 0..2 {
+        assert_no_leak(&server, &q.hash_tag(p).expect("tag"));
+    }
+}

@@ -273,7 +273,7 @@ impl PhpDelayQueue {
     /// Queue depth by state and lifetime counters.
     ///
     /// @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
-    ///   partitions: int, pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
+    ///   paused_at: ?float, partitions: int, pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
     ///   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int}
     pub fn stats(&self) -> PhpResult<ZBox<ZendHashTable>> {
         let s = self.queue.stats().or_throw()?;
@@ -284,6 +284,7 @@ impl PhpDelayQueue {
             ("inflight", n(s.inflight)),
             ("dead", n(s.dead)),
             ("next_due_at", zv(s.next_due_ms.map(ms_to_secs))),
+            ("paused_at", zv(s.paused_at_ms.map(ms_to_secs))),
             ("partitions", zv(self.queue.partitions() as i64)),
         ];
         for (name, total) in s.named_totals() {
@@ -353,6 +354,25 @@ impl PhpDelayQueue {
     pub fn delete_dead(&self, id: Option<String>) -> PhpResult<i64> {
         let n = self.queue.delete_dead(id.as_deref()).or_throw()?;
         Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    /// Stop consumption for every worker pool, on every host, until resume(): no
+    /// handler starts a new message (beyond the about 50 ms of work a pool had
+    /// prefetched); running handlers finish as usual and pushes are still accepted.
+    /// Returns false if the queue was paused already.
+    pub fn pause(&self) -> PhpResult<bool> {
+        self.queue.pause().or_throw()
+    }
+
+    /// Undo pause(); idle worker pools start at once. Returns false if the queue was
+    /// not paused.
+    pub fn resume(&self) -> PhpResult<bool> {
+        self.queue.resume().or_throw()
+    }
+
+    /// Whether pause() is in force.
+    pub fn is_paused(&self) -> PhpResult<bool> {
+        self.queue.is_paused().or_throw()
     }
 
     /// Delete every message of the queue in every state. Returns how many.

@@ -125,6 +125,8 @@ final class QueueTest extends TestCase
             $this->assertIsInt($stats[$k], $k);
         }
         $this->assertNull($stats['next_due_at']);
+        $this->assertNull($stats['paused_at']);
+        $this->assertFalse($this->q->isPaused());
         $this->assertSame('orders', $this->q->name());
         $this->assertTrue($this->q->ping());
     }

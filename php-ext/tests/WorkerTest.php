@@ -299,6 +299,30 @@ final class WorkerTest extends TestCase
         $this->assertSame([], $this->q->workers(), 'each left the list as it stopped');
     }
 
+    public function testAPausedQueueIsNotConsumedUntilResumed(): void
+    {
+        $this->assertTrue($this->q->pause());
+        $this->assertFalse($this->q->pause(), 'paused already');
+        $this->assertTrue($this->q->isPaused());
+        $this->assertEqualsWithDelta(microtime(true), $this->q->stats()['paused_at'], 2.0);
+        $this->fill(5);
+        // Longer than the test: only the wake-up that resume() publishes can start the work.
+        $proc = $this->startWorker(['processes' => 2, 'idle_check' => 600]);
+        delayq_wait_for(20, 'both processes listed', fn () => count($this->q->workers()) === 2);
+        usleep(1000000);
+        $this->assertSame([], $this->handled(), 'nothing runs while paused');
+        $this->assertSame(5, $this->q->stats()['ready']);
+        $this->assertTrue($this->q->resume());
+        $this->assertFalse($this->q->resume(), 'running already');
+        $this->assertFalse($this->q->isPaused());
+        $this->assertNull($this->q->stats()['paused_at']);
+        delayq_wait_for(20, 'all handled after resume', fn () => count($this->handled()) >= 5);
+        proc_terminate($proc, SIGTERM);
+        $this->assertSame(0, proc_close($proc));
+        $this->assertEveryMessageHandled(5, 0);
+        $this->assertTrue($this->drained());
+    }
+
     public function testAHungHandlerIsKilledAndItsMessageDeliveredAgain(): void
     {
         $this->fill(50, [3 => ['hang' => true]]);

@@ -5,6 +5,8 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders workers
     delayq --queue orders dead --limit 20
     delayq --queue orders requeue-dead --all
+    delayq --queue orders pause        # every worker pool stops taking messages
+    delayq --queue orders resume
     delayq --url redis://10.0.0.5:6379 --queue orders --json get close-order-10086
 
 Exit status: 0 done, 1 nothing matched (an unknown id, a message that is not in the
@@ -57,7 +59,7 @@ class _Output:
 
 
 DEPTH = ("scheduled", "ready", "inflight", "dead")
-NOT_COUNTERS = {*DEPTH, "next_due_at", "partitions"}
+NOT_COUNTERS = {*DEPTH, "next_due_at", "paused_at", "partitions"}
 
 
 def _stats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -69,6 +71,7 @@ def _stats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         return [
             f"queue {q.name}: {depth}",
             f"next due: {_when(s['next_due_at'])}",
+            "consumption: " + ("running" if s["paused_at"] is None else f"paused since {_when(s['paused_at'])}"),
             f"partitions: {s['partitions']}",
             f"since created: {counters}",
         ]
@@ -175,6 +178,20 @@ def _purge(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _pause(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    changed = q.pause()
+    out.emit({"paused": True, "changed": changed},
+             lambda: [f"queue {q.name} paused" if changed else f"queue {q.name} was paused already"])
+    return 0
+
+
+def _resume(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    changed = q.resume()
+    out.emit({"paused": False, "changed": changed},
+             lambda: [f"queue {q.name} resumed" if changed else f"queue {q.name} was not paused"])
+    return 0
+
+
 def _ping(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     q.ping()
     out.emit({"ok": True}, lambda: ["ok"])
@@ -184,7 +201,7 @@ def _ping(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="delayq",
-        description="Look into a delayq queue and act on its dead letters.",
+        description="Look into a delayq queue, pause and resume it, and act on its dead letters.",
         epilog="Exit status: 0 done, 1 nothing matched, 2 bad usage, 3 Redis unreachable or refused.",
     )
     p.add_argument("--version", action="version", version=f"delayq {__version__}")
@@ -224,6 +241,9 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("purge", help="delete every message of the queue")
     c.add_argument("--yes", action="store_true", help="really")
     c.set_defaults(run=_purge)
+    sub.add_parser("pause", help="stop every worker pool taking messages (pushes go on)").set_defaults(
+        run=_pause)
+    sub.add_parser("resume", help="undo pause").set_defaults(run=_resume)
     sub.add_parser("ping", help="check that Redis answers").set_defaults(run=_ping)
     return p
 

@@ -90,7 +90,7 @@ class DelayQueue:
         created_at}``, or
         None for an unknown id. ``state`` is scheduled, ready, inflight or dead."""
     def stats(self) -> dict[str, Any]:
-        """Depth (scheduled, ready, inflight, dead, next_due_at), summed over the
+        """Depth (scheduled, ready, inflight, dead, next_due_at, paused_at), summed over the
         ``partitions``, and lifetime counters
         (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
         discarded, trimmed, purged)."""
@@ -108,6 +108,17 @@ class DelayQueue:
     def delete_dead(self, id: Optional[str] = None) -> int:
         """Delete dead letters for good, payload and all: one, or all when ``id`` is
         None. Returns how many; waiting and running messages are not touched."""
+    def pause(self) -> bool:
+        """Stop consumption for every worker pool, on every host and in every language,
+        until ``resume()``: no handler starts a new message beyond what a pool had
+        prefetched (about 50 ms of work per handler); running handlers finish as usual,
+        pushes are still accepted. Stored in Redis: it survives worker restarts and
+        ``purge()``. False if the queue was paused already."""
+    def resume(self) -> bool:
+        """Undo ``pause()``; idle worker pools are woken at once. False if the queue was
+        not paused."""
+    def is_paused(self) -> bool:
+        """Whether ``pause()`` is in force (``stats()["paused_at"]`` says since when)."""
     def purge(self) -> int:
         """Delete every message in every state; returns how many."""
     def ping(self) -> bool:

@@ -270,6 +270,7 @@ impl PyQueue {
         d.set_item("inflight", s.inflight)?;
         d.set_item("dead", s.dead)?;
         d.set_item("next_due_at", s.next_due_ms.map(ms_to_secs))?;
+        d.set_item("paused_at", s.paused_at_ms.map(ms_to_secs))?;
         d.set_item("partitions", self.queue.partitions())?;
         for (name, total) in s.named_totals() {
             d.set_item(name, total)?;
@@ -328,6 +329,25 @@ impl PyQueue {
     #[pyo3(signature = (id = None))]
     fn delete_dead(&self, py: Python<'_>, id: Option<String>) -> PyResult<u64> {
         py.detach(|| self.queue.delete_dead(id.as_deref())).or_raise(py)
+    }
+
+    /// Stop consumption for every worker pool, on every host, until `resume()`: no
+    /// handler starts a new message (beyond the about 50 ms of work a pool had
+    /// prefetched); running handlers finish as usual and pushes are still accepted.
+    /// Returns False if the queue was paused already.
+    fn pause(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.queue.pause()).or_raise(py)
+    }
+
+    /// Undo `pause()`; idle worker pools start at once. Returns False if the queue
+    /// was not paused.
+    fn resume(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.queue.resume()).or_raise(py)
+    }
+
+    /// Whether `pause()` is in force.
+    fn is_paused(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.queue.is_paused()).or_raise(py)
     }
 
     /// Delete every message in every state; returns how many.

@@ -128,3 +128,14 @@ def test_bad_input_and_an_unreachable_redis_have_their_own_exit_status(redis_url
     gone.stop()
     down = cli(url, "ping")
     assert down.returncode == 3 and "cannot connect to Redis" in down.stderr
+
+
+def test_pause_and_resume(queue: delayq.DelayQueue, redis_url: str) -> None:
+    assert "consumption: running" in cli(redis_url, "stats").stdout
+    assert cli_json(redis_url, "pause") == {"paused": True, "changed": True}
+    assert queue.is_paused()
+    assert cli(redis_url, "pause").stdout == "queue jobs was paused already\n"
+    assert "consumption: paused since 20" in cli(redis_url, "stats").stdout
+    assert cli_json(redis_url, "resume") == {"paused": False, "changed": True}
+    assert not queue.is_paused()
+    assert cli(redis_url, "resume").stdout == "queue jobs was not paused\n"

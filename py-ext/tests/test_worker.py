@@ -276,3 +276,31 @@ def test_a_hung_handler_loses_its_lease_and_another_worker_gets_the_message(
     for p in (hung, other):
         p.kill()
         p.wait()
+
+
+def test_a_paused_queue_is_not_consumed_until_resumed(queue: delayq.DelayQueue) -> None:
+    assert queue.pause() is True and queue.pause() is False
+    assert queue.is_paused() and queue.stats()["paused_at"] is not None
+    fill(queue, 5)
+    seen: list[int] = []
+    # Longer than the test: only the wake-up that resume() publishes can start the work.
+    worker = delayq.Worker(queue, idle_check=600)
+
+    def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        seen.append(payload["n"])
+        if len(seen) == 5:
+            worker.stop()
+
+    runner = threading.Thread(target=worker.run, args=(handle,))
+    runner.start()
+    try:
+        wait_for(10, "the pool to register", lambda: len(queue.workers()) == 1)
+        time.sleep(1)
+        assert seen == [] and queue.stats()["ready"] == 5, "nothing runs while paused"
+        assert queue.resume() is True and queue.resume() is False
+        assert not queue.is_paused() and queue.stats()["paused_at"] is None
+        runner.join(20)
+    finally:
+        worker.stop()
+        runner.join()
+    assert sorted(seen) == list(range(5)) and drained(queue)

@@ -6,8 +6,9 @@
 --   see beat.lua), carried by a claim so that it costs no command of its own.
 -- Returns {now_ms, next_ms, reaped, n, id1, lease1, envelope1, ..., idn, leasen,
 --          envelopen, i1, attempt1, i2, attempt2, ...}
---   next_ms: earliest due time or lease deadline still ahead, -1 if none; the caller
---   sleeps until then unless a producer publishes an earlier due time.
+--   next_ms: earliest due time or lease deadline still ahead, -1 if none or if the
+--   queue is paused; the caller sleeps until then unless a producer publishes an
+--   earlier due time.
 --   n messages were claimed; the pairs after them (i, attempt) say which of them are
 --   on a later attempt; every other one is on its first (nearly all are, so the
 --   reply does not repeat it).
@@ -45,8 +46,15 @@ if #expired > 0 then
 end
 
 trim_dead(now, tonumber(ARGV[5]), tonumber(ARGV[6]))
+if ARGV[7] then
+  register_pool(now, ARGV[7], tonumber(ARGV[8]), ARGV[9])
+end
 
 local result = {now, -1, #expired, 0}
+if redis.call('EXISTS', K_PAUSED) == 1 then
+  -- Nothing to wake for: resuming publishes the schedule's head (see pause.lua).
+  return result
+end
 local due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'WITHSCORES', 'LIMIT', 0, batch)
 local n = #due / 2
 if n > 0 then
@@ -117,7 +125,4 @@ if lease_head[2] then
   end
 end
 result[2] = next_ms
-if ARGV[7] then
-  register_pool(now, ARGV[7], tonumber(ARGV[8]), ARGV[9])
-end
 return result

@@ -14,10 +14,12 @@
 --   KEYS[9] sequence   STRING  monotonic counter (FIFO order and lease tokens)
 --   KEYS[10] workers   HASH  pool id -> "<expires_ms>|<seen_ms>|<info JSON>" of the
 --                            consumer pools alive (see beat.lua)
+--   KEYS[11] paused    HASH  since -> time of the pause (ms); while it exists, consumers
+--                            claim nothing (see pause.lua)
 -- ARGV[1] is the layout ("native" or "seed"), ARGV[2] the wake-up channel.
 -- Scripts return error replies only for caller bugs, as "DQERR <code> <detail>".
-local K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_STATS, K_SEQ, K_WORKERS =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_STATS, K_SEQ, K_WORKERS, K_PAUSED =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local LAYOUT, CHANNEL = ARGV[1], ARGV[2]
 local SEED = LAYOUT == 'seed'
 

@@ -1,4 +1,5 @@
--- purge.lua: delete every message of the queue in any state; counters are kept.
+-- purge.lua: delete every message of the queue in any state; counters and a pause
+-- (see pause.lua) are kept.
 -- KEYS: see lib.lua.
 -- Returns the number of messages deleted.
 local count = redis.call('HLEN', K_MSG)

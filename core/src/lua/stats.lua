@@ -1,13 +1,14 @@
 -- stats.lua: queue depth by state plus the lifetime counters.
 -- KEYS: see lib.lua.
--- Returns {now_ms, waiting, ready, inflight, dead, next_due_ms or -1, k1, v1, k2, v2, ...}
---   where waiting counts every scheduled entry, ready those already due.
+-- Returns {now_ms, waiting, ready, inflight, dead, next_due_ms or -1, paused_at_ms or
+--   -1, k1, v1, k2, v2, ...} where waiting counts every scheduled entry, ready those
+--   already due.
 local now = now_ms()
 local waiting = redis.call('ZCARD', K_SCHED)
 local ready = redis.call('ZCOUNT', K_SCHED, '-inf', fmt(due_bound(now)))
 local head = head_score()
 local result = {now, waiting, ready, redis.call('ZCARD', K_INFLIGHT), redis.call('ZCARD', K_DEAD),
-  head and due_of(head) or -1}
+  head and due_of(head) or -1, tonumber(redis.call('HGET', K_PAUSED, 'since')) or -1}
 for _, v in ipairs(redis.call('HGETALL', K_STATS)) do
   result[#result + 1] = v
 end
