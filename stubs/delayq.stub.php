@@ -81,11 +81,40 @@ final class DelayQueue
     public function reschedule(string $id, float $delay): bool {}
 
     /**
+     * `attempts` counts deliveries so far, the running one included; `lease_until` is set
+     * while the message runs: when its lease ends unless the worker's heartbeat extends it.
+     *
      * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead', payload: mixed,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
-     *   created_at: ?float}|null  null for an unknown id
+     *   created_at: ?float, lease_until: ?float}|null  null for an unknown id
      */
     public function get(string $id): ?array {}
+
+    /**
+     * The next messages waiting (scheduled or ready), earliest due first, from every
+     * partition: what the workers will take next. A message waiting for a retry shows its
+     * attempts and last_error. A snapshot for looking at a queue, not for consuming it.
+     *
+     * @param int $limit 0 to 1000
+     * @return list<array{id: string, state: 'scheduled'|'ready', payload: mixed, due_at: float,
+     *   attempts: int, max_attempts: ?int, last_error: ?string, dead_at: null, created_at: ?float,
+     *   lease_until: null}>
+     * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
+     */
+    public function waiting(int $limit = 100): array {}
+
+    /**
+     * The messages running now, earliest lease deadline first, from every partition. A
+     * lease_until in the past is a delivery whose worker died or hung: the next claim
+     * gives it to another worker.
+     *
+     * @param int $limit 0 to 1000
+     * @return list<array{id: string, state: 'inflight', payload: mixed, due_at: ?float,
+     *   attempts: int, max_attempts: ?int, last_error: ?string, dead_at: null, created_at: ?float,
+     *   lease_until: float}>
+     * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
+     */
+    public function inflight(int $limit = 100): array {}
 
     /**
      * Summed over the partitions.

@@ -39,8 +39,8 @@ pub use error::{Category, Error, Result};
 pub use keys::{Layout, MAX_PARTITIONS};
 pub use logs::{LogRecord, capture_logs, logger_name, set_log_level, take_logs};
 pub use queue::{
-    COUNTERS, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, MAX_ID_BYTES, MessageInfo, NewMessage, PushOptions, Queue,
-    QueueOptions, State, Stats, WorkerInfo,
+    COUNTERS, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, Listing, MAX_ID_BYTES, MessageInfo, NewMessage, PushOptions,
+    Queue, QueueOptions, State, Stats, WorkerInfo,
 };
 pub use scripts::MAX_BATCH;
 pub use time::{Due, MAX_DELAY, delay_from_secs};

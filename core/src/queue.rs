@@ -136,6 +136,30 @@ pub struct MessageInfo {
     pub dead_at_ms: Option<i64>,
     /// When it was pushed, Unix ms on the producer's clock (`None` in the seed layout).
     pub created_at_ms: Option<i64>,
+    /// While in flight: when its lease runs out unless the pool's heartbeat extends
+    /// it (Unix ms, Redis clock). A deadline in the past means its worker died or hung,
+    /// and the next claim gives the message to another delivery.
+    pub lease_until_ms: Option<i64>,
+}
+
+/// Which messages `Queue::list` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Listing {
+    /// Scheduled and ready, earliest due first: what consumers will take next.
+    Waiting,
+    /// Claimed and running, earliest lease deadline first (a deadline in the past is a
+    /// delivery whose worker died or hung).
+    Inflight,
+}
+
+impl Listing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Waiting => "waiting",
+            Self::Inflight => "inflight",
+        }
+    }
 }
 
 /// A consumer pool that is alive: it registered when it started and renews its entry
@@ -691,33 +715,87 @@ impl Queue {
             |v| matches!(v, Value::Array(items) if items.len() >= 6),
         )?;
         let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "get"))?;
-        if items.len() < 6 {
+        let [state, stored, due, attempts, error, dead, lease_until] = items.as_slice() else {
             return Ok(None);
+        };
+        Ok(Some(self.message_info(
+            id.to_owned(),
+            state,
+            stored,
+            [due, attempts, dead, lease_until],
+            error,
+        )))
+    }
+
+    /// The first `limit` (1 to 1000) messages of one state, from every partition, in
+    /// the order consumers meet them: waiting ones by due time, running ones by lease
+    /// deadline. For a look at a queue (what is next, what runs, what hangs), not for
+    /// consuming it: the list is a snapshot and may be stale as soon as it returns.
+    pub fn list(&self, which: Listing, limit: usize) -> Result<Vec<MessageInfo>> {
+        if limit == 0 {
+            return Ok(Vec::new());
         }
-        let state = match text(&items[0]).as_deref() {
+        if limit > MAX_BATCH {
+            return Err(Error::invalid(
+                "limit",
+                format!("at most {MAX_BATCH} messages per call, got {limit}"),
+            ));
+        }
+        let mut all = Vec::new();
+        for part in 0..self.partitions() {
+            let v = self.call(part, "list", Replay::Safe, &scripts::LIST, |inv| {
+                inv.arg(which.as_str()).arg(limit);
+            })?;
+            let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "list"))?;
+            for group in items.get(1..).unwrap_or_default().chunks_exact(7) {
+                let [id, state, stored, due, attempts, error, lease_until] = group else {
+                    continue;
+                };
+                let Some(id) = text(id) else { continue };
+                all.push(self.message_info(id, state, stored, [due, attempts, &Value::Int(-1), lease_until], error));
+            }
+        }
+        // Each partition's list is in order already; merge them the same way.
+        match which {
+            Listing::Waiting => all.sort_by_key(|m| m.due_at_ms),
+            Listing::Inflight => all.sort_by_key(|m| m.lease_until_ms),
+        }
+        all.truncate(limit);
+        Ok(all)
+    }
+
+    fn message_info(
+        &self,
+        id: String,
+        state: &Value,
+        stored: &Value,
+        [due, attempts, dead, lease_until]: [&Value; 4],
+        error: &Value,
+    ) -> MessageInfo {
+        let state = match text(state).as_deref() {
             Some("scheduled") => State::Scheduled,
             Some("ready") => State::Ready,
             Some("inflight") => State::Inflight,
             _ => State::Dead,
         };
-        let stored = text(&items[1]).unwrap_or_default();
+        let stored = text(stored).unwrap_or_default();
         let (payload_json, max_attempts, created_at_ms) = match envelope::decode(&self.inner.opts.layout, &stored) {
             Ok(d) => (d.payload_json, d.max_attempts, d.created_ms),
             Err(_) => (stored, None, None),
         };
-        let due = int(&items[2]);
-        let dead = int(&items[5]);
-        Ok(Some(MessageInfo {
-            id: id.to_owned(),
+        let known = |v: &Value| Some(int(v)).filter(|&ms| ms >= 0);
+        MessageInfo {
+            id,
             state,
             payload_json,
-            due_at_ms: (due >= 0).then_some(due),
-            attempts: u32::try_from(int(&items[3])).unwrap_or(0),
+            due_at_ms: known(due),
+            attempts: u32::try_from(int(attempts)).unwrap_or(0),
             max_attempts,
-            last_error: text(&items[4]),
-            dead_at_ms: (dead >= 0).then_some(dead),
+            last_error: text(error),
+            dead_at_ms: known(dead),
             created_at_ms,
-        }))
+            lease_until_ms: known(lease_until),
+        }
     }
 
     /// Depth by state and lifetime counters, summed over the partitions.

@@ -28,6 +28,7 @@ script!(PURGE, "lua/purge.lua");
 script!(BEAT, "lua/beat.lua");
 script!(WORKERS, "lua/workers.lua");
 script!(PAUSE, "lua/pause.lua");
+script!(LIST, "lua/list.lua");
 
 /// Most ids one script call handles; bounds how long any call blocks Redis.
 pub const MAX_BATCH: usize = 1000;

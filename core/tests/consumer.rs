@@ -870,3 +870,99 @@ fn a_paused_queue_hands_out_nothing_until_resumed_and_resuming_wakes_idle_pools(
         assert_no_leak(&server, &q.hash_tag(p).expect("tag"));
     }
 }
+
+#[test]
+fn waiting_and_running_messages_are_listed_in_the_order_consumers_meet_them() {
+    let server = RedisServer::start();
+    let q = server.queue_with(
+        "listed",
+        delayq::QueueOptions {
+            partitions: 2,
+            ..Default::default()
+        },
+    );
+    let keyed = |key: &str| delayq::PushOptions {
+        partition_key: Some(key.to_owned()),
+        ..Default::default()
+    };
+    let push = |n: u32, delay: Duration, key: &str| {
+        q.push_json(&json!({"n": n}).to_string(), delay.into(), &keyed(key))
+            .expect("push")
+    };
+    let late = push(0, Duration::from_secs(3600), "a");
+    let soon = push(1, Duration::from_secs(60), "b");
+    let due_first = push(2, Duration::ZERO, "a");
+    std::thread::sleep(Duration::from_millis(5));
+    let due_second = push(3, Duration::ZERO, "b");
+    assert_ne!(
+        q.partition_of(&due_first, Some("a")),
+        q.partition_of(&due_second, Some("b"))
+    );
+
+    let waiting = q.list(delayq::Listing::Waiting, 10).expect("list");
+    let order: Vec<(&str, State)> = waiting.iter().map(|m| (m.id.as_str(), m.state)).collect();
+    assert_eq!(
+        order,
+        [
+            (due_first.as_str(), State::Ready),
+            (due_second.as_str(), State::Ready),
+            (soon.as_str(), State::Scheduled),
+            (late.as_str(), State::Scheduled),
+        ],
+        "merged over both partitions by due time"
+    );
+    assert_eq!(waiting[3].payload_json, r#"{"n":0}"#);
+    assert_eq!(waiting[3].attempts, 0);
+    assert_eq!(waiting[3].lease_until_ms, None);
+    let two: Vec<String> = q
+        .list(delayq::Listing::Waiting, 2)
+        .expect("list")
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(two, [due_first.clone(), due_second.clone()]);
+    assert!(q.list(delayq::Listing::Inflight, 10).expect("list").is_empty());
+    assert!(q.list(delayq::Listing::Waiting, 0).expect("limit 0").is_empty());
+    assert!(matches!(
+        q.list(delayq::Listing::Waiting, 1001),
+        Err(delayq::Error::InvalidArgument { .. })
+    ));
+
+    let worker = Worker::new(q.clone(), WorkerOptions { threads: 1, ..opts() }).expect("worker");
+    let consumer = worker.start().expect("start");
+    let Received::Message(running) = consumer.recv_timeout(Duration::from_secs(10)) else {
+        panic!("no delivery");
+    };
+    let inflight = q.list(delayq::Listing::Inflight, 10).expect("list");
+    assert_eq!(inflight.len(), 1, "one handler, one delivery held: {inflight:?}");
+    let held = &inflight[0];
+    assert_eq!(
+        (held.id.as_str(), held.state, held.attempts),
+        (running.id.as_str(), State::Inflight, 1)
+    );
+    assert_eq!(held.due_at_ms, Some(running.due_at_ms));
+    let until = held.lease_until_ms.expect("lease deadline");
+    assert!(until > running.due_at_ms, "the lease runs from the claim on");
+    assert_eq!(
+        q.get(&running.id).expect("get").expect("known").lease_until_ms,
+        Some(until)
+    );
+
+    let failed = running.id.clone();
+    consumer.fail_with(running, "card declined", Retry::After(Duration::from_secs(600)));
+    wait_for(Duration::from_secs(10), "the retry to be scheduled", || {
+        q.get(&failed)
+            .is_ok_and(|m| m.is_some_and(|m| m.state == State::Scheduled))
+    });
+    assert_eq!(consumer.finish().retried, 1);
+    let retry = q
+        .list(delayq::Listing::Waiting, 10)
+        .expect("list")
+        .into_iter()
+        .find(|m| m.id == failed)
+        .expect("listed");
+    assert_eq!(
+        (retry.attempts, retry.last_error.as_deref()),
+        (1, Some("card declined"))
+    );
+}

@@ -8,6 +8,7 @@ use ext_php_rs::zend::ClassEntry;
 
 use crate::convert::{self, Options, OptionsArg, Seconds, assoc, ms_to_secs, zv};
 use crate::errors::{self, OrThrow};
+use delayq::{Listing, MessageInfo};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -251,23 +252,27 @@ impl PhpDelayQueue {
     ///
     /// @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead', payload: mixed,
     ///   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
-    ///   created_at: ?float}|null
+    ///   created_at: ?float, lease_until: ?float}|null
     pub fn get(&self, id: String) -> PhpResult<Option<ZBox<ZendHashTable>>> {
-        let Some(info) = self.queue.get(&id).or_throw()? else {
-            return Ok(None);
-        };
-        let payload = convert::json_to_zval(&info.payload_json).unwrap_or_else(|_| zv(info.payload_json.clone()));
-        Ok(Some(assoc(vec![
-            ("id", zv(info.id)),
-            ("state", zv(state_name(info.state))),
-            ("payload", payload),
-            ("due_at", zv(info.due_at_ms.map(ms_to_secs))),
-            ("attempts", zv(i64::from(info.attempts))),
-            ("max_attempts", zv(info.max_attempts.map(i64::from))),
-            ("last_error", zv(info.last_error)),
-            ("dead_at", zv(info.dead_at_ms.map(ms_to_secs))),
-            ("created_at", zv(info.created_at_ms.map(ms_to_secs))),
-        ])?))
+        match self.queue.get(&id).or_throw()? {
+            Some(info) => Ok(Some(message_info(info)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The next `$limit` (at most 1000) messages waiting, scheduled or ready, earliest
+    /// due first, each as get() shows it.
+    #[php(defaults(limit = 100))]
+    pub fn waiting(&self, limit: i64) -> PhpResult<ZBox<ZendHashTable>> {
+        self.listing(Listing::Waiting, limit)
+    }
+
+    /// Up to `$limit` (at most 1000) running messages, earliest lease deadline first,
+    /// each as get() shows it; a `lease_until` in the past is a delivery whose worker
+    /// died or hung (it runs again at the next claim).
+    #[php(defaults(limit = 100))]
+    pub fn inflight(&self, limit: i64) -> PhpResult<ZBox<ZendHashTable>> {
+        self.listing(Listing::Inflight, limit)
     }
 
     /// Queue depth by state and lifetime counters.
@@ -390,4 +395,33 @@ impl PhpDelayQueue {
         self.queue.ping().or_throw()?;
         Ok(true)
     }
+}
+
+impl PhpDelayQueue {
+    fn listing(&self, which: Listing, limit: i64) -> PhpResult<ZBox<ZendHashTable>> {
+        let limit =
+            usize::try_from(limit).map_err(|_| errors::invalid(format!("limit must not be negative, got {limit}")))?;
+        let mut list = ZendHashTable::new();
+        for info in self.queue.list(which, limit).or_throw()? {
+            list.push(message_info(info)?)
+                .map_err(|e| errors::payload(e.to_string()))?;
+        }
+        Ok(list)
+    }
+}
+
+fn message_info(info: MessageInfo) -> PhpResult<ZBox<ZendHashTable>> {
+    let payload = convert::json_to_zval(&info.payload_json).unwrap_or_else(|_| zv(info.payload_json.clone()));
+    assoc(vec![
+        ("id", zv(info.id)),
+        ("state", zv(state_name(info.state))),
+        ("payload", payload),
+        ("due_at", zv(info.due_at_ms.map(ms_to_secs))),
+        ("attempts", zv(i64::from(info.attempts))),
+        ("max_attempts", zv(info.max_attempts.map(i64::from))),
+        ("last_error", zv(info.last_error)),
+        ("dead_at", zv(info.dead_at_ms.map(ms_to_secs))),
+        ("created_at", zv(info.created_at_ms.map(ms_to_secs))),
+        ("lease_until", zv(info.lease_until_ms.map(ms_to_secs))),
+    ])
 }

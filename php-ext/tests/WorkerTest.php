@@ -323,6 +323,42 @@ final class WorkerTest extends TestCase
         $this->assertTrue($this->drained());
     }
 
+    public function testWaitingAndRunningMessagesAreListed(): void
+    {
+        $late = $this->q->push(['n' => 'late'], 3600);
+        $first = $this->q->push(['n' => 'first']);
+        $this->assertSame([$first, $late], array_column($this->q->waiting(), 'id'));
+        [$ready] = $this->q->waiting(1);
+        $this->assertSame(['ready', ['n' => 'first'], 0, null],
+            [$ready['state'], $ready['payload'], $ready['attempts'], $ready['lease_until']]);
+        $this->assertSame([], $this->q->inflight());
+        $this->assertSame([], $this->q->waiting(0));
+        foreach ([-1, 1001] as $limit) {
+            try {
+                $this->q->inflight($limit);
+                $this->fail("limit $limit was accepted");
+            } catch (DelayQueueInvalidArgumentException $e) {
+                $this->assertStringContainsString('limit', $e->getMessage());
+            }
+        }
+
+        $seen = [];
+        $worker = new DelayQueueWorker($this->q);
+        $worker->run(function (array $payload, DelayQueueMessage $msg) use ($worker, &$seen) {
+            $seen[] = $this->q->inflight();
+            $worker->stop();
+            $msg->retryLater(600, 'gateway down');
+        });
+        $this->assertCount(1, $seen);
+        [$running] = $seen[0];
+        $this->assertSame([$first, 'inflight', 1], [$running['id'], $running['state'], $running['attempts']]);
+        $this->assertGreaterThan(microtime(true), $running['lease_until']);
+        $this->assertSame([], $this->q->inflight());
+        $retry = $this->q->waiting()[0];
+        $this->assertSame([$first, 'scheduled', 1, 'gateway down'],
+            [$retry['id'], $retry['state'], $retry['attempts'], $retry['last_error']]);
+    }
+
     public function testAHungHandlerIsKilledAndItsMessageDeliveredAgain(): void
     {
         $this->fill(50, [3 => ['hang' => true]]);

@@ -3,6 +3,8 @@ writing code. The same queues from PHP, Python or Rust.
 
     delayq --queue orders stats
     delayq --queue orders workers
+    delayq --queue orders waiting --limit 20
+    delayq --queue orders inflight
     delayq --queue orders dead --limit 20
     delayq --queue orders requeue-dead --all
     delayq --queue orders pause        # every worker pool stops taking messages
@@ -95,11 +97,40 @@ def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             + (f" of {info['max_attempts']}" if info["max_attempts"] is not None else ""),
             f"last error:   {info['last_error'] or '-'}",
             f"dead since:   {_when(info['dead_at'])}",
+            f"lease until:  {_when(info['lease_until'])}",
             f"created at:   {_when(info['created_at'])}",
             f"payload:      {_payload(info['payload'])}",
         ]
 
     out.emit(info, human)
+    return 0
+
+
+def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    running = args.command == "inflight"
+    messages = q.inflight(args.limit) if running else q.waiting(args.limit)
+
+    def human() -> list[str]:
+        if not messages:
+            return [f"queue {q.name}: no {'running' if running else 'waiting'} messages"]
+        now = time.time()
+        lines = []
+        for m in messages:
+            if running:
+                left = m["lease_until"] - now
+                lease = f"lease ends in {left:.1f} s" if left >= 0 else f"LEASE EXPIRED {-left:.1f} s ago"
+                head = f"{m['id']}  running  attempt {m['attempts']}  {lease}"
+            else:
+                head = f"{m['id']}  {m['state']:9}  due {_when(m['due_at'])}"
+                if m["attempts"]:
+                    head += f"  after {m['attempts']} failed attempt{'' if m['attempts'] == 1 else 's'}"
+            lines.append(head)
+            if m["last_error"]:
+                lines.append(f"    error:   {_clip(m['last_error'])}")
+            lines.append(f"    payload: {_clip(_payload(m['payload']))}")
+        return lines
+
+    out.emit(messages, human)
     return 0
 
 
@@ -198,6 +229,16 @@ def _ping(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more: {text!r}")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="delayq",
@@ -223,8 +264,13 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("get", help="everything known about one message")
     g.add_argument("id")
     g.set_defaults(run=_get)
+    for name, what in (("waiting", "the next messages due, earliest first (scheduled and ready)"),
+                       ("inflight", "the messages running now, earliest lease deadline first")):
+        w = sub.add_parser(name, help=what)
+        w.add_argument("--limit", type=_count, default=20, help="at most this many, up to 1000 (default: 20)")
+        w.set_defaults(run=_listing)
     d = sub.add_parser("dead", help="dead letters, newest first")
-    d.add_argument("--limit", type=int, default=20, help="at most this many (default: 20)")
+    d.add_argument("--limit", type=_count, default=20, help="at most this many (default: 20)")
     d.set_defaults(run=_dead)
     for name, verb, act, what in (
         ("requeue-dead", "requeued", DelayQueue.requeue_dead, "run dead letters again, due now"),

@@ -87,8 +87,18 @@ class DelayQueue:
         """Move a waiting message to ``delay`` seconds from now; False when not waiting."""
     def get(self, id: str) -> Optional[dict[str, Any]]:
         """``{id, state, payload, due_at, attempts, max_attempts, last_error, dead_at,
-        created_at}``, or
-        None for an unknown id. ``state`` is scheduled, ready, inflight or dead."""
+        created_at, lease_until}``, or
+        None for an unknown id. ``state`` is scheduled, ready, inflight or dead;
+        ``attempts`` counts deliveries so far, the running one included; ``lease_until``
+        is set while it runs: when its lease ends unless the heartbeat extends it."""
+    def waiting(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The next ``limit`` (at most 1000) messages waiting, scheduled or ready,
+        earliest due first, from every partition, each as ``get()`` shows it. A snapshot
+        for looking at a queue, not for consuming it."""
+    def inflight(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Up to ``limit`` (at most 1000) running messages, earliest lease deadline
+        first, each as ``get()`` shows it; a ``lease_until`` in the past is a delivery
+        whose worker died or hung (the next claim gives it to another worker)."""
     def stats(self) -> dict[str, Any]:
         """Depth (scheduled, ready, inflight, dead, next_due_at, paused_at), summed over the
         ``partitions``, and lifetime counters

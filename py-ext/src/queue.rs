@@ -7,6 +7,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::convert::{self, json_to_py, payload_to_json};
 use crate::errors::{self, OrRaise};
+use delayq::{Listing, MessageInfo};
 
 /// A delay queue on Redis. Usable on both sides of os.fork(): each process opens its
 /// own connection.
@@ -238,27 +239,25 @@ impl PyQueue {
 
     /// Everything known about a message, or None for an unknown id.
     fn get<'py>(&self, py: Python<'py>, id: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let Some(info) = py.detach(|| self.queue.get(id)).or_raise(py)? else {
-            return Ok(None);
-        };
-        let d = PyDict::new(py);
-        d.set_item("id", &info.id)?;
-        d.set_item("state", info.state.as_str())?;
-        let payload = json_to_py(py, &info.payload_json).unwrap_or_else(|_| {
-            info.payload_json
-                .clone()
-                .into_pyobject(py)
-                .map(|s| s.into_any())
-                .unwrap_or_else(|_| py.None().into_bound(py))
-        });
-        d.set_item("payload", payload)?;
-        d.set_item("due_at", info.due_at_ms.map(ms_to_secs))?;
-        d.set_item("attempts", info.attempts)?;
-        d.set_item("max_attempts", info.max_attempts)?;
-        d.set_item("last_error", info.last_error)?;
-        d.set_item("dead_at", info.dead_at_ms.map(ms_to_secs))?;
-        d.set_item("created_at", info.created_at_ms.map(ms_to_secs))?;
-        Ok(Some(d))
+        match py.detach(|| self.queue.get(id)).or_raise(py)? {
+            Some(info) => Ok(Some(message_info(py, info)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The next `limit` (at most 1000) messages waiting, scheduled or ready, earliest
+    /// due first, each as `get()` shows it.
+    #[pyo3(signature = (limit = 100))]
+    fn waiting<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
+        self.listing(py, Listing::Waiting, limit)
+    }
+
+    /// Up to `limit` (at most 1000) running messages, earliest lease deadline first,
+    /// each as `get()` shows it; a `lease_until` in the past is a delivery whose worker
+    /// died or hung (it runs again at the next claim).
+    #[pyo3(signature = (limit = 100))]
+    fn inflight<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
+        self.listing(py, Listing::Inflight, limit)
     }
 
     /// Queue depth by state and lifetime counters (same keys as PHP's stats()).
@@ -370,4 +369,37 @@ impl PyQueue {
     fn __repr__(&self) -> String {
         format!("DelayQueue(url={:?}, queue={:?})", self.queue.url(), self.queue.name())
     }
+}
+
+impl PyQueue {
+    fn listing<'py>(&self, py: Python<'py>, which: Listing, limit: usize) -> PyResult<Bound<'py, PyList>> {
+        let listed = py.detach(|| self.queue.list(which, limit)).or_raise(py)?;
+        let list = PyList::empty(py);
+        for info in listed {
+            list.append(message_info(py, info)?)?;
+        }
+        Ok(list)
+    }
+}
+
+fn message_info(py: Python<'_>, info: MessageInfo) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("id", &info.id)?;
+    d.set_item("state", info.state.as_str())?;
+    let payload = json_to_py(py, &info.payload_json).unwrap_or_else(|_| {
+        info.payload_json
+            .clone()
+            .into_pyobject(py)
+            .map(|s| s.into_any())
+            .unwrap_or_else(|_| py.None().into_bound(py))
+    });
+    d.set_item("payload", payload)?;
+    d.set_item("due_at", info.due_at_ms.map(ms_to_secs))?;
+    d.set_item("attempts", info.attempts)?;
+    d.set_item("max_attempts", info.max_attempts)?;
+    d.set_item("last_error", info.last_error)?;
+    d.set_item("dead_at", info.dead_at_ms.map(ms_to_secs))?;
+    d.set_item("created_at", info.created_at_ms.map(ms_to_secs))?;
+    d.set_item("lease_until", info.lease_until_ms.map(ms_to_secs))?;
+    Ok(d)
 }

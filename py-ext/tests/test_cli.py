@@ -139,3 +139,16 @@ def test_pause_and_resume(queue: delayq.DelayQueue, redis_url: str) -> None:
     assert cli_json(redis_url, "resume") == {"paused": False, "changed": True}
     assert not queue.is_paused()
     assert cli(redis_url, "resume").stdout == "queue jobs was not paused\n"
+
+
+def test_waiting_and_inflight_list_what_the_api_lists(queue: delayq.DelayQueue, redis_url: str) -> None:
+    queue.push({"n": 1}, delay=60)
+    queue.push({"n": 2})
+    assert cli_json(redis_url, "waiting") == queue.waiting(20)
+    text = cli(redis_url, "waiting", "--limit", "1").stdout
+    assert "  ready      due " in text and '{"n":2}' in text and '{"n":1}' not in text
+    assert cli(redis_url, "inflight").stdout == "queue jobs: no running messages\n"
+    bad = cli(redis_url, "waiting", "--limit", "-1")
+    assert bad.returncode == 2 and "0 or more" in bad.stderr
+    too_many = cli(redis_url, "waiting", "--limit", "5000")
+    assert too_many.returncode == 2 and "at most 1000" in too_many.stderr

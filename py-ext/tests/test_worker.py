@@ -304,3 +304,30 @@ def test_a_paused_queue_is_not_consumed_until_resumed(queue: delayq.DelayQueue) 
         worker.stop()
         runner.join()
     assert sorted(seen) == list(range(5)) and drained(queue)
+
+
+def test_waiting_and_running_messages_are_listed(queue: delayq.DelayQueue) -> None:
+    late = queue.push({"n": "late"}, delay=3600)
+    first = queue.push({"n": "first"})
+    assert [m["id"] for m in queue.waiting()] == [first, late]
+    [ready] = queue.waiting(1)
+    assert (ready["state"], ready["payload"], ready["attempts"], ready["lease_until"]) == ("ready", {"n": "first"}, 0, None)
+    assert queue.inflight() == [] and queue.waiting(0) == []
+    with pytest.raises(delayq.InvalidArgumentError, match="at most 1000"):
+        queue.waiting(1001)
+
+    seen: list[list[dict[str, Any]]] = []
+    worker = delayq.Worker(queue)
+
+    def handle(payload: dict[str, str], msg: delayq.Message) -> None:
+        seen.append(queue.inflight())
+        worker.stop()
+        msg.retry_later(600, "gateway down")
+
+    worker.run(handle)
+    [[running]] = seen
+    assert (running["id"], running["state"], running["attempts"]) == (first, "inflight", 1)
+    assert running["lease_until"] > time.time()
+    assert queue.inflight() == []
+    retry = queue.waiting()[0]
+    assert (retry["id"], retry["state"], retry["attempts"], retry["last_error"]) == (first, "scheduled", 1, "gateway down")

@@ -1,0 +1,50 @@
+-- list.lua: the first messages of one state, in the order consumers will meet them.
+-- KEYS: see lib.lua.
+-- ARGV[3] "waiting" (scheduled and ready, earliest due first) or "inflight" (running,
+--   earliest lease deadline first)   ARGV[4] limit (1..1000)
+-- Returns {now_ms, then groups of 7: id, state, envelope, due_ms (-1 unknown),
+--   attempts (deliveries so far, the running one included), last_error or false,
+--   lease_until_ms (-1 unless in flight)}.
+-- Read-only; one call reads at most 1000 messages, so Redis is never blocked for long.
+local now = now_ms()
+local limit = tonumber(ARGV[4])
+local inflight = ARGV[3] == 'inflight'
+local listed = redis.call('ZRANGE', inflight and K_INFLIGHT or K_SCHED, 0, limit - 1, 'WITHSCORES')
+local result = {now}
+local n = #listed / 2
+if n == 0 then
+  return result
+end
+local ids = {}
+for i = 1, n do
+  ids[i] = listed[2 * i - 1]
+end
+local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
+local attempts = redis.call('HMGET', K_ATT, unpack(ids))
+local errors = redis.call('HMGET', K_ERR, unpack(ids))
+local leases = inflight and redis.call('HMGET', K_LEASE, unpack(ids)) or {}
+local ready_bound = due_bound(now)
+for i = 1, n do
+  -- An id without an envelope (a hand edit, a foreign tool) has nothing to show.
+  if envelopes[i] then
+    local score = tonumber(listed[2 * i])
+    local finished = tonumber(attempts[i]) or 0
+    local state, due, attempt, lease_until
+    if inflight then
+      local claimed_at = leases[i] and select(2, lease_parts(leases[i]))
+      state, due, attempt, lease_until = 'inflight', claimed_at and due_of(claimed_at) or -1, finished + 1, score
+    else
+      state = score <= ready_bound and 'ready' or 'scheduled'
+      due, attempt, lease_until = due_of(score), finished, -1
+    end
+    local k = #result
+    result[k + 1] = ids[i]
+    result[k + 2] = state
+    result[k + 3] = envelopes[i]
+    result[k + 4] = due
+    result[k + 5] = attempt
+    result[k + 6] = errors[i]
+    result[k + 7] = lease_until
+  end
+end
+return result
