@@ -9,6 +9,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders requeue-dead --all
     delayq --queue orders pause        # every worker pool stops taking messages
     delayq --queue orders resume
+    delayq serve-metrics orders payments --listen :9808   # for Prometheus to scrape
     delayq --url redis://10.0.0.5:6379 --queue orders --json get close-order-10086
 
 Exit status: 0 done, 1 nothing matched (an unknown id, a message that is not in the
@@ -223,6 +224,39 @@ def _resume(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _metrics_queues(q: DelayQueue, args: argparse.Namespace) -> list[DelayQueue]:
+    return [args.make_queue(name) for name in args.queues] if args.queues else [q]
+
+
+def _metrics(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    from .metrics import render
+
+    out.out.write(render(_metrics_queues(q, args)))
+    return 0
+
+
+def _serve_metrics(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    from .metrics import make_server
+
+    host, _, port = args.listen.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        sys.stderr.write(f"delayq: --listen wants HOST:PORT, got {args.listen!r}\n")
+        return 2
+    try:
+        server = make_server(_metrics_queues(q, args), host.strip("[]") or "0.0.0.0", int(port))
+    except OSError as e:
+        sys.stderr.write(f"delayq: cannot listen on {args.listen}: {e.strerror}\n")
+        return FAILED
+    sys.stderr.write(f"delayq: serving metrics on http://{args.listen}/metrics\n")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def _ping(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     q.ping()
     out.emit({"ok": True}, lambda: ["ok"])
@@ -290,15 +324,27 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("pause", help="stop every worker pool taking messages (pushes go on)").set_defaults(
         run=_pause)
     sub.add_parser("resume", help="undo pause").set_defaults(run=_resume)
+    m = sub.add_parser("metrics", help="Prometheus text format, once (cron, node_exporter's textfile collector)")
+    m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to report (default: --queue)")
+    m.set_defaults(run=_metrics)
+    m = sub.add_parser("serve-metrics", help="an HTTP endpoint for Prometheus to scrape: GET /metrics")
+    m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to report (default: --queue)")
+    m.add_argument("--listen", default="127.0.0.1:9808", help="HOST:PORT (default: 127.0.0.1:9808; :9808 for all)")
+    m.set_defaults(run=_serve_metrics)
     sub.add_parser("ping", help="check that Redis answers").set_defaults(run=_ping)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
+
+    def make_queue(name: str) -> DelayQueue:
+        return DelayQueue(args.url, name, prefix=args.prefix, partitions=args.partitions, layout=args.layout,
+                          zset_key=args.zset_key, payload_key=args.payload_key)
+
+    args.make_queue = make_queue
     try:
-        q = DelayQueue(args.url, args.queue, prefix=args.prefix, partitions=args.partitions, layout=args.layout,
-                       zset_key=args.zset_key, payload_key=args.payload_key)
+        q = make_queue(args.queue)
         code: int = args.run(q, _Output(args.json, sys.stdout), args)
         return code
     except InvalidArgumentError as e:

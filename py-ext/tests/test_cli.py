@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import delayq
-from harness import RedisServer, wait_for
+from harness import RedisServer, free_port, wait_for
 
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -152,3 +154,77 @@ def test_waiting_and_inflight_list_what_the_api_lists(queue: delayq.DelayQueue, 
     assert bad.returncode == 2 and "0 or more" in bad.stderr
     too_many = cli(redis_url, "waiting", "--limit", "5000")
     assert too_many.returncode == 2 and "at most 1000" in too_many.stderr
+
+
+def metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_in_the_prometheus_format(queue: delayq.DelayQueue, redis_url: str) -> None:
+    other = delayq.DelayQueue(redis_url, "other")
+    queue.push({"n": 1}, delay=60)
+    queue.push({"n": 2})
+    other.pause()
+    time.sleep(0.05)
+    done = cli(redis_url, "metrics", "jobs", "other")
+    assert done.returncode == 0, done.stderr
+    m = metrics(done.stdout)
+    jobs, oth = (("queue", "jobs"),), (("queue", "other"),)
+    assert m[("delayq_up", jobs)] == 1 and m[("delayq_up", oth)] == 1
+    assert m[("delayq_messages", (("queue", "jobs"), ("state", "ready")))] == 1
+    assert m[("delayq_messages", (("queue", "jobs"), ("state", "scheduled")))] == 1
+    assert m[("delayq_events_total", (("event", "pushed"), ("queue", "jobs")))] == 2
+    assert m[("delayq_lag_seconds", jobs)] >= 0.05, "a due message waits with no worker"
+    assert m[("delayq_lag_seconds", oth)] == 0 and ("delayq_next_due_timestamp_seconds", oth) not in m
+    assert (m[("delayq_paused", jobs)], m[("delayq_paused", oth)]) == (0, 1)
+    assert m[("delayq_workers", jobs)] == 0
+    # Without queue names: --queue's.
+    assert ("delayq_up", oth) not in metrics(cli(redis_url, "metrics").stdout)
+
+
+def test_metrics_of_an_unreachable_redis_say_so(redis_url: str) -> None:
+    done = cli(f"redis://127.0.0.1:{free_port()}", "metrics")
+    assert done.returncode == 0, done.stderr
+    assert metrics(done.stdout) == {("delayq_up", (("queue", "jobs"),)): 0}
+
+
+def test_serve_metrics_answers_scrapes(queue: delayq.DelayQueue, redis_url: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    queue.push({"n": 1})
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "jobs",
+                             "serve-metrics", "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE)
+    try:
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                return str(r.read().decode())
+
+        def answers() -> bool:
+            try:
+                scrape()
+                return True
+            except OSError:
+                return False
+
+        wait_for(20, "the metrics endpoint", answers)
+        assert metrics(scrape())[("delayq_messages", (("queue", "jobs"), ("state", "ready")))] == 1
+        queue.push({"n": 2})
+        assert metrics(scrape())[("delayq_messages", (("queue", "jobs"), ("state", "ready")))] == 2, "read afresh"
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
+            raise AssertionError("served a path other than /metrics")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+        assert proc.stderr is not None
+        proc.stderr.close()
+    taken = cli(redis_url, "serve-metrics", "--listen", "nonsense")
+    assert taken.returncode == 2 and "HOST:PORT" in taken.stderr

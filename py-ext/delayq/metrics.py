@@ -1,0 +1,116 @@
+"""Queue metrics in the Prometheus text format, for `delayq metrics` (one shot: cron
+and node_exporter's textfile collector) and `delayq serve-metrics` (an HTTP endpoint
+to scrape). Every figure comes from `DelayQueue.stats()` and `workers()`, so PHP,
+Python and Rust consumers of the same queue show up alike.
+"""
+
+from __future__ import annotations
+
+import http.server
+import time
+from typing import Callable, Iterable, Optional
+
+from . import DelayQueue, DelayQueueError
+
+DEPTH = ("scheduled", "ready", "inflight", "dead")
+# The stats() keys that are lifetime counters (the rest are depths and settings).
+NOT_EVENTS = {*DEPTH, "next_due_at", "paused_at", "partitions"}
+
+_HELP = {
+    "delayq_up": ("gauge", "1 if the queue's Redis answered this scrape, 0 if not."),
+    "delayq_messages": ("gauge", "Messages in the queue by state."),
+    "delayq_lag_seconds": (
+        "gauge",
+        "How long the earliest due message has waited past its due time (0 when none is due): "
+        "the backlog's age, the figure to alert on.",
+    ),
+    "delayq_next_due_timestamp_seconds": ("gauge", "Due time of the earliest waiting message (Unix seconds)."),
+    "delayq_paused": ("gauge", "1 while consumption is paused (see pause()), else 0."),
+    "delayq_workers": ("gauge", "Consumer pools alive on the queue, from every host and language."),
+    "delayq_worker_handlers": ("gauge", "Handlers of the pools alive: deliveries they work on at once."),
+    "delayq_worker_holding": ("gauge", "Deliveries the pools alive hold, running or prefetched."),
+    "delayq_events_total": ("counter", "Lifetime counts by event: pushed, delivered, acked, retried, died, ..."),
+}
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def render(queues: Iterable[DelayQueue], now: Optional[Callable[[], float]] = None) -> str:
+    """The metrics of `queues`, one scrape. A queue whose Redis fails shows `delayq_up 0`
+    and nothing else, so one unreachable Redis does not hide the others."""
+    clock = now or time.time
+    samples: dict[str, list[str]] = {name: [] for name in _HELP}
+
+    def add(metric: str, labels: dict[str, str], value: float) -> None:
+        text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+        samples[metric].append(f"{metric}{{{text}}} {_number(value)}")
+
+    for q in queues:
+        queue = {"queue": q.name}
+        try:
+            stats = q.stats()
+            pools = q.workers()
+        except DelayQueueError:
+            add("delayq_up", queue, 0)
+            continue
+        add("delayq_up", queue, 1)
+        for state in DEPTH:
+            add("delayq_messages", {**queue, "state": state}, stats[state])
+        next_due = stats["next_due_at"]
+        add("delayq_lag_seconds", queue, max(0.0, clock() - next_due) if next_due is not None else 0)
+        if next_due is not None:
+            add("delayq_next_due_timestamp_seconds", queue, next_due)
+        add("delayq_paused", queue, 0 if stats["paused_at"] is None else 1)
+        add("delayq_workers", queue, len(pools))
+        add("delayq_worker_handlers", queue, sum(p["handlers"] for p in pools))
+        add("delayq_worker_holding", queue, sum(p["holding"] for p in pools))
+        for event, count in stats.items():
+            if event not in NOT_EVENTS:
+                add("delayq_events_total", {**queue, "event": event}, count)
+
+    lines: list[str] = []
+    for metric, (kind, text) in _HELP.items():
+        if samples[metric]:
+            lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}", *samples[metric]]
+    return "\n".join(lines) + "\n"
+
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class MetricsServer(http.server.HTTPServer):
+    """Answers `GET /metrics` (and `/`) with `render(queues)`, reading Redis afresh for
+    each scrape, one scrape at a time; see `make_server`."""
+
+    def __init__(self, address: tuple[str, int], queues: list[DelayQueue]) -> None:
+        super().__init__(address, _Handler)
+        self.queues = queues
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: MetricsServer
+
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        if self.path.split("?")[0] not in ("/", "/metrics"):
+            self.send_error(404, "only /metrics is served here")
+            return
+        body = render(self.server.queues).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # a scrape every 15 s is not news
+
+
+def make_server(queues: list[DelayQueue], host: str, port: int) -> MetricsServer:
+    """A server for `queues` on `host:port`; call `serve_forever()` on it."""
+    return MetricsServer((host, port), queues)
