@@ -7,6 +7,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders inflight
     delayq --queue orders dead --limit 20
     delayq --queue orders requeue-dead --all
+    delayq --queue orders reschedule close-order-10086 --delay 0   # run it now
     delayq --queue orders pause        # every worker pool stops taking messages
     delayq --queue orders resume
     delayq serve-metrics orders payments --listen :9808   # for Prometheus to scrape
@@ -201,6 +202,28 @@ def _cancel(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _push(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except ValueError as e:
+        sys.stderr.write(f"delayq: the payload is not JSON: {e}\n")
+        return 2
+    msg_id = q.push(payload, args.delay, id=args.id, max_attempts=args.max_attempts,
+                    partition_key=args.partition_key)
+    out.emit({"id": msg_id}, lambda: [msg_id])
+    return 0
+
+
+def _reschedule(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    moved = q.reschedule(args.id, args.delay)
+    out.emit({"rescheduled": moved},
+             lambda: [f"{args.id} due in {args.delay:g} s" if moved else f"{args.id} not rescheduled"])
+    if not moved:
+        sys.stderr.write(f"delayq: {args.id!r} is not waiting in queue {q.name!r} (unknown, running or dead)\n")
+        return NOT_FOUND
+    return 0
+
+
 def _purge(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     if not args.yes:
         sys.stderr.write(f"delayq: purge deletes every message of queue {q.name!r}; add --yes to do it\n")
@@ -315,6 +338,17 @@ def _parser() -> argparse.ArgumentParser:
         which.add_argument("id", nargs="?", help="one dead letter")
         which.add_argument("--all", action="store_true", help="every dead letter of the queue")
         c.set_defaults(run=_on_dead(verb, act))
+    c = sub.add_parser("push", help="schedule a message (a JSON payload), e.g. to try a worker out")
+    c.add_argument("payload", help='JSON, e.g. \'{"order_id": 10086}\'')
+    c.add_argument("--delay", type=float, default=0.0, help="seconds from now (default: 0)")
+    c.add_argument("--id", help="an id of your own: pushing it again creates nothing")
+    c.add_argument("--max-attempts", type=int, help="deliveries before the dead-letter set")
+    c.add_argument("--partition-key", help="on a partitioned queue: keeps related messages together")
+    c.set_defaults(run=_push)
+    c = sub.add_parser("reschedule", help="move a waiting message to a new due time (--delay 0: run it now)")
+    c.add_argument("id")
+    c.add_argument("--delay", type=float, required=True, help="seconds from now")
+    c.set_defaults(run=_reschedule)
     c = sub.add_parser("cancel", help="delete a message that is still waiting")
     c.add_argument("id")
     c.set_defaults(run=_cancel)

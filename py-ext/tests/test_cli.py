@@ -228,3 +228,21 @@ def test_serve_metrics_answers_scrapes(queue: delayq.DelayQueue, redis_url: str)
         proc.stderr.close()
     taken = cli(redis_url, "serve-metrics", "--listen", "nonsense")
     assert taken.returncode == 2 and "HOST:PORT" in taken.stderr
+
+
+def test_push_and_reschedule(queue: delayq.DelayQueue, redis_url: str) -> None:
+    pushed = cli_json(redis_url, "push", '{"order_id": 10086}', "--delay", "3600", "--id", "close-order-10086")
+    assert pushed == {"id": "close-order-10086"}
+    info = queue.get("close-order-10086")
+    assert info is not None and info["payload"] == {"order_id": 10086} and info["state"] == "scheduled"
+    assert cli(redis_url, "push", "[1]").stdout.strip() != ""
+    assert cli_json(redis_url, "reschedule", "close-order-10086", "--delay", "0") == {"rescheduled": True}
+    info = queue.get("close-order-10086")
+    assert info is not None and info["state"] == "ready"
+    gone = cli(redis_url, "reschedule", "no-such-id", "--delay", "0")
+    assert gone.returncode == 1 and "is not waiting" in gone.stderr
+    for bad, text in ((["push", "{nope"], "not JSON"), (["push", "1", "--delay", "-1"], "negative"),
+                      (["reschedule", "close-order-10086", "--delay", "nan"], "delay")):
+        done = cli(redis_url, *bad)
+        assert done.returncode == 2 and text in done.stderr, (bad, done.stderr)
+    assert queue.stats()["pushed"] == 2, "nothing written by bad input"
