@@ -4,6 +4,8 @@ unicode, nested maps and 64-bit integers arrive equal, on the same keys."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import delayq
@@ -93,3 +95,35 @@ def test_an_empty_object_reaches_php_as_an_empty_array(queue: delayq.DelayQueue,
     msg_id = queue.push({"m": {}, "l": []})
     out = php("echo json_encode((new DelayQueue($argv[1], 'jobs'))->get($argv[2])['payload']);", redis_url, msg_id)
     assert json.loads(out) == {"m": [], "l": []}
+
+
+def test_a_pause_from_php_holds_python_workers_until_php_resumes(queue: delayq.DelayQueue, redis_url: str) -> None:
+    assert php("var_export((new DelayQueue($argv[1], 'jobs'))->pause());", redis_url) == "true"
+    assert queue.is_paused()
+    ids = [queue.push({"n": i}) for i in range(3)]
+    listed = json.loads(php("echo json_encode((new DelayQueue($argv[1], 'jobs'))->waiting());", redis_url))
+    assert [(m["id"], m["state"]) for m in listed] == [(m["id"], m["state"]) for m in queue.waiting()]
+    assert [m["id"] for m in listed] == ids
+    seen: list[int] = []
+    # Longer than the test: only the wake-up that PHP's resume() publishes starts the work.
+    worker = delayq.Worker(queue, idle_check=600)
+
+    def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        seen.append(payload["n"])
+        if len(seen) == 3:
+            worker.stop()
+
+    runner = threading.Thread(target=worker.run, args=(handle,))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not queue.workers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert seen == [], "a Python pool took messages while PHP had paused the queue"
+        assert php("var_export((new DelayQueue($argv[1], 'jobs'))->resume());", redis_url) == "true"
+        runner.join(20)
+    finally:
+        worker.stop()
+        runner.join()
+    assert sorted(seen) == [0, 1, 2] and drained(queue)
