@@ -559,12 +559,17 @@ struct Pool {
     /// Moving average of one handler call, in microseconds (0 until measured).
     handler_us: AtomicU64,
     registration: Registration,
+    /// The last claim found the queue paused (see `note_paused`).
+    paused: AtomicBool,
 }
 
 /// How much work the prefetch buffer may hold per handler: enough to hide a claim's
 /// round trip, little enough that slow handlers do not hoard due messages that idle
 /// consumers elsewhere could run.
 const PREFETCH_WINDOW: Duration = Duration::from_millis(50);
+
+/// claim.lua's `next_ms` when the queue is paused.
+const PAUSED: i64 = -2;
 
 impl Pool {
     /// Deliveries to hold (running and waiting) at the measured handler speed, within
@@ -579,6 +584,23 @@ impl Pool {
         usize::try_from(per_handler.saturating_mul(self.handlers as u64))
             .unwrap_or(max)
             .clamp(1, max)
+    }
+
+    /// Say once that the queue is paused (a pool started on a paused queue seems
+    /// hung otherwise), and once that it goes on again.
+    fn note_paused(&self, paused: bool) {
+        if self.paused.swap(paused, Ordering::AcqRel) == paused {
+            return;
+        }
+        if paused {
+            log::warn!(
+                "delayq[{}]: the queue is paused: this pool takes no messages until resume() \
+                 (or `delayq resume`)",
+                self.queue_name
+            );
+        } else {
+            log::info!("delayq[{}]: the queue was resumed", self.queue_name);
+        }
     }
 
     fn record_handler_time(&self, d: &Delivery) {
@@ -681,6 +703,7 @@ impl Worker {
             buffered: deliver_rx.clone(),
             handler_us: AtomicU64::new(0),
             registration: Registration::new(&self.opts),
+            paused: AtomicBool::new(false),
         });
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded();
         let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
@@ -1093,6 +1116,8 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
         // Halfway through the round trip is the best local estimate of the server's
         // reading of TIME.
         wake.set_clock(started + started.elapsed() / 2, claimed.server_now_ms);
+        let paused = claimed.next_ms == PAUSED;
+        pool.note_paused(paused);
         let got = claimed.items.len();
         control.slots.release(room - got);
         {
@@ -1110,7 +1135,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             }
         }
         hand_out(pool, part, claimed.items, deliveries, outcomes);
-        wake.end_claim(part, got == room, claimed.next_ms);
+        wake.end_claim(part, got == room, if paused { -1 } else { claimed.next_ms });
     }
 }
 

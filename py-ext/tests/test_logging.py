@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -118,3 +119,35 @@ def test_the_delayq_loggers_level_decides_what_is_kept(
     with pytest.raises(delayq.ConnectionError):
         q.push({"n": 1})
     assert delayq_records(caplog, logging.DEBUG) == []
+
+
+def test_a_pool_on_a_paused_queue_says_so_once_and_again_when_resumed(
+    queue: delayq.DelayQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="delayq")
+    queue.pause()
+    queue.push({"n": 1})
+    worker = delayq.Worker(queue, idle_check=0.1)
+    handled: list[int] = []
+
+    def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        handled.append(payload["n"])
+        worker.stop()
+
+    def resume_once_warned() -> None:
+        try:
+            wait_for(10, "the pause logged", lambda: bool(delayq_records(caplog, logging.WARNING)))
+            time.sleep(0.5)  # several more looks at the paused queue (idle_check 0.1 s): still one line
+            queue.resume()
+        except BaseException:
+            worker.stop()
+            raise
+
+    helper = threading.Thread(target=resume_once_warned)
+    helper.start()
+    worker.run(handle)
+    helper.join()
+    assert handled == [1]
+    [paused] = delayq_records(caplog, logging.WARNING)
+    assert "paused" in paused.getMessage() and "resume()" in paused.getMessage()
+    assert any("resumed" in r.getMessage() for r in delayq_records(caplog, logging.INFO))

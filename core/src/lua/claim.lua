@@ -6,7 +6,7 @@
 --   see beat.lua), carried by a claim so that it costs no command of its own.
 -- Returns {now_ms, next_ms, reaped, n, id1, lease1, envelope1, ..., idn, leasen,
 --          envelopen, i1, attempt1, i2, attempt2, ...}
---   next_ms: earliest due time or lease deadline still ahead, -1 if none or if the
+--   next_ms: earliest due time or lease deadline still ahead, -1 if none, -2 if the
 --   queue is paused; the caller sleeps until then unless a producer publishes an
 --   earlier due time.
 --   n messages were claimed; the pairs after them (i, attempt) say which of them are
@@ -53,6 +53,7 @@ end
 local result = {now, -1, #expired, 0}
 if redis.call('EXISTS', K_PAUSED) == 1 then
   -- Nothing to wake for: resuming publishes the schedule's head (see pause.lua).
+  result[2] = -2
   return result
 end
 local due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'WITHSCORES', 'LIMIT', 0, batch)
