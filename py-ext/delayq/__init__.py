@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Union
 
 from . import errors
 from ._delayq import DEFAULT_MAX_PAYLOAD_BYTES, DelayQueue, Message, _Worker, __version__
+from .aio import AsyncDelayQueue
 from .errors import (
     AuthError,
     ConnectionError,
@@ -34,6 +35,7 @@ from .errors import (
 )
 
 __all__ = [
+    "AsyncDelayQueue",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "AuthError",
     "ConnectionError",

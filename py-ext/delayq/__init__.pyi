@@ -9,6 +9,7 @@ from ._delayq import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES
 from ._delayq import DelayQueue as DelayQueue
 from ._delayq import Message as Message
 from ._delayq import __version__ as __version__
+from .aio import AsyncDelayQueue as AsyncDelayQueue
 from .errors import AuthError as AuthError
 from .errors import ConnectionError as ConnectionError
 from .errors import DelayQueueError as DelayQueueError
@@ -18,6 +19,7 @@ from .errors import PayloadError as PayloadError
 from .errors import TimeoutError as TimeoutError
 
 __all__ = [
+    "AsyncDelayQueue",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "AuthError",
     "ConnectionError",

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import signal
@@ -191,3 +192,30 @@ def test_a_push_that_no_replica_confirms_raises_a_timeout(redis_url: str) -> Non
     with pytest.raises(delayq.TimeoutError, match="0 of 1 replicas"):
         q.push("must survive a failover", id="order-1")
     assert q.get("order-1")["state"] == "ready"  # type: ignore[index]
+
+
+def test_the_asyncio_queue_makes_every_call_a_coroutine_with_the_same_errors(queue: delayq.DelayQueue) -> None:
+    aq = delayq.AsyncDelayQueue(queue)
+    assert aq.sync is queue and aq.name == queue.name
+
+    async def main() -> None:
+        ids = await asyncio.gather(*(aq.push({"n": i}, delay=60) for i in range(50)))
+        assert len(set(ids)) == 50
+        assert await aq.push_many(({"payload": {"n": i}} for i in range(50, 60))) != []
+        info = await aq.get(ids[0])
+        assert info is not None and info["payload"] == {"n": 0}
+        assert (await aq.stats())["scheduled"] == 50
+        assert len(await aq.waiting(1000)) == 60
+        assert await aq.reschedule(ids[1], 0) and await aq.cancel(ids[2])
+        assert await aq.pause() and await aq.is_paused() and await aq.resume()
+        with pytest.raises(delayq.InvalidArgumentError, match="delay"):
+            await aq.push(1, delay=-1)
+        with pytest.raises(TypeError, match=r'payload\["bad"\]'):
+            await aq.push({"bad": object()})
+        assert await aq.ping() and await aq.workers() == [] and await aq.dead_letters() == []
+        assert await aq.inflight() == [] and await aq.requeue_dead() == 0 and await aq.delete_dead() == 0
+        assert await aq.push_at({"n": "at"}, 1924992000.0) and await aq.purge() == 60
+
+    asyncio.run(main())
+    with pytest.raises(TypeError, match="wraps a delayq.DelayQueue"):
+        delayq.AsyncDelayQueue("redis://127.0.0.1")  # type: ignore[arg-type]

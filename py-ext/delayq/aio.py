@@ -1,0 +1,117 @@
+"""`DelayQueue` for asyncio code (FastAPI, aiohttp, ...): the same calls as coroutines.
+
+Each call runs the blocking one on a thread of the loop's default executor. The core
+releases the GIL while it waits on Redis, so the event loop goes on serving requests
+meanwhile, and concurrent calls overlap:
+
+    queue = delayq.AsyncDelayQueue(delayq.DelayQueue(url, "orders"))
+    msg_id = await queue.push({"order_id": 10086}, delay=1800)
+
+The payload is converted to JSON on that thread: do not change it while the call runs.
+Consumers stay `delayq.Worker` (its `run_async` runs coroutine handlers on a loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any, Optional, Union
+
+from ._delayq import DelayQueue
+
+
+class AsyncDelayQueue:
+    """The producer and admin calls of `queue` as coroutines; see the module's text."""
+
+    def __init__(self, queue: DelayQueue) -> None:
+        if not isinstance(queue, DelayQueue):
+            raise TypeError(f"AsyncDelayQueue wraps a delayq.DelayQueue, not {type(queue).__name__}")
+        self._queue = queue
+
+    @property
+    def sync(self) -> DelayQueue:
+        """The wrapped `DelayQueue`, for blocking calls."""
+        return self._queue
+
+    @property
+    def name(self) -> str:
+        """The queue's name."""
+        return self._queue.name
+
+    async def push(self, payload: Any, delay: float = 0.0, *, id: Optional[str] = None,
+                   max_attempts: Optional[int] = None, partition_key: Optional[str] = None) -> str:
+        """`DelayQueue.push`."""
+        return await asyncio.to_thread(self._queue.push, payload, delay, id=id, max_attempts=max_attempts,
+                                       partition_key=partition_key)
+
+    async def push_at(self, payload: Any, at: Union[float, datetime], *, id: Optional[str] = None,
+                      max_attempts: Optional[int] = None, partition_key: Optional[str] = None) -> str:
+        """`DelayQueue.push_at`."""
+        return await asyncio.to_thread(self._queue.push_at, payload, at, id=id, max_attempts=max_attempts,
+                                       partition_key=partition_key)
+
+    async def push_many(self, items: Iterable[Union[tuple[Any, float], Mapping[str, Any]]]) -> list[str]:
+        """`DelayQueue.push_many`: one round trip, nothing written unless all are valid."""
+        # A generator must not be consumed on the other thread while this one runs.
+        return await asyncio.to_thread(self._queue.push_many, list(items))
+
+    async def cancel(self, id: str) -> bool:
+        """`DelayQueue.cancel`."""
+        return await asyncio.to_thread(self._queue.cancel, id)
+
+    async def reschedule(self, id: str, delay: float) -> bool:
+        """`DelayQueue.reschedule`."""
+        return await asyncio.to_thread(self._queue.reschedule, id, delay)
+
+    async def get(self, id: str) -> Optional[dict[str, Any]]:
+        """`DelayQueue.get`."""
+        return await asyncio.to_thread(self._queue.get, id)
+
+    async def stats(self) -> dict[str, Any]:
+        """`DelayQueue.stats`."""
+        return await asyncio.to_thread(self._queue.stats)
+
+    async def waiting(self, limit: int = 100) -> list[dict[str, Any]]:
+        """`DelayQueue.waiting`."""
+        return await asyncio.to_thread(self._queue.waiting, limit)
+
+    async def inflight(self, limit: int = 100) -> list[dict[str, Any]]:
+        """`DelayQueue.inflight`."""
+        return await asyncio.to_thread(self._queue.inflight, limit)
+
+    async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        """`DelayQueue.dead_letters`."""
+        return await asyncio.to_thread(self._queue.dead_letters, limit)
+
+    async def workers(self) -> list[dict[str, Any]]:
+        """`DelayQueue.workers`."""
+        return await asyncio.to_thread(self._queue.workers)
+
+    async def requeue_dead(self, id: Optional[str] = None) -> int:
+        """`DelayQueue.requeue_dead`."""
+        return await asyncio.to_thread(self._queue.requeue_dead, id)
+
+    async def delete_dead(self, id: Optional[str] = None) -> int:
+        """`DelayQueue.delete_dead`."""
+        return await asyncio.to_thread(self._queue.delete_dead, id)
+
+    async def pause(self) -> bool:
+        """`DelayQueue.pause`."""
+        return await asyncio.to_thread(self._queue.pause)
+
+    async def resume(self) -> bool:
+        """`DelayQueue.resume`."""
+        return await asyncio.to_thread(self._queue.resume)
+
+    async def is_paused(self) -> bool:
+        """`DelayQueue.is_paused`."""
+        return await asyncio.to_thread(self._queue.is_paused)
+
+    async def purge(self) -> int:
+        """`DelayQueue.purge`."""
+        return await asyncio.to_thread(self._queue.purge)
+
+    async def ping(self) -> bool:
+        """`DelayQueue.ping`."""
+        return await asyncio.to_thread(self._queue.ping)
