@@ -160,6 +160,37 @@ final class DelayQueue
     public function deleteDead(?string $id = null): int {}
 
     /**
+     * Defines or changes a repeating message: $payload is pushed once per occurrence of
+     * $schedule, as an ordinary message with the id "repeat:<name>:<due ms>" (retries and
+     * dead letters as usual). Worker pools push each next occurrence; each runs once
+     * however many pools there are, and occurrences missed while no pool ran are skipped
+     * (one that already waits runs late). The same definition again changes nothing, so
+     * a deploy may call it every time; another one replaces it and its waiting occurrence.
+     *
+     * @param string|int|float $schedule a cron pattern ("0 2 * * *", "@hourly"; 6 fields:
+     *   seconds first), or an interval in seconds (at least 1)
+     * @param array{tz?: string, max_attempts?: int} $options tz: the pattern's IANA time
+     *   zone ("Asia/Shanghai"; UTC by default; not for intervals)
+     * @return float the next occurrence's due time, Unix seconds
+     * @throws DelayQueueInvalidArgumentException for a bad name, pattern, zone or interval
+     */
+    public function repeat(string $name, mixed $schedule, mixed $payload, array $options = []): float {}
+
+    /**
+     * Stops a repeating message; its waiting occurrence is cancelled (a running one finishes).
+     *
+     * @return bool false if there was none of that name
+     */
+    public function unrepeat(string $name): bool {}
+
+    /**
+     * @return list<array{name: string, schedule: string|float, tz: ?string, payload: mixed,
+     *   max_attempts: ?int, next_due_at: ?float}> by name; schedule is the pattern, or the
+     *   interval in seconds
+     */
+    public function repeats(): array {}
+
+    /**
      * Stops consumption for every worker pool, on every host and in every language,
      * until resume(). Claims hand out nothing, so no handler starts a new message
      * beyond what a pool had already prefetched (about 50 ms of work per handler);
@@ -182,7 +213,8 @@ final class DelayQueue
     public function isPaused(): bool {}
 
     /**
-     * Deletes every message of the queue in every state (counters are kept).
+     * Deletes every message of the queue in every state (counters, a pause and repeat
+     * definitions are kept).
      *
      * @return int how many messages were deleted
      */

@@ -127,3 +127,20 @@ def test_a_pause_from_php_holds_python_workers_until_php_resumes(queue: delayq.D
         worker.stop()
         runner.join()
     assert sorted(seen) == [0, 1, 2] and drained(queue)
+
+
+def test_a_repeat_defined_from_php_runs_in_a_python_worker(queue: delayq.DelayQueue, redis_url: str) -> None:
+    due = float(php("echo (new DelayQueue($argv[1], 'jobs'))->repeat('tick', 1, ['n' => '日本']);", redis_url))
+    assert queue.repeats()[0]["next_due_at"] == due
+    seen: list[tuple[str, Any]] = []
+    worker = delayq.Worker(queue)
+
+    def handle(payload: Any, msg: delayq.Message) -> None:
+        seen.append((msg.id, payload))
+        if len(seen) == 2:
+            worker.stop()
+
+    worker.run(handle)
+    first = round(due * 1000)
+    assert seen == [(f"repeat:tick:{first}", {"n": "日本"}), (f"repeat:tick:{first + 1000}", {"n": "日本"})]
+    assert php("var_export((new DelayQueue($argv[1], 'jobs'))->unrepeat('tick'));", redis_url) == "true"

@@ -54,7 +54,7 @@ pub(crate) fn due_ms_of_lease(layout: &Layout, lease: &str) -> Option<i64> {
 /// The key names of one queue, in the order every script expects them (see lib.lua).
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    pub(crate) all: [String; 11],
+    pub(crate) all: [String; 13],
     pub(crate) wake_channel: String,
 }
 
@@ -156,6 +156,8 @@ impl Keys {
                         key("seq"),
                         key("workers"),
                         key("paused"),
+                        key("repeats"),
+                        key("repeat_marks"),
                     ],
                     wake_channel: key("wake"),
                 })
@@ -180,6 +182,8 @@ impl Keys {
                         key("seq"),
                         key("workers"),
                         key("paused"),
+                        key("repeats"),
+                        key("repeat_marks"),
                     ],
                     wake_channel: key("wake"),
                 })

@@ -29,6 +29,7 @@ mod fork;
 mod keys;
 mod logs;
 mod queue;
+pub mod repeat;
 mod scripts;
 mod time;
 mod worker;
@@ -42,6 +43,7 @@ pub use queue::{
     COUNTERS, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, Listing, MAX_ID_BYTES, MessageInfo, NewMessage, PushOptions,
     Queue, QueueOptions, State, Stats, WorkerInfo,
 };
+pub use repeat::{RepeatInfo, Schedule};
 pub use scripts::MAX_BATCH;
 pub use time::{Due, MAX_DELAY, delay_from_secs};
 pub use worker::{Consumer, Delivery, Received, Retry, Stopper, Summary, Worker, WorkerOptions};

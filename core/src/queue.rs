@@ -13,6 +13,7 @@ use crate::conn::{Conn, ConnSlot, ConnectOptions, Endpoint, Replay};
 use crate::envelope;
 use crate::error::{Error, Result};
 use crate::keys::{Keys, Layout, MAX_PARTITIONS, partition_of, partition_tags, validate_name};
+use crate::repeat::{self, RepeatInfo, Schedule};
 use crate::scripts::{self, MAX_BATCH};
 use crate::time::Due;
 
@@ -300,6 +301,18 @@ fn validate_key(what: &str, id: &str) -> Result<()> {
         return Err(Error::invalid(
             what,
             format!("{id:?} contains the control character {c:?}"),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_repeat_name(name: &str) -> Result<()> {
+    // The occurrence ids ("repeat:<name>:<due_ms>") must stay within the id limit.
+    const ROOM: usize = MAX_ID_BYTES - "repeat::".len() - 20;
+    if name.is_empty() || name.len() > ROOM || name.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "repeat name",
+            format!("must be 1 to {ROOM} bytes without control characters, got {name:?}"),
         ));
     }
     Ok(())
@@ -951,6 +964,134 @@ impl Queue {
         let mut out: Vec<WorkerInfo> = latest.into_values().collect();
         out.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
         Ok(out)
+    }
+
+    /// Define a repeating message, or change one: `name` pushes `payload` once per
+    /// occurrence of `schedule`, as an ordinary message with the id
+    /// `repeat:<name>:<due_ms>` (retries, dead letters and the rest as usual). Calling
+    /// it again with the same schedule and payload changes nothing, so a deploy may call
+    /// it every time; a different one replaces the definition and its waiting
+    /// occurrence. Consumer pools push each next occurrence (see the `repeat` module).
+    /// Returns the due time (Unix ms) of the next occurrence.
+    pub fn repeat<T: Serialize + ?Sized>(&self, name: &str, schedule: &Schedule, payload: &T) -> Result<i64> {
+        self.repeat_json(name, schedule, &to_json(payload)?, None)
+    }
+
+    /// `repeat` with the payload as JSON text and a per-message attempt limit.
+    pub fn repeat_json(
+        &self,
+        name: &str,
+        schedule: &Schedule,
+        payload_json: &str,
+        max_attempts: Option<u32>,
+    ) -> Result<i64> {
+        validate_repeat_name(name)?;
+        envelope::validate_payload(payload_json, self.inner.opts.max_payload_bytes)?;
+        validate_max_attempts(max_attempts)?;
+        let now = crate::time::now_unix_ms();
+        let first = schedule
+            .next_after(None, now)
+            .ok_or_else(|| Error::invalid("schedule", format!("{} never occurs after now", schedule.describe())))?;
+        let definition = repeat::definition(schedule, payload_json, max_attempts);
+        let envelope = envelope::encode(
+            &self.inner.opts.layout,
+            &repeat::occurrence_id(name, first),
+            payload_json,
+            max_attempts,
+            now,
+        );
+        let v = self.call(
+            self.repeat_partition(name),
+            "repeat",
+            Replay::Safe,
+            &scripts::REPEAT_SET,
+            |inv| {
+                inv.arg(name).arg(&definition).arg(first).arg(&envelope);
+            },
+        )?;
+        Ok(int(&v))
+    }
+
+    /// Stop a repeating message; its occurrence that still waits is cancelled (one
+    /// that runs finishes). Returns whether it existed.
+    pub fn unrepeat(&self, name: &str) -> Result<bool> {
+        validate_repeat_name(name)?;
+        let v = self.call(
+            self.repeat_partition(name),
+            "unrepeat",
+            Replay::Safe,
+            &scripts::REPEAT_DEL,
+            |inv| {
+                inv.arg(name);
+            },
+        )?;
+        Ok(int(&v) == 1)
+    }
+
+    /// Every repeating message of the queue, by name.
+    pub fn repeats(&self) -> Result<Vec<RepeatInfo>> {
+        let mut all = Vec::new();
+        for part in 0..self.partitions() {
+            for (name, definition, mark) in self.repeat_definitions(part, "")? {
+                let (schedule, payload_json, max_attempts) = repeat::parse_definition(&name, &definition)?;
+                all.push(RepeatInfo {
+                    name,
+                    schedule,
+                    payload_json,
+                    max_attempts,
+                    next_due_ms: mark,
+                });
+            }
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    pub(crate) fn repeat_partition(&self, name: &str) -> usize {
+        partition_of(name, self.partitions())
+    }
+
+    /// (name, definition text, mark) of one repeat (`name`) or all (`""`).
+    pub(crate) fn repeat_definitions(&self, part: usize, name: &str) -> Result<Vec<(String, String, Option<i64>)>> {
+        let v = self.call(part, "repeats", Replay::Safe, &scripts::REPEATS, |inv| {
+            inv.arg(name);
+        })?;
+        let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "repeats"))?;
+        Ok(items
+            .chunks_exact(3)
+            .filter_map(|c| {
+                let mark = int(&c[2]);
+                Some((text(&c[0])?, text(&c[1])?, (mark >= 0).then_some(mark)))
+            })
+            .collect())
+    }
+
+    /// Push the occurrence of a repeat that follows the one due at `previous_ms` (and
+    /// now), computed from `definition` as read from Redis. Returns whether one was
+    /// pushed (not when another pool was first, or the definition changed meanwhile).
+    pub(crate) fn push_next_occurrence(
+        &self,
+        part: usize,
+        name: &str,
+        definition: &str,
+        previous_ms: Option<i64>,
+    ) -> Result<bool> {
+        let (schedule, payload_json, max_attempts) = repeat::parse_definition(name, definition)?;
+        let now = crate::time::now_unix_ms();
+        let Some(due) = schedule.next_after(previous_ms, now) else {
+            return Ok(false);
+        };
+        let envelope = envelope::encode(
+            &self.inner.opts.layout,
+            &repeat::occurrence_id(name, due),
+            &payload_json,
+            max_attempts,
+            now,
+        );
+        let v = self.call(part, "repeat_next", Replay::Safe, &scripts::REPEAT_NEXT, |inv| {
+            inv.arg(name).arg(definition).arg(due).arg(&envelope);
+        })?;
+        Ok(int(&v) == 1)
     }
 
     /// Stop consumption on every partition, for every consumer pool on any host, until

@@ -29,6 +29,10 @@ script!(BEAT, "lua/beat.lua");
 script!(WORKERS, "lua/workers.lua");
 script!(PAUSE, "lua/pause.lua");
 script!(LIST, "lua/list.lua");
+script!(REPEAT_SET, "lua/repeat_set.lua");
+script!(REPEAT_NEXT, "lua/repeat_next.lua");
+script!(REPEAT_DEL, "lua/repeat_del.lua");
+script!(REPEATS, "lua/repeats.lua");
 
 /// Most ids one script call handles; bounds how long any call blocks Redis.
 pub const MAX_BATCH: usize = 1000;

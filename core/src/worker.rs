@@ -27,6 +27,7 @@ use crate::envelope;
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::queue::{Queue, int, text};
+use crate::repeat;
 use crate::scripts::{self, MAX_BATCH};
 use crate::time::MAX_DELAY;
 
@@ -561,6 +562,8 @@ struct Pool {
     registration: Registration,
     /// The last claim found the queue paused (see `note_paused`).
     paused: AtomicBool,
+    /// Per partition: when a claim next asks for broken repeats.
+    repeat_checks: Mutex<Vec<Instant>>,
 }
 
 /// How much work the prefetch buffer may hold per handler: enough to hide a claim's
@@ -570,6 +573,12 @@ const PREFETCH_WINDOW: Duration = Duration::from_millis(50);
 
 /// claim.lua's `next_ms` when the queue is paused.
 const PAUSED: i64 = -2;
+
+/// How often a pool's claims ask for repeats with no occurrence pending: the bound on
+/// how long a broken chain stays broken (a pushed occurrence is not affected).
+const REPEAT_CHECK: Duration = Duration::from_secs(60);
+/// How soon after a failed push of an occurrence it is tried again.
+const REPEAT_RETRY: Duration = Duration::from_secs(5);
 
 impl Pool {
     /// Deliveries to hold (running and waiting) at the measured handler speed, within
@@ -584,6 +593,27 @@ impl Pool {
         usize::try_from(per_handler.saturating_mul(self.handlers as u64))
             .unwrap_or(max)
             .clamp(1, max)
+    }
+
+    /// Whether this claim of `part` should ask for repeats whose chain of occurrences
+    /// broke (see claim.lua): at the pool's first claim of it, then every
+    /// `REPEAT_CHECK`.
+    fn repeat_check_due(&self, part: usize) -> bool {
+        let mut checks = self.repeat_checks.lock();
+        let now = Instant::now();
+        match checks.get_mut(part) {
+            Some(next) if *next <= now => {
+                *next = now + REPEAT_CHECK;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn recheck_repeats_soon(&self, part: usize) {
+        if let Some(next) = self.repeat_checks.lock().get_mut(part) {
+            *next = (*next).min(Instant::now() + REPEAT_RETRY);
+        }
     }
 
     /// Say once that the queue is paused (a pool started on a paused queue seems
@@ -704,6 +734,7 @@ impl Worker {
             handler_us: AtomicU64::new(0),
             registration: Registration::new(&self.opts),
             paused: AtomicBool::new(false),
+            repeat_checks: Mutex::new(vec![Instant::now(); self.queue.partitions()]),
         });
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded();
         let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
@@ -970,6 +1001,8 @@ struct Claimed {
     next_ms: i64,
     /// (id, lease, due_ms, attempt, stored envelope)
     items: Vec<(String, String, i64, u32, String)>,
+    /// Repeats with no occurrence waiting or running: (name, definition, mark).
+    broken_repeats: Vec<(String, String, Option<i64>)>,
 }
 
 fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<Claimed> {
@@ -978,12 +1011,14 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
     let qo = q.options();
     let ep = &q.inner.endpoint;
     let beat = pool.registration.take_pending();
+    let check_repeats = pool.repeat_check_due(part);
     let res = slot.run_once(ep, "claim", |con| {
         let mut inv = q.invocation(part, &scripts::CLAIM);
         inv.arg(want)
             .arg(o.lease.as_millis() as u64)
             .arg(qo.dead_max)
-            .arg(qo.dead_ttl.as_millis() as u64);
+            .arg(qo.dead_ttl.as_millis() as u64)
+            .arg(u8::from(check_repeats));
         if let Some((id, ttl_ms, info)) = &beat {
             inv.arg(*id).arg(*ttl_ms).arg(info);
         }
@@ -1004,6 +1039,18 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
     let malformed = || Error::Redis("claim returned a malformed reply".into());
     let (header, rest) = items.split_first_chunk::<4>().ok_or_else(malformed)?;
     let claimed = usize::try_from(int(&header[3])).map_err(|_| malformed())?;
+    let (broken, rest) = rest.split_last().ok_or_else(malformed)?;
+    let broken = usize::try_from(int(broken)).map_err(|_| malformed())?;
+    let (rest, broken) = rest
+        .split_at_checked(rest.len().checked_sub(3 * broken).ok_or_else(malformed)?)
+        .ok_or_else(malformed)?;
+    let broken_repeats = broken
+        .chunks_exact(3)
+        .filter_map(|c| {
+            let mark = int(&c[2]);
+            Some((text(&c[0])?, text(&c[1])?, (mark >= 0).then_some(mark)))
+        })
+        .collect();
     if rest.len() < 3 * claimed || (rest.len() - 3 * claimed) % 2 != 0 {
         return Err(malformed());
     }
@@ -1022,6 +1069,7 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
         server_now_ms: int(&header[0]),
         next_ms: int(&header[1]),
         items: Vec::with_capacity(claimed),
+        broken_repeats,
     };
     for (c, attempt) in deliveries.chunks_exact(3).zip(attempts) {
         let lease = text(&c[1]).unwrap_or_default();
@@ -1134,8 +1182,57 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
                 );
             }
         }
+        let occurrences: Vec<(String, i64)> = claimed
+            .items
+            .iter()
+            .filter_map(|(id, ..)| repeat::occurrence_of(id).map(|(name, due)| (name.to_owned(), due)))
+            .collect();
         hand_out(pool, part, claimed.items, deliveries, outcomes);
         wake.end_claim(part, got == room, if paused { -1 } else { claimed.next_ms });
+        // After the hand-out, so that handlers need not wait for it.
+        push_next_occurrences(pool, part, &occurrences, &claimed.broken_repeats);
+    }
+}
+
+/// Keep repeating messages going: the occurrences just claimed get their successor
+/// now, and repeats whose chain broke (see claim.lua) get theirs. A failure is logged
+/// and retried at the partition's next check.
+fn push_next_occurrences(
+    pool: &Pool,
+    part: usize,
+    occurrences: &[(String, i64)],
+    broken: &[(String, String, Option<i64>)],
+) {
+    let q = &pool.queue;
+    let mut failed = false;
+    for (name, due) in occurrences {
+        let result = q.repeat_definitions(part, name).and_then(|found| match found.first() {
+            Some((_, definition, _)) => q.push_next_occurrence(part, name, definition, Some(*due)),
+            // Stopped with unrepeat(): this occurrence was the last.
+            None => Ok(false),
+        });
+        if let Err(e) = result {
+            failed = true;
+            log::warn!(
+                "delayq[{}]: the next occurrence of repeat {name:?} could not be pushed: {e}; retrying soon",
+                pool.queue_name
+            );
+        }
+    }
+    for (name, definition, mark) in broken {
+        match q.push_next_occurrence(part, name, definition, *mark) {
+            Ok(_) => {}
+            Err(e) => {
+                failed = true;
+                log::warn!(
+                    "delayq[{}]: repeat {name:?} has no occurrence pending and its next could not be pushed: {e}",
+                    pool.queue_name
+                );
+            }
+        }
+    }
+    if failed {
+        pool.recheck_repeats_soon(part);
     }
 }
 

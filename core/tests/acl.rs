@@ -49,6 +49,10 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
     assert!(q.reschedule(&later, Duration::from_secs(60)).expect("reschedule"));
     assert!(q.cancel(&later).expect("cancel"));
     assert_eq!(q.stats().expect("stats").ready, 5);
+    let every = delayq::Schedule::every(Duration::from_secs(3600)).expect("schedule");
+    q.repeat("hourly", &every, &json!({"report": true})).expect("repeat");
+    assert_eq!(q.repeats().expect("repeats").len(), 1);
+    assert!(q.unrepeat("hourly").expect("unrepeat"));
     assert!(q.pause().expect("pause"));
     assert!(q.is_paused().expect("is_paused"));
     assert!(q.resume().expect("resume"));

@@ -8,7 +8,7 @@ use ext_php_rs::zend::ClassEntry;
 
 use crate::convert::{self, Options, OptionsArg, Seconds, assoc, ms_to_secs, zv};
 use crate::errors::{self, OrThrow};
-use delayq::{Listing, MessageInfo};
+use delayq::{Listing, MessageInfo, Schedule};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -361,6 +361,62 @@ impl PhpDelayQueue {
         Ok(i64::try_from(n).unwrap_or(i64::MAX))
     }
 
+    /// Define or change a repeating message: `$payload` is pushed once per occurrence
+    /// of `$schedule`, as a message with the id "repeat:<name>:<due ms>". The same
+    /// definition again changes nothing (call it at every deploy); another replaces it
+    /// and its waiting occurrence. Returns the next occurrence's due time (Unix seconds).
+    ///
+    /// @param string|int|float $schedule a cron pattern ("0 2 * * *"; 6 fields: seconds
+    ///   first), or an interval in seconds (at least 1)
+    /// @param array{tz?: string, max_attempts?: int} $options tz: the cron pattern's IANA
+    ///   time zone (UTC by default)
+    #[php(defaults(options = "OptionsArg::EMPTY"))]
+    pub fn repeat(&self, name: String, schedule: &Zval, payload: &Zval, options: OptionsArg<'_>) -> PhpResult<f64> {
+        let mut o = Options::new(options.0, "repeat option");
+        let tz = o.string("tz")?;
+        let max_attempts = o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32);
+        o.finish()?;
+        let schedule = schedule_of(schedule, tz.as_deref())?;
+        let json = convert::payload_to_json(payload)?;
+        let due = self
+            .queue
+            .repeat_json(&name, &schedule, &json, max_attempts)
+            .or_throw()?;
+        Ok(ms_to_secs(due))
+    }
+
+    /// Stop a repeating message; its waiting occurrence is cancelled. Returns false if
+    /// there was none of that name.
+    pub fn unrepeat(&self, name: String) -> PhpResult<bool> {
+        self.queue.unrepeat(&name).or_throw()
+    }
+
+    /// The repeating messages, by name.
+    ///
+    /// @return list<array{name: string, schedule: string|float, tz: ?string, payload: mixed,
+    ///   max_attempts: ?int, next_due_at: ?float}>
+    pub fn repeats(&self) -> PhpResult<ZBox<ZendHashTable>> {
+        let mut list = ZendHashTable::new();
+        for r in self.queue.repeats().or_throw()? {
+            let (schedule, tz) = match &r.schedule {
+                Schedule::Cron { pattern, tz } => (zv(pattern.clone()), zv(Some(tz.clone()))),
+                Schedule::Every(d) => (zv(d.as_secs_f64()), zv(None::<String>)),
+                _ => (zv(r.schedule.describe()), zv(None::<String>)),
+            };
+            let payload = convert::json_to_zval(&r.payload_json).unwrap_or_else(|_| zv(r.payload_json.clone()));
+            let entry = assoc(vec![
+                ("name", zv(r.name)),
+                ("schedule", schedule),
+                ("tz", tz),
+                ("payload", payload),
+                ("max_attempts", zv(r.max_attempts.map(i64::from))),
+                ("next_due_at", zv(r.next_due_ms.map(ms_to_secs))),
+            ])?;
+            list.push(entry).map_err(|e| errors::payload(e.to_string()))?;
+        }
+        Ok(list)
+    }
+
     /// Stop consumption for every worker pool, on every host, until resume(): no
     /// handler starts a new message (beyond the about 50 ms of work a pool had
     /// prefetched); running handlers finish as usual and pushes are still accepted.
@@ -408,6 +464,21 @@ impl PhpDelayQueue {
         }
         Ok(list)
     }
+}
+
+/// A cron pattern (string) or an interval in seconds (int or float).
+fn schedule_of(value: &Zval, tz: Option<&str>) -> PhpResult<Schedule> {
+    let value = value.dereference();
+    if let Some(pattern) = value.str() {
+        return Schedule::cron(pattern, tz).or_throw();
+    }
+    if value.is_long() || value.is_double() {
+        return Schedule::every_secs(convert::seconds(value, "schedule")?, tz).or_throw();
+    }
+    Err(errors::invalid(format!(
+        "$schedule must be a cron pattern (string) or an interval in seconds (int|float), got {}",
+        convert::type_name(value)
+    )))
 }
 
 fn message_info(info: MessageInfo) -> PhpResult<ZBox<ZendHashTable>> {

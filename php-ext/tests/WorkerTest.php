@@ -359,6 +359,51 @@ final class WorkerTest extends TestCase
             [$retry['id'], $retry['state'], $retry['attempts'], $retry['last_error']]);
     }
 
+    public function testARepeatingMessageRunsOncePerOccurrence(): void
+    {
+        $due = $this->q->repeat('tick', 1, ['n' => 1]);
+        $this->assertGreaterThan(microtime(true), $due);
+        $this->assertSame($due, $this->q->repeat('tick', 1, ['n' => 1]), 'the same definition changes nothing');
+        $this->assertSame([['name' => 'tick', 'schedule' => 1.0, 'tz' => null, 'payload' => ['n' => 1],
+            'max_attempts' => null, 'next_due_at' => $due]], $this->q->repeats());
+        $seen = [];
+        $worker = new DelayQueueWorker($this->q);
+        $worker->run(function (array $payload, DelayQueueMessage $msg) use ($worker, &$seen) {
+            $seen[] = $msg->id;
+            if (count($seen) === 2) {
+                $worker->stop();
+            }
+        });
+        $first = (int) round($due * 1000);
+        $this->assertSame(["repeat:tick:$first", 'repeat:tick:' . ($first + 1000)], $seen);
+        $this->assertTrue($this->q->unrepeat('tick'));
+        $this->assertFalse($this->q->unrepeat('tick'));
+        $this->assertSame([], $this->q->repeats());
+
+        $this->q->repeat('nightly', '0 2 * * *', ['report' => true], ['tz' => 'Asia/Shanghai', 'max_attempts' => 2]);
+        [$nightly] = $this->q->repeats();
+        $this->assertSame(['0 2 * * *', 'Asia/Shanghai', 2], [$nightly['schedule'], $nightly['tz'], $nightly['max_attempts']]);
+        $this->assertSame('18:00', gmdate('H:i', (int) $nightly['next_due_at']), '02:00 in Shanghai');
+
+        foreach ([
+            [['x', '61 * * * *', 1], 'not a cron pattern'],
+            [['x', '0 2 * * *', 1, ['tz' => 'Mars/Base']], 'IANA time zone'],
+            [['x', 60, 1, ['tz' => 'UTC']], 'not to intervals'],
+            [['x', 0.5, 1], '1 second'],
+            [['x', [60], 1], '$schedule must be a cron pattern'],
+            [['', 60, 1], 'repeat name'],
+            [['x', 60, 1, ['zt' => 'UTC']], "unknown repeat option 'zt'"],
+        ] as [$args, $text]) {
+            try {
+                $this->q->repeat(...$args);
+                $this->fail('accepted: ' . json_encode($args));
+            } catch (DelayQueueInvalidArgumentException $e) {
+                $this->assertStringContainsString($text, $e->getMessage());
+            }
+        }
+        $this->assertCount(1, $this->q->repeats(), 'nothing written by bad input');
+    }
+
     public function testAHungHandlerIsKilledAndItsMessageDeliveredAgain(): void
     {
         $this->fill(50, [3 => ['hang' => true]]);

@@ -9,6 +9,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders requeue-dead --all
     delayq --queue orders reschedule close-order-10086 --delay 0   # run it now
     delayq --queue orders pause        # every worker pool stops taking messages
+    delayq --queue orders repeat nightly-report --cron "0 2 * * *" --tz Asia/Shanghai '{}'
     delayq --queue orders resume
     delayq serve-metrics orders payments --listen :9808   # for Prometheus to scrape
     delayq --url redis://10.0.0.5:6379 --queue orders --json get close-order-10086
@@ -25,7 +26,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence, TextIO
+from typing import Any, Callable, Optional, Sequence, TextIO, Union
 
 from . import DelayQueue, DelayQueueError, InvalidArgumentError, __version__
 
@@ -224,6 +225,45 @@ def _reschedule(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _repeats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    repeats = q.repeats()
+
+    def human() -> list[str]:
+        if not repeats:
+            return [f"queue {q.name}: no repeating messages"]
+        lines = []
+        for r in repeats:
+            every = (f"every {r['schedule']:g} s" if r["tz"] is None
+                     else f"cron '{r['schedule']}' in {r['tz']}")
+            lines.append(f"{r['name']}  {every}  next {_when(r['next_due_at'])}")
+            lines.append(f"    payload: {_clip(_payload(r['payload']))}")
+        return lines
+
+    out.emit(repeats, human)
+    return 0
+
+
+def _repeat(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except ValueError as e:
+        sys.stderr.write(f"delayq: the payload is not JSON: {e}\n")
+        return 2
+    schedule: Union[str, float] = float(args.every) if args.every is not None else args.cron
+    due = q.repeat(args.name, schedule, payload, tz=args.tz, max_attempts=args.max_attempts)
+    out.emit({"name": args.name, "next_due_at": due}, lambda: [f"{args.name}: next at {_when(due)}"])
+    return 0
+
+
+def _unrepeat(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    removed = q.unrepeat(args.name)
+    out.emit({"removed": removed}, lambda: [f"{args.name} stopped" if removed else f"no repeat {args.name}"])
+    if not removed:
+        sys.stderr.write(f"delayq: queue {q.name!r} has no repeating message {args.name!r}\n")
+        return NOT_FOUND
+    return 0
+
+
 def _purge(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     if not args.yes:
         sys.stderr.write(f"delayq: purge deletes every message of queue {q.name!r}; add --yes to do it\n")
@@ -349,6 +389,19 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("id")
     c.add_argument("--delay", type=float, required=True, help="seconds from now")
     c.set_defaults(run=_reschedule)
+    sub.add_parser("repeats", help="the repeating messages and their next occurrence").set_defaults(run=_repeats)
+    c = sub.add_parser("repeat", help="define or change a repeating message")
+    c.add_argument("name")
+    when = c.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", help='a cron pattern, e.g. "0 2 * * *" (6 fields: seconds first)')
+    when.add_argument("--every", type=float, help="an interval in seconds (at least 1)")
+    c.add_argument("--tz", help="the cron pattern's IANA time zone (default: UTC)")
+    c.add_argument("--max-attempts", type=int, help="deliveries of each occurrence before the dead-letter set")
+    c.add_argument("payload", help="JSON")
+    c.set_defaults(run=_repeat)
+    c = sub.add_parser("unrepeat", help="stop a repeating message (its waiting occurrence is cancelled)")
+    c.add_argument("name")
+    c.set_defaults(run=_unrepeat)
     c = sub.add_parser("cancel", help="delete a message that is still waiting")
     c.add_argument("id")
     c.set_defaults(run=_cancel)

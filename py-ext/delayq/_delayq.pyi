@@ -118,6 +118,28 @@ class DelayQueue:
     def delete_dead(self, id: Optional[str] = None) -> int:
         """Delete dead letters for good, payload and all: one, or all when ``id`` is
         None. Returns how many; waiting and running messages are not touched."""
+    def repeat(
+        self,
+        name: str,
+        schedule: Union[str, float],
+        payload: Any,
+        *,
+        tz: Optional[str] = None,
+        max_attempts: Optional[int] = None,
+    ) -> float:
+        """Define or change a repeating message: ``payload`` is pushed once per occurrence
+        of ``schedule`` (a cron pattern such as ``"0 2 * * *"``, 6 fields with seconds
+        first, read in the IANA zone ``tz``, UTC by default; or an interval in seconds,
+        at least 1) as a message with the id ``repeat:<name>:<due ms>``. Each occurrence
+        runs once however many workers there are; ones missed while none ran are
+        skipped. The same definition again changes nothing; another replaces it and its
+        waiting occurrence. Returns the next occurrence's due time (Unix seconds)."""
+    def unrepeat(self, name: str) -> bool:
+        """Stop a repeating message; its waiting occurrence is cancelled. False if there
+        was none of that name."""
+    def repeats(self) -> list[dict[str, Any]]:
+        """The repeating messages by name: ``{name, schedule, tz, payload, max_attempts,
+        next_due_at}``; ``schedule`` is the pattern, or the interval in seconds."""
     def pause(self) -> bool:
         """Stop consumption for every worker pool, on every host and in every language,
         until ``resume()``: no handler starts a new message beyond what a pool had

@@ -96,6 +96,19 @@ class AsyncDelayQueue:
         """`DelayQueue.delete_dead`."""
         return await asyncio.to_thread(self._queue.delete_dead, id)
 
+    async def repeat(self, name: str, schedule: Union[str, float], payload: Any, *, tz: Optional[str] = None,
+                     max_attempts: Optional[int] = None) -> float:
+        """`DelayQueue.repeat`."""
+        return await asyncio.to_thread(self._queue.repeat, name, schedule, payload, tz=tz, max_attempts=max_attempts)
+
+    async def unrepeat(self, name: str) -> bool:
+        """`DelayQueue.unrepeat`."""
+        return await asyncio.to_thread(self._queue.unrepeat, name)
+
+    async def repeats(self) -> list[dict[str, Any]]:
+        """`DelayQueue.repeats`."""
+        return await asyncio.to_thread(self._queue.repeats)
+
     async def pause(self) -> bool:
         """`DelayQueue.pause`."""
         return await asyncio.to_thread(self._queue.pause)

@@ -7,7 +7,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::convert::{self, json_to_py, payload_to_json};
 use crate::errors::{self, OrRaise};
-use delayq::{Listing, MessageInfo};
+use delayq::{Listing, MessageInfo, Schedule};
 
 /// A delay queue on Redis. Usable on both sides of os.fork(): each process opens its
 /// own connection.
@@ -328,6 +328,67 @@ impl PyQueue {
     #[pyo3(signature = (id = None))]
     fn delete_dead(&self, py: Python<'_>, id: Option<String>) -> PyResult<u64> {
         py.detach(|| self.queue.delete_dead(id.as_deref())).or_raise(py)
+    }
+
+    /// Define or change a repeating message: `payload` is pushed once per occurrence
+    /// of `schedule` (a cron pattern, or an interval in seconds), as a message with the
+    /// id "repeat:<name>:<due ms>". Returns the next occurrence's due time.
+    #[pyo3(signature = (name, schedule, payload, *, tz = None, max_attempts = None))]
+    fn repeat(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        schedule: &Bound<'_, PyAny>,
+        payload: &Bound<'_, PyAny>,
+        tz: Option<&str>,
+        max_attempts: Option<u32>,
+    ) -> PyResult<f64> {
+        let schedule = if let Ok(pattern) = schedule.extract::<String>() {
+            Schedule::cron(&pattern, tz)
+        } else {
+            Schedule::every_secs(convert::seconds(py, schedule, "schedule")?, tz)
+        }
+        .or_raise(py)?;
+        let json = payload_to_json(payload)?;
+        let due = py
+            .detach(|| self.queue.repeat_json(name, &schedule, &json, max_attempts))
+            .or_raise(py)?;
+        Ok(ms_to_secs(due))
+    }
+
+    /// Stop a repeating message; its waiting occurrence is cancelled. False if there
+    /// was none of that name.
+    fn unrepeat(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
+        py.detach(|| self.queue.unrepeat(name)).or_raise(py)
+    }
+
+    /// The repeating messages, by name.
+    fn repeats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let repeats = py.detach(|| self.queue.repeats()).or_raise(py)?;
+        let list = PyList::empty(py);
+        for r in repeats {
+            let d = PyDict::new(py);
+            d.set_item("name", &r.name)?;
+            match &r.schedule {
+                Schedule::Cron { pattern, tz } => {
+                    d.set_item("schedule", pattern)?;
+                    d.set_item("tz", tz)?;
+                }
+                Schedule::Every(every) => {
+                    d.set_item("schedule", every.as_secs_f64())?;
+                    d.set_item("tz", py.None())?;
+                }
+                other => {
+                    d.set_item("schedule", other.describe())?;
+                    d.set_item("tz", py.None())?;
+                }
+            }
+            d.set_item("payload", json_to_py(py, &r.payload_json).ok())?;
+            d.set_item("max_attempts", r.max_attempts)?;
+            d.set_item("next_due_at", r.next_due_ms.map(ms_to_secs))?;
+            list.append(d)?;
+        }
+        Ok(list)
     }
 
     /// Stop consumption for every worker pool, on every host, until `resume()`: no

@@ -246,3 +246,18 @@ def test_push_and_reschedule(queue: delayq.DelayQueue, redis_url: str) -> None:
         done = cli(redis_url, *bad)
         assert done.returncode == 2 and text in done.stderr, (bad, done.stderr)
     assert queue.stats()["pushed"] == 2, "nothing written by bad input"
+
+
+def test_repeat_repeats_and_unrepeat(queue: delayq.DelayQueue, redis_url: str) -> None:
+    done = cli_json(redis_url, "repeat", "nightly", "--cron", "0 2 * * *", "--tz", "Asia/Shanghai", '{"r": 1}')
+    assert done["name"] == "nightly" and done["next_due_at"] == queue.repeats()[0]["next_due_at"]
+    assert cli_json(redis_url, "repeat", "tick", "--every", "60", "[1]")["next_due_at"] > time.time()
+    assert cli_json(redis_url, "repeats") == queue.repeats()
+    text = cli(redis_url, "repeats").stdout
+    assert "nightly  cron '0 2 * * *' in Asia/Shanghai  next " in text and "tick  every 60 s  next " in text
+    assert cli_json(redis_url, "unrepeat", "tick") == {"removed": True}
+    gone = cli(redis_url, "unrepeat", "tick")
+    assert gone.returncode == 1 and "no repeating message 'tick'" in gone.stderr
+    bad = cli(redis_url, "repeat", "x", "--cron", "61 * * * *", "1")
+    assert bad.returncode == 2 and "not a cron pattern" in bad.stderr
+    assert [r["name"] for r in queue.repeats()] == ["nightly"]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
 import signal
@@ -331,3 +332,45 @@ def test_waiting_and_running_messages_are_listed(queue: delayq.DelayQueue) -> No
     assert queue.inflight() == []
     retry = queue.waiting()[0]
     assert (retry["id"], retry["state"], retry["attempts"], retry["last_error"]) == (first, "scheduled", 1, "gateway down")
+
+
+def test_a_repeating_message_runs_once_per_occurrence(queue: delayq.DelayQueue) -> None:
+    due = queue.repeat("tick", 1, {"n": 1})
+    assert due > time.time() and queue.repeat("tick", 1, {"n": 1}) == due, "the same definition changes nothing"
+    assert queue.repeats() == [{"name": "tick", "schedule": 1.0, "tz": None, "payload": {"n": 1},
+                                "max_attempts": None, "next_due_at": due}]
+    seen: list[str] = []
+    worker = delayq.Worker(queue)
+
+    def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        seen.append(msg.id)
+        if len(seen) == 2:
+            worker.stop()
+
+    worker.run(handle)
+    first = round(due * 1000)
+    assert seen == [f"repeat:tick:{first}", f"repeat:tick:{first + 1000}"]
+    assert queue.unrepeat("tick") and queue.repeats() == [] and not queue.unrepeat("tick")
+
+    queue.repeat("nightly", "0 2 * * *", {"report": True}, tz="Asia/Shanghai", max_attempts=2)
+    [nightly] = queue.repeats()
+    assert (nightly["schedule"], nightly["tz"], nightly["max_attempts"]) == ("0 2 * * *", "Asia/Shanghai", 2)
+    at = datetime.datetime.fromtimestamp(nightly["next_due_at"], datetime.timezone.utc)
+    assert (at.hour, at.minute) == (18, 0), "02:00 in Shanghai"
+
+
+@pytest.mark.parametrize("args, kwargs, error, text", [
+    (("x", "61 * * * *", 1), {}, delayq.InvalidArgumentError, "not a cron pattern"),
+    (("x", "0 2 * * *", 1), {"tz": "Mars/Base"}, delayq.InvalidArgumentError, "IANA time zone"),
+    (("x", 60, 1), {"tz": "UTC"}, delayq.InvalidArgumentError, "cron patterns, not to intervals"),
+    (("x", 0.5, 1), {}, delayq.InvalidArgumentError, "1 second"),
+    (("x", True, 1), {}, TypeError, "schedule"),
+    (("", 60, 1), {}, delayq.InvalidArgumentError, "repeat name"),
+    (("x", 60, object()), {}, TypeError, "payload"),
+])
+def test_bad_repeats_are_refused_and_write_nothing(
+    queue: delayq.DelayQueue, args: tuple[Any, ...], kwargs: dict[str, Any], error: type[Exception], text: str
+) -> None:
+    with pytest.raises(error, match=text):
+        queue.repeat(*args, **kwargs)
+    assert queue.repeats() == [] and queue.stats()["pushed"] == 0

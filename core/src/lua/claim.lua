@@ -2,10 +2,12 @@
 -- re-scheduling deliveries whose lease expired (their worker died or hung).
 -- KEYS: see lib.lua.
 -- ARGV[3] batch (1..1000)   ARGV[4] lease_ms   ARGV[5] dead_max   ARGV[6] dead_ttl_ms
--- ARGV[7..9], when present: the claiming pool's heartbeat (pool id, ttl_ms, info JSON;
+-- ARGV[7] "1" to look for repeating messages with no occurrence pending (see below)
+-- ARGV[8..10], when present: the claiming pool's heartbeat (pool id, ttl_ms, info JSON;
 --   see beat.lua), carried by a claim so that it costs no command of its own.
 -- Returns {now_ms, next_ms, reaped, n, id1, lease1, envelope1, ..., idn, leasen,
---          envelopen, i1, attempt1, i2, attempt2, ...}
+--          envelopen, i1, attempt1, i2, attempt2, ..., name1, definition1, mark1, ...,
+--          r}
 --   next_ms: earliest due time or lease deadline still ahead, -1 if none, -2 if the
 --   queue is paused; the caller sleeps until then unless a producer publishes an
 --   earlier due time.
@@ -14,6 +16,10 @@
 --   reply does not repeat it).
 --   lease: "<token>:<score>" (see lib.lua); the caller reads the due time from it and
 --   sends it back whole to complete the delivery.
+--   The last r triples: repeating messages whose chain of occurrences broke (none
+--   waits or runs: the pool that ran the last one failed to push the next, or purge
+--   or cancel took it); the caller computes and pushes their next occurrence
+--   (repeat_next.lua). mark: the due time of the latest occurrence, -1 if none.
 -- This script runs once per batch of up to 1000 messages and is the drain's hot path:
 -- every per-message step below is one element of a variadic call, and the only
 -- per-message Lua work is one string concatenation.
@@ -46,15 +52,37 @@ if #expired > 0 then
 end
 
 trim_dead(now, tonumber(ARGV[5]), tonumber(ARGV[6]))
-if ARGV[7] then
-  register_pool(now, ARGV[7], tonumber(ARGV[8]), ARGV[9])
+if ARGV[8] then
+  register_pool(now, ARGV[8], tonumber(ARGV[9]), ARGV[10])
+end
+
+-- Rare (the caller asks about once a minute) and small: one entry per repeat.
+local broken = {}
+if ARGV[7] == '1' then
+  local all = redis.call('HGETALL', K_REPEATS)
+  for i = 1, #all, 2 do
+    local mark = tonumber(redis.call('HGET', K_MARKS, all[i]))
+    local id = mark and occurrence_id(all[i], mark)
+    if not (id and (redis.call('ZSCORE', K_SCHED, id) or redis.call('HGET', K_LEASE, id))) then
+      broken[#broken + 1] = all[i]
+      broken[#broken + 1] = all[i + 1]
+      broken[#broken + 1] = mark or -1
+    end
+  end
+end
+local function with_repeats(result)
+  for _, v in ipairs(broken) do
+    result[#result + 1] = v
+  end
+  result[#result + 1] = #broken / 3
+  return result
 end
 
 local result = {now, -1, #expired, 0}
 if redis.call('EXISTS', K_PAUSED) == 1 then
   -- Nothing to wake for: resuming publishes the schedule's head (see pause.lua).
   result[2] = -2
-  return result
+  return with_repeats(result)
 end
 local due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'WITHSCORES', 'LIMIT', 0, batch)
 local n = #due / 2
@@ -126,4 +154,4 @@ if lease_head[2] then
   end
 end
 result[2] = next_ms
-return result
+return with_repeats(result)

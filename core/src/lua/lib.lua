@@ -16,10 +16,15 @@
 --                            consumer pools alive (see beat.lua)
 --   KEYS[11] paused    HASH  since -> time of the pause (ms); while it exists, consumers
 --                            claim nothing (see pause.lua)
+--   KEYS[12] repeats   HASH  name -> definition of a repeating message (JSON text the
+--                            crate writes and reads; opaque here, compared whole)
+--   KEYS[13] repeat_marks HASH name -> due time (ms) of the latest occurrence pushed:
+--                            each occurrence is pushed at most once
 -- ARGV[1] is the layout ("native" or "seed"), ARGV[2] the wake-up channel.
 -- Scripts return error replies only for caller bugs, as "DQERR <code> <detail>".
 local K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_STATS, K_SEQ, K_WORKERS, K_PAUSED =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local K_REPEATS, K_MARKS = KEYS[12], KEYS[13]
 local LAYOUT, CHANNEL = ARGV[1], ARGV[2]
 local SEED = LAYOUT == 'seed'
 
@@ -191,3 +196,38 @@ local function trim_dead(now, dead_max, dead_ttl_ms)
   end
 end
 
+
+-- Repeating messages (see repeat_set.lua). Occurrence ids are "repeat:<name>:<due_ms>",
+-- so an occurrence is found from its repeat's mark without an index.
+local function occurrence_id(name, due)
+  return 'repeat:' .. name .. ':' .. fmt(due)
+end
+
+-- Push the occurrence of `name` due at `due` (absolute ms) unless it exists, and mark
+-- it as the repeat's latest.
+local function push_occurrence(name, due, envelope)
+  local id = occurrence_id(name, due)
+  if not redis.call('HGET', K_MSG, id) then
+    local old_head = head_score()
+    local score = score_of(due, next_seq())
+    redis.call('HSET', K_MSG, id, envelope)
+    redis.call('ZADD', K_SCHED, score, id)
+    redis.call('HINCRBY', K_STATS, 'pushed', 1)
+    wake_if_earlier(old_head, score)
+  end
+  redis.call('HSET', K_MARKS, name, fmt(due))
+end
+
+-- A repeat changed or went: its occurrence that still waits goes with it (one that
+-- runs finishes).
+local function cancel_pending_occurrence(name)
+  local mark = redis.call('HGET', K_MARKS, name)
+  if mark then
+    local id = occurrence_id(name, tonumber(mark))
+    if redis.call('ZREM', K_SCHED, id) == 1 then
+      forget({id})
+      redis.call('HINCRBY', K_STATS, 'cancelled', 1)
+    end
+    redis.call('HDEL', K_MARKS, name)
+  end
+end

@@ -1,5 +1,6 @@
--- purge.lua: delete every message of the queue in any state; counters and a pause
--- (see pause.lua) are kept.
+-- purge.lua: delete every message of the queue in any state; counters, a pause and
+-- repeat definitions are kept (a repeat whose occurrence went gets its next one from
+-- the next claim that looks, see claim.lua).
 -- KEYS: see lib.lua.
 -- Returns the number of messages deleted.
 local count = redis.call('HLEN', K_MSG)

@@ -1,0 +1,10 @@
+-- repeat_del.lua: stop a repeating message; its occurrence that still waits is
+-- cancelled (one that runs finishes).
+-- KEYS: see lib.lua.   ARGV[3] name.
+-- Returns 1 if it existed, 0 if not.
+local name = ARGV[3]
+if redis.call('HDEL', K_REPEATS, name) == 0 then
+  return 0
+end
+cancel_pending_occurrence(name)
+return 1
