@@ -165,6 +165,27 @@ fn a_repeat_whose_occurrence_was_purged_is_pushed_again_by_the_next_pool() {
 }
 
 #[test]
+fn defining_an_unchanged_repeat_again_mends_a_broken_chain_at_once() {
+    let server = RedisServer::start();
+    let q = server.queue("mend");
+    let hourly = Schedule::every(Duration::from_secs(3600)).expect("schedule");
+    let first = q.repeat("report", &hourly, &1).expect("repeat");
+    assert_eq!(
+        q.repeat("report", &hourly, &1).expect("again"),
+        first,
+        "pending: unchanged"
+    );
+    assert!(q.cancel(&format!("repeat:report:{first}")).expect("cancel"));
+    let mended = q.repeat("report", &hourly, &1).expect("mend");
+    assert!(mended >= first, "a new occurrence, an hour from now");
+    assert_eq!(
+        q.get(&format!("repeat:report:{mended}")).expect("get").map(|m| m.state),
+        Some(State::Scheduled)
+    );
+    assert_eq!(q.stats().expect("stats").scheduled, 1);
+}
+
+#[test]
 fn bad_repeats_are_refused_and_write_nothing() {
     let server = RedisServer::start();
     let q = server.queue("bad");

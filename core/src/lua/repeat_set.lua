@@ -1,17 +1,24 @@
 -- repeat_set.lua: define or change a repeating message and push its first occurrence.
 -- KEYS: see lib.lua.
 -- ARGV[3] name   ARGV[4] definition (compared whole: the same text changes nothing)
--- ARGV[5] first due time (absolute ms)   ARGV[6] envelope of that occurrence
--- Returns the due time (ms) of the repeat's next occurrence: the one just pushed, or
--- for an unchanged definition the one already pending.
-local name, definition = ARGV[3], ARGV[4]
+-- ARGV[5] first due time (absolute ms, after now)   ARGV[6] envelope of that occurrence
+-- Returns the due time (ms) of the repeat's next occurrence: the one pending for an
+-- unchanged definition, else the one just pushed.
+local name, definition, first = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if redis.call('HGET', K_REPEATS, name) == definition then
-  local mark = redis.call('HGET', K_MARKS, name)
+  local mark = tonumber(redis.call('HGET', K_MARKS, name))
   if mark then
-    return tonumber(mark)
+    local id = occurrence_id(name, mark)
+    if redis.call('ZSCORE', K_SCHED, id) or redis.call('HGET', K_LEASE, id) or first <= mark then
+      return mark
+    end
   end
+  -- Unchanged, but nothing waits or runs (purged, cancelled, or a pool failed to push
+  -- the next one): the call mends the chain at once instead of leaving it to a claim.
+  push_occurrence(name, first, ARGV[6])
+  return first
 end
 cancel_pending_occurrence(name)
 redis.call('HSET', K_REPEATS, name, definition)
-push_occurrence(name, tonumber(ARGV[5]), ARGV[6])
-return tonumber(ARGV[5])
+push_occurrence(name, first, ARGV[6])
+return first
