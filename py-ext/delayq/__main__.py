@@ -203,12 +203,19 @@ def _cancel(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def _push(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+class _BadUsage(Exception):
+    """Bad command-line input that argparse cannot see: exit status 2."""
+
+
+def _json_payload(text: str) -> Any:
     try:
-        payload = json.loads(args.payload)
+        return json.loads(text)
     except ValueError as e:
-        sys.stderr.write(f"delayq: the payload is not JSON: {e}\n")
-        return 2
+        raise _BadUsage(f"the payload is not JSON: {e}") from e
+
+
+def _push(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    payload = _json_payload(args.payload)
     msg_id = q.push(payload, args.delay, id=args.id, max_attempts=args.max_attempts,
                     partition_key=args.partition_key)
     out.emit({"id": msg_id}, lambda: [msg_id])
@@ -244,11 +251,7 @@ def _repeats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
 
 def _repeat(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
-    try:
-        payload = json.loads(args.payload)
-    except ValueError as e:
-        sys.stderr.write(f"delayq: the payload is not JSON: {e}\n")
-        return 2
+    payload = _json_payload(args.payload)
     schedule: Union[str, float] = float(args.every) if args.every is not None else args.cron
     due = q.repeat(args.name, schedule, payload, tz=args.tz, max_attempts=args.max_attempts)
     out.emit({"name": args.name, "next_due_at": due}, lambda: [f"{args.name}: next at {_when(due)}"])
@@ -434,7 +437,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         q = make_queue(args.queue)
         code: int = args.run(q, _Output(args.json, sys.stdout), args)
         return code
-    except InvalidArgumentError as e:
+    except (InvalidArgumentError, _BadUsage) as e:
         sys.stderr.write(f"delayq: {e}\n")
         return 2
     except DelayQueueError as e:
