@@ -120,7 +120,8 @@ final class DelayQueue
      * Summed over the partitions.
      *
      * @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
-     *   paused_at: ?float, partitions: int, pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
+     *   paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int, pushed: int,
+     *   delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
      *   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int}
      */
     public function stats(): array {}
@@ -213,8 +214,37 @@ final class DelayQueue
     public function isPaused(): bool {}
 
     /**
-     * Deletes every message of the queue in every state (counters, a pause and repeat
-     * definitions are kept).
+     * Hands out at most $max messages in any window of $per seconds (a sliding window,
+     * not aligned to the clock), over every worker pool on every host and in every
+     * language, retries and re-deliveries included: e.g. to stay within a payment
+     * provider's quota. Stored in Redis until changed or cleared; pools follow it from
+     * their next claim and sleep until the window has room, at no extra Redis calls.
+     * It counts messages handed to pools; a pool holds about 50 ms of work per
+     * handler, so a message starts within about that of its hand-out. A partitioned queue splits $max among
+     * its partitions, so $max must be at least their count.
+     *
+     * @throws DelayQueueInvalidArgumentException for $max below 1 (or the partition
+     *   count), $per outside 0.001 to 2678400 (31 days); nothing is written
+     */
+    public function setRateLimit(int $max, float $per = 1.0): void {}
+
+    /**
+     * Lifts the rate limit; pools it held back start at once.
+     *
+     * @return bool false if no limit was set
+     */
+    public function clearRateLimit(): bool {}
+
+    /**
+     * The rate limit in force (stats()['rate_limit'] too).
+     *
+     * @return array{max: int, per: float}|null
+     */
+    public function rateLimit(): ?array {}
+
+    /**
+     * Deletes every message of the queue in every state (counters, a pause, a rate
+     * limit and repeat definitions are kept).
      *
      * @return int how many messages were deleted
      */

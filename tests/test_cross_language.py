@@ -129,6 +129,42 @@ def test_a_pause_from_php_holds_python_workers_until_php_resumes(queue: delayq.D
     assert sorted(seen) == [0, 1, 2] and drained(queue)
 
 
+def test_a_rate_limit_set_from_php_holds_a_python_pool_and_python_lifts_it(
+    queue: delayq.DelayQueue, redis_url: str
+) -> None:
+    php("(new DelayQueue($argv[1], 'jobs'))->setRateLimit(2, 3600);", redis_url)
+    assert queue.rate_limit() == {"max": 2, "per": 3600.0}
+    for i in range(4):
+        queue.push({"n": i})
+    seen: list[int] = []
+    # Longer than the test: only the wake-up that clearing publishes lets the rest through.
+    worker = delayq.Worker(queue, idle_check=600)
+
+    def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        seen.append(payload["n"])
+        if len(seen) == 4:
+            worker.stop()
+
+    runner = threading.Thread(target=worker.run, args=(handle,))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert len(seen) == 2, f"2 per hour, PHP said; the Python pool ran {len(seen)}"
+        limit = json.loads(php("echo json_encode((new DelayQueue($argv[1], 'jobs'))->stats()['rate_limit']);",
+                               redis_url))
+        assert limit == queue.stats()["rate_limit"] == {"max": 2, "per": 3600.0}
+        assert queue.clear_rate_limit()
+        runner.join(20)
+    finally:
+        worker.stop()
+        runner.join()
+    assert sorted(seen) == [0, 1, 2, 3] and drained(queue)
+    assert php("var_export((new DelayQueue($argv[1], 'jobs'))->rateLimit());", redis_url) == "NULL"
+
+
 def test_a_repeat_defined_from_php_runs_in_a_python_worker(queue: delayq.DelayQueue, redis_url: str) -> None:
     due = float(php("echo (new DelayQueue($argv[1], 'jobs'))->repeat('tick', 1, ['n' => '日本']);", redis_url))
     assert queue.repeats()[0]["next_due_at"] == due

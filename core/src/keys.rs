@@ -54,7 +54,7 @@ pub(crate) fn due_ms_of_lease(layout: &Layout, lease: &str) -> Option<i64> {
 /// The key names of one queue, in the order every script expects them (see lib.lua).
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    pub(crate) all: [String; 13],
+    pub(crate) all: [String; 15],
     pub(crate) wake_channel: String,
 }
 
@@ -158,6 +158,8 @@ impl Keys {
                         key("paused"),
                         key("repeats"),
                         key("repeat_marks"),
+                        key("limit"),
+                        key("limit_log"),
                     ],
                     wake_channel: key("wake"),
                 })
@@ -184,6 +186,8 @@ impl Keys {
                         key("paused"),
                         key("repeats"),
                         key("repeat_marks"),
+                        key("limit"),
+                        key("limit_log"),
                     ],
                     wake_channel: key("wake"),
                 })

@@ -213,9 +213,73 @@ pub struct Stats {
     pub next_due_ms: Option<i64>,
     /// When consumption was paused (Unix ms), while it is (see `Queue::pause`).
     pub paused_at_ms: Option<i64>,
+    /// The rate limit in force (see `Queue::set_rate_limit`).
+    pub rate_limit: Option<RateLimit>,
     /// Lifetime counters: pushed, delivered, acked, retried, dead, expired, released,
     /// cancelled, requeued, discarded, trimmed, purged, orphaned (absent ones are 0).
     pub totals: BTreeMap<String, u64>,
+}
+
+/// A cap on how fast a queue's messages are handed to consumers: at most `max` in any
+/// window of `per`, counted over every consumer pool on every host (see
+/// `Queue::set_rate_limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    pub max: u32,
+    pub per: Duration,
+}
+
+/// Longest window a rate limit may have: a daily quota fits, and the log of grants
+/// that the claim keeps for the window stays short.
+pub const MAX_RATE_LIMIT_PERIOD: Duration = Duration::from_secs(31 * 24 * 3600);
+
+impl RateLimit {
+    /// `max` messages per `per` seconds (fractions allowed, down to a millisecond).
+    pub fn new(max: u32, per_secs: f64) -> Result<Self> {
+        let per = crate::time::delay_from_secs("per", per_secs)?;
+        let limit = Self { max, per };
+        limit.validate(1)?;
+        Ok(limit)
+    }
+
+    fn validate(&self, partitions: usize) -> Result<()> {
+        if self.max == 0 {
+            return Err(Error::invalid(
+                "max",
+                "must be at least 1 (pause() stops consumption altogether)",
+            ));
+        }
+        if self.per < Duration::from_millis(1) || self.per > MAX_RATE_LIMIT_PERIOD {
+            return Err(Error::invalid(
+                "per",
+                format!(
+                    "must be from 0.001 to {} seconds, got {:?}",
+                    MAX_RATE_LIMIT_PERIOD.as_secs(),
+                    self.per
+                ),
+            ));
+        }
+        if (self.max as usize) < partitions {
+            return Err(Error::invalid(
+                "max",
+                format!(
+                    "{} cannot be shared by this queue's {partitions} partitions (each needs at least 1): \
+                     raise max and per together, e.g. {} per {} s",
+                    self.max,
+                    partitions,
+                    self.per.as_secs_f64() * partitions as f64 / f64::from(self.max)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Each partition's share of `max`: they add up to `max`.
+    fn shares(&self, partitions: usize) -> impl Iterator<Item = u32> {
+        let n = partitions as u32;
+        let (each, extra) = (self.max / n, self.max % n);
+        (0..n).map(move |i| each + u32::from(i < extra))
+    }
 }
 
 /// The lifetime counters under the names the bindings show (`died` is the `dead`
@@ -822,6 +886,8 @@ impl Queue {
             total.dead += s.dead;
             total.next_due_ms = earliest(total.next_due_ms, s.next_due_ms);
             total.paused_at_ms = earliest(total.paused_at_ms, s.paused_at_ms);
+            // Every partition holds the queue's whole limit beside its own share.
+            total.rate_limit = total.rate_limit.or(s.rate_limit);
             for (k, v) in s.totals {
                 *total.totals.entry(k).or_insert(0) += v;
             }
@@ -844,8 +910,14 @@ impl Queue {
         let ready = n(2);
         let next = items.get(5).map(int).unwrap_or(-1);
         let paused = items.get(6).map(int).unwrap_or(-1);
+        let limit_max = items.get(7).map(int).unwrap_or(-1);
+        let limit_per = items.get(8).map(int).unwrap_or(-1);
+        let rate_limit = (limit_max > 0 && limit_per > 0).then(|| RateLimit {
+            max: u32::try_from(limit_max).unwrap_or(u32::MAX),
+            per: Duration::from_millis(limit_per.unsigned_abs()),
+        });
         let mut totals = BTreeMap::new();
-        for pair in items.get(7..).unwrap_or_default().chunks(2) {
+        for pair in items.get(9..).unwrap_or_default().chunks(2) {
             if let [k, v] = pair
                 && let Some(k) = text(k)
             {
@@ -859,6 +931,7 @@ impl Queue {
             dead: n(4),
             next_due_ms: (next >= 0).then_some(next),
             paused_at_ms: (paused >= 0).then_some(paused),
+            rate_limit,
             totals,
         })
     }
@@ -1125,6 +1198,44 @@ impl Queue {
             changed |= int(&v) == 1;
         }
         Ok(changed)
+    }
+
+    /// Cap how fast consumers are handed this queue's messages: at most `limit.max` in
+    /// any window of `limit.per` (sliding, not aligned to the clock), over every pool
+    /// on every host and in every language, retries and re-deliveries included, e.g.
+    /// to stay within a payment provider's quota. Kept in Redis, like `pause`, until
+    /// changed or cleared; pools pick it up at their next claim and sleep until the
+    /// window has room, with no extra commands. A partitioned queue splits `max` among
+    /// its partitions (so it must be at least the partition count); each partition
+    /// holds its share, so a partition with little traffic leaves its share unused.
+    pub fn set_rate_limit(&self, limit: RateLimit) -> Result<()> {
+        let parts = self.partitions();
+        limit.validate(parts)?;
+        let per_ms = u64::try_from(limit.per.as_millis()).unwrap_or(u64::MAX);
+        for (part, share) in limit.shares(parts).enumerate() {
+            self.call(part, "set_rate_limit", Replay::Safe, &scripts::LIMIT, |inv| {
+                inv.arg(share).arg(per_ms).arg(limit.max);
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Lift the rate limit; pools it held back are woken at once. Returns whether one
+    /// was in force.
+    pub fn clear_rate_limit(&self) -> Result<bool> {
+        let mut had = false;
+        for part in 0..self.partitions() {
+            let v = self.call(part, "clear_rate_limit", Replay::Safe, &scripts::LIMIT, |inv| {
+                inv.arg("").arg("").arg("");
+            })?;
+            had |= int(&v) == 1;
+        }
+        Ok(had)
+    }
+
+    /// The rate limit in force, if any.
+    pub fn rate_limit(&self) -> Result<Option<RateLimit>> {
+        Ok(self.partition_stats(0)?.rate_limit)
     }
 
     /// Delete every message in every state. Returns how many were deleted.

@@ -56,6 +56,10 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
     assert!(q.pause().expect("pause"));
     assert!(q.is_paused().expect("is_paused"));
     assert!(q.resume().expect("resume"));
+    // The claims below run under it: its log and counters need no other commands.
+    let limit = delayq::RateLimit::new(100, 1.0).expect("limit");
+    q.set_rate_limit(limit).expect("set_rate_limit");
+    assert_eq!(q.rate_limit().expect("rate_limit"), Some(limit));
 
     // Consumer side: order 5 fails for good, the rest succeed.
     let worker = Worker::new(
@@ -90,6 +94,7 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
             .expect("run under the limited user")
     });
     assert_eq!((summary.acked, summary.dead), (4, 1));
+    assert!(q.clear_rate_limit().expect("clear_rate_limit"));
     let dead = q.dead_letters(10).expect("dead letters");
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].id, ids[3]);

@@ -8,7 +8,7 @@ use ext_php_rs::zend::ClassEntry;
 
 use crate::convert::{self, Options, OptionsArg, Seconds, assoc, ms_to_secs, zv};
 use crate::errors::{self, OrThrow};
-use delayq::{Listing, MessageInfo, Schedule};
+use delayq::{Listing, MessageInfo, RateLimit, Schedule};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -278,11 +278,16 @@ impl PhpDelayQueue {
     /// Queue depth by state and lifetime counters.
     ///
     /// @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
-    ///   paused_at: ?float, partitions: int, pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
+    ///   paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int, pushed: int,
+    ///   delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
     ///   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int}
     pub fn stats(&self) -> PhpResult<ZBox<ZendHashTable>> {
         let s = self.queue.stats().or_throw()?;
         let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
+        let mut rate_limit = Zval::new();
+        if let Some(limit) = s.rate_limit {
+            rate_limit.set_hashtable(rate_limit_array(limit)?);
+        }
         let mut entries = vec![
             ("scheduled", n(s.scheduled)),
             ("ready", n(s.ready)),
@@ -290,6 +295,7 @@ impl PhpDelayQueue {
             ("dead", n(s.dead)),
             ("next_due_at", zv(s.next_due_ms.map(ms_to_secs))),
             ("paused_at", zv(s.paused_at_ms.map(ms_to_secs))),
+            ("rate_limit", rate_limit),
             ("partitions", zv(self.queue.partitions() as i64)),
         ];
         for (name, total) in s.named_totals() {
@@ -436,6 +442,32 @@ impl PhpDelayQueue {
         self.queue.is_paused().or_throw()
     }
 
+    /// Hand out at most `$max` messages in any window of `$per` seconds, over every
+    /// worker pool on every host (retries included): e.g. to stay within a payment
+    /// provider's quota. Kept in Redis until changed or cleared; pools follow it from
+    /// their next claim and sleep until the window has room. A partitioned queue
+    /// splits `$max` among its partitions, so it must be at least their count.
+    #[php(defaults(per = 1.0))]
+    pub fn set_rate_limit(&self, max: i64, per: Seconds) -> PhpResult<()> {
+        let max = u32::try_from(max)
+            .map_err(|_| errors::invalid(format!("max must be from 1 to {}, got {max}", u32::MAX)))?;
+        let limit = RateLimit::new(max, per.0).or_throw()?;
+        self.queue.set_rate_limit(limit).or_throw()
+    }
+
+    /// Lift the rate limit; pools it held back start at once. Returns false if none
+    /// was set.
+    pub fn clear_rate_limit(&self) -> PhpResult<bool> {
+        self.queue.clear_rate_limit().or_throw()
+    }
+
+    /// The rate limit in force, or null.
+    ///
+    /// @return array{max: int, per: float}|null
+    pub fn rate_limit(&self) -> PhpResult<Option<ZBox<ZendHashTable>>> {
+        self.queue.rate_limit().or_throw()?.map(rate_limit_array).transpose()
+    }
+
     /// Delete every message of the queue in every state. Returns how many.
     pub fn purge(&self) -> PhpResult<i64> {
         Ok(i64::try_from(self.queue.purge().or_throw()?).unwrap_or(i64::MAX))
@@ -479,6 +511,13 @@ fn schedule_of(value: &Zval, tz: Option<&str>) -> PhpResult<Schedule> {
         "$schedule must be a cron pattern (string) or an interval in seconds (int|float), got {}",
         convert::type_name(value)
     )))
+}
+
+fn rate_limit_array(limit: RateLimit) -> PhpResult<ZBox<ZendHashTable>> {
+    assoc(vec![
+        ("max", zv(i64::from(limit.max))),
+        ("per", zv(limit.per.as_secs_f64())),
+    ])
 }
 
 fn message_info(info: MessageInfo) -> PhpResult<ZBox<ZendHashTable>> {

@@ -323,6 +323,53 @@ final class WorkerTest extends TestCase
         $this->assertTrue($this->drained());
     }
 
+    public function testARateLimitHoldsEveryProcessToItAndClearingItWakesThem(): void
+    {
+        $this->assertNull($this->q->rateLimit());
+        $this->q->setRateLimit(2, 3600);
+        $this->assertSame(['max' => 2, 'per' => 3600.0], $this->q->rateLimit());
+        $this->assertSame(['max' => 2, 'per' => 3600.0], $this->q->stats()['rate_limit']);
+        $this->fill(5);
+        // Longer than the test: only the wake-up that clearing publishes can go on.
+        $proc = $this->startWorker(['processes' => 2, 'idle_check' => 600]);
+        delayq_wait_for(20, 'two handled', fn () => count($this->handled()) >= 2);
+        usleep(1000000);
+        $this->assertCount(2, $this->handled(), 'two per hour, over both processes');
+        $this->assertSame(3, $this->q->stats()['ready']);
+        $this->assertTrue($this->q->clearRateLimit());
+        $this->assertFalse($this->q->clearRateLimit(), 'none left');
+        $this->assertNull($this->q->stats()['rate_limit']);
+        delayq_wait_for(20, 'the rest handled once the limit is gone', fn () => count($this->handled()) >= 5);
+        proc_terminate($proc, SIGTERM);
+        $this->assertSame(0, proc_close($proc));
+        $this->assertEveryMessageHandled(5, 0);
+    }
+
+    public function testABadRateLimitIsRefusedAndWritesNothing(): void
+    {
+        foreach ([[0, 1.0, 'max'], [-3, 1.0, 'max'], [5, 0.0, 'per'], [5, -1.0, 'per'], [5, NAN, 'per'],
+                  [5, 40 * 86400.0, 'per']] as [$max, $per, $culprit]) {
+            try {
+                $this->q->setRateLimit($max, $per);
+                $this->fail("$max per $per was accepted");
+            } catch (DelayQueueInvalidArgumentException $e) {
+                $this->assertStringContainsString($culprit, $e->getMessage());
+            }
+        }
+        $this->assertNull($this->q->rateLimit());
+        $split = new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'split', ['partitions' => 3]);
+        try {
+            $split->setRateLimit(2);
+            $this->fail('2 was split over 3 partitions');
+        } catch (DelayQueueInvalidArgumentException $e) {
+            $this->assertStringContainsString('3 partitions', $e->getMessage());
+        }
+        $this->assertNull($split->rateLimit());
+        $split->setRateLimit(7, 0.5);
+        $this->assertSame(['max' => 7, 'per' => 0.5], $split->rateLimit());
+        $this->assertTrue($split->clearRateLimit());
+    }
+
     public function testWaitingAndRunningMessagesAreListed(): void
     {
         $late = $this->q->push(['n' => 'late'], 3600);

@@ -11,6 +11,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders pause        # every worker pool stops taking messages
     delayq --queue orders repeat nightly-report --cron "0 2 * * *" --tz Asia/Shanghai '{}'
     delayq --queue orders resume
+    delayq --queue orders rate-limit 100 --per 60   # at most 100 a minute, over every pool
     delayq serve-metrics orders payments --listen :9808   # for Prometheus to scrape
     delayq --url redis://10.0.0.5:6379 --queue orders --json get close-order-10086
 
@@ -64,7 +65,13 @@ class _Output:
 
 
 DEPTH = ("scheduled", "ready", "inflight", "dead")
-NOT_COUNTERS = {*DEPTH, "next_due_at", "paused_at", "partitions"}
+NOT_COUNTERS = {*DEPTH, "next_due_at", "paused_at", "rate_limit", "partitions"}
+
+
+def _rate(limit: Optional[dict[str, Any]]) -> str:
+    if limit is None:
+        return "none"
+    return f"at most {limit['max']} messages per {limit['per']:g} s"
 
 
 def _stats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -77,6 +84,7 @@ def _stats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             f"queue {q.name}: {depth}",
             f"next due: {_when(s['next_due_at'])}",
             "consumption: " + ("running" if s["paused_at"] is None else f"paused since {_when(s['paused_at'])}"),
+            f"rate limit: {_rate(s['rate_limit'])}",
             f"partitions: {s['partitions']}",
             f"since created: {counters}",
         ]
@@ -290,6 +298,23 @@ def _resume(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _rate_limit(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    if args.clear:
+        if args.max is not None:
+            raise _BadUsage("give a MAX or --clear, not both")
+        changed = q.clear_rate_limit()
+        out.emit({"rate_limit": None, "changed": changed},
+                 lambda: [f"queue {q.name}: rate limit lifted" if changed else f"queue {q.name} had no rate limit"])
+        return 0
+    if args.max is not None:
+        q.set_rate_limit(args.max, 1.0 if args.per is None else args.per)
+    elif args.per is not None:
+        raise _BadUsage("--per goes with a MAX, e.g. rate-limit 100 --per 60")
+    limit = q.rate_limit()
+    out.emit({"rate_limit": limit}, lambda: [f"queue {q.name}: rate limit: {_rate(limit)}"])
+    return 0
+
+
 def _metrics_queues(q: DelayQueue, args: argparse.Namespace) -> list[DelayQueue]:
     return [args.make_queue(name) for name in args.queues] if args.queues else [q]
 
@@ -342,7 +367,7 @@ def _count(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="delayq",
-        description="Look into a delayq queue, pause and resume it, and act on its dead letters.",
+        description="Look into a delayq queue, pause, resume or rate-limit it, and act on its dead letters.",
         epilog="Exit status: 0 done, 1 nothing matched, 2 bad usage, 3 Redis unreachable or refused.",
     )
     p.add_argument("--version", action="version", version=f"delayq {__version__}")
@@ -414,6 +439,11 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("pause", help="stop every worker pool taking messages (pushes go on)").set_defaults(
         run=_pause)
     sub.add_parser("resume", help="undo pause").set_defaults(run=_resume)
+    c = sub.add_parser("rate-limit", help="show, set (MAX [--per SECONDS]) or --clear the queue's rate limit")
+    c.add_argument("max", nargs="?", type=int, help="messages handed to workers in any window of --per seconds")
+    c.add_argument("--per", type=float, help="the window in seconds (default: 1)")
+    c.add_argument("--clear", action="store_true", help="lift the limit; held-back workers start at once")
+    c.set_defaults(run=_rate_limit)
     m = sub.add_parser("metrics", help="Prometheus text format, once (cron, node_exporter's textfile collector)")
     m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to report (default: --queue)")
     m.set_defaults(run=_metrics)

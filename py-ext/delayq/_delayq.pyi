@@ -100,7 +100,7 @@ class DelayQueue:
         first, each as ``get()`` shows it; a ``lease_until`` in the past is a delivery
         whose worker died or hung (the next claim gives it to another worker)."""
     def stats(self) -> dict[str, Any]:
-        """Depth (scheduled, ready, inflight, dead, next_due_at, paused_at), summed over the
+        """Depth (scheduled, ready, inflight, dead, next_due_at, paused_at, rate_limit), summed over the
         ``partitions``, and lifetime counters
         (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
         discarded, trimmed, purged)."""
@@ -151,6 +151,20 @@ class DelayQueue:
         not paused."""
     def is_paused(self) -> bool:
         """Whether ``pause()`` is in force (``stats()["paused_at"]`` says since when)."""
+    def set_rate_limit(self, max: int, per: float = 1.0) -> None:
+        """Hand out at most ``max`` messages in any window of ``per`` seconds (sliding,
+        not aligned to the clock), over every worker pool on every host and in every
+        language, retries and re-deliveries included: e.g. to stay within a payment
+        provider's quota. Stored in Redis until changed or cleared; pools follow it from
+        their next claim and sleep until the window has room. A partitioned queue
+        splits ``max`` among its partitions, so it must be at least their count.
+        ``InvalidArgumentError`` (a ``ValueError``) for ``max`` below 1, ``per`` outside
+        0.001 to 2678400 (31 days); nothing is written."""
+    def clear_rate_limit(self) -> bool:
+        """Lift the rate limit; pools it held back start at once. False if none was set."""
+    def rate_limit(self) -> Optional[dict[str, Any]]:
+        """The rate limit in force, ``{"max": int, "per": float}``, or None (also
+        ``stats()["rate_limit"]``)."""
     def purge(self) -> int:
         """Delete every message in every state; returns how many."""
     def ping(self) -> bool:

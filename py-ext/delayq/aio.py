@@ -121,6 +121,18 @@ class AsyncDelayQueue:
         """`DelayQueue.is_paused`."""
         return await asyncio.to_thread(self._queue.is_paused)
 
+    async def set_rate_limit(self, max: int, per: float = 1.0) -> None:
+        """`DelayQueue.set_rate_limit`."""
+        await asyncio.to_thread(self._queue.set_rate_limit, max, per)
+
+    async def clear_rate_limit(self) -> bool:
+        """`DelayQueue.clear_rate_limit`."""
+        return await asyncio.to_thread(self._queue.clear_rate_limit)
+
+    async def rate_limit(self) -> Optional[dict[str, Any]]:
+        """`DelayQueue.rate_limit`."""
+        return await asyncio.to_thread(self._queue.rate_limit)
+
     async def purge(self) -> int:
         """`DelayQueue.purge`."""
         return await asyncio.to_thread(self._queue.purge)

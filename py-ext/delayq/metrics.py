@@ -14,7 +14,7 @@ from . import DelayQueue, DelayQueueError
 
 DEPTH = ("scheduled", "ready", "inflight", "dead")
 # The stats() keys that are lifetime counters (the rest are depths and settings).
-NOT_EVENTS = {*DEPTH, "next_due_at", "paused_at", "partitions"}
+NOT_EVENTS = {*DEPTH, "next_due_at", "paused_at", "rate_limit", "partitions"}
 
 _HELP = {
     "delayq_up": ("gauge", "1 if the queue's Redis answered this scrape, 0 if not."),
@@ -26,6 +26,10 @@ _HELP = {
     ),
     "delayq_next_due_timestamp_seconds": ("gauge", "Due time of the earliest waiting message (Unix seconds)."),
     "delayq_paused": ("gauge", "1 while consumption is paused (see pause()), else 0."),
+    "delayq_rate_limit_messages_per_second": (
+        "gauge",
+        "The queue's rate limit (see set_rate_limit()) as max / per; absent when none is set.",
+    ),
     "delayq_workers": ("gauge", "Consumer pools alive on the queue, from every host and language."),
     "delayq_worker_handlers": ("gauge", "Handlers of the pools alive: deliveries they work on at once."),
     "delayq_worker_holding": ("gauge", "Deliveries the pools alive hold, running or prefetched."),
@@ -67,6 +71,9 @@ def render(queues: Iterable[DelayQueue], now: Optional[Callable[[], float]] = No
         if next_due is not None:
             add("delayq_next_due_timestamp_seconds", queue, next_due)
         add("delayq_paused", queue, 0 if stats["paused_at"] is None else 1)
+        limit = stats["rate_limit"]
+        if limit is not None:
+            add("delayq_rate_limit_messages_per_second", queue, limit["max"] / limit["per"])
         add("delayq_workers", queue, len(pools))
         add("delayq_worker_handlers", queue, sum(p["handlers"] for p in pools))
         add("delayq_worker_holding", queue, sum(p["holding"] for p in pools))

@@ -7,7 +7,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::convert::{self, json_to_py, payload_to_json};
 use crate::errors::{self, OrRaise};
-use delayq::{Listing, MessageInfo, Schedule};
+use delayq::{Listing, MessageInfo, RateLimit, Schedule};
 
 /// A delay queue on Redis. Usable on both sides of os.fork(): each process opens its
 /// own connection.
@@ -270,6 +270,7 @@ impl PyQueue {
         d.set_item("dead", s.dead)?;
         d.set_item("next_due_at", s.next_due_ms.map(ms_to_secs))?;
         d.set_item("paused_at", s.paused_at_ms.map(ms_to_secs))?;
+        d.set_item("rate_limit", s.rate_limit.map(|l| rate_limit_dict(py, l)).transpose()?)?;
         d.set_item("partitions", self.queue.partitions())?;
         for (name, total) in s.named_totals() {
             d.set_item(name, total)?;
@@ -410,6 +411,27 @@ impl PyQueue {
         py.detach(|| self.queue.is_paused()).or_raise(py)
     }
 
+    /// Hand out at most `max` messages in any window of `per` seconds, over every
+    /// worker pool on every host and in every language (see the stub for more).
+    #[pyo3(signature = (max, per = 1.0))]
+    fn set_rate_limit(&self, py: Python<'_>, max: i64, per: f64) -> PyResult<()> {
+        let max = u32::try_from(max)
+            .map_err(|_| errors::invalid(py, format!("max must be from 1 to {}, got {max}", u32::MAX)))?;
+        let limit = RateLimit::new(max, per).or_raise(py)?;
+        py.detach(|| self.queue.set_rate_limit(limit)).or_raise(py)
+    }
+
+    /// Lift the rate limit; pools it held back start at once. False if none was set.
+    fn clear_rate_limit(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.queue.clear_rate_limit()).or_raise(py)
+    }
+
+    /// The rate limit in force, as `{"max": int, "per": float}`, or None.
+    fn rate_limit<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let limit = py.detach(|| self.queue.rate_limit()).or_raise(py)?;
+        limit.map(|l| rate_limit_dict(py, l)).transpose()
+    }
+
     /// Delete every message in every state; returns how many.
     fn purge(&self, py: Python<'_>) -> PyResult<u64> {
         py.detach(|| self.queue.purge()).or_raise(py)
@@ -462,5 +484,12 @@ fn message_info(py: Python<'_>, info: MessageInfo) -> PyResult<Bound<'_, PyDict>
     d.set_item("dead_at", info.dead_at_ms.map(ms_to_secs))?;
     d.set_item("created_at", info.created_at_ms.map(ms_to_secs))?;
     d.set_item("lease_until", info.lease_until_ms.map(ms_to_secs))?;
+    Ok(d)
+}
+
+fn rate_limit_dict(py: Python<'_>, limit: RateLimit) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("max", limit.max)?;
+    d.set_item("per", limit.per.as_secs_f64())?;
     Ok(d)
 }

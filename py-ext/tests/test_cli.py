@@ -143,6 +143,23 @@ def test_pause_and_resume(queue: delayq.DelayQueue, redis_url: str) -> None:
     assert cli(redis_url, "resume").stdout == "queue jobs was not paused\n"
 
 
+def test_rate_limit_is_shown_set_and_cleared(queue: delayq.DelayQueue, redis_url: str) -> None:
+    assert cli(redis_url, "rate-limit").stdout == "queue jobs: rate limit: none\n"
+    assert cli_json(redis_url, "rate-limit", "100", "--per", "60") == {"rate_limit": {"max": 100, "per": 60.0}}
+    assert queue.rate_limit() == {"max": 100, "per": 60.0}
+    assert cli(redis_url, "rate-limit").stdout == "queue jobs: rate limit: at most 100 messages per 60 s\n"
+    assert "rate limit: at most 100 messages per 60 s" in cli(redis_url, "stats").stdout
+    assert cli_json(redis_url, "rate-limit", "5") == {"rate_limit": {"max": 5, "per": 1.0}}, "per defaults to 1 s"
+    for bad, says in [(["0"], "max"), (["5", "--per", "0"], "per"), (["5", "--clear"], "not both"),
+                      (["--per", "3"], "goes with a MAX"), (["many"], "invalid int")]:
+        done = cli(redis_url, "rate-limit", *bad)
+        assert done.returncode == 2 and says in done.stderr, (bad, done.stderr)
+    assert queue.rate_limit() == {"max": 5, "per": 1.0}, "a refused change leaves the limit alone"
+    assert cli_json(redis_url, "rate-limit", "--clear") == {"rate_limit": None, "changed": True}
+    assert cli(redis_url, "rate-limit", "--clear").stdout == "queue jobs had no rate limit\n"
+    assert queue.rate_limit() is None
+
+
 def test_waiting_and_inflight_list_what_the_api_lists(queue: delayq.DelayQueue, redis_url: str) -> None:
     queue.push({"n": 1}, delay=60)
     queue.push({"n": 2})
@@ -168,6 +185,7 @@ def test_metrics_in_the_prometheus_format(queue: delayq.DelayQueue, redis_url: s
     queue.push({"n": 1}, delay=60)
     queue.push({"n": 2})
     other.pause()
+    other.set_rate_limit(30, per=60)
     time.sleep(0.05)
     done = cli(redis_url, "metrics", "jobs", "other")
     assert done.returncode == 0, done.stderr
@@ -181,6 +199,8 @@ def test_metrics_in_the_prometheus_format(queue: delayq.DelayQueue, redis_url: s
     assert m[("delayq_lag_seconds", oth)] == 0 and ("delayq_next_due_timestamp_seconds", oth) not in m
     assert (m[("delayq_paused", jobs)], m[("delayq_paused", oth)]) == (0, 1)
     assert m[("delayq_workers", jobs)] == 0
+    assert m[("delayq_rate_limit_messages_per_second", oth)] == 0.5
+    assert ("delayq_rate_limit_messages_per_second", jobs) not in m, "no limit, no sample"
     # Without queue names: --queue's.
     assert ("delayq_up", oth) not in metrics(cli(redis_url, "metrics").stdout)
 

@@ -208,6 +208,8 @@ def test_the_asyncio_queue_makes_every_call_a_coroutine_with_the_same_errors(que
         assert len(await aq.waiting(1000)) == 60
         assert await aq.reschedule(ids[1], 0) and await aq.cancel(ids[2])
         assert await aq.pause() and await aq.is_paused() and await aq.resume()
+        await aq.set_rate_limit(10, 2.0)
+        assert await aq.rate_limit() == {"max": 10, "per": 2.0} and await aq.clear_rate_limit()
         with pytest.raises(delayq.InvalidArgumentError, match="delay"):
             await aq.push(1, delay=-1)
         with pytest.raises(TypeError, match=r'payload\["bad"\]'):

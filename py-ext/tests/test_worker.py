@@ -307,6 +307,50 @@ def test_a_paused_queue_is_not_consumed_until_resumed(queue: delayq.DelayQueue) 
     assert sorted(seen) == list(range(5)) and drained(queue)
 
 
+def test_a_rate_limit_paces_the_handlers_of_every_thread(queue: delayq.DelayQueue) -> None:
+    queue.set_rate_limit(5, per=0.5)
+    assert queue.rate_limit() == {"max": 5, "per": 0.5} == queue.stats()["rate_limit"]
+    fill(queue, 20)
+    starts: list[float] = []
+    # Longer than the test: the pool must sleep just until the window has room.
+    worker = delayq.Worker(queue, threads=4, idle_check=600)
+
+    def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        starts.append(time.monotonic())
+        if len(starts) == 20:
+            worker.stop()
+
+    runner = threading.Thread(target=worker.run, args=(handle,))
+    runner.start()
+    runner.join(30)
+    worker.stop()
+    runner.join()
+    assert len(starts) == 20 and drained(queue)
+    starts.sort()
+    # The cap is on claims; a handler starts a little after its claim, never before.
+    tightest = min(b - a for a, b in zip(starts, starts[5:]))
+    assert tightest >= 0.4, f"6 handlers started within {tightest:.3f} s: more than 5 per 0.5 s"
+    assert queue.clear_rate_limit() is True and queue.clear_rate_limit() is False
+    assert queue.rate_limit() is None and queue.stats()["rate_limit"] is None
+
+
+def test_a_bad_rate_limit_is_refused_and_writes_nothing(queue: delayq.DelayQueue, redis_url: str) -> None:
+    for max_, per, culprit in [(0, 1.0, "max"), (-1, 1.0, "max"), (2**32, 1.0, "max"), (5, 0.0, "per"),
+                               (5, float("nan"), "per"), (5, -2.0, "per"), (5, 40 * 86400.0, "per")]:
+        with pytest.raises(delayq.InvalidArgumentError, match=culprit):
+            queue.set_rate_limit(max_, per)
+    with pytest.raises(ValueError):
+        queue.set_rate_limit(0)
+    assert queue.rate_limit() is None
+    split = delayq.DelayQueue(redis_url, "split", partitions=3)
+    with pytest.raises(delayq.InvalidArgumentError, match="3 partitions"):
+        split.set_rate_limit(2)
+    assert split.rate_limit() is None
+    split.set_rate_limit(7, per=60)
+    assert split.rate_limit() == {"max": 7, "per": 60.0}
+    assert split.clear_rate_limit()
+
+
 def test_waiting_and_running_messages_are_listed(queue: delayq.DelayQueue) -> None:
     late = queue.push({"n": "late"}, delay=3600)
     first = queue.push({"n": "first"})

@@ -8,9 +8,10 @@
 -- Returns {now_ms, next_ms, reaped, n, id1, lease1, envelope1, ..., idn, leasen,
 --          envelopen, i1, attempt1, i2, attempt2, ..., name1, definition1, mark1, ...,
 --          r}
---   next_ms: earliest due time or lease deadline still ahead, -1 if none, -2 if the
---   queue is paused; the caller sleeps until then unless a producer publishes an
---   earlier due time.
+--   next_ms: earliest due time or lease deadline still ahead (for due messages the
+--   rate limit held back: when its window frees), -1 if none, -2 if the queue is
+--   paused; the caller sleeps until then unless a producer publishes an earlier due
+--   time.
 --   n messages were claimed; the pairs after them (i, attempt) say which of them are
 --   on a later attempt; every other one is on its first (nearly all are, so the
 --   reply does not repeat it).
@@ -84,7 +85,33 @@ if redis.call('EXISTS', K_PAUSED) == 1 then
   result[2] = -2
   return with_repeats(result)
 end
-local due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'WITHSCORES', 'LIMIT', 0, batch)
+-- The rate limit (see limit.lua) caps this claim at what the window has left.
+local limit = redis.call('HMGET', K_LIMIT, 'max', 'per', 'used')
+local limited_until = nil
+if limit[1] then
+  local max, per, used = tonumber(limit[1]), tonumber(limit[2]), tonumber(limit[3]) or 0
+  -- Grants leave the window `per` ms after they were made; at most 1000 at a time
+  -- (the rest count a little longer, which only errs on the side of the limit).
+  local old = redis.call('ZRANGEBYSCORE', K_LIMIT_LOG, '-inf', fmt(now - per), 'LIMIT', 0, 1000)
+  if #old > 0 then
+    for _, grant in ipairs(old) do
+      used = used - tonumber(string.match(grant, ':(%d+)$'))
+    end
+    redis.call('ZREM', K_LIMIT_LOG, unpack(old))
+    redis.call('HSET', K_LIMIT, 'used', used)
+  end
+  if max - used < batch then
+    batch = math.max(max - used, 0)
+    limited_until = function()
+      local oldest = redis.call('ZRANGE', K_LIMIT_LOG, 0, 0, 'WITHSCORES')
+      return oldest[2] and tonumber(oldest[2]) + per or now
+    end
+  end
+end
+local due = {}
+if batch > 0 then
+  due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'WITHSCORES', 'LIMIT', 0, batch)
+end
 local n = #due / 2
 if n > 0 then
   local ids = {}
@@ -133,6 +160,10 @@ if n > 0 then
     redis.call('ZADD', K_INFLIGHT, unpack(deadlines))
     hset_as_hashtable(K_LEASE, leases)
     redis.call('HINCRBY', K_STATS, 'delivered', claimed)
+    if limit[1] then
+      redis.call('ZADD', K_LIMIT_LOG, now, token .. claimed)
+      redis.call('HINCRBY', K_LIMIT, 'used', claimed)
+    end
   end
   if #orphans > 0 then
     forget(orphans)
@@ -145,6 +176,10 @@ local next_ms = -1
 local head = head_score()
 if head then
   next_ms = due_of(head)
+  -- Due messages the limit held back wait for the window to free.
+  if limited_until and next_ms <= now then
+    next_ms = limited_until()
+  end
 end
 local lease_head = redis.call('ZRANGE', K_INFLIGHT, 0, 0, 'WITHSCORES')
 if lease_head[2] then

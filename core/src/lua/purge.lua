@@ -1,6 +1,7 @@
--- purge.lua: delete every message of the queue in any state; counters, a pause and
--- repeat definitions are kept (a repeat whose occurrence went gets its next one from
--- the next claim that looks, see claim.lua).
+-- purge.lua: delete every message of the queue in any state; counters, a pause, a rate
+-- limit (with its window: what was handed out still counts) and repeat definitions are
+-- kept (a repeat whose occurrence went gets its next one from the next claim that
+-- looks, see claim.lua).
 -- KEYS: see lib.lua.
 -- Returns the number of messages deleted.
 local count = redis.call('HLEN', K_MSG)
