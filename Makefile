@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost bench-rss lint fmt clippy doc
+.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost bench-rate-limit bench-rss lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ bench-cluster: ## One queue with 1 and 3 partitions on a 3-master cluster, next 
 
 bench-redis-cost: ## Redis time per drained message: delayq's scripts against the recipe's pop
 	python3 bench/redis_cost.py
+
+bench-rate-limit: ## How closely 4 pools follow a rate limit, and what holding them back costs Redis
+	python3 bench/rate_limit.py
 
 bench-rss: ## Worker memory over a 10M-message PHP drain: a leak or a warm-up?
 	python3 bench/rss_curve.py

@@ -219,8 +219,8 @@ final class DelayQueue
      * language, retries and re-deliveries included: e.g. to stay within a payment
      * provider's quota. Stored in Redis until changed or cleared; pools follow it from
      * their next claim and sleep until the window has room, at no extra Redis calls.
-     * It counts messages handed to pools; a pool holds about 50 ms of work per
-     * handler, so a message starts within about that of its hand-out. A partitioned queue splits $max among
+     * It counts messages handed to pools; under a limit a pool takes one per idle
+     * handler (no prefetch), so a message starts as it is handed out. A partitioned queue splits $max among
      * its partitions, so $max must be at least their count.
      *
      * @throws DelayQueueInvalidArgumentException for $max below 1 (or the partition

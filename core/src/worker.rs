@@ -564,6 +564,23 @@ struct Pool {
     paused: AtomicBool,
     /// Per partition: when a claim next asks for broken repeats.
     repeat_checks: Mutex<Vec<Instant>>,
+    /// Per partition: its last claim found a rate limit in force.
+    rate_limited: Vec<AtomicBool>,
+    /// Idle handlers that claims under way will occupy (see `reserve_idle_handlers`).
+    reserved: Mutex<usize>,
+}
+
+/// Idle handlers reserved for one claim under a rate limit, released once the claimed
+/// deliveries are counted as outstanding (or the claim failed).
+struct Reservation<'a> {
+    reserved: &'a Mutex<usize>,
+    n: usize,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        *self.reserved.lock() -= self.n;
+    }
 }
 
 /// How much work the prefetch buffer may hold per handler: enough to hide a claim's
@@ -581,6 +598,26 @@ const REPEAT_CHECK: Duration = Duration::from_secs(60);
 const REPEAT_RETRY: Duration = Duration::from_secs(5);
 
 impl Pool {
+    fn is_rate_limited(&self) -> bool {
+        self.rate_limited.iter().any(|l| l.load(Ordering::Relaxed))
+    }
+
+    /// Under a rate limit the limit counts hand-outs, so a message should start as it
+    /// is handed out, not wait in the prefetch buffer while the window moves on (the
+    /// next window's messages would then start close behind it): claim at most one
+    /// message per idle handler, counting those that other fetchers' claims under way
+    /// will fill.
+    fn reserve_idle_handlers(&self, want: usize) -> Reservation<'_> {
+        let mut reserved = self.reserved.lock();
+        let held = self.outstanding.lock().len();
+        let n = want.min(self.handlers.saturating_sub(held + *reserved));
+        *reserved += n;
+        Reservation {
+            reserved: &self.reserved,
+            n,
+        }
+    }
+
     /// Deliveries to hold (running and waiting) at the measured handler speed, within
     /// `prefetch`. Until the first measurement, one per handler.
     fn prefetch_now(&self) -> usize {
@@ -735,6 +772,8 @@ impl Worker {
             registration: Registration::new(&self.opts),
             paused: AtomicBool::new(false),
             repeat_checks: Mutex::new(vec![Instant::now(); self.queue.partitions()]),
+            rate_limited: (0..self.queue.partitions()).map(|_| AtomicBool::new(false)).collect(),
+            reserved: Mutex::new(0),
         });
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded();
         let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
@@ -999,6 +1038,7 @@ fn pause_unless_stopped(pool: &Pool, pause: Duration) {
 struct Claimed {
     server_now_ms: i64,
     next_ms: i64,
+    rate_limited: bool,
     /// (id, lease, due_ms, attempt, stored envelope)
     items: Vec<(String, String, i64, u32, String)>,
     /// Repeats with no occurrence waiting or running: (name, definition, mark).
@@ -1037,7 +1077,7 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
         return Err(Error::Redis("claim returned no array".into()));
     };
     let malformed = || Error::Redis("claim returned a malformed reply".into());
-    let (header, rest) = items.split_first_chunk::<4>().ok_or_else(malformed)?;
+    let (header, rest) = items.split_first_chunk::<5>().ok_or_else(malformed)?;
     let claimed = usize::try_from(int(&header[3])).map_err(|_| malformed())?;
     let (broken, rest) = rest.split_last().ok_or_else(malformed)?;
     let broken = usize::try_from(int(broken)).map_err(|_| malformed())?;
@@ -1068,6 +1108,7 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
     let mut out = Claimed {
         server_now_ms: int(&header[0]),
         next_ms: int(&header[1]),
+        rate_limited: int(&header[4]) == 1,
         items: Vec::with_capacity(claimed),
         broken_repeats,
     };
@@ -1139,6 +1180,14 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             }
         };
         cursor = (part + 1) % parts;
+        let limited = pool.is_rate_limited();
+        let reservation = limited.then(|| pool.reserve_idle_handlers(share));
+        let share = reservation.as_ref().map_or(share, |r| r.n);
+        if share == 0 {
+            drop(reservation);
+            control.slots.wait_for_release(Duration::from_millis(100));
+            continue;
+        }
         let room = control.slots.acquire_up_to(share, &control.stop);
         if room == 0 {
             return;
@@ -1166,6 +1215,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
         wake.set_clock(started + started.elapsed() / 2, claimed.server_now_ms);
         let paused = claimed.next_ms == PAUSED;
         pool.note_paused(paused);
+        pool.rate_limited[part].store(claimed.rate_limited, Ordering::Relaxed);
         let got = claimed.items.len();
         control.slots.release(room - got);
         {
@@ -1182,6 +1232,8 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
                 );
             }
         }
+        // The claimed deliveries count as held from here on.
+        drop(reservation);
         let occurrences: Vec<(String, i64)> = claimed
             .items
             .iter()

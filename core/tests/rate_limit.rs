@@ -76,6 +76,46 @@ fn two_pools_never_start_more_than_max_in_any_window_and_resume_when_it_frees() 
 }
 
 #[test]
+fn under_a_rate_limit_a_pool_takes_only_what_its_idle_handlers_start_at_once() {
+    let server = RedisServer::start();
+    let q = server.queue("paced");
+    q.set_rate_limit(RateLimit::new(1000, 60.0).expect("limit"))
+        .expect("set_rate_limit");
+    let batch: Vec<NewMessage> = (0..400)
+        .map(|i| NewMessage::new(&json!({"n": i}), Duration::ZERO).expect("msg"))
+        .collect();
+    q.push_many(&batch).expect("push_many");
+    let worker = Worker::new(q.clone(), sleepy()).expect("worker");
+    let consumer = worker.start_with(2).expect("start");
+    // Fast handlers: without a limit the pool would prefetch 50 ms of their work, a
+    // whole batch, and those messages would start long after the limit counted them.
+    for _ in 0..200 {
+        match consumer.recv_timeout(Duration::from_secs(5)) {
+            Received::Message(d) => consumer.ack(d),
+            other => panic!("a message did not come: {other:?}"),
+        }
+    }
+    let in_hand: Vec<_> = (0..2)
+        .map(|_| match consumer.recv_timeout(Duration::from_secs(5)) {
+            Received::Message(d) => d,
+            other => panic!("a message did not come: {other:?}"),
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let s = q.stats().expect("stats");
+    assert_eq!(
+        s.inflight, 2,
+        "with both handlers busy the pool holds nothing more ({} in flight)",
+        s.inflight
+    );
+    for d in in_hand {
+        consumer.ack(d);
+    }
+    consumer.finish();
+    assert_eq!(q.stats().expect("stats").total("acked"), 202);
+}
+
+#[test]
 fn clearing_or_raising_the_limit_wakes_the_pools_it_held_back() {
     let server = RedisServer::start();
     let q = server.queue("held");

@@ -156,7 +156,8 @@ class DelayQueue:
         not aligned to the clock), over every worker pool on every host and in every
         language, retries and re-deliveries included: e.g. to stay within a payment
         provider's quota. Stored in Redis until changed or cleared; pools follow it from
-        their next claim and sleep until the window has room. A partitioned queue
+        their next claim and sleep until the window has room, and take one message per
+        idle handler (no prefetch), so a message starts as it is handed out. A partitioned queue
         splits ``max`` among its partitions, so it must be at least their count.
         ``InvalidArgumentError`` (a ``ValueError``) for ``max`` below 1, ``per`` outside
         0.001 to 2678400 (31 days); nothing is written."""

@@ -5,9 +5,11 @@
 -- ARGV[7] "1" to look for repeating messages with no occurrence pending (see below)
 -- ARGV[8..10], when present: the claiming pool's heartbeat (pool id, ttl_ms, info JSON;
 --   see beat.lua), carried by a claim so that it costs no command of its own.
--- Returns {now_ms, next_ms, reaped, n, id1, lease1, envelope1, ..., idn, leasen,
---          envelopen, i1, attempt1, i2, attempt2, ..., name1, definition1, mark1, ...,
---          r}
+-- Returns {now_ms, next_ms, reaped, n, limited, id1, lease1, envelope1, ..., idn,
+--          leasen, envelopen, i1, attempt1, i2, attempt2, ..., name1, definition1,
+--          mark1, ..., r}
+--   limited: 1 if a rate limit is in force (the caller then claims only for idle
+--   handlers, so that a message starts as it is handed out, see limit.lua), else 0.
 --   next_ms: earliest due time or lease deadline still ahead (for due messages the
 --   rate limit held back: when its window frees), -1 if none, -2 if the queue is
 --   paused; the caller sleeps until then unless a producer publishes an earlier due
@@ -79,7 +81,7 @@ local function with_repeats(result)
   return result
 end
 
-local result = {now, -1, #expired, 0}
+local result = {now, -1, #expired, 0, 0}
 if redis.call('EXISTS', K_PAUSED) == 1 then
   -- Nothing to wake for: resuming publishes the schedule's head (see pause.lua).
   result[2] = -2
@@ -89,6 +91,7 @@ end
 local limit = redis.call('HMGET', K_LIMIT, 'max', 'per', 'used')
 local limited_until = nil
 if limit[1] then
+  result[5] = 1
   local max, per, used = tonumber(limit[1]), tonumber(limit[2]), tonumber(limit[3]) or 0
   -- Grants leave the window `per` ms after they were made; at most 1000 at a time
   -- (the rest count a little longer, which only errs on the side of the limit).
@@ -139,9 +142,9 @@ if n > 0 then
       leases[2 * claimed] = lease
       deadlines[2 * claimed - 1] = deadline
       deadlines[2 * claimed] = id
-      result[3 * claimed + 2] = id
-      result[3 * claimed + 3] = lease
-      result[3 * claimed + 4] = envelope
+      result[3 * claimed + 3] = id
+      result[3 * claimed + 4] = lease
+      result[3 * claimed + 5] = envelope
       local finished = previous and tonumber(previous[i])
       if finished then
         later[#later + 1] = claimed
