@@ -243,6 +243,19 @@ final class DelayQueue
     public function rateLimit(): ?array {}
 
     /**
+     * Asks every worker pool running on this queue, on every host and in every
+     * language, to stop gracefully, as Laravel's queue:restart does: after a deploy,
+     * so that the process manager (systemd Restart=always, supervisord
+     * autorestart=true) starts the new code. Each pool finishes its running handlers,
+     * gives back what it had prefetched, and run() returns with stopped_by 'restart'
+     * (with processes => N, the whole supervisor returns). Idle pools are woken at
+     * once; workers made after the request (the new code's) are not affected.
+     *
+     * @return int how many pools were alive when asked
+     */
+    public function restartWorkers(): int {}
+
+    /**
      * Deletes every message of the queue in every state (counters, a pause, a rate
      * limit and repeat definitions are kept).
      *
@@ -279,10 +292,12 @@ final class DelayQueueWorker
     public function __construct(DelayQueue $queue, array $options = []) {}
 
     /**
-     * Consumes until stopped by stop(), SIGTERM, SIGINT, max_jobs or max_memory_mb.
-     * Returning from $handler acknowledges the message; throwing retries it with
-     * backoff, and after max_attempts moves it to the dead-letter set with the
-     * exception as its last error. Returns once every acknowledgement is written.
+     * Consumes until stopped by stop(), SIGTERM, SIGINT, max_jobs, max_memory_mb or
+     * DelayQueue::restartWorkers(). Returning from $handler acknowledges the message;
+     * throwing retries it with backoff, and after max_attempts moves it to the
+     * dead-letter set with the exception as its last error. Returns once every
+     * acknowledgement is written; 'stopped_by' says why: 'stop', 'signal', 'max_jobs',
+     * 'max_memory', 'exit' (exit() in a handler) or 'restart'.
      *
      * @param callable(mixed, DelayQueueMessage): void $handler
      * @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int,

@@ -165,6 +165,24 @@ def test_a_rate_limit_set_from_php_holds_a_python_pool_and_python_lifts_it(
     assert php("var_export((new DelayQueue($argv[1], 'jobs'))->rateLimit());", redis_url) == "NULL"
 
 
+def test_a_restart_requested_from_php_stops_a_python_pool(queue: delayq.DelayQueue, redis_url: str) -> None:
+    worker = delayq.Worker(queue, idle_check=600)
+    result: list[dict[str, Any]] = []
+    runner = threading.Thread(target=lambda: result.append(worker.run(lambda payload, msg: None)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not queue.workers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert php("echo (new DelayQueue($argv[1], 'jobs'))->restartWorkers();", redis_url) == "1"
+        runner.join(10)
+        assert not runner.is_alive(), "the Python pool did not stop"
+    finally:
+        worker.stop()
+        runner.join()
+    assert result[0]["stopped_by"] == "restart"
+
+
 def test_a_repeat_defined_from_php_runs_in_a_python_worker(queue: delayq.DelayQueue, redis_url: str) -> None:
     due = float(php("echo (new DelayQueue($argv[1], 'jobs'))->repeat('tick', 1, ['n' => '日本']);", redis_url))
     assert queue.repeats()[0]["next_due_at"] == due

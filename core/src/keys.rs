@@ -54,7 +54,7 @@ pub(crate) fn due_ms_of_lease(layout: &Layout, lease: &str) -> Option<i64> {
 /// The key names of one queue, in the order every script expects them (see lib.lua).
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    pub(crate) all: [String; 15],
+    pub(crate) all: [String; 16],
     pub(crate) wake_channel: String,
 }
 
@@ -160,6 +160,7 @@ impl Keys {
                         key("repeat_marks"),
                         key("limit"),
                         key("limit_log"),
+                        key("control"),
                     ],
                     wake_channel: key("wake"),
                 })
@@ -188,6 +189,7 @@ impl Keys {
                         key("repeat_marks"),
                         key("limit"),
                         key("limit_log"),
+                        key("control"),
                     ],
                     wake_channel: key("wake"),
                 })

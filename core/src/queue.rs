@@ -1238,6 +1238,19 @@ impl Queue {
         Ok(self.partition_stats(0)?.rate_limit)
     }
 
+    /// Ask every consumer pool running on this queue, on every host and in every
+    /// language, to stop gracefully, e.g. after a deploy: each finishes its running
+    /// handlers, gives back what it had prefetched and returns from `run` with
+    /// `Stopper::restart_requested`, so that its process manager starts the new code
+    /// (Laravel's `queue:restart`). Idle pools are woken at once; workers made after
+    /// the request are not affected. Returns how many pools were alive when asked.
+    pub fn restart_workers(&self) -> Result<usize> {
+        for part in 0..self.partitions() {
+            self.call(part, "restart_workers", Replay::Safe, &scripts::RESTART, |_| {})?;
+        }
+        Ok(self.workers()?.len())
+    }
+
     /// Delete every message in every state. Returns how many were deleted.
     pub fn purge(&self) -> Result<u64> {
         let mut total = 0;

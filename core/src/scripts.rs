@@ -29,6 +29,7 @@ script!(BEAT, "lua/beat.lua");
 script!(WORKERS, "lua/workers.lua");
 script!(PAUSE, "lua/pause.lua");
 script!(LIMIT, "lua/limit.lua");
+script!(RESTART, "lua/restart.lua");
 script!(LIST, "lua/list.lua");
 script!(REPEAT_SET, "lua/repeat_set.lua");
 script!(REPEAT_NEXT, "lua/repeat_next.lua");

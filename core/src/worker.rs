@@ -453,6 +453,8 @@ impl Slots {
 /// Shared by a `Worker` and the pool it runs, so `stop` works before and during `run`.
 struct Control {
     stop: AtomicBool,
+    /// The stop came from `Queue::restart_workers` (see `Stopper::restart_requested`).
+    restart: AtomicBool,
     wake: Wake,
     slots: Slots,
 }
@@ -488,6 +490,13 @@ impl Stopper {
 
     pub fn is_stopped(&self) -> bool {
         self.0.stopped()
+    }
+
+    /// Whether the pool stopped because `Queue::restart_workers` asked every pool
+    /// started before it to stop (the caller's process should exit and be started
+    /// anew by its process manager).
+    pub fn restart_requested(&self) -> bool {
+        self.0.restart.load(Ordering::Acquire)
     }
 }
 
@@ -566,6 +575,10 @@ struct Pool {
     repeat_checks: Mutex<Vec<Instant>>,
     /// Per partition: its last claim found a rate limit in force.
     rate_limited: Vec<AtomicBool>,
+    /// When its `Worker` was made, locally and on the server's clock (learnt from the
+    /// first claim): restart requests before it are not meant for it.
+    started: Instant,
+    started_server_ms: std::sync::OnceLock<i64>,
     /// Idle handlers that claims under way will occupy (see `reserve_idle_handlers`).
     reserved: Mutex<usize>,
 }
@@ -598,6 +611,21 @@ const REPEAT_CHECK: Duration = Duration::from_secs(60);
 const REPEAT_RETRY: Duration = Duration::from_secs(5);
 
 impl Pool {
+    /// A claim reported the latest restart request (`restart_at`, server ms, -1 for
+    /// none) at server time `server_now_ms`: one made since this pool started stops it.
+    fn note_restart_request(&self, server_now_ms: i64, restart_at: i64) {
+        let started = *self
+            .started_server_ms
+            .get_or_init(|| server_now_ms - i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX));
+        if restart_at >= started && !self.control.restart.swap(true, Ordering::AcqRel) {
+            log::info!(
+                "delayq[{}]: a restart of the workers was requested; finishing the running handlers and stopping",
+                self.queue_name
+            );
+            self.control.stop();
+        }
+    }
+
     fn is_rate_limited(&self) -> bool {
         self.rate_limited.iter().any(|l| l.load(Ordering::Relaxed))
     }
@@ -685,6 +713,10 @@ pub struct Worker {
     opts: WorkerOptions,
     control: Arc<Control>,
     running: Arc<AtomicBool>,
+    /// What a restart request compares with: a worker made before it runs old code.
+    /// (PHP makes the worker before forking its processes, so a process forked later
+    /// by an old supervisor is old too; the monotonic clock is shared across fork.)
+    created: Instant,
 }
 
 impl std::fmt::Debug for Worker {
@@ -704,8 +736,10 @@ impl Worker {
         Ok(Self {
             queue,
             opts,
+            created: Instant::now(),
             control: Arc::new(Control {
                 stop: AtomicBool::new(false),
+                restart: AtomicBool::new(false),
                 wake: Wake::new(partitions),
                 slots: Slots {
                     free: Mutex::new(0),
@@ -773,6 +807,8 @@ impl Worker {
             paused: AtomicBool::new(false),
             repeat_checks: Mutex::new(vec![Instant::now(); self.queue.partitions()]),
             rate_limited: (0..self.queue.partitions()).map(|_| AtomicBool::new(false)).collect(),
+            started: self.created,
+            started_server_ms: std::sync::OnceLock::new(),
             reserved: Mutex::new(0),
         });
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded();
@@ -1039,6 +1075,7 @@ struct Claimed {
     server_now_ms: i64,
     next_ms: i64,
     rate_limited: bool,
+    restart_at: i64,
     /// (id, lease, due_ms, attempt, stored envelope)
     items: Vec<(String, String, i64, u32, String)>,
     /// Repeats with no occurrence waiting or running: (name, definition, mark).
@@ -1077,7 +1114,7 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
         return Err(Error::Redis("claim returned no array".into()));
     };
     let malformed = || Error::Redis("claim returned a malformed reply".into());
-    let (header, rest) = items.split_first_chunk::<5>().ok_or_else(malformed)?;
+    let (header, rest) = items.split_first_chunk::<6>().ok_or_else(malformed)?;
     let claimed = usize::try_from(int(&header[3])).map_err(|_| malformed())?;
     let (broken, rest) = rest.split_last().ok_or_else(malformed)?;
     let broken = usize::try_from(int(broken)).map_err(|_| malformed())?;
@@ -1109,6 +1146,7 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
         server_now_ms: int(&header[0]),
         next_ms: int(&header[1]),
         rate_limited: int(&header[4]) == 1,
+        restart_at: int(&header[5]),
         items: Vec::with_capacity(claimed),
         broken_repeats,
     };
@@ -1216,6 +1254,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
         let paused = claimed.next_ms == PAUSED;
         pool.note_paused(paused);
         pool.rate_limited[part].store(claimed.rate_limited, Ordering::Relaxed);
+        pool.note_restart_request(claimed.server_now_ms, claimed.restart_at);
         let got = claimed.items.len();
         control.slots.release(room - got);
         {

@@ -104,6 +104,7 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
         q.workers().expect("workers").is_empty(),
         "the stopped pool left the list"
     );
+    assert_eq!(q.restart_workers().expect("restart_workers"), 0);
 
     // The same credentials cannot reach another queue's keys.
     let other = Queue::new(&url, "payments", QueueOptions::default()).expect("queue");

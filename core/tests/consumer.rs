@@ -966,3 +966,62 @@ fn waiting_and_running_messages_are_listed_in_the_order_consumers_meet_them() {
         (1, Some("card declined"))
     );
 }
+
+#[test]
+fn restart_workers_stops_the_pools_running_then_and_not_those_started_after() {
+    let server = RedisServer::start();
+    let q = server.queue("restarted");
+    // Longer than the test: only the wake-up that the request publishes reaches idle pools.
+    let sleepy = || WorkerOptions {
+        idle_check: Duration::from_secs(600),
+        ..opts()
+    };
+    let pools: Vec<Worker> = (0..2)
+        .map(|_| Worker::new(q.clone(), sleepy()).expect("worker"))
+        .collect();
+    let handled = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let _stop: Vec<StopOnDrop> = pools.iter().map(|w| StopOnDrop(w.stopper())).collect();
+        let runs: Vec<_> = pools
+            .iter()
+            .map(|w| {
+                let handled = &handled;
+                s.spawn(move || {
+                    w.run(2, |_| {
+                        handled.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    })
+                    .expect("run")
+                })
+            })
+            .collect();
+        wait_for(Duration::from_secs(10), "both pools listed", || {
+            q.workers().is_ok_and(|w| w.len() == 2)
+        });
+        q.push(&json!({"n": 0}), Duration::ZERO).expect("push");
+        wait_for(Duration::from_secs(10), "the message handled", || {
+            handled.load(Ordering::SeqCst) == 1
+        });
+        assert_eq!(
+            q.restart_workers().expect("restart_workers"),
+            2,
+            "pools alive when asked"
+        );
+        wait_for(Duration::from_secs(10), "both idle pools stopped", || {
+            runs.iter().all(|r| r.is_finished())
+        });
+    });
+    assert!(pools.iter().all(|w| w.stopper().restart_requested()));
+    assert!(q.workers().expect("workers").is_empty(), "both said goodbye");
+
+    // A pool started after the request is not meant by it.
+    let later = Worker::new(q.clone(), opts()).expect("worker");
+    let consumer = later.start().expect("start");
+    q.push(&json!({"n": 1}), Duration::ZERO).expect("push");
+    match consumer.recv_timeout(Duration::from_secs(10)) {
+        Received::Message(d) => consumer.ack(d),
+        other => panic!("a pool started after the restart request stopped: {other:?}"),
+    }
+    assert!(!consumer.stopper().is_stopped() && !consumer.stopper().restart_requested());
+    assert_eq!(consumer.finish().acked, 1);
+}

@@ -468,6 +468,13 @@ impl PhpDelayQueue {
         self.queue.rate_limit().or_throw()?.map(rate_limit_array).transpose()
     }
 
+    /// Ask every worker pool running on this queue, on every host and in every
+    /// language, to stop gracefully (after a deploy, so that the process manager
+    /// starts the new code). Returns how many pools were alive when asked.
+    pub fn restart_workers(&self) -> PhpResult<i64> {
+        Ok(i64::try_from(self.queue.restart_workers().or_throw()?).unwrap_or(i64::MAX))
+    }
+
     /// Delete every message of the queue in every state. Returns how many.
     pub fn purge(&self) -> PhpResult<i64> {
         Ok(i64::try_from(self.queue.purge().or_throw()?).unwrap_or(i64::MAX))

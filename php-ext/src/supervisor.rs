@@ -154,6 +154,7 @@ fn decode(text: &str) -> Option<Report> {
         Some("max_jobs") => Some(Ended::MaxJobs),
         Some("max_memory") => Some(Ended::MaxMemory),
         Some("exit") => Some(Ended::Exit),
+        Some("restart") => Some(Ended::Restart),
         _ => None,
     };
     Some(Report::Done(RunSummary { core, ended }))
@@ -342,10 +343,13 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
                     {
                         log::info!("worker process {pid} recycled ({}); starting another", why.as_str());
                     }
-                    // stop() called inside a child means: stop the whole pool.
-                    if s.ended == Some(Ended::Stop) && !stopping {
+                    // stop() called inside a child means: stop the whole pool; so does
+                    // a restart request (the other children have it too).
+                    if let Some(why @ (Ended::Stop | Ended::Restart)) = s.ended
+                        && !stopping
+                    {
                         stopping = true;
-                        ended = Some(Ended::Stop);
+                        ended = Some(why);
                     }
                 }
                 // Killed (SIGKILL, OOM, segfault): its leases expire and its messages

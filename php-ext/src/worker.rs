@@ -158,6 +158,8 @@ pub(crate) enum Ended {
     MaxMemory,
     /// The handler called exit() or die().
     Exit,
+    /// `DelayQueue::restartWorkers()` asked the pools running then to stop.
+    Restart,
 }
 
 impl Ended {
@@ -168,6 +170,7 @@ impl Ended {
             Self::MaxJobs => "max_jobs",
             Self::MaxMemory => "max_memory",
             Self::Exit => "exit",
+            Self::Restart => "restart",
         }
     }
 }
@@ -211,6 +214,9 @@ impl PhpWorker {
             if ended.is_none() && signals::take() {
                 ended = Some(Ended::Signal);
                 stopper.stop();
+            }
+            if ended.is_none() && stopper.restart_requested() {
+                ended = Some(Ended::Restart);
             }
             if ended.is_none() && stopper.is_stopped() {
                 ended = Some(Ended::Stop);
@@ -294,6 +300,11 @@ impl PhpWorker {
                 ended = Some(Ended::MaxMemory);
                 stopper.stop();
             }
+        }
+        // A restart request stops the pool from its own threads, possibly while this
+        // thread waited in recv_timeout: the loop then ends without having seen it.
+        if ended.is_none() && stopper.restart_requested() {
+            ended = Some(Ended::Restart);
         }
         let consumer = BailoutGuard::into_inner(consumer);
         let core = consumer.finish();

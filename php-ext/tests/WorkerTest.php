@@ -323,6 +323,38 @@ final class WorkerTest extends TestCase
         $this->assertTrue($this->drained());
     }
 
+    public function testRestartWorkersStopsEveryRunningProcessGracefully(): void
+    {
+        $this->fill(3);
+        // Longer than the test: only the wake-up that the request publishes reaches idle pools.
+        $proc = $this->startWorker(['processes' => 2, 'idle_check' => 600]);
+        delayq_wait_for(20, 'all handled', fn () => count($this->handled()) >= 3);
+        delayq_wait_for(20, 'both processes listed', fn () => count($this->q->workers()) === 2);
+        $this->assertSame(2, $this->q->restartWorkers());
+        $exit = null;
+        delayq_wait_for(20, 'the supervisor returned', function () use ($proc, &$exit) {
+            // The first status that shows the exit is the only one that holds its code.
+            $status = proc_get_status($proc);
+            $exit = $status['running'] ? null : $status['exitcode'];
+            return !$status['running'];
+        });
+        proc_close($proc);
+        $this->assertSame(0, $exit);
+        $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
+        $this->assertSame('restart', $summary['stopped_by']);
+        $this->assertSame(0, $summary['restarts'], 'no child was started anew');
+        $this->assertSame(3, $summary['acked']);
+        $this->assertSame([], $this->q->workers());
+        // A worker started after the request runs on.
+        $this->q->push(['n' => 3]);
+        $proc = $this->startWorker([]);
+        delayq_wait_for(20, 'the new worker handled the message', fn () => count($this->handled()) >= 4);
+        $this->assertTrue(proc_get_status($proc)['running']);
+        proc_terminate($proc, SIGTERM);
+        $this->assertSame(0, proc_close($proc));
+        $this->assertEveryMessageHandled(4, 0);
+    }
+
     public function testARateLimitHoldsEveryProcessToItAndClearingItWakesThem(): void
     {
         $this->assertNull($this->q->rateLimit());

@@ -115,8 +115,9 @@ class Worker:
         self._concurrency = concurrency
 
     def run(self, handler: Handler) -> dict[str, Any]:
-        """Consume until ``stop()``, SIGTERM or SIGINT; return the run's counts once every
-        acknowledgement is written."""
+        """Consume until ``stop()``, SIGTERM, SIGINT or ``DelayQueue.restart_workers()``;
+        return the run's counts once every acknowledgement is written, with
+        ``stopped_by`` saying why (``"stop"``, ``"signal"``, ``"restart"``)."""
         with _graceful_signals(self._worker):
             if inspect.iscoroutinefunction(handler):
                 return asyncio.run(self.run_async(handler))

@@ -64,9 +64,10 @@ class Worker:
         concurrency: int = 10,
     ) -> None: ...
     def run(self, handler: Handler) -> dict[str, Any]:
-        """Consume until ``stop()``, SIGTERM or SIGINT (which stop it gracefully); return
-        the counts (handled, acked, failed, retried, dead, lease_lost, released,
-        unwritten, stopped_by) once every acknowledgement is written."""
+        """Consume until ``stop()``, SIGTERM or SIGINT (which stop it gracefully) or
+        ``DelayQueue.restart_workers()``; return the counts (handled, acked, failed,
+        retried, dead, lease_lost, released, unwritten, stopped_by: ``"stop"``,
+        ``"signal"`` or ``"restart"``) once every acknowledgement is written."""
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
     def stop(self) -> None:

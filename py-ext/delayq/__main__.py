@@ -12,6 +12,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders repeat nightly-report --cron "0 2 * * *" --tz Asia/Shanghai '{}'
     delayq --queue orders resume
     delayq --queue orders rate-limit 100 --per 60   # at most 100 a minute, over every pool
+    delayq --queue orders restart-workers   # after a deploy: running pools stop, to be started anew
     delayq serve-metrics orders payments --listen :9808   # for Prometheus to scrape
     delayq --url redis://10.0.0.5:6379 --queue orders --json get close-order-10086
 
@@ -315,6 +316,14 @@ def _rate_limit(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _restart_workers(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    n = q.restart_workers()
+    out.emit({"pools": n}, lambda: [
+        f"queue {q.name}: asked {n} worker pool{'' if n == 1 else 's'} to stop after their running handlers "
+        "(their process manager starts them anew)"])
+    return 0
+
+
 def _metrics_queues(q: DelayQueue, args: argparse.Namespace) -> list[DelayQueue]:
     return [args.make_queue(name) for name in args.queues] if args.queues else [q]
 
@@ -439,6 +448,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("pause", help="stop every worker pool taking messages (pushes go on)").set_defaults(
         run=_pause)
     sub.add_parser("resume", help="undo pause").set_defaults(run=_resume)
+    sub.add_parser("restart-workers", help="every worker pool running now stops gracefully (after a deploy)").set_defaults(
+        run=_restart_workers)
     c = sub.add_parser("rate-limit", help="show, set (MAX [--per SECONDS]) or --clear the queue's rate limit")
     c.add_argument("max", nargs="?", type=int, help="messages handed to workers in any window of --per seconds")
     c.add_argument("--per", type=float, help="the window in seconds (default: 1)")

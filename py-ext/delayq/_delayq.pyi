@@ -166,6 +166,14 @@ class DelayQueue:
     def rate_limit(self) -> Optional[dict[str, Any]]:
         """The rate limit in force, ``{"max": int, "per": float}``, or None (also
         ``stats()["rate_limit"]``)."""
+    def restart_workers(self) -> int:
+        """Ask every worker pool running on this queue, on every host and in every
+        language, to stop gracefully, as Laravel's ``queue:restart`` does: after a
+        deploy, so that the process manager starts the new code. Each pool finishes its
+        running handlers, gives back what it had prefetched, and ``Worker.run`` returns
+        with ``stopped_by`` ``"restart"``. Idle pools are woken at once; workers made
+        after the request are not affected. Returns how many pools were alive when
+        asked."""
     def purge(self) -> int:
         """Delete every message in every state; returns how many."""
     def ping(self) -> bool:

@@ -133,6 +133,10 @@ class AsyncDelayQueue:
         """`DelayQueue.rate_limit`."""
         return await asyncio.to_thread(self._queue.rate_limit)
 
+    async def restart_workers(self) -> int:
+        """`DelayQueue.restart_workers`."""
+        return await asyncio.to_thread(self._queue.restart_workers)
+
     async def purge(self) -> int:
         """`DelayQueue.purge`."""
         return await asyncio.to_thread(self._queue.purge)

@@ -432,6 +432,11 @@ impl PyQueue {
         limit.map(|l| rate_limit_dict(py, l)).transpose()
     }
 
+    /// Ask every worker pool running on this queue to stop gracefully (see the stub).
+    fn restart_workers(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| self.queue.restart_workers()).or_raise(py)
+    }
+
     /// Delete every message in every state; returns how many.
     fn purge(&self, py: Python<'_>) -> PyResult<u64> {
         py.detach(|| self.queue.purge()).or_raise(py)

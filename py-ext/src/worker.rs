@@ -146,6 +146,15 @@ fn summary<'py>(py: Python<'py>, s: &delayq::Summary, stopped_by: Option<String>
     Ok(d)
 }
 
+/// A restart request stopped the pool before anything else could.
+fn stop_reason(consumer: &delayq::Consumer, asked: Option<String>) -> Option<String> {
+    if consumer.stopper().restart_requested() {
+        Some("restart".to_owned())
+    } else {
+        asked
+    }
+}
+
 impl PyWorker {
     fn take_reason(&self, py: Python<'_>) -> Option<String> {
         self.stopped_by.lock_py_attached(py).ok().and_then(|mut r| r.take())
@@ -194,9 +203,10 @@ impl PyWorker {
         crate::logs::sync_level(py);
         let consumer = py.detach(|| self.worker.start()).or_raise(py)?;
         let finish = |py: Python<'py>, consumer: delayq::Consumer| {
+            let reason = stop_reason(&consumer, self.take_reason(py));
             let s = py.detach(|| consumer.finish());
             crate::logs::flush(py);
-            summary(py, &s, self.take_reason(py))
+            summary(py, &s, reason)
         };
         loop {
             // Runs Python signal handlers (delayq's own call stop()).
@@ -360,9 +370,12 @@ impl PyConsumer {
     /// Give back prefetched deliveries, write every completion, join the threads.
     fn finish<'py>(&self, py: Python<'py>, stopped_by: Option<String>) -> PyResult<Bound<'py, PyDict>> {
         let consumer = self.consumer.lock_py_attached(py).ok().and_then(|mut c| c.take());
-        let s = match consumer {
-            Some(c) => py.detach(|| c.finish()),
-            None => delayq::Summary::default(),
+        let (s, stopped_by) = match consumer {
+            Some(c) => {
+                let reason = stop_reason(&c, stopped_by);
+                (py.detach(|| c.finish()), reason)
+            }
+            None => (delayq::Summary::default(), stopped_by),
         };
         crate::logs::flush(py);
         summary(py, &s, stopped_by)

@@ -143,6 +143,25 @@ def test_pause_and_resume(queue: delayq.DelayQueue, redis_url: str) -> None:
     assert cli(redis_url, "resume").stdout == "queue jobs was not paused\n"
 
 
+def test_restart_workers_reports_the_pools_asked(queue: delayq.DelayQueue, redis_url: str) -> None:
+    assert cli_json(redis_url, "restart-workers") == {"pools": 0}
+    worker = delayq.Worker(queue, idle_check=600)
+    result: list[dict[str, Any]] = []
+    runner = threading.Thread(target=lambda: result.append(worker.run(lambda payload, msg: None)))
+    runner.start()
+    try:
+        wait_for(10, "the pool listed", lambda: len(queue.workers()) == 1)
+        done = cli(redis_url, "restart-workers")
+        assert done.stdout == ("queue jobs: asked 1 worker pool to stop after their running handlers "
+                               "(their process manager starts them anew)\n")
+        runner.join(10)
+        assert not runner.is_alive()
+    finally:
+        worker.stop()
+        runner.join()
+    assert result[0]["stopped_by"] == "restart"
+
+
 def test_rate_limit_is_shown_set_and_cleared(queue: delayq.DelayQueue, redis_url: str) -> None:
     assert cli(redis_url, "rate-limit").stdout == "queue jobs: rate limit: none\n"
     assert cli_json(redis_url, "rate-limit", "100", "--per", "60") == {"rate_limit": {"max": 100, "per": 60.0}}

@@ -418,3 +418,42 @@ def test_bad_repeats_are_refused_and_write_nothing(
     with pytest.raises(error, match=text):
         queue.repeat(*args, **kwargs)
     assert queue.repeats() == [] and queue.stats()["pushed"] == 0
+
+
+def test_restart_workers_stops_the_running_pools_and_says_so(queue: delayq.DelayQueue) -> None:
+    # Longer than the test: only the wake-up that the request publishes reaches idle pools.
+    sync_worker = delayq.Worker(queue, idle_check=600)
+    async_worker = delayq.Worker(queue, idle_check=600)
+    summaries: list[dict[str, Any]] = []
+
+    async def handle_async(payload: Any, msg: delayq.Message) -> None:
+        pass
+
+    runners = [
+        threading.Thread(target=lambda: summaries.append(sync_worker.run(lambda payload, msg: None))),
+        threading.Thread(target=lambda: summaries.append(asyncio.run(async_worker.run_async(handle_async)))),
+    ]
+    for r in runners:
+        r.start()
+    try:
+        wait_for(10, "both pools listed", lambda: len(queue.workers()) == 2)
+        assert queue.restart_workers() == 2
+        for r in runners:
+            r.join(10)
+        assert not any(r.is_alive() for r in runners), "a pool did not stop"
+    finally:
+        sync_worker.stop()
+        async_worker.stop()
+        for r in runners:
+            r.join()
+    assert [s["stopped_by"] for s in summaries] == ["restart", "restart"]
+    # A pool started after the request runs on.
+    later = delayq.Worker(queue)
+    seen: list[int] = []
+
+    def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        seen.append(payload["n"])
+        later.stop()
+
+    queue.push({"n": 7})
+    assert later.run(handle)["stopped_by"] == "stop" and seen == [7]

@@ -5,11 +5,13 @@
 -- ARGV[7] "1" to look for repeating messages with no occurrence pending (see below)
 -- ARGV[8..10], when present: the claiming pool's heartbeat (pool id, ttl_ms, info JSON;
 --   see beat.lua), carried by a claim so that it costs no command of its own.
--- Returns {now_ms, next_ms, reaped, n, limited, id1, lease1, envelope1, ..., idn,
---          leasen, envelopen, i1, attempt1, i2, attempt2, ..., name1, definition1,
---          mark1, ..., r}
+-- Returns {now_ms, next_ms, reaped, n, limited, restart_at, id1, lease1, envelope1,
+--          ..., idn, leasen, envelopen, i1, attempt1, i2, attempt2, ..., name1,
+--          definition1, mark1, ..., r}
 --   limited: 1 if a rate limit is in force (the caller then claims only for idle
 --   handlers, so that a message starts as it is handed out, see limit.lua), else 0.
+--   restart_at: time of the latest request that running pools stop, -1 if none (see
+--   restart.lua); a pool started before it stops gracefully.
 --   next_ms: earliest due time or lease deadline still ahead (for due messages the
 --   rate limit held back: when its window frees), -1 if none, -2 if the queue is
 --   paused; the caller sleeps until then unless a producer publishes an earlier due
@@ -81,7 +83,7 @@ local function with_repeats(result)
   return result
 end
 
-local result = {now, -1, #expired, 0, 0}
+local result = {now, -1, #expired, 0, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_at')) or -1}
 if redis.call('EXISTS', K_PAUSED) == 1 then
   -- Nothing to wake for: resuming publishes the schedule's head (see pause.lua).
   result[2] = -2
@@ -142,9 +144,9 @@ if n > 0 then
       leases[2 * claimed] = lease
       deadlines[2 * claimed - 1] = deadline
       deadlines[2 * claimed] = id
-      result[3 * claimed + 3] = id
-      result[3 * claimed + 4] = lease
-      result[3 * claimed + 5] = envelope
+      result[3 * claimed + 4] = id
+      result[3 * claimed + 5] = lease
+      result[3 * claimed + 6] = envelope
       local finished = previous and tonumber(previous[i])
       if finished then
         later[#later + 1] = claimed

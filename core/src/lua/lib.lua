@@ -25,11 +25,13 @@
 --                            still in the window)
 --   KEYS[15] limit_log ZSET  "<seq>:<count>" -> time (ms) of each claim's grant under
 --                            the rate limit, for as long as it is in the window
+--   KEYS[16] control   HASH  restart_at -> time (ms) of the latest request that running
+--                            consumer pools stop (see restart.lua)
 -- ARGV[1] is the layout ("native" or "seed"), ARGV[2] the wake-up channel.
 -- Scripts return error replies only for caller bugs, as "DQERR <code> <detail>".
 local K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_STATS, K_SEQ, K_WORKERS, K_PAUSED =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
-local K_REPEATS, K_MARKS, K_LIMIT, K_LIMIT_LOG = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
+local K_REPEATS, K_MARKS, K_LIMIT, K_LIMIT_LOG, K_CONTROL = KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local LAYOUT, CHANNEL = ARGV[1], ARGV[2]
 local SEED = LAYOUT == 'seed'
 

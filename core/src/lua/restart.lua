@@ -1,0 +1,13 @@
+-- restart.lua: ask every consumer pool running on the queue, on any host and in any
+-- language, to stop gracefully (finish its running handlers, give back the rest):
+-- after a deploy, so that the process manager starts the new code, as Laravel's
+-- queue:restart does. Workers made after the request are not affected: a claim
+-- reports the request's time, and each pool compares it with when its worker was made.
+-- KEYS: see lib.lua.
+-- Returns the time of the request (ms, server clock).
+local now = now_ms()
+redis.call('HSET', K_CONTROL, 'restart_at', fmt(now))
+-- Idle pools sleep until their next due time; a wake-up for now makes them claim at
+-- once, and the claim's reply tells them.
+redis.call('PUBLISH', CHANNEL, fmt(now))
+return now
