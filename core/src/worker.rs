@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,9 @@ pub struct WorkerOptions {
     /// pools at once; this only bounds the wait for writers that do not publish
     /// (the seed recipe's own producers) and for lost wake-ups.
     pub idle_check: Duration,
+    /// Stop once no message is due (ready) and none runs: for cron-driven batches and
+    /// for tests of handlers. Messages due later do not keep the pool running.
+    pub stop_when_empty: bool,
 }
 
 impl Default for WorkerOptions {
@@ -74,6 +77,7 @@ impl Default for WorkerOptions {
             backoff_max: Duration::from_secs(300),
             timeout: None,
             idle_check: Duration::from_secs(1),
+            stop_when_empty: false,
         }
     }
 }
@@ -455,6 +459,8 @@ struct Control {
     stop: AtomicBool,
     /// The stop came from `Queue::restart_workers` (see `Stopper::restart_requested`).
     restart: AtomicBool,
+    /// The stop came from `stop_when_empty` (see `Stopper::found_empty`).
+    empty: AtomicBool,
     wake: Wake,
     slots: Slots,
 }
@@ -497,6 +503,12 @@ impl Stopper {
     /// anew by its process manager).
     pub fn restart_requested(&self) -> bool {
         self.0.restart.load(Ordering::Acquire)
+    }
+
+    /// Whether the pool stopped because, with `stop_when_empty`, no message was due
+    /// and none ran.
+    pub fn found_empty(&self) -> bool {
+        self.0.empty.load(Ordering::Acquire)
     }
 }
 
@@ -581,6 +593,8 @@ struct Pool {
     started_server_ms: std::sync::OnceLock<i64>,
     /// Idle handlers that claims under way will occupy (see `reserve_idle_handlers`).
     reserved: Mutex<usize>,
+    /// Claims sent and not yet counted as outstanding (for `stop_when_empty`).
+    claiming: AtomicUsize,
 }
 
 /// Idle handlers reserved for one claim under a rate limit, released once the claimed
@@ -588,6 +602,22 @@ struct Pool {
 struct Reservation<'a> {
     reserved: &'a Mutex<usize>,
     n: usize,
+}
+
+/// Counts a claim as under way until the deliveries it brought are outstanding.
+struct ClaimUnderWay<'a>(&'a AtomicUsize);
+
+impl<'a> ClaimUnderWay<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count)
+    }
+}
+
+impl Drop for ClaimUnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Drop for Reservation<'_> {
@@ -600,6 +630,9 @@ impl Drop for Reservation<'_> {
 /// round trip, little enough that slow handlers do not hoard due messages that idle
 /// consumers elsewhere could run.
 const PREFETCH_WINDOW: Duration = Duration::from_millis(50);
+
+/// How often a `stop_when_empty` pool looks (locally) whether its last handler is done.
+const EMPTY_POLL: Duration = Duration::from_millis(20);
 
 /// claim.lua's `next_ms` when the queue is paused.
 const PAUSED: i64 = -2;
@@ -623,6 +656,34 @@ impl Pool {
                 self.queue_name
             );
             self.control.stop();
+        }
+    }
+
+    /// Nothing claimed is running or waiting for a handler, and no claim is under way.
+    fn holds_nothing(&self) -> bool {
+        self.claiming.load(Ordering::Acquire) == 0 && self.outstanding.lock().is_empty()
+    }
+
+    /// `stop_when_empty`: the pool holds nothing and Redis has nothing due for it.
+    fn stop_if_empty(&self) -> bool {
+        match self.queue.stats() {
+            Ok(s) if s.ready == 0 && self.holds_nothing() => {
+                log::info!(
+                    "delayq[{}]: nothing is due and nothing runs: stopping (stop_when_empty)",
+                    self.queue_name
+                );
+                self.control.empty.store(true, Ordering::Release);
+                self.control.stop();
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                log::warn!(
+                    "delayq[{}]: cannot tell whether the queue is empty: {e}",
+                    self.queue_name
+                );
+                false
+            }
         }
     }
 
@@ -740,6 +801,7 @@ impl Worker {
             control: Arc::new(Control {
                 stop: AtomicBool::new(false),
                 restart: AtomicBool::new(false),
+                empty: AtomicBool::new(false),
                 wake: Wake::new(partitions),
                 slots: Slots {
                     free: Mutex::new(0),
@@ -810,6 +872,7 @@ impl Worker {
             started: self.created,
             started_server_ms: std::sync::OnceLock::new(),
             reserved: Mutex::new(0),
+            claiming: AtomicUsize::new(0),
         });
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded();
         let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
@@ -1183,6 +1246,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
     };
     let mut look_cursor = index % parts;
     let mut last_look = Instant::now();
+    let mut next_empty_check = Instant::now();
     let mut error_pause = Duration::from_millis(50);
     loop {
         if control.stopped() {
@@ -1213,7 +1277,26 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             }
             (Pick::Sleep(due), seen) => {
                 let look = last_look + look_every;
-                wake.wait(Some(due.map_or(look, |d| d.min(look))), seen, &control.stop);
+                let mut until = due.map_or(look, |d| d.min(look));
+                if pool.opts.stop_when_empty && index == 0 {
+                    if !pool.holds_nothing() {
+                        // Handlers still run: look again soon (locally) to stop once
+                        // the last one is done.
+                        until = until.min(now + EMPTY_POLL);
+                    } else if now >= next_empty_check {
+                        // Redis decides: a message due now that no wake-up announced
+                        // (or that a pause or rate limit holds back) keeps the pool on.
+                        next_empty_check = now + pool.opts.idle_check;
+                        if pool.stop_if_empty() {
+                            return;
+                        }
+                        wake.kick();
+                        continue;
+                    } else {
+                        until = until.min(next_empty_check);
+                    }
+                }
+                wake.wait(Some(until), seen, &control.stop);
                 continue;
             }
         };
@@ -1230,6 +1313,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
         if room == 0 {
             return;
         }
+        let under_way = ClaimUnderWay::new(&pool.claiming);
         let started = Instant::now();
         last_look = started;
         wake.begin_claim(part, started);
@@ -1273,6 +1357,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
         }
         // The claimed deliveries count as held from here on.
         drop(reservation);
+        drop(under_way);
         let occurrences: Vec<(String, i64)> = claimed
             .items
             .iter()

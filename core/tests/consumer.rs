@@ -1025,3 +1025,73 @@ fn restart_workers_stops_the_pools_running_then_and_not_those_started_after() {
     assert!(!consumer.stopper().is_stopped() && !consumer.stopper().restart_requested());
     assert_eq!(consumer.finish().acked, 1);
 }
+
+#[test]
+fn stop_when_empty_returns_once_nothing_is_due_or_running_and_leaves_later_messages() {
+    let server = RedisServer::start();
+    let q = server.queue("batch");
+    let later = q.push(&json!({"n": "later"}), Duration::from_secs(3600)).expect("push");
+    let batch: Vec<NewMessage> = (0..50)
+        .map(|i| NewMessage::new(&json!({"n": i}), Duration::ZERO).expect("msg"))
+        .collect();
+    q.push_many(&batch).expect("push_many");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            stop_when_empty: true,
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let _stop = StopOnDrop(worker.stopper());
+    let summary = worker
+        .run(4, |_| {
+            std::thread::sleep(Duration::from_millis(5));
+            Ok(())
+        })
+        .expect("run");
+    assert_eq!(summary.acked, 50, "every due message ran before the pool stopped");
+    assert!(worker.stopper().found_empty() && !worker.stopper().restart_requested());
+    let s = q.stats().expect("stats");
+    assert_eq!((s.ready, s.inflight, s.scheduled), (0, 0, 1));
+    assert_eq!(q.get(&later).expect("get").map(|m| m.state), Some(State::Scheduled));
+}
+
+#[test]
+fn stop_when_empty_waits_while_due_messages_are_held_back() {
+    let server = RedisServer::start();
+    let q = server.queue("held");
+    q.pause().expect("pause");
+    for i in 0..3 {
+        q.push(&json!({"n": i}), Duration::ZERO).expect("push");
+    }
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            stop_when_empty: true,
+            idle_check: Duration::from_millis(200),
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let handled = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(worker.stopper());
+        let run = s.spawn(|| {
+            worker
+                .run(2, |_| {
+                    handled.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                })
+                .expect("run")
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(!run.is_finished(), "a paused queue with due messages is not empty");
+        q.resume().expect("resume");
+        wait_for(Duration::from_secs(10), "the pool to drain and stop", || {
+            run.is_finished()
+        });
+    });
+    assert_eq!(handled.load(Ordering::SeqCst), 3);
+    assert!(worker.stopper().found_empty());
+}

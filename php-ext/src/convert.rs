@@ -274,6 +274,17 @@ impl<'a> Options<'a> {
         }
     }
 
+    pub(crate) fn bool(&mut self, key: &'static str) -> PhpResult<Option<bool>> {
+        let what = self.what.clone();
+        self.get(key)
+            .map(|v| {
+                v.dereference()
+                    .bool()
+                    .ok_or_else(|| errors::type_error(format!("{what} '{key}' must be a bool, {} given", type_name(v))))
+            })
+            .transpose()
+    }
+
     /// Fails on any key that was not read, naming it and the accepted ones.
     pub(crate) fn finish(self) -> PhpResult<()> {
         let Some(table) = self.table else { return Ok(()) };

@@ -155,6 +155,7 @@ fn decode(text: &str) -> Option<Report> {
         Some("max_memory") => Some(Ended::MaxMemory),
         Some("exit") => Some(Ended::Exit),
         Some("restart") => Some(Ended::Restart),
+        Some("empty") => Some(Ended::Empty),
         _ => None,
     };
     Some(Report::Done(RunSummary { core, ended }))
@@ -343,9 +344,10 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
                     {
                         log::info!("worker process {pid} recycled ({}); starting another", why.as_str());
                     }
-                    // stop() called inside a child means: stop the whole pool; so does
-                    // a restart request (the other children have it too).
-                    if let Some(why @ (Ended::Stop | Ended::Restart)) = s.ended
+                    // stop() called inside a child means: stop the whole pool; so do a
+                    // restart request (the other children have it too) and an empty
+                    // queue under stop_when_empty (the others' handlers finish first).
+                    if let Some(why @ (Ended::Stop | Ended::Restart | Ended::Empty)) = s.ended
                         && !stopping
                     {
                         stopping = true;

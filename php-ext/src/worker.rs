@@ -160,6 +160,8 @@ pub(crate) enum Ended {
     Exit,
     /// `DelayQueue::restartWorkers()` asked the pools running then to stop.
     Restart,
+    /// `stop_when_empty`: nothing was due and nothing ran.
+    Empty,
 }
 
 impl Ended {
@@ -171,6 +173,7 @@ impl Ended {
             Self::MaxMemory => "max_memory",
             Self::Exit => "exit",
             Self::Restart => "restart",
+            Self::Empty => "empty",
         }
     }
 }
@@ -217,6 +220,9 @@ impl PhpWorker {
             }
             if ended.is_none() && stopper.restart_requested() {
                 ended = Some(Ended::Restart);
+            }
+            if ended.is_none() && stopper.found_empty() {
+                ended = Some(Ended::Empty);
             }
             if ended.is_none() && stopper.is_stopped() {
                 ended = Some(Ended::Stop);
@@ -306,6 +312,9 @@ impl PhpWorker {
         if ended.is_none() && stopper.restart_requested() {
             ended = Some(Ended::Restart);
         }
+        if ended.is_none() && stopper.found_empty() {
+            ended = Some(Ended::Empty);
+        }
         let consumer = BailoutGuard::into_inner(consumer);
         let core = consumer.finish();
         crate::logs::flush();
@@ -389,6 +398,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerO
     if let Some(d) = o.duration("idle_check")? {
         w.idle_check = d;
     }
+    w.stop_when_empty = o.bool("stop_when_empty")?.unwrap_or(false);
     let max_jobs = o.int("max_jobs", 1, i64::MAX)?.map(|n| n as u64);
     let max_memory_bytes = o.int("max_memory_mb", 1, 1 << 30)?.map(|mb| mb << 20);
     let mut hook = |name: &'static str| match o.get(name) {
@@ -415,8 +425,8 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerO
 impl PhpWorker {
     /// @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
     ///   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
-    ///   idle_check?: float, max_jobs?: int, max_memory_mb?: int, on_start?: callable,
-    ///   on_stop?: callable} $options
+    ///   idle_check?: float, stop_when_empty?: bool, max_jobs?: int, max_memory_mb?: int,
+    ///   on_start?: callable, on_stop?: callable} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn __construct(queue: &PhpDelayQueue, options: OptionsArg<'_>) -> PhpResult<Self> {
         let (opts, limits, (on_start, on_stop)) = worker_options(options.0)?;

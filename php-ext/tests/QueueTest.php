@@ -158,6 +158,7 @@ final class QueueTest extends TestCase
             'bad worker option' => [fn (DelayQueue $q) => new DelayQueueWorker($q, ['batch' => 5000]), DelayQueueInvalidArgumentException::class, "'batch'"],
             'unknown worker option' => [fn (DelayQueue $q) => new DelayQueueWorker($q, ['procs' => 2]), DelayQueueInvalidArgumentException::class, "unknown DelayQueueWorker option 'procs'"],
             'on_start not callable' => [fn (DelayQueue $q) => new DelayQueueWorker($q, ['on_start' => 'no_such_function']), TypeError::class, 'on_start'],
+            'stop_when_empty not a bool' => [fn (DelayQueue $q) => new DelayQueueWorker($q, ['stop_when_empty' => 'yes']), TypeError::class, 'stop_when_empty'],
         ];
     }
 

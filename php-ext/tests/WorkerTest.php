@@ -207,6 +207,39 @@ final class WorkerTest extends TestCase
         $this->assertTrue($this->drained());
     }
 
+    public function testStopWhenEmptyReturnsOnceNothingIsDueAndLeavesLaterMessages(): void
+    {
+        $later = $this->q->push(['n' => 'later'], 3600);
+        $this->fill(5);
+        $got = [];
+        $w = new DelayQueueWorker($this->q, ['stop_when_empty' => true]);
+        $summary = $w->run(function ($payload) use (&$got) {
+            $got[] = $payload['n'];
+        });
+        sort($got);
+        $this->assertSame([0, 1, 2, 3, 4], $got);
+        $this->assertSame('empty', $summary['stopped_by']);
+        $this->assertSame('scheduled', $this->q->get($later)['state']);
+    }
+
+    public function testStopWhenEmptyEndsASupervisedPool(): void
+    {
+        $this->fill(6);
+        $proc = $this->startWorker(['processes' => 2, 'stop_when_empty' => true]);
+        $exit = null;
+        delayq_wait_for(20, 'the supervisor returned by itself', function () use ($proc, &$exit) {
+            $status = proc_get_status($proc);
+            $exit = $status['running'] ? null : $status['exitcode'];
+            return !$status['running'];
+        });
+        proc_close($proc);
+        $this->assertSame(0, $exit);
+        $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
+        $this->assertSame(['empty', 0, 6], [$summary['stopped_by'], $summary['restarts'], $summary['acked']]);
+        $this->assertEveryMessageHandled(6, 0);
+        $this->assertTrue($this->drained());
+    }
+
     public function testMaxMemoryEndsTheRun(): void
     {
         $this->fill(50);

@@ -80,7 +80,8 @@ class Worker:
     jitter, and after ``max_attempts`` moves it to the dead-letter set with the
     exception as its last error. Redis I/O runs on ``threads`` native threads; the
     handler runs on the calling thread (the GIL is released while waiting). A coroutine
-    function handler runs on an asyncio loop, ``concurrency`` at a time.
+    function handler runs on an asyncio loop, ``concurrency`` at a time. With
+    ``stop_when_empty``, ``run`` returns once no message is due and none runs.
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class Worker:
         backoff_max: float = 300.0,
         timeout: Optional[float] = None,
         idle_check: float = 1.0,
+        stop_when_empty: bool = False,
         concurrency: int = 10,
     ) -> None:
         if concurrency < 1:
@@ -111,6 +113,7 @@ class Worker:
             backoff_max=backoff_max,
             timeout=timeout,
             idle_check=idle_check,
+            stop_when_empty=stop_when_empty,
         )
         self._concurrency = concurrency
 

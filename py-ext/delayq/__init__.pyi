@@ -46,6 +46,9 @@ class Worker:
     handler runs on the calling thread. ``timeout`` (seconds) bounds one handler call:
     after it the lease is no longer renewed and another worker gets the message. A
     coroutine function handler runs on an asyncio loop, ``concurrency`` at a time.
+    With ``stop_when_empty``, ``run`` returns (``stopped_by`` ``"empty"``) once no
+    message is due and none runs (messages due later stay): for cron-driven batches
+    and for tests of handlers.
     """
 
     def __init__(
@@ -61,13 +64,15 @@ class Worker:
         backoff_max: float = 300.0,
         timeout: Optional[float] = None,
         idle_check: float = 1.0,
+        stop_when_empty: bool = False,
         concurrency: int = 10,
     ) -> None: ...
     def run(self, handler: Handler) -> dict[str, Any]:
         """Consume until ``stop()``, SIGTERM or SIGINT (which stop it gracefully) or
         ``DelayQueue.restart_workers()``; return the counts (handled, acked, failed,
         retried, dead, lease_lost, released, unwritten, stopped_by: ``"stop"``,
-        ``"signal"`` or ``"restart"``) once every acknowledgement is written."""
+        ``"signal"``, ``"restart"`` or ``"empty"``) once every acknowledgement is
+        written."""
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
     def stop(self) -> None:

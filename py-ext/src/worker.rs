@@ -146,10 +146,14 @@ fn summary<'py>(py: Python<'py>, s: &delayq::Summary, stopped_by: Option<String>
     Ok(d)
 }
 
-/// A restart request stopped the pool before anything else could.
+/// A restart request or an empty queue (`stop_when_empty`) stopped the pool before
+/// anything else could.
 fn stop_reason(consumer: &delayq::Consumer, asked: Option<String>) -> Option<String> {
-    if consumer.stopper().restart_requested() {
+    let stopper = consumer.stopper();
+    if stopper.restart_requested() {
         Some("restart".to_owned())
+    } else if stopper.found_empty() {
+        Some("empty".to_owned())
     } else {
         asked
     }
@@ -165,7 +169,7 @@ impl PyWorker {
 impl PyWorker {
     #[new]
     #[pyo3(signature = (queue, *, threads, batch, prefetch, lease, max_attempts, backoff_base, backoff_max,
-        timeout, idle_check))]
+        timeout, idle_check, stop_when_empty))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -179,6 +183,7 @@ impl PyWorker {
         backoff_max: f64,
         timeout: Option<f64>,
         idle_check: f64,
+        stop_when_empty: bool,
     ) -> PyResult<Self> {
         let secs = |name: &str, v: f64| delayq::delay_from_secs(name, v).or_raise(py);
         let opts = delayq::WorkerOptions {
@@ -191,6 +196,7 @@ impl PyWorker {
             backoff_max: secs("backoff_max", backoff_max)?,
             timeout: timeout.map(|t| secs("timeout", t)).transpose()?,
             idle_check: secs("idle_check", idle_check)?,
+            stop_when_empty,
         };
         Ok(Self {
             worker: delayq::Worker::new(queue.queue.clone(), opts).or_raise(py)?,

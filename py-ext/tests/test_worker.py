@@ -457,3 +457,20 @@ def test_restart_workers_stops_the_running_pools_and_says_so(queue: delayq.Delay
 
     queue.push({"n": 7})
     assert later.run(handle)["stopped_by"] == "stop" and seen == [7]
+
+
+def test_stop_when_empty_returns_once_nothing_is_due_and_leaves_later_messages(queue: delayq.DelayQueue) -> None:
+    later = queue.push({"n": "later"}, delay=3600)
+    fill(queue, 5)
+    seen: list[int] = []
+    summary = delayq.Worker(queue, stop_when_empty=True).run(lambda payload, msg: seen.append(payload["n"]))
+    assert sorted(seen) == list(range(5)) and summary["stopped_by"] == "empty" and summary["acked"] == 5
+    info = queue.get(later)
+    assert info is not None and info["state"] == "scheduled"
+
+    async def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        seen.append(payload["n"])
+
+    fill(queue, 3)
+    summary = delayq.Worker(queue, stop_when_empty=True).run(handle)
+    assert summary["stopped_by"] == "empty" and summary["acked"] == 3 and len(seen) == 8
