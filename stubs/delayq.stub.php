@@ -135,10 +135,15 @@ final class DelayQueue
     /**
      * The consumer pools alive on this queue, from every host and language, oldest
      * first. A pool renews its entry every lease / 3 and drops out after three missed
-     * renewals; a pool that stops leaves at once.
+     * renewals; a pool that stops leaves at once. Each renewal reports the handlers it
+     * started since the one before (started_recently) and how late they started after
+     * their due time, in seconds on the Redis server's clock (lateness_avg,
+     * lateness_max; null when none started), and the moving average of one handler
+     * call (handler_avg, seconds; null until measured).
      *
      * @return list<array{id: string, host: string, pid: int, started_at: float, last_seen: float,
-     *   threads: int, handlers: int, handled: int, acked: int, failed: int, holding: int}>
+     *   threads: int, handlers: int, handled: int, acked: int, failed: int, holding: int,
+     *   started_recently: int, lateness_avg: ?float, lateness_max: ?float, handler_avg: ?float}>
      */
     public function workers(): array {}
 

@@ -166,7 +166,7 @@ impl Listing {
 /// A consumer pool that is alive: it registered when it started and renews its entry
 /// every heartbeat (`lease / 3`); one that dies unannounced drops out after three
 /// missed heartbeats.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[non_exhaustive]
 pub struct WorkerInfo {
     /// `host:pid:n`, n counting the pools of that process.
@@ -188,6 +188,18 @@ pub struct WorkerInfo {
     pub failed: u64,
     /// Deliveries it held (running or prefetched) at its last heartbeat.
     pub holding: u64,
+    /// Handlers it started between its last two heartbeats, and how late they
+    /// started after their due time (ms on the server's clock): the figure a delay
+    /// queue is judged by, as its users see it.
+    #[serde(default)]
+    pub started_recently: u64,
+    #[serde(default)]
+    pub lateness_avg_ms: Option<f64>,
+    #[serde(default)]
+    pub lateness_max_ms: Option<i64>,
+    /// Moving average of one handler call (ms), once measured.
+    #[serde(default)]
+    pub handler_avg_ms: Option<f64>,
 }
 
 /// A message in the dead-letter set.

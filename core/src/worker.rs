@@ -318,6 +318,12 @@ impl Wake {
         self.state.lock().clock = Some((local, server_ms));
     }
 
+    /// The Redis server's clock now, from the last claim's reading.
+    fn server_now_ms(&self) -> Option<i64> {
+        let (local, server_ms) = self.state.lock().clock?;
+        Some(server_ms + i64::try_from(local.elapsed().as_millis()).unwrap_or(i64::MAX))
+    }
+
     fn local_deadline(st: &WakeState, server_ms: i64) -> Option<Instant> {
         let (local, server_now) = st.clock?;
         let ahead = server_ms - server_now;
@@ -580,6 +586,9 @@ struct Pool {
     buffered: Receiver<Delivery>,
     /// Moving average of one handler call, in microseconds (0 until measured).
     handler_us: AtomicU64,
+    /// Handler starts and how late they were: since the last renewal built, and in
+    /// the renewal waiting to be sent (see `Registration`).
+    lateness: Mutex<(Lateness, Lateness)>,
     registration: Registration,
     /// The last claim found the queue paused (see `note_paused`).
     paused: AtomicBool,
@@ -759,6 +768,13 @@ impl Pool {
         }
     }
 
+    /// A handler starts `d`: how late after its due time, on the server's clock.
+    fn record_start(&self, d: &Delivery) {
+        if let Some(now) = self.control.wake.server_now_ms() {
+            self.lateness.lock().0.add((now - d.due_at_ms).max(0));
+        }
+    }
+
     fn record_handler_time(&self, d: &Delivery) {
         let Some(start) = d.handed_out else { return };
         let sample = (start.elapsed().as_micros() as u64).max(1);
@@ -865,6 +881,7 @@ impl Worker {
             stalled: AtomicBool::new(false),
             buffered: deliver_rx.clone(),
             handler_us: AtomicU64::new(0),
+            lateness: Mutex::new((Lateness::default(), Lateness::default())),
             registration: Registration::new(&self.opts),
             paused: AtomicBool::new(false),
             repeat_checks: Mutex::new(vec![Instant::now(); self.queue.partitions()]),
@@ -1003,6 +1020,7 @@ impl Consumer {
                     o.started = Some(Instant::now());
                 }
                 Counters::add(&self.pool.counters.handled, 1);
+                self.pool.record_start(&d);
                 d.handed_out = Some(Instant::now());
                 Received::Message(d)
             }
@@ -1150,7 +1168,7 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
     let o = &pool.opts;
     let qo = q.options();
     let ep = &q.inner.endpoint;
-    let beat = pool.registration.take_pending();
+    let beat = pool.registration.take_pending(pool);
     let check_repeats = pool.repeat_check_due(part);
     let res = slot.run_once(ep, "claim", |con| {
         let mut inv = q.invocation(part, &scripts::CLAIM);
@@ -1735,6 +1753,28 @@ struct Registration {
     pending: Mutex<Option<String>>,
 }
 
+/// Handler starts and their lateness (ms).
+#[derive(Clone, Copy, Default)]
+struct Lateness {
+    started: u64,
+    sum_ms: i64,
+    max_ms: i64,
+}
+
+impl Lateness {
+    fn add(&mut self, ms: i64) {
+        self.started += 1;
+        self.sum_ms = self.sum_ms.saturating_add(ms);
+        self.max_ms = self.max_ms.max(ms);
+    }
+
+    fn merge(&mut self, other: Self) {
+        self.started += other.started;
+        self.sum_ms = self.sum_ms.saturating_add(other.sum_ms);
+        self.max_ms = self.max_ms.max(other.max_ms);
+    }
+}
+
 static POOLS_STARTED: AtomicU64 = AtomicU64::new(0);
 
 fn host_name() -> String {
@@ -1767,8 +1807,18 @@ impl Registration {
         u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// The pool's entry in the list of pools; it reports the lateness of the handler
+    /// starts since the last renewal that was sent. A renewal that no claim carried
+    /// is replaced by the next, which reports its starts too.
     fn info(&self, pool: &Pool) -> String {
         let c = &pool.counters;
+        let late = {
+            let mut windows = pool.lateness.lock();
+            let (current, reported) = &mut *windows;
+            reported.merge(std::mem::take(current));
+            *reported
+        };
+        let handler_us = pool.handler_us.load(Ordering::Relaxed);
         serde_json::json!({
             "id": self.id,
             "host": self.host,
@@ -1780,13 +1830,18 @@ impl Registration {
             "acked": c.acked.load(Ordering::Relaxed),
             "failed": c.failed.load(Ordering::Relaxed),
             "holding": pool.outstanding.lock().len(),
+            "started_recently": late.started,
+            "lateness_avg_ms": (late.started > 0).then(|| late.sum_ms as f64 / late.started as f64),
+            "lateness_max_ms": (late.started > 0).then_some(late.max_ms),
+            "handler_avg_ms": (handler_us > 0).then(|| handler_us as f64 / 1000.0),
         })
         .to_string()
     }
 
     /// The renewal for a claim to carry, if one is waiting: (id, ttl_ms, info).
-    fn take_pending(&self) -> Option<(&str, u64, String)> {
+    fn take_pending(&self, pool: &Pool) -> Option<(&str, u64, String)> {
         let info = self.pending.lock().take()?;
+        pool.lateness.lock().1 = Lateness::default();
         Some((&self.id, self.ttl_ms(), info))
     }
 
@@ -1800,7 +1855,7 @@ impl Registration {
     fn on_heartbeat(&self, pool: &Pool, slot: &mut ConnSlot) {
         let info = self.info(pool);
         let untaken = self.pending.lock().replace(info).is_some();
-        if untaken && let Some((_, ttl_ms, info)) = self.take_pending() {
+        if untaken && let Some((_, ttl_ms, info)) = self.take_pending(pool) {
             self.send(pool, slot, 0, ttl_ms, &info);
         }
     }

@@ -1095,3 +1095,64 @@ fn stop_when_empty_waits_while_due_messages_are_held_back() {
     assert_eq!(handled.load(Ordering::SeqCst), 3);
     assert!(worker.stopper().found_empty());
 }
+
+#[test]
+fn pools_report_how_late_their_handlers_started() {
+    let server = RedisServer::start();
+    let q = server.queue("late");
+    // Held back for a second: each message starts at least that late.
+    q.pause().expect("pause");
+    for i in 0..5 {
+        q.push(&json!({"n": i}), Duration::ZERO).expect("push");
+    }
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            // A heartbeat every 100 ms, each reporting the starts since the last.
+            lease: Duration::from_millis(300),
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let handled = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(worker.stopper());
+        s.spawn(|| {
+            worker
+                .run(1, |_| {
+                    std::thread::sleep(Duration::from_millis(10));
+                    handled.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                })
+                .expect("run")
+        });
+        wait_for(Duration::from_secs(10), "the pool listed", || {
+            q.workers().is_ok_and(|w| w.len() == 1)
+        });
+        let idle = q.workers().expect("workers").remove(0);
+        assert_eq!((idle.started_recently, idle.lateness_max_ms), (0, None));
+        std::thread::sleep(Duration::from_secs(1));
+        q.resume().expect("resume");
+        let mut seen = None;
+        wait_for(Duration::from_secs(10), "a heartbeat that reports the starts", || {
+            seen = q
+                .workers()
+                .ok()
+                .and_then(|mut w| w.pop())
+                .filter(|w| w.started_recently > 0);
+            seen.is_some()
+        });
+        let w = seen.expect("seen");
+        let (avg, max) = (
+            w.lateness_avg_ms.expect("lateness_avg_ms"),
+            w.lateness_max_ms.expect("lateness_max_ms"),
+        );
+        assert!((900..5000).contains(&max), "started {max} ms late after a 1 s pause");
+        assert!(avg >= 900.0 && avg <= max as f64, "avg {avg}, max {max}");
+        assert!(w.started_recently <= 5 && w.handled <= 5);
+        assert!(w.handler_avg_ms.is_some_and(|ms| ms >= 10.0), "{:?}", w.handler_avg_ms);
+        wait_for(Duration::from_secs(10), "all handled", || {
+            handled.load(Ordering::SeqCst) == 5
+        });
+    });
+}

@@ -307,7 +307,8 @@ impl PhpDelayQueue {
     /// The consumer pools alive on this queue, from every host and language, oldest first.
     ///
     /// @return list<array{id: string, host: string, pid: int, started_at: float, last_seen: float,
-    ///   threads: int, handlers: int, handled: int, acked: int, failed: int, holding: int}>
+    ///   threads: int, handlers: int, handled: int, acked: int, failed: int, holding: int,
+    ///   started_recently: int, lateness_avg: ?float, lateness_max: ?float, handler_avg: ?float}>
     pub fn workers(&self) -> PhpResult<ZBox<ZendHashTable>> {
         let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
         let mut list = ZendHashTable::new();
@@ -324,6 +325,10 @@ impl PhpDelayQueue {
                 ("acked", n(w.acked)),
                 ("failed", n(w.failed)),
                 ("holding", n(w.holding)),
+                ("started_recently", n(w.started_recently)),
+                ("lateness_avg", zv(w.lateness_avg_ms.map(|ms| ms / 1000.0))),
+                ("lateness_max", zv(w.lateness_max_ms.map(ms_to_secs))),
+                ("handler_avg", zv(w.handler_avg_ms.map(|ms| ms / 1000.0))),
             ])?;
             list.push(entry).map_err(|e| errors::payload(e.to_string()))?;
         }

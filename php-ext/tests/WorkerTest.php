@@ -53,6 +53,26 @@ final class WorkerTest extends TestCase
         return array_map(fn ($l) => array_map('intval', explode(' ', $l)), $lines);
     }
 
+    /** Waits for a worker started by startWorker() to end by itself; returns its exit code. */
+    private function waitForExit($proc, string $what): int
+    {
+        $exit = null;
+        delayq_wait_for(20, $what, function () use ($proc, &$exit) {
+            // The first status that shows the exit is the only one that holds its code.
+            $status = proc_get_status($proc);
+            $exit = $status['running'] ? null : $status['exitcode'];
+            return !$status['running'];
+        });
+        proc_close($proc);
+        return $exit;
+    }
+
+    /** The summary that worker_script.php wrote when run() returned. */
+    private function summary(): array
+    {
+        return json_decode((string) file_get_contents("{$this->log}.summary"), true);
+    }
+
     private function drained(): bool
     {
         $s = $this->q->stats();
@@ -226,15 +246,8 @@ final class WorkerTest extends TestCase
     {
         $this->fill(6);
         $proc = $this->startWorker(['processes' => 2, 'stop_when_empty' => true]);
-        $exit = null;
-        delayq_wait_for(20, 'the supervisor returned by itself', function () use ($proc, &$exit) {
-            $status = proc_get_status($proc);
-            $exit = $status['running'] ? null : $status['exitcode'];
-            return !$status['running'];
-        });
-        proc_close($proc);
-        $this->assertSame(0, $exit);
-        $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
+        $this->assertSame(0, $this->waitForExit($proc, 'the supervisor returned by itself'));
+        $summary = $this->summary();
         $this->assertSame(['empty', 0, 6], [$summary['stopped_by'], $summary['restarts'], $summary['acked']]);
         $this->assertEveryMessageHandled(6, 0);
         $this->assertTrue($this->drained());
@@ -261,7 +274,7 @@ final class WorkerTest extends TestCase
         delayq_wait_for(20, 'some messages handled', fn () => count($this->handled()) >= 50);
         proc_terminate($proc, SIGTERM);
         $this->assertSame(0, proc_close($proc));
-        $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
+        $summary = $this->summary();
         $this->assertSame('signal', $summary['stopped_by']);
         $this->assertCount(1, file("{$this->log}.stops"), 'on_stop ran once, after the pool stopped');
         $handled = count($this->handled());
@@ -284,7 +297,7 @@ final class WorkerTest extends TestCase
         delayq_wait_for(20, 'all handled', fn () => $this->drained());
         proc_terminate($proc, SIGINT);
         $this->assertSame(0, proc_close($proc));
-        $this->assertSame('signal', json_decode((string) file_get_contents("{$this->log}.summary"), true)['stopped_by']);
+        $this->assertSame('signal', $this->summary()['stopped_by']);
     }
 
     public function testProcessesModeRestartsAKilledChildAndLosesNothing(): void
@@ -299,7 +312,7 @@ final class WorkerTest extends TestCase
         delayq_wait_for(30, 'every message handled', fn () => $this->drained());
         proc_terminate($proc, SIGTERM);
         $this->assertSame(0, proc_close($proc));
-        $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
+        $summary = $this->summary();
         $this->assertSame(3, $summary['processes']);
         $this->assertGreaterThanOrEqual(1, $summary['restarts'], 'the killed child was replaced');
         $this->assertGreaterThanOrEqual(4, count(file("{$this->log}.starts")), 'on_start ran in the new child');
@@ -327,6 +340,21 @@ final class WorkerTest extends TestCase
         $this->assertSame($children, $pids, 'the children, not the supervisor');
         $this->assertSame(gethostname(), $pools[0]['host']);
         $this->assertEqualsWithDelta(microtime(true), $pools[0]['last_seen'], 2.0);
+        $this->fill(4);
+        $reporting = null;
+        delayq_wait_for(10, 'a renewal that reports handler starts', function () use (&$reporting) {
+            foreach ($this->q->workers() as $pool) {
+                if ($pool['started_recently'] > 0) {
+                    $reporting = $pool;
+                    return true;
+                }
+            }
+            return false;
+        });
+        $this->assertGreaterThanOrEqual(0.0, $reporting['lateness_avg']);
+        $this->assertLessThanOrEqual($reporting['lateness_max'], $reporting['lateness_avg']);
+        $this->assertLessThan(5.0, $reporting['lateness_max'], 'due now, started at once');
+        $this->assertIsFloat($reporting['handler_avg']);
         proc_terminate($proc, SIGTERM);
         $this->assertSame(0, proc_close($proc));
         $this->assertSame([], $this->q->workers(), 'each left the list as it stopped');
@@ -364,16 +392,8 @@ final class WorkerTest extends TestCase
         delayq_wait_for(20, 'all handled', fn () => count($this->handled()) >= 3);
         delayq_wait_for(20, 'both processes listed', fn () => count($this->q->workers()) === 2);
         $this->assertSame(2, $this->q->restartWorkers());
-        $exit = null;
-        delayq_wait_for(20, 'the supervisor returned', function () use ($proc, &$exit) {
-            // The first status that shows the exit is the only one that holds its code.
-            $status = proc_get_status($proc);
-            $exit = $status['running'] ? null : $status['exitcode'];
-            return !$status['running'];
-        });
-        proc_close($proc);
-        $this->assertSame(0, $exit);
-        $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
+        $this->assertSame(0, $this->waitForExit($proc, 'the supervisor returned'));
+        $summary = $this->summary();
         $this->assertSame('restart', $summary['stopped_by']);
         $this->assertSame(0, $summary['restarts'], 'no child was started anew');
         $this->assertSame(3, $summary['acked']);
@@ -523,7 +543,7 @@ final class WorkerTest extends TestCase
         delayq_wait_for(30, 'every message handled', fn () => $this->drained());
         proc_terminate($proc, SIGTERM);
         $this->assertSame(0, proc_close($proc));
-        $summary = json_decode((string) file_get_contents("{$this->log}.summary"), true);
+        $summary = $this->summary();
         $this->assertSame(1, $summary['killed_hung']);
         $stderr = (string) file_get_contents("{$this->log}.stderr");
         $this->assertSame(1, substr_count($stderr, 'its handler ran past the 0.5 s timeout and was killed'), $stderr);

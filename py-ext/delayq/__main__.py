@@ -185,6 +185,16 @@ def _age(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
+def _recent(w: dict[str, Any]) -> str:
+    text = ""
+    if w["lateness_max"] is not None:
+        text += (f"  started {w['started_recently']} lately, late by {w['lateness_avg'] * 1000:.1f} ms on average, "
+                 f"{w['lateness_max'] * 1000:.0f} ms at most")
+    if w["handler_avg"] is not None:
+        text += f"  handler {w['handler_avg'] * 1000:.1f} ms"
+    return text
+
+
 def _workers(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     pools = q.workers()
 
@@ -195,7 +205,7 @@ def _workers(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             lines.append(
                 f"{w['id']}  up {_age(now - w['started_at'])}  seen {_age(now - w['last_seen'])} ago  "
                 f"{w['handlers']} handlers  handled {w['handled']} (acked {w['acked']}, failed {w['failed']})  "
-                f"holding {w['holding']}"
+                f"holding {w['holding']}" + _recent(w)
             )
         return lines
 

@@ -110,8 +110,12 @@ class DelayQueue:
     def workers(self) -> list[dict[str, Any]]:
         """The consumer pools alive on this queue, from every host and language, oldest
         first: ``{id, host, pid, started_at, last_seen, threads, handlers, handled,
-        acked, failed, holding}``. A pool renews its entry every ``lease / 3`` and drops
-        out after three missed renewals."""
+        acked, failed, holding, started_recently, lateness_avg, lateness_max,
+        handler_avg}``. A pool renews its entry every ``lease / 3`` and drops out after
+        three missed renewals. Each renewal reports the handlers started since the one
+        before and how late they started after their due time (seconds, server clock;
+        None when none started), and the moving average of one handler call (seconds;
+        None until measured)."""
     def requeue_dead(self, id: Optional[str] = None) -> int:
         """Send dead letters back, due now, with a fresh attempt budget: one, or all when
         ``id`` is None. Returns how many."""

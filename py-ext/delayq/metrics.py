@@ -33,6 +33,12 @@ _HELP = {
     "delayq_workers": ("gauge", "Consumer pools alive on the queue, from every host and language."),
     "delayq_worker_handlers": ("gauge", "Handlers of the pools alive: deliveries they work on at once."),
     "delayq_worker_holding": ("gauge", "Deliveries the pools alive hold, running or prefetched."),
+    "delayq_start_lateness_seconds": (
+        "gauge",
+        "How late handlers started after their messages' due time, over the pools' last heartbeat "
+        "(stat avg or max); absent when none started.",
+    ),
+    "delayq_handler_seconds": ("gauge", "Moving average of one handler call, averaged over the pools alive."),
     "delayq_events_total": ("counter", "Lifetime counts by event: pushed, delivered, acked, retried, died, ..."),
 }
 
@@ -77,6 +83,15 @@ def render(queues: Iterable[DelayQueue], now: Optional[Callable[[], float]] = No
         add("delayq_workers", queue, len(pools))
         add("delayq_worker_handlers", queue, sum(p["handlers"] for p in pools))
         add("delayq_worker_holding", queue, sum(p["holding"] for p in pools))
+        started = [p for p in pools if p["lateness_max"] is not None and p["started_recently"] > 0]
+        if started:
+            count = sum(p["started_recently"] for p in started)
+            add("delayq_start_lateness_seconds", {**queue, "stat": "avg"},
+                sum(p["lateness_avg"] * p["started_recently"] for p in started) / count)
+            add("delayq_start_lateness_seconds", {**queue, "stat": "max"}, max(p["lateness_max"] for p in started))
+        timed = [p["handler_avg"] for p in pools if p["handler_avg"] is not None]
+        if timed:
+            add("delayq_handler_seconds", queue, sum(timed) / len(timed))
         for event, count in stats.items():
             if event not in NOT_EVENTS:
                 add("delayq_events_total", {**queue, "event": event}, count)

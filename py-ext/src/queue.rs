@@ -312,6 +312,10 @@ impl PyQueue {
             d.set_item("acked", w.acked)?;
             d.set_item("failed", w.failed)?;
             d.set_item("holding", w.holding)?;
+            d.set_item("started_recently", w.started_recently)?;
+            d.set_item("lateness_avg", w.lateness_avg_ms.map(|ms| ms / 1000.0))?;
+            d.set_item("lateness_max", w.lateness_max_ms.map(ms_to_secs))?;
+            d.set_item("handler_avg", w.handler_avg_ms.map(|ms| ms / 1000.0))?;
             list.append(d)?;
         }
         Ok(list)

@@ -224,6 +224,27 @@ def test_metrics_in_the_prometheus_format(queue: delayq.DelayQueue, redis_url: s
     assert ("delayq_up", oth) not in metrics(cli(redis_url, "metrics").stdout)
 
 
+def test_metrics_report_how_late_handlers_started(queue: delayq.DelayQueue, redis_url: str) -> None:
+    worker = delayq.Worker(queue, lease=3.0)  # renewed every second, each renewal reporting its starts
+    runner = threading.Thread(target=worker.run, args=(lambda payload, msg: time.sleep(0.01),))
+    runner.start()
+    try:
+        wait_for(10, "the pool listed", lambda: len(queue.workers()) == 1)
+        for i in range(3):
+            queue.push({"n": i})
+        wait_for(10, "a renewal that reports the starts", lambda: queue.workers()[0]["started_recently"] > 0)
+        # Within the second that the renewal stands (seen within 10 ms of its writing).
+        m = metrics(cli(redis_url, "metrics").stdout)
+        pool = cli_json(redis_url, "workers")[0]
+    finally:
+        worker.stop()
+        runner.join()
+    late = {stat: m[("delayq_start_lateness_seconds", (("queue", "jobs"), ("stat", stat)))] for stat in ("avg", "max")}
+    assert 0 <= late["avg"] <= late["max"] < 1, late
+    assert late["max"] == pool["lateness_max"] and 1 <= pool["started_recently"] <= 3
+    assert m[("delayq_handler_seconds", (("queue", "jobs"),))] >= 0.01
+
+
 def test_metrics_of_an_unreachable_redis_say_so(redis_url: str) -> None:
     done = cli(f"redis://127.0.0.1:{free_port()}", "metrics")
     assert done.returncode == 0, done.stderr

@@ -161,6 +161,9 @@ def test_a_running_pool_is_listed_with_its_counters(queue: delayq.DelayQueue) ->
     [[pool]] = seen
     assert pool["pid"] == os.getpid() and pool["handlers"] == 1
     assert pool["holding"] >= 1, "the running delivery"
+    assert {"started_recently", "lateness_avg", "lateness_max", "handler_avg"} <= set(pool)
+    if pool["started_recently"]:
+        assert 0 <= pool["lateness_avg"] <= pool["lateness_max"] < 5
     assert queue.workers() == [], "a stopped pool leaves the list"
 
 
