@@ -1156,3 +1156,63 @@ fn pools_report_how_late_their_handlers_started() {
         });
     });
 }
+
+#[test]
+fn a_restart_requested_mid_drain_loses_and_doubles_nothing() {
+    let server = RedisServer::start();
+    let q = server.queue("deploy");
+    let batch: Vec<NewMessage> = (0..5_000)
+        .map(|i| NewMessage::new(&json!({"n": i}), Duration::ZERO).expect("msg"))
+        .collect();
+    q.push_many(&batch).expect("push_many");
+    let seen: Mutex<HashMap<i64, usize>> = Mutex::new(HashMap::new());
+    let handle = |d: &delayq::Delivery| {
+        let v: serde_json::Value = d.payload().map_err(|e| e.to_string())?;
+        std::thread::sleep(Duration::from_micros(300));
+        *seen.lock().entry(v["n"].as_i64().expect("n")).or_insert(0) += 1;
+        Ok(())
+    };
+    // The old code's pool, asked to stop after about a tenth of the work.
+    let old = Worker::new(q.clone(), opts()).expect("worker");
+    let (asked_at, summary) = std::thread::scope(|s| {
+        let _stop = StopOnDrop(old.stopper());
+        let run = s.spawn(|| old.run(4, handle).expect("run"));
+        wait_for(Duration::from_secs(20), "a tenth handled", || seen.lock().len() >= 500);
+        let asked_at = seen.lock().len();
+        q.restart_workers().expect("restart_workers");
+        wait_for(Duration::from_secs(10), "the old pool stopped", || run.is_finished());
+        (asked_at, run.join().expect("join"))
+    });
+    assert!(old.stopper().restart_requested());
+    let stopped_at = seen.lock().len();
+    assert!(
+        stopped_at < 5_000,
+        "the old pool stopped before the end ({stopped_at} handled)"
+    );
+    assert_eq!(
+        q.stats().expect("stats").inflight,
+        0,
+        "running handlers finished, the prefetched went back"
+    );
+    // The new code's pool finishes the work.
+    let new = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            stop_when_empty: true,
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let _stop = StopOnDrop(new.stopper());
+    new.run(4, handle).expect("run");
+    let seen = seen.into_inner();
+    let doubled = seen.values().filter(|&&c| c > 1).count();
+    eprintln!(
+        "restart asked at {asked_at} handled, old pool stopped at {stopped_at} ({} released), new pool ran the rest: \
+         {} distinct, {doubled} twice",
+        summary.released,
+        seen.len()
+    );
+    assert_eq!((seen.len(), doubled), (5_000, 0));
+    assert_no_leak(&server, "{dq:deploy}");
+}
