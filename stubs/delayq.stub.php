@@ -36,9 +36,13 @@ final class DelayQueue
      * Schedules $payload (array, scalar, null or JsonSerializable) after $delay seconds,
      * measured on the Redis server's clock. One round trip.
      *
-     * @param array{id?: string, max_attempts?: int, partition_key?: string} $options 'id' makes
-     *   the push idempotent; on a partitioned queue, messages with the same 'partition_key'
-     *   share a partition (claimed in due-time order), otherwise the id picks one
+     * @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool} $options
+     *   'id' makes the push idempotent: a message of that id is kept as it is, or, with
+     *   'replace' => true, replaced (payload and due time, attempts and last error reset)
+     *   while it waits or is dead; a running one is left alone ('replace' debounces:
+     *   "close the cart 30 minutes after its last change"); on a partitioned queue,
+     *   messages with the same 'partition_key' share a partition (claimed in due-time
+     *   order), otherwise the id picks one
      * @return string the message id
      * @throws DelayQueuePayloadException when the payload cannot become JSON or is too large
      * @throws DelayQueueInvalidArgumentException on a negative, NAN or INF delay or a bad option
@@ -51,7 +55,7 @@ final class DelayQueue
      * Schedules $payload at $at.
      *
      * @param float|int|\DateTimeInterface $at Unix time in seconds, or a date
-     * @param array{id?: string, max_attempts?: int, partition_key?: string} $options
+     * @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool} $options
      * @return string the message id
      */
     public function pushAt(mixed $payload, mixed $at, array $options = []): string {}
@@ -61,7 +65,7 @@ final class DelayQueue
      * is valid.
      *
      * @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
-     *   partition_key?: string}> $items
+     *   partition_key?: string, replace?: bool}> $items
      * @return list<string> the ids, in order
      */
     public function pushMany(array $items): array {}
@@ -122,7 +126,8 @@ final class DelayQueue
      * @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
      *   paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int, pushed: int,
      *   delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
-     *   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int}
+     *   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int,
+     *   replaced: int}
      */
     public function stats(): array {}
 

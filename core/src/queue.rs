@@ -74,6 +74,11 @@ pub struct PushOptions {
     /// On a partitioned queue, messages with the same key go to the same partition
     /// (claimed in due-time order); by default the id picks the partition.
     pub partition_key: Option<String>,
+    /// With an `id`: a message of that id that still waits (or is dead) is replaced,
+    /// payload, due time and all, with its attempts and last error reset, instead of
+    /// being kept: "close the cart 30 minutes after its last change". One that is
+    /// running is left alone.
+    pub replace: bool,
 }
 
 /// One message of a `push_many` batch.
@@ -228,7 +233,8 @@ pub struct Stats {
     /// The rate limit in force (see `Queue::set_rate_limit`).
     pub rate_limit: Option<RateLimit>,
     /// Lifetime counters: pushed, delivered, acked, retried, dead, expired, released,
-    /// cancelled, requeued, discarded, trimmed, purged, orphaned (absent ones are 0).
+    /// cancelled, requeued, discarded, trimmed, purged, replaced, orphaned (absent ones
+    /// are 0).
     pub totals: BTreeMap<String, u64>,
 }
 
@@ -296,7 +302,7 @@ impl RateLimit {
 
 /// The lifetime counters under the names the bindings show (`died` is the `dead`
 /// counter, so it does not clash with the dead-letter depth).
-pub const COUNTERS: [(&str, &str); 12] = [
+pub const COUNTERS: [(&str, &str); 13] = [
     ("pushed", "pushed"),
     ("delivered", "delivered"),
     ("acked", "acked"),
@@ -309,6 +315,7 @@ pub const COUNTERS: [(&str, &str); 12] = [
     ("discarded", "discarded"),
     ("trimmed", "trimmed"),
     ("purged", "purged"),
+    ("replaced", "replaced"),
 ];
 
 impl Stats {
@@ -657,6 +664,12 @@ impl Queue {
             if let Some(key) = &m.options.partition_key {
                 validate_key("partition_key", key).map_err(at)?;
             }
+            if m.options.replace && m.options.id.is_none() {
+                return Err(at(Error::invalid(
+                    "replace",
+                    "needs an id: the message of that id is the one replaced",
+                )));
+            }
             let id = match &m.options.id {
                 Some(id) => {
                     validate_id(id).map_err(at)?;
@@ -696,6 +709,11 @@ impl Queue {
             inv.arg(if fresh { "new" } else { "check" });
             for &i in members {
                 let (kind, ms) = batch[i].due.script_args();
+                let kind = match (kind, batch[i].options.replace) {
+                    ("d", true) => "D",
+                    ("a", true) => "A",
+                    (kind, _) => kind,
+                };
                 inv.arg(&ids[i]).arg(kind).arg(ms).arg(&envelopes[i]);
             }
         };

@@ -184,3 +184,97 @@ fn queues_with_different_names_or_prefixes_are_independent() {
     assert_eq!(other_prefix.stats().expect("stats").ready, 0);
     assert!(server.dump_keys().iter().all(|k| k.starts_with("{dq:a}:")));
 }
+
+#[test]
+fn a_replacing_push_debounces_a_waiting_message_revives_a_dead_one_and_leaves_a_running_one() {
+    let server = RedisServer::start();
+    let q = server.queue("carts");
+    let push = |v: i64, delay: Duration, replace: bool, max_attempts: Option<u32>| {
+        let opts = PushOptions {
+            id: Some("close-cart-1".into()),
+            replace,
+            max_attempts,
+            ..Default::default()
+        };
+        q.push_json(&json!({"v": v}).to_string(), delay.into(), &opts)
+            .expect("push")
+    };
+    let payload = || q.get("close-cart-1").expect("get").expect("exists").payload_json;
+
+    let before = delayq_now_ms(&server);
+    assert_eq!(push(1, Duration::from_secs(60), true, None), "close-cart-1");
+    push(2, Duration::from_secs(1800), true, None);
+    let info = q.get("close-cart-1").expect("get").expect("exists");
+    assert_eq!(info.payload_json, r#"{"v":2}"#);
+    assert!(
+        info.due_at_ms.expect("due") >= before + 1_800_000,
+        "the timer starts again"
+    );
+    push(3, Duration::ZERO, false, None);
+    assert_eq!(payload(), r#"{"v":2}"#, "without replace the message is kept");
+    let s = q.stats().expect("stats");
+    assert_eq!((s.scheduled, s.total("pushed"), s.total("replaced")), (1, 1, 1));
+
+    // Due now, one attempt: a consumer takes it.
+    push(4, Duration::ZERO, true, Some(1));
+    let worker = delayq::Worker::new(q.clone(), delayq::WorkerOptions::default()).expect("worker");
+    let consumer = worker.start().expect("start");
+    let running = match consumer.recv_timeout(Duration::from_secs(10)) {
+        delayq::Received::Message(d) => d,
+        other => panic!("the replaced message never came: {other:?}"),
+    };
+    assert_eq!(running.payload_json(), r#"{"v":4}"#);
+    push(5, Duration::ZERO, true, None);
+    let info = q.get("close-cart-1").expect("get").expect("exists");
+    assert_eq!(
+        (info.state, info.payload_json.as_str()),
+        (State::Inflight, r#"{"v":4}"#),
+        "a running one is left"
+    );
+
+    consumer.fail(running, "gateway down");
+    consumer.finish();
+    assert_eq!(q.get("close-cart-1").expect("get").expect("exists").state, State::Dead);
+    push(6, Duration::from_secs(60), true, None);
+    let info = q.get("close-cart-1").expect("get").expect("exists");
+    assert_eq!(
+        (info.state, info.payload_json.as_str(), info.attempts, info.last_error),
+        (State::Scheduled, r#"{"v":6}"#, 0, None),
+        "a dead one starts afresh"
+    );
+    let s = q.stats().expect("stats");
+    assert_eq!((s.dead, s.scheduled, s.total("replaced")), (0, 1, 3));
+
+    // Twice in one batch: the later wins.
+    let twice: Vec<NewMessage> = [7, 8]
+        .iter()
+        .map(|v| NewMessage {
+            payload_json: json!({"v": v}).to_string(),
+            due: Due::NOW,
+            options: PushOptions {
+                id: Some("close-cart-2".into()),
+                replace: true,
+                ..Default::default()
+            },
+        })
+        .collect();
+    q.push_many(&twice).expect("push_many");
+    let info = q.get("close-cart-2").expect("get").expect("exists");
+    assert_eq!(info.payload_json, r#"{"v":8}"#);
+    assert_eq!(q.stats().expect("stats").total("pushed"), 2);
+
+    let before = server.dump_keys();
+    let err = q
+        .push_json(
+            "1",
+            Due::NOW,
+            &PushOptions {
+                replace: true,
+                ..Default::default()
+            },
+        )
+        .expect_err("replace without an id");
+    assert!(err.is_invalid_input() && err.to_string().contains("replace"), "{err}");
+    assert_eq!(server.dump_keys(), before);
+    assert_no_leak(&server, "{dq:carts}");
+}

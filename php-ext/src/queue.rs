@@ -98,11 +98,13 @@ fn push_options(options: Option<&ZendHashTable>, what: &'static str) -> PhpResul
     let id = o.string("id")?;
     let max_attempts = o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32);
     let partition_key = o.string("partition_key")?;
+    let replace = o.bool("replace")?.unwrap_or(false);
     o.finish()?;
     Ok(delayq::PushOptions {
         id,
         max_attempts,
         partition_key,
+        replace,
     })
 }
 
@@ -160,7 +162,7 @@ impl PhpDelayQueue {
     /// Schedule `$payload` (array, scalar, null or JsonSerializable) after `$delay`
     /// seconds, measured on the Redis server's clock. Returns the message id.
     ///
-    /// @param array{id?: string, max_attempts?: int, partition_key?: string} $options
+    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool} $options
     #[php(defaults(delay = 0.0, options = "OptionsArg::EMPTY"))]
     pub fn push(&self, payload: &Zval, delay: Seconds, options: OptionsArg<'_>) -> PhpResult<String> {
         let due = delayq::delay_from_secs("delay", delay.0)
@@ -173,7 +175,7 @@ impl PhpDelayQueue {
 
     /// Schedule `$payload` at `$at`: Unix seconds (float) or a DateTimeInterface.
     ///
-    /// @param array{id?: string, max_attempts?: int, partition_key?: string} $options
+    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn push_at(&self, payload: &Zval, at: &Zval, options: OptionsArg<'_>) -> PhpResult<String> {
         let due = absolute(at)?;
@@ -188,7 +190,7 @@ impl PhpDelayQueue {
     /// written unless every item is valid.
     ///
     /// @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
-    ///   partition_key?: string}> $items
+    ///   partition_key?: string, replace?: bool}> $items
     /// @return list<string>
     pub fn push_many(&self, items: &ZendHashTable) -> PhpResult<Vec<String>> {
         let mut batch = Vec::with_capacity(items.len());
@@ -206,6 +208,7 @@ impl PhpDelayQueue {
             let id = o.string("id")?;
             let max_attempts = o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32);
             let partition_key = o.string("partition_key")?;
+            let replace = o.bool("replace")?.unwrap_or(false);
             o.finish()?;
             if table.get("payload").is_none() {
                 return Err(errors::invalid(format!("pushMany item {i} has no 'payload'")));
@@ -227,6 +230,7 @@ impl PhpDelayQueue {
                     id,
                     max_attempts,
                     partition_key,
+                    replace,
                 },
             });
         }
@@ -280,7 +284,8 @@ impl PhpDelayQueue {
     /// @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
     ///   paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int, pushed: int,
     ///   delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
-    ///   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int}
+    ///   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int,
+    ///   replaced: int}
     pub fn stats(&self) -> PhpResult<ZBox<ZendHashTable>> {
         let s = self.queue.stats().or_throw()?;
         let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));

@@ -86,6 +86,34 @@ final class QueueTest extends TestCase
         $this->assertSame(1, $this->q->stats()['pushed']);
     }
 
+    public function testAReplacingPushDebouncesAWaitingMessage(): void
+    {
+        $this->q->push(['v' => 1], 60, ['id' => 'close-cart-7', 'replace' => true]);
+        $this->q->push(['v' => 2], 1800, ['id' => 'close-cart-7', 'replace' => true, 'max_attempts' => 2]);
+        $info = $this->q->get('close-cart-7');
+        $this->assertSame([['v' => 2], 2], [$info['payload'], $info['max_attempts']]);
+        $this->assertGreaterThan(microtime(true) + 1790, $info['due_at'], 'the timer starts again');
+        $this->q->push(['v' => 3], 0, ['id' => 'close-cart-7']);
+        $this->assertSame(['v' => 2], $this->q->get('close-cart-7')['payload'], 'without replace it is kept');
+        $this->q->pushMany([['payload' => ['v' => 4], 'id' => 'close-cart-7', 'replace' => true]]);
+        $this->assertSame(['v' => 4], $this->q->get('close-cart-7')['payload']);
+        $stats = $this->q->stats();
+        $this->assertSame([1, 2, 1], [$stats['pushed'], $stats['replaced'], $stats['ready'] + $stats['scheduled']]);
+        try {
+            $this->q->push(['v' => 5], 0, ['replace' => true]);
+            $this->fail('replace without an id was accepted');
+        } catch (DelayQueueInvalidArgumentException $e) {
+            $this->assertStringContainsString('replace', $e->getMessage());
+        }
+        try {
+            $this->q->push(['v' => 5], 0, ['id' => 'close-cart-7', 'replace' => 'yes']);
+            $this->fail('a string replace was accepted');
+        } catch (TypeError $e) {
+            $this->assertStringContainsString('replace', $e->getMessage());
+        }
+        $this->assertSame(['v' => 4], $this->q->get('close-cart-7')['payload'], 'refused pushes wrote nothing');
+    }
+
     public function testPushManyIsOneCallAndKeepsOrder(): void
     {
         $items = [];

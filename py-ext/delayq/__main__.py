@@ -236,7 +236,7 @@ def _json_payload(text: str) -> Any:
 def _push(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     payload = _json_payload(args.payload)
     msg_id = q.push(payload, args.delay, id=args.id, max_attempts=args.max_attempts,
-                    partition_key=args.partition_key)
+                    partition_key=args.partition_key, replace=args.replace)
     out.emit({"id": msg_id}, lambda: [msg_id])
     return 0
 
@@ -431,6 +431,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--id", help="an id of your own: pushing it again creates nothing")
     c.add_argument("--max-attempts", type=int, help="deliveries before the dead-letter set")
     c.add_argument("--partition-key", help="on a partitioned queue: keeps related messages together")
+    c.add_argument("--replace", action="store_true",
+                   help="with --id: replace a waiting (or dead) message of that id instead of keeping it")
     c.set_defaults(run=_push)
     c = sub.add_parser("reschedule", help="move a waiting message to a new due time (--delay 0: run it now)")
     c.add_argument("id")

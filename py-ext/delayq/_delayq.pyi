@@ -57,11 +57,16 @@ class DelayQueue:
         id: Optional[str] = None,
         max_attempts: Optional[int] = None,
         partition_key: Optional[str] = None,
+        replace: bool = False,
     ) -> str:
         """Schedule ``payload`` (any JSON value) after ``delay`` seconds on the Redis
-        server's clock; returns the message id. An ``id`` makes the push idempotent.
-        On a partitioned queue, messages with the same ``partition_key`` share a
-        partition (claimed in due-time order); otherwise the id picks one.
+        server's clock; returns the message id. An ``id`` makes the push idempotent:
+        a message of that id is kept as it is, or, with ``replace=True``, replaced
+        (payload and due time, attempts and last error reset) while it waits or is
+        dead; a running one is left alone. ``replace`` debounces: "close the cart 30
+        minutes after its last change". On a partitioned queue, messages with the same
+        ``partition_key`` share a partition (claimed in due-time order); otherwise the
+        id picks one.
 
         Raises TypeError for a value that is not JSON, ValueError (or
         InvalidArgumentError) for NaN, negative or infinite delays, PayloadError when
@@ -74,12 +79,13 @@ class DelayQueue:
         id: Optional[str] = None,
         max_attempts: Optional[int] = None,
         partition_key: Optional[str] = None,
+        replace: bool = False,
     ) -> str:
         """Schedule ``payload`` at ``at``: Unix seconds or a datetime."""
     def push_many(self, items: Iterable[Union[tuple[Any, float], Mapping[str, Any]]]) -> list[str]:
         """Schedule many messages in one round trip: ``(payload, delay)`` tuples or dicts
         with ``payload`` and optional ``delay`` or ``at``, ``id``, ``max_attempts``,
-        ``partition_key``. Nothing is written unless every item is valid."""
+        ``partition_key``, ``replace``. Nothing is written unless every item is valid."""
     def cancel(self, id: str) -> bool:
         """Delete a message that has not been claimed yet; False when it is unknown,
         running or dead."""
@@ -103,7 +109,7 @@ class DelayQueue:
         """Depth (scheduled, ready, inflight, dead, next_due_at, paused_at, rate_limit), summed over the
         ``partitions``, and lifetime counters
         (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
-        discarded, trimmed, purged)."""
+        discarded, trimmed, purged, replaced)."""
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """Up to ``limit`` dead letters, newest first: ``{id, payload, attempts,
         last_error, dead_at}``."""

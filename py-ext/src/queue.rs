@@ -114,7 +114,9 @@ impl PyQueue {
 
     /// Schedule `payload` (any JSON value) after `delay` seconds on the Redis clock.
     /// Returns the message id; an `id` makes the push idempotent.
-    #[pyo3(signature = (payload, delay = 0.0, *, id = None, max_attempts = None, partition_key = None))]
+    #[pyo3(signature = (payload, delay = 0.0, *, id = None, max_attempts = None, partition_key = None,
+        replace = false))]
+    #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
         py: Python<'_>,
@@ -123,6 +125,7 @@ impl PyQueue {
         id: Option<String>,
         max_attempts: Option<u32>,
         partition_key: Option<String>,
+        replace: bool,
     ) -> PyResult<String> {
         let due = delayq::delay_from_secs("delay", delay)
             .map(delayq::Due::In)
@@ -132,12 +135,14 @@ impl PyQueue {
             id,
             max_attempts,
             partition_key,
+            replace,
         };
         py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
     }
 
     /// Schedule `payload` at `at`: Unix seconds or a datetime.
-    #[pyo3(signature = (payload, at, *, id = None, max_attempts = None, partition_key = None))]
+    #[pyo3(signature = (payload, at, *, id = None, max_attempts = None, partition_key = None, replace = false))]
+    #[allow(clippy::too_many_arguments)]
     fn push_at(
         &self,
         py: Python<'_>,
@@ -146,6 +151,7 @@ impl PyQueue {
         id: Option<String>,
         max_attempts: Option<u32>,
         partition_key: Option<String>,
+        replace: bool,
     ) -> PyResult<String> {
         let due = at_due(py, at)?;
         let json = payload_to_json(payload)?;
@@ -153,6 +159,7 @@ impl PyQueue {
             id,
             max_attempts,
             partition_key,
+            replace,
         };
         py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
     }
@@ -179,12 +186,22 @@ impl PyQueue {
             } else if let Ok(d) = item.cast::<PyDict>() {
                 for key in d.keys() {
                     let k: String = key.extract()?;
-                    if !["payload", "delay", "at", "id", "max_attempts", "partition_key"].contains(&k.as_str()) {
+                    if ![
+                        "payload",
+                        "delay",
+                        "at",
+                        "id",
+                        "max_attempts",
+                        "partition_key",
+                        "replace",
+                    ]
+                    .contains(&k.as_str())
+                    {
                         return Err(errors::invalid(
                             py,
                             format!(
                                 "push_many item {i} has an unknown key '{k}' \
-                                 (known: payload, delay, at, id, max_attempts, partition_key)"
+                                 (known: payload, delay, at, id, max_attempts, partition_key, replace)"
                             ),
                         ));
                     }
@@ -210,6 +227,11 @@ impl PyQueue {
                         id: d.get_item("id")?.map(|v| v.extract()).transpose()?,
                         max_attempts: d.get_item("max_attempts")?.map(|v| v.extract()).transpose()?,
                         partition_key: d.get_item("partition_key")?.map(|v| v.extract()).transpose()?,
+                        replace: d
+                            .get_item("replace")?
+                            .map(|v| v.extract())
+                            .transpose()?
+                            .unwrap_or(false),
                     },
                 }
             } else {

@@ -306,6 +306,11 @@ def test_push_and_reschedule(queue: delayq.DelayQueue, redis_url: str) -> None:
         done = cli(redis_url, *bad)
         assert done.returncode == 2 and text in done.stderr, (bad, done.stderr)
     assert queue.stats()["pushed"] == 2, "nothing written by bad input"
+    cli_json(redis_url, "push", '{"order_id": 10087}', "--delay", "60", "--id", "close-order-10086", "--replace")
+    info = queue.get("close-order-10086")
+    assert info is not None and info["payload"] == {"order_id": 10087} and info["state"] == "scheduled"
+    alone = cli(redis_url, "push", "1", "--replace")
+    assert alone.returncode == 2 and "replace" in alone.stderr
 
 
 def test_repeat_repeats_and_unrepeat(queue: delayq.DelayQueue, redis_url: str) -> None:

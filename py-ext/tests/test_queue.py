@@ -4,6 +4,7 @@ import asyncio
 import datetime
 import os
 import signal
+import time
 
 import pytest
 
@@ -45,6 +46,26 @@ def test_an_id_makes_push_idempotent(queue: delayq.DelayQueue) -> None:
     info = queue.get(first)
     assert info is not None and info["payload"] == {"v": 1} and info["max_attempts"] == 3
     assert queue.stats()["pushed"] == 1
+
+
+def test_a_replacing_push_debounces_a_waiting_message(queue: delayq.DelayQueue) -> None:
+    queue.push({"v": 1}, 60, id="close-cart-7", replace=True)
+    queue.push({"v": 2}, 1800, id="close-cart-7", replace=True, max_attempts=2)
+    info = queue.get("close-cart-7")
+    assert info is not None and (info["payload"], info["max_attempts"]) == ({"v": 2}, 2)
+    assert info["due_at"] > time.time() + 1790, "the timer starts again"
+    queue.push({"v": 3}, id="close-cart-7")
+    assert (queue.get("close-cart-7") or {})["payload"] == {"v": 2}, "without replace it is kept"
+    queue.push_at({"v": 4}, time.time() + 60, id="close-cart-7", replace=True)
+    queue.push_many([{"payload": {"v": 5}, "id": "close-cart-7", "replace": True}])
+    assert (queue.get("close-cart-7") or {})["payload"] == {"v": 5}
+    stats = queue.stats()
+    assert (stats["pushed"], stats["replaced"], stats["scheduled"] + stats["ready"]) == (1, 3, 1)
+    with pytest.raises(delayq.InvalidArgumentError, match="replace"):
+        queue.push({"v": 6}, replace=True)
+    with pytest.raises(TypeError):
+        queue.push_many([{"payload": {"v": 6}, "id": "close-cart-7", "replace": "yes"}])
+    assert (queue.get("close-cart-7") or {})["payload"] == {"v": 5}, "refused pushes wrote nothing"
 
 
 def test_push_many_tuples_and_dicts(queue: delayq.DelayQueue) -> None:

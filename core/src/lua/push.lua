@@ -5,8 +5,11 @@
 --   as it is; "new": every id is one that delayq generated for this send, so none can
 --   exist and the lookup is skipped.
 -- ARGV[4..] groups of 4: id, kind ("d" = delay in ms from the server clock,
---   "a" = absolute Unix time in ms), ms, envelope.
--- Returns {now_ms, created}: how many messages were new (the others existed already).
+--   "a" = absolute Unix time in ms; "D" and "A" the same, replacing a message of that
+--   id that waits or is dead: new envelope and due time, attempts and last error
+--   reset; one that runs is left as it is), ms, envelope.
+-- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
+--   (the others existed already and were left).
 local now = now_ms()
 local old_head = head_score()
 local FIRST = 4
@@ -22,18 +25,43 @@ if check then
   -- One read for the whole batch (HMGET: there is no variadic HEXISTS).
   existing = redis.call('HMGET', K_MSG, unpack(ids))
 end
+-- Whether an existing message may be replaced: it waits, or it is dead (then it
+-- leaves the dead-letter set); a running one is not touched.
+local function replaceable(id)
+  if redis.call('ZSCORE', K_SCHED, id) then
+    return true
+  end
+  return redis.call('ZREM', K_DEAD, id) == 1
+end
+
 -- Counters rather than the # operator, which costs a search of the table per use.
 local adds, envelopes, n_adds, lowest = {}, {}, 0, nil
+local replaced, n_replaced = {}, 0
 for i = 1, count do
   local base = FIRST + (i - 1) * 4
   local id = ARGV[base]
-  -- HSETNX-like check, but also against ids earlier in this same batch.
-  if not (check and (existing[i] or seen[id])) then
-    local due = tonumber(ARGV[base + 2])
-    if ARGV[base + 1] == 'd' then
-      due = now + due
+  local kind = ARGV[base + 1]
+  local replace = kind == 'D' or kind == 'A'
+  local due = tonumber(ARGV[base + 2])
+  if kind == 'd' or kind == 'D' then
+    due = now + due
+  end
+  local score = score_of(due, seq - count + i)
+  local earlier = seen[id]
+  if earlier then
+    -- The same id earlier in this batch: a replacing push takes its place.
+    if replace then
+      adds[earlier] = score
+      envelopes[earlier + 1] = ARGV[base + 3]
+      if score < lowest then
+        lowest = score
+      end
     end
-    local score = score_of(due, seq - count + i)
+  elseif not (check and existing[i]) or (replace and replaceable(id)) then
+    if check and existing[i] then
+      n_replaced = n_replaced + 1
+      replaced[n_replaced] = id
+    end
     if lowest == nil or score < lowest then
       lowest = score
     end
@@ -41,18 +69,26 @@ for i = 1, count do
     adds[n_adds + 2] = id
     envelopes[n_adds + 1] = id
     envelopes[n_adds + 2] = ARGV[base + 3]
-    n_adds = n_adds + 2
     if check then
-      seen[id] = true
+      seen[id] = n_adds + 1
     end
+    n_adds = n_adds + 2
   end
 end
-local created = n_adds / 2
-if created > 0 then
+if n_replaced > 0 then
+  -- A replaced message starts afresh.
+  hdel_if_any(K_ATT, replaced)
+  hdel_if_any(K_ERR, replaced)
+  redis.call('HINCRBY', K_STATS, 'replaced', n_replaced)
+end
+local created = n_adds / 2 - n_replaced
+if n_adds > 0 then
   redis.call('HSET', K_MSG, unpack(envelopes))
   redis.call('ZADD', K_SCHED, unpack(adds))
-  redis.call('HINCRBY', K_STATS, 'pushed', created)
+  if created > 0 then
+    redis.call('HINCRBY', K_STATS, 'pushed', created)
+  end
   -- The lowest new score is the new head when it beats the old one: no second read.
   wake_if_earlier(old_head, lowest)
 end
-return {now, created}
+return {now, created, n_replaced}
