@@ -294,12 +294,16 @@ final class DelayQueueWorker
      * @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
      *   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
      *   idle_check?: float, stop_when_empty?: bool, max_jobs?: int, max_memory_mb?: int,
-     *   on_start?: callable, on_stop?: callable} $options
+     *   on_start?: callable, on_stop?: callable, on_dead?: callable} $options
      *   processes > 1 (or a timeout) forks handler processes and supervises them;
      *   on_start runs once in each worker process, after the fork; on_stop runs in each
      *   worker process after its pool stopped and wrote every acknowledgement;
      *   stop_when_empty makes run() return once no message is due and none runs
-     *   (messages due later stay): for cron-driven batches and tests of handlers
+     *   (messages due later stay): for cron-driven batches and tests of handlers;
+     *   on_dead(mixed $payload, DelayQueueMessage $message, string $error) runs in the
+     *   worker process after a failure sent the message to the dead-letter set (its
+     *   attempts used up, or deadLetter()): a death handler for alerts; what it throws
+     *   is logged through error_log() and the pool goes on
      */
     public function __construct(DelayQueue $queue, array $options = []) {}
 

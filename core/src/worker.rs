@@ -141,6 +141,18 @@ pub enum Retry {
     Never,
 }
 
+/// Where a failed delivery sends its message (the write follows at once; it changes
+/// nothing if the lease passed to another delivery meanwhile).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fate {
+    /// Due again after this delay.
+    Retry(Duration),
+    /// To the dead-letter set, with this last error: its attempts are used up, or the
+    /// handler gave up on it. A death handler (Sidekiq's name) alerts on it.
+    Dead(String),
+}
+
 /// One delivery of a message to a handler.
 #[derive(Debug, Clone)]
 pub struct Delivery {
@@ -960,8 +972,12 @@ impl Worker {
                         match consumer.recv_timeout(Duration::from_millis(200)) {
                             Received::Message(d) => match catch_unwind(AssertUnwindSafe(|| handler(&d))) {
                                 Ok(Ok(())) => consumer.ack(d),
-                                Ok(Err(e)) => consumer.fail(d, &e),
-                                Err(panic) => consumer.fail(d, &format!("handler panicked: {}", panic_text(&panic))),
+                                Ok(Err(e)) => {
+                                    consumer.fail(d, &e);
+                                }
+                                Err(panic) => {
+                                    consumer.fail(d, &format!("handler panicked: {}", panic_text(&panic)));
+                                }
                             },
                             Received::Idle => {}
                             Received::Stopped => break,
@@ -1047,15 +1063,15 @@ impl Consumer {
 
     /// The handler failed with `error`: retry after a backoff, or move the message to
     /// the dead-letter set once its attempts are used up.
-    pub fn fail(&self, d: Delivery, error: &str) {
-        self.fail_with(d, error, Retry::Backoff);
+    pub fn fail(&self, d: Delivery, error: &str) -> Fate {
+        self.fail_with(d, error, Retry::Backoff)
     }
 
     /// The handler failed with `error` and says how to go on: after the worker's
     /// backoff, after a delay of its own (a rate limit's "try again in 60 s"), or never
     /// (the order no longer exists: straight to the dead-letter set). Either way it
     /// counts as an attempt, and a retry past `max_attempts` goes to the dead letters.
-    pub fn fail_with(&self, d: Delivery, error: &str, retry: Retry) {
+    pub fn fail_with(&self, d: Delivery, error: &str, retry: Retry) -> Fate {
         self.pool.record_handler_time(&d);
         Counters::add(&self.pool.counters.failed, 1);
         let delay = match retry {
@@ -1073,6 +1089,10 @@ impl Consumer {
         } else {
             error.to_owned()
         };
+        let fate = match delay {
+            Some(after) => Fate::Retry(after),
+            None => Fate::Dead(error.clone()),
+        };
         self.send(Outcome::Nack {
             part: d.part,
             id: d.id,
@@ -1081,6 +1101,7 @@ impl Consumer {
             error,
             counted: true,
         });
+        fate
     }
 
     /// Give a delivery back unstarted: due again at once, the attempt not counted.

@@ -271,9 +271,11 @@ fn fail_with_retries_after_its_own_delay_or_never() {
     for _ in 0..2 {
         let d = next();
         if d.id == later {
-            c.fail_with(d, "rate limited", Retry::After(Duration::from_millis(200)));
+            let fate = c.fail_with(d, "rate limited", Retry::After(Duration::from_millis(200)));
+            assert_eq!(fate, delayq::Fate::Retry(Duration::from_millis(200)));
         } else {
-            c.fail_with(d, "order is gone", Retry::Never);
+            let fate = c.fail_with(d, "order is gone", Retry::Never);
+            assert_eq!(fate, delayq::Fate::Dead("order is gone".into()));
         }
     }
     let again = next();
@@ -283,7 +285,11 @@ fn fail_with_retries_after_its_own_delay_or_never() {
         "after 200 ms, not the 30 s backoff"
     );
     // The last attempt: a retry would exceed max_attempts.
-    c.fail_with(again, "rate limited", Retry::After(Duration::from_millis(200)));
+    let fate = c.fail_with(again, "rate limited", Retry::After(Duration::from_millis(200)));
+    assert_eq!(
+        fate,
+        delayq::Fate::Dead("rate limited (gave up after 2 attempts)".into())
+    );
     let summary = c.finish();
     assert_eq!((summary.failed, summary.retried, summary.dead), (3, 1, 2));
     let info = q.get(&hopeless).expect("get").expect("dead letter");

@@ -133,6 +133,9 @@ pub struct PhpWorker {
     limits: Limits,
     on_start: Option<Zval>,
     on_stop: Option<Zval>,
+    /// `(mixed $payload, DelayQueueMessage $message, string $error)`, after a failure
+    /// sent the message to the dead-letter set.
+    on_dead: Option<Zval>,
     /// Set by `stop()` in the supervisor process.
     stop_requested: Arc<AtomicBool>,
     /// `run()` takes `&self`: a handler calls `stop()` on the same object while it runs.
@@ -267,10 +270,13 @@ impl PhpWorker {
             // The message's own decision wins over the handler's return or exception
             // (but not over exit(), which stops the pool).
             let decided = decision.borrow_mut().take();
-            match result {
+            let fate = match result {
                 Ok(_) => match decided {
-                    Some((retry, reason)) => consumer.fail_with(delivery, &reason, retry),
-                    None => consumer.ack(delivery),
+                    Some((retry, reason)) => Some(consumer.fail_with(delivery, &reason, retry)),
+                    None => {
+                        consumer.ack(delivery);
+                        None
+                    }
                 },
                 Err(call_error) => {
                     let pending = ExecutorGlobals::get().exception().map(std::ptr::from_ref);
@@ -289,14 +295,17 @@ impl PhpWorker {
                             let text = ExecutorGlobals::take_exception()
                                 .map(|ex| describe_exception(&ex))
                                 .unwrap_or_else(|| call_error.to_string());
-                            match decided {
+                            Some(match decided {
                                 Some((retry, reason)) => consumer.fail_with(delivery, &reason, retry),
                                 None => consumer.fail(delivery, &text),
-                            }
+                            })
                         }
-                        None => consumer.fail(delivery, &format!("handler could not be called: {call_error}")),
+                        None => Some(consumer.fail(delivery, &format!("handler could not be called: {call_error}"))),
                     }
                 }
+            };
+            if let Some(delayq::Fate::Dead(error)) = fate {
+                self.call_on_dead(&payload, &message, &error, &queue_name);
             }
             if ended.is_none() && self.limits.max_jobs.is_some_and(|m| jobs >= m) {
                 ended = Some(Ended::MaxJobs);
@@ -319,6 +328,20 @@ impl PhpWorker {
         let core = consumer.finish();
         crate::logs::flush();
         Ok(RunSummary { core, ended })
+    }
+
+    /// The death handler: an alert, not part of the message's handling, so what it
+    /// throws is logged and cleared, and the pool goes on.
+    fn call_on_dead(&self, payload: &Zval, message: &Zval, error: &str, queue_name: &str) {
+        let Some(callable) = &self.on_dead else { return };
+        let Ok(f) = ZendCallable::new(callable) else { return };
+        let error = zv(error.to_owned());
+        if f.try_call(vec![payload, message, &error]).is_err() {
+            let thrown = ExecutorGlobals::take_exception()
+                .map(|ex| describe_exception(&ex))
+                .unwrap_or_else(|| "it could not be called".into());
+            log::warn!("delayq[{queue_name}]: on_dead failed: {thrown}");
+        }
     }
 
     pub(crate) fn call_on_start(&self) -> PhpResult<()> {
@@ -367,7 +390,7 @@ pub(crate) fn summary_array(s: &RunSummary, extra: Vec<(&str, Zval)>) -> PhpResu
     assoc(entries)
 }
 
-type Hooks = (Option<Zval>, Option<Zval>);
+type Hooks = (Option<Zval>, Option<Zval>, Option<Zval>);
 
 fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerOptions, Limits, Hooks)> {
     let mut o = Options::new(options, "DelayQueueWorker option");
@@ -411,6 +434,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerO
     };
     let on_start = hook("on_start")?;
     let on_stop = hook("on_stop")?;
+    let on_dead = hook("on_dead")?;
     o.finish()?;
     let limits = Limits {
         processes,
@@ -418,7 +442,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerO
         max_memory_bytes,
         timeout: w.timeout,
     };
-    Ok((w, limits, (on_start, on_stop)))
+    Ok((w, limits, (on_start, on_stop, on_dead)))
 }
 
 #[php_impl]
@@ -426,15 +450,16 @@ impl PhpWorker {
     /// @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
     ///   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
     ///   idle_check?: float, stop_when_empty?: bool, max_jobs?: int, max_memory_mb?: int,
-    ///   on_start?: callable, on_stop?: callable} $options
+    ///   on_start?: callable, on_stop?: callable, on_dead?: callable} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn __construct(queue: &PhpDelayQueue, options: OptionsArg<'_>) -> PhpResult<Self> {
-        let (opts, limits, (on_start, on_stop)) = worker_options(options.0)?;
+        let (opts, limits, (on_start, on_stop, on_dead)) = worker_options(options.0)?;
         Ok(Self {
             worker: delayq::Worker::new(queue.queue.clone(), opts).or_throw()?,
             limits,
             on_start,
             on_stop,
+            on_dead,
             stop_requested: Arc::new(AtomicBool::new(false)),
             running: AtomicBool::new(false),
         })

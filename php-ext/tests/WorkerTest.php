@@ -122,6 +122,41 @@ final class WorkerTest extends TestCase
         $this->assertSame('ready', $this->q->get($bad)['state']);
     }
 
+    public function testOnDeadAlertsForEachMessageSentToTheDeadLetters(): void
+    {
+        foreach (['fine', 'broken', 'gone', 'alarm'] as $kind) {
+            $this->q->push(['kind' => $kind]);
+        }
+        $deaths = [];
+        $w = new DelayQueueWorker($this->q, ['max_attempts' => 1, 'stop_when_empty' => true,
+            'on_dead' => function (array $payload, DelayQueueMessage $m, string $error) use (&$deaths) {
+                $deaths[] = [$payload['kind'], $m->attempt, $error];
+                if ($payload['kind'] === 'alarm') {
+                    throw new RuntimeException('the pager is down');
+                }
+            }]);
+        $summary = $w->run(function (array $payload, DelayQueueMessage $m) {
+            if ($payload['kind'] === 'gone') {
+                $m->deadLetter('order 42 no longer exists');
+            } elseif ($payload['kind'] !== 'fine') {
+                throw new LogicException("cannot handle {$payload['kind']}");
+            }
+        });
+        sort($deaths);
+        $this->assertSame([['alarm', 1], ['broken', 1], ['gone', 1]], array_map(fn ($d) => [$d[0], $d[1]], $deaths));
+        $this->assertStringStartsWith('LogicException: cannot handle alarm in ', $deaths[0][2]);
+        $this->assertStringStartsWith('LogicException: cannot handle broken in ', $deaths[1][2]);
+        $this->assertSame('order 42 no longer exists', $deaths[2][2]);
+        $this->assertSame([3, 1, 'empty'], [$summary['dead'], $summary['acked'], $summary['stopped_by']],
+            'the pool went on after on_dead threw');
+        try {
+            new DelayQueueWorker($this->q, ['on_dead' => 'no_such_function']);
+            $this->fail('a non-callable on_dead was accepted');
+        } catch (TypeError $e) {
+            $this->assertStringContainsString('on_dead', $e->getMessage());
+        }
+    }
+
     public function testAHandlerDecidesWhenToRetryOrToGiveUp(): void
     {
         $later = $this->q->push(['kind' => 'later']);

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import signal
 import threading
 from collections.abc import Awaitable, Iterator
@@ -99,6 +100,7 @@ class Worker:
         idle_check: float = 1.0,
         stop_when_empty: bool = False,
         concurrency: int = 10,
+        on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidArgumentError(f"invalid concurrency: must be at least 1, got {concurrency}")
@@ -116,6 +118,7 @@ class Worker:
             stop_when_empty=stop_when_empty,
         )
         self._concurrency = concurrency
+        self._on_dead = on_dead
 
     def run(self, handler: Handler) -> dict[str, Any]:
         """Consume until ``stop()``, SIGTERM, SIGINT or ``DelayQueue.restart_workers()``;
@@ -124,7 +127,7 @@ class Worker:
         with _graceful_signals(self._worker):
             if inspect.iscoroutinefunction(handler):
                 return asyncio.run(self.run_async(handler))
-            return self._worker.run(handler)
+            return self._worker.run(handler, self._on_dead)
 
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
@@ -140,11 +143,13 @@ class Worker:
                 consumer.release(delivery)
                 raise
             except Exception as exc:  # the handler's failure is the message's failure
-                consumer.fail(delivery, f"{type(exc).__name__}: {exc}")
+                dead = consumer.fail(delivery, f"{type(exc).__name__}: {exc}")
             else:
-                consumer.ack(delivery)
+                dead = consumer.ack(delivery)
             finally:
                 slots.release()
+            if dead is not None and self._on_dead is not None:
+                await self._call_on_dead(delivery, dead)
 
         try:
             while True:
@@ -165,6 +170,17 @@ class Worker:
             consumer.stop()
             summary = await loop.run_in_executor(None, consumer.finish, self._worker.take_stop_reason())
         return summary
+
+    async def _call_on_dead(self, delivery: Any, error: str) -> None:
+        # An alert, not part of the message's handling: what it raises is logged.
+        assert self._on_dead is not None
+        try:
+            result = self._on_dead(delivery.payload, delivery.message, error)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            logging.getLogger("delayq.worker").warning(
+                "delayq[%s]: on_dead raised %s: %s", delivery.message.queue, type(exc).__name__, exc)
 
     def stop(self) -> None:
         """Stop gracefully: running handlers finish and are acknowledged, prefetched

@@ -48,7 +48,10 @@ class Worker:
     coroutine function handler runs on an asyncio loop, ``concurrency`` at a time.
     With ``stop_when_empty``, ``run`` returns (``stopped_by`` ``"empty"``) once no
     message is due and none runs (messages due later stay): for cron-driven batches
-    and for tests of handlers.
+    and for tests of handlers. ``on_dead(payload, message, error)`` runs on the handler's
+    thread (or loop) after a failure sent the message to the dead-letter set (its
+    attempts used up, or ``message.dead_letter()``): a death handler for alerts; what it
+    raises is logged and the pool goes on.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class Worker:
         idle_check: float = 1.0,
         stop_when_empty: bool = False,
         concurrency: int = 10,
+        on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
     ) -> None: ...
     def run(self, handler: Handler) -> dict[str, Any]:
         """Consume until ``stop()``, SIGTERM or SIGINT (which stop it gracefully) or

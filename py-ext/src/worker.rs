@@ -99,17 +99,43 @@ fn message(d: &delayq::Delivery) -> PyMessage {
 
 /// The end of one handler call: the message's own decision, if the handler made one,
 /// wins over its return or its exception.
+/// Complete a delivery as the handler's outcome and decision say; returns the last
+/// error when that sends the message to the dead-letter set (for `on_dead`).
 fn complete(
     py: Python<'_>,
     consumer: &delayq::Consumer,
     d: delayq::Delivery,
     message: &PyMessage,
     raised: Option<String>,
-) {
-    match (message.take_decision(py), raised) {
+) -> Option<String> {
+    let fate = match (message.take_decision(py), raised) {
         (Some((retry, reason)), _) => consumer.fail_with(d, &reason, retry),
-        (None, None) => consumer.ack(d),
+        (None, None) => {
+            consumer.ack(d);
+            return None;
+        }
         (None, Some(error)) => consumer.fail(d, &error),
+    };
+    match fate {
+        delayq::Fate::Dead(error) => Some(error),
+        _ => None,
+    }
+}
+
+/// The death handler: an alert, not part of the message's handling, so what it raises
+/// is logged and the pool goes on.
+fn call_on_dead(
+    py: Python<'_>,
+    on_dead: Option<&Bound<'_, PyAny>>,
+    payload: &Bound<'_, PyAny>,
+    msg: &Bound<'_, PyMessage>,
+    error: Option<String>,
+) {
+    let (Some(f), Some(error)) = (on_dead, error) else {
+        return;
+    };
+    if let Err(e) = f.call1((payload, msg, error)) {
+        log::warn!("delayq[{}]: on_dead raised {}", msg.get().queue, describe(py, &e));
     }
 }
 
@@ -205,7 +231,13 @@ impl PyWorker {
     }
 
     /// Run a synchronous handler until stopped.
-    fn run<'py>(&self, py: Python<'py>, handler: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    #[pyo3(signature = (handler, on_dead = None))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        handler: Bound<'py, PyAny>,
+        on_dead: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         crate::logs::sync_level(py);
         let consumer = py.detach(|| self.worker.start()).or_raise(py)?;
         let finish = |py: Python<'py>, consumer: delayq::Consumer| {
@@ -236,8 +268,11 @@ impl PyWorker {
                 }
             };
             let msg = Bound::new(py, message(&d))?;
-            match handler.call1((payload, &msg)) {
-                Ok(_) => complete(py, &consumer, d, msg.get(), None),
+            match handler.call1((&payload, &msg)) {
+                Ok(_) => {
+                    let dead = complete(py, &consumer, d, msg.get(), None);
+                    call_on_dead(py, on_dead.as_ref(), &payload, &msg, dead);
+                }
                 Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) || e.is_instance_of::<PySystemExit>(py) => {
                     // The process is being asked to end: give the message back now.
                     consumer.release(d);
@@ -245,7 +280,10 @@ impl PyWorker {
                     finish(py, consumer)?;
                     return Err(e);
                 }
-                Err(e) => complete(py, &consumer, d, msg.get(), Some(describe(py, &e))),
+                Err(e) => {
+                    let dead = complete(py, &consumer, d, msg.get(), Some(describe(py, &e)));
+                    call_on_dead(py, on_dead.as_ref(), &payload, &msg, dead);
+                }
             }
         }
         finish(py, consumer)
@@ -334,7 +372,9 @@ impl PyConsumer {
             Ok(p) => p.unbind(),
             Err(e) => {
                 let text = describe(py, &e);
-                self.with(py, |c| c.fail(d, &text))?;
+                self.with(py, |c| {
+                    c.fail(d, &text);
+                })?;
                 return Ok(None);
             }
         };
@@ -352,12 +392,16 @@ impl PyConsumer {
         self.with(py, |c| c.stopper().is_stopped())
     }
 
-    fn ack(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<()> {
+    /// Complete as the handler's decision says (a plain ack without one). Returns the
+    /// last error when the message went to the dead-letter set, else None.
+    fn ack(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<Option<String>> {
         let d = Self::take(py, delivery)?;
         self.with(py, |c| complete(py, c, d, delivery.message.get(), None))
     }
 
-    fn fail(&self, py: Python<'_>, delivery: &PyDelivery, error: &str) -> PyResult<()> {
+    /// The handler raised `error`. Returns the last error when the message went to the
+    /// dead-letter set, else None.
+    fn fail(&self, py: Python<'_>, delivery: &PyDelivery, error: &str) -> PyResult<Option<String>> {
         let d = Self::take(py, delivery)?;
         self.with(py, |c| {
             complete(py, c, d, delivery.message.get(), Some(error.to_owned()))

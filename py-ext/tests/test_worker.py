@@ -477,3 +477,42 @@ def test_stop_when_empty_returns_once_nothing_is_due_and_leaves_later_messages(q
     fill(queue, 3)
     summary = delayq.Worker(queue, stop_when_empty=True).run(handle)
     assert summary["stopped_by"] == "empty" and summary["acked"] == 3 and len(seen) == 8
+
+
+def test_on_dead_alerts_for_each_message_sent_to_the_dead_letters(
+    queue: delayq.DelayQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    for kind in ("fine", "broken", "gone", "alarm"):
+        queue.push({"kind": kind})
+    deaths: list[tuple[str, int, str]] = []
+
+    def on_dead(payload: dict[str, str], msg: delayq.Message, error: str) -> None:
+        deaths.append((payload["kind"], msg.attempt, error))
+        if payload["kind"] == "alarm":
+            raise RuntimeError("the pager is down")
+
+    def handle(payload: dict[str, str], msg: delayq.Message) -> None:
+        if payload["kind"] == "gone":
+            msg.dead_letter("order 42 no longer exists")
+        elif payload["kind"] != "fine":
+            raise ValueError(f"cannot handle {payload['kind']}")
+
+    worker = delayq.Worker(queue, max_attempts=1, stop_when_empty=True, on_dead=on_dead)
+    summary = worker.run(handle)
+    assert summary["dead"] == 3 and summary["acked"] == 1 and summary["stopped_by"] == "empty"
+    assert sorted(deaths) == [("alarm", 1, "ValueError: cannot handle alarm"),
+                              ("broken", 1, "ValueError: cannot handle broken"),
+                              ("gone", 1, "order 42 no longer exists")]
+    assert "on_dead raised RuntimeError: the pager is down" in caplog.text, "logged, and the pool went on"
+
+    async def handle_async(payload: dict[str, str], msg: delayq.Message) -> None:
+        handle(payload, msg)
+
+    async def on_dead_async(payload: dict[str, str], msg: delayq.Message, error: str) -> None:
+        deaths.append((payload["kind"], msg.attempt, error))
+
+    deaths.clear()
+    queue.push({"kind": "broken"})
+    queue.push({"kind": "fine"})
+    delayq.Worker(queue, max_attempts=1, stop_when_empty=True, on_dead=on_dead_async).run(handle_async)
+    assert deaths == [("broken", 1, "ValueError: cannot handle broken")]
