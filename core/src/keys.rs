@@ -54,7 +54,7 @@ pub(crate) fn due_ms_of_lease(layout: &Layout, lease: &str) -> Option<i64> {
 /// The key names of one queue, in the order every script expects them (see lib.lua).
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    pub(crate) all: [String; 16],
+    pub(crate) all: [String; 2 + SUFFIXES.len()],
     pub(crate) wake_channel: String,
 }
 
@@ -135,35 +135,35 @@ pub(crate) fn partition_of(key: &str, n: usize) -> usize {
     (hash % n as u64) as usize
 }
 
+/// The names after the first two keys (the schedule and the messages), in the order
+/// of lib.lua's KEYS; native keys put them after the hash tag, the seed layout after
+/// the recipe's ZSET name.
+const SUFFIXES: [&str; 14] = [
+    "inflight",
+    "leases",
+    "attempts",
+    "errors",
+    "dead",
+    "stats",
+    "seq",
+    "workers",
+    "paused",
+    "repeats",
+    "repeat_marks",
+    "limit",
+    "limit_log",
+    "control",
+];
+
 impl Keys {
     /// The keys of a queue (native layout: of one partition, given its hash tag).
     pub(crate) fn new(tag: &str, queue: &str, layout: &Layout) -> Result<Self> {
         validate_name("queue name", queue)?;
-        match layout {
+        let (base, scheduled, messages) = match layout {
             Layout::Native => {
-                let tag = format!("{{{tag}}}");
-                let key = |suffix: &str| format!("{tag}:{suffix}");
-                Ok(Self {
-                    all: [
-                        key("scheduled"),
-                        key("messages"),
-                        key("inflight"),
-                        key("leases"),
-                        key("attempts"),
-                        key("errors"),
-                        key("dead"),
-                        key("stats"),
-                        key("seq"),
-                        key("workers"),
-                        key("paused"),
-                        key("repeats"),
-                        key("repeat_marks"),
-                        key("limit"),
-                        key("limit_log"),
-                        key("control"),
-                    ],
-                    wake_channel: key("wake"),
-                })
+                let base = format!("{{{tag}}}");
+                let (scheduled, messages) = (format!("{base}:scheduled"), format!("{base}:messages"));
+                (base, scheduled, messages)
             }
             Layout::Seed { zset_key, payload_key } => {
                 for (what, name) in [("zset_key", zset_key), ("payload_key", payload_key)] {
@@ -171,30 +171,18 @@ impl Keys {
                         return Err(Error::invalid(what, format!("must be 1 to {MAX_NAME_BYTES} bytes")));
                     }
                 }
-                let key = |suffix: &str| format!("{zset_key}:{suffix}");
-                Ok(Self {
-                    all: [
-                        zset_key.clone(),
-                        payload_key.clone(),
-                        key("inflight"),
-                        key("leases"),
-                        key("attempts"),
-                        key("errors"),
-                        key("dead"),
-                        key("stats"),
-                        key("seq"),
-                        key("workers"),
-                        key("paused"),
-                        key("repeats"),
-                        key("repeat_marks"),
-                        key("limit"),
-                        key("limit_log"),
-                        key("control"),
-                    ],
-                    wake_channel: key("wake"),
-                })
+                (zset_key.clone(), zset_key.clone(), payload_key.clone())
             }
-        }
+        };
+        let mut firsts = [scheduled, messages].into_iter();
+        let all = std::array::from_fn(|i| match firsts.next() {
+            Some(first) => first,
+            None => format!("{base}:{}", SUFFIXES[i - 2]),
+        });
+        Ok(Self {
+            all,
+            wake_channel: format!("{base}:wake"),
+        })
     }
 
     #[cfg(test)]
