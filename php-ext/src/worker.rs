@@ -465,7 +465,8 @@ impl PhpWorker {
         })
     }
 
-    /// Consume until stopped (stop(), SIGTERM, SIGINT, max_jobs, max_memory_mb), calling
+    /// Consume until stopped (stop(), SIGTERM, SIGINT, max_jobs, max_memory_mb,
+    /// DelayQueue::restartWorkers(), stop_when_empty), calling
     /// `$handler(mixed $payload, DelayQueueMessage $message)` for each due message.
     /// Returning acknowledges the message; throwing retries it with backoff, and after
     /// max_attempts moves it to the dead-letter set with the exception as its error.
