@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import delayq
-from harness import drained
+from harness import drained, wait_for
 from phpcli import php
 
 PAYLOADS: list[Any] = [
@@ -116,9 +116,7 @@ def test_a_pause_from_php_holds_python_workers_until_php_resumes(queue: delayq.D
     runner = threading.Thread(target=worker.run, args=(handle,))
     runner.start()
     try:
-        deadline = time.monotonic() + 10
-        while not queue.workers() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(10, "the Python pool listed", lambda: bool(queue.workers()))
         time.sleep(0.5)
         assert seen == [], "a Python pool took messages while PHP had paused the queue"
         assert php("var_export((new DelayQueue($argv[1], 'jobs'))->resume());", redis_url) == "true"
@@ -148,9 +146,7 @@ def test_a_rate_limit_set_from_php_holds_a_python_pool_and_python_lifts_it(
     runner = threading.Thread(target=worker.run, args=(handle,))
     runner.start()
     try:
-        deadline = time.monotonic() + 10
-        while len(seen) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(10, "the two messages the limit lets through", lambda: len(seen) >= 2)
         time.sleep(0.5)
         assert len(seen) == 2, f"2 per hour, PHP said; the Python pool ran {len(seen)}"
         limit = json.loads(php("echo json_encode((new DelayQueue($argv[1], 'jobs'))->stats()['rate_limit']);",
@@ -171,9 +167,7 @@ def test_a_restart_requested_from_php_stops_a_python_pool(queue: delayq.DelayQue
     runner = threading.Thread(target=lambda: result.append(worker.run(lambda payload, msg: None)))
     runner.start()
     try:
-        deadline = time.monotonic() + 10
-        while not queue.workers() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(10, "the Python pool listed", lambda: bool(queue.workers()))
         assert php("echo (new DelayQueue($argv[1], 'jobs'))->restartWorkers();", redis_url) == "1"
         runner.join(10)
         assert not runner.is_alive(), "the Python pool did not stop"
