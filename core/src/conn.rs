@@ -1,7 +1,7 @@
-//! Connections: URL parsing, TLS, timeouts, cluster, reconnects with backoff, and fork
-//! safety (a process that inherited a connection never uses or closes it).
+//! Connections: URL parsing, TLS, timeouts, cluster, Sentinel, reconnects with backoff,
+//! and fork safety (a process that inherited a connection never uses or closes it).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult};
@@ -39,6 +39,22 @@ enum ClientKind {
     /// The cluster client, and one plain client per seed node for the wake-up
     /// subscription (a cluster delivers every PUBLISH to every node).
     Cluster(redis::cluster::ClusterClient, Vec<redis::Client>),
+    /// A master that Redis Sentinel names: asked for on every (re)connect.
+    Sentinel(Box<Sentinels>),
+}
+
+/// The sentinels of one replicated Redis, and how to reach the master they name.
+struct Sentinels {
+    /// (host:port as given, a client for it)
+    nodes: Vec<(String, redis::Client)>,
+    service: String,
+    /// The master's URL around its address: `scheme://userinfo@` and `/db#fragment`.
+    master_prefix: String,
+    master_suffix: String,
+    tls_root: Option<Vec<u8>>,
+    /// The sentinel that answered last is asked first, as the Sentinel client
+    /// specification asks: a sentinel that is down costs one connect timeout once.
+    first: AtomicUsize,
 }
 
 /// A parsed, validated place to connect to. Creating one does not connect.
@@ -47,6 +63,9 @@ pub(crate) struct Endpoint {
     /// The URL without its password, for messages.
     pub(crate) display: String,
     pub(crate) opts: ConnectOptions,
+    /// Raised when a sentinel announces a new master: connections made before it are
+    /// to the old one, which may still accept writes until Sentinel demotes it.
+    master_epoch: AtomicU64,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -58,6 +77,8 @@ impl std::fmt::Debug for Endpoint {
 }
 
 fn redact(url: &str) -> String {
+    // A sentinel's password may ride in the query string.
+    let url = url.split_once('?').map_or(url, |(before, _)| before);
     match url.split_once("://") {
         Some((scheme, rest)) => match rest.rsplit_once('@') {
             Some((_, host)) => format!("{scheme}://***@{host}"),
@@ -65,6 +86,116 @@ fn redact(url: &str) -> String {
         },
         None => url.to_owned(),
     }
+}
+
+fn read_ca(opts: &ConnectOptions) -> Result<Option<Vec<u8>>> {
+    opts.tls_ca_file
+        .as_ref()
+        .map(|ca| std::fs::read(ca).map_err(|e| Error::invalid("tls_ca_file", format!("{}: {e}", ca.display()))))
+        .transpose()
+}
+
+fn open_client(url: &str, tls_root: Option<&Vec<u8>>) -> redis::RedisResult<redis::Client> {
+    match tls_root {
+        Some(root) => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root.clone()),
+            },
+        ),
+        None => redis::Client::open(url),
+    }
+}
+
+/// `redis+sentinel://[user:password@]host[:port][,host[:port]...]/master-name[/db]
+/// [?sentinel_username=...&sentinel_password=...]`: the user and password are the
+/// master's; sentinels with a password of their own take it from the query.
+fn parse_sentinels(
+    scheme: &str,
+    rest: &str,
+    opts: &ConnectOptions,
+    bad: impl Fn(String) -> Error,
+) -> Result<Sentinels> {
+    let node_scheme = scheme.trim_end_matches("+sentinel");
+    let (rest, fragment) = match rest.split_once('#') {
+        Some((r, f)) => (r, format!("#{f}")),
+        None => (rest, String::new()),
+    };
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((u, r)) => (format!("{u}@"), r),
+        None => (String::new(), rest),
+    };
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut path = path.split('/').filter(|p| !p.is_empty());
+    let service = path
+        .next()
+        .ok_or_else(|| {
+            bad("a sentinel URL names the master after the hosts: redis+sentinel://host:26379/mymaster".into())
+        })?
+        .to_owned();
+    let db = match path.next() {
+        Some(db) => db.parse::<i64>().map_err(|_| {
+            bad(format!(
+                "the database after the master name must be a number, not {db:?}"
+            ))
+        })?,
+        None => 0,
+    };
+    if let Some(extra) = path.next() {
+        return Err(bad(format!("unexpected {extra:?} after the master name and database")));
+    }
+    let mut sentinel_userinfo = (String::new(), String::new());
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("sentinel_username", v)) => sentinel_userinfo.0 = v.to_owned(),
+            Some(("sentinel_password", v)) => sentinel_userinfo.1 = v.to_owned(),
+            _ => {
+                let name = pair.split('=').next().unwrap_or_default();
+                return Err(bad(format!(
+                    "unknown query parameter {name:?} (expected sentinel_username, sentinel_password)"
+                )));
+            }
+        }
+    }
+    let sentinel_userinfo = match sentinel_userinfo {
+        (u, p) if u.is_empty() && p.is_empty() => String::new(),
+        (u, p) => format!("{u}:{p}@"),
+    };
+    let tls_root = read_ca(opts)?;
+    let nodes = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| {
+            let h = if h
+                .rsplit_once(':')
+                .is_some_and(|(_, p)| p.chars().all(|c| c.is_ascii_digit()))
+                && !h.ends_with(']')
+            {
+                h.to_owned()
+            } else {
+                format!("{h}:26379")
+            };
+            let client = open_client(
+                &format!("{node_scheme}://{sentinel_userinfo}{h}{fragment}"),
+                tls_root.as_ref(),
+            )
+            .map_err(|e| bad(format!("sentinel {h}: {e}")))?;
+            Ok((h, client))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if nodes.is_empty() {
+        return Err(bad("a sentinel URL needs at least one sentinel host[:port]".into()));
+    }
+    Ok(Sentinels {
+        nodes,
+        service,
+        master_prefix: format!("{node_scheme}://{userinfo}"),
+        master_suffix: format!("/{db}{fragment}"),
+        tls_root,
+        first: AtomicUsize::new(0),
+    })
 }
 
 impl Endpoint {
@@ -82,29 +213,34 @@ impl Endpoint {
                 return Err(Error::invalid(name, "must be greater than zero"));
             }
         }
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected redis://, rediss://, redis+cluster:// or rediss+cluster://".into()))?;
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            bad(
+                "expected redis://, rediss://, redis+cluster://, rediss+cluster://, redis+sentinel:// or \
+                     rediss+sentinel://"
+                    .into(),
+            )
+        })?;
+        if opts.tls_ca_file.is_some() && !scheme.starts_with("rediss") {
+            return Err(Error::invalid("tls_ca_file", "only applies to rediss:// URLs"));
+        }
         let client = match scheme {
             "redis" | "rediss" => {
                 let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| bad(e.to_string()))?;
-                let client = match (&opts.tls_ca_file, scheme) {
-                    (Some(ca), "rediss") => {
-                        let root = std::fs::read(ca)
-                            .map_err(|e| Error::invalid("tls_ca_file", format!("{}: {e}", ca.display())))?;
-                        redis::Client::build_with_tls(
-                            info,
-                            redis::TlsCertificates {
-                                client_tls: None,
-                                root_cert: Some(root),
-                            },
-                        )
-                    }
-                    (Some(_), _) => return Err(Error::invalid("tls_ca_file", "only applies to rediss:// URLs")),
-                    (None, _) => redis::Client::open(info),
+                let client = match read_ca(&opts)? {
+                    Some(root) => redis::Client::build_with_tls(
+                        info,
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(root),
+                        },
+                    ),
+                    None => redis::Client::open(info),
                 }
                 .map_err(|e| bad(e.to_string()))?;
                 ClientKind::Single(client)
+            }
+            "redis+sentinel" | "rediss+sentinel" => {
+                ClientKind::Sentinel(Box::new(parse_sentinels(scheme, rest, &opts, bad)?))
             }
             "redis+cluster" | "rediss+cluster" => {
                 // One URL, several seed nodes: userinfo and path apply to all of them.
@@ -135,11 +271,164 @@ impl Endpoint {
             }
             other => return Err(bad(format!("unsupported scheme {other:?}"))),
         };
-        Ok(Self { client, display, opts })
+        Ok(Self {
+            client,
+            display,
+            opts,
+            master_epoch: AtomicU64::new(0),
+        })
     }
 
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.client, ClientKind::Cluster(..))
+    }
+
+    /// The master name, when a sentinel names the master.
+    pub(crate) fn sentinel_service(&self) -> Option<&str> {
+        match &self.client {
+            ClientKind::Sentinel(s) => Some(&s.service),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn master_epoch(&self) -> u64 {
+        self.master_epoch.load(Ordering::Acquire)
+    }
+
+    /// A sentinel announced a new master: every connection made before is to be
+    /// dropped at its next use, and a new one asks the sentinels again.
+    pub(crate) fn master_switched(&self) {
+        self.master_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A connection to sentinel `attempt` (modulo their number), for watching its
+    /// announcements; `None` unless a sentinel names the master.
+    pub(crate) fn sentinel_connection(&self, attempt: usize) -> Option<Result<(String, redis::Connection)>> {
+        let ClientKind::Sentinel(s) = &self.client else {
+            return None;
+        };
+        let (host, client) = &s.nodes[attempt % s.nodes.len()];
+        Some(
+            self.timed_connection(client)
+                .map(|c| (host.clone(), c))
+                .map_err(|e| self.connect_error(&e)),
+        )
+    }
+
+    fn timed_connection(&self, client: &redis::Client) -> redis::RedisResult<redis::Connection> {
+        let con = client.get_connection_with_timeout(self.opts.connect_timeout)?;
+        con.set_read_timeout(Some(self.opts.read_timeout))?;
+        con.set_write_timeout(Some(self.opts.read_timeout))?;
+        Ok(con)
+    }
+
+    /// Sentinel `i`'s answer: the master's `host:port`, `None` if it knows no master
+    /// of that name. Over `cached` when given (and kept there), else a new connection.
+    fn ask_sentinel(
+        &self,
+        s: &Sentinels,
+        i: usize,
+        cached: Option<&mut Option<redis::Connection>>,
+    ) -> redis::RedisResult<Option<String>> {
+        let mut fresh = None;
+        let slot = cached.unwrap_or(&mut fresh);
+        if slot.is_none() {
+            *slot = Some(self.timed_connection(&s.nodes[i].1)?);
+        }
+        let Some(con) = slot.as_mut() else {
+            return Ok(None);
+        };
+        let named: redis::RedisResult<Option<(String, u16)>> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&s.service)
+            .query(con);
+        if named.is_err() {
+            *slot = None;
+        }
+        Ok(named?.map(|(ip, port)| {
+            if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            }
+        }))
+    }
+
+    /// The master a sentinel names now, asked over `cached` (kept for the next time);
+    /// `None` when no sentinel answers (the connection in use is then kept).
+    fn named_master(&self, cached: &mut Option<(usize, redis::Connection)>) -> Option<String> {
+        let ClientKind::Sentinel(s) = &self.client else {
+            return None;
+        };
+        let (i, con) = cached
+            .take()
+            .map_or((s.first.load(Ordering::Relaxed), None), |(i, c)| (i, Some(c)));
+        let mut con = con;
+        let named = self.ask_sentinel(s, i, Some(&mut con)).ok().flatten();
+        *cached = con.map(|c| (i, c));
+        if cached.is_none() {
+            // This sentinel failed: ask the next one next time.
+            s.first.store((i + 1) % s.nodes.len(), Ordering::Relaxed);
+        }
+        named
+    }
+
+    /// Ask the sentinels in turn for the master, and connect to it once it says it is
+    /// one: a sentinel's view may be a failover behind. Returns the master's address.
+    fn connect_via_sentinels(&self, s: &Sentinels) -> Result<(redis::Connection, String)> {
+        let count = s.nodes.len();
+        let first = s.first.load(Ordering::Relaxed);
+        let mut why = Vec::new();
+        for k in 0..count {
+            let i = (first + k) % count;
+            let host = &s.nodes[i].0;
+            let addr = match self.ask_sentinel(s, i, None) {
+                Ok(Some(addr)) => addr,
+                Ok(None) => {
+                    why.push(format!("sentinel {host} knows no master named {:?}", s.service));
+                    continue;
+                }
+                Err(e) => match self.connect_error(&e) {
+                    e @ Error::AuthFailed(_) => return Err(e),
+                    e => {
+                        why.push(format!("sentinel {host}: {e}"));
+                        continue;
+                    }
+                },
+            };
+            let master = open_client(
+                &format!("{}{addr}{}", s.master_prefix, s.master_suffix),
+                s.tls_root.as_ref(),
+            )
+            .and_then(|client| self.timed_connection(&client))
+            .and_then(|mut con| {
+                let role: redis::RedisResult<Vec<redis::Value>> = redis::cmd("ROLE").query(&mut con);
+                let is_master = match role {
+                    Ok(role) => matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master"),
+                    // A least-privilege ACL user may not run ROLE: trust the sentinel.
+                    Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => true,
+                    Err(e) => return Err(e),
+                };
+                Ok((con, is_master))
+            });
+            match master {
+                Ok((con, true)) => {
+                    s.first.store(i, Ordering::Relaxed);
+                    return Ok((con, addr));
+                }
+                Ok((_, false)) => why.push(format!(
+                    "sentinel {host} named {addr}, which is not a master (a failover is under way)"
+                )),
+                Err(e) => match self.connect_error(&e) {
+                    e @ Error::AuthFailed(_) => return Err(e),
+                    e => why.push(format!("sentinel {host} named {addr}: {e}")),
+                },
+            }
+        }
+        Err(Error::Connection {
+            addr: self.display.clone(),
+            reason: why.join("; "),
+        })
     }
 
     pub(crate) fn error(&self, err: &redis::RedisError, operation: &str) -> Error {
@@ -147,23 +436,21 @@ impl Endpoint {
         Error::from_redis(err, &self.display, operation, timeout)
     }
 
-    pub(crate) fn connect(&self) -> Result<Conn> {
+    /// A new connection, and under Sentinel the master's address it goes to.
+    pub(crate) fn connect(&self) -> Result<(Conn, Option<String>)> {
         let conn = match &self.client {
             ClientKind::Single(client) => {
-                let con = client
-                    .get_connection_with_timeout(self.opts.connect_timeout)
-                    .map_err(|e| self.connect_error(&e))?;
-                con.set_read_timeout(Some(self.opts.read_timeout))
-                    .map_err(|e| self.connect_error(&e))?;
-                con.set_write_timeout(Some(self.opts.read_timeout))
-                    .map_err(|e| self.connect_error(&e))?;
-                Conn::Single(con)
+                Conn::Single(self.timed_connection(client).map_err(|e| self.connect_error(&e))?)
             }
             ClientKind::Cluster(client, _) => {
                 Conn::Cluster(Box::new(client.get_connection().map_err(|e| self.connect_error(&e))?))
             }
+            ClientKind::Sentinel(s) => {
+                let (con, addr) = self.connect_via_sentinels(s)?;
+                return Ok((Conn::Single(con), Some(addr)));
+            }
         };
-        Ok(conn)
+        Ok((conn, None))
     }
 
     fn connect_error(&self, err: &redis::RedisError) -> Error {
@@ -190,6 +477,7 @@ impl Endpoint {
         let client = match &self.client {
             ClientKind::Single(client) => client,
             ClientKind::Cluster(_, seeds) => &seeds[attempt % seeds.len()],
+            ClientKind::Sentinel(s) => return self.connect_via_sentinels(s).map(|(con, _)| con),
         };
         client
             .get_connection_with_timeout(self.opts.connect_timeout)
@@ -262,7 +550,18 @@ pub(crate) enum Replay {
 pub(crate) struct ConnSlot {
     conn: Option<Conn>,
     forks: u64,
+    /// The endpoint's master epoch when `conn` was made.
+    epoch: u64,
+    /// Under Sentinel: the master `conn` goes to, and when a sentinel last said so.
+    master: Option<(String, Instant)>,
+    /// Under Sentinel: a connection to the sentinel asked last, and its index.
+    sentinel: Option<(usize, redis::Connection)>,
 }
+
+/// How often a connection under Sentinel asks whether its master still is one. A pool
+/// also hears of a failover at once (it watches the sentinels); this bounds how long a
+/// producer writes to a master that Sentinel replaced but has not demoted yet.
+const SENTINEL_RECHECK: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for ConnSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -281,7 +580,41 @@ impl ConnSlot {
         Self {
             conn: None,
             forks: crate::fork::generation(),
+            epoch: 0,
+            master: None,
+            sentinel: None,
         }
+    }
+
+    /// Drop a connection made before the endpoint's master changed, or, under Sentinel,
+    /// one to a master that a sentinel no longer names.
+    fn forget_old_master(&mut self, ep: &Endpoint) {
+        if let (Some(_), Some((master, confirmed))) = (&self.conn, &mut self.master)
+            && confirmed.elapsed() >= SENTINEL_RECHECK
+        {
+            *confirmed = Instant::now();
+            if let Some(named) = ep.named_master(&mut self.sentinel)
+                && named != *master
+            {
+                log::warn!(
+                    "{}: a sentinel names {named} as the master now, not {master}",
+                    ep.display
+                );
+                ep.master_switched();
+            }
+        }
+        let epoch = ep.master_epoch();
+        if epoch != self.epoch {
+            self.conn = None;
+            self.epoch = epoch;
+        }
+    }
+
+    fn connected(&mut self, ep: &Endpoint) -> Result<&mut Conn> {
+        let (mut conn, master) = ep.connect()?;
+        warn_if_evicting(&mut conn);
+        self.master = master.map(|m| (m, Instant::now()));
+        Ok(self.conn.insert(conn))
     }
 
     fn take_over_after_fork(&mut self) {
@@ -291,6 +624,9 @@ impl ConnSlot {
             // TLS close_notify, would disturb the parent's connection. Leak it instead.
             if let Some(conn) = self.conn.take() {
                 std::mem::forget(conn);
+            }
+            if let Some(sentinel) = self.sentinel.take() {
+                std::mem::forget(sentinel);
             }
             self.forks = forks;
         }
@@ -320,12 +656,10 @@ impl ConnSlot {
         let deadline = Instant::now() + ep.opts.retry_timeout;
         let mut pause = Duration::from_millis(20);
         loop {
+            self.forget_old_master(ep);
             let attempt = match self.conn.as_mut() {
                 Some(conn) => Ok(conn),
-                None => ep.connect().map(|mut conn| {
-                    warn_if_evicting(&mut conn);
-                    self.conn.insert(conn)
-                }),
+                None => self.connected(ep),
             };
             let err = match attempt {
                 Ok(conn) => match op(conn) {
@@ -367,10 +701,9 @@ impl ConnSlot {
         op: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>,
     ) -> Result<T> {
         self.take_over_after_fork();
+        self.forget_old_master(ep);
         if self.conn.is_none() {
-            let mut conn = ep.connect()?;
-            warn_if_evicting(&mut conn);
-            self.conn = Some(conn);
+            self.connected(ep)?;
         }
         let Some(conn) = self.conn.as_mut() else {
             return Err(Error::State("connection vanished".into()));

@@ -933,6 +933,10 @@ impl Worker {
             )?);
             let p = Arc::clone(&pool);
             others.push(spawn("delayq-wake".into(), Box::new(move || subscribe_loop(&p)))?);
+            if pool.queue.inner.endpoint.sentinel_service().is_some() {
+                let p = Arc::clone(&pool);
+                others.push(spawn("delayq-sentinel".into(), Box::new(move || watch_sentinels(&p)))?);
+            }
             Ok(())
         })();
         let consumer = Consumer {
@@ -2009,8 +2013,10 @@ fn subscribe_loop(pool: &Pool) {
         .collect();
     let mut pause = Duration::from_millis(50);
     let mut attempt = 0;
+    let endpoint = &pool.queue.inner.endpoint;
     while !control.stopped() {
-        let mut conn = match pool.queue.inner.endpoint.pubsub_connection(attempt) {
+        let epoch = endpoint.master_epoch();
+        let mut conn = match endpoint.pubsub_connection(attempt) {
             Ok(c) => c,
             Err(e) => {
                 log::debug!("delayq[{}]: wake-up subscription: {e}", pool.queue_name);
@@ -2032,7 +2038,8 @@ fn subscribe_loop(pool: &Pool) {
         pause = Duration::from_millis(50);
         // Announcements published while we were not subscribed are lost: look now.
         control.wake.kick();
-        while !control.stopped() {
+        // After a failover, producers publish on the new master.
+        while !control.stopped() && endpoint.master_epoch() == epoch {
             match pubsub.get_message() {
                 Ok(msg) => {
                     let Some(&part) = channels.get(msg.get_channel_name()) else {
@@ -2044,6 +2051,64 @@ fn subscribe_loop(pool: &Pool) {
                 Err(e) if e.is_timeout() => {}
                 Err(e) => {
                     log::debug!("delayq[{}]: wake-up subscription lost: {e}", pool.queue_name);
+                    attempt += 1;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Under Sentinel: listens for `+switch-master` and moves the whole process to the new
+/// master at once. Until Sentinel demotes it (seconds later, or never while it is cut
+/// off), the old master still takes writes, which it then throws away: claims there
+/// would run messages twice and acks there would be lost.
+fn watch_sentinels(pool: &Pool) {
+    let control = &*pool.control;
+    let endpoint = &pool.queue.inner.endpoint;
+    let Some(service) = endpoint.sentinel_service() else {
+        return;
+    };
+    let mut pause = Duration::from_millis(50);
+    let mut attempt = 0;
+    while !control.stopped() {
+        let (host, mut conn) = match endpoint.sentinel_connection(attempt) {
+            Some(Ok(c)) => c,
+            Some(Err(e)) => {
+                log::debug!("delayq[{}]: sentinel watch: {e}", pool.queue_name);
+                attempt += 1;
+                pause_unless_stopped(pool, pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
+                continue;
+            }
+            None => return,
+        };
+        let mut pubsub = conn.as_pubsub();
+        if pubsub.subscribe("+switch-master").is_err()
+            || pubsub.set_read_timeout(Some(Duration::from_millis(250))).is_err()
+        {
+            attempt += 1;
+            pause_unless_stopped(pool, pause);
+            continue;
+        }
+        pause = Duration::from_millis(50);
+        while !control.stopped() {
+            match pubsub.get_message() {
+                Ok(msg) => {
+                    // "<name> <old ip> <old port> <new ip> <new port>"
+                    let text = msg.get_payload::<String>().unwrap_or_default();
+                    if text.split(' ').next() == Some(service) {
+                        log::warn!(
+                            "delayq[{}]: sentinel {host} announced a new master: {text}",
+                            pool.queue_name
+                        );
+                        endpoint.master_switched();
+                        control.wake.kick();
+                    }
+                }
+                Err(e) if e.is_timeout() => {}
+                Err(e) => {
+                    log::debug!("delayq[{}]: sentinel watch on {host} lost: {e}", pool.queue_name);
                     attempt += 1;
                     break;
                 }

@@ -198,3 +198,79 @@ fn an_evicting_maxmemory_policy_is_warned_about_once() {
         "{warnings:?}"
     );
 }
+
+#[test]
+fn rediss_sentinel_reaches_sentinels_and_master_over_tls() {
+    let dir = std::env::temp_dir().join(format!("delayq-tls-sentinel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    make_certs(&dir);
+    let (cert, key, ca) = (dir.join("server.pem"), dir.join("server.key"), dir.join("ca.pem"));
+    let path = |p: &Path| p.to_str().expect("path").to_owned();
+    let master_tls = common::free_port();
+    let master = RedisServer::start_with(&[
+        "--tls-port",
+        &master_tls.to_string(),
+        "--tls-cert-file",
+        &path(&cert),
+        "--tls-key-file",
+        &path(&key),
+        "--tls-ca-cert-file",
+        &path(&ca),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    // Only a TLS port: the sentinel is reachable over TLS alone, and reaches the master
+    // over TLS too (tls-replication).
+    let sentinel_port = common::free_port();
+    let conf = dir.join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port 0\nbind 127.0.0.1\ndir {}\ntls-port {sentinel_port}\ntls-cert-file {}\ntls-key-file {}\n\
+             tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n\
+             sentinel monitor mymaster 127.0.0.1 {master_tls} 1\n",
+            path(&dir),
+            path(&cert),
+            path(&key),
+            path(&ca)
+        ),
+    )
+    .expect("sentinel.conf");
+    let mut sentinel = Command::new("redis-server")
+        .arg(&conf)
+        .arg("--sentinel")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server --sentinel");
+    let url = format!("rediss+sentinel://127.0.0.1:{sentinel_port}/mymaster");
+    let queue = |ca: &Path| {
+        Queue::new(
+            &url,
+            "secure",
+            QueueOptions {
+                connect: ConnectOptions {
+                    tls_ca_file: Some(ca.to_path_buf()),
+                    retry_timeout: Duration::from_secs(5),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .expect("valid")
+    };
+    let pushed = queue(&ca).push(&serde_json::json!({"secret": "via sentinel"}), Duration::ZERO);
+    let wrong = queue(&dir.join("other.pem")).stats();
+    let _ = sentinel.kill();
+    let _ = sentinel.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    pushed.expect("push through a TLS sentinel to a TLS master");
+    // The master's plain port sees the message: it went to the master the sentinel named.
+    assert_eq!(master.queue("secure").stats().expect("stats").ready, 1);
+    let err = wrong.expect_err("an unknown CA must be refused");
+    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&format!("sentinel 127.0.0.1:{sentinel_port}")),
+        "{err}"
+    );
+}

@@ -2,6 +2,7 @@
 //! restart. Never a mock.
 #![allow(dead_code, unreachable_pub)]
 
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -432,4 +433,149 @@ impl Cluster {
             .query(&mut self.nodes[node].con())
             .expect("CLUSTER MYID")
     }
+}
+
+/// A master, one replica and `count` sentinels watching them as `mymaster` (quorum 1,
+/// down after 2 s), all on loopback ports.
+pub struct Sentinels {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub ports: Vec<u16>,
+    children: Vec<Child>,
+    dir: PathBuf,
+    sentinel_password: Option<String>,
+}
+
+impl Sentinels {
+    pub fn start(count: usize) -> Self {
+        Self::start_with_passwords(count, None, None)
+    }
+
+    /// `password` guards master and replica; `sentinel_password` the sentinels.
+    pub fn start_with_passwords(count: usize, password: Option<&str>, sentinel_password: Option<&str>) -> Self {
+        let _ = env_logger::builder().is_test(true).try_init();
+        let auth: Vec<&str> = password.map_or_else(Vec::new, |p| vec!["--requirepass", p, "--masterauth", p]);
+        let master = RedisServer::start_with(&auth);
+        let mut replica_args = auth.clone();
+        let master_port = master.port.to_string();
+        replica_args.extend(["--replicaof", "127.0.0.1", &master_port]);
+        let replica = RedisServer::start_with(&replica_args);
+        wait_for(Duration::from_secs(20), "the replica in sync", || {
+            redis::cmd("INFO")
+                .arg("replication")
+                .query::<String>(&mut replica.con())
+                .is_ok_and(|i| i.contains("master_link_status:up"))
+        });
+        let dir = std::env::temp_dir().join(format!("delayq-sentinels-{}-{}", std::process::id(), master.port));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut set = Self {
+            master,
+            replica,
+            ports: Vec::new(),
+            children: Vec::new(),
+            dir,
+            sentinel_password: None,
+        };
+        for _ in 0..count {
+            let port = free_port();
+            let conf = set.dir.join(format!("sentinel-{port}.conf"));
+            let mut text = format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n\
+                 sentinel down-after-milliseconds mymaster 2000\nsentinel failover-timeout mymaster 5000\n",
+                set.dir.display(),
+                set.master.port
+            );
+            if let Some(p) = password {
+                text.push_str(&format!("sentinel auth-pass mymaster {p}\n"));
+            }
+            if let Some(p) = sentinel_password {
+                text.push_str(&format!("requirepass {p}\n"));
+            }
+            std::fs::write(&conf, text).expect("sentinel.conf");
+            let child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server --sentinel");
+            set.children.push(child);
+            set.ports.push(port);
+        }
+        set.sentinel_password = sentinel_password.map(str::to_owned);
+        let replica_port = set.replica.port;
+        wait_for(Duration::from_secs(30), "every sentinel knows the replica", || {
+            (0..count).all(|i| {
+                set.sentinel_con(i).is_some_and(|mut con| {
+                    redis::cmd("SENTINEL")
+                        .arg("replicas")
+                        .arg("mymaster")
+                        .query::<Vec<HashMap<String, String>>>(&mut con)
+                        .is_ok_and(|r| {
+                            r.iter().any(|r| {
+                                r.get("port") == Some(&replica_port.to_string())
+                                    && r.get("flags").is_some_and(|f| f == "slave")
+                            })
+                        })
+                })
+            })
+        });
+        set
+    }
+
+    fn sentinel_con(&self, i: usize) -> Option<redis::Connection> {
+        let url = match &self.sentinel_password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.ports[i]),
+            None => format!("redis://127.0.0.1:{}", self.ports[i]),
+        };
+        redis::Client::open(url).ok()?.get_connection().ok()
+    }
+
+    /// `redis+sentinel://` naming every sentinel.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("redis+sentinel://{}/mymaster", hosts.join(","))
+    }
+
+    /// The port of the master that sentinel 0 names now.
+    pub fn named_master(&self) -> Option<u16> {
+        let mut con = self.sentinel_con(0)?;
+        redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg("mymaster")
+            .query::<Option<(String, u16)>>(&mut con)
+            .ok()
+            .flatten()
+            .map(|(_, port)| port)
+    }
+
+    /// Ask sentinel 0 for a failover now (the master stays up, and stays a master until
+    /// Sentinel demotes it, seconds later).
+    pub fn failover(&self) {
+        let mut con = self.sentinel_con(0).expect("sentinel");
+        let _: () = redis::cmd("SENTINEL")
+            .arg("failover")
+            .arg("mymaster")
+            .query(&mut con)
+            .expect("SENTINEL FAILOVER");
+    }
+}
+
+impl Drop for Sentinels {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Whether the server on `port` says it is a master.
+pub fn is_master(server: &RedisServer) -> bool {
+    redis::cmd("ROLE")
+        .query::<Vec<redis::Value>>(&mut server.con())
+        .ok()
+        .and_then(|r| r.first().cloned())
+        .is_some_and(|v| matches!(v, redis::Value::BulkString(b) if b == b"master"))
 }
