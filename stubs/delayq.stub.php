@@ -18,7 +18,8 @@ final class DelayQueue
      * Validates everything; connects on first use.
      *
      * @param string $url redis://[user:password@]host:port[/db], rediss:// for TLS,
-     *   redis+cluster://host1:port1,host2:port2 for Redis Cluster
+     *   redis+cluster://host1:port1,host2:port2 for Redis Cluster,
+     *   redis+sentinel://host1:26379,host2:26379/mymaster[/db] behind Redis Sentinel
      * @param string $queue the queue's name; with the same url, queue and prefix, PHP and
      *   Python address the same queue
      * @param array{prefix?: string, layout?: 'native'|'seed', zset_key?: string, payload_key?: string,

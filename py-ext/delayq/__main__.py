@@ -391,7 +391,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"delayq {__version__}")
     p.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"),
-                   help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379)")
+                   help="Redis URL: redis://, rediss://, redis+cluster://h1,h2, redis+sentinel://h1,h2/master "
+                        "(default: $REDIS_URL, else redis://127.0.0.1:6379)")
     p.add_argument("--queue", "-q", default=os.environ.get("DELAYQ_QUEUE", "default"),
                    help="queue name (default: $DELAYQ_QUEUE, else 'default')")
     p.add_argument("--prefix", default="dq", help="key prefix (default: dq)")

@@ -15,7 +15,8 @@ class DelayQueue:
     its own connection.
 
     ``url``: ``redis://[user:password@]host:port[/db]``, ``rediss://`` for TLS (with
-    ``tls_ca_file`` for a private CA), ``redis+cluster://host1:port1,host2:port2``.
+    ``tls_ca_file`` for a private CA), ``redis+cluster://host1:port1,host2:port2``,
+    ``redis+sentinel://host1:26379,host2:26379/mymaster[/db]`` behind Redis Sentinel.
     With ``layout="seed"`` the queue uses the hand-made recipe's keys
     (``delay_queue:zset`` and ``delay_queue:payload`` unless ``zset_key`` and
     ``payload_key`` say otherwise). Timeouts are seconds.
