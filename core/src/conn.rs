@@ -1,7 +1,7 @@
 //! Connections: URL parsing, TLS, timeouts, cluster, Sentinel, reconnects with backoff,
 //! and fork safety (a process that inherited a connection never uses or closes it).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult};
@@ -95,7 +95,22 @@ fn read_ca(opts: &ConnectOptions) -> Result<Option<Vec<u8>>> {
         .transpose()
 }
 
+/// `url` parsed, without redis-rs's `CLIENT SETINFO` on connect: a round trip that
+/// Redis before 7.2 refuses anyway, paid by every PHP-FPM request that connects. Over
+/// TLS it stays: it makes the handshake happen while connecting, so that a certificate
+/// the CA does not vouch for is reported as a connection error naming the server, not
+/// as a connection lost during the first call.
+fn connection_info(url: &str) -> redis::RedisResult<redis::ConnectionInfo> {
+    let info = redis::IntoConnectionInfo::into_connection_info(url)?;
+    if url.starts_with("rediss://") {
+        return Ok(info);
+    }
+    let settings = info.redis_settings().clone().set_skip_set_lib_name();
+    Ok(info.set_redis_settings(settings))
+}
+
 fn open_client(url: &str, tls_root: Option<&Vec<u8>>) -> redis::RedisResult<redis::Client> {
+    let url = connection_info(url)?;
     match tls_root {
         Some(root) => redis::Client::build_with_tls(
             url,
@@ -225,7 +240,7 @@ impl Endpoint {
         }
         let client = match scheme {
             "redis" | "rediss" => {
-                let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| bad(e.to_string()))?;
+                let info = connection_info(url).map_err(|e| bad(e.to_string()))?;
                 let client = match read_ca(&opts)? {
                     Some(root) => redis::Client::build_with_tls(
                         info,
@@ -514,10 +529,17 @@ impl Conn {
     }
 }
 
-static EVICTION_WARNED: AtomicBool = AtomicBool::new(false);
+/// Servers whose eviction policy this process has looked at: each once, not on every
+/// new connection, which would cost a PHP-FPM request that connects to push once a
+/// second round trip.
+static EVICTION_CHECKED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
 
-fn warn_if_evicting(conn: &mut Conn) {
-    if EVICTION_WARNED.load(Ordering::Relaxed) {
+fn warn_if_evicting(conn: &mut Conn, server: &str) {
+    let first_look = EVICTION_CHECKED
+        .lock()
+        .is_ok_and(|mut checked| checked.insert(server.to_owned()));
+    if !first_look {
         return;
     }
     // Managed Redis often forbids CONFIG: then there is nothing to check.
@@ -528,11 +550,10 @@ fn warn_if_evicting(conn: &mut Conn) {
     if let Ok(reply) = policy
         && let Some(policy) = reply.get(1)
         && policy.starts_with("allkeys-")
-        && !EVICTION_WARNED.swap(true, Ordering::Relaxed)
     {
         log::warn!(
-            "Redis maxmemory-policy is {policy}: under memory pressure Redis may evict delayq's keys, \
-             and an evicted message is lost; use noeviction (or a volatile-* policy) for queues"
+            "Redis at {server}: maxmemory-policy is {policy}: under memory pressure Redis may evict delayq's \
+             keys, and an evicted message is lost; use noeviction (or a volatile-* policy) for queues"
         );
     }
 }
@@ -612,7 +633,7 @@ impl ConnSlot {
 
     fn connected(&mut self, ep: &Endpoint) -> Result<&mut Conn> {
         let (mut conn, master) = ep.connect()?;
-        warn_if_evicting(&mut conn);
+        warn_if_evicting(&mut conn, master.as_deref().unwrap_or(&ep.display));
         self.master = master.map(|m| (m, Instant::now()));
         Ok(self.conn.insert(conn))
     }
