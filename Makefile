@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost bench-rate-limit bench-rss lint fmt clippy doc
+.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost bench-rate-limit bench-rss bench-php-requests lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ bench-rate-limit: ## How closely 4 pools follow a rate limit, and what holding t
 
 bench-rss: ## Worker memory over a 10M-message PHP drain: a leak or a warm-up?
 	python3 bench/rss_curve.py
+
+bench-php-requests: ## A push per PHP-FPM request, with and without a persistent connection
+	python3 bench/php_requests.py
 
 lint: fmt clippy ## cargo fmt --check and clippy -D warnings
 

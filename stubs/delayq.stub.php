@@ -25,10 +25,12 @@ final class DelayQueue
      * @param array{prefix?: string, layout?: 'native'|'seed', zset_key?: string, payload_key?: string,
      *   max_payload_bytes?: int, connect_timeout?: float, read_timeout?: float, retry_timeout?: float,
      *   tls_ca_file?: string, partitions?: int, wait_replicas?: int, wait_timeout?: float, dead_max?: int,
-     *   dead_ttl?: float} $options 'partitions' spreads the queue over that many hash tags
-     *   (one per Redis Cluster master; changing it moves the queue to other keys, so drain
-     *   first); 'wait_replicas' makes every push wait until that many replicas have it
-     *   (Redis WAIT, at most 'wait_timeout' seconds, default 1)
+     *   dead_ttl?: float, persistent?: bool} $options 'partitions' spreads the queue over that
+     *   many hash tags (one per Redis Cluster master; changing it moves the queue to other keys,
+     *   so drain first); 'wait_replicas' makes every push wait until that many replicas have it
+     *   (Redis WAIT, at most 'wait_timeout' seconds, default 1); 'persistent' => true keeps the
+     *   queue and its connection for the life of the process (as phpredis's pconnect), so that
+     *   PHP-FPM requests after the first one with the same arguments push without connecting
      * @throws DelayQueueInvalidArgumentException on an unknown option or a bad value
      */
     public function __construct(string $url = 'redis://127.0.0.1:6379', string $queue = 'default', array $options = []) {}

@@ -446,7 +446,35 @@ pub(crate) fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// Queues kept by `Queue::shared`, oldest first.
+static SHARED: Mutex<Vec<(String, Queue)>> = Mutex::new(Vec::new());
+
+/// Distinct shared queues kept per process; past it the least recently asked for goes.
+pub const MAX_SHARED_QUEUES: usize = 64;
+
 impl Queue {
+    /// The queue `new` would make, kept for the life of the process together with its
+    /// connection: asking again with the same URL, name and options returns it, still
+    /// connected. For processes that live longer than the code that pushes, such as a
+    /// PHP-FPM worker, which would otherwise connect (and, over TLS, shake hands) once
+    /// per request. At most `MAX_SHARED_QUEUES` are kept.
+    pub fn shared(url: &str, name: &str, opts: QueueOptions) -> Result<Self> {
+        let key = format!("{url}\n{name}\n{opts:?}");
+        let mut shared = SHARED.lock();
+        if let Some(at) = shared.iter().position(|(k, _)| *k == key) {
+            let entry = shared.remove(at);
+            let queue = entry.1.clone();
+            shared.push(entry);
+            return Ok(queue);
+        }
+        let queue = Self::new(url, name, opts)?;
+        if shared.len() >= MAX_SHARED_QUEUES {
+            shared.remove(0);
+        }
+        shared.push((key, queue.clone()));
+        Ok(queue)
+    }
+
     /// A handle on queue `name` at `url`. Validates everything; connects on first use.
     pub fn new(url: &str, name: &str, opts: QueueOptions) -> Result<Self> {
         if opts.max_payload_bytes == 0 {

@@ -278,3 +278,43 @@ fn a_replacing_push_debounces_a_waiting_message_revives_a_dead_one_and_leaves_a_
     assert_eq!(server.dump_keys(), before);
     assert_no_leak(&server, "{dq:carts}");
 }
+
+#[test]
+fn a_shared_queue_keeps_its_connection_and_the_least_recently_used_goes_first() {
+    use delayq::{MAX_SHARED_QUEUES, Queue, QueueOptions};
+    let server = RedisServer::start();
+    let mut inspector = server.con();
+    let mut connections = || -> i64 {
+        let info: String = redis::cmd("INFO").arg("stats").query(&mut inspector).expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("total_connections_received")
+    };
+    let shared = |name: &str| Queue::shared(&server.url(), name, QueueOptions::default()).expect("queue");
+    let before = connections();
+    for i in 0..10 {
+        shared("kept").push(&i, Duration::ZERO).expect("push");
+    }
+    assert_eq!(connections() - before, 1, "ten handles, one connection");
+    let other = QueueOptions {
+        dead_max: 5,
+        ..QueueOptions::default()
+    };
+    Queue::shared(&server.url(), "kept", other)
+        .expect("queue")
+        .push(&10, Duration::ZERO)
+        .expect("push");
+    assert_eq!(connections() - before, 2, "other options, another queue");
+    assert_eq!(shared("kept").stats().expect("stats").ready, 11);
+
+    // Fill the cache with others; "kept" was asked for least recently and goes.
+    for i in 0..MAX_SHARED_QUEUES {
+        shared(&format!("other{i}")).ping().expect("ping");
+    }
+    let before = connections();
+    shared("other1").ping().expect("ping");
+    assert_eq!(connections() - before, 0, "still kept");
+    shared("kept").ping().expect("ping");
+    assert_eq!(connections() - before, 1, "dropped, so connected anew");
+}

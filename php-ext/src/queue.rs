@@ -22,9 +22,11 @@ pub struct PhpDelayQueue {
     pub(crate) queue: delayq::Queue,
 }
 
-fn queue_options(options: Option<&ZendHashTable>) -> PhpResult<delayq::QueueOptions> {
+/// The queue's options, and whether it is to be kept for the process (`persistent`).
+fn queue_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::QueueOptions, bool)> {
     let mut o = Options::new(options, "DelayQueue option");
     let mut opts = delayq::QueueOptions::default();
+    let persistent = o.bool("persistent")?.unwrap_or(false);
     if let Some(prefix) = o.string("prefix")? {
         opts.prefix = prefix;
     }
@@ -90,7 +92,7 @@ fn queue_options(options: Option<&ZendHashTable>) -> PhpResult<delayq::QueueOpti
         opts.dead_ttl = d;
     }
     o.finish()?;
-    Ok(opts)
+    Ok((opts, persistent))
 }
 
 fn push_options(options: Option<&ZendHashTable>, what: &'static str) -> PhpResult<delayq::PushOptions> {
@@ -145,17 +147,22 @@ impl PhpDelayQueue {
     /// @param array{prefix?: string, layout?: 'native'|'seed', zset_key?: string, payload_key?: string,
     ///   max_payload_bytes?: int, connect_timeout?: float, read_timeout?: float, retry_timeout?: float,
     ///   tls_ca_file?: string, partitions?: int, wait_replicas?: int, wait_timeout?: float, dead_max?: int,
-    ///   dead_ttl?: float} $options
+    ///   dead_ttl?: float, persistent?: bool} $options
     #[php(defaults(
         url = "\"redis://127.0.0.1:6379\"",
         queue = "\"default\"",
         options = "OptionsArg::EMPTY"
     ))]
     pub fn __construct(url: String, queue: String, options: OptionsArg<'_>) -> PhpResult<Self> {
-        let opts = queue_options(options.0)?;
+        let (opts, persistent) = queue_options(options.0)?;
         crate::logs::sync_level();
+        let queue = if persistent {
+            delayq::Queue::shared(&url, &queue, opts)
+        } else {
+            delayq::Queue::new(&url, &queue, opts)
+        };
         Ok(Self {
-            queue: delayq::Queue::new(&url, &queue, opts).or_throw()?,
+            queue: queue.or_throw()?,
         })
     }
 

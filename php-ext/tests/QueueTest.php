@@ -74,6 +74,46 @@ final class QueueTest extends TestCase
         $this->assertSame('ready', $this->q->get($this->q->pushAt('past', 1))['state']);
     }
 
+    public function testAPersistentQueueKeepsItsConnectionFromRequestToRequest(): void
+    {
+        $server = new RedisServer();
+        try {
+            $inspector = $server->redis();
+            $connections = fn (): int => (int) $inspector->info('stats')['total_connections_received'];
+            // What a PHP-FPM worker does: a new DelayQueue in every request, gone at its end.
+            $requests = function (array $options) use ($server): void {
+                for ($i = 0; $i < 20; $i++) {
+                    $q = new DelayQueue($server->url(), 'fpm', $options);
+                    $q->push(['request' => $i]);
+                    unset($q);
+                }
+            };
+            $before = $connections();
+            $requests([]);
+            $this->assertSame(20, $connections() - $before, 'one connection per request');
+
+            $before = $connections();
+            $requests(['persistent' => true]);
+            $this->assertSame(1, $connections() - $before, 'one connection for all requests');
+            $requests(['persistent' => true]);
+            $this->assertSame(1, $connections() - $before, 'still the same connection');
+
+            // Other options, another queue: kept apart.
+            $requests(['persistent' => true, 'read_timeout' => 3.0]);
+            $this->assertSame(2, $connections() - $before);
+            $this->assertSame(80, (new DelayQueue($server->url(), 'fpm'))->stats()['pushed']);
+        } finally {
+            $server->stop();
+        }
+    }
+
+    public function testPersistentMustBeABool(): void
+    {
+        $this->expectException(TypeError::class);
+        $this->expectExceptionMessage('persistent');
+        new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'orders', ['persistent' => 'yes']);
+    }
+
     public function testAnIdMakesPushIdempotent(): void
     {
         $first = $this->q->push(['v' => 1], 30, ['id' => 'order-42-close', 'max_attempts' => 3]);
