@@ -6,7 +6,9 @@ demotes it later): nothing may be written to it any more."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -17,8 +19,8 @@ import pytest
 
 import delayq
 from harness import RedisServer, free_port, wait_for
-from phpcli import php
-from test_cluster import php_worker_until, python_consume_300
+from phpcli import php, php_cmd
+from test_cluster import ROOT, php_worker_until, python_consume_300
 
 
 class SentinelSet:
@@ -94,3 +96,40 @@ def test_php_and_python_follow_a_sentinel_failover(sentinels: SentinelSet, tmp_p
         "written to the replaced master after the failover"
     stats = queue.stats()
     assert stats["acked"] == 400 and stats["ready"] + stats["scheduled"] + stats["inflight"] == 0
+
+
+def test_a_php_process_pool_rides_out_a_failover(sentinels: SentinelSet, tmp_path: Any) -> None:
+    """Forked PHP children each follow the sentinel's announcement: with `idle_check`
+    at 60 s, only a wake-up subscription that moved to the new master lets them see the
+    messages pushed after the failover before Sentinel demotes the old master."""
+    url, log = sentinels.url, str(tmp_path / "log")
+    script = os.path.join(ROOT, "php-ext", "tests", "worker_script.php")
+    options = json.dumps({"processes": 2, "idle_check": 60, "lease": 2, "_sleep_ms": 1})
+    worker = subprocess.Popen([*php_cmd(), script, url, "failover", log, options])
+
+    def handled() -> list[int]:
+        try:
+            with open(log) as f:
+                return [int(line.split()[0]) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    queue = delayq.DelayQueue(url, "failover")
+    try:
+        queue.push_many([{"payload": {"n": i}, "id": f"n{i}"} for i in range(200)])
+        wait_for(20, "PHP handled the first 200", lambda: len(set(handled())) >= 200)
+        sentinels.sentinel("SENTINEL", "FAILOVER", "mymaster")
+        wait_for(10, "the sentinel names the replica", lambda: sentinels.named_master() == sentinels.replica.port)
+        time.sleep(1.1)
+        queue.push_many([{"payload": {"n": i}, "id": f"n{i}"} for i in range(200, 400)])
+        wait_for(20, "PHP handled all 400", lambda: set(handled()) == set(range(400)))
+        assert sentinels.master.cli("ROLE").splitlines()[0] == "master", \
+            "the old master was demoted before the children ran what was pushed after the failover"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    assert not [i for i in range(200, 400) if sentinels.master.cli("HEXISTS", "{dq:failover}:messages", f"n{i}") == "1"]
+    rows = handled()
+    print(f"PHP processes pool through a sentinel failover: 400 messages, {len(rows) - 400} ran twice")
+    stats = queue.stats()
+    assert stats["ready"] + stats["scheduled"] + stats["inflight"] == 0

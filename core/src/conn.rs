@@ -610,6 +610,12 @@ impl ConnSlot {
     /// Drop a connection made before the endpoint's master changed, or, under Sentinel,
     /// one to a master that a sentinel no longer names.
     fn forget_old_master(&mut self, ep: &Endpoint) {
+        let epoch = ep.master_epoch();
+        if epoch != self.epoch {
+            self.conn = None;
+            self.epoch = epoch;
+            return;
+        }
         if let (Some(_), Some((master, confirmed))) = (&self.conn, &mut self.master)
             && confirmed.elapsed() >= SENTINEL_RECHECK
         {
@@ -621,13 +627,11 @@ impl ConnSlot {
                     "{}: a sentinel names {named} as the master now, not {master}",
                     ep.display
                 );
+                // The other connections of this process follow at their next use.
                 ep.master_switched();
+                self.conn = None;
+                self.epoch = ep.master_epoch();
             }
-        }
-        let epoch = ep.master_epoch();
-        if epoch != self.epoch {
-            self.conn = None;
-            self.epoch = epoch;
         }
     }
 
