@@ -5,10 +5,9 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{Sentinels, StopOnDrop, is_master, wait_for};
+use common::{Sentinels, StopOnDrop, consume_until, is_master, wait_for};
 use delayq::{ConnectOptions, Due, Error, PushOptions, Queue, QueueOptions, Worker, WorkerOptions};
 use parking_lot::Mutex;
 
@@ -44,27 +43,6 @@ fn worker(q: &Queue) -> Worker {
         },
     )
     .expect("worker")
-}
-
-/// Handle messages (payload = a number) until `done` says so; returns how often each
-/// number ran.
-fn consume_until(worker: &Worker, done: impl Fn(&HashMap<u64, u32>) -> bool + Sync) -> HashMap<u64, u32> {
-    let seen: Mutex<HashMap<u64, u32>> = Mutex::new(HashMap::new());
-    let stopper = worker.stopper();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let _stop = StopOnDrop(stopper.clone());
-            wait_for(Duration::from_secs(60), "every message handled", || done(&seen.lock()));
-            stopper.stop();
-        });
-        worker
-            .run(2, |d| {
-                *seen.lock().entry(d.payload().map_err(|e| e.to_string())?).or_default() += 1;
-                Ok(())
-            })
-            .expect("run");
-    });
-    seen.into_inner()
 }
 
 fn push_retrying(q: &Queue, i: u64) {
@@ -223,12 +201,10 @@ fn passwords_for_the_master_and_the_sentinels_go_where_they_belong() {
     assert!(!err.to_string().contains("sentinel-secret"), "{err}");
 }
 
-#[test]
-fn an_unknown_master_name_or_unreachable_sentinels_fail_with_a_clear_error() {
-    let set = Sentinels::start(1);
-    let url = set.url().replace("/mymaster", "/nosuchmaster");
-    let q = Queue::new(
-        &url,
+/// A queue that gives up reconnecting after 300 ms.
+fn impatient(url: &str) -> Queue {
+    Queue::new(
+        url,
         "x",
         QueueOptions {
             connect: ConnectOptions {
@@ -238,7 +214,14 @@ fn an_unknown_master_name_or_unreachable_sentinels_fail_with_a_clear_error() {
             ..Default::default()
         },
     )
-    .expect("parses");
+    .expect("parses")
+}
+
+#[test]
+fn an_unknown_master_name_or_unreachable_sentinels_fail_with_a_clear_error() {
+    let set = Sentinels::start(1);
+    let url = set.url().replace("/mymaster", "/nosuchmaster");
+    let q = impatient(&url);
     let err = q.ping().expect_err("no such master");
     assert!(err.is_connection(), "{err:?}");
     assert!(
@@ -247,18 +230,7 @@ fn an_unknown_master_name_or_unreachable_sentinels_fail_with_a_clear_error() {
     );
 
     let dead = format!("redis+sentinel://127.0.0.1:{}/mymaster", common::free_port());
-    let q = Queue::new(
-        &dead,
-        "x",
-        QueueOptions {
-            connect: ConnectOptions {
-                retry_timeout: Duration::from_millis(300),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    )
-    .expect("parses");
+    let q = impatient(&dead);
     let started = Instant::now();
     let err = q.ping().expect_err("no sentinel");
     assert!(err.is_connection(), "{err:?}");

@@ -579,3 +579,24 @@ pub fn is_master(server: &RedisServer) -> bool {
         .and_then(|r| r.first().cloned())
         .is_some_and(|v| matches!(v, redis::Value::BulkString(b) if b == b"master"))
 }
+
+/// Run `worker` with 2 handler threads on messages whose payload is a number, until
+/// `done` says so (90 s at most); returns how often each number ran.
+pub fn consume_until(worker: &delayq::Worker, done: impl Fn(&HashMap<u64, u32>) -> bool + Sync) -> HashMap<u64, u32> {
+    let seen: parking_lot::Mutex<HashMap<u64, u32>> = parking_lot::Mutex::new(HashMap::new());
+    let stopper = worker.stopper();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _stop = StopOnDrop(stopper.clone());
+            wait_for(Duration::from_secs(90), "every message handled", || done(&seen.lock()));
+            stopper.stop();
+        });
+        worker
+            .run(2, |d| {
+                *seen.lock().entry(d.payload().map_err(|e| e.to_string())?).or_default() += 1;
+                Ok(())
+            })
+            .expect("run");
+    });
+    seen.into_inner()
+}
