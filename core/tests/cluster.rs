@@ -9,8 +9,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Cluster, consume_until, wait_for};
-use delayq::{ConnectOptions, Due, NewMessage, PushOptions, Queue, QueueOptions, Worker, WorkerOptions};
+use common::{Cluster, consume_until, push_numbered_retrying, wait_for};
+use delayq::{ConnectOptions, NewMessage, Queue, QueueOptions, Worker, WorkerOptions};
 use parking_lot::Mutex;
 
 fn cluster_queue(cluster: &Cluster, name: &str, opts: QueueOptions) -> Queue {
@@ -168,20 +168,7 @@ fn push_through_failover(q: &Queue, total: u64, kill_after: u64, kill: impl FnOn
         {
             k();
         }
-        let opts = PushOptions {
-            id: Some(format!("m{i}")),
-            ..Default::default()
-        };
-        let give_up = Instant::now() + Duration::from_secs(60);
-        loop {
-            match q.push_json(&i.to_string(), Due::In(Duration::from_millis(i % 20)), &opts) {
-                Ok(_) => break,
-                Err(e) if e.is_retryable() && Instant::now() < give_up => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(e) => panic!("push {i}: {e}"),
-            }
-        }
+        push_numbered_retrying(q, i);
         acked.push(Instant::now());
     }
     acked

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Sentinels, StopOnDrop, consume_until, is_master, wait_for};
+use common::{Sentinels, StopOnDrop, consume_until, is_master, push_numbered_retrying, wait_for};
 use delayq::{ConnectOptions, Due, Error, PushOptions, Queue, QueueOptions, Worker, WorkerOptions};
 use parking_lot::Mutex;
 
@@ -45,21 +45,6 @@ fn worker(q: &Queue) -> Worker {
     .expect("worker")
 }
 
-fn push_retrying(q: &Queue, i: u64) {
-    let opts = PushOptions {
-        id: Some(format!("m{i}")),
-        ..Default::default()
-    };
-    let give_up = Instant::now() + Duration::from_secs(60);
-    loop {
-        match q.push_json(&i.to_string(), Due::In(Duration::from_millis(i % 20)), &opts) {
-            Ok(_) => return,
-            Err(e) if e.is_retryable() && Instant::now() < give_up => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => panic!("push {i}: {e}"),
-        }
-    }
-}
-
 #[test]
 fn a_crash_failover_loses_nothing_that_a_replica_confirmed() {
     let mut set = Sentinels::start(2);
@@ -83,7 +68,7 @@ fn a_crash_failover_loses_nothing_that_a_replica_confirmed() {
                     // confirmed again (WAIT 1).
                     set.master.restart();
                 }
-                push_retrying(&q, i);
+                push_numbered_retrying(&q, i);
             }
         });
         let seen = consume_until(&w, |seen| producer.is_finished() && seen.len() as u64 >= total);
@@ -139,7 +124,7 @@ fn producers_and_pools_leave_a_replaced_master_before_sentinel_demotes_it() {
             // A producer asks its sentinel at most once a second.
             std::thread::sleep(Duration::from_millis(1100));
             for i in 1..=100 {
-                push_retrying(&producer, i);
+                push_numbered_retrying(&producer, i);
             }
             wait_for(Duration::from_secs(10), "the pool ran them on the new master", || {
                 seen.lock().len() >= 101

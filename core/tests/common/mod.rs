@@ -600,3 +600,20 @@ pub fn consume_until(worker: &delayq::Worker, done: impl Fn(&HashMap<u64, u32>) 
     });
     seen.into_inner()
 }
+
+/// Push number `i` under id `m<i>`, due within 20 ms, retrying a retryable failure
+/// (a failover under way) with the same id for up to 60 s: a retry never doubles it.
+pub fn push_numbered_retrying(q: &Queue, i: u64) {
+    let opts = delayq::PushOptions {
+        id: Some(format!("m{i}")),
+        ..Default::default()
+    };
+    let give_up = Instant::now() + Duration::from_secs(60);
+    loop {
+        match q.push_json(&i.to_string(), delayq::Due::In(Duration::from_millis(i % 20)), &opts) {
+            Ok(_) => return,
+            Err(e) if e.is_retryable() && Instant::now() < give_up => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("push {i}: {e}"),
+        }
+    }
+}
