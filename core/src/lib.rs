@@ -46,4 +46,6 @@ pub use queue::{
 pub use repeat::{RepeatInfo, Schedule};
 pub use scripts::MAX_BATCH;
 pub use time::{Due, MAX_DELAY, delay_from_secs};
-pub use worker::{Consumer, Delivery, Fate, Received, Retry, Stopper, Summary, Worker, WorkerOptions};
+pub use worker::{
+    Consumer, Delivery, Fate, MAX_WORKER_QUEUES, Received, Retry, Stopper, Summary, Worker, WorkerOptions,
+};

@@ -8,15 +8,20 @@
 //! - one subscriber: listens for producers' wake-ups on the queue's channel;
 //! - one completer: writes acks, nacks and releases in batches;
 //! - one heartbeat: extends the leases of everything claimed and not yet completed.
+//!
+//! A worker with lower-priority queues runs one such pool per queue and hands the
+//! caller a delivery of a lower queue only when no higher one has a delivery waiting;
+//! a lower pool claims nothing while a higher one holds unstarted deliveries or is
+//! claiming (see `Pool::yields_to_higher`).
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TryRecvError};
 use parking_lot::{Condvar, Mutex};
 use redis::Value;
 use serde::de::DeserializeOwned;
@@ -167,6 +172,8 @@ pub struct Delivery {
     payload_json: String,
     token: String,
     part: usize,
+    /// Which of its worker's queues (0: the worker's own, then its lower queues).
+    member: usize,
     handed_out: Option<Instant>,
 }
 
@@ -233,6 +240,19 @@ struct Counters {
     lease_lost: AtomicU64,
     released: AtomicU64,
     unwritten: AtomicU64,
+}
+
+impl Summary {
+    fn absorb(&mut self, other: &Self) {
+        self.handled += other.handled;
+        self.acked += other.acked;
+        self.failed += other.failed;
+        self.retried += other.retried;
+        self.dead += other.dead;
+        self.lease_lost += other.lease_lost;
+        self.released += other.released;
+        self.unwritten += other.unwritten;
+    }
 }
 
 impl Counters {
@@ -361,6 +381,14 @@ impl Wake {
             drop(st);
             self.cv.notify_all();
         }
+    }
+
+    /// Whether some partition is known to have a message due (announced, or the last
+    /// claim filled its batch), or is to be looked at now.
+    fn due_now(&self) -> bool {
+        let st = self.state.lock();
+        let now = Instant::now();
+        (0..st.announced.len()).any(|part| st.due_at(part).is_some_and(|t| t <= now))
     }
 
     /// The first partition from `cursor` on that is due now, and the epoch this
@@ -496,37 +524,56 @@ impl Control {
     }
 }
 
+/// Whether the pools of one worker (its own queue's and its lower queues') are done.
+/// A queue found empty (`stop_when_empty`) ends only its own pool; any other stop (a
+/// call, a signal, a restart request) ends them all.
+fn group_stopped(controls: &[Arc<Control>]) -> bool {
+    let (mut all, mut ending) = (true, false);
+    for c in controls {
+        if c.stopped() {
+            ending |= !c.empty.load(Ordering::Acquire);
+        } else {
+            all = false;
+        }
+    }
+    if ending && !all {
+        controls.iter().for_each(|c| c.stop());
+        return true;
+    }
+    all
+}
+
 /// Stops a running (or about to run) pool from any thread or a signal handler's
 /// thread; the pool finishes the running handlers and returns the prefetched rest.
 #[derive(Clone)]
-pub struct Stopper(Arc<Control>);
+pub struct Stopper(Arc<[Arc<Control>]>);
 
 impl std::fmt::Debug for Stopper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Stopper").field(&self.0.stopped()).finish()
+        f.debug_tuple("Stopper").field(&self.is_stopped()).finish()
     }
 }
 
 impl Stopper {
     pub fn stop(&self) {
-        self.0.stop();
+        self.0.iter().for_each(|c| c.stop());
     }
 
     pub fn is_stopped(&self) -> bool {
-        self.0.stopped()
+        group_stopped(&self.0)
     }
 
     /// Whether the pool stopped because `Queue::restart_workers` asked every pool
     /// started before it to stop (the caller's process should exit and be started
-    /// anew by its process manager).
+    /// anew by its process manager); with lower queues, a request on any of them.
     pub fn restart_requested(&self) -> bool {
-        self.0.restart.load(Ordering::Acquire)
+        self.0.iter().any(|c| c.restart.load(Ordering::Acquire))
     }
 
     /// Whether the pool stopped because, with `stop_when_empty`, no message was due
-    /// and none ran.
+    /// and none ran (with lower queues: on every one of them).
     pub fn found_empty(&self) -> bool {
-        self.0.empty.load(Ordering::Acquire)
+        self.0.iter().all(|c| c.empty.load(Ordering::Acquire))
     }
 }
 
@@ -616,6 +663,16 @@ struct Pool {
     reserved: Mutex<usize>,
     /// Claims sent and not yet counted as outstanding (for `stop_when_empty`).
     claiming: AtomicUsize,
+    /// Its place among its worker's queues: 0 for the worker's own, then the lower
+    /// queues in priority order.
+    member: usize,
+    /// The pools of every queue of its worker, in priority order (itself included),
+    /// set before any thread starts.
+    group: OnceLock<Vec<Weak<Pool>>>,
+    /// Handlers of its deliveries past `timeout` at the last heartbeat.
+    overdue: AtomicUsize,
+    /// Its last claim failed (see `yields_to_higher`).
+    claims_failing: AtomicBool,
 }
 
 /// Idle handlers reserved for one claim under a rate limit, released once the claimed
@@ -654,6 +711,10 @@ const PREFETCH_WINDOW: Duration = Duration::from_millis(50);
 
 /// How often a `stop_when_empty` pool looks (locally) whether its last handler is done.
 const EMPTY_POLL: Duration = Duration::from_millis(20);
+
+/// How often a lower queue's pool looks (locally) whether the higher ones still have
+/// work, while they have.
+const YIELD_RECHECK: Duration = Duration::from_millis(5);
 
 /// claim.lua's `next_ms` when the queue is paused.
 const PAUSED: i64 = -2;
@@ -705,6 +766,42 @@ impl Pool {
                 );
                 false
             }
+        }
+    }
+
+    /// The pools of its worker's queues above this one in priority.
+    fn higher(&self) -> impl Iterator<Item = Arc<Pool>> + '_ {
+        self.group
+            .get()
+            .map_or(&[][..], |g| &g[..self.member.min(g.len())])
+            .iter()
+            .filter_map(Weak::upgrade)
+    }
+
+    /// A higher queue's pool has work for the handlers: deliveries the caller has not
+    /// taken yet, a claim under way, or messages known to be due. This pool's
+    /// deliveries would wait behind them, so it leaves its due messages to other
+    /// consumers for now. (Those it holds already wait at most its prefetch, about
+    /// 50 ms of its handler time.) A higher pool whose claims fail (its Redis is down)
+    /// holds nobody back.
+    fn yields_to_higher(&self) -> bool {
+        self.higher().any(|p| {
+            !p.control.stopped()
+                && !p.claims_failing.load(Ordering::Acquire)
+                && (!p.buffered.is_empty() || p.claiming.load(Ordering::Acquire) > 0 || p.control.wake.due_now())
+        })
+    }
+
+    /// Handlers past `timeout`, over every queue of its worker (they share the
+    /// handlers).
+    fn overdue_handlers(&self) -> usize {
+        match self.group.get() {
+            Some(group) => group
+                .iter()
+                .filter_map(Weak::upgrade)
+                .map(|p| p.overdue.load(Ordering::Acquire))
+                .sum(),
+            None => self.overdue.load(Ordering::Acquire),
         }
     }
 
@@ -806,16 +903,23 @@ pub struct Worker {
     /// (PHP makes the worker before forking its processes, so a process forked later
     /// by an old supervisor is old too; the monotonic clock is shared across fork.)
     created: Instant,
+    /// Queues consumed only when the ones before them have nothing for the handlers,
+    /// in priority order; each runs its own pool (never nested further).
+    lower: Vec<Worker>,
 }
 
 impl std::fmt::Debug for Worker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Worker")
             .field("queue", &self.queue)
+            .field("lower_queues", &self.lower.iter().map(|w| &w.queue).collect::<Vec<_>>())
             .field("opts", &self.opts)
             .finish()
     }
 }
+
+/// Most queues one worker consumes (its own and its lower queues).
+pub const MAX_WORKER_QUEUES: usize = 16;
 
 impl Worker {
     /// A pool for `queue`. Validates the options; starts no thread.
@@ -837,25 +941,67 @@ impl Worker {
                 },
             }),
             running: Arc::new(AtomicBool::new(false)),
+            lower: Vec::new(),
         })
+    }
+
+    /// A pool for `queue` first and, in this order, the `lower` queues: a handler gets
+    /// a message of a lower queue only when no queue before it has one due (Laravel's
+    /// `--queue=high,default`, strict priority). Every queue keeps its own leases,
+    /// retries, pause, rate limit and registration; the options apply to each.
+    pub fn with_lower_queues(queue: Queue, lower: Vec<Queue>, opts: WorkerOptions) -> Result<Self> {
+        if lower.len() >= MAX_WORKER_QUEUES {
+            return Err(Error::invalid(
+                "lower_queues",
+                format!(
+                    "a worker consumes at most {MAX_WORKER_QUEUES} queues, got {}",
+                    lower.len() + 1
+                ),
+            ));
+        }
+        let same = |a: &Queue, b: &Queue| a.url() == b.url() && a.inner.parts[0].all[0] == b.inner.parts[0].all[0];
+        for (i, q) in lower.iter().enumerate() {
+            if same(q, &queue) || lower[..i].iter().any(|earlier| same(q, earlier)) {
+                return Err(Error::invalid(
+                    "lower_queues",
+                    format!("queue {:?} on {} is listed twice", q.name(), q.url()),
+                ));
+            }
+        }
+        let mut worker = Self::new(queue, opts)?;
+        worker.lower = lower
+            .into_iter()
+            .map(|q| Self::new(q, worker.opts.clone()))
+            .collect::<Result<_>>()?;
+        Ok(worker)
     }
 
     pub fn options(&self) -> &WorkerOptions {
         &self.opts
     }
 
+    /// Its own queue (the first in priority).
     pub fn queue(&self) -> &Queue {
         &self.queue
     }
 
+    /// Every queue it consumes, highest priority first.
+    pub fn queues(&self) -> impl Iterator<Item = &Queue> {
+        self.members().map(|w| &w.queue)
+    }
+
+    fn members(&self) -> impl Iterator<Item = &Worker> {
+        std::iter::once(self).chain(&self.lower)
+    }
+
     /// A handle that stops this worker's current or next run.
     pub fn stopper(&self) -> Stopper {
-        Stopper(Arc::clone(&self.control))
+        Stopper(self.members().map(|w| Arc::clone(&w.control)).collect())
     }
 
     /// Ask the pool to stop; `run` / `finish` return once everything is written.
     pub fn stop(&self) {
-        self.control.stop();
+        self.members().for_each(|w| w.control.stop());
     }
 
     /// Whether a pool of this worker is running now (threads exist).
@@ -878,6 +1024,41 @@ impl Worker {
         if self.running.swap(true, Ordering::AcqRel) {
             return Err(Error::State("this worker is already running".into()));
         }
+        let prepared: Vec<_> = self
+            .members()
+            .enumerate()
+            .map(|(member, w)| w.prepare(handlers, member))
+            .collect();
+        let group: Vec<Weak<Pool>> = prepared.iter().map(|(pool, _, _)| Arc::downgrade(pool)).collect();
+        for (pool, _, _) in &prepared {
+            let _ = pool.group.set(group.clone());
+        }
+        let mut consumers = Vec::with_capacity(prepared.len());
+        for (w, (pool, tx, rx)) in self.members().zip(prepared) {
+            match w.spawn_pool(pool, tx, rx) {
+                Ok(c) => consumers.push(c),
+                Err(e) => {
+                    consumers.iter().for_each(|c: &Consumer| c.pool.control.stop());
+                    for c in consumers {
+                        let _ = c.finish();
+                    }
+                    self.running.store(false, Ordering::Release);
+                    return Err(e);
+                }
+            }
+        }
+        let mut members = consumers.into_iter();
+        let mut top = members
+            .next()
+            .ok_or_else(|| Error::State("a worker without a queue".into()))?;
+        top.lower = members.collect();
+        Ok(top)
+    }
+
+    /// The pool of this worker's own queue, the `member`-th of its group; no thread
+    /// yet.
+    fn prepare(&self, handlers: usize, member: usize) -> (Arc<Pool>, Sender<Delivery>, Receiver<Delivery>) {
+        self.running.store(true, Ordering::Release);
         *self.control.slots.free.lock() = self.opts.prefetch_limit();
         // Look at every partition at once, whatever an earlier run left behind.
         self.control.wake.kick();
@@ -902,7 +1083,21 @@ impl Worker {
             started_server_ms: std::sync::OnceLock::new(),
             reserved: Mutex::new(0),
             claiming: AtomicUsize::new(0),
+            member,
+            group: OnceLock::new(),
+            overdue: AtomicUsize::new(0),
+            claims_failing: AtomicBool::new(false),
         });
+        (pool, deliver_tx, deliver_rx)
+    }
+
+    /// Start the threads of a prepared pool.
+    fn spawn_pool(
+        &self,
+        pool: Arc<Pool>,
+        deliver_tx: Sender<Delivery>,
+        deliver_rx: Receiver<Delivery>,
+    ) -> Result<Consumer> {
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded();
         let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
         let mut fetchers = Vec::new();
@@ -948,6 +1143,7 @@ impl Worker {
             done: Some(done_tx),
             running: Arc::clone(&self.running),
             finished: false,
+            lower: Vec::new(),
         };
         drop(deliver_tx);
         match result {
@@ -1012,12 +1208,17 @@ pub struct Consumer {
     done: Option<Sender<()>>,
     running: Arc<AtomicBool>,
     finished: bool,
+    /// The pools of the worker's lower queues, in priority order.
+    lower: Vec<Consumer>,
 }
 
 impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
-            .field("queue", &self.pool.queue_name)
+            .field(
+                "queues",
+                &self.members().map(|m| &*m.pool.queue_name).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -1025,25 +1226,16 @@ impl std::fmt::Debug for Consumer {
 impl Consumer {
     /// The next delivery, waiting at most `timeout`. Returns `Stopped` once a stop was
     /// asked for, even if prefetched deliveries remain (`finish` gives them back).
+    /// With lower queues: the waiting delivery of the highest queue that has one.
     pub fn recv_timeout(&self, timeout: Duration) -> Received {
+        if !self.lower.is_empty() {
+            return self.recv_by_priority(timeout);
+        }
         if self.pool.control.stopped() {
             return Received::Stopped;
         }
         match self.deliveries.recv_timeout(timeout) {
-            Ok(mut d) => {
-                if self.pool.control.stopped() {
-                    // Not started: give it back at once rather than after its lease.
-                    self.send(Outcome::release(d));
-                    return Received::Stopped;
-                }
-                if let Some(o) = self.pool.outstanding.lock().get_mut(&d.token) {
-                    o.started = Some(Instant::now());
-                }
-                Counters::add(&self.pool.counters.handled, 1);
-                self.pool.record_start(&d);
-                d.handed_out = Some(Instant::now());
-                Received::Message(d)
-            }
+            Ok(d) => self.accept(d),
             Err(RecvTimeoutError::Timeout) => {
                 if self.pool.control.stopped() {
                     Received::Stopped
@@ -1055,10 +1247,74 @@ impl Consumer {
         }
     }
 
+    fn recv_by_priority(&self, timeout: Duration) -> Received {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if group_stopped(&self.controls()) {
+                return Received::Stopped;
+            }
+            let mut select = Select::new();
+            for m in self.members() {
+                if m.pool.control.stopped() {
+                    continue;
+                }
+                match m.deliveries.try_recv() {
+                    Ok(d) => match m.accept(d) {
+                        Received::Message(d) => return Received::Message(d),
+                        // Stopped meanwhile: its delivery went back; look further.
+                        _ => continue,
+                    },
+                    Err(TryRecvError::Empty) => {
+                        select.recv(&m.deliveries);
+                    }
+                    Err(TryRecvError::Disconnected) => m.pool.control.stop(),
+                }
+            }
+            // Whichever arrives first, the next turn takes the highest waiting one.
+            if select.ready_deadline(deadline).is_err() {
+                return if group_stopped(&self.controls()) {
+                    Received::Stopped
+                } else {
+                    Received::Idle
+                };
+            }
+        }
+    }
+
+    /// Hand `d`, just taken from this pool's buffer, to the caller.
+    fn accept(&self, mut d: Delivery) -> Received {
+        if self.pool.control.stopped() {
+            // Not started: give it back at once rather than after its lease.
+            self.send(Outcome::release(d));
+            return Received::Stopped;
+        }
+        if let Some(o) = self.pool.outstanding.lock().get_mut(&d.token) {
+            o.started = Some(Instant::now());
+        }
+        Counters::add(&self.pool.counters.handled, 1);
+        self.pool.record_start(&d);
+        d.handed_out = Some(Instant::now());
+        Received::Message(d)
+    }
+
+    fn members(&self) -> impl Iterator<Item = &Consumer> {
+        std::iter::once(self).chain(&self.lower)
+    }
+
+    fn controls(&self) -> Vec<Arc<Control>> {
+        self.members().map(|m| Arc::clone(&m.pool.control)).collect()
+    }
+
+    /// The pool that handed out `d`.
+    fn owner(&self, d: &Delivery) -> &Consumer {
+        self.members().nth(d.member).unwrap_or(self)
+    }
+
     /// The handler succeeded: delete the message (written in the background, batched).
     pub fn ack(&self, d: Delivery) {
-        self.pool.record_handler_time(&d);
-        self.send(Outcome::Ack {
+        let owner = self.owner(&d);
+        owner.pool.record_handler_time(&d);
+        owner.send(Outcome::Ack {
             part: d.part,
             id: d.id,
             token: d.token,
@@ -1076,14 +1332,15 @@ impl Consumer {
     /// (the order no longer exists: straight to the dead-letter set). Either way it
     /// counts as an attempt, and a retry past `max_attempts` goes to the dead letters.
     pub fn fail_with(&self, d: Delivery, error: &str, retry: Retry) -> Fate {
-        self.pool.record_handler_time(&d);
-        Counters::add(&self.pool.counters.failed, 1);
+        let owner = self.owner(&d);
+        owner.pool.record_handler_time(&d);
+        Counters::add(&owner.pool.counters.failed, 1);
         let delay = match retry {
             Retry::Never => None,
             _ if d.attempt >= d.max_attempts => None,
             Retry::After(delay) => Some(delay.min(MAX_DELAY)),
             Retry::Backoff => {
-                let o = &self.pool.opts;
+                let o = &owner.pool.opts;
                 Some(retry_delay(d.attempt, o.backoff_base, o.backoff_max))
             }
         };
@@ -1097,7 +1354,7 @@ impl Consumer {
             Some(after) => Fate::Retry(after),
             None => Fate::Dead(error.clone()),
         };
-        self.send(Outcome::Nack {
+        owner.send(Outcome::Nack {
             part: d.part,
             id: d.id,
             token: d.token,
@@ -1110,7 +1367,7 @@ impl Consumer {
 
     /// Give a delivery back unstarted: due again at once, the attempt not counted.
     pub fn release(&self, d: Delivery) {
-        self.send(Outcome::release(d));
+        self.owner(&d).send(Outcome::release(d));
     }
 
     fn send(&self, outcome: Outcome) {
@@ -1122,19 +1379,23 @@ impl Consumer {
 
     /// A handle to stop this pool from another thread.
     pub fn stopper(&self) -> Stopper {
-        Stopper(Arc::clone(&self.pool.control))
+        Stopper(self.controls().into())
     }
 
     /// Ask the pool to stop (same as `Stopper::stop`).
     pub fn stop(&self) {
-        self.pool.control.stop();
+        self.members().for_each(|m| m.pool.control.stop());
     }
 
     /// Stop, give back prefetched deliveries, write every pending completion, join
-    /// the threads, and return the counts.
+    /// the threads, and return the counts (summed over the worker's queues).
     pub fn finish(mut self) -> Summary {
         self.shutdown();
-        self.pool.counters.summary()
+        let mut summary = self.pool.counters.summary();
+        for m in &self.lower {
+            summary.absorb(&m.pool.counters.summary());
+        }
+        summary
     }
 
     fn shutdown(&mut self) {
@@ -1142,7 +1403,11 @@ impl Consumer {
             return;
         }
         self.finished = true;
-        self.pool.control.stop();
+        // Every queue's pool winds down at once, then each is joined.
+        self.stop();
+        for m in &mut self.lower {
+            m.shutdown();
+        }
         for t in self.fetchers.drain(..) {
             let _ = t.join();
         }
@@ -1343,6 +1608,11 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
                 continue;
             }
         };
+        if pool.yields_to_higher() {
+            // Local only: look again shortly, or at an announcement or a stop.
+            wake.wait(Some(now + YIELD_RECHECK), wake.epoch(), &control.stop);
+            continue;
+        }
         cursor = (part + 1) % parts;
         let limited = pool.is_rate_limited();
         let reservation = limited.then(|| pool.reserve_idle_handlers(share));
@@ -1364,6 +1634,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             Ok(c) => c,
             Err(e) => {
                 control.slots.release(room);
+                pool.claims_failing.store(true, Ordering::Release);
                 log::warn!(
                     "delayq[{}]: claim failed: {e}; retrying in {error_pause:?}",
                     pool.queue_name
@@ -1375,6 +1646,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             }
         };
         error_pause = Duration::from_millis(50);
+        pool.claims_failing.store(false, Ordering::Release);
         // Halfway through the round trip is the best local estimate of the server's
         // reading of TIME.
         wake.set_clock(started + started.elapsed() / 2, claimed.server_now_ms);
@@ -1514,6 +1786,7 @@ fn hand_out(
                     payload_json: d.payload_json,
                     token,
                     part,
+                    member: pool.member,
                     handed_out: None,
                 });
             }
@@ -1936,7 +2209,8 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
             .values()
             .filter(|o| matches!((pool.opts.timeout, o.started), (Some(t), Some(s)) if now.duration_since(s) > t))
             .count();
-        let stalled = overdue_count >= pool.handlers;
+        pool.overdue.store(overdue_count, Ordering::Release);
+        let stalled = pool.overdue_handlers() >= pool.handlers;
         if stalled {
             pool.stalled.store(true, Ordering::Release);
             give_back_buffered(pool, &mut slot);
