@@ -297,7 +297,8 @@ final class DelayQueueWorker
      * @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
      *   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
      *   idle_check?: float, stop_when_empty?: bool, max_jobs?: int, max_memory_mb?: int,
-     *   on_start?: callable, on_stop?: callable, on_dead?: callable} $options
+     *   on_start?: callable, on_stop?: callable, on_dead?: callable,
+     *   lower_queues?: list<DelayQueue>} $options
      *   processes > 1 (or a timeout) forks handler processes and supervises them;
      *   on_start runs once in each worker process, after the fork; on_stop runs in each
      *   worker process after its pool stopped and wrote every acknowledgement;
@@ -306,7 +307,11 @@ final class DelayQueueWorker
      *   on_dead(mixed $payload, DelayQueueMessage $message, string $error) runs in the
      *   worker process after a failure sent the message to the dead-letter set (its
      *   attempts used up, or deadLetter()): a death handler for alerts; what it throws
-     *   is logged through error_log() and the pool goes on
+     *   is logged through error_log() and the pool goes on;
+     *   lower_queues are consumed too, in that order, each only when $queue and the
+     *   queues before it have nothing due (strict priority, as Laravel's
+     *   --queue=high,default); each keeps its own retries, dead letters, pause and
+     *   rate limit, and DelayQueueMessage::$queue names a message's queue
      */
     public function __construct(DelayQueue $queue, array $options = []) {}
 

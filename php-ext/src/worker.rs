@@ -213,7 +213,6 @@ impl PhpWorker {
         let consumer = BailoutGuard::new(self.worker.start().or_throw()?);
         let stopper = consumer.stopper();
         let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
-        let queue_name = self.worker.queue().name().to_owned();
         let mut jobs: u64 = 0;
         let mut ended = None;
         loop {
@@ -248,13 +247,15 @@ impl PhpWorker {
                     continue;
                 }
             };
+            // With lower queues, each delivery names its own.
+            let queue_name = Arc::clone(&delivery.queue);
             let decision = Decision::default();
             let message = PhpMessage {
                 id: delivery.id.clone(),
                 attempt: i64::from(delivery.attempt),
                 max_attempts: i64::from(delivery.max_attempts),
                 due_at: convert::ms_to_secs(delivery.due_at_ms),
-                queue: queue_name.clone(),
+                queue: queue_name.to_string(),
                 partition: delivery.partition() as i64,
                 decision: Rc::clone(&decision),
             };
@@ -392,7 +393,35 @@ pub(crate) fn summary_array(s: &RunSummary, extra: Vec<(&str, Zval)>) -> PhpResu
 
 type Hooks = (Option<Zval>, Option<Zval>, Option<Zval>);
 
-fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerOptions, Limits, Hooks)> {
+/// The option `lower_queues`: a list of `DelayQueue` objects.
+fn lower_queues(value: Option<&Zval>) -> PhpResult<Vec<delayq::Queue>> {
+    const WHAT: &str = "DelayQueueWorker option 'lower_queues'";
+    let Some(value) = value else { return Ok(Vec::new()) };
+    let list = value.dereference().array().ok_or_else(|| {
+        errors::type_error(format!(
+            "{WHAT} must be an array of DelayQueue, {} given",
+            convert::type_name(value)
+        ))
+    })?;
+    list.iter()
+        .enumerate()
+        .map(|(i, (_, item))| {
+            item.dereference()
+                .extract::<&PhpDelayQueue>()
+                .map(|q| q.queue.clone())
+                .ok_or_else(|| {
+                    errors::type_error(format!(
+                        "{WHAT} must hold DelayQueue objects, item {i} is {}",
+                        convert::type_name(item)
+                    ))
+                })
+        })
+        .collect()
+}
+
+type Parsed = (delayq::WorkerOptions, Vec<delayq::Queue>, Limits, Hooks);
+
+fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
     let mut o = Options::new(options, "DelayQueueWorker option");
     let mut w = delayq::WorkerOptions::default();
     if let Some(n) = o.int("threads", 1, 64)? {
@@ -435,6 +464,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerO
     let on_start = hook("on_start")?;
     let on_stop = hook("on_stop")?;
     let on_dead = hook("on_dead")?;
+    let lower = lower_queues(o.get("lower_queues"))?;
     o.finish()?;
     let limits = Limits {
         processes,
@@ -442,7 +472,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::WorkerO
         max_memory_bytes,
         timeout: w.timeout,
     };
-    Ok((w, limits, (on_start, on_stop, on_dead)))
+    Ok((w, lower, limits, (on_start, on_stop, on_dead)))
 }
 
 #[php_impl]
@@ -450,12 +480,12 @@ impl PhpWorker {
     /// @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
     ///   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
     ///   idle_check?: float, stop_when_empty?: bool, max_jobs?: int, max_memory_mb?: int,
-    ///   on_start?: callable, on_stop?: callable, on_dead?: callable} $options
+    ///   on_start?: callable, on_stop?: callable, on_dead?: callable, lower_queues?: list<DelayQueue>} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn __construct(queue: &PhpDelayQueue, options: OptionsArg<'_>) -> PhpResult<Self> {
-        let (opts, limits, (on_start, on_stop, on_dead)) = worker_options(options.0)?;
+        let (opts, lower, limits, (on_start, on_stop, on_dead)) = worker_options(options.0)?;
         Ok(Self {
-            worker: delayq::Worker::new(queue.queue.clone(), opts).or_throw()?,
+            worker: delayq::Worker::with_lower_queues(queue.queue.clone(), lower, opts).or_throw()?,
             limits,
             on_start,
             on_stop,

@@ -288,6 +288,76 @@ final class WorkerTest extends TestCase
         $this->assertTrue($this->drained());
     }
 
+    public function testLowerQueuesRunOnlyWhenTheHigherOnesHaveNothingDue(): void
+    {
+        $url = $GLOBALS['DELAYQ_REDIS']->url();
+        $bulk = new DelayQueue($url, 'bulk');
+        $reports = new DelayQueue($url, 'reports');
+        // The lower queues' messages are older: priority, not due time, decides.
+        $reports->pushMany(array_map(fn ($n) => ['payload' => $n], range(0, 99)));
+        $bulk->pushMany(array_map(fn ($n) => ['payload' => $n], range(0, 99)));
+        $this->q->pushMany(array_map(fn ($n) => ['payload' => $n], range(0, 99)));
+        $order = [];
+        $w = new DelayQueueWorker($this->q, ['lower_queues' => [$bulk, $reports], 'stop_when_empty' => true]);
+        $summary = $w->run(function ($n, DelayQueueMessage $m) use (&$order) {
+            $order[] = [$m->queue, $n];
+            usleep(100);
+        });
+        $this->assertSame(['empty', 300, 300], [$summary['stopped_by'], $summary['handled'], $summary['acked']]);
+        $queues = array_column($order, 0);
+        $lastOf = fn (string $q) => max(array_keys($queues, $q, true));
+        $before = fn (string $q, int $end) => count(array_keys(array_slice($queues, 0, $end), $q, true));
+        // Only what a lower pool claimed in the first instant may run ahead.
+        $this->assertLessThanOrEqual(2, $before('bulk', $lastOf('jobs')) + $before('reports', $lastOf('jobs')));
+        $this->assertLessThanOrEqual(2, $before('reports', $lastOf('bulk')));
+        foreach (['jobs' => $this->q, 'bulk' => $bulk, 'reports' => $reports] as $name => $queue) {
+            $got = array_column(array_filter($order, fn ($e) => $e[0] === $name), 1);
+            sort($got);
+            $this->assertSame(range(0, 99), $got, "$name: each message once");
+            $this->assertSame(100, $queue->stats()['acked'], "$name: acknowledged in its own queue");
+        }
+    }
+
+    public function testASupervisedPoolConsumesItsLowerQueuesInEveryProcess(): void
+    {
+        $this->fill(20);
+        $low = new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'low');
+        $low->pushMany(array_map(fn ($n) => ['payload' => ['n' => $n]], range(0, 19)));
+        $proc = $this->startWorker(['processes' => 2, 'stop_when_empty' => true, '_lower' => ['low']]);
+        $this->assertSame(0, $this->waitForExit($proc, 'the supervisor returned by itself'));
+        $this->assertSame(['empty', 40], [$this->summary()['stopped_by'], $this->summary()['acked']]);
+        $lines = file($this->log, FILE_IGNORE_NEW_LINES | FILE_SKIP_EMPTY_LINES);
+        $byQueue = [];
+        foreach ($lines as $line) {
+            [$n, , , , $queue] = explode(' ', $line);
+            $byQueue[$queue][] = (int) $n;
+        }
+        foreach (['jobs', 'low'] as $queue) {
+            sort($byQueue[$queue]);
+            $this->assertSame(range(0, 19), $byQueue[$queue], "$queue: each message once");
+        }
+        $this->assertSame(0, $low->stats()['ready']);
+    }
+
+    public function testBadLowerQueuesAreRefusedNamingTheOption(): void
+    {
+        $url = $GLOBALS['DELAYQ_REDIS']->url();
+        foreach (['bulk', ['bulk'], [new stdClass()]] as $bad) {
+            try {
+                new DelayQueueWorker($this->q, ['lower_queues' => $bad]);
+                $this->fail('accepted ' . json_encode($bad));
+            } catch (TypeError $e) {
+                $this->assertStringContainsString("'lower_queues'", $e->getMessage());
+            }
+        }
+        try {
+            new DelayQueueWorker($this->q, ['lower_queues' => [new DelayQueue($url, 'jobs')]]);
+            $this->fail('accepted the same queue twice');
+        } catch (DelayQueueInvalidArgumentException $e) {
+            $this->assertStringContainsString('listed twice', $e->getMessage());
+        }
+    }
+
     public function testMaxMemoryEndsTheRun(): void
     {
         $this->fill(50);

@@ -1,16 +1,18 @@
 <?php
 // A worker run as a child process by WorkerTest:
 //   php worker_script.php URL QUEUE LOG OPTIONS_JSON
-// Appends "<n> <attempt> <pid> <partition>\n" to LOG for every handled message. A payload with
-// "hang" sleeps forever on its first attempt; one with "exit" calls exit(3).
-// OPTIONS_JSON holds worker options, and "_queue" the queue's own options.
+// Appends "<n> <attempt> <pid> <partition> <queue>\n" to LOG for every handled message. A
+// payload with "hang" sleeps forever on its first attempt; one with "exit" calls exit(3).
+// OPTIONS_JSON holds worker options, "_queue" the queue's own options and "_lower" the
+// names of lower-priority queues on the same Redis.
 declare(strict_types=1);
 
 [, $url, $queue, $log, $options] = $argv;
 $options = json_decode($options, true, 512, JSON_THROW_ON_ERROR);
 $sleepMs = $options['_sleep_ms'] ?? 1;
 $queueOptions = $options['_queue'] ?? [];
-unset($options['_sleep_ms'], $options['_queue']);
+$options['lower_queues'] = array_map(fn ($name) => new DelayQueue($url, $name, $queueOptions), $options['_lower'] ?? []);
+unset($options['_sleep_ms'], $options['_queue'], $options['_lower']);
 $options['on_start'] = function () use ($log) {
     file_put_contents("$log.starts", getmypid() . "\n", FILE_APPEND);
 };
@@ -26,6 +28,6 @@ $summary = $worker->run(function ($payload, DelayQueueMessage $m) use ($log, $sl
         exit(3);
     }
     usleep($sleepMs * 1000);
-    file_put_contents($log, "{$payload['n']} {$m->attempt} " . getmypid() . " {$m->partition}\n", FILE_APPEND);
+    file_put_contents($log, "{$payload['n']} {$m->attempt} " . getmypid() . " {$m->partition} {$m->queue}\n", FILE_APPEND);
 });
 file_put_contents("$log.summary", json_encode($summary));

@@ -18,7 +18,7 @@ import inspect
 import logging
 import signal
 import threading
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Callable, Optional, Union
 
@@ -83,6 +83,10 @@ class Worker:
     handler runs on the calling thread (the GIL is released while waiting). A coroutine
     function handler runs on an asyncio loop, ``concurrency`` at a time. With
     ``stop_when_empty``, ``run`` returns once no message is due and none runs.
+
+    ``lower_queues`` are consumed too, in that order, each only when the queues before
+    it have nothing due (strict priority, as Laravel's ``--queue=high,default``);
+    ``message.queue`` names the queue a message came from.
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class Worker:
         stop_when_empty: bool = False,
         concurrency: int = 10,
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
+        lower_queues: Sequence[DelayQueue] = (),
     ) -> None:
         if concurrency < 1:
             raise InvalidArgumentError(f"invalid concurrency: must be at least 1, got {concurrency}")
@@ -116,6 +121,7 @@ class Worker:
             timeout=timeout,
             idle_check=idle_check,
             stop_when_empty=stop_when_empty,
+            lower_queues=list(lower_queues),
         )
         self._concurrency = concurrency
         self._on_dead = on_dead

@@ -1,6 +1,6 @@
 """delayq: a reliable delay queue on Redis (Rust core, shared with the PHP extension)."""
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from types import TracebackType
 from typing import Any, Callable, Optional, Union
 
@@ -51,7 +51,9 @@ class Worker:
     and for tests of handlers. ``on_dead(payload, message, error)`` runs on the handler's
     thread (or loop) after a failure sent the message to the dead-letter set (its
     attempts used up, or ``message.dead_letter()``): a death handler for alerts; what it
-    raises is logged and the pool goes on.
+    raises is logged and the pool goes on. ``lower_queues`` are consumed too, in that
+    order, each only when the queues before it have nothing due (strict priority, as
+    Laravel's ``--queue=high,default``); ``message.queue`` names a message's queue.
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class Worker:
         stop_when_empty: bool = False,
         concurrency: int = 10,
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
+        lower_queues: Sequence[DelayQueue] = (),
     ) -> None: ...
     def run(self, handler: Handler) -> dict[str, Any]:
         """Consume until ``stop()``, SIGTERM or SIGINT (which stop it gracefully) or

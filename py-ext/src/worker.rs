@@ -195,7 +195,7 @@ impl PyWorker {
 impl PyWorker {
     #[new]
     #[pyo3(signature = (queue, *, threads, batch, prefetch, lease, max_attempts, backoff_base, backoff_max,
-        timeout, idle_check, stop_when_empty))]
+        timeout, idle_check, stop_when_empty, lower_queues))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -210,6 +210,7 @@ impl PyWorker {
         timeout: Option<f64>,
         idle_check: f64,
         stop_when_empty: bool,
+        lower_queues: Vec<PyRef<'_, PyQueue>>,
     ) -> PyResult<Self> {
         let secs = |name: &str, v: f64| delayq::delay_from_secs(name, v).or_raise(py);
         let opts = delayq::WorkerOptions {
@@ -225,7 +226,12 @@ impl PyWorker {
             stop_when_empty,
         };
         Ok(Self {
-            worker: delayq::Worker::new(queue.queue.clone(), opts).or_raise(py)?,
+            worker: delayq::Worker::with_lower_queues(
+                queue.queue.clone(),
+                lower_queues.iter().map(|q| q.queue.clone()).collect(),
+                opts,
+            )
+            .or_raise(py)?,
             stopped_by: std::sync::Mutex::new(None),
         })
     }

@@ -516,3 +516,54 @@ def test_on_dead_alerts_for_each_message_sent_to_the_dead_letters(
     queue.push({"kind": "fine"})
     delayq.Worker(queue, max_attempts=1, stop_when_empty=True, on_dead=on_dead_async).run(handle_async)
     assert deaths == [("broken", 1, "ValueError: cannot handle broken")]
+
+
+def test_lower_queues_run_only_when_the_higher_ones_have_nothing_due(queue: delayq.DelayQueue, redis_url: str) -> None:
+    bulk, reports = delayq.DelayQueue(redis_url, "bulk"), delayq.DelayQueue(redis_url, "reports")
+    # The lower queues' messages are older: priority, not due time, decides.
+    for q in (reports, bulk, queue):
+        q.push_many([{"payload": n} for n in range(100)])
+    order: list[tuple[str, int]] = []
+
+    def handle(n: int, msg: delayq.Message) -> None:
+        order.append((msg.queue, n))
+        time.sleep(0.0001)
+
+    summary = delayq.Worker(queue, lower_queues=[bulk, reports], stop_when_empty=True).run(handle)
+    assert (summary["stopped_by"], summary["handled"], summary["acked"]) == ("empty", 300, 300)
+    names = [name for name, _ in order]
+
+    def last(name: str) -> int:
+        return len(names) - 1 - names[::-1].index(name)
+
+    # Only what a lower pool claimed in the first instant may run ahead.
+    assert names[: last("jobs")].count("bulk") + names[: last("jobs")].count("reports") <= 2
+    assert names[: last("bulk")].count("reports") <= 2
+    for name, q in (("jobs", queue), ("bulk", bulk), ("reports", reports)):
+        assert sorted(n for q_name, n in order if q_name == name) == list(range(100)), f"{name}: each once"
+        assert q.stats()["acked"] == 100, f"{name}: acknowledged in its own queue"
+
+
+def test_an_async_worker_takes_the_higher_queue_first_too(queue: delayq.DelayQueue, redis_url: str) -> None:
+    low = delayq.DelayQueue(redis_url, "low")
+    low.push_many([{"payload": n} for n in range(50)])
+    queue.push_many([{"payload": n} for n in range(50)])
+    order: list[str] = []
+
+    async def handle(n: int, msg: delayq.Message) -> None:
+        order.append(msg.queue)
+        await asyncio.sleep(0.001)
+
+    summary = delayq.Worker(queue, lower_queues=(low,), stop_when_empty=True, concurrency=4).run(handle)
+    assert summary["acked"] == 100 and sorted(order) == ["jobs"] * 50 + ["low"] * 50
+    # With 4 handlers at once, up to one claim per idle handler may slip in early.
+    assert order[: len(order) - order[::-1].index("jobs")].count("low") <= 8
+
+
+def test_bad_lower_queues_are_refused_naming_the_problem(queue: delayq.DelayQueue, redis_url: str) -> None:
+    with pytest.raises(TypeError):
+        delayq.Worker(queue, lower_queues=["bulk"])  # type: ignore[list-item]
+    with pytest.raises(delayq.InvalidArgumentError, match="lower_queues.*listed twice"):
+        delayq.Worker(queue, lower_queues=[delayq.DelayQueue(redis_url, "jobs")])
+    with pytest.raises(delayq.InvalidArgumentError, match="at most 16 queues"):
+        delayq.Worker(queue, lower_queues=[delayq.DelayQueue(redis_url, f"q{i}") for i in range(16)])
