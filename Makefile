@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost bench-rate-limit bench-rss bench-php-requests lint fmt clippy doc
+.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost bench-rate-limit bench-priority bench-rss bench-php-requests lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ bench-redis-cost: ## Redis time per drained message: delayq's scripts against th
 
 bench-rate-limit: ## How closely 4 pools follow a rate limit, and what holding them back costs Redis
 	python3 bench/rate_limit.py
+
+bench-priority: ## How long an urgent message waits behind 30k bulk ones: one queue, or two in priority order
+	python3 bench/priority.py
 
 bench-rss: ## Worker memory over a 10M-message PHP drain: a leak or a warm-up?
 	python3 bench/rss_curve.py

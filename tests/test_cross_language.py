@@ -192,3 +192,41 @@ def test_a_repeat_defined_from_php_runs_in_a_python_worker(queue: delayq.DelayQu
     first = round(due * 1000)
     assert seen == [(f"repeat:tick:{first}", {"n": "日本"}), (f"repeat:tick:{first + 1000}", {"n": "日本"})]
     assert php("var_export((new DelayQueue($argv[1], 'jobs'))->unrepeat('tick'));", redis_url) == "true"
+
+
+def test_priority_queues_filled_from_the_other_language(queue: delayq.DelayQueue, redis_url: str) -> None:
+    """PHP fills a queue and its lower-priority queue for a Python worker; Python fills
+    them for a PHP worker. Both run every message of the higher queue first."""
+    low = delayq.DelayQueue(redis_url, "jobs-low")
+    php(
+        """
+        foreach (['jobs-low', 'jobs'] as $name) {
+            (new DelayQueue($argv[1], $name))->pushMany(array_map(fn ($n) => ['payload' => $n], range(0, 49)));
+        }
+        """,
+        redis_url,
+    )
+    order: list[str] = []
+    summary = delayq.Worker(queue, lower_queues=[low], stop_when_empty=True).run(
+        lambda n, msg: order.append(msg.queue)
+    )
+    assert summary["acked"] == 100 and sorted(order) == ["jobs"] * 50 + ["jobs-low"] * 50
+    assert order[: len(order) - order[::-1].index("jobs")].count("jobs-low") <= 2
+
+    low.push_many([{"payload": n} for n in range(50)])
+    queue.push_many([{"payload": n} for n in range(50)])
+    out = php(
+        """
+        $q = new DelayQueue($argv[1], 'jobs');
+        $w = new DelayQueueWorker($q, ['lower_queues' => [new DelayQueue($argv[1], 'jobs-low')],
+            'stop_when_empty' => true]);
+        $order = [];
+        $summary = $w->run(function ($n, DelayQueueMessage $m) use (&$order) { $order[] = $m->queue; });
+        echo json_encode([$summary['acked'], $order]);
+        """,
+        redis_url,
+    )
+    acked, php_order = json.loads(out)
+    assert acked == 100 and sorted(php_order) == ["jobs"] * 50 + ["jobs-low"] * 50
+    assert php_order[: len(php_order) - php_order[::-1].index("jobs")].count("jobs-low") <= 2
+    assert drained(queue) and drained(low)
