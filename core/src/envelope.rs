@@ -57,11 +57,16 @@ fn nesting_depth(json: &str) -> usize {
 }
 
 /// `created_ms` is the producer's clock (informational; due times use Redis's).
+/// With `expire_after_ms` the envelope ends with
+/// `,"expire_after_ms":<n>,"expires_ms":0}`: the scripts that set a due time replace
+/// the deadline with due + n on the server's clock (lib.lua's `with_deadline`), which
+/// finds it by reading the envelope's last bytes only.
 pub(crate) fn encode(
     layout: &Layout,
     id: &str,
     payload_json: &str,
     max_attempts: Option<u32>,
+    expire_after_ms: Option<u64>,
     created_ms: i64,
 ) -> String {
     match layout {
@@ -69,12 +74,17 @@ pub(crate) fn encode(
         Layout::Seed { .. } => payload_json.to_owned(),
         Layout::Native => {
             let id = serde_json::Value::String(id.to_owned());
-            match max_attempts {
-                Some(n) => format!(
-                    r#"{{"v":1,"id":{id},"created_ms":{created_ms},"max_attempts":{n},"payload":{payload_json}}}"#
-                ),
-                None => format!(r#"{{"v":1,"id":{id},"created_ms":{created_ms},"payload":{payload_json}}}"#),
+            let mut out = format!(r#"{{"v":1,"id":{id},"created_ms":{created_ms}"#);
+            if let Some(n) = max_attempts {
+                out.push_str(&format!(r#","max_attempts":{n}"#));
             }
+            out.push_str(r#","payload":"#);
+            out.push_str(payload_json);
+            if let Some(ms) = expire_after_ms {
+                out.push_str(&format!(r#","expire_after_ms":{ms},"expires_ms":0"#));
+            }
+            out.push('}');
+            out
         }
     }
 }
@@ -87,6 +97,10 @@ struct Stored<'a> {
     max_attempts: Option<u32>,
     #[serde(default)]
     created_ms: Option<i64>,
+    #[serde(default)]
+    expire_after_ms: Option<u64>,
+    #[serde(default)]
+    expires_ms: Option<i64>,
 }
 
 /// A decoded envelope: the payload's JSON text and the per-message attempt limit.
@@ -95,6 +109,8 @@ pub(crate) struct Decoded {
     pub(crate) payload_json: String,
     pub(crate) max_attempts: Option<u32>,
     pub(crate) created_ms: Option<i64>,
+    /// (expire_after, deadline on the server's clock): not to be started after it.
+    pub(crate) expiry: Option<(u64, i64)>,
 }
 
 pub(crate) fn decode(layout: &Layout, stored: &str) -> Result<Decoded, String> {
@@ -104,6 +120,7 @@ pub(crate) fn decode(layout: &Layout, stored: &str) -> Result<Decoded, String> {
                 payload_json: raw.get().to_owned(),
                 max_attempts: None,
                 created_ms: None,
+                expiry: None,
             }),
             Err(e) => Err(format!("payload is not valid JSON: {e}")),
         },
@@ -117,6 +134,7 @@ pub(crate) fn decode(layout: &Layout, stored: &str) -> Result<Decoded, String> {
                 payload_json: s.payload.get().to_owned(),
                 max_attempts: s.max_attempts,
                 created_ms: s.created_ms,
+                expiry: s.expire_after_ms.zip(s.expires_ms),
             }),
             Err(e) => Err(format!("envelope is not a valid delayq envelope: {e}")),
         },
@@ -130,16 +148,36 @@ mod tests {
     #[test]
     fn payload_bytes_round_trip_exactly() {
         let payload = r#"{"z":1,"a":[9007199254740993,-1.5e300],"ü":"日本\n"}"#;
-        let stored = encode(&Layout::Native, "id\"1", payload, Some(3), 1_700_000_000_123);
+        let stored = encode(&Layout::Native, "id\"1", payload, Some(3), None, 1_700_000_000_123);
         let back = decode(&Layout::Native, &stored).expect("decodes");
         assert_eq!(back.payload_json, payload);
         assert_eq!(back.max_attempts, Some(3));
         assert_eq!(back.created_ms, Some(1_700_000_000_123));
+        assert_eq!(back.expiry, None);
+    }
+
+    #[test]
+    fn the_expiry_is_the_envelope_tail() {
+        // A payload that ends like the tail must not be taken for it.
+        let payload = r#"{"expire_after_ms":1,"expires_ms":2}"#;
+        let stored = encode(&Layout::Native, "x", payload, None, Some(60_000), 5);
+        assert!(
+            stored.ends_with(r#"2},"expire_after_ms":60000,"expires_ms":0}"#),
+            "{stored}"
+        );
+        let back = decode(&Layout::Native, &stored).expect("decodes");
+        assert_eq!((back.payload_json.as_str(), back.expiry), (payload, Some((60_000, 0))));
+        assert_eq!(
+            decode(&Layout::Native, &encode(&Layout::Native, "x", payload, None, None, 5))
+                .expect("decodes")
+                .expiry,
+            None
+        );
     }
 
     #[test]
     fn seed_layout_stores_the_bare_payload() {
-        let stored = encode(&Layout::seed(), "x", "[1,2]", Some(3), 1);
+        let stored = encode(&Layout::seed(), "x", "[1,2]", Some(3), Some(5), 1);
         assert_eq!(stored, "[1,2]");
         assert_eq!(decode(&Layout::seed(), "[1,2]").expect("ok").max_attempts, None);
     }

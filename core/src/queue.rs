@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::keys::{Keys, Layout, MAX_PARTITIONS, partition_of, partition_tags, validate_name};
 use crate::repeat::{self, RepeatInfo, Schedule};
 use crate::scripts::{self, MAX_BATCH};
-use crate::time::Due;
+use crate::time::{Due, MAX_DELAY};
 
 /// Settings of one queue. The defaults are the same in every binding, so PHP and
 /// Python address the same keys given the same URL, queue name and prefix.
@@ -79,6 +79,13 @@ pub struct PushOptions {
     /// being kept: "close the cart 30 minutes after its last change". One that is
     /// running is left alone.
     pub replace: bool,
+    /// Not to be started later than this after its due time (Celery's `expires`,
+    /// Sidekiq's `expires_in`): a reminder two hours late helps nobody. A message
+    /// still waiting then goes to the dead-letter set, unrun, with the reason as its
+    /// error. The deadline counts from the due time of the push (or of `reschedule`);
+    /// retries do not move it, and `requeue_dead` gives a fresh one. Native layout
+    /// only.
+    pub expire_after: Option<Duration>,
 }
 
 /// One message of a `push_many` batch.
@@ -146,6 +153,8 @@ pub struct MessageInfo {
     /// it (Unix ms, Redis clock). A deadline in the past means its worker died or hung,
     /// and the next claim gives the message to another delivery.
     pub lease_until_ms: Option<i64>,
+    /// With `PushOptions::expire_after`: the latest it may start (Unix ms, Redis clock).
+    pub expires_at_ms: Option<i64>,
 }
 
 /// Which messages `Queue::list` shows.
@@ -406,6 +415,24 @@ fn validate_max_attempts(n: Option<u32>) -> Result<()> {
         Some(0) => Err(Error::invalid("max_attempts", "must be at least 1")),
         _ => Ok(()),
     }
+}
+
+/// `expire_after` in ms, once checked.
+fn expire_after_ms(layout: &Layout, expire_after: Option<Duration>) -> Result<Option<u64>> {
+    let Some(d) = expire_after else { return Ok(None) };
+    if matches!(layout, Layout::Seed { .. }) {
+        return Err(Error::invalid(
+            "expire_after",
+            "needs the native layout: the seed layout stores the bare payload, with no room for a deadline",
+        ));
+    }
+    if d < Duration::from_millis(1) || d > MAX_DELAY {
+        return Err(Error::invalid(
+            "expire_after",
+            format!("must be between 0.001 s and {} s, got {d:?}", MAX_DELAY.as_secs()),
+        ));
+    }
+    Ok(Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
 }
 
 fn ids_reply(v: Value) -> RedisResult<Vec<Value>> {
@@ -688,6 +715,7 @@ impl Queue {
             };
             envelope::validate_payload(&m.payload_json, inner.opts.max_payload_bytes).map_err(at)?;
             validate_max_attempts(m.options.max_attempts).map_err(at)?;
+            let expire_after = expire_after_ms(&inner.opts.layout, m.options.expire_after).map_err(at)?;
             m.due.validate().map_err(at)?;
             if let Some(key) = &m.options.partition_key {
                 validate_key("partition_key", key).map_err(at)?;
@@ -712,6 +740,7 @@ impl Queue {
                 &id,
                 &m.payload_json,
                 m.options.max_attempts,
+                expire_after,
                 created_ms,
             ));
             ids.push(id);
@@ -737,10 +766,14 @@ impl Queue {
             inv.arg(if fresh { "new" } else { "check" });
             for &i in members {
                 let (kind, ms) = batch[i].due.script_args();
-                let kind = match (kind, batch[i].options.replace) {
-                    ("d", true) => "D",
-                    ("a", true) => "A",
-                    (kind, _) => kind,
+                let kind = match (kind, batch[i].options.replace, batch[i].options.expire_after.is_some()) {
+                    ("d", true, false) => "D",
+                    ("a", true, false) => "A",
+                    ("d", true, true) => "De",
+                    ("a", true, true) => "Ae",
+                    ("d", false, true) => "de",
+                    ("a", false, true) => "ae",
+                    (kind, ..) => kind,
                 };
                 inv.arg(&ids[i]).arg(kind).arg(ms).arg(&envelopes[i]);
             }
@@ -914,10 +947,11 @@ impl Queue {
             _ => State::Dead,
         };
         let stored = text(stored).unwrap_or_default();
-        let (payload_json, max_attempts, created_at_ms) = match envelope::decode(&self.inner.opts.layout, &stored) {
-            Ok(d) => (d.payload_json, d.max_attempts, d.created_ms),
-            Err(_) => (stored, None, None),
-        };
+        let (payload_json, max_attempts, created_at_ms, expiry) =
+            match envelope::decode(&self.inner.opts.layout, &stored) {
+                Ok(d) => (d.payload_json, d.max_attempts, d.created_ms, d.expiry),
+                Err(_) => (stored, None, None, None),
+            };
         let known = |v: &Value| Some(int(v)).filter(|&ms| ms >= 0);
         MessageInfo {
             id,
@@ -930,6 +964,7 @@ impl Queue {
             dead_at_ms: known(dead),
             created_at_ms,
             lease_until_ms: known(lease_until),
+            expires_at_ms: expiry.map(|(_, deadline)| deadline),
         }
     }
 
@@ -1129,6 +1164,7 @@ impl Queue {
             &repeat::occurrence_id(name, first),
             payload_json,
             max_attempts,
+            None,
             now,
         );
         let v = self.call(
@@ -1217,6 +1253,7 @@ impl Queue {
             &repeat::occurrence_id(name, due),
             &payload_json,
             max_attempts,
+            None,
             now,
         );
         let v = self.call(part, "repeat_next", Replay::Safe, &scripts::REPEAT_NEXT, |inv| {

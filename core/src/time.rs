@@ -105,6 +105,17 @@ pub(crate) fn ceil_ms(d: Duration) -> u128 {
     d.as_nanos().div_ceil(1_000_000)
 }
 
+/// A span for people: "850 ms", "12.5 s", "4 min 10 s", "2 h 5 min".
+pub(crate) fn human_ms(ms: i64) -> String {
+    let ms = ms.max(0);
+    match ms {
+        0..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{} min {} s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{} h {} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
 pub(crate) fn now_unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -115,6 +126,15 @@ pub(crate) fn now_unix_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_read_as_people_say_them() {
+        let shown: Vec<String> = [-5, 850, 12_500, 250_000, 7_500_000]
+            .into_iter()
+            .map(human_ms)
+            .collect();
+        assert_eq!(shown, ["0 ms", "850 ms", "12.5 s", "4 min 10 s", "2 h 5 min"]);
+    }
 
     #[test]
     fn bad_delays_are_named() {

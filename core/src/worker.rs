@@ -1678,7 +1678,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             .iter()
             .filter_map(|(id, ..)| repeat::occurrence_of(id).map(|(name, due)| (name.to_owned(), due)))
             .collect();
-        hand_out(pool, part, claimed.items, deliveries, outcomes);
+        hand_out(pool, part, claimed.server_now_ms, claimed.items, deliveries, outcomes);
         wake.end_claim(part, got == room, if paused { -1 } else { claimed.next_ms });
         // After the hand-out, so that handlers need not wait for it.
         push_next_occurrences(pool, part, &occurrences, &claimed.broken_repeats);
@@ -1728,14 +1728,18 @@ fn push_next_occurrences(
 }
 
 /// Pass claimed messages to the handlers; bury the unreadable and the over-tried.
+/// Messages past their `expire_after` deadline (at `server_now_ms`, the claim's reading
+/// of the Redis clock) are buried unrun.
 fn hand_out(
     pool: &Pool,
     part: usize,
+    server_now_ms: i64,
     items: Vec<(String, String, i64, u32, String)>,
     deliveries: &Sender<Delivery>,
     outcomes: &Sender<Outcome>,
 ) {
     let layout = &pool.queue.options().layout;
+    let mut expired = 0;
     // Straight to the dead letters, without counting as a failed handler call.
     let bury = |id, token, error| {
         let _ = outcomes.send(Outcome::Nack {
@@ -1776,6 +1780,19 @@ fn hand_out(
                     format!("gave up after {max_attempts} attempts: the lease of the last one expired"),
                 );
             }
+            Ok(d) if d.expiry.is_some_and(|(_, deadline)| server_now_ms > deadline) => {
+                let (after_ms, deadline) = d.expiry.unwrap_or_default();
+                expired += 1;
+                bury(
+                    id,
+                    token,
+                    format!(
+                        "expired: not started within {} of its due time (expire_after); the deadline passed {} ago",
+                        crate::time::human_ms(i64::try_from(after_ms).unwrap_or(i64::MAX)),
+                        crate::time::human_ms(server_now_ms - deadline)
+                    ),
+                );
+            }
             Ok(d) => {
                 let _ = deliveries.send(Delivery {
                     id,
@@ -1791,6 +1808,14 @@ fn hand_out(
                 });
             }
         }
+    }
+    if expired > 0 {
+        // One line per claim: after an outage, thousands may expire at once.
+        log::warn!(
+            "delayq[{}]: {expired} message(s) passed their expire_after deadline before they could start; \
+             moved to the dead-letter set unrun",
+            pool.queue_name
+        );
     }
 }
 

@@ -80,6 +80,24 @@ local function due_bound(ms)
   return ms * SEQ_SPAN + SEQ_SPAN - 1
 end
 
+-- An expiring message's envelope ends with ,"expire_after_ms":<n>,"expires_ms":<ms>}
+-- (envelope.rs writes it last); a new due time sets the deadline to due + n. Only the
+-- last bytes are searched, so the payload's size costs nothing, and a payload cannot
+-- end the envelope this way (it is followed by the closing brace). Other envelopes,
+-- and the seed layout's bare payloads, come back as they are.
+local EXPIRY_TAIL = ',"expire_after_ms":(%d+),"expires_ms":%-?%d+}$'
+local function with_deadline(envelope, due_ms)
+  if SEED then
+    return envelope
+  end
+  local start, _, after = string.find(envelope, EXPIRY_TAIL, math.max(1, #envelope - 80))
+  if not start then
+    return envelope
+  end
+  return string.sub(envelope, 1, start - 1) .. ',"expire_after_ms":' .. after .. ',"expires_ms":'
+    .. fmt(due_ms + tonumber(after)) .. '}'
+end
+
 local function head_score()
   local head = redis.call('ZRANGE', K_SCHED, 0, 0, 'WITHSCORES')
   if head[2] then

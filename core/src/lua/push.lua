@@ -7,7 +7,8 @@
 -- ARGV[4..] groups of 4: id, kind ("d" = delay in ms from the server clock,
 --   "a" = absolute Unix time in ms; "D" and "A" the same, replacing a message of that
 --   id that waits or is dead: new envelope and due time, attempts and last error
---   reset; one that runs is left as it is), ms, envelope.
+--   reset; one that runs is left as it is; "de", "ae", "De", "Ae": the same for an
+--   envelope with an expiry, whose deadline counts from the due time), ms, envelope.
 -- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
 --   (the others existed already and were left).
 local now = now_ms()
@@ -41,10 +42,18 @@ for i = 1, count do
   local base = FIRST + (i - 1) * 4
   local id = ARGV[base]
   local kind = ARGV[base + 1]
+  local envelope = ARGV[base + 3]
+  local expiring = #kind == 2
+  if expiring then
+    kind = string.sub(kind, 1, 1)
+  end
   local replace = kind == 'D' or kind == 'A'
   local due = tonumber(ARGV[base + 2])
   if kind == 'd' or kind == 'D' then
     due = now + due
+  end
+  if expiring then
+    envelope = with_deadline(envelope, due)
   end
   local score = score_of(due, seq - count + i)
   local earlier = seen[id]
@@ -52,7 +61,7 @@ for i = 1, count do
     -- The same id earlier in this batch: a replacing push takes its place.
     if replace then
       adds[earlier] = score
-      envelopes[earlier + 1] = ARGV[base + 3]
+      envelopes[earlier + 1] = envelope
       if score < lowest then
         lowest = score
       end
@@ -68,7 +77,7 @@ for i = 1, count do
     adds[n_adds + 1] = score
     adds[n_adds + 2] = id
     envelopes[n_adds + 1] = id
-    envelopes[n_adds + 2] = ARGV[base + 3]
+    envelopes[n_adds + 2] = envelope
     if check then
       seen[id] = n_adds + 1
     end

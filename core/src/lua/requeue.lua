@@ -1,5 +1,6 @@
 -- requeue.lua: send dead letters back to the queue, due now, with a fresh attempt
--- budget (the last error stays visible until the next attempt ends).
+-- budget (the last error stays visible until the next attempt ends) and, for an
+-- expiring message, a fresh deadline (it may have died of the old one).
 -- KEYS: see lib.lua.
 -- ARGV[3] id, or "" for the oldest ARGV[4] dead letters.
 -- Returns the number requeued; the caller repeats "" calls until fewer than ARGV[4].
@@ -14,6 +15,21 @@ local adds = {}
 for i, id in ipairs(ids) do
   adds[#adds + 1] = score_of(now, seq - #ids + i)
   adds[#adds + 1] = id
+end
+if not SEED then
+  local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
+  local renewed = {}
+  for i, id in ipairs(ids) do
+    local envelope = envelopes[i]
+    local fresh = envelope and with_deadline(envelope, now)
+    if fresh and fresh ~= envelope then
+      renewed[#renewed + 1] = id
+      renewed[#renewed + 1] = fresh
+    end
+  end
+  if #renewed > 0 then
+    redis.call('HSET', K_MSG, unpack(renewed))
+  end
 end
 redis.call('ZREM', K_DEAD, unpack(ids))
 redis.call('HDEL', K_ATT, unpack(ids))

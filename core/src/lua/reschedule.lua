@@ -1,4 +1,5 @@
--- reschedule.lua: move a waiting message to a new due time.
+-- reschedule.lua: move a waiting message to a new due time (an expiring message's
+-- deadline moves with it).
 -- KEYS: see lib.lua.
 -- ARGV[3] id   ARGV[4] kind ("d" delay from the server clock, "a" absolute)   ARGV[5] ms
 -- Returns the new due time in ms, or -1 when the message is not waiting.
@@ -13,5 +14,12 @@ if kind == 'd' then
 end
 local score = score_of(due, next_seq())
 redis.call('ZADD', K_SCHED, score, id)
+if not SEED then
+  local envelope = redis.call('HGET', K_MSG, id)
+  local moved = envelope and with_deadline(envelope, due)
+  if moved and moved ~= envelope then
+    redis.call('HSET', K_MSG, id, moved)
+  end
+end
 wake_if_new_head(old_head)
 return due_of(score)
