@@ -39,13 +39,17 @@ final class DelayQueue
      * Schedules $payload (array, scalar, null or JsonSerializable) after $delay seconds,
      * measured on the Redis server's clock. One round trip.
      *
-     * @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool} $options
+     * @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool,
+     *   expire_after?: float} $options
      *   'id' makes the push idempotent: a message of that id is kept as it is, or, with
      *   'replace' => true, replaced (payload and due time, attempts and last error reset)
      *   while it waits or is dead; a running one is left alone ('replace' debounces:
      *   "close the cart 30 minutes after its last change"); on a partitioned queue,
      *   messages with the same 'partition_key' share a partition (claimed in due-time
-     *   order), otherwise the id picks one
+     *   order), otherwise the id picks one; with 'expire_after' (seconds) a message that
+     *   cannot start that long after its due time goes to the dead-letter set unrun, its
+     *   error saying so (retries keep the deadline, reschedule() moves it, requeueDead()
+     *   renews it; not in the seed layout)
      * @return string the message id
      * @throws DelayQueuePayloadException when the payload cannot become JSON or is too large
      * @throws DelayQueueInvalidArgumentException on a negative, NAN or INF delay or a bad option
@@ -58,7 +62,8 @@ final class DelayQueue
      * Schedules $payload at $at.
      *
      * @param float|int|\DateTimeInterface $at Unix time in seconds, or a date
-     * @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool} $options
+     * @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool,
+     *   expire_after?: float} $options as for push()
      * @return string the message id
      */
     public function pushAt(mixed $payload, mixed $at, array $options = []): string {}
@@ -68,7 +73,7 @@ final class DelayQueue
      * is valid.
      *
      * @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
-     *   partition_key?: string, replace?: bool}> $items
+     *   partition_key?: string, replace?: bool, expire_after?: float}> $items
      * @return list<string> the ids, in order
      */
     public function pushMany(array $items): array {}
@@ -89,11 +94,12 @@ final class DelayQueue
 
     /**
      * `attempts` counts deliveries so far, the running one included; `lease_until` is set
-     * while the message runs: when its lease ends unless the worker's heartbeat extends it.
+     * while the message runs: when its lease ends unless the worker's heartbeat extends it;
+     * `expires_at`, for a message pushed with 'expire_after': the latest it may start.
      *
      * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead', payload: mixed,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
-     *   created_at: ?float, lease_until: ?float}|null  null for an unknown id
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float}|null  null for an unknown id
      */
     public function get(string $id): ?array {}
 
@@ -105,7 +111,7 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'scheduled'|'ready', payload: mixed, due_at: float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, dead_at: null, created_at: ?float,
-     *   lease_until: null}>
+     *   lease_until: null, expires_at: ?float}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function waiting(int $limit = 100): array {}
@@ -118,7 +124,7 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'inflight', payload: mixed, due_at: ?float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, dead_at: null, created_at: ?float,
-     *   lease_until: float}>
+     *   lease_until: float, expires_at: ?float}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function inflight(int $limit = 100): array {}

@@ -97,16 +97,19 @@ fn queue_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::QueueOpt
 
 fn push_options(options: Option<&ZendHashTable>, what: &'static str) -> PhpResult<delayq::PushOptions> {
     let mut o = Options::new(options, what);
-    let id = o.string("id")?;
-    let max_attempts = o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32);
-    let partition_key = o.string("partition_key")?;
-    let replace = o.bool("replace")?.unwrap_or(false);
+    let opts = read_push_options(&mut o)?;
     o.finish()?;
+    Ok(opts)
+}
+
+/// The per-message options of push(), pushAt() and a pushMany() item.
+fn read_push_options(o: &mut Options<'_>) -> PhpResult<delayq::PushOptions> {
     Ok(delayq::PushOptions {
-        id,
-        max_attempts,
-        partition_key,
-        replace,
+        id: o.string("id")?,
+        max_attempts: o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32),
+        partition_key: o.string("partition_key")?,
+        replace: o.bool("replace")?.unwrap_or(false),
+        expire_after: o.duration("expire_after")?,
     })
 }
 
@@ -169,7 +172,7 @@ impl PhpDelayQueue {
     /// Schedule `$payload` (array, scalar, null or JsonSerializable) after `$delay`
     /// seconds, measured on the Redis server's clock. Returns the message id.
     ///
-    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool} $options
+    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool, expire_after?: float} $options
     #[php(defaults(delay = 0.0, options = "OptionsArg::EMPTY"))]
     pub fn push(&self, payload: &Zval, delay: Seconds, options: OptionsArg<'_>) -> PhpResult<String> {
         let due = delayq::delay_from_secs("delay", delay.0)
@@ -182,7 +185,7 @@ impl PhpDelayQueue {
 
     /// Schedule `$payload` at `$at`: Unix seconds (float) or a DateTimeInterface.
     ///
-    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool} $options
+    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool, expire_after?: float} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn push_at(&self, payload: &Zval, at: &Zval, options: OptionsArg<'_>) -> PhpResult<String> {
         let due = absolute(at)?;
@@ -193,11 +196,11 @@ impl PhpDelayQueue {
 
     /// Schedule many messages in one round trip. Each item is
     /// `['payload' => …, 'delay' => seconds]` or `['payload' => …, 'at' => time]`, with
-    /// optional `'id'`, `'max_attempts'` and `'partition_key'`. Returns the ids in order. Nothing is
+    /// optional `'id'`, `'max_attempts'`, `'partition_key'`, `'replace'` and `'expire_after'`. Returns the ids in order. Nothing is
     /// written unless every item is valid.
     ///
     /// @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
-    ///   partition_key?: string, replace?: bool}> $items
+    ///   partition_key?: string, replace?: bool, expire_after?: float}> $items
     /// @return list<string>
     pub fn push_many(&self, items: &ZendHashTable) -> PhpResult<Vec<String>> {
         let mut batch = Vec::with_capacity(items.len());
@@ -212,10 +215,7 @@ impl PhpDelayQueue {
             let payload = o.get("payload");
             let delay_v = o.get("delay");
             let at_v = o.get("at");
-            let id = o.string("id")?;
-            let max_attempts = o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32);
-            let partition_key = o.string("partition_key")?;
-            let replace = o.bool("replace")?.unwrap_or(false);
+            let options = read_push_options(&mut o)?;
             o.finish()?;
             if table.get("payload").is_none() {
                 return Err(errors::invalid(format!("pushMany item {i} has no 'payload'")));
@@ -233,12 +233,7 @@ impl PhpDelayQueue {
             batch.push(delayq::NewMessage {
                 payload_json,
                 due,
-                options: delayq::PushOptions {
-                    id,
-                    max_attempts,
-                    partition_key,
-                    replace,
-                },
+                options,
             });
         }
         self.queue.push_many(&batch).or_throw()
@@ -263,7 +258,7 @@ impl PhpDelayQueue {
     ///
     /// @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead', payload: mixed,
     ///   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
-    ///   created_at: ?float, lease_until: ?float}|null
+    ///   created_at: ?float, lease_until: ?float, expires_at: ?float}|null
     pub fn get(&self, id: String) -> PhpResult<Option<ZBox<ZendHashTable>>> {
         match self.queue.get(&id).or_throw()? {
             Some(info) => Ok(Some(message_info(info)?)),
@@ -557,5 +552,6 @@ fn message_info(info: MessageInfo) -> PhpResult<ZBox<ZendHashTable>> {
         ("dead_at", zv(info.dead_at_ms.map(ms_to_secs))),
         ("created_at", zv(info.created_at_ms.map(ms_to_secs))),
         ("lease_until", zv(info.lease_until_ms.map(ms_to_secs))),
+        ("expires_at", zv(info.expires_at_ms.map(ms_to_secs))),
     ])
 }

@@ -358,6 +358,59 @@ final class WorkerTest extends TestCase
         }
     }
 
+    public function testAMessagePastItsExpireAfterIsDeadLetteredUnrun(): void
+    {
+        $stale = $this->q->push('stale', 0, ['expire_after' => 0.2]);
+        $this->q->pushMany([['payload' => 'fresh', 'expire_after' => 60], ['payload' => 'plain']]);
+        $info = $this->q->get($stale);
+        $this->assertEqualsWithDelta(0.2, $info['expires_at'] - $info['due_at'], 0.0005);
+        usleep(400000);   // no worker runs for a while
+        $got = [];
+        $w = new DelayQueueWorker($this->q, ['stop_when_empty' => true]);
+        $summary = $w->run(function ($payload) use (&$got) {
+            $got[] = $payload;
+        });
+        sort($got);
+        $this->assertSame(['fresh', 'plain'], $got);
+        $this->assertSame(2, $summary['handled']);
+        $dead = $this->q->deadLetters();
+        $this->assertSame([$stale], array_column($dead, 'id'));
+        $this->assertStringStartsWith('expired: not started within 200 ms of its due time', $dead[0]['last_error']);
+        // Sent back, it has a fresh deadline and runs.
+        $this->assertSame(1, $this->q->requeueDead($stale));
+        $got = [];
+        $w->run(function ($payload) use (&$got) {
+            $got[] = $payload;
+        });
+        $this->assertSame(['stale'], $got);
+        $this->assertTrue($this->drained());
+    }
+
+    public function testABadExpireAfterIsRefusedAndWritesNothing(): void
+    {
+        foreach ([0, -1, 0.0001] as $bad) {
+            try {
+                $this->q->push('x', 0, ['expire_after' => $bad]);
+                $this->fail("accepted expire_after $bad");
+            } catch (DelayQueueInvalidArgumentException $e) {
+                $this->assertStringContainsString('expire_after', $e->getMessage());
+            }
+        }
+        try {
+            $this->q->push('x', 0, ['expire_after' => 'soon']);
+            $this->fail('accepted a string');
+        } catch (TypeError $e) {
+            $this->assertStringContainsString("'expire_after'", $e->getMessage());
+        }
+        try {
+            $this->q->pushMany([['payload' => 1], ['payload' => 2, 'expire_after' => 0]]);
+            $this->fail('accepted a batch with a bad item');
+        } catch (DelayQueueInvalidArgumentException $e) {
+            $this->assertStringContainsString('expire_after of item 1', $e->getMessage());
+        }
+        $this->assertSame([], $this->redis->keys('*'));
+    }
+
     public function testMaxMemoryEndsTheRun(): void
     {
         $this->fill(50);

@@ -236,7 +236,7 @@ def _json_payload(text: str) -> Any:
 def _push(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     payload = _json_payload(args.payload)
     msg_id = q.push(payload, args.delay, id=args.id, max_attempts=args.max_attempts,
-                    partition_key=args.partition_key, replace=args.replace)
+                    partition_key=args.partition_key, replace=args.replace, expire_after=args.expire_after)
     out.emit({"id": msg_id}, lambda: [msg_id])
     return 0
 
@@ -434,6 +434,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--partition-key", help="on a partitioned queue: keeps related messages together")
     c.add_argument("--replace", action="store_true",
                    help="with --id: replace a waiting (or dead) message of that id instead of keeping it")
+    c.add_argument("--expire-after", type=float, metavar="SECONDS",
+                   help="not to be started later than this after its due time (else: dead letter, unrun)")
     c.set_defaults(run=_push)
     c = sub.add_parser("reschedule", help="move a waiting message to a new due time (--delay 0: run it now)")
     c.add_argument("id")

@@ -59,6 +59,7 @@ class DelayQueue:
         max_attempts: Optional[int] = None,
         partition_key: Optional[str] = None,
         replace: bool = False,
+        expire_after: Optional[float] = None,
     ) -> str:
         """Schedule ``payload`` (any JSON value) after ``delay`` seconds on the Redis
         server's clock; returns the message id. An ``id`` makes the push idempotent:
@@ -67,7 +68,10 @@ class DelayQueue:
         dead; a running one is left alone. ``replace`` debounces: "close the cart 30
         minutes after its last change". On a partitioned queue, messages with the same
         ``partition_key`` share a partition (claimed in due-time order); otherwise the
-        id picks one.
+        id picks one. With ``expire_after`` (seconds), a message that cannot start that
+        long after its due time goes to the dead-letter set unrun, its error saying so
+        (retries keep the deadline, ``reschedule`` moves it, ``requeue_dead`` renews it;
+        not in the seed layout).
 
         Raises TypeError for a value that is not JSON, ValueError (or
         InvalidArgumentError) for NaN, negative or infinite delays, PayloadError when
@@ -81,12 +85,14 @@ class DelayQueue:
         max_attempts: Optional[int] = None,
         partition_key: Optional[str] = None,
         replace: bool = False,
+        expire_after: Optional[float] = None,
     ) -> str:
         """Schedule ``payload`` at ``at``: Unix seconds or a datetime."""
     def push_many(self, items: Iterable[Union[tuple[Any, float], Mapping[str, Any]]]) -> list[str]:
         """Schedule many messages in one round trip: ``(payload, delay)`` tuples or dicts
         with ``payload`` and optional ``delay`` or ``at``, ``id``, ``max_attempts``,
-        ``partition_key``, ``replace``. Nothing is written unless every item is valid."""
+        ``partition_key``, ``replace``, ``expire_after``. Nothing is written unless every
+        item is valid."""
     def cancel(self, id: str) -> bool:
         """Delete a message that has not been claimed yet; False when it is unknown,
         running or dead."""
@@ -94,10 +100,11 @@ class DelayQueue:
         """Move a waiting message to ``delay`` seconds from now; False when not waiting."""
     def get(self, id: str) -> Optional[dict[str, Any]]:
         """``{id, state, payload, due_at, attempts, max_attempts, last_error, dead_at,
-        created_at, lease_until}``, or
+        created_at, lease_until, expires_at}``, or
         None for an unknown id. ``state`` is scheduled, ready, inflight or dead;
         ``attempts`` counts deliveries so far, the running one included; ``lease_until``
-        is set while it runs: when its lease ends unless the heartbeat extends it."""
+        is set while it runs: when its lease ends unless the heartbeat extends it;
+        ``expires_at`` (with ``expire_after``) is the latest it may start."""
     def waiting(self, limit: int = 100) -> list[dict[str, Any]]:
         """The next ``limit`` (at most 1000) messages waiting, scheduled or ready,
         earliest due first, from every partition, each as ``get()`` shows it. A snapshot

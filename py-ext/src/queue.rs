@@ -115,7 +115,7 @@ impl PyQueue {
     /// Schedule `payload` (any JSON value) after `delay` seconds on the Redis clock.
     /// Returns the message id; an `id` makes the push idempotent.
     #[pyo3(signature = (payload, delay = 0.0, *, id = None, max_attempts = None, partition_key = None,
-        replace = false))]
+        replace = false, expire_after = None))]
     #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
@@ -126,6 +126,7 @@ impl PyQueue {
         max_attempts: Option<u32>,
         partition_key: Option<String>,
         replace: bool,
+        expire_after: Option<f64>,
     ) -> PyResult<String> {
         let due = delayq::delay_from_secs("delay", delay)
             .map(delayq::Due::In)
@@ -136,12 +137,14 @@ impl PyQueue {
             max_attempts,
             partition_key,
             replace,
+            expire_after: duration(py, "expire_after", expire_after)?,
         };
         py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
     }
 
     /// Schedule `payload` at `at`: Unix seconds or a datetime.
-    #[pyo3(signature = (payload, at, *, id = None, max_attempts = None, partition_key = None, replace = false))]
+    #[pyo3(signature = (payload, at, *, id = None, max_attempts = None, partition_key = None, replace = false,
+        expire_after = None))]
     #[allow(clippy::too_many_arguments)]
     fn push_at(
         &self,
@@ -152,6 +155,7 @@ impl PyQueue {
         max_attempts: Option<u32>,
         partition_key: Option<String>,
         replace: bool,
+        expire_after: Option<f64>,
     ) -> PyResult<String> {
         let due = at_due(py, at)?;
         let json = payload_to_json(payload)?;
@@ -160,12 +164,14 @@ impl PyQueue {
             max_attempts,
             partition_key,
             replace,
+            expire_after: duration(py, "expire_after", expire_after)?,
         };
         py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
     }
 
     /// Schedule many messages in one round trip: `(payload, delay)` tuples or dicts
-    /// with `payload` and optional `delay` or `at`, `id`, `max_attempts`, `partition_key`. Nothing is
+    /// with `payload` and optional `delay` or `at`, `id`, `max_attempts`, `partition_key`, `replace`,
+    /// `expire_after`. Nothing is
     /// written unless every item is valid.
     fn push_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
         let mut batch = Vec::new();
@@ -194,6 +200,7 @@ impl PyQueue {
                         "max_attempts",
                         "partition_key",
                         "replace",
+                        "expire_after",
                     ]
                     .contains(&k.as_str())
                     {
@@ -201,7 +208,7 @@ impl PyQueue {
                             py,
                             format!(
                                 "push_many item {i} has an unknown key '{k}' \
-                                 (known: payload, delay, at, id, max_attempts, partition_key, replace)"
+                                 (known: payload, delay, at, id, max_attempts, partition_key, replace, expire_after)"
                             ),
                         ));
                     }
@@ -232,6 +239,11 @@ impl PyQueue {
                             .map(|v| v.extract())
                             .transpose()?
                             .unwrap_or(false),
+                        expire_after: duration(
+                            py,
+                            &format!("push_many item {i} expire_after"),
+                            d.get_item("expire_after")?.map(|v| v.extract()).transpose()?,
+                        )?,
                     },
                 }
             } else {
@@ -515,6 +527,7 @@ fn message_info(py: Python<'_>, info: MessageInfo) -> PyResult<Bound<'_, PyDict>
     d.set_item("dead_at", info.dead_at_ms.map(ms_to_secs))?;
     d.set_item("created_at", info.created_at_ms.map(ms_to_secs))?;
     d.set_item("lease_until", info.lease_until_ms.map(ms_to_secs))?;
+    d.set_item("expires_at", info.expires_at_ms.map(ms_to_secs))?;
     Ok(d)
 }
 

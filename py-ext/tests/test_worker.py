@@ -567,3 +567,30 @@ def test_bad_lower_queues_are_refused_naming_the_problem(queue: delayq.DelayQueu
         delayq.Worker(queue, lower_queues=[delayq.DelayQueue(redis_url, "jobs")])
     with pytest.raises(delayq.InvalidArgumentError, match="at most 16 queues"):
         delayq.Worker(queue, lower_queues=[delayq.DelayQueue(redis_url, f"q{i}") for i in range(16)])
+
+
+def test_a_message_past_its_expire_after_is_dead_lettered_unrun(queue: delayq.DelayQueue) -> None:
+    stale = queue.push("stale", expire_after=0.2)
+    queue.push_many([{"payload": "fresh", "expire_after": 60}, ("plain", 0)])
+    info = queue.get(stale)
+    assert info is not None and info["expires_at"] - info["due_at"] == pytest.approx(0.2, abs=0.0005)
+    time.sleep(0.4)  # no worker runs for a while
+    seen: list[str] = []
+    summary = delayq.Worker(queue, stop_when_empty=True).run(lambda payload, msg: seen.append(payload))
+    assert sorted(seen) == ["fresh", "plain"] and summary["handled"] == 2
+    dead = queue.dead_letters()
+    assert [d["id"] for d in dead] == [stale]
+    assert dead[0]["last_error"].startswith("expired: not started within 200 ms of its due time")
+    assert queue.requeue_dead(stale) == 1  # a fresh deadline: it runs
+    seen.clear()
+    delayq.Worker(queue, stop_when_empty=True).run(lambda payload, msg: seen.append(payload))
+    assert seen == ["stale"] and drained(queue)
+
+
+def test_a_bad_expire_after_is_refused_and_writes_nothing(queue: delayq.DelayQueue) -> None:
+    for bad in (0, -1, float("nan"), 0.0001):
+        with pytest.raises(ValueError, match="expire_after"):
+            queue.push("x", expire_after=bad)
+    with pytest.raises(ValueError, match="expire_after of item 1"):
+        queue.push_many([("a", 0), {"payload": "b", "expire_after": 0}])
+    assert queue.stats()["pushed"] == 0
