@@ -259,3 +259,38 @@ fn a_queue_listed_twice_or_too_many_queues_are_refused() {
         .expect_err("refused");
     assert!(err.to_string().contains("batch"), "{err}");
 }
+
+#[test]
+fn a_higher_queue_whose_redis_is_down_holds_nobody_back() {
+    let down = Mutex::new(RedisServer::start());
+    let up = RedisServer::start();
+    let impatient = |server: &RedisServer, name: &str| {
+        server.queue_with(
+            name,
+            delayq::QueueOptions {
+                connect: delayq::ConnectOptions {
+                    connect_timeout: Duration::from_millis(200),
+                    retry_timeout: Duration::from_millis(300),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+    };
+    let (high, low) = (impatient(&down.lock(), "urgent"), impatient(&up, "bulk"));
+    down.lock().kill();
+    push_due_now(&low, "bulk", 50);
+    let worker = Worker::with_lower_queues(high.clone(), vec![low.clone()], fast()).expect("worker");
+    let seen = drain(&worker, 55, |_, _, position| {
+        if position == 50 {
+            // Back up (empty: it keeps nothing on disk): the pool reconnects by itself,
+            // and what is pushed now runs.
+            down.lock().restart();
+            push_due_now(&high, "urgent", 5);
+        }
+        Ok(())
+    });
+    assert!(seen[..50].iter().all(|(q, _)| q == "bulk"), "{seen:?}");
+    assert!(seen[50..].iter().all(|(q, _)| q == "urgent"), "{seen:?}");
+    assert_eq!(low.stats().expect("stats").totals.get("acked"), Some(&50));
+}
