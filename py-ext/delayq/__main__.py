@@ -14,6 +14,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders rate-limit 100 --per 60   # at most 100 a minute, over every pool
     delayq --queue orders restart-workers   # after a deploy: running pools stop, to be started anew
     delayq serve-metrics orders payments --listen :9808   # for Prometheus to scrape
+    delayq dashboard orders payments            # a web page for people: http://127.0.0.1:9809/
     delayq --url redis://10.0.0.5:6379 --queue orders --json get close-order-10086
 
 Exit status: 0 done, 1 nothing matched (an unknown id, a message that is not in the
@@ -345,19 +346,18 @@ def _metrics(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_metrics(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
-    from .metrics import make_server
-
+def _serve(args: argparse.Namespace, what: str, path: str, make: Callable[[str, int], Any]) -> int:
+    """Serve until SIGINT on --listen; `make(host, port)` builds the server."""
     host, _, port = args.listen.rpartition(":")
     if not port.isdigit() or int(port) > 65535:
         sys.stderr.write(f"delayq: --listen wants HOST:PORT, got {args.listen!r}\n")
         return 2
     try:
-        server = make_server(_metrics_queues(q, args), host.strip("[]") or "0.0.0.0", int(port))
+        server = make(host.strip("[]") or "0.0.0.0", int(port))
     except OSError as e:
         sys.stderr.write(f"delayq: cannot listen on {args.listen}: {e.strerror}\n")
         return FAILED
-    sys.stderr.write(f"delayq: serving metrics on http://{args.listen}/metrics\n")
+    sys.stderr.write(f"delayq: serving {what} on http://{args.listen}{path}\n")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -365,6 +365,23 @@ def _serve_metrics(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int
     finally:
         server.server_close()
     return 0
+
+
+def _serve_metrics(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    from .metrics import make_server
+
+    queues = _metrics_queues(q, args)
+    return _serve(args, "metrics", "/metrics", lambda host, port: make_server(queues, host, port))
+
+
+def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    from . import dashboard
+
+    if not args.refresh >= 0:
+        raise _BadUsage(f"--refresh must be 0 (never) or more seconds, got {args.refresh}")
+    queues = _metrics_queues(q, args)
+    return _serve(args, "the dashboard", "/",
+                  lambda host, port: dashboard.make_server(queues, host, port, args.refresh))
 
 
 def _ping(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -477,6 +494,12 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to report (default: --queue)")
     m.add_argument("--listen", default="127.0.0.1:9808", help="HOST:PORT (default: 127.0.0.1:9808; :9808 for all)")
     m.set_defaults(run=_serve_metrics)
+    m = sub.add_parser("dashboard", help="a read-only web page of the queues for people: GET /")
+    m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to show (default: --queue)")
+    m.add_argument("--listen", default="127.0.0.1:9809",
+                   help="HOST:PORT (default: 127.0.0.1:9809; the page shows payloads: keep it private)")
+    m.add_argument("--refresh", type=float, default=5.0, help="seconds between reloads of the page (0: never)")
+    m.set_defaults(run=_dashboard)
     sub.add_parser("ping", help="check that Redis answers").set_defaults(run=_ping)
     return p
 

@@ -106,26 +106,39 @@ def render(queues: Iterable[DelayQueue], now: Optional[Callable[[], float]] = No
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class MetricsServer(http.server.HTTPServer):
+class PageServer(http.server.HTTPServer):
+    """Answers `GET` of each path in `pages` (path -> (content type, render)) with a
+    fresh rendering, one request at a time; 404 for any other path."""
+
+    def __init__(self, address: tuple[str, int], pages: dict[str, tuple[str, Callable[[], str]]]) -> None:
+        super().__init__(address, _Handler)
+        self.pages = pages
+
+
+class MetricsServer(PageServer):
     """Answers `GET /metrics` (and `/`) with `render(queues)`, reading Redis afresh for
-    each scrape, one scrape at a time; see `make_server`."""
+    each scrape; see `make_server`."""
 
     def __init__(self, address: tuple[str, int], queues: list[DelayQueue]) -> None:
-        super().__init__(address, _Handler)
+        page = (CONTENT_TYPE, lambda: render(queues))
+        super().__init__(address, {"/": page, "/metrics": page})
         self.queues = queues
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    server: MetricsServer
+    server: PageServer
 
     def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-        if self.path.split("?")[0] not in ("/", "/metrics"):
-            self.send_error(404, "only /metrics is served here")
+        page = self.server.pages.get(self.path.split("?")[0])
+        if page is None:
+            self.send_error(404, f"only {', '.join(sorted(self.server.pages))} is served here")
             return
-        body = render(self.server.queues).encode()
+        content_type, make = page
+        body = make().encode()
         self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
         self.end_headers()
         self.wfile.write(body)
 

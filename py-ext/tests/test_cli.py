@@ -326,3 +326,74 @@ def test_repeat_repeats_and_unrepeat(queue: delayq.DelayQueue, redis_url: str) -
     bad = cli(redis_url, "repeat", "x", "--cron", "61 * * * *", "1")
     assert bad.returncode == 2 and "not a cron pattern" in bad.stderr
     assert [r["name"] for r in queue.repeats()] == ["nightly"]
+
+
+def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
+    queue: delayq.DelayQueue, redis_url: str
+) -> None:
+    from delayq.dashboard import render_html
+
+    hostile = "<script>alert('x')</script>"
+    queue.push({"note": hostile}, delay=3600, id="later-1")
+    queue.push({"n": 1}, id="poison")
+    worker = delayq.Worker(queue, max_attempts=1)
+    threads: list[threading.Thread] = []
+
+    def fail(payload: Any, msg: delayq.Message) -> None:
+        worker.stop()
+        raise ValueError(hostile)
+
+    threads.append(threading.Thread(target=worker.run, args=(fail,)))
+    threads[0].start()
+    threads[0].join(20)
+    wait_for(10, "the dead letter", lambda: queue.stats()["dead"] == 1)
+    queue.pause()
+    closed = delayq.DelayQueue(f"redis://127.0.0.1:{free_port()}", "elsewhere", connect_timeout=0.2,
+                               retry_timeout=0.2)
+    page = render_html([queue, closed], refresh=2, now=lambda: 1_900_000_000.0)
+    assert "<script>" not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert '<meta http-equiv="refresh" content="2">' in page
+    assert "queue <code>jobs</code>" in page and "later-1" in page and "poison" in page
+    assert "ValueError: &lt;script&gt;" in page, "the dead letter's error"
+    assert '<span class="bad">paused</span>' in page
+    assert "queue <code>elsewhere</code>" in page and "Redis did not answer" in page
+    assert "read at 2030-03-17 17:46:40.000 UTC" in page
+
+
+def test_the_dashboard_command_serves_the_page(queue: delayq.DelayQueue, redis_url: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    queue.push({"n": 1}, id="first")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "jobs",
+                             "dashboard", "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE)
+    try:
+        def page() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+                assert r.headers["Content-Type"] == "text/html; charset=utf-8"
+                return str(r.read().decode())
+
+        def answers() -> bool:
+            try:
+                page()
+                return True
+            except OSError:
+                return False
+
+        wait_for(20, "the dashboard", answers)
+        assert "first" in page() and "second" not in page()
+        queue.push({"n": 2}, id="second")
+        assert "second" in page(), "read afresh"
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            raise AssertionError("served a path other than /")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+        assert proc.stderr is not None
+        proc.stderr.close()
+    bad = cli(redis_url, "dashboard", "--refresh", "-1")
+    assert bad.returncode == 2 and "--refresh" in bad.stderr

@@ -1,0 +1,167 @@
+"""A read-only web page of queues for people, for `delayq dashboard` (what Laravel
+Horizon's dashboard shows, without its write actions): depth and backlog age, pause and
+rate limit, the consumer pools alive on every host and in every language, what runs
+now, what comes next and the latest dead letters with their errors. The page reloads
+itself; every figure is read from Redis afresh for each request. Acting on what it
+shows stays with the `delayq` command (requeue-dead, pause, ...) and the API.
+
+Payloads and errors are the queue's own data, shown escaped and cut short; the page
+holds them, so serve it where only operators can reach it (the default listens on
+127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import time
+from typing import Any, Callable, Optional
+
+from . import DelayQueue, DelayQueueError
+from .metrics import PageServer
+
+# How many rows each list shows; the command line shows more.
+ROWS = 10
+# Longest payload or error text shown; the rest is cut.
+SHOWN_CHARS = 160
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.3em}h2{font-size:1.15em;margin-top:1.8em;border-bottom:1px solid #ccc}
+h3{font-size:1em;margin:1.2em 0 .3em}
+table{border-collapse:collapse;margin:.2em 0 .8em}
+td,th{padding:.2em .7em;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
+th{font-weight:600;background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
+code{font-size:.92em}.bad{color:#b00020;font-weight:600}.quiet{color:#777}
+"""
+
+
+def _text(value: Any) -> str:
+    shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if len(shown) > SHOWN_CHARS:
+        shown = shown[:SHOWN_CHARS] + "…"
+    return html.escape(shown)
+
+
+def _when(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return '<span class="quiet">-</span>'
+    utc = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return utc.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _span(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return '<span class="quiet">-</span>'
+    if abs(seconds) < 1:
+        return f"{seconds * 1000:.1f} ms"
+    if abs(seconds) < 120:
+        return f"{seconds:.1f} s"
+    if abs(seconds) < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: frozenset[int] = frozenset()) -> str:
+    if not rows:
+        return '<p class="quiet">none</p>'
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _queue_section(q: DelayQueue, now: float) -> str:
+    title = f"<h2>queue <code>{html.escape(q.name)}</code></h2>"
+    try:
+        stats = q.stats()
+        pools = q.workers()
+        running = q.inflight(ROWS)
+        waiting = q.waiting(ROWS)
+        dead = q.dead_letters(ROWS)
+    except DelayQueueError as e:
+        return f'{title}<p class="bad">Redis did not answer: {_text(str(e))}</p>'
+    next_due = stats["next_due_at"]
+    lag = max(0.0, now - next_due) if next_due is not None and stats["ready"] > 0 else 0.0
+    state = []
+    if stats["paused_at"] is not None:
+        state.append(f'<span class="bad">paused</span> since {_when(stats["paused_at"])}')
+    if stats["rate_limit"] is not None:
+        limit = stats["rate_limit"]
+        state.append(f"rate limit {limit['max']} per {limit['per']:g} s")
+    if not pools:
+        state.append('<span class="bad">no worker pool alive</span>' if stats["ready"] else "no worker pool alive")
+    depth = _table(
+        ["scheduled", "ready", "in flight", "dead", "backlog age", "next due"],
+        [[str(stats["scheduled"]), str(stats["ready"]), str(stats["inflight"]), str(stats["dead"]), _span(lag),
+          _when(next_due)]],
+        frozenset({0, 1, 2, 3}),
+    )
+    events = {k: v for k, v in stats.items() if isinstance(v, int) and k not in
+              {"scheduled", "ready", "inflight", "dead", "partitions"}}
+    counters = _table(list(events), [[str(v) for v in events.values()]], frozenset(range(len(events))))
+    workers = _table(
+        ["host", "pid", "up for", "last seen", "handlers", "holding", "handled", "failed", "started late (avg / max)",
+         "handler call"],
+        [[html.escape(str(p["host"])), str(p["pid"]), _span(now - p["started_at"]), _span(now - p["last_seen"]) + " ago",
+          str(p["handlers"]), str(p["holding"]), str(p["handled"]), str(p["failed"]),
+          f"{_span(p['lateness_avg'])} / {_span(p['lateness_max'])}", _span(p["handler_avg"])]
+         for p in pools],
+        frozenset({1, 4, 5, 6, 7}),
+    )
+    inflight = _table(
+        ["id", "attempt", "lease until", "payload"],
+        [[f"<code>{_text(m['id'])}</code>", str(m["attempts"]),
+          _when(m["lease_until"]) + (' <span class="bad">expired</span>'
+                                     if m["lease_until"] is not None and m["lease_until"] < now else ""),
+          _text(m["payload"])] for m in running],
+        frozenset({1}),
+    )
+    upcoming = _table(
+        ["id", "due", "attempts", "last error", "payload"],
+        [[f"<code>{_text(m['id'])}</code>", _when(m["due_at"]), str(m["attempts"]),
+          _text(m["last_error"]) if m["last_error"] else "", _text(m["payload"])] for m in waiting],
+        frozenset({2}),
+    )
+    letters = _table(
+        ["id", "died", "attempts", "last error", "payload"],
+        [[f"<code>{_text(m['id'])}</code>", _when(m["dead_at"]), str(m["attempts"]),
+          f'<span class="bad">{_text(m["last_error"])}</span>', _text(m["payload"])] for m in dead],
+        frozenset({2}),
+    )
+    return (
+        title
+        + (f"<p>{' · '.join(state)}</p>" if state else "")
+        + depth
+        + f"<h3>worker pools ({len(pools)})</h3>{workers}"
+        + f"<h3>running (first {ROWS} by lease)</h3>{inflight}"
+        + f"<h3>next due (first {ROWS})</h3>{upcoming}"
+        + f"<h3>dead letters (latest {ROWS}; <code>delayq --queue {html.escape(q.name)} requeue-dead</code>)</h3>"
+        + letters
+        + f"<h3>lifetime counters</h3>{counters}"
+    )
+
+
+def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Callable[[], float]] = None) -> str:
+    """The page for `queues`. A queue whose Redis fails says so; the others still show."""
+    clock = now or time.time
+    at = clock()
+    sections = "".join(_queue_section(q, at) for q in queues)
+    reload = f'<meta http-equiv="refresh" content="{refresh:g}">' if refresh > 0 else ""
+    return (
+        "<!doctype html><html><head><meta charset=\"utf-8\">"
+        f"<title>delayq: {html.escape(', '.join(q.name for q in queues))}</title>{reload}"
+        f"<style>{_STYLE}</style></head><body>"
+        f"<h1>delayq</h1><p class=\"quiet\">read at {_when(at)}"
+        + (f", again every {refresh:g} s" if refresh > 0 else "")
+        + f"</p>{sections}</body></html>"
+    )
+
+
+def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float = 5.0) -> PageServer:
+    """A server of the page for `queues` at `/` on `host:port`; call `serve_forever()`."""
+    return PageServer((host, port), {"/": ("text/html; charset=utf-8", lambda: render_html(queues, refresh))})
