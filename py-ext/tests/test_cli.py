@@ -337,15 +337,14 @@ def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
     queue.push({"note": hostile}, delay=3600, id="later-1")
     queue.push({"n": 1}, id="poison")
     worker = delayq.Worker(queue, max_attempts=1)
-    threads: list[threading.Thread] = []
 
     def fail(payload: Any, msg: delayq.Message) -> None:
         worker.stop()
         raise ValueError(hostile)
 
-    threads.append(threading.Thread(target=worker.run, args=(fail,)))
-    threads[0].start()
-    threads[0].join(20)
+    runner = threading.Thread(target=worker.run, args=(fail,))
+    runner.start()
+    runner.join(20)
     wait_for(10, "the dead letter", lambda: queue.stats()["dead"] == 1)
     queue.pause()
     closed = delayq.DelayQueue(f"redis://127.0.0.1:{free_port()}", "elsewhere", connect_timeout=0.2,
