@@ -11,8 +11,8 @@
 //!
 //! A worker with lower-priority queues runs one such pool per queue and hands the
 //! caller a delivery of a lower queue only when no higher one has a delivery waiting;
-//! a lower pool claims nothing while a higher one holds unstarted deliveries or is
-//! claiming (see `Pool::yields_to_higher`).
+//! a lower pool claims nothing while a higher one holds unstarted deliveries, is
+//! claiming or knows of due messages (see `Pool::yields_to_higher`).
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
