@@ -624,6 +624,7 @@ impl Outcome {
 struct Outstanding {
     part: usize,
     id: String,
+    claimed: Instant,
     started: Option<Instant>,
     timed_out: bool,
 }
@@ -790,6 +791,19 @@ impl Pool {
                 && !p.claims_failing.load(Ordering::Acquire)
                 && (!p.buffered.is_empty() || p.claiming.load(Ordering::Acquire) > 0 || p.control.wake.due_now())
         })
+    }
+
+    /// Deliveries it claimed before `since` still wait unstarted while the higher
+    /// queues keep the handlers busy: consumers of this queue elsewhere could run them.
+    fn kept_waiting_by_higher(&self, since: Instant) -> bool {
+        self.member > 0
+            && !self.buffered.is_empty()
+            && self
+                .outstanding
+                .lock()
+                .values()
+                .any(|o| o.started.is_none() && o.claimed < since)
+            && self.yields_to_higher()
     }
 
     /// Handlers past `timeout`, over every queue of its worker (they share the
@@ -1658,12 +1672,14 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
         control.slots.release(room - got);
         {
             let mut outstanding = pool.outstanding.lock();
+            let now = Instant::now();
             for (id, token, ..) in &claimed.items {
                 outstanding.insert(
                     token.clone(),
                     Outstanding {
                         part,
                         id: id.clone(),
+                        claimed: now,
                         started: None,
                         timed_out: false,
                     },
@@ -2017,7 +2033,16 @@ fn write_with_retry(
 
 /// While every handler is stuck, prefetched deliveries would only wait behind them
 /// (their leases renewed): release them so that other consumers run them now.
-fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot) {
+/// Why a pool gives its prefetched deliveries back (see `give_back_buffered`).
+#[derive(Clone, Copy)]
+enum GiveBack {
+    /// Every handler is past its timeout.
+    Stalled,
+    /// A lower queue's deliveries wait behind higher queues' work.
+    Outranked,
+}
+
+fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot, why: GiveBack) {
     let waiting: Vec<Delivery> = pool.buffered.try_iter().collect();
     if waiting.is_empty() {
         return;
@@ -2044,10 +2069,17 @@ fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot) {
     match res {
         Ok(n) => {
             Counters::add(&pool.counters.released, u64::try_from(n).unwrap_or(0));
-            log::warn!(
-                "delayq[{}]: every handler is past its timeout; gave {n} waiting deliveries back to the queue",
-                pool.queue_name
-            );
+            match why {
+                GiveBack::Stalled => log::warn!(
+                    "delayq[{}]: every handler is past its timeout; gave {n} waiting deliveries back to the queue",
+                    pool.queue_name
+                ),
+                GiveBack::Outranked => log::info!(
+                    "delayq[{}]: higher-priority queues keep the handlers busy; gave {n} prefetched deliveries \
+                     back to the queue for other consumers",
+                    pool.queue_name
+                ),
+            }
         }
         // Their leases are no longer renewed either way: they expire and are delivered again.
         Err(e) => log::warn!(
@@ -2238,9 +2270,13 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
         let stalled = pool.overdue_handlers() >= pool.handlers;
         if stalled {
             pool.stalled.store(true, Ordering::Release);
-            give_back_buffered(pool, &mut slot);
+            give_back_buffered(pool, &mut slot, GiveBack::Stalled);
         } else if pool.stalled.swap(false, Ordering::AcqRel) {
             pool.control.wake.kick();
+        } else if let Some(since) = now.checked_sub(every)
+            && pool.kept_waiting_by_higher(since)
+        {
+            give_back_buffered(pool, &mut slot, GiveBack::Outranked);
         }
         let mut running = Vec::new();
         {

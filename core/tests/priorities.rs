@@ -294,3 +294,57 @@ fn a_higher_queue_whose_redis_is_down_holds_nobody_back() {
     assert!(seen[50..].iter().all(|(q, _)| q == "urgent"), "{seen:?}");
     assert_eq!(low.stats().expect("stats").totals.get("acked"), Some(&50));
 }
+
+#[test]
+fn deliveries_of_a_lower_queue_kept_waiting_go_back_to_other_consumers() {
+    let server = RedisServer::start();
+    let (high, low) = (server.queue("flood"), server.queue("shared"));
+    push_due_now(&low, "shared", 100);
+    let opts = WorkerOptions {
+        // A heartbeat every 200 ms.
+        lease: Duration::from_millis(600),
+        ..fast()
+    };
+    let busy = Worker::with_lower_queues(high.clone(), vec![low.clone()], opts.clone()).expect("worker");
+    let alone = Worker::new(low.clone(), opts).expect("worker");
+    let (busy_stop, alone_stop) = (busy.stopper(), alone.stopper());
+    let handled_low = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let _stops = (StopOnDrop(busy_stop.clone()), StopOnDrop(alone_stop.clone()));
+        s.spawn(|| {
+            busy.run(1, |d| {
+                if &*d.queue == "shared" {
+                    handled_low.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                Ok(())
+            })
+        });
+        // The busy worker runs some of the shared queue and prefetches more; then its
+        // higher queue floods: 3000 messages, about 6 s of its handler.
+        wait_for(Duration::from_secs(10), "the busy worker on the shared queue", || {
+            handled_low.load(std::sync::atomic::Ordering::SeqCst) >= 5
+        });
+        push_due_now(&high, "flood", 3000);
+        s.spawn(|| alone.run(1, |_| Ok(())));
+        wait_for(Duration::from_secs(10), "every shared message done", || {
+            low.stats().is_ok_and(|st| st.totals.get("acked") == Some(&100))
+        });
+        let flood = high.stats().expect("stats");
+        assert!(
+            flood.ready + flood.inflight > 1000,
+            "the shared queue finished only as the flood ended: {flood:?}"
+        );
+        assert!(
+            low.stats()
+                .expect("stats")
+                .totals
+                .get("released")
+                .is_some_and(|&n| n > 0),
+            "the busy worker gave nothing back"
+        );
+        busy_stop.stop();
+        alone_stop.stop();
+    });
+    assert_no_leak(&server, "{dq:shared}");
+}
