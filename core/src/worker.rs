@@ -242,8 +242,9 @@ struct Counters {
     unwritten: AtomicU64,
 }
 
-impl Summary {
-    fn absorb(&mut self, other: &Self) {
+/// Sums runs: a worker's queues, or the processes of a supervised pool.
+impl std::ops::AddAssign<&Summary> for Summary {
+    fn add_assign(&mut self, other: &Self) {
         self.handled += other.handled;
         self.acked += other.acked;
         self.failed += other.failed;
@@ -1407,7 +1408,7 @@ impl Consumer {
         self.shutdown();
         let mut summary = self.pool.counters.summary();
         for m in &self.lower {
-            summary.absorb(&m.pool.counters.summary());
+            summary += &m.pool.counters.summary();
         }
         summary
     }

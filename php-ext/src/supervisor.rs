@@ -161,17 +161,6 @@ fn decode(text: &str) -> Option<Report> {
     Some(Report::Done(RunSummary { core, ended }))
 }
 
-fn add(total: &mut delayq::Summary, s: &delayq::Summary) {
-    total.handled += s.handled;
-    total.acked += s.acked;
-    total.failed += s.failed;
-    total.retried += s.retried;
-    total.dead += s.dead;
-    total.lease_lost += s.lease_lost;
-    total.released += s.released;
-    total.unwritten += s.unwritten;
-}
-
 /// In the child: run, report, and leave without running the parent's script further.
 fn child_main(worker: &PhpWorker, handler: &ZendCallable, slot: &Slot, mut report: File, parent: libc::pid_t) -> ! {
     signals::clear();
@@ -338,7 +327,7 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
                     stopping = true;
                 }
                 Some(Report::Done(s)) => {
-                    add(&mut total, &s.core);
+                    total += &s.core;
                     if let Some(why @ (Ended::MaxJobs | Ended::MaxMemory)) = s.ended
                         && !stopping
                     {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,7 +10,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Callable
 
 import delayq
 from harness import RedisServer, free_port, wait_for
@@ -251,34 +253,35 @@ def test_metrics_of_an_unreachable_redis_say_so(redis_url: str) -> None:
     assert metrics(done.stdout) == {("delayq_up", (("queue", "jobs"),)): 0}
 
 
-def test_serve_metrics_answers_scrapes(queue: delayq.DelayQueue, redis_url: str) -> None:
+@contextlib.contextmanager
+def serving(redis_url: str, *command: str) -> Iterator[Callable[[str], tuple[str, str]]]:
+    """Run `delayq COMMAND --listen` on a free port until the block ends (then SIGINT,
+    which must end it cleanly); yields `get(path) -> (content type, body)`, once the
+    server answers. A path it does not serve must get 404."""
     import urllib.error
     import urllib.request
 
-    queue.push({"n": 1})
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "jobs",
-                             "serve-metrics", "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE)
-    try:
-        def scrape() -> str:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-                return str(r.read().decode())
+    proc = subprocess.Popen([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "jobs", *command,
+                             "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE)
 
-        def answers() -> bool:
-            try:
-                scrape()
-                return True
-            except OSError:
-                return False
+    def get(path: str) -> tuple[str, str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return str(r.headers["Content-Type"]), str(r.read().decode())
 
-        wait_for(20, "the metrics endpoint", answers)
-        assert metrics(scrape())[("delayq_messages", (("queue", "jobs"), ("state", "ready")))] == 1
-        queue.push({"n": 2})
-        assert metrics(scrape())[("delayq_messages", (("queue", "jobs"), ("state", "ready")))] == 2, "read afresh"
+    def answers() -> bool:
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
-            raise AssertionError("served a path other than /metrics")
+            get("/")
+            return True
+        except OSError:
+            return False
+
+    try:
+        wait_for(20, f"delayq {command[0]} to answer", answers)
+        yield get
+        try:
+            get("/other")
+            raise AssertionError("served a path it should not")
         except urllib.error.HTTPError as e:
             assert e.code == 404
     finally:
@@ -286,6 +289,19 @@ def test_serve_metrics_answers_scrapes(queue: delayq.DelayQueue, redis_url: str)
         assert proc.wait(10) == 0
         assert proc.stderr is not None
         proc.stderr.close()
+
+
+def test_serve_metrics_answers_scrapes(queue: delayq.DelayQueue, redis_url: str) -> None:
+    queue.push({"n": 1})
+    with serving(redis_url, "serve-metrics") as get:
+        def scrape() -> str:
+            content_type, body = get("/metrics")
+            assert content_type.startswith("text/plain; version=0.0.4")
+            return body
+
+        assert metrics(scrape())[("delayq_messages", (("queue", "jobs"), ("state", "ready")))] == 1
+        queue.push({"n": 2})
+        assert metrics(scrape())[("delayq_messages", (("queue", "jobs"), ("state", "ready")))] == 2, "read afresh"
     taken = cli(redis_url, "serve-metrics", "--listen", "nonsense")
     assert taken.returncode == 2 and "HOST:PORT" in taken.stderr
 
@@ -360,39 +376,17 @@ def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
 
 
 def test_the_dashboard_command_serves_the_page(queue: delayq.DelayQueue, redis_url: str) -> None:
-    import urllib.error
-    import urllib.request
-
     queue.push({"n": 1}, id="first")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "jobs",
-                             "dashboard", "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE)
-    try:
-        def page() -> str:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
-                assert r.headers["Content-Type"] == "text/html; charset=utf-8"
-                return str(r.read().decode())
-
-        def answers() -> bool:
-            try:
-                page()
-                return True
-            except OSError:
-                return False
-
-        wait_for(20, "the dashboard", answers)
-        assert "first" in page() and "second" not in page()
+    with serving(redis_url, "dashboard") as get:
+        content_type, page = get("/")
+        assert content_type == "text/html; charset=utf-8"
+        assert "first" in page and "second" not in page
         queue.push({"n": 2}, id="second")
-        assert "second" in page(), "read afresh"
+        assert "second" in get("/")[1], "read afresh"
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
-            raise AssertionError("served a path other than /")
-        except urllib.error.HTTPError as e:
-            assert e.code == 404
-    finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(10) == 0
-        assert proc.stderr is not None
-        proc.stderr.close()
+            get("/metrics")
+            raise AssertionError("served metrics as well")
+        except OSError as e:
+            assert getattr(e, "code", None) == 404
     bad = cli(redis_url, "dashboard", "--refresh", "-1")
     assert bad.returncode == 2 and "--refresh" in bad.stderr
