@@ -356,6 +356,8 @@ final class DelayQueueMessage
     public $maxAttempts;
     /** @var float when this delivery was due: Unix time in seconds */
     public $dueAt;
+    /** @var float|null with the push option 'expire_after': the latest it could start, Unix seconds */
+    public $expiresAt;
     /** @var string the queue's name */
     public $queue;
     /** @var int the partition it came from (0 unless the queue has 'partitions') */

@@ -169,6 +169,9 @@ pub struct Delivery {
     pub queue: Arc<str>,
     /// Deliveries allowed in all (the message's own limit, else the worker's).
     pub max_attempts: u32,
+    /// With `PushOptions::expire_after`: the latest it may start, Unix ms on the Redis
+    /// clock (this delivery started in time; a re-delivery after it would not).
+    pub expires_at_ms: Option<i64>,
     payload_json: String,
     token: String,
     part: usize,
@@ -1817,6 +1820,7 @@ fn hand_out(
                     due_at_ms,
                     queue: Arc::clone(&pool.queue_name),
                     max_attempts,
+                    expires_at_ms: d.expiry.map(|(_, deadline)| deadline),
                     payload_json: d.payload_json,
                     token,
                     part,

@@ -160,6 +160,8 @@ fn retries_do_not_move_the_deadline() {
     wait_for(Duration::from_secs(10), "the message buried", || {
         if let Received::Message(d) = consumer.recv_timeout(Duration::from_millis(20)) {
             deliveries += 1;
+            // The handler can see the deadline it started within.
+            assert_eq!(d.expires_at_ms, Some(d.due_at_ms + 300));
             // Due again in 1 s: past the deadline, 300 ms after the first due time.
             consumer.fail_with(d, "gateway busy", Retry::After(Duration::from_secs(1)));
         }

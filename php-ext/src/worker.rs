@@ -42,6 +42,7 @@ pub struct PhpMessage {
     attempt: i64,
     max_attempts: i64,
     due_at: f64,
+    expires_at: Option<f64>,
     queue: String,
     partition: i64,
     decision: Decision,
@@ -84,6 +85,13 @@ impl PhpMessage {
     #[php(getter)]
     pub fn get_due_at(&self) -> f64 {
         self.due_at
+    }
+
+    /// With the push option 'expire_after': the latest it could start, Unix seconds;
+    /// else null.
+    #[php(getter)]
+    pub fn get_expires_at(&self) -> Option<f64> {
+        self.expires_at
     }
 
     /// The queue's name.
@@ -255,6 +263,7 @@ impl PhpWorker {
                 attempt: i64::from(delivery.attempt),
                 max_attempts: i64::from(delivery.max_attempts),
                 due_at: convert::ms_to_secs(delivery.due_at_ms),
+                expires_at: delivery.expires_at_ms.map(convert::ms_to_secs),
                 queue: queue_name.to_string(),
                 partition: delivery.partition() as i64,
                 decision: Rc::clone(&decision),

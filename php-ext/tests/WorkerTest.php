@@ -366,12 +366,16 @@ final class WorkerTest extends TestCase
         $this->assertEqualsWithDelta(0.2, $info['expires_at'] - $info['due_at'], 0.0005);
         usleep(400000);   // no worker runs for a while
         $got = [];
+        $deadlines = [];
         $w = new DelayQueueWorker($this->q, ['stop_when_empty' => true]);
-        $summary = $w->run(function ($payload) use (&$got) {
+        $summary = $w->run(function ($payload, DelayQueueMessage $m) use (&$got, &$deadlines) {
             $got[] = $payload;
+            $deadlines[$payload] = $m->expiresAt === null ? null : round($m->expiresAt - $m->dueAt, 3);
         });
         sort($got);
         $this->assertSame(['fresh', 'plain'], $got);
+        ksort($deadlines);
+        $this->assertSame(['fresh' => 60.0, 'plain' => null], $deadlines);
         $this->assertSame(2, $summary['handled']);
         $dead = $this->q->deadLetters();
         $this->assertSame([$stale], array_column($dead, 'id'));

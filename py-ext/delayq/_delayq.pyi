@@ -214,6 +214,9 @@ class Message:
     def due_at(self) -> float:
         """When this delivery was due: Unix time in seconds."""
     @property
+    def expires_at(self) -> Optional[float]:
+        """With ``expire_after``: the latest it could start, Unix seconds; else None."""
+    @property
     def queue(self) -> str:
         """The queue's name."""
     @property

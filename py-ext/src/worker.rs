@@ -28,6 +28,9 @@ pub(crate) struct PyMessage {
     /// When this delivery was due: Unix time in seconds.
     #[pyo3(get)]
     due_at: f64,
+    /// With `expire_after`: the latest it could start, Unix seconds; else None.
+    #[pyo3(get)]
+    expires_at: Option<f64>,
     /// The queue's name.
     #[pyo3(get)]
     queue: String,
@@ -91,6 +94,7 @@ fn message(d: &delayq::Delivery) -> PyMessage {
         attempt: d.attempt,
         max_attempts: d.max_attempts,
         due_at: d.due_at_ms as f64 / 1000.0,
+        expires_at: d.expires_at_ms.map(|ms| ms as f64 / 1000.0),
         queue: d.queue.to_string(),
         partition: d.partition(),
         decision: std::sync::Mutex::new(None),

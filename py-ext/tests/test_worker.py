@@ -576,8 +576,15 @@ def test_a_message_past_its_expire_after_is_dead_lettered_unrun(queue: delayq.De
     assert info is not None and info["expires_at"] - info["due_at"] == pytest.approx(0.2, abs=0.0005)
     time.sleep(0.4)  # no worker runs for a while
     seen: list[str] = []
-    summary = delayq.Worker(queue, stop_when_empty=True).run(lambda payload, msg: seen.append(payload))
+    deadlines: dict[str, float | None] = {}
+
+    def handle(payload: str, msg: delayq.Message) -> None:
+        seen.append(payload)
+        deadlines[payload] = None if msg.expires_at is None else round(msg.expires_at - msg.due_at, 3)
+
+    summary = delayq.Worker(queue, stop_when_empty=True).run(handle)
     assert sorted(seen) == ["fresh", "plain"] and summary["handled"] == 2
+    assert deadlines == {"fresh": 60.0, "plain": None}
     dead = queue.dead_letters()
     assert [d["id"] for d in dead] == [stale]
     assert dead[0]["last_error"].startswith("expired: not started within 200 ms of its due time")
