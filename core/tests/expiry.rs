@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
+use common::{RedisServer, StopOnDrop, assert_no_leak, run_until, wait_for};
 use delayq::{
     Category, Due, Layout, NewMessage, PushOptions, Queue, QueueOptions, Received, Retry, State, Worker, WorkerOptions,
 };
@@ -31,24 +31,17 @@ fn fast() -> WorkerOptions {
 /// Run a pool until `done` holds for the payloads handled so far; returns them.
 fn consume(q: &Queue, done: impl Fn(&[String], &Queue) -> bool + Sync) -> Vec<String> {
     let worker = Worker::new(q.clone(), fast()).expect("worker");
-    let seen = Mutex::new(Vec::new());
-    let stopper = worker.stopper();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let _stop = StopOnDrop(stopper.clone());
-            wait_for(Duration::from_secs(20), "the expected outcome", || {
-                done(&seen.lock(), q)
-            });
-            stopper.stop();
-        });
-        worker
-            .run(1, |d| {
-                seen.lock().push(d.payload::<String>().map_err(|e| e.to_string())?);
-                Ok(())
-            })
-            .expect("run");
-    });
-    seen.into_inner()
+    run_until(
+        &worker,
+        1,
+        Duration::from_secs(20),
+        |d, seen: &Mutex<Vec<String>>| {
+            let payload = d.payload().map_err(|e| e.to_string())?;
+            seen.lock().push(payload);
+            Ok(())
+        },
+        |seen| done(seen, q),
+    )
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
+use common::{RedisServer, StopOnDrop, assert_no_leak, run_until, wait_for};
 use delayq::{Due, NewMessage, PushOptions, Queue, QueueOptions, State, Worker, WorkerOptions};
 use parking_lot::Mutex;
 
@@ -42,25 +42,17 @@ fn tags_in_use(server: &RedisServer) -> Vec<String> {
 
 /// Run `worker` with one handler until `total` deliveries were seen; returns them.
 fn drain(worker: &Worker, total: usize) -> Vec<(usize, serde_json::Value)> {
-    let seen = Mutex::new(Vec::new());
-    let stopper = worker.stopper();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let _stop = StopOnDrop(stopper.clone());
-            wait_for(Duration::from_secs(30), "every message handled", || {
-                seen.lock().len() >= total
-            });
-            stopper.stop();
-        });
-        worker
-            .run(1, |d| {
-                seen.lock()
-                    .push((d.partition(), d.payload().map_err(|e| e.to_string())?));
-                Ok(())
-            })
-            .expect("run");
-    });
-    seen.into_inner()
+    run_until(
+        worker,
+        1,
+        Duration::from_secs(30),
+        |d, seen: &Mutex<Vec<_>>| {
+            let payload = d.payload().map_err(|e| e.to_string())?;
+            seen.lock().push((d.partition(), payload));
+            Ok(())
+        },
+        |seen| seen.len() >= total,
+    )
 }
 
 fn fast() -> WorkerOptions {

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
+use common::{RedisServer, StopOnDrop, assert_no_leak, run_until, wait_for};
 use delayq::{Category, NewMessage, Queue, Received, Retry, Worker, WorkerOptions};
 use parking_lot::Mutex;
 
@@ -30,31 +30,23 @@ fn drain(
     total: usize,
     handle: impl Fn(&str, &str, usize) -> Result<(), String> + Sync,
 ) -> Vec<(String, String)> {
-    let seen = Mutex::new(Vec::new());
-    let stopper = worker.stopper();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let _stop = StopOnDrop(stopper.clone());
-            wait_for(Duration::from_secs(30), "every message handled", || {
-                seen.lock().len() >= total
-            });
-            stopper.stop();
-        });
-        worker
-            .run(1, |d| {
-                let payload: String = d.payload().map_err(|e| e.to_string())?;
-                let position = {
-                    let mut seen = seen.lock();
-                    seen.push((d.queue.to_string(), payload.clone()));
-                    seen.len()
-                };
-                // A handler that does some work, as real ones do.
-                std::thread::sleep(Duration::from_micros(100));
-                handle(&d.queue, &payload, position)
-            })
-            .expect("run");
-    });
-    seen.into_inner()
+    run_until(
+        worker,
+        1,
+        Duration::from_secs(30),
+        |d, seen: &Mutex<Vec<_>>| {
+            let payload: String = d.payload().map_err(|e| e.to_string())?;
+            let position = {
+                let mut seen = seen.lock();
+                seen.push((d.queue.to_string(), payload.clone()));
+                seen.len()
+            };
+            // A handler that does some work, as real ones do.
+            std::thread::sleep(Duration::from_micros(100));
+            handle(&d.queue, &payload, position)
+        },
+        |seen| seen.len() >= total,
+    )
 }
 
 #[test]

@@ -580,25 +580,43 @@ pub fn is_master(server: &RedisServer) -> bool {
         .is_some_and(|v| matches!(v, redis::Value::BulkString(b) if b == b"master"))
 }
 
-/// Run `worker` with 2 handler threads on messages whose payload is a number, until
-/// `done` says so (90 s at most); returns how often each number ran.
-pub fn consume_until(worker: &delayq::Worker, done: impl Fn(&HashMap<u64, u32>) -> bool + Sync) -> HashMap<u64, u32> {
-    let seen: parking_lot::Mutex<HashMap<u64, u32>> = parking_lot::Mutex::new(HashMap::new());
+/// Run `worker` with `threads` handler threads, each delivery going to `handle` with
+/// the record it keeps, until `done` holds for that record (`limit` at most); returns
+/// the record.
+pub fn run_until<R: Default + Send>(
+    worker: &delayq::Worker,
+    threads: usize,
+    limit: Duration,
+    handle: impl Fn(&delayq::Delivery, &parking_lot::Mutex<R>) -> Result<(), String> + Sync,
+    done: impl Fn(&R) -> bool + Sync,
+) -> R {
+    let record = parking_lot::Mutex::new(R::default());
     let stopper = worker.stopper();
     std::thread::scope(|s| {
         s.spawn(|| {
             let _stop = StopOnDrop(stopper.clone());
-            wait_for(Duration::from_secs(90), "every message handled", || done(&seen.lock()));
+            wait_for(limit, "the deliveries awaited", || done(&record.lock()));
             stopper.stop();
         });
-        worker
-            .run(2, |d| {
-                *seen.lock().entry(d.payload().map_err(|e| e.to_string())?).or_default() += 1;
-                Ok(())
-            })
-            .expect("run");
+        worker.run(threads, |d| handle(d, &record)).expect("run");
     });
-    seen.into_inner()
+    record.into_inner()
+}
+
+/// Run `worker` with 2 handler threads on messages whose payload is a number, until
+/// `done` says so (90 s at most); returns how often each number ran.
+pub fn consume_until(worker: &delayq::Worker, done: impl Fn(&HashMap<u64, u32>) -> bool + Sync) -> HashMap<u64, u32> {
+    run_until(
+        worker,
+        2,
+        Duration::from_secs(90),
+        |d, seen| {
+            let n: u64 = d.payload().map_err(|e| e.to_string())?;
+            *seen.lock().entry(n).or_default() += 1;
+            Ok(())
+        },
+        done,
+    )
 }
 
 /// Push number `i` under id `m<i>`, due within 20 ms, retrying a retryable failure
