@@ -189,10 +189,13 @@ final class DelayQueue
      *
      * @param string|int|float $schedule a cron pattern ("0 2 * * *", "@hourly"; 6 fields:
      *   seconds first), or an interval in seconds (at least 1)
-     * @param array{tz?: string, max_attempts?: int} $options tz: the pattern's IANA time
-     *   zone ("Asia/Shanghai"; UTC by default; not for intervals)
+     * @param array{tz?: string, max_attempts?: int, expire_after?: float} $options tz: the
+     *   pattern's IANA time zone ("Asia/Shanghai"; UTC by default; not for intervals);
+     *   'expire_after' (seconds): an occurrence that cannot start that long after its due
+     *   time, say after an outage, goes to the dead-letter set unrun and the next one is
+     *   due as usual (not in the seed layout)
      * @return float the next occurrence's due time, Unix seconds
-     * @throws DelayQueueInvalidArgumentException for a bad name, pattern, zone or interval
+     * @throws DelayQueueInvalidArgumentException for a bad name, pattern, zone, interval or option
      */
     public function repeat(string $name, mixed $schedule, mixed $payload, array $options = []): float {}
 
@@ -205,7 +208,7 @@ final class DelayQueue
 
     /**
      * @return list<array{name: string, schedule: string|float, tz: ?string, payload: mixed,
-     *   max_attempts: ?int, next_due_at: ?float}> by name; schedule is the pattern, or the
+     *   max_attempts: ?int, expire_after: ?float, next_due_at: ?float}> by name; schedule is the pattern, or the
      *   interval in seconds
      */
     public function repeats(): array {}

@@ -43,7 +43,7 @@ pub use queue::{
     COUNTERS, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, Listing, MAX_ID_BYTES, MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES,
     MessageInfo, NewMessage, PushOptions, Queue, QueueOptions, RateLimit, State, Stats, WorkerInfo,
 };
-pub use repeat::{RepeatInfo, Schedule};
+pub use repeat::{RepeatInfo, RepeatOptions, Schedule};
 pub use scripts::MAX_BATCH;
 pub use time::{Due, MAX_DELAY, delay_from_secs};
 pub use worker::{

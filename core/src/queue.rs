@@ -13,7 +13,7 @@ use crate::conn::{Conn, ConnSlot, ConnectOptions, Endpoint, Replay};
 use crate::envelope;
 use crate::error::{Error, Result};
 use crate::keys::{Keys, Layout, MAX_PARTITIONS, partition_of, partition_tags, validate_name};
-use crate::repeat::{self, RepeatInfo, Schedule};
+use crate::repeat::{self, RepeatInfo, RepeatOptions, Schedule};
 use crate::scripts::{self, MAX_BATCH};
 use crate::time::{Due, MAX_DELAY};
 
@@ -1140,31 +1140,32 @@ impl Queue {
     /// occurrence. Consumer pools push each next occurrence (see the `repeat` module).
     /// Returns the due time (Unix ms) of the next occurrence.
     pub fn repeat<T: Serialize + ?Sized>(&self, name: &str, schedule: &Schedule, payload: &T) -> Result<i64> {
-        self.repeat_json(name, schedule, &to_json(payload)?, None)
+        self.repeat_json(name, schedule, &to_json(payload)?, &RepeatOptions::default())
     }
 
-    /// `repeat` with the payload as JSON text and a per-message attempt limit.
+    /// `repeat` with the payload as JSON text and options for every occurrence.
     pub fn repeat_json(
         &self,
         name: &str,
         schedule: &Schedule,
         payload_json: &str,
-        max_attempts: Option<u32>,
+        options: &RepeatOptions,
     ) -> Result<i64> {
         validate_repeat_name(name)?;
         envelope::validate_payload(payload_json, self.inner.opts.max_payload_bytes)?;
-        validate_max_attempts(max_attempts)?;
+        validate_max_attempts(options.max_attempts)?;
+        let expire_after = expire_after_ms(&self.inner.opts.layout, options.expire_after)?;
         let now = crate::time::now_unix_ms();
         let first = schedule
             .next_after(None, now)
             .ok_or_else(|| Error::invalid("schedule", format!("{} never occurs after now", schedule.describe())))?;
-        let definition = repeat::definition(schedule, payload_json, max_attempts);
+        let definition = repeat::definition(schedule, payload_json, options);
         let envelope = envelope::encode(
             &self.inner.opts.layout,
             &repeat::occurrence_id(name, first),
             payload_json,
-            max_attempts,
-            None,
+            options.max_attempts,
+            expire_after,
             now,
         );
         let v = self.call(
@@ -1200,12 +1201,13 @@ impl Queue {
         let mut all = Vec::new();
         for part in 0..self.partitions() {
             for (name, definition, mark) in self.repeat_definitions(part, "")? {
-                let (schedule, payload_json, max_attempts) = repeat::parse_definition(&name, &definition)?;
+                let (schedule, payload_json, options) = repeat::parse_definition(&name, &definition)?;
                 all.push(RepeatInfo {
                     name,
                     schedule,
                     payload_json,
-                    max_attempts,
+                    max_attempts: options.max_attempts,
+                    expire_after: options.expire_after,
                     next_due_ms: mark,
                 });
             }
@@ -1243,17 +1245,21 @@ impl Queue {
         definition: &str,
         previous_ms: Option<i64>,
     ) -> Result<bool> {
-        let (schedule, payload_json, max_attempts) = repeat::parse_definition(name, definition)?;
+        let (schedule, payload_json, options) = repeat::parse_definition(name, definition)?;
         let now = crate::time::now_unix_ms();
         let Some(due) = schedule.next_after(previous_ms, now) else {
             return Ok(false);
         };
+        // Taken as stored: the definition was checked when it was written.
+        let expire_after = options
+            .expire_after
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let envelope = envelope::encode(
             &self.inner.opts.layout,
             &repeat::occurrence_id(name, due),
             &payload_json,
-            max_attempts,
-            None,
+            options.max_attempts,
+            expire_after,
             now,
         );
         let v = self.call(part, "repeat_next", Replay::Safe, &scripts::REPEAT_NEXT, |inv| {

@@ -121,6 +121,32 @@ impl Schedule {
     }
 }
 
+/// What each occurrence of a repeating message is pushed with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RepeatOptions {
+    /// Deliveries allowed per occurrence (overrides the worker's `max_attempts`).
+    pub max_attempts: Option<u32>,
+    /// An occurrence that cannot start within this long after its due time goes to
+    /// the dead-letter set unrun (`PushOptions::expire_after`): "sync every 5
+    /// minutes" has no use for a run 20 minutes late after an outage.
+    pub expire_after: Option<Duration>,
+}
+
+impl RepeatOptions {
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+
+    #[must_use]
+    pub fn expire_after(mut self, d: Duration) -> Self {
+        self.expire_after = Some(d);
+        self
+    }
+}
+
 /// A repeating message as stored.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -129,20 +155,28 @@ pub struct RepeatInfo {
     pub schedule: Schedule,
     pub payload_json: String,
     pub max_attempts: Option<u32>,
+    pub expire_after: Option<Duration>,
     /// Due time of the latest occurrence pushed (Unix ms): the pending one, or the one
     /// that ran last while its successor is being pushed.
     pub next_due_ms: Option<i64>,
 }
 
 /// The stored definition: JSON text that the scripts compare whole, never parse.
-pub(crate) fn definition(schedule: &Schedule, payload_json: &str, max_attempts: Option<u32>) -> String {
+/// `expire_after_ms` is written only when set, so definitions made before it existed
+/// read the same and a deploy that repeats them changes nothing.
+pub(crate) fn definition(schedule: &Schedule, payload_json: &str, options: &RepeatOptions) -> String {
     let text = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
     let schedule = match schedule {
         Schedule::Every(d) => format!(r#"{{"every_ms":{}}}"#, d.as_millis()),
         Schedule::Cron { pattern, tz } => format!(r#"{{"cron":{},"tz":{}}}"#, text(pattern), text(tz)),
     };
-    let limit = max_attempts.map_or_else(|| "null".to_owned(), |n| n.to_string());
-    format!(r#"{{"v":1,"schedule":{schedule},"max_attempts":{limit},"payload":{payload_json}}}"#)
+    let limit = options
+        .max_attempts
+        .map_or_else(|| "null".to_owned(), |n| n.to_string());
+    let expiry = options
+        .expire_after
+        .map_or_else(String::new, |d| format!(r#","expire_after_ms":{}"#, d.as_millis()));
+    format!(r#"{{"v":1,"schedule":{schedule},"max_attempts":{limit}{expiry},"payload":{payload_json}}}"#)
 }
 
 #[derive(Deserialize)]
@@ -156,12 +190,13 @@ struct StoredSchedule {
 struct Stored<'a> {
     schedule: StoredSchedule,
     max_attempts: Option<u32>,
+    expire_after_ms: Option<u64>,
     #[serde(borrow)]
     payload: &'a RawValue,
 }
 
 /// A definition read back, with the payload's JSON text as pushed.
-pub(crate) fn parse_definition(name: &str, text: &str) -> Result<(Schedule, String, Option<u32>)> {
+pub(crate) fn parse_definition(name: &str, text: &str) -> Result<(Schedule, String, RepeatOptions)> {
     let bad = |why: String| Error::Redis(format!("repeat {name:?} has an unreadable definition: {why}"));
     let stored: Stored<'_> = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
     let schedule = match stored.schedule {
@@ -176,7 +211,11 @@ pub(crate) fn parse_definition(name: &str, text: &str) -> Result<(Schedule, Stri
         },
         _ => return Err(bad("no schedule".into())),
     };
-    Ok((schedule, stored.payload.get().to_owned(), stored.max_attempts))
+    let options = RepeatOptions {
+        max_attempts: stored.max_attempts,
+        expire_after: stored.expire_after_ms.map(Duration::from_millis),
+    };
+    Ok((schedule, stored.payload.get().to_owned(), options))
 }
 
 /// The name and due time of an occurrence id, or `None` for another id.
@@ -249,11 +288,20 @@ mod tests {
     #[test]
     fn definitions_read_back_as_written() {
         let cron = Schedule::cron("0 2 * * *", Some("Europe/Berlin")).expect("valid");
-        let text = definition(&cron, r#"{"big":9223372036854775807}"#, Some(3));
-        let (schedule, payload, limit) = parse_definition("n", &text).expect("readable");
+        let options = RepeatOptions::default()
+            .max_attempts(3)
+            .expire_after(Duration::from_millis(1500));
+        let text = definition(&cron, r#"{"big":9223372036854775807}"#, &options);
+        let (schedule, payload, read) = parse_definition("n", &text).expect("readable");
         assert_eq!(
-            (schedule, payload.as_str(), limit),
-            (cron, r#"{"big":9223372036854775807}"#, Some(3))
+            (schedule, payload.as_str(), read),
+            (cron.clone(), r#"{"big":9223372036854775807}"#, options)
+        );
+        // Definitions stored before expire_after existed must stay byte for byte what
+        // they were, or every deploy would replace them.
+        assert_eq!(
+            definition(&cron, "1", &RepeatOptions::default().max_attempts(3)),
+            r#"{"v":1,"schedule":{"cron":"0 2 * * *","tz":"Europe/Berlin"},"max_attempts":3,"payload":1}"#
         );
         assert_eq!(occurrence_of(&occurrence_id("a:b", 42)), Some(("a:b", 42)));
         assert_eq!(occurrence_of("repeat:x"), None);

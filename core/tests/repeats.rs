@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
-use delayq::{Queue, Schedule, State, Worker, WorkerOptions};
+use delayq::{Layout, Queue, QueueOptions, RepeatOptions, Schedule, State, Worker, WorkerOptions};
 use parking_lot::Mutex;
 use serde_json::json;
 
@@ -194,8 +194,32 @@ fn bad_repeats_are_refused_and_write_nothing() {
         ("", q.repeat("", &every, &1)),
         ("control", q.repeat("a\nb", &every, &1)),
         ("long", q.repeat(&"x".repeat(300), &every, &1)),
-        ("payload", q.repeat_json("ok", &every, "{nope", None)),
-        ("attempts", q.repeat_json("ok", &every, "1", Some(0))),
+        (
+            "payload",
+            q.repeat_json("ok", &every, "{nope", &RepeatOptions::default()),
+        ),
+        (
+            "attempts",
+            q.repeat_json("ok", &every, "1", &RepeatOptions::default().max_attempts(0)),
+        ),
+        (
+            "expire_after",
+            q.repeat_json(
+                "ok",
+                &every,
+                "1",
+                &RepeatOptions::default().expire_after(Duration::ZERO),
+            ),
+        ),
+        (
+            "expire_after",
+            q.repeat_json(
+                "ok",
+                &every,
+                "1",
+                &RepeatOptions::default().expire_after(delayq::MAX_DELAY + Duration::from_secs(1)),
+            ),
+        ),
     ] {
         assert!(
             matches!(
@@ -205,6 +229,22 @@ fn bad_repeats_are_refused_and_write_nothing() {
             "{name}: {err:?}"
         );
     }
+    let seed = server.queue_with(
+        "seed",
+        QueueOptions {
+            layout: Layout::seed(),
+            ..QueueOptions::default()
+        },
+    );
+    let err = seed
+        .repeat_json(
+            "ok",
+            &every,
+            "1",
+            &RepeatOptions::default().expire_after(Duration::from_secs(1)),
+        )
+        .expect_err("no room for a deadline in the seed layout");
+    assert!(err.to_string().contains("native layout"), "{err}");
     assert!(Schedule::cron("not a pattern", None).is_err());
     assert!(Schedule::cron("0 2 * * *", Some("Nowhere/Else")).is_err());
     assert!(Schedule::every(Duration::from_millis(10)).is_err());
@@ -213,4 +253,63 @@ fn bad_repeats_are_refused_and_write_nothing() {
         "nothing written: {:?}",
         server.dump_keys()
     );
+}
+
+#[test]
+fn an_occurrence_that_could_not_start_within_expire_after_is_buried_and_the_next_runs() {
+    let server = RedisServer::start();
+    let q = server.queue("late");
+    let every = Schedule::every(Duration::from_secs(1)).expect("schedule");
+    let options = RepeatOptions::default()
+        .max_attempts(4)
+        .expire_after(Duration::from_millis(300));
+    let first = q
+        .repeat_json("sync", &every, r#"{"sync":1}"#, &options)
+        .expect("repeat");
+    let pending = q.get(&format!("repeat:sync:{first}")).expect("get").expect("waits");
+    assert_eq!(
+        pending.expires_at_ms,
+        Some(first + 300),
+        "the deadline counts from the due time"
+    );
+    assert_eq!(pending.max_attempts, Some(4));
+    assert_eq!(
+        q.repeat_json("sync", &every, r#"{"sync":1}"#, &options).expect("again"),
+        first,
+        "the same options again change nothing"
+    );
+    let listed = q.repeats().expect("repeats");
+    assert_eq!(
+        (listed[0].max_attempts, listed[0].expire_after),
+        (Some(4), Some(Duration::from_millis(300)))
+    );
+
+    // No pool runs until the first occurrence is past its deadline (an outage).
+    wait_for(Duration::from_secs(5), "the first deadline to pass", || {
+        server_ms(&server) > first + 500
+    });
+    let seen = consume(&server, &q, 1, |seen| !occurrences(seen, "sync").is_empty());
+    let ran = occurrences(&seen, "sync");
+    assert_eq!(
+        ran[0],
+        first + 1000,
+        "the next occurrence ran, the late one did not: {ran:?}"
+    );
+    let dead = q.dead_letters(10).expect("dead letters");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].id, format!("repeat:sync:{first}"));
+    assert!(dead[0].last_error.contains("expire_after"), "{}", dead[0].last_error);
+    let next = q
+        .get(&format!("repeat:sync:{}", first + 2000))
+        .expect("get")
+        .expect("the chain goes on");
+    assert_eq!(next.expires_at_ms, Some(first + 2300));
+
+    // Changing only expire_after is a new definition: its waiting occurrence is replaced.
+    let changed = q
+        .repeat_json("sync", &every, r#"{"sync":1}"#, &RepeatOptions::default())
+        .expect("changed");
+    let info = q.get(&format!("repeat:sync:{changed}")).expect("get").expect("waits");
+    assert_eq!(info.expires_at_ms, None);
+    assert_eq!(q.repeats().expect("repeats")[0].expire_after, None);
 }

@@ -8,7 +8,7 @@ use ext_php_rs::zend::ClassEntry;
 
 use crate::convert::{self, Options, OptionsArg, Seconds, assoc, ms_to_secs, zv};
 use crate::errors::{self, OrThrow};
-use delayq::{Listing, MessageInfo, RateLimit, Schedule};
+use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -386,19 +386,23 @@ impl PhpDelayQueue {
     ///
     /// @param string|int|float $schedule a cron pattern ("0 2 * * *"; 6 fields: seconds
     ///   first), or an interval in seconds (at least 1)
-    /// @param array{tz?: string, max_attempts?: int} $options tz: the cron pattern's IANA
-    ///   time zone (UTC by default)
+    /// @param array{tz?: string, max_attempts?: int, expire_after?: float} $options tz: the
+    ///   cron pattern's IANA time zone (UTC by default); expire_after: seconds after its
+    ///   due time past which an occurrence that could not start goes to the dead-letter
+    ///   set unrun
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn repeat(&self, name: String, schedule: &Zval, payload: &Zval, options: OptionsArg<'_>) -> PhpResult<f64> {
         let mut o = Options::new(options.0, "repeat option");
         let tz = o.string("tz")?;
-        let max_attempts = o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32);
+        let mut repeat_options = RepeatOptions::default();
+        repeat_options.max_attempts = o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32);
+        repeat_options.expire_after = o.duration("expire_after")?;
         o.finish()?;
         let schedule = schedule_of(schedule, tz.as_deref())?;
         let json = convert::payload_to_json(payload)?;
         let due = self
             .queue
-            .repeat_json(&name, &schedule, &json, max_attempts)
+            .repeat_json(&name, &schedule, &json, &repeat_options)
             .or_throw()?;
         Ok(ms_to_secs(due))
     }
@@ -412,7 +416,7 @@ impl PhpDelayQueue {
     /// The repeating messages, by name.
     ///
     /// @return list<array{name: string, schedule: string|float, tz: ?string, payload: mixed,
-    ///   max_attempts: ?int, next_due_at: ?float}>
+    ///   max_attempts: ?int, expire_after: ?float, next_due_at: ?float}>
     pub fn repeats(&self) -> PhpResult<ZBox<ZendHashTable>> {
         let mut list = ZendHashTable::new();
         for r in self.queue.repeats().or_throw()? {
@@ -428,6 +432,7 @@ impl PhpDelayQueue {
                 ("tz", tz),
                 ("payload", payload),
                 ("max_attempts", zv(r.max_attempts.map(i64::from))),
+                ("expire_after", zv(r.expire_after.map(|e| e.as_secs_f64()))),
                 ("next_due_at", zv(r.next_due_ms.map(ms_to_secs))),
             ])?;
             list.push(entry).map_err(|e| errors::payload(e.to_string()))?;

@@ -659,7 +659,7 @@ final class WorkerTest extends TestCase
         $this->assertGreaterThan(microtime(true), $due);
         $this->assertSame($due, $this->q->repeat('tick', 1, ['n' => 1]), 'the same definition changes nothing');
         $this->assertSame([['name' => 'tick', 'schedule' => 1.0, 'tz' => null, 'payload' => ['n' => 1],
-            'max_attempts' => null, 'next_due_at' => $due]], $this->q->repeats());
+            'max_attempts' => null, 'expire_after' => null, 'next_due_at' => $due]], $this->q->repeats());
         $seen = [];
         $worker = new DelayQueueWorker($this->q);
         $worker->run(function (array $payload, DelayQueueMessage $msg) use ($worker, &$seen) {
@@ -674,10 +674,14 @@ final class WorkerTest extends TestCase
         $this->assertFalse($this->q->unrepeat('tick'));
         $this->assertSame([], $this->q->repeats());
 
-        $this->q->repeat('nightly', '0 2 * * *', ['report' => true], ['tz' => 'Asia/Shanghai', 'max_attempts' => 2]);
+        $next = $this->q->repeat('nightly', '0 2 * * *', ['report' => true],
+            ['tz' => 'Asia/Shanghai', 'max_attempts' => 2, 'expire_after' => 600]);
         [$nightly] = $this->q->repeats();
-        $this->assertSame(['0 2 * * *', 'Asia/Shanghai', 2], [$nightly['schedule'], $nightly['tz'], $nightly['max_attempts']]);
+        $this->assertSame(['0 2 * * *', 'Asia/Shanghai', 2, 600.0],
+            [$nightly['schedule'], $nightly['tz'], $nightly['max_attempts'], $nightly['expire_after']]);
         $this->assertSame('18:00', gmdate('H:i', (int) $nightly['next_due_at']), '02:00 in Shanghai');
+        $occurrence = $this->q->get('repeat:nightly:' . (int) round($next * 1000));
+        $this->assertEqualsWithDelta($next + 600, $occurrence['expires_at'], 0.0005, 'its deadline counts from its due time');
 
         foreach ([
             [['x', '61 * * * *', 1], 'not a cron pattern'],
@@ -687,6 +691,7 @@ final class WorkerTest extends TestCase
             [['x', [60], 1], '$schedule must be a cron pattern'],
             [['', 60, 1], 'repeat name'],
             [['x', 60, 1, ['zt' => 'UTC']], "unknown repeat option 'zt'"],
+            [['x', 60, 1, ['expire_after' => 0]], 'expire_after'],
         ] as [$args, $text]) {
             try {
                 $this->q->repeat(...$args);

@@ -262,7 +262,11 @@ def _repeats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         for r in repeats:
             every = (f"every {r['schedule']:g} s" if r["tz"] is None
                      else f"cron '{r['schedule']}' in {r['tz']}")
-            lines.append(f"{r['name']}  {every}  next {_when(r['next_due_at'])}")
+            limits = "".join([
+                f"  max {r['max_attempts']} attempts" if r["max_attempts"] is not None else "",
+                f"  expires {r['expire_after']:g} s after due" if r["expire_after"] is not None else "",
+            ])
+            lines.append(f"{r['name']}  {every}{limits}  next {_when(r['next_due_at'])}")
             lines.append(f"    payload: {_clip(_payload(r['payload']))}")
         return lines
 
@@ -273,7 +277,8 @@ def _repeats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 def _repeat(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     payload = _json_payload(args.payload)
     schedule: Union[str, float] = float(args.every) if args.every is not None else args.cron
-    due = q.repeat(args.name, schedule, payload, tz=args.tz, max_attempts=args.max_attempts)
+    due = q.repeat(args.name, schedule, payload, tz=args.tz, max_attempts=args.max_attempts,
+                   expire_after=args.expire_after)
     out.emit({"name": args.name, "next_due_at": due}, lambda: [f"{args.name}: next at {_when(due)}"])
     return 0
 
@@ -466,6 +471,8 @@ def _parser() -> argparse.ArgumentParser:
     when.add_argument("--every", type=float, help="an interval in seconds (at least 1)")
     c.add_argument("--tz", help="the cron pattern's IANA time zone (default: UTC)")
     c.add_argument("--max-attempts", type=int, help="deliveries of each occurrence before the dead-letter set")
+    c.add_argument("--expire-after", type=float, metavar="SECONDS",
+                   help="an occurrence not started this long after its due time goes to the dead-letter set unrun")
     c.add_argument("payload", help="JSON")
     c.set_defaults(run=_repeat)
     c = sub.add_parser("unrepeat", help="stop a repeating message (its waiting occurrence is cancelled)")

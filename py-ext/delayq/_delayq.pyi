@@ -144,6 +144,7 @@ class DelayQueue:
         *,
         tz: Optional[str] = None,
         max_attempts: Optional[int] = None,
+        expire_after: Optional[float] = None,
     ) -> float:
         """Define or change a repeating message: ``payload`` is pushed once per occurrence
         of ``schedule`` (a cron pattern such as ``"0 2 * * *"``, 6 fields with seconds
@@ -151,13 +152,17 @@ class DelayQueue:
         at least 1) as a message with the id ``repeat:<name>:<due ms>``. Each occurrence
         runs once however many workers there are; ones missed while none ran are
         skipped. The same definition again changes nothing; another replaces it and its
-        waiting occurrence. Returns the next occurrence's due time (Unix seconds)."""
+        waiting occurrence. With ``expire_after`` (seconds) an occurrence that cannot
+        start that long after its due time, say after an outage, goes to the dead-letter
+        set unrun and the next one is due as usual. Returns the next occurrence's due
+        time (Unix seconds)."""
     def unrepeat(self, name: str) -> bool:
         """Stop a repeating message; its waiting occurrence is cancelled. False if there
         was none of that name."""
     def repeats(self) -> list[dict[str, Any]]:
         """The repeating messages by name: ``{name, schedule, tz, payload, max_attempts,
-        next_due_at}``; ``schedule`` is the pattern, or the interval in seconds."""
+        expire_after, next_due_at}``; ``schedule`` is the pattern, or the interval in
+        seconds."""
     def pause(self) -> bool:
         """Stop consumption for every worker pool, on every host and in every language,
         until ``resume()``: no handler starts a new message beyond what a pool had

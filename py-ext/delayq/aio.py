@@ -99,9 +99,10 @@ class AsyncDelayQueue:
         return await asyncio.to_thread(self._queue.delete_dead, id)
 
     async def repeat(self, name: str, schedule: Union[str, float], payload: Any, *, tz: Optional[str] = None,
-                     max_attempts: Optional[int] = None) -> float:
+                     max_attempts: Optional[int] = None, expire_after: Optional[float] = None) -> float:
         """`DelayQueue.repeat`."""
-        return await asyncio.to_thread(self._queue.repeat, name, schedule, payload, tz=tz, max_attempts=max_attempts)
+        return await asyncio.to_thread(self._queue.repeat, name, schedule, payload, tz=tz, max_attempts=max_attempts,
+                                       expire_after=expire_after)
 
     async def unrepeat(self, name: str) -> bool:
         """`DelayQueue.unrepeat`."""

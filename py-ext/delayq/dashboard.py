@@ -83,6 +83,7 @@ def _queue_section(q: DelayQueue, now: float) -> str:
         running = q.inflight(ROWS)
         waiting = q.waiting(ROWS)
         dead = q.dead_letters(ROWS)
+        repeating = q.repeats()
     except DelayQueueError as e:
         return f'{title}<p class="bad">Redis did not answer: {_text(str(e))}</p>'
     next_due = stats["next_due_at"]
@@ -127,6 +128,14 @@ def _queue_section(q: DelayQueue, now: float) -> str:
           _text(m["last_error"]) if m["last_error"] else "", _text(m["payload"])] for m in waiting],
         frozenset({2}),
     )
+    schedules = _table(
+        ["name", "schedule", "next due", "max attempts", "expire after", "payload"],
+        [[f"<code>{_text(r['name'])}</code>",
+          f"every {_span(r['schedule'])}" if r["tz"] is None else f"<code>{_text(r['schedule'])}</code> in {_text(r['tz'])}",
+          _when(r["next_due_at"]), "" if r["max_attempts"] is None else str(r["max_attempts"]),
+          "" if r["expire_after"] is None else _span(r["expire_after"]), _text(r["payload"])] for r in repeating],
+        frozenset({3}),
+    )
     letters = _table(
         ["id", "died", "attempts", "last error", "payload"],
         [[f"<code>{_text(m['id'])}</code>", _when(m["dead_at"]), str(m["attempts"]),
@@ -140,6 +149,7 @@ def _queue_section(q: DelayQueue, now: float) -> str:
         + f"<h3>worker pools ({len(pools)})</h3>{workers}"
         + f"<h3>running (first {ROWS} by lease)</h3>{inflight}"
         + f"<h3>next due (first {ROWS})</h3>{upcoming}"
+        + (f"<h3>repeating messages ({len(repeating)})</h3>{schedules}" if repeating else "")
         + f"<h3>dead letters (latest {ROWS}; <code>delayq --queue {html.escape(q.name)} requeue-dead</code>)</h3>"
         + letters
         + f"<h3>lifetime counters</h3>{counters}"

@@ -7,7 +7,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::convert::{self, json_to_py, payload_to_json};
 use crate::errors::{self, OrRaise};
-use delayq::{Listing, MessageInfo, RateLimit, Schedule};
+use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule};
 
 /// A delay queue on Redis. Usable on both sides of os.fork(): each process opens its
 /// own connection.
@@ -372,7 +372,8 @@ impl PyQueue {
     /// Define or change a repeating message: `payload` is pushed once per occurrence
     /// of `schedule` (a cron pattern, or an interval in seconds), as a message with the
     /// id "repeat:<name>:<due ms>". Returns the next occurrence's due time.
-    #[pyo3(signature = (name, schedule, payload, *, tz = None, max_attempts = None))]
+    #[pyo3(signature = (name, schedule, payload, *, tz = None, max_attempts = None, expire_after = None))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn repeat(
         &self,
         py: Python<'_>,
@@ -381,7 +382,11 @@ impl PyQueue {
         payload: &Bound<'_, PyAny>,
         tz: Option<&str>,
         max_attempts: Option<u32>,
+        expire_after: Option<f64>,
     ) -> PyResult<f64> {
+        let mut options = RepeatOptions::default();
+        options.max_attempts = max_attempts;
+        options.expire_after = duration(py, "expire_after", expire_after)?;
         let schedule = if let Ok(pattern) = schedule.extract::<String>() {
             Schedule::cron(&pattern, tz)
         } else {
@@ -390,7 +395,7 @@ impl PyQueue {
         .or_raise(py)?;
         let json = payload_to_json(payload)?;
         let due = py
-            .detach(|| self.queue.repeat_json(name, &schedule, &json, max_attempts))
+            .detach(|| self.queue.repeat_json(name, &schedule, &json, &options))
             .or_raise(py)?;
         Ok(ms_to_secs(due))
     }
@@ -424,6 +429,7 @@ impl PyQueue {
             }
             d.set_item("payload", json_to_py(py, &r.payload_json).ok())?;
             d.set_item("max_attempts", r.max_attempts)?;
+            d.set_item("expire_after", r.expire_after.map(|e| e.as_secs_f64()))?;
             d.set_item("next_due_at", r.next_due_ms.map(ms_to_secs))?;
             list.append(d)?;
         }

@@ -332,10 +332,12 @@ def test_push_and_reschedule(queue: delayq.DelayQueue, redis_url: str) -> None:
 def test_repeat_repeats_and_unrepeat(queue: delayq.DelayQueue, redis_url: str) -> None:
     done = cli_json(redis_url, "repeat", "nightly", "--cron", "0 2 * * *", "--tz", "Asia/Shanghai", '{"r": 1}')
     assert done["name"] == "nightly" and done["next_due_at"] == queue.repeats()[0]["next_due_at"]
-    assert cli_json(redis_url, "repeat", "tick", "--every", "60", "[1]")["next_due_at"] > time.time()
+    assert cli_json(redis_url, "repeat", "tick", "--every", "60", "--expire-after", "2.5", "[1]")["next_due_at"] > time.time()
     assert cli_json(redis_url, "repeats") == queue.repeats()
+    assert [r["expire_after"] for r in queue.repeats()] == [None, 2.5]
     text = cli(redis_url, "repeats").stdout
-    assert "nightly  cron '0 2 * * *' in Asia/Shanghai  next " in text and "tick  every 60 s  next " in text
+    assert "nightly  cron '0 2 * * *' in Asia/Shanghai  next " in text
+    assert "tick  every 60 s  expires 2.5 s after due  next " in text
     assert cli_json(redis_url, "unrepeat", "tick") == {"removed": True}
     gone = cli(redis_url, "unrepeat", "tick")
     assert gone.returncode == 1 and "no repeating message 'tick'" in gone.stderr
@@ -363,6 +365,7 @@ def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
     runner.join(20)
     wait_for(10, "the dead letter", lambda: queue.stats()["dead"] == 1)
     queue.pause()
+    queue.repeat("sync-rates", 300, {"source": "ecb"}, max_attempts=3, expire_after=60)
     closed = delayq.DelayQueue(f"redis://127.0.0.1:{free_port()}", "elsewhere", connect_timeout=0.2,
                                retry_timeout=0.2)
     page = render_html([queue, closed], refresh=2, now=lambda: 1_900_000_000.0)
@@ -371,6 +374,8 @@ def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
     assert "queue <code>jobs</code>" in page and "later-1" in page and "poison" in page
     assert "ValueError: &lt;script&gt;" in page, "the dead letter's error"
     assert '<span class="bad">paused</span>' in page
+    assert ("<h3>repeating messages (1)</h3>" in page and "<td><code>sync-rates</code></td><td>every 5.0 min</td>" in page
+            and "<td>60.0 s</td>" in page)
     assert "queue <code>elsewhere</code>" in page and "Redis did not answer" in page
     assert "read at 2030-03-17 17:46:40.000 UTC" in page
 

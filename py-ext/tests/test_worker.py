@@ -385,7 +385,7 @@ def test_a_repeating_message_runs_once_per_occurrence(queue: delayq.DelayQueue) 
     due = queue.repeat("tick", 1, {"n": 1})
     assert due > time.time() and queue.repeat("tick", 1, {"n": 1}) == due, "the same definition changes nothing"
     assert queue.repeats() == [{"name": "tick", "schedule": 1.0, "tz": None, "payload": {"n": 1},
-                                "max_attempts": None, "next_due_at": due}]
+                                "max_attempts": None, "expire_after": None, "next_due_at": due}]
     seen: list[str] = []
     worker = delayq.Worker(queue)
 
@@ -399,11 +399,14 @@ def test_a_repeating_message_runs_once_per_occurrence(queue: delayq.DelayQueue) 
     assert seen == [f"repeat:tick:{first}", f"repeat:tick:{first + 1000}"]
     assert queue.unrepeat("tick") and queue.repeats() == [] and not queue.unrepeat("tick")
 
-    queue.repeat("nightly", "0 2 * * *", {"report": True}, tz="Asia/Shanghai", max_attempts=2)
+    nxt = queue.repeat("nightly", "0 2 * * *", {"report": True}, tz="Asia/Shanghai", max_attempts=2, expire_after=600)
     [nightly] = queue.repeats()
-    assert (nightly["schedule"], nightly["tz"], nightly["max_attempts"]) == ("0 2 * * *", "Asia/Shanghai", 2)
+    assert (nightly["schedule"], nightly["tz"], nightly["max_attempts"], nightly["expire_after"]) == (
+        "0 2 * * *", "Asia/Shanghai", 2, 600.0)
     at = datetime.datetime.fromtimestamp(nightly["next_due_at"], datetime.timezone.utc)
     assert (at.hour, at.minute) == (18, 0), "02:00 in Shanghai"
+    occurrence = queue.get(f"repeat:nightly:{round(nxt * 1000)}")
+    assert occurrence is not None and occurrence["expires_at"] == pytest.approx(nxt + 600, abs=0.0005)
 
 
 @pytest.mark.parametrize("args, kwargs, error, text", [
@@ -414,6 +417,8 @@ def test_a_repeating_message_runs_once_per_occurrence(queue: delayq.DelayQueue) 
     (("x", True, 1), {}, TypeError, "schedule"),
     (("", 60, 1), {}, delayq.InvalidArgumentError, "repeat name"),
     (("x", 60, object()), {}, TypeError, "payload"),
+    (("x", 60, 1), {"expire_after": 0}, delayq.InvalidArgumentError, "expire_after"),
+    (("x", 60, 1), {"expire_after": float("nan")}, delayq.InvalidArgumentError, "expire_after"),
 ])
 def test_bad_repeats_are_refused_and_write_nothing(
     queue: delayq.DelayQueue, args: tuple[Any, ...], kwargs: dict[str, Any], error: type[Exception], text: str

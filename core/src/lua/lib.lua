@@ -229,13 +229,13 @@ local function occurrence_id(name, due)
 end
 
 -- Push the occurrence of `name` due at `due` (absolute ms) unless it exists, and mark
--- it as the repeat's latest.
+-- it as the repeat's latest. An expire_after deadline counts from `due`.
 local function push_occurrence(name, due, envelope)
   local id = occurrence_id(name, due)
   if not redis.call('HGET', K_MSG, id) then
     local old_head = head_score()
     local score = score_of(due, next_seq())
-    redis.call('HSET', K_MSG, id, envelope)
+    redis.call('HSET', K_MSG, id, with_deadline(envelope, due))
     redis.call('ZADD', K_SCHED, score, id)
     redis.call('HINCRBY', K_STATS, 'pushed', 1)
     wake_if_earlier(old_head, score)

@@ -2,6 +2,7 @@
 -- KEYS: see lib.lua.
 -- ARGV[3] name   ARGV[4] definition (compared whole: the same text changes nothing)
 -- ARGV[5] first due time (absolute ms, after now)   ARGV[6] envelope of that occurrence
+--   (an expire_after deadline in it is set from the due time)
 -- Returns the due time (ms) of the repeat's next occurrence: the one pending for an
 -- unchanged definition, else the one just pushed.
 local name, definition, first = ARGV[3], ARGV[4], tonumber(ARGV[5])
