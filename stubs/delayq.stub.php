@@ -306,9 +306,13 @@ final class DelayQueueWorker
      * @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
      *   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
      *   idle_check?: float, stop_when_empty?: bool, max_jobs?: int, max_memory_mb?: int,
-     *   on_start?: callable, on_stop?: callable, on_dead?: callable,
+     *   max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
      *   lower_queues?: list<DelayQueue>} $options
      *   processes > 1 (or a timeout) forks handler processes and supervises them;
+     *   max_jobs, max_memory_mb and max_time (seconds) end a process's run after that
+     *   many messages, that much memory or that long (its running handler finishes
+     *   first): the supervisor starts a fresh process in its place, and without
+     *   supervision run() returns;
      *   on_start runs once in each worker process, after the fork; on_stop runs in each
      *   worker process after its pool stopped and wrote every acknowledgement;
      *   stop_when_empty makes run() return once no message is due and none runs
@@ -325,12 +329,12 @@ final class DelayQueueWorker
     public function __construct(DelayQueue $queue, array $options = []) {}
 
     /**
-     * Consumes until stopped by stop(), SIGTERM, SIGINT, max_jobs, max_memory_mb,
+     * Consumes until stopped by stop(), SIGTERM, SIGINT, max_jobs, max_memory_mb, max_time,
      * DelayQueue::restartWorkers() or, with stop_when_empty, an empty queue. Returning from $handler acknowledges the message;
      * throwing retries it with backoff, and after max_attempts moves it to the
      * dead-letter set with the exception as its last error. Returns once every
      * acknowledgement is written; 'stopped_by' says why: 'stop', 'signal', 'max_jobs',
-     * 'max_memory', 'exit' (exit() in a handler), 'restart' or 'empty'.
+     * 'max_memory', 'max_time', 'exit' (exit() in a handler), 'restart' or 'empty'.
      *
      * @param callable(mixed, DelayQueueMessage): void $handler
      * @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int,

@@ -1,5 +1,5 @@
 //! `processes` mode: fork N handler processes before any thread exists, restart those
-//! that die or are recycled (max_jobs, max_memory_mb), kill those whose handler runs
+//! that die or are recycled (max_jobs, max_memory_mb, max_time), kill those whose handler runs
 //! past `timeout`, forward SIGTERM, wait for all, and sum their summaries.
 
 use std::fs::File;
@@ -153,6 +153,7 @@ fn decode(text: &str) -> Option<Report> {
         Some("signal") => Some(Ended::Signal),
         Some("max_jobs") => Some(Ended::MaxJobs),
         Some("max_memory") => Some(Ended::MaxMemory),
+        Some("max_time") => Some(Ended::MaxTime),
         Some("exit") => Some(Ended::Exit),
         Some("restart") => Some(Ended::Restart),
         Some("empty") => Some(Ended::Empty),
@@ -328,7 +329,7 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
                 }
                 Some(Report::Done(s)) => {
                     total += &s.core;
-                    if let Some(why @ (Ended::MaxJobs | Ended::MaxMemory)) = s.ended
+                    if let Some(why @ (Ended::MaxJobs | Ended::MaxMemory | Ended::MaxTime)) = s.ended
                         && !stopping
                     {
                         log::info!("worker process {pid} recycled ({}); starting another", why.as_str());

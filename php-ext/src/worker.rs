@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ext_php_rs::boxed::ZBox;
 use ext_php_rs::convert::IntoZval;
@@ -129,6 +129,8 @@ pub(crate) struct Limits {
     pub(crate) processes: usize,
     pub(crate) max_jobs: Option<u64>,
     pub(crate) max_memory_bytes: Option<i64>,
+    /// Each process's run ends (and the supervisor starts another) after this long.
+    pub(crate) max_time: Option<Duration>,
     pub(crate) timeout: Option<Duration>,
 }
 
@@ -167,6 +169,7 @@ pub(crate) enum Ended {
     Signal,
     MaxJobs,
     MaxMemory,
+    MaxTime,
     /// The handler called exit() or die().
     Exit,
     /// `DelayQueue::restartWorkers()` asked the pools running then to stop.
@@ -182,6 +185,7 @@ impl Ended {
             Self::Signal => "signal",
             Self::MaxJobs => "max_jobs",
             Self::MaxMemory => "max_memory",
+            Self::MaxTime => "max_time",
             Self::Exit => "exit",
             Self::Restart => "restart",
             Self::Empty => "empty",
@@ -223,9 +227,14 @@ impl PhpWorker {
         let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
         let mut jobs: u64 = 0;
         let mut ended = None;
+        let started = Instant::now();
         loop {
             if ended.is_none() && signals::take() {
                 ended = Some(Ended::Signal);
+                stopper.stop();
+            }
+            if ended.is_none() && self.limits.max_time.is_some_and(|t| started.elapsed() >= t) {
+                ended = Some(Ended::MaxTime);
                 stopper.stop();
             }
             if ended.is_none() && stopper.restart_requested() {
@@ -462,6 +471,12 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
     w.stop_when_empty = o.bool("stop_when_empty")?.unwrap_or(false);
     let max_jobs = o.int("max_jobs", 1, i64::MAX)?.map(|n| n as u64);
     let max_memory_bytes = o.int("max_memory_mb", 1, 1 << 30)?.map(|mb| mb << 20);
+    let max_time = o.duration("max_time")?;
+    if max_time.is_some_and(|t| t.is_zero()) {
+        return Err(errors::invalid(
+            "DelayQueueWorker option 'max_time' must be above 0 seconds",
+        ));
+    }
     let mut hook = |name: &'static str| match o.get(name) {
         Some(v) if v.is_callable() => Ok(Some(v.shallow_clone())),
         Some(v) => Err(errors::type_error(format!(
@@ -479,6 +494,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
         processes,
         max_jobs,
         max_memory_bytes,
+        max_time,
         timeout: w.timeout,
     };
     Ok((w, lower, limits, (on_start, on_stop, on_dead)))
@@ -488,7 +504,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
 impl PhpWorker {
     /// @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
     ///   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
-    ///   idle_check?: float, stop_when_empty?: bool, max_jobs?: int, max_memory_mb?: int,
+    ///   idle_check?: float, stop_when_empty?: bool, max_jobs?: int, max_memory_mb?: int, max_time?: float,
     ///   on_start?: callable, on_stop?: callable, on_dead?: callable, lower_queues?: list<DelayQueue>} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn __construct(queue: &PhpDelayQueue, options: OptionsArg<'_>) -> PhpResult<Self> {
@@ -504,7 +520,7 @@ impl PhpWorker {
         })
     }
 
-    /// Consume until stopped (stop(), SIGTERM, SIGINT, max_jobs, max_memory_mb,
+    /// Consume until stopped (stop(), SIGTERM, SIGINT, max_jobs, max_memory_mb, max_time,
     /// DelayQueue::restartWorkers(), stop_when_empty), calling
     /// `$handler(mixed $payload, DelayQueueMessage $message)` for each due message.
     /// Returning acknowledges the message; throwing retries it with backoff, and after

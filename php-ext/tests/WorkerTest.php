@@ -429,6 +429,40 @@ final class WorkerTest extends TestCase
         $this->assertSame(0, $this->q->stats()['inflight'], 'prefetched messages went back at once');
     }
 
+    public function testMaxTimeEndsAnIdleRun(): void
+    {
+        $w = new DelayQueueWorker($this->q, ['max_time' => 0.3]);
+        $summary = $w->run(function () {
+            $this->fail('nothing to handle');
+        });
+        $this->assertSame('max_time', $summary['stopped_by']);
+        foreach ([0, -1, NAN, 'soon'] as $bad) {
+            try {
+                new DelayQueueWorker($this->q, ['max_time' => $bad]);
+                $this->fail('accepted max_time ' . var_export($bad, true));
+            } catch (DelayQueueInvalidArgumentException | TypeError $e) {
+                $this->assertStringContainsString('max_time', $e->getMessage());
+            }
+        }
+    }
+
+    public function testMaxTimeRecyclesSupervisedProcessesAndLosesNothing(): void
+    {
+        $this->fill(300);
+        $proc = $this->startWorker(['processes' => 2, 'max_time' => 0.4, '_sleep_ms' => 10]);
+        delayq_wait_for(30, 'every message handled', fn () => $this->drained());
+        delayq_wait_for(10, 'two rounds of recycling', fn () => count(@file("{$this->log}.starts") ?: []) >= 6);
+        proc_terminate($proc, SIGTERM);
+        $this->assertSame(0, proc_close($proc));
+        $summary = $this->summary();
+        $this->assertSame('signal', $summary['stopped_by']);
+        $this->assertGreaterThanOrEqual(4, $summary['restarts'], 'each ended process was replaced');
+        $this->assertSame(300, $summary['acked'], 'summed over the recycled processes');
+        $starts = count(file("{$this->log}.starts"));
+        $this->assertSame($starts, count(file("{$this->log}.stops")), 'each process stopped gracefully');
+        $this->assertEveryMessageHandled(300, 0);
+    }
+
     public function testSigtermStopsGracefullyAndLosesNothing(): void
     {
         $this->fill(500);
