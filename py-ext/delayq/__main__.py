@@ -16,9 +16,11 @@ writing code. The same queues from PHP, Python or Rust.
     delayq serve-metrics orders payments --listen :9808   # for Prometheus to scrape
     delayq dashboard orders payments            # a web page for people: http://127.0.0.1:9809/
     delayq --url redis://10.0.0.5:6379 --queue orders --json get close-order-10086
+    delayq --queue orders worker myapp.tasks:close_order --processes 4   # run a handler
 
 Exit status: 0 done, 1 nothing matched (an unknown id, a message that is not in the
-state the command needs), 2 bad usage, 3 Redis could not be reached or refused.
+state the command needs), 2 bad usage, 3 Redis could not be reached or refused (for
+`worker`: its processes kept dying at their start).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import sys
 import time
@@ -389,6 +392,45 @@ def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
                   lambda host, port: dashboard.make_server(queues, host, port, args.refresh))
 
 
+def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    from . import supervisor
+
+    if args.processes < 1:
+        raise _BadUsage(f"--processes must be at least 1, got {args.processes}")
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s: %(message)s")
+    try:
+        handler = supervisor.load_handler(args.handler)
+    except supervisor.HandlerNotFound as e:
+        raise _BadUsage(str(e)) from e
+    lower = [args.make_queue(name) for name in args.lower_queue]
+    # Made in the supervisor too: bad options fail here, once, before any process starts.
+    worker = supervisor.worker_from_args(q, lower, args)
+    if args.report_fd is not None:
+        # A process of a supervised pool: the supervisor prints the pool's summary.
+        supervisor.stop_with_supervisor()
+        summary = supervisor.run_one(worker, handler, args.slot_file)
+        with os.fdopen(args.report_fd, "w") as report:
+            json.dump(summary, report)
+        return 0
+    if args.processes == 1:
+        summary, ran_as_asked = supervisor.run_one(worker, handler, None), True
+    else:
+        command = [sys.executable, "-m", "delayq", *args.argv, "--processes", "1"]
+        summary, ran_as_asked = supervisor.supervise(command, args.processes, args.timeout)
+
+    def human() -> list[str]:
+        line = (f"pool stopped ({summary['stopped_by']}): {summary['handled']} handled, {summary['acked']} acked, "
+                f"{summary['retried']} retried, {summary['dead']} dead")
+        if "processes" in summary:
+            line += (f"; {summary['processes']} processes, {summary['restarts']} restarts, "
+                     f"{summary['killed_hung']} killed hung")
+        return [line]
+
+    out.emit(summary, human)
+    return 0 if ran_as_asked else FAILED
+
+
 def _ping(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     q.ping()
     out.emit({"ok": True}, lambda: ["ok"])
@@ -508,11 +550,45 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--refresh", type=float, default=5.0, help="seconds between reloads of the page (0: never)")
     m.set_defaults(run=_dashboard)
     sub.add_parser("ping", help="check that Redis answers").set_defaults(run=_ping)
+    w = sub.add_parser("worker", help="run a handler function on the queue's messages, in one process or several",
+                       description="Consume --queue with HANDLER(payload, message) until SIGTERM or SIGINT: "
+                                   "returning acknowledges a message, raising retries it with backoff. "
+                                   "Logs go to stderr; the run's summary to stdout at the end.")
+    w.add_argument("handler", metavar="HANDLER",
+                   help="module:function, imported with the current directory first on sys.path; "
+                        "a coroutine function runs on an asyncio loop, --concurrency at a time")
+    w.add_argument("--processes", type=int, default=1,
+                   help="worker processes under one supervisor that replaces those that die, kills those whose "
+                        "handler runs past --timeout and sums their counts (default: 1, no supervisor)")
+    w.add_argument("--threads", type=int, default=4, help="Redis I/O threads per process (default: 4)")
+    w.add_argument("--concurrency", type=int, default=10, help="async handlers at once per process (default: 10)")
+    w.add_argument("--batch", type=int, default=50, help="messages claimed per Redis call (default: 50)")
+    w.add_argument("--prefetch", type=int, default=0, help="deliveries held ahead (default: 0, sized by itself)")
+    w.add_argument("--lease", type=float, default=30.0,
+                   help="seconds before a dead process's message is delivered again (default: 30)")
+    w.add_argument("--max-attempts", type=int, default=5, help="deliveries before the dead-letter set (default: 5)")
+    w.add_argument("--backoff-base", type=float, default=1.0, help="first retry delay in seconds (default: 1)")
+    w.add_argument("--backoff-max", type=float, default=300.0, help="longest retry delay in seconds (default: 300)")
+    w.add_argument("--timeout", type=float,
+                   help="seconds a handler may run: past it the pool stops claiming for it, and with --processes "
+                        "above 1 its process is killed and replaced (its message is delivered again)")
+    w.add_argument("--idle-check", type=float, default=1.0, help="seconds between an idle pool's looks (default: 1)")
+    w.add_argument("--stop-when-empty", action="store_true", help="return once nothing is due and nothing runs")
+    w.add_argument("--lower-queue", action="append", default=[], metavar="QUEUE",
+                   help="also consume QUEUE, only when the queues before it have nothing due (repeatable)")
+    w.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
+                   help="what reaches stderr (default: warning)")
+    # Set by the supervisor for its worker processes.
+    w.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)
+    w.add_argument("--slot-file", help=argparse.SUPPRESS)
+    w.set_defaults(run=_worker)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
 
     def make_queue(name: str) -> DelayQueue:
         return DelayQueue(args.url, name, prefix=args.prefix, partitions=args.partitions, layout=args.layout,

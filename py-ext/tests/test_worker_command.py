@@ -1,0 +1,195 @@
+"""`delayq worker module:function`: a handler run from the command line, in one process
+or in a supervised pool of them, against a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import delayq
+from harness import wait_for
+
+TASKS = '''
+import json, os, time
+
+LOG = os.environ["TASKS_LOG"]
+
+def handle(payload, msg):
+    # Once each, on whichever delivery comes first (an earlier one may have been in a
+    # process that the other one ended).
+    if payload.get("hang") and not os.path.exists(LOG + ".hung"):
+        open(LOG + ".hung", "w").close()
+        time.sleep(3600)
+    if payload.get("crash") and not os.path.exists(LOG + ".crashed"):
+        open(LOG + ".crashed", "w").close()
+        os._exit(9)
+    time.sleep(payload.get("sleep", 0.002))
+    with open(LOG, "a") as f:
+        f.write(json.dumps([payload["n"], msg.attempt, os.getpid()]) + "\\n")
+
+async def handle_async(payload, msg):
+    handle(payload, msg)
+
+not_callable = 42
+'''
+
+
+@pytest.fixture
+def tasks(tmp_path: Path) -> Path:
+    (tmp_path / "tasks.py").write_text(TASKS)
+    return tmp_path
+
+
+def command(redis_url: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "jobs", "--json", "worker", *args]
+
+
+def environment(tasks: Path) -> dict[str, str]:
+    return {**os.environ, "TASKS_LOG": str(tasks / "handled.log")}
+
+
+def handled(tasks: Path) -> list[tuple[int, int, int]]:
+    log = tasks / "handled.log"
+    if not log.exists():
+        return []
+    return [tuple(json.loads(line)) for line in log.read_text().splitlines() if line]  # type: ignore[misc]
+
+
+def run(redis_url: str, tasks: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command(redis_url, *args), cwd=tasks, env=environment(tasks), capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def start(redis_url: str, tasks: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(command(redis_url, *args), cwd=tasks, env=environment(tasks), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def push_numbered(queue: delayq.DelayQueue, n: int, **extra: Any) -> None:
+    queue.push_many([{"payload": {"n": i, **extra}} for i in range(n)])
+
+
+def drained(queue: delayq.DelayQueue) -> bool:
+    s = queue.stats()
+    return s["scheduled"] + s["ready"] + s["inflight"] == 0
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("handler", ["tasks:handle", "tasks:handle_async"])
+def test_one_process_runs_a_handler_until_the_queue_is_empty(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, handler: str
+) -> None:
+    push_numbered(queue, 20)
+    done = run(redis_url, tasks, handler, "--stop-when-empty")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert (summary["stopped_by"], summary["acked"], summary["dead"]) == ("empty", 20, 0)
+    assert sorted(n for n, _, _ in handled(tasks)) == list(range(20))
+    assert drained(queue)
+
+
+def test_a_supervised_pool_replaces_crashed_and_hung_processes_and_loses_nothing(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    push_numbered(queue, 300, sleep=0.005)
+    queue.push({"n": 300, "hang": True})
+    queue.push({"n": 301, "crash": True})
+    pool = start(redis_url, tasks, "tasks:handle", "--processes", "3", "--timeout", "0.5", "--lease", "1",
+                 "--log-level", "info")
+    wait_for(60, "every message handled", lambda: len({n for n, _, _ in handled(tasks)}) == 302 and drained(queue))
+    pool.send_signal(signal.SIGTERM)
+    out, err = pool.communicate(timeout=30)
+    assert pool.returncode == 0, err
+    summary = json.loads(out)
+    assert (summary["stopped_by"], summary["processes"], summary["killed_hung"]) == ("signal", 3, 1), summary
+    assert summary["restarts"] >= 2, err
+    assert "its handler ran past the 0.5 s timeout and was killed" in err
+    assert "exited with status 9; starting another" in err
+    runs = Counter(n for n, _, _ in handled(tasks))
+    # At least once: what ran again is what the dead processes ran without their
+    # acknowledgement written yet (acks go in batches).
+    again = [n for n, count in runs.items() if count > 1]
+    assert len(again) <= 20, again
+    attempts = {n: attempt for n, attempt, _ in handled(tasks)}
+    assert attempts[300] >= 2 and attempts[301] >= 2, "each delivered again after its lease"
+    assert len({pid for _, _, pid in handled(tasks)}) >= 3
+
+
+def test_worker_processes_stop_gracefully_when_their_supervisor_is_killed(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    push_numbered(queue, 2000, sleep=0.01)
+    pool = start(redis_url, tasks, "tasks:handle", "--processes", "2")
+    wait_for(30, "both processes busy", lambda: len({pid for _, _, pid in handled(tasks)}) == 2)
+    pids = {pid for _, _, pid in handled(tasks)}
+    pool.kill()
+    pool.wait(timeout=10)
+    wait_for(30, "the orphaned processes to stop", lambda: all(gone(pid) for pid in pids))
+    pool.communicate(timeout=10)
+    stats = queue.stats()
+    assert stats["inflight"] == 0, "their prefetched messages went back at once"
+    assert stats["ready"] + stats["acked"] == 2000, stats
+
+
+def test_a_restart_request_ends_the_whole_pool(queue: delayq.DelayQueue, redis_url: str, tasks: Path) -> None:
+    push_numbered(queue, 10)
+    pool = start(redis_url, tasks, "tasks:handle", "--processes", "2")
+    wait_for(30, "the first messages handled", lambda: len(handled(tasks)) == 10)
+    wait_for(10, "both pools registered", lambda: len(queue.workers()) == 2)
+    assert queue.restart_workers() == 2
+    out, err = pool.communicate(timeout=30)
+    assert pool.returncode == 0, err
+    summary = json.loads(out)
+    assert (summary["stopped_by"], summary["restarts"], summary["acked"]) == ("restart", 0, 10)
+
+
+@pytest.mark.parametrize("args, text", [
+    (["nosuch:handle"], "cannot import 'nosuch': ModuleNotFoundError"),
+    (["tasks:missing"], "tasks has no attribute 'missing'"),
+    (["tasks:not_callable"], "is not callable but int"),
+    (["tasks"], "module:function"),
+    (["tasks:handle", "--processes", "0"], "--processes must be at least 1"),
+    (["tasks:handle", "--max-attempts", "0"], "max_attempts"),
+    (["tasks:handle", "--processes", "2", "--lease", "-1"], "lease"),
+])
+def test_bad_usage_exits_2_and_consumes_nothing(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, args: list[str], text: str
+) -> None:
+    queue.push({"n": 1})
+    done = run(redis_url, tasks, *args)
+    assert done.returncode == 2 and text in done.stderr, done.stderr
+    assert queue.stats()["ready"] == 1 and handled(tasks) == []
+
+
+def test_a_pool_whose_processes_keep_dying_at_their_start_gives_up(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    (tasks / "flaky.py").write_text(
+        'import sys\n'
+        'if "--report-fd" in sys.argv:  # only in the worker processes\n'
+        '    raise RuntimeError("no database here")\n'
+        'def handle(payload, msg):\n'
+        '    pass\n'
+    )
+    queue.push({"n": 1})
+    done = run(redis_url, tasks, "flaky:handle", "--processes", "2")
+    assert done.returncode == 3, done.stderr
+    assert "RuntimeError: no database here" in done.stderr
+    assert "worker processes in a row ended within 2 s of their start; giving up" in done.stderr
+    assert json.loads(done.stdout)["stopped_by"] == "error"
+    assert queue.stats()["ready"] == 1
