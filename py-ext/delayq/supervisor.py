@@ -229,8 +229,10 @@ class _Pool:
                                "of their start; giving up (their errors are above)"
                 self.stop("error")
                 return
-            # A process that fails at once (Redis down) is not restarted in a tight loop.
+            # A process that fails at once is not restarted in a tight loop.
             time.sleep(min(0.1 * 2 ** self.quick_deaths, 2.0))
+            if self.stopping:  # a signal came during the pause
+                return
         self.restarts += 1
         self.start(index)
 
@@ -247,6 +249,8 @@ def supervise(command: list[str], processes: int, timeout: Optional[float]) -> t
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         for i in range(processes):
+            if pool.stopping:
+                break
             pool.start(i)
         while any(child is not None for child in pool.children):
             for i, child in enumerate(pool.children):
