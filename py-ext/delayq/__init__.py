@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
+import os
 import signal
 import threading
 from collections.abc import Awaitable, Iterator, Sequence
@@ -74,6 +76,17 @@ def _graceful_signals(worker: _Worker) -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def _resident_bytes() -> int:
+    """The process's resident memory now (not its peak, which never goes down)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # no procfs: the peak is the closest there is
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 class Worker:
     """A pool of consumers that calls ``handler(payload, message)`` for each due message.
 
@@ -87,6 +100,11 @@ class Worker:
     ``lower_queues`` are consumed too, in that order, each only when the queues before
     it have nothing due (strict priority, as Laravel's ``--queue=high,default``);
     ``message.queue`` names the queue a message came from.
+
+    ``max_jobs``, ``max_time`` (seconds) and ``max_memory_mb`` (resident memory) end a
+    run gracefully after that many messages, that long, or once the process holds that
+    much (``stopped_by`` says which): for a process manager, or ``delayq worker
+    --processes``, to start a fresh process in place of a leaky one.
     """
 
     def __init__(
@@ -106,9 +124,18 @@ class Worker:
         concurrency: int = 10,
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
         lower_queues: Sequence[DelayQueue] = (),
+        max_jobs: Optional[int] = None,
+        max_time: Optional[float] = None,
+        max_memory_mb: Optional[int] = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidArgumentError(f"invalid concurrency: must be at least 1, got {concurrency}")
+        for name, limit in (("max_jobs", max_jobs), ("max_memory_mb", max_memory_mb)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise InvalidArgumentError(f"invalid {name}: must be a whole number of at least 1, got {limit!r}")
+        if max_time is not None and not (isinstance(max_time, (int, float)) and not isinstance(max_time, bool)
+                                         and math.isfinite(max_time) and max_time > 0):
+            raise InvalidArgumentError(f"invalid max_time: must be a number of seconds above 0, got {max_time!r}")
         self._worker = _Worker(
             queue,
             threads=threads,
@@ -125,18 +152,63 @@ class Worker:
         )
         self._concurrency = concurrency
         self._on_dead = on_dead
+        self._max_jobs = max_jobs
+        self._max_time = max_time
+        self._max_memory_bytes = None if max_memory_mb is None else max_memory_mb << 20
+        self._jobs = 0
 
     def run(self, handler: Handler) -> dict[str, Any]:
         """Consume until ``stop()``, SIGTERM, SIGINT or ``DelayQueue.restart_workers()``;
         return the run's counts once every acknowledgement is written, with
-        ``stopped_by`` saying why (``"stop"``, ``"signal"``, ``"restart"``)."""
-        with _graceful_signals(self._worker):
+        ``stopped_by`` saying why (``"stop"``, ``"signal"``, ``"restart"``, ``"empty"``,
+        ``"max_jobs"``, ``"max_time"``, ``"max_memory"``)."""
+        with _graceful_signals(self._worker), self._limits():
             if inspect.iscoroutinefunction(handler):
-                return asyncio.run(self.run_async(handler))
-            return self._worker.run(handler, self._on_dead)
+                return asyncio.run(self._run_async(handler))
+            return self._worker.run(self._counted(handler), self._on_dead)
 
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
+        with self._limits():
+            return await self._run_async(handler)
+
+    @contextlib.contextmanager
+    def _limits(self) -> Iterator[None]:
+        """max_jobs and max_memory_mb count from here; max_time runs from here."""
+        self._jobs = 0
+        if self._max_time is None:
+            yield
+            return
+        timer = threading.Timer(self._max_time, self._worker.stop, args=("max_time",))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+    def _after_job(self) -> None:
+        """Count a handled message; stop once a limit is reached (the running handlers
+        finish and are acknowledged first, as for any stop)."""
+        self._jobs += 1
+        if self._max_jobs is not None and self._jobs >= self._max_jobs:
+            self._worker.stop("max_jobs")
+        elif self._max_memory_bytes is not None and _resident_bytes() >= self._max_memory_bytes:
+            self._worker.stop("max_memory")
+
+    def _counted(self, handler: Callable[[Any, Message], Any]) -> Callable[[Any, Message], Any]:
+        if self._max_jobs is None and self._max_memory_bytes is None:
+            return handler
+
+        def counted(payload: Any, message: Message) -> Any:
+            try:
+                return handler(payload, message)
+            finally:
+                self._after_job()
+
+        return counted
+
+    async def _run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         consumer = self._worker.start(self._concurrency)
         loop = asyncio.get_running_loop()
         slots = asyncio.Semaphore(self._concurrency)
@@ -144,7 +216,11 @@ class Worker:
 
         async def handle(delivery: Any) -> None:
             try:
-                await handler(delivery.payload, delivery.message)
+                try:
+                    await handler(delivery.payload, delivery.message)
+                finally:
+                    if self._max_jobs is not None or self._max_memory_bytes is not None:
+                        self._after_job()
             except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
                 consumer.release(delivery)
                 raise

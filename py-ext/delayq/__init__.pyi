@@ -54,6 +54,10 @@ class Worker:
     raises is logged and the pool goes on. ``lower_queues`` are consumed too, in that
     order, each only when the queues before it have nothing due (strict priority, as
     Laravel's ``--queue=high,default``); ``message.queue`` names a message's queue.
+    ``max_jobs``, ``max_time`` (seconds) and ``max_memory_mb`` (resident memory) end a
+    run gracefully after that many messages, that long, or once the process holds that
+    much (``stopped_by`` ``"max_jobs"``, ``"max_time"``, ``"max_memory"``): for a
+    process manager, or ``delayq worker --processes``, to start a fresh process.
     """
 
     def __init__(
@@ -73,13 +77,16 @@ class Worker:
         concurrency: int = 10,
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
         lower_queues: Sequence[DelayQueue] = (),
+        max_jobs: Optional[int] = None,
+        max_time: Optional[float] = None,
+        max_memory_mb: Optional[int] = None,
     ) -> None: ...
     def run(self, handler: Handler) -> dict[str, Any]:
         """Consume until ``stop()``, SIGTERM or SIGINT (which stop it gracefully) or
         ``DelayQueue.restart_workers()``; return the counts (handled, acked, failed,
         retried, dead, lease_lost, released, unwritten, stopped_by: ``"stop"``,
-        ``"signal"``, ``"restart"`` or ``"empty"``) once every acknowledgement is
-        written."""
+        ``"signal"``, ``"restart"``, ``"empty"``, ``"max_jobs"``, ``"max_time"`` or
+        ``"max_memory"``) once every acknowledgement is written."""
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
     def stop(self) -> None:

@@ -574,6 +574,11 @@ def _parser() -> argparse.ArgumentParser:
                         "above 1 its process is killed and replaced (its message is delivered again)")
     w.add_argument("--idle-check", type=float, default=1.0, help="seconds between an idle pool's looks (default: 1)")
     w.add_argument("--stop-when-empty", action="store_true", help="return once nothing is due and nothing runs")
+    w.add_argument("--max-jobs", type=int, metavar="N",
+                   help="a process ends after N messages (with --processes above 1: a fresh one takes its place)")
+    w.add_argument("--max-time", type=float, metavar="SECONDS", help="a process ends after that long (as --max-jobs)")
+    w.add_argument("--max-memory-mb", type=int, metavar="MB",
+                   help="a process ends once it holds that much resident memory (as --max-jobs)")
     w.add_argument("--lower-queue", action="append", default=[], metavar="QUEUE",
                    help="also consume QUEUE, only when the queues before it have nothing due (repeatable)")
     w.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),

@@ -38,6 +38,8 @@ QUICK_DEATH = 2.0
 QUICK_DEATHS_TO_GIVE_UP = 5
 #: The slot of a process: the CLOCK_MONOTONIC time its running handler started, 0 idle.
 SLOT = struct.Struct("d")
+#: Why a process ends a run so that a fresh one takes its place (see ``Worker``).
+RECYCLED = ("max_jobs", "max_time", "max_memory")
 #: Counts summed over the processes of a pool.
 COUNTS = ("handled", "acked", "failed", "retried", "dead", "lease_lost", "released", "unwritten")
 
@@ -83,6 +85,9 @@ def worker_from_args(queue: DelayQueue, lower: Sequence[DelayQueue], args: argpa
         stop_when_empty=args.stop_when_empty,
         concurrency=args.concurrency,
         lower_queues=lower,
+        max_jobs=args.max_jobs,
+        max_time=args.max_time,
+        max_memory_mb=args.max_memory_mb,
     )
 
 
@@ -212,7 +217,9 @@ class _Pool:
             return
         if self.stopping:
             return
-        if not child.killed_hung:
+        if why in RECYCLED:
+            log.info("delayq: worker process %d recycled (%s); starting another", child.process.pid, why)
+        elif not child.killed_hung:
             if summary is not None:
                 ended = f"stopped ({why})"
             elif code < 0:

@@ -381,6 +381,54 @@ def test_waiting_and_running_messages_are_listed(queue: delayq.DelayQueue) -> No
     assert (retry["id"], retry["state"], retry["attempts"], retry["last_error"]) == (first, "scheduled", 1, "gateway down")
 
 
+def test_max_jobs_ends_the_run_after_that_many_messages_and_gives_the_rest_back(queue: delayq.DelayQueue) -> None:
+    queue.push_many([(i, 0.0) for i in range(10)])
+    seen: list[int] = []
+    summary = delayq.Worker(queue, max_jobs=3).run(lambda payload, msg: seen.append(payload))
+    assert (summary["stopped_by"], summary["acked"], len(seen)) == ("max_jobs", 3, 3)
+    stats = queue.stats()
+    assert (stats["ready"], stats["inflight"]) == (7, 0), "prefetched messages went back at once"
+
+
+def test_max_jobs_counts_async_handlers_too(queue: delayq.DelayQueue) -> None:
+    queue.push_many([(i, 0.0) for i in range(10)])
+
+    async def handle(payload: int, msg: delayq.Message) -> None:
+        await asyncio.sleep(0)
+
+    summary = delayq.Worker(queue, max_jobs=4, concurrency=1).run(handle)
+    assert (summary["stopped_by"], summary["acked"]) == ("max_jobs", 4)
+
+
+def test_max_time_ends_an_idle_run(queue: delayq.DelayQueue) -> None:
+    started = time.monotonic()
+    summary = delayq.Worker(queue, max_time=0.3).run(lambda payload, msg: None)
+    assert summary["stopped_by"] == "max_time" and time.monotonic() - started >= 0.3
+
+
+def test_max_memory_ends_the_run_once_the_process_holds_that_much(queue: delayq.DelayQueue) -> None:
+    queue.push_many([(i, 0.0) for i in range(200)])
+    with open("/proc/self/statm") as f:
+        resident_mb = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+    hoard: list[bytes] = []
+
+    def handle(payload: int, msg: delayq.Message) -> None:
+        hoard.append(b"x" * (1 << 20))
+
+    summary = delayq.Worker(queue, max_memory_mb=resident_mb + 30).run(handle)
+    assert summary["stopped_by"] == "max_memory"
+    assert 20 <= summary["acked"] <= 60, summary
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"max_jobs": 0}, {"max_jobs": 1.5}, {"max_jobs": True}, {"max_time": 0}, {"max_time": float("nan")},
+    {"max_time": float("inf")}, {"max_time": "1"}, {"max_memory_mb": -1},
+])
+def test_bad_limits_are_refused(queue: delayq.DelayQueue, kwargs: dict[str, Any]) -> None:
+    with pytest.raises(delayq.InvalidArgumentError, match=next(iter(kwargs))):
+        delayq.Worker(queue, **kwargs)
+
+
 def test_a_repeating_message_runs_once_per_occurrence(queue: delayq.DelayQueue) -> None:
     due = queue.repeat("tick", 1, {"n": 1})
     assert due > time.time() and queue.repeat("tick", 1, {"n": 1}) == due, "the same definition changes nothing"

@@ -193,3 +193,20 @@ def test_a_pool_whose_processes_keep_dying_at_their_start_gives_up(
     assert "worker processes in a row ended within 2 s of their start; giving up" in done.stderr
     assert json.loads(done.stdout)["stopped_by"] == "error"
     assert queue.stats()["ready"] == 1
+
+
+def test_max_jobs_recycles_the_processes_of_a_pool_and_loses_nothing(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    push_numbered(queue, 200)
+    pool = start(redis_url, tasks, "tasks:handle", "--processes", "2", "--max-jobs", "25", "--log-level", "info")
+    wait_for(60, "every message handled", lambda: len(handled(tasks)) >= 200 and drained(queue))
+    pool.send_signal(signal.SIGTERM)
+    out, err = pool.communicate(timeout=30)
+    assert pool.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["acked"] == 200 and summary["restarts"] >= 6, summary
+    assert "recycled (max_jobs); starting another" in err
+    assert "starting another" not in err.replace("recycled (max_jobs); starting another", ""), "no death"
+    assert sorted(n for n, _, _ in handled(tasks)) == list(range(200)), "each once: recycling is a graceful stop"
+    assert len({pid for _, _, pid in handled(tasks)}) >= 8
