@@ -2,10 +2,10 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost bench-rate-limit bench-priority bench-rss bench-php-requests lint fmt clippy doc
+.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests lint fmt clippy doc
 
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-24s %s\n", $$1, $$2}'
 
 setup: ## Install everything (apt, pip), build, install the bindings, run the demo
 	scripts/setup.sh
@@ -42,6 +42,9 @@ bench-rate-limit: ## How closely 4 pools follow a rate limit, and what holding t
 
 bench-priority: ## How long an urgent message waits behind 30k bulk ones: one queue, or two in priority order
 	python3 bench/priority.py
+
+bench-python-processes: ## Python messages/s on a CPU-bound handler with delayq worker --processes 1, 2, 4
+	python3 bench/python_processes.py
 
 bench-rss: ## Worker memory over a 10M-message PHP drain: a leak or a warm-up?
 	python3 bench/rss_curve.py

@@ -76,6 +76,10 @@ def _graceful_signals(worker: _Worker) -> Iterator[None]:
             signal.signal(s, handler)
 
 
+class _HandlerTimedOut(Exception):
+    """A coroutine handler cancelled at its timeout."""
+
+
 def _resident_bytes() -> int:
     """The process's resident memory now (not its peak, which never goes down)."""
     try:
@@ -94,7 +98,8 @@ class Worker:
     jitter, and after ``max_attempts`` moves it to the dead-letter set with the
     exception as its last error. Redis I/O runs on ``threads`` native threads; the
     handler runs on the calling thread (the GIL is released while waiting). A coroutine
-    function handler runs on an asyncio loop, ``concurrency`` at a time. With
+    function handler runs on an asyncio loop, ``concurrency`` at a time; past
+    ``timeout`` it is cancelled and its delivery fails at once. With
     ``stop_when_empty``, ``run`` returns once no message is due and none runs.
 
     ``lower_queues`` are consumed too, in that order, each only when the queues before
@@ -152,6 +157,7 @@ class Worker:
         )
         self._concurrency = concurrency
         self._on_dead = on_dead
+        self._timeout = timeout
         self._max_jobs = max_jobs
         self._max_time = max_time
         self._max_memory_bytes = None if max_memory_mb is None else max_memory_mb << 20
@@ -217,13 +223,15 @@ class Worker:
         async def handle(delivery: Any) -> None:
             try:
                 try:
-                    await handler(delivery.payload, delivery.message)
+                    await self._bounded(handler(delivery.payload, delivery.message))
                 finally:
                     if self._max_jobs is not None or self._max_memory_bytes is not None:
                         self._after_job()
             except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
                 consumer.release(delivery)
                 raise
+            except _HandlerTimedOut as exc:
+                dead = consumer.fail(delivery, str(exc))
             except Exception as exc:  # the handler's failure is the message's failure
                 dead = consumer.fail(delivery, f"{type(exc).__name__}: {exc}")
             else:
@@ -252,6 +260,25 @@ class Worker:
             consumer.stop()
             summary = await loop.run_in_executor(None, consumer.finish, self._worker.take_stop_reason())
         return summary
+
+    async def _bounded(self, call: Awaitable[None]) -> None:
+        """Await a coroutine handler; past ``timeout`` it is cancelled (a coroutine, unlike
+        a thread, can be), and the delivery fails at once instead of waiting out its lease."""
+        if self._timeout is None:
+            await call
+            return
+        task = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self._timeout)
+        except asyncio.CancelledError:  # the run itself is being cancelled
+            task.cancel()
+            raise
+        if not done:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise _HandlerTimedOut(f"timed out: the handler ran past the {self._timeout:g} s timeout and was cancelled")
+        task.result()
 
     async def _call_on_dead(self, delivery: Any, error: str) -> None:
         # An alert, not part of the message's handling: what it raises is logged.

@@ -44,8 +44,10 @@ class Worker:
     jitter, and after ``max_attempts`` moves it to the dead-letter set with the
     exception as its last error. ``threads`` native threads do the Redis I/O; the
     handler runs on the calling thread. ``timeout`` (seconds) bounds one handler call:
-    after it the lease is no longer renewed and another worker gets the message. A
-    coroutine function handler runs on an asyncio loop, ``concurrency`` at a time.
+    after it the lease is no longer renewed and another worker gets the message; a
+    coroutine handler is cancelled at it instead, and its delivery fails at once (retried
+    with backoff, as any failure). A coroutine function handler runs on an asyncio
+    loop, ``concurrency`` at a time.
     With ``stop_when_empty``, ``run`` returns (``stopped_by`` ``"empty"``) once no
     message is due and none runs (messages due later stay): for cron-driven batches
     and for tests of handlers. ``on_dead(payload, message, error)`` runs on the handler's

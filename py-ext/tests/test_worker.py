@@ -381,6 +381,44 @@ def test_waiting_and_running_messages_are_listed(queue: delayq.DelayQueue) -> No
     assert (retry["id"], retry["state"], retry["attempts"], retry["last_error"]) == (first, "scheduled", 1, "gateway down")
 
 
+def test_an_async_handler_past_its_timeout_is_cancelled_and_its_message_retried_at_once(
+    queue: delayq.DelayQueue,
+) -> None:
+    msg_id = queue.push({"n": 1})
+    attempts: list[int] = []
+    cancelled: list[bool] = []
+    worker = delayq.Worker(queue, timeout=0.3, backoff_base=0.05, lease=30.0)
+
+    async def handle(payload: Any, msg: delayq.Message) -> None:
+        attempts.append(msg.attempt)
+        if msg.attempt == 1:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+        worker.stop()
+
+    started = time.monotonic()
+    summary = worker.run(handle)
+    assert attempts == [1, 2] and cancelled == [True]
+    assert time.monotonic() - started < 10, "retried after its backoff, not after its 30 s lease"
+    assert (summary["failed"], summary["retried"], summary["acked"]) == (1, 1, 1), summary
+    assert queue.get(msg_id) is None
+    stats = queue.stats()
+    assert stats["retried"] == 1 and stats["acked"] == 1
+
+    doomed = queue.push({"n": 2}, max_attempts=1)
+
+    async def hang(payload: Any, msg: delayq.Message) -> None:
+        await asyncio.sleep(60)
+
+    delayq.Worker(queue, timeout=0.2, stop_when_empty=True).run(hang)
+    [dead] = queue.dead_letters()
+    assert dead["id"] == doomed
+    assert dead["last_error"] == "timed out: the handler ran past the 0.2 s timeout and was cancelled"
+
+
 def test_max_jobs_ends_the_run_after_that_many_messages_and_gives_the_rest_back(queue: delayq.DelayQueue) -> None:
     queue.push_many([(i, 0.0) for i in range(10)])
     seen: list[int] = []
