@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import json
 import logging
 import os
@@ -413,7 +414,10 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         with os.fdopen(args.report_fd, "w") as report:
             json.dump(summary, report)
         return 0
-    if args.processes == 1:
+    # A thread cannot be stopped, a process can: a plain function with a timeout runs
+    # supervised even alone, as PHP's worker does.
+    supervised = args.processes > 1 or (args.timeout is not None and not inspect.iscoroutinefunction(handler))
+    if not supervised:
         summary, ran_as_asked = supervisor.run_one(worker, handler, None), True
     else:
         command = [sys.executable, "-m", "delayq", *args.argv, "--processes", "1"]
@@ -559,7 +563,8 @@ def _parser() -> argparse.ArgumentParser:
                         "a coroutine function runs on an asyncio loop, --concurrency at a time")
     w.add_argument("--processes", type=int, default=1,
                    help="worker processes under one supervisor that replaces those that die, kills those whose "
-                        "handler runs past --timeout and sums their counts (default: 1, no supervisor)")
+                        "handler runs past --timeout and sums their counts (default: 1, supervised only with "
+                        "--timeout)")
     w.add_argument("--threads", type=int, default=4, help="Redis I/O threads per process (default: 4)")
     w.add_argument("--concurrency", type=int, default=10, help="async handlers at once per process (default: 10)")
     w.add_argument("--batch", type=int, default=50, help="messages claimed per Redis call (default: 50)")
@@ -570,8 +575,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--backoff-base", type=float, default=1.0, help="first retry delay in seconds (default: 1)")
     w.add_argument("--backoff-max", type=float, default=300.0, help="longest retry delay in seconds (default: 300)")
     w.add_argument("--timeout", type=float,
-                   help="seconds a handler may run: past it the pool stops claiming for it, and with --processes "
-                        "above 1 its process is killed and replaced (its message is delivered again)")
+                   help="seconds a handler may run: past it a plain function's process is killed and replaced "
+                        "(its message is delivered again after its lease), a coroutine is cancelled (its "
+                        "delivery fails at once)")
     w.add_argument("--idle-check", type=float, default=1.0, help="seconds between an idle pool's looks (default: 1)")
     w.add_argument("--stop-when-empty", action="store_true", help="return once nothing is due and nothing runs")
     w.add_argument("--max-jobs", type=int, metavar="N",

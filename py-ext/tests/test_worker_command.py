@@ -210,3 +210,16 @@ def test_max_jobs_recycles_the_processes_of_a_pool_and_loses_nothing(
     assert "starting another" not in err.replace("recycled (max_jobs); starting another", ""), "no death"
     assert sorted(n for n, _, _ in handled(tasks)) == list(range(200)), "each once: recycling is a graceful stop"
     assert len({pid for _, _, pid in handled(tasks)}) >= 8
+
+
+def test_a_timeout_supervises_even_one_process(queue: delayq.DelayQueue, redis_url: str, tasks: Path) -> None:
+    queue.push({"n": 99, "hang": True})
+    push_numbered(queue, 5)
+    pool = start(redis_url, tasks, "tasks:handle", "--timeout", "0.3", "--lease", "1")
+    wait_for(30, "every message handled", lambda: len({n for n, _, _ in handled(tasks)}) == 6 and drained(queue))
+    pool.send_signal(signal.SIGTERM)
+    out, err = pool.communicate(timeout=30)
+    assert pool.returncode == 0, err
+    summary = json.loads(out)
+    assert (summary["processes"], summary["killed_hung"], summary["restarts"]) == (1, 1, 1), summary
+    assert [attempt for n, attempt, _ in handled(tasks) if n == 99] == [2]
