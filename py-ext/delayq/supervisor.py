@@ -106,7 +106,10 @@ def _watched(handler: Callable[..., Any], slot_fd: int) -> Callable[[Any, Messag
 
 def stop_with_supervisor() -> None:
     """In a worker process: SIGTERM (a graceful stop) once the supervisor is gone, even
-    if it was SIGKILLed, so no orphaned process goes on consuming unsupervised."""
+    if it was SIGKILLed, so no orphaned process goes on consuming unsupervised (Linux;
+    elsewhere an orphan runs on until stopped)."""
+    if not sys.platform.startswith("linux"):
+        return
     import ctypes
 
     parent = os.getppid()
