@@ -182,6 +182,10 @@ class _Pool:
         os.close(write_end)
         self.children[index] = _Child(process, read_end, slot, time.monotonic())
         log.info("delayq: worker process %d started", process.pid)
+        if self.stopping:
+            # The stop signal came while this process was being started, before
+            # signal_all() could see it.
+            process.send_signal(signal.SIGTERM)
 
     def signal_all(self, signum: int) -> None:
         for child in self.children:

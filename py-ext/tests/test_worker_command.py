@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +69,48 @@ def run(redis_url: str, tasks: Path, *args: str) -> subprocess.CompletedProcess[
                           text=True, timeout=60, check=False)
 
 
-def start(redis_url: str, tasks: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(command(redis_url, *args), cwd=tasks, env=environment(tasks), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return found
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[str]]]:
+    """Pools started by a test; whatever of them still runs afterwards is killed, so
+    that a failed test leaves no consumer behind to take the next test's messages."""
+    pools: list[subprocess.Popen[str]] = []
+    yield pools
+    for pool in pools:
+        if pool.poll() is None:
+            for child in children_of(pool.pid):
+                os.kill(child, signal.SIGKILL)
+            pool.kill()
+            pool.communicate(timeout=10)
+
+
+def start(started: list[subprocess.Popen[str]], redis_url: str, tasks: Path, *args: str) -> subprocess.Popen[str]:
+    # The log goes to a file: a pipe nobody reads while the pool runs would fill up and
+    # block the processes that write to it.
+    with open(tasks / "stderr.log", "w") as log:
+        pool = subprocess.Popen(command(redis_url, *args), cwd=tasks, env=environment(tasks),
+                                stdout=subprocess.PIPE, stderr=log, text=True)
+    started.append(pool)
+    return pool
+
+
+def finish(pool: subprocess.Popen[str], tasks: Path) -> tuple[str, str]:
+    """SIGTERM, then the summary it printed and what it logged."""
+    pool.send_signal(signal.SIGTERM)
+    out, _ = pool.communicate(timeout=30)
+    return out, (tasks / "stderr.log").read_text()
 
 
 def push_numbered(queue: delayq.DelayQueue, n: int, **extra: Any) -> None:
@@ -104,16 +144,15 @@ def test_one_process_runs_a_handler_until_the_queue_is_empty(
 
 
 def test_a_supervised_pool_replaces_crashed_and_hung_processes_and_loses_nothing(
-    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
 ) -> None:
     push_numbered(queue, 300, sleep=0.005)
     queue.push({"n": 300, "hang": True})
     queue.push({"n": 301, "crash": True})
-    pool = start(redis_url, tasks, "tasks:handle", "--processes", "3", "--timeout", "0.5", "--lease", "1",
+    pool = start(started, redis_url, tasks, "tasks:handle", "--processes", "3", "--timeout", "0.5", "--lease", "1",
                  "--log-level", "info")
     wait_for(60, "every message handled", lambda: len({n for n, _, _ in handled(tasks)}) == 302 and drained(queue))
-    pool.send_signal(signal.SIGTERM)
-    out, err = pool.communicate(timeout=30)
+    out, err = finish(pool, tasks)
     assert pool.returncode == 0, err
     summary = json.loads(out)
     assert (summary["stopped_by"], summary["processes"], summary["killed_hung"]) == ("signal", 3, 1), summary
@@ -131,10 +170,10 @@ def test_a_supervised_pool_replaces_crashed_and_hung_processes_and_loses_nothing
 
 
 def test_worker_processes_stop_gracefully_when_their_supervisor_is_killed(
-    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
 ) -> None:
     push_numbered(queue, 2000, sleep=0.01)
-    pool = start(redis_url, tasks, "tasks:handle", "--processes", "2")
+    pool = start(started, redis_url, tasks, "tasks:handle", "--processes", "2")
     wait_for(30, "both processes busy", lambda: len({pid for _, _, pid in handled(tasks)}) == 2)
     pids = {pid for _, _, pid in handled(tasks)}
     pool.kill()
@@ -146,14 +185,16 @@ def test_worker_processes_stop_gracefully_when_their_supervisor_is_killed(
     assert stats["ready"] + stats["acked"] == 2000, stats
 
 
-def test_a_restart_request_ends_the_whole_pool(queue: delayq.DelayQueue, redis_url: str, tasks: Path) -> None:
+def test_a_restart_request_ends_the_whole_pool(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+) -> None:
     push_numbered(queue, 10)
-    pool = start(redis_url, tasks, "tasks:handle", "--processes", "2")
+    pool = start(started, redis_url, tasks, "tasks:handle", "--processes", "2")
     wait_for(30, "the first messages handled", lambda: len(handled(tasks)) == 10)
     wait_for(10, "both pools registered", lambda: len(queue.workers()) == 2)
     assert queue.restart_workers() == 2
-    out, err = pool.communicate(timeout=30)
-    assert pool.returncode == 0, err
+    out, _ = pool.communicate(timeout=30)
+    assert pool.returncode == 0, (tasks / "stderr.log").read_text()
     summary = json.loads(out)
     assert (summary["stopped_by"], summary["restarts"], summary["acked"]) == ("restart", 0, 10)
 
@@ -196,13 +237,13 @@ def test_a_pool_whose_processes_keep_dying_at_their_start_gives_up(
 
 
 def test_max_jobs_recycles_the_processes_of_a_pool_and_loses_nothing(
-    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
 ) -> None:
     push_numbered(queue, 200)
-    pool = start(redis_url, tasks, "tasks:handle", "--processes", "2", "--max-jobs", "25", "--log-level", "info")
+    pool = start(started, redis_url, tasks, "tasks:handle", "--processes", "2", "--max-jobs", "25",
+                 "--log-level", "info")
     wait_for(60, "every message handled", lambda: len(handled(tasks)) >= 200 and drained(queue))
-    pool.send_signal(signal.SIGTERM)
-    out, err = pool.communicate(timeout=30)
+    out, err = finish(pool, tasks)
     assert pool.returncode == 0, err
     summary = json.loads(out)
     assert summary["acked"] == 200 and summary["restarts"] >= 6, summary
@@ -212,13 +253,14 @@ def test_max_jobs_recycles_the_processes_of_a_pool_and_loses_nothing(
     assert len({pid for _, _, pid in handled(tasks)}) >= 8
 
 
-def test_a_timeout_supervises_even_one_process(queue: delayq.DelayQueue, redis_url: str, tasks: Path) -> None:
+def test_a_timeout_supervises_even_one_process(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+) -> None:
     queue.push({"n": 99, "hang": True})
     push_numbered(queue, 5)
-    pool = start(redis_url, tasks, "tasks:handle", "--timeout", "0.3", "--lease", "1")
+    pool = start(started, redis_url, tasks, "tasks:handle", "--timeout", "0.3", "--lease", "1")
     wait_for(30, "every message handled", lambda: len({n for n, _, _ in handled(tasks)}) == 6 and drained(queue))
-    pool.send_signal(signal.SIGTERM)
-    out, err = pool.communicate(timeout=30)
+    out, err = finish(pool, tasks)
     assert pool.returncode == 0, err
     summary = json.loads(out)
     assert (summary["processes"], summary["killed_hung"], summary["restarts"]) == (1, 1, 1), summary
