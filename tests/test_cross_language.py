@@ -4,8 +4,11 @@ unicode, nested maps and 64-bit integers arrive equal, on the same keys."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import delayq
@@ -230,3 +233,34 @@ def test_priority_queues_filled_from_the_other_language(queue: delayq.DelayQueue
     assert acked == 100 and sorted(php_order) == ["jobs"] * 50 + ["jobs-low"] * 50
     assert php_order[: len(php_order) - php_order[::-1].index("jobs")].count("jobs-low") <= 2
     assert drained(queue) and drained(low)
+
+
+def test_php_pushes_and_the_delayq_worker_command_consumes(
+    queue: delayq.DelayQueue, redis_url: str, tmp_path: Path
+) -> None:
+    """The migration's usual second step: PHP producers stay, a Python handler module
+    runs under `delayq worker --processes 2`."""
+    (tmp_path / "tasks.py").write_text(
+        "import json, os\n"
+        "def handle(payload, msg):\n"
+        "    with open('handled.jsonl', 'a') as f:\n"
+        "        f.write(json.dumps([msg.id, payload, os.getpid()], ensure_ascii=False) + '\\n')\n"
+    )
+    ids = json.loads(php(
+        """
+        $q = new DelayQueue($argv[1], 'jobs');
+        echo json_encode(array_map(fn ($p) => $q->push($p, 0.0), json_decode($argv[2], true, 512, JSON_BIGINT_AS_STRING)));
+        """,
+        redis_url,
+        json.dumps(PAYLOADS),
+    ))
+    done = subprocess.run(
+        [sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "jobs", "--json", "worker", "tasks:handle",
+         "--processes", "2", "--stop-when-empty"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["acked"] == len(PAYLOADS)
+    lines = [json.loads(line) for line in (tmp_path / "handled.jsonl").read_text().splitlines()]
+    got = {msg_id: payload for msg_id, payload, _ in lines}
+    assert len(lines) == len(PAYLOADS) and [got[i] for i in ids] == PAYLOADS
+    assert drained(queue)
