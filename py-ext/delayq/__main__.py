@@ -402,11 +402,12 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s: %(message)s")
     try:
         handler = supervisor.load_handler(args.handler)
+        on_dead = supervisor.load_handler(args.on_dead) if args.on_dead else None
     except supervisor.HandlerNotFound as e:
         raise _BadUsage(str(e)) from e
     lower = [args.make_queue(name) for name in args.lower_queue]
     # Made in the supervisor too: bad options fail here, once, before any process starts.
-    worker = supervisor.worker_from_args(q, lower, args)
+    worker = supervisor.worker_from_args(q, lower, args, on_dead)
     if args.report_fd is not None:
         # A process of a supervised pool: the supervisor prints the pool's summary.
         supervisor.stop_with_supervisor()
@@ -587,6 +588,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="a process ends once it holds that much resident memory (as --max-jobs)")
     w.add_argument("--lower-queue", action="append", default=[], metavar="QUEUE",
                    help="also consume QUEUE, only when the queues before it have nothing due (repeatable)")
+    w.add_argument("--on-dead", metavar="MODULE:FUNCTION",
+                   help="called as FUNCTION(payload, message, error) after a failure sent a message to the "
+                        "dead-letter set: an alert (what it raises is logged)")
     w.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                    help="what reaches stderr (default: warning)")
     # Set by the supervisor for its worker processes.

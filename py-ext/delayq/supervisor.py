@@ -70,7 +70,12 @@ def load_handler(target: str) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
-def worker_from_args(queue: DelayQueue, lower: Sequence[DelayQueue], args: argparse.Namespace) -> Worker:
+def worker_from_args(
+    queue: DelayQueue,
+    lower: Sequence[DelayQueue],
+    args: argparse.Namespace,
+    on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
+) -> Worker:
     return Worker(
         queue,
         threads=args.threads,
@@ -88,6 +93,7 @@ def worker_from_args(queue: DelayQueue, lower: Sequence[DelayQueue], args: argpa
         max_jobs=args.max_jobs,
         max_time=args.max_time,
         max_memory_mb=args.max_memory_mb,
+        on_dead=on_dead,
     )
 
 

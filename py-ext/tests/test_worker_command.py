@@ -39,6 +39,13 @@ def handle(payload, msg):
 async def handle_async(payload, msg):
     handle(payload, msg)
 
+def alert(payload, msg, error):
+    with open(LOG + ".dead", "a") as f:
+        f.write(json.dumps([payload, msg.id, error, os.getpid()]) + "\\n")
+
+def fail(payload, msg):
+    raise ValueError(f"cannot close order {payload['n']}")
+
 not_callable = 42
 '''
 
@@ -199,6 +206,19 @@ def test_a_restart_request_ends_the_whole_pool(
     assert (summary["stopped_by"], summary["restarts"], summary["acked"]) == ("restart", 0, 10)
 
 
+def test_on_dead_runs_in_the_worker_process_after_a_message_died(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    doomed = queue.push({"n": 7}, max_attempts=1)
+    done = run(redis_url, tasks, "tasks:fail", "--on-dead", "tasks:alert", "--processes", "2", "--stop-when-empty")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["dead"] == 1
+    [line] = (tasks / "handled.log.dead").read_text().splitlines()
+    payload, msg_id, error, pid = json.loads(line)
+    assert (payload, msg_id, error) == ({"n": 7}, doomed, "ValueError: cannot close order 7")
+    assert pid != os.getpid()
+
+
 @pytest.mark.parametrize("args, text", [
     (["nosuch:handle"], "cannot import 'nosuch': ModuleNotFoundError"),
     (["tasks:missing"], "tasks has no attribute 'missing'"),
@@ -207,6 +227,7 @@ def test_a_restart_request_ends_the_whole_pool(
     (["tasks:handle", "--processes", "0"], "--processes must be at least 1"),
     (["tasks:handle", "--max-attempts", "0"], "max_attempts"),
     (["tasks:handle", "--processes", "2", "--lease", "-1"], "lease"),
+    (["tasks:handle", "--on-dead", "tasks:nothing"], "tasks has no attribute 'nothing'"),
 ])
 def test_bad_usage_exits_2_and_consumes_nothing(
     queue: delayq.DelayQueue, redis_url: str, tasks: Path, args: list[str], text: str
