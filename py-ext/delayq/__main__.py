@@ -403,6 +403,8 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     try:
         handler = supervisor.load_handler(args.handler)
         on_dead = supervisor.load_handler(args.on_dead) if args.on_dead else None
+        on_start = supervisor.load_handler(args.on_start) if args.on_start else None
+        on_stop = supervisor.load_handler(args.on_stop) if args.on_stop else None
     except supervisor.HandlerNotFound as e:
         raise _BadUsage(str(e)) from e
     lower = [args.make_queue(name) for name in args.lower_queue]
@@ -411,7 +413,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     if args.report_fd is not None:
         # A process of a supervised pool: the supervisor prints the pool's summary.
         supervisor.stop_with_supervisor()
-        summary = supervisor.run_one(worker, handler, args.slot_file)
+        summary = supervisor.run_one(worker, handler, args.slot_file, on_start, on_stop)
         with os.fdopen(args.report_fd, "w") as report:
             json.dump(summary, report)
         return 0
@@ -419,7 +421,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     # supervised even alone, as PHP's worker does.
     supervised = args.processes > 1 or (args.timeout is not None and not inspect.iscoroutinefunction(handler))
     if not supervised:
-        summary, ran_as_asked = supervisor.run_one(worker, handler, None), True
+        summary, ran_as_asked = supervisor.run_one(worker, handler, None, on_start, on_stop), True
     else:
         command = [sys.executable, "-m", "delayq", *args.argv, "--processes", "1"]
         summary, ran_as_asked = supervisor.supervise(command, args.processes, args.timeout)
@@ -588,6 +590,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="a process ends once it holds that much resident memory (as --max-jobs)")
     w.add_argument("--lower-queue", action="append", default=[], metavar="QUEUE",
                    help="also consume QUEUE, only when the queues before it have nothing due (repeatable)")
+    w.add_argument("--on-start", metavar="MODULE:FUNCTION",
+                   help="called with no arguments in each worker process before it consumes: open its database "
+                        "connections there, not at import")
+    w.add_argument("--on-stop", metavar="MODULE:FUNCTION",
+                   help="called in each worker process after its run ended and every acknowledgement is written")
     w.add_argument("--on-dead", metavar="MODULE:FUNCTION",
                    help="called as FUNCTION(payload, message, error) after a failure sent a message to the "
                         "dead-letter set: an alert (what it raises is logged)")

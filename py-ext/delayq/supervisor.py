@@ -125,15 +125,27 @@ def stop_with_supervisor() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def run_one(worker: Worker, handler: Callable[..., Any], slot_path: Optional[str]) -> dict[str, Any]:
+def run_one(
+    worker: Worker,
+    handler: Callable[..., Any],
+    slot_path: Optional[str],
+    on_start: Optional[Callable[[], Any]] = None,
+    on_stop: Optional[Callable[[], Any]] = None,
+) -> dict[str, Any]:
     """One worker process: consume until stopped; returns the run's summary."""
+    if on_start is not None:
+        on_start()
     if slot_path is None or inspect.iscoroutinefunction(handler):
-        return worker.run(handler)
-    slot_fd = os.open(slot_path, os.O_WRONLY)
-    try:
-        return worker.run(_watched(handler, slot_fd))
-    finally:
-        os.close(slot_fd)
+        summary = worker.run(handler)
+    else:
+        slot_fd = os.open(slot_path, os.O_WRONLY)
+        try:
+            summary = worker.run(_watched(handler, slot_fd))
+        finally:
+            os.close(slot_fd)
+    if on_stop is not None:
+        on_stop()
+    return summary
 
 
 @dataclass

@@ -43,6 +43,14 @@ def alert(payload, msg, error):
     with open(LOG + ".dead", "a") as f:
         f.write(json.dumps([payload, msg.id, error, os.getpid()]) + "\\n")
 
+def opened():
+    with open(LOG + ".starts", "a") as f:
+        f.write(f"{os.getpid()}\\n")
+
+def closed():
+    with open(LOG + ".stops", "a") as f:
+        f.write(f"{os.getpid()}\\n")
+
 def fail(payload, msg):
     raise ValueError(f"cannot close order {payload['n']}")
 
@@ -204,6 +212,20 @@ def test_a_restart_request_ends_the_whole_pool(
     assert pool.returncode == 0, (tasks / "stderr.log").read_text()
     summary = json.loads(out)
     assert (summary["stopped_by"], summary["restarts"], summary["acked"]) == ("restart", 0, 10)
+
+
+def test_on_start_and_on_stop_run_once_in_each_worker_process(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    push_numbered(queue, 100, sleep=0.01)
+    done = run(redis_url, tasks, "tasks:handle", "--on-start", "tasks:opened", "--on-stop", "tasks:closed",
+               "--processes", "2", "--stop-when-empty")
+    assert done.returncode == 0, done.stderr
+    starts = (tasks / "handled.log.starts").read_text().split()
+    stops = (tasks / "handled.log.stops").read_text().split()
+    handlers = {str(pid) for _, _, pid in handled(tasks)}
+    assert len(starts) == 2 and sorted(starts) == sorted(stops), (starts, stops)
+    assert handlers <= set(starts) and str(os.getpid()) not in starts, "in the worker processes, not the supervisor"
 
 
 def test_on_dead_runs_in_the_worker_process_after_a_message_died(
