@@ -1,7 +1,7 @@
 //! The producer and admin API of one queue.
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1346,10 +1346,14 @@ impl Queue {
     /// (Laravel's `queue:restart`). Idle pools are woken at once; workers made after
     /// the request are not affected. Returns how many pools were alive when asked.
     pub fn restart_workers(&self) -> Result<usize> {
+        // A pool registers in every partition it serves: count each once.
+        let mut asked = BTreeSet::new();
         for part in 0..self.partitions() {
-            self.call(part, "restart_workers", Replay::Safe, &scripts::RESTART, |_| {})?;
+            let v = self.call(part, "restart_workers", Replay::Safe, &scripts::RESTART, |_| {})?;
+            let ids = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "restart_workers"))?;
+            asked.extend(ids.iter().filter_map(text));
         }
-        Ok(self.workers()?.len())
+        Ok(asked.len())
     }
 
     /// Delete every message in every state. Returns how many were deleted.

@@ -4,10 +4,20 @@
 -- queue:restart does. Workers made after the request are not affected: a claim
 -- reports the request's time, and each pool compares it with when its worker was made.
 -- KEYS: see lib.lua.
--- Returns the time of the request (ms, server clock).
+-- Returns the ids of the pools alive when asked: read here, in the same script, since
+--   an idle pool woken by the request may have stopped and said goodbye before the
+--   caller could read the list on its own.
 local now = now_ms()
 redis.call('HSET', K_CONTROL, 'restart_at', fmt(now))
 -- Idle pools sleep until their next due time; a wake-up for now makes them claim at
 -- once, and the claim's reply tells them.
 redis.call('PUBLISH', CHANNEL, fmt(now))
-return now
+local entries = redis.call('HGETALL', K_WORKERS)
+local alive = {}
+for i = 1, #entries, 2 do
+  local expires = tonumber(string.match(entries[i + 1], '^(%d+)|'))
+  if expires and expires > now then
+    alive[#alive + 1] = entries[i]
+  end
+end
+return alive
