@@ -1,10 +1,16 @@
--- cancel.lua: delete a message that is still waiting (scheduled or due, unclaimed).
--- KEYS: see lib.lua.   ARGV[3] id.
--- Returns 1 when it was removed, 0 when it is not waiting (unknown, running or dead).
-local id = ARGV[3]
-if redis.call('ZREM', K_SCHED, id) == 0 then
-  return 0
+-- cancel.lua: delete messages that still wait (scheduled or due, unclaimed).
+-- KEYS: see lib.lua.
+-- ARGV[3] the counter that counts them: "cancelled", or "moved" when move_waiting
+--   took them to another queue.   ARGV[4..] ids.
+-- Returns the ids deleted; the others do not wait here (unknown, running or dead).
+local removed = {}
+for i = 4, #ARGV do
+  if redis.call('ZREM', K_SCHED, ARGV[i]) == 1 then
+    removed[#removed + 1] = ARGV[i]
+  end
 end
-forget({id})
-redis.call('HINCRBY', K_STATS, 'cancelled', 1)
-return 1
+forget(removed)
+if #removed > 0 then
+  redis.call('HINCRBY', K_STATS, ARGV[3], #removed)
+end
+return removed
