@@ -136,7 +136,7 @@ final class DelayQueue
      *   paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int, pushed: int,
      *   delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
      *   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int,
-     *   replaced: int}
+     *   replaced: int, moved: int}
      */
     public function stats(): array {}
 
@@ -276,6 +276,22 @@ final class DelayQueue
      * @return int how many pools were alive when asked
      */
     public function restartWorkers(): int {}
+
+    /**
+     * Moves every waiting message (scheduled or due, not yet claimed) to the queue $to,
+     * which may differ in name, layout, partitions or Redis: the last step of leaving
+     * the seed layout, once every consumer runs delayq. Each keeps its id, payload,
+     * due time, max_attempts and expire_after deadline; attempts and last error start
+     * afresh. Running messages finish where they are; dead letters stay (requeueDead()
+     * them first to move them). A message whose id $to holds already is kept there
+     * as it is. Batches of up to 1000 are pushed to $to before they are deleted here,
+     * so an error or a crash loses nothing: move again. A message that $to cannot
+     * hold (an expire_after for the seed layout, a payload that is no JSON) throws
+     * DelayQueueInvalidArgumentException naming it, with its batch unwritten.
+     *
+     * @return int how many messages were moved
+     */
+    public function moveWaiting(DelayQueue $to): int {}
 
     /**
      * Deletes every message of the queue in every state (counters, a pause, a rate

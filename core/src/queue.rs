@@ -910,7 +910,7 @@ impl Queue {
         {
             return Err(Error::invalid(
                 "to",
-                "is this very queue: a queue cannot move to itself",
+                "names this very queue: a queue cannot move to itself",
             ));
         }
         let mut moved = 0;
@@ -943,7 +943,7 @@ impl Queue {
             Error::invalid(
                 "to",
                 format!(
-                    "cannot hold message {:?} of the queue moved: {reason}; cancel or change that message, then move again (this batch was not moved)",
+                    "the target queue cannot hold message {:?}: {reason}; cancel or change that message, then move again (its batch was not moved)",
                     m.id
                 ),
             )

@@ -247,6 +247,7 @@ fn a_move_while_the_old_queues_pool_runs_leaves_each_message_in_one_place() {
         moved
     });
     let handled = handled.into_inner();
+    eprintln!("moved {moved}, run by the old pool {}", handled.len());
     let waiting: BTreeSet<String> = ids
         .iter()
         .filter(|id| new.get(id).expect("get").is_some())

@@ -287,7 +287,7 @@ impl PhpDelayQueue {
     ///   paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int, pushed: int,
     ///   delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
     ///   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int,
-    ///   replaced: int}
+    ///   replaced: int, moved: int}
     pub fn stats(&self) -> PhpResult<ZBox<ZendHashTable>> {
         let s = self.queue.stats().or_throw()?;
         let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
@@ -490,6 +490,12 @@ impl PhpDelayQueue {
     /// starts the new code). Returns how many pools were alive when asked.
     pub fn restart_workers(&self) -> PhpResult<i64> {
         Ok(i64::try_from(self.queue.restart_workers().or_throw()?).unwrap_or(i64::MAX))
+    }
+
+    /// Move every waiting message to the queue `to` (another name, layout, partition
+    /// count or Redis): the last step of leaving the seed layout. Returns how many.
+    pub fn move_waiting(&self, to: &PhpDelayQueue) -> PhpResult<i64> {
+        Ok(i64::try_from(self.queue.move_waiting(&to.queue).or_throw()?).unwrap_or(i64::MAX))
     }
 
     /// Delete every message of the queue in every state. Returns how many.

@@ -90,4 +90,36 @@ final class SeedLayoutTest extends TestCase
         $this->assertSame('{"a":1}', $this->redis->hGet('app:h', $id));
         $this->assertNotFalse($this->redis->zScore('app:z', $id));
     }
+
+    public function testMoveWaitingLeavesTheSeedLayoutKeepingIdsPayloadsAndDueTimes(): void
+    {
+        $later = Recipe::push($this->redis, ['order_id' => 1, 'action' => 'close'], 1800);
+        $now = Recipe::push($this->redis, ['order_id' => 2, 'action' => 'close'], 0);
+        $due = (int) $this->redis->zScore('delay_queue:zset', $later);
+        $native = new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'orders');
+
+        $this->assertSame(2, $this->q->moveWaiting($native));
+
+        $this->assertSame([0, 0], [$this->redis->zCard('delay_queue:zset'), $this->redis->hLen('delay_queue:payload')]);
+        $moved = $native->get($later);
+        $this->assertSame(['scheduled', ['order_id' => 1, 'action' => 'close'], $due * 1000],
+            [$moved['state'], $moved['payload'], (int) round($moved['due_at'] * 1000)]);
+        $this->assertSame('ready', $native->get($now)['state']);
+        $this->assertSame(2, $this->q->stats()['moved']);
+        $this->assertSame(0, $this->q->moveWaiting($native), 'nothing left to move');
+    }
+
+    public function testMoveWaitingRefusesWhatTheTargetCannotHoldAndMovesNothing(): void
+    {
+        $native = new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'orders');
+        $id = $native->push(['remind' => 1], 60, ['expire_after' => 30]);
+        try {
+            $native->moveWaiting($this->q);
+            $this->fail('the seed layout has no room for a deadline');
+        } catch (DelayQueueInvalidArgumentException $e) {
+            $this->assertStringContainsString(json_encode($id), $e->getMessage());
+        }
+        $this->assertSame('scheduled', $native->get($id)['state']);
+        $this->assertSame(0, $this->redis->zCard('delay_queue:zset'));
+    }
 }

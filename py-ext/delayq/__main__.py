@@ -305,6 +305,16 @@ def _purge(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _move_waiting(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    # The target is named as the source is, option by option, where --to-* is not given.
+    to = DelayQueue(args.to_url or args.url, args.to, prefix=args.to_prefix or args.prefix,
+                    partitions=args.to_partitions or 1, layout=args.to_layout,
+                    zset_key=args.to_zset_key, payload_key=args.to_payload_key)
+    n = q.move_waiting(to)
+    out.emit({"moved": n}, lambda: [f"moved {n} waiting messages from queue {q.name} to {to.name}"])
+    return 0
+
+
 def _pause(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     changed = q.pause()
     out.emit({"paused": True, "changed": changed},
@@ -533,6 +543,15 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("purge", help="delete every message of the queue")
     c.add_argument("--yes", action="store_true", help="really")
     c.set_defaults(run=_purge)
+    c = sub.add_parser("move-waiting", help="move every waiting message to another queue (e.g. out of the seed layout)")
+    c.add_argument("--to", required=True, metavar="QUEUE", help="the target queue's name")
+    c.add_argument("--to-url", help="its Redis (default: --url)")
+    c.add_argument("--to-prefix", help="its key prefix (default: --prefix)")
+    c.add_argument("--to-partitions", type=int, help="its partitions (default: 1)")
+    c.add_argument("--to-layout", choices=("native", "seed"), default="native", help="its layout (default: native)")
+    c.add_argument("--to-zset-key", help="with --to-layout seed: its ZSET")
+    c.add_argument("--to-payload-key", help="with --to-layout seed: its HASH")
+    c.set_defaults(run=_move_waiting)
     sub.add_parser("pause", help="stop every worker pool taking messages (pushes go on)").set_defaults(
         run=_pause)
     sub.add_parser("resume", help="undo pause").set_defaults(run=_resume)

@@ -117,7 +117,7 @@ class DelayQueue:
         """Depth (scheduled, ready, inflight, dead, next_due_at, paused_at, rate_limit), summed over the
         ``partitions``, and lifetime counters
         (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
-        discarded, trimmed, purged, replaced)."""
+        discarded, trimmed, purged, replaced, moved)."""
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """Up to ``limit`` dead letters, newest first: ``{id, payload, attempts,
         last_error, dead_at}``."""
@@ -197,6 +197,18 @@ class DelayQueue:
         with ``stopped_by`` ``"restart"``. Idle pools are woken at once; workers made
         after the request are not affected. Returns how many pools were alive when
         asked."""
+    def move_waiting(self, to: DelayQueue) -> int:
+        """Move every waiting message (scheduled or due, not yet claimed) to the queue
+        ``to``, which may differ in name, layout, partitions or Redis: the last step of
+        leaving the seed layout, once every consumer runs delayq. Each keeps its id,
+        payload, due time, ``max_attempts`` and ``expire_after`` deadline; attempts and
+        last error start afresh. Running messages finish where they are; dead letters
+        stay (``requeue_dead()`` them first to move them). A message whose id ``to``
+        holds already is kept there as it is. Batches of up to 1000 are pushed to
+        ``to`` before they are deleted here, so an error or a crash loses nothing: move
+        again. A message that ``to`` cannot hold (an ``expire_after`` for the seed
+        layout, a payload that is no JSON) raises ``InvalidArgumentError`` naming it,
+        with its batch unwritten. Returns how many were moved."""
     def purge(self) -> int:
         """Delete every message in every state; returns how many."""
     def ping(self) -> bool:

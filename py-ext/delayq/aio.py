@@ -140,6 +140,11 @@ class AsyncDelayQueue:
         """`DelayQueue.restart_workers`."""
         return await asyncio.to_thread(self._queue.restart_workers)
 
+    async def move_waiting(self, to: Union[DelayQueue, AsyncDelayQueue]) -> int:
+        """`DelayQueue.move_waiting`."""
+        target = to.sync if isinstance(to, AsyncDelayQueue) else to
+        return await asyncio.to_thread(self._queue.move_waiting, target)
+
     async def purge(self) -> int:
         """`DelayQueue.purge`."""
         return await asyncio.to_thread(self._queue.purge)

@@ -481,6 +481,12 @@ impl PyQueue {
         py.detach(|| self.queue.restart_workers()).or_raise(py)
     }
 
+    /// Move every waiting message to the queue `to` (see the stub); returns how many.
+    fn move_waiting(&self, py: Python<'_>, to: &Bound<'_, PyQueue>) -> PyResult<u64> {
+        let to = to.get().queue.clone();
+        py.detach(|| self.queue.move_waiting(&to)).or_raise(py)
+    }
+
     /// Delete every message in every state; returns how many.
     fn purge(&self, py: Python<'_>) -> PyResult<u64> {
         py.detach(|| self.queue.purge()).or_raise(py)

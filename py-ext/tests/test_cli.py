@@ -134,6 +134,27 @@ def test_bad_input_and_an_unreachable_redis_have_their_own_exit_status(redis_url
     assert down.returncode == 3 and "cannot connect to Redis" in down.stderr
 
 
+def test_move_waiting_takes_the_recipes_messages_to_the_native_layout(server: RedisServer, redis_url: str) -> None:
+    # What the recipe's phpredis producer writes: HSET the payload, ZADD the due second.
+    now = int(server.cli("TIME").split()[0])
+    for i, due in enumerate((now - 1, now + 3600)):
+        server.cli("HSET", "delay_queue:payload", f"msg_{i}", json.dumps({"order_id": i}))
+        server.cli("ZADD", "delay_queue:zset", str(due), f"msg_{i}")
+    seed = ("--layout", "seed")
+    assert cli_json(redis_url, *seed, "move-waiting", "--to", "orders") == {"moved": 2}
+    assert server.cli("EXISTS", "delay_queue:zset", "delay_queue:payload") == "0"
+    native = delayq.DelayQueue(redis_url, "orders")
+    later = native.get("msg_1")
+    assert later is not None and (later["payload"], later["due_at"]) == ({"order_id": 1}, float(now + 3600))
+    assert cli(redis_url, *seed, "move-waiting", "--to", "orders").stdout == (
+        "moved 0 waiting messages from queue jobs to orders\n")
+
+    native.push("remind", delay=60, expire_after=30, id="reminder-1")
+    refused = cli(redis_url, "--queue", "orders", "move-waiting", "--to", "x", "--to-layout", "seed")
+    assert refused.returncode == 2 and '"reminder-1"' in refused.stderr, refused.stderr
+    assert native.get("reminder-1") is not None and server.cli("EXISTS", "delay_queue:zset") == "0"
+
+
 def test_pause_and_resume(queue: delayq.DelayQueue, redis_url: str) -> None:
     assert "consumption: running" in cli(redis_url, "stats").stdout
     assert cli_json(redis_url, "pause") == {"paused": True, "changed": True}

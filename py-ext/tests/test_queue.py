@@ -242,3 +242,29 @@ def test_the_asyncio_queue_makes_every_call_a_coroutine_with_the_same_errors(que
     asyncio.run(main())
     with pytest.raises(TypeError, match="wraps a delayq.DelayQueue"):
         delayq.AsyncDelayQueue("redis://127.0.0.1")  # type: ignore[arg-type]
+
+
+def test_move_waiting_repartitions_a_queue_keeping_ids_payloads_due_times_and_limits(redis_url: str) -> None:
+    old = delayq.DelayQueue(redis_url, "old")
+    new = delayq.DelayQueue(redis_url, "new", partitions=3)
+    ids = [old.push({"n": i, "text": "日本"}, delay=60 + i, max_attempts=2, id=f"order-{i}") for i in range(30)]
+    before = {i: old.get(i) for i in ids}
+
+    assert old.move_waiting(new) == 30
+
+    for i in ids:
+        moved, was = new.get(i), before[i]
+        assert moved is not None and was is not None
+        assert (moved["payload"], moved["due_at"], moved["max_attempts"]) == (
+            was["payload"], was["due_at"], was["max_attempts"])
+    assert old.stats()["moved"] == 30 and old.stats()["scheduled"] == 0
+    assert {k: v for k, v in new.stats().items() if k in ("scheduled", "pushed")} == {"scheduled": 30, "pushed": 30}
+
+    async def back() -> int:
+        return await delayq.AsyncDelayQueue(new).move_waiting(delayq.AsyncDelayQueue(old))
+
+    assert asyncio.run(back()) == 30 and old.stats()["scheduled"] == 30
+    with pytest.raises(delayq.InvalidArgumentError, match="itself"):
+        old.move_waiting(old)
+    with pytest.raises(TypeError):
+        old.move_waiting("new")  # type: ignore[arg-type]
