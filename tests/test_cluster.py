@@ -137,3 +137,31 @@ def test_a_partitioned_queue_spans_the_masters_from_php_and_python(cluster: list
     assert len(set().union(*by_customer.values())) > 1, "seven customers all on one partition"
     stats = queue.stats()
     assert stats["acked"] == 400 and stats["ready"] + stats["scheduled"] + stats["inflight"] == 0
+
+
+def test_the_recipes_waiting_messages_move_from_one_redis_onto_a_partitioned_queue_of_the_cluster(
+    cluster: list[RedisServer],
+) -> None:
+    single = RedisServer()
+    try:
+        # The recipe's phpredis producer on the one Redis a team starts with; then, in
+        # PHP, the seed layout's queue moves what waits onto three partitions.
+        code = (
+            '$r = new Redis(); $r->connect("127.0.0.1", (int) $argv[1]);'
+            'foreach (range(0, 299) as $i) { $id = "msg_$i";'
+            ' $r->hSet("delay_queue:payload", $id, json_encode(["n" => $i]));'
+            ' $r->zAdd("delay_queue:zset", time() - 1 + ($i % 3) , $id); }'
+            '$seed = new DelayQueue("redis://127.0.0.1:" . $argv[1], "orders", ["layout" => "seed"]);'
+            '$target = new DelayQueue($argv[2], "moved", ["partitions" => 3]);'
+            'echo $seed->moveWaiting($target), " ", $r->zCard("delay_queue:zset") + $r->hLen("delay_queue:payload");'
+        )
+        assert php(code, str(single.port), cluster_url(cluster)) == "300 0"
+    finally:
+        single.stop()
+    tags = [{k.split("}")[0] for k in n.keys() if k.startswith("{dq:moved")} for n in cluster]
+    assert all(len(t) == 1 for t in tags), f"one partition on each master: {tags}"
+    queue = delayq.DelayQueue(cluster_url(cluster), "moved", partitions=3)
+    assert queue.get("msg_7") is not None
+    got, partitions = python_consume_300(queue)
+    assert got == Counter(range(300)), "each message exactly once"
+    assert partitions == {0, 1, 2}
