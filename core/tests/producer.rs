@@ -12,7 +12,7 @@ use serde_json::json;
 fn push_then_get_reports_state_payload_and_due_time() {
     let server = RedisServer::start();
     let q = server.queue("orders");
-    let before = delayq_now_ms(&server);
+    let before = server.now_ms();
     let id = q
         .push(&json!({"order_id": 10086, "action": "close"}), Duration::from_secs(60))
         .expect("push");
@@ -33,11 +33,6 @@ fn push_then_get_reports_state_payload_and_due_time() {
     assert_eq!(q.get(&now_id).expect("get").expect("exists").state, State::Ready);
     assert!(q.get("no-such-id").expect("get").is_none());
     assert_no_leak(&server, "{dq:orders}");
-}
-
-fn delayq_now_ms(server: &RedisServer) -> i64 {
-    let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut server.con()).expect("TIME");
-    s * 1000 + us / 1000
 }
 
 #[test]
@@ -142,7 +137,7 @@ fn cancel_and_reschedule_only_touch_waiting_messages() {
     let id = q.push(&"x", Duration::from_secs(3600)).expect("push");
     assert!(q.reschedule(&id, Duration::from_secs(7200)).expect("reschedule"));
     let due = q.get(&id).expect("get").expect("exists").due_at_ms.expect("due");
-    assert!(due > delayq_now_ms(&server) + 7_000_000);
+    assert!(due > server.now_ms() + 7_000_000);
     assert!(q.reschedule(&id, Due::NOW).expect("reschedule"));
     assert_eq!(q.get(&id).expect("get").expect("exists").state, State::Ready);
     assert!(q.cancel(&id).expect("cancel"));
@@ -201,7 +196,7 @@ fn a_replacing_push_debounces_a_waiting_message_revives_a_dead_one_and_leaves_a_
     };
     let payload = || q.get("close-cart-1").expect("get").expect("exists").payload_json;
 
-    let before = delayq_now_ms(&server);
+    let before = server.now_ms();
     assert_eq!(push(1, Duration::from_secs(60), true, None), "close-cart-1");
     push(2, Duration::from_secs(1800), true, None);
     let info = q.get("close-cart-1").expect("get").expect("exists");

@@ -14,11 +14,6 @@ use serde_json::json;
 /// (id, due_ms, handled_at_ms on the Redis clock) of each delivery.
 type Seen = Mutex<Vec<(String, i64, i64)>>;
 
-fn server_ms(server: &RedisServer) -> i64 {
-    let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut server.con()).expect("TIME");
-    s * 1000 + us / 1000
-}
-
 /// Run `pools` worker pools on `q` until `done` holds for what they saw.
 fn consume(
     server: &RedisServer,
@@ -44,7 +39,7 @@ fn consume(
             let seen = &seen;
             s.spawn(move || {
                 w.run(1, |d| {
-                    seen.lock().push((d.id.clone(), d.due_at_ms, server_ms(server)));
+                    seen.lock().push((d.id.clone(), d.due_at_ms, server.now_ms()));
                     Ok(())
                 })
                 .expect("run")
@@ -286,7 +281,7 @@ fn an_occurrence_that_could_not_start_within_expire_after_is_buried_and_the_next
 
     // No pool runs until the first occurrence is past its deadline (an outage).
     wait_for(Duration::from_secs(5), "the first deadline to pass", || {
-        server_ms(&server) > first + 500
+        server.now_ms() > first + 500
     });
     let seen = consume(&server, &q, 1, |seen| !occurrences(seen, "sync").is_empty());
     let ran = occurrences(&seen, "sync");

@@ -24,11 +24,6 @@ fn seed_queue(server: &RedisServer) -> Queue {
     .expect("seed queue")
 }
 
-fn server_time(con: &mut redis::Connection) -> i64 {
-    let (s, _us): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
-    s
-}
-
 #[test]
 fn the_recipes_lua_pop_consumes_what_delayq_pushes() {
     let server = RedisServer::start();
@@ -57,7 +52,7 @@ fn the_recipes_lua_pop_consumes_what_delayq_pushes() {
     // delayq rounds the due time up to the next whole second (never early), so the
     // recipe sees it once its own `time()` reaches that second.
     wait_for(Duration::from_secs(3), "the recipe to pop it", || {
-        let now = server_time(&mut con);
+        let now = server.now_ms() / 1000;
         popped = pop
             .key("delay_queue:zset")
             .key("delay_queue:payload")
@@ -77,7 +72,7 @@ fn delayq_consumes_what_the_recipes_producer_pushed() {
     let q = seed_queue(&server);
     let mut con = server.con();
     // The recipe's phpredis producer: uniqid id, HSET payload, ZADD time() + delay.
-    let now = server_time(&mut con);
+    let now = server.now_ms() / 1000;
     let ids: Vec<String> = (0..5).map(|i| format!("msg_6745f0a1b2c3d{i}.12345678")).collect();
     for (i, id) in ids.iter().enumerate() {
         let json = format!(r#"{{"order_id":{},"action":"close"}}"#, 10_000 + i);

@@ -118,6 +118,12 @@ impl RedisServer {
         Queue::new(&self.url(), name, opts).expect("queue")
     }
 
+    /// The server's clock, Unix ms: the one delayq computes due times with.
+    pub fn now_ms(&self) -> i64 {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut self.con()).expect("TIME");
+        s * 1000 + us / 1000
+    }
+
     /// Every key and its type: a test's proof that nothing was written.
     pub fn dump_keys(&self) -> Vec<String> {
         let mut con = self.con();
