@@ -25,7 +25,10 @@ final class DelayQueue
      * @param array{prefix?: string, layout?: 'native'|'seed', zset_key?: string, payload_key?: string,
      *   max_payload_bytes?: int, connect_timeout?: float, read_timeout?: float, retry_timeout?: float,
      *   tls_ca_file?: string, partitions?: int, wait_replicas?: int, wait_timeout?: float, dead_max?: int,
-     *   dead_ttl?: float, persistent?: bool} $options 'partitions' spreads the queue over that
+     *   dead_ttl?: float, keep_completed?: int, keep_completed_for?: float, persistent?: bool} $options
+     *   'keep_completed' => N keeps the latest N acknowledged messages (none by default) for
+     *   'keep_completed_for' seconds (86400 by default), for get() and completed() to show:
+     *   "did order 10086 close, and when?"; workers apply it as they acknowledge. 'partitions' spreads the queue over that
      *   many hash tags (one per Redis Cluster master; changing it moves the queue to other keys,
      *   so drain first); 'wait_replicas' makes every push wait until that many replicas have it
      *   (Redis WAIT, at most 'wait_timeout' seconds, default 1); 'persistent' => true keeps the
@@ -95,11 +98,13 @@ final class DelayQueue
     /**
      * `attempts` counts deliveries so far, the running one included; `lease_until` is set
      * while the message runs: when its lease ends unless the worker's heartbeat extends it;
-     * `expires_at`, for a message pushed with 'expire_after': the latest it may start.
+     * `expires_at`, for a message pushed with 'expire_after': the latest it may start;
+     * `completed_at`, for a completed message kept by 'keep_completed': when it was acknowledged.
      *
-     * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead', payload: mixed,
+     * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
-     *   created_at: ?float, lease_until: ?float, expires_at: ?float}|null  null for an unknown id
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float}|null
+     *   null for an unknown id
      */
     public function get(string $id): ?array {}
 
@@ -111,7 +116,7 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'scheduled'|'ready', payload: mixed, due_at: float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, dead_at: null, created_at: ?float,
-     *   lease_until: null, expires_at: ?float}>
+     *   lease_until: null, expires_at: ?float, completed_at: null}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function waiting(int $limit = 100): array {}
@@ -124,15 +129,28 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'inflight', payload: mixed, due_at: ?float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, dead_at: null, created_at: ?float,
-     *   lease_until: float, expires_at: ?float}>
+     *   lease_until: float, expires_at: ?float, completed_at: null}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function inflight(int $limit = 100): array {}
 
     /**
+     * The completed messages kept by the 'keep_completed' option, latest first, from
+     * every partition; `due_at` is the due time of the delivery that completed it,
+     * `attempts` the deliveries it took.
+     *
+     * @param int $limit 0 to 1000
+     * @return list<array{id: string, state: 'completed', payload: mixed, due_at: ?float,
+     *   attempts: int, max_attempts: ?int, last_error: null, dead_at: null, created_at: ?float,
+     *   lease_until: null, expires_at: ?float, completed_at: float}>
+     * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
+     */
+    public function completed(int $limit = 100): array {}
+
+    /**
      * Summed over the partitions.
      *
-     * @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
+     * @return array{scheduled: int, ready: int, inflight: int, dead: int, completed: int, next_due_at: ?float,
      *   paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int, pushed: int,
      *   delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
      *   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int,

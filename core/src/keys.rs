@@ -138,7 +138,7 @@ pub(crate) fn partition_of(key: &str, n: usize) -> usize {
 /// The names after the first two keys (the schedule and the messages), in the order
 /// of lib.lua's KEYS; native keys put them after the hash tag, the seed layout after
 /// the recipe's ZSET name.
-const SUFFIXES: [&str; 14] = [
+const SUFFIXES: [&str; 16] = [
     "inflight",
     "leases",
     "attempts",
@@ -153,6 +153,8 @@ const SUFFIXES: [&str; 14] = [
     "limit",
     "limit_log",
     "control",
+    "completed",
+    "completed_messages",
 ];
 
 impl Keys {

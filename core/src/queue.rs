@@ -31,6 +31,13 @@ pub struct QueueOptions {
     pub dead_max: usize,
     /// Dead letters older than this are deleted.
     pub dead_ttl: Duration,
+    /// Completed messages kept after their acknowledgement, for `get` and
+    /// `list(Listing::Completed)` to show ("did order 10086 close, and when?"); the
+    /// oldest go first. 0, the default, keeps none: an acknowledged message is deleted
+    /// at once. Applied by the consumer pools as they acknowledge.
+    pub keep_completed: usize,
+    /// Kept completed messages older than this are deleted.
+    pub keep_completed_for: Duration,
     /// Sub-queues one logical queue is spread over, each under its own hash tag, so
     /// that on Redis Cluster one hot queue uses several masters (see `partition_tags`).
     /// Changing it moves the queue to other keys: drain the queue first.
@@ -42,6 +49,10 @@ pub struct QueueOptions {
     /// Longest wait for those replicas.
     pub wait_timeout: Duration,
 }
+
+/// Most completed messages a queue keeps (`QueueOptions::keep_completed`): each holds
+/// its payload, so the cap bounds Redis memory.
+pub const MAX_KEEP_COMPLETED: usize = 1_000_000;
 
 /// Default `max_payload_bytes`: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
@@ -55,6 +66,8 @@ impl Default for QueueOptions {
             connect: ConnectOptions::default(),
             dead_max: 10_000,
             dead_ttl: Duration::from_secs(30 * 24 * 3600),
+            keep_completed: 0,
+            keep_completed_for: Duration::from_secs(24 * 3600),
             partitions: 1,
             wait_replicas: 0,
             wait_timeout: Duration::from_secs(1),
@@ -120,6 +133,8 @@ pub enum State {
     Inflight,
     /// Gave up on: in the dead-letter set.
     Dead,
+    /// Acknowledged, and kept for a while (`QueueOptions::keep_completed`).
+    Completed,
 }
 
 impl State {
@@ -129,6 +144,7 @@ impl State {
             Self::Ready => "ready",
             Self::Inflight => "inflight",
             Self::Dead => "dead",
+            Self::Completed => "completed",
         }
     }
 }
@@ -140,7 +156,8 @@ pub struct MessageInfo {
     pub state: State,
     /// The payload as JSON text (or the raw stored text when it is not valid JSON).
     pub payload_json: String,
-    /// Due time of the pending or current delivery, Unix ms; `None` once dead.
+    /// Due time of the pending or current delivery (of a completed message: of the
+    /// delivery that completed it), Unix ms; `None` once dead.
     pub due_at_ms: Option<i64>,
     /// Deliveries so far.
     pub attempts: u32,
@@ -155,6 +172,8 @@ pub struct MessageInfo {
     pub lease_until_ms: Option<i64>,
     /// With `PushOptions::expire_after`: the latest it may start (Unix ms, Redis clock).
     pub expires_at_ms: Option<i64>,
+    /// When it was acknowledged (Unix ms, Redis clock), once completed.
+    pub completed_at_ms: Option<i64>,
 }
 
 /// Which messages `Queue::list` shows.
@@ -166,6 +185,8 @@ pub enum Listing {
     /// Claimed and running, earliest lease deadline first (a deadline in the past is a
     /// delivery whose worker died or hung).
     Inflight,
+    /// Kept after completion (`QueueOptions::keep_completed`), latest first.
+    Completed,
 }
 
 impl Listing {
@@ -173,6 +194,7 @@ impl Listing {
         match self {
             Self::Waiting => "waiting",
             Self::Inflight => "inflight",
+            Self::Completed => "completed",
         }
     }
 }
@@ -235,6 +257,8 @@ pub struct Stats {
     pub ready: u64,
     pub inflight: u64,
     pub dead: u64,
+    /// Kept after their completion (`QueueOptions::keep_completed`).
+    pub completed: u64,
     /// Due time of the earliest waiting message, Unix ms.
     pub next_due_ms: Option<i64>,
     /// When consumption was paused (Unix ms), while it is (see `Queue::pause`).
@@ -510,6 +534,18 @@ impl Queue {
         }
         if opts.dead_max == 0 {
             return Err(Error::invalid("dead_max", "must be at least 1"));
+        }
+        if opts.keep_completed > MAX_KEEP_COMPLETED {
+            return Err(Error::invalid(
+                "keep_completed",
+                format!("must be at most {MAX_KEEP_COMPLETED}, got {}", opts.keep_completed),
+            ));
+        }
+        if opts.keep_completed_for < Duration::from_secs(1) {
+            return Err(Error::invalid(
+                "keep_completed_for",
+                format!("must be at least 1 s, got {:?}", opts.keep_completed_for),
+            ));
         }
         if !(1..=MAX_PARTITIONS).contains(&opts.partitions) {
             return Err(Error::invalid(
@@ -1000,21 +1036,21 @@ impl Queue {
             |v| matches!(v, Value::Array(items) if items.len() >= 6),
         )?;
         let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "get"))?;
-        let [state, stored, due, attempts, error, dead, lease_until] = items.as_slice() else {
+        let [state, stored, due, attempts, error, dead, lease_until, completed] = items.as_slice() else {
             return Ok(None);
         };
         Ok(Some(self.message_info(
             id.to_owned(),
             state,
             stored,
-            [due, attempts, dead, lease_until],
+            [due, attempts, dead, lease_until, completed],
             error,
         )))
     }
 
     /// The first `limit` (1 to 1000) messages of one state, from every partition, in
     /// the order consumers meet them: waiting ones by due time, running ones by lease
-    /// deadline. For a look at a queue (what is next, what runs, what hangs), not for
+    /// deadline; completed ones (kept with `keep_completed`) latest first. For a look at a queue (what is next, what runs, what hangs), not for
     /// consuming it: the list is a snapshot and may be stale as soon as it returns.
     pub fn list(&self, which: Listing, limit: usize) -> Result<Vec<MessageInfo>> {
         if limit == 0 {
@@ -1032,18 +1068,20 @@ impl Queue {
                 inv.arg(which.as_str()).arg(limit);
             })?;
             let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "list"))?;
-            for group in items.get(1..).unwrap_or_default().chunks_exact(7) {
-                let [id, state, stored, due, attempts, error, lease_until] = group else {
+            for group in items.get(1..).unwrap_or_default().chunks_exact(8) {
+                let [id, state, stored, due, attempts, error, lease_until, completed] = group else {
                     continue;
                 };
                 let Some(id) = text(id) else { continue };
-                all.push(self.message_info(id, state, stored, [due, attempts, &Value::Int(-1), lease_until], error));
+                let times = [due, attempts, &Value::Int(-1), lease_until, completed];
+                all.push(self.message_info(id, state, stored, times, error));
             }
         }
         // Each partition's list is in order already; merge them the same way.
         match which {
             Listing::Waiting => all.sort_by_key(|m| m.due_at_ms),
             Listing::Inflight => all.sort_by_key(|m| m.lease_until_ms),
+            Listing::Completed => all.sort_by_key(|m| std::cmp::Reverse(m.completed_at_ms)),
         }
         all.truncate(limit);
         Ok(all)
@@ -1054,13 +1092,14 @@ impl Queue {
         id: String,
         state: &Value,
         stored: &Value,
-        [due, attempts, dead, lease_until]: [&Value; 4],
+        [due, attempts, dead, lease_until, completed]: [&Value; 5],
         error: &Value,
     ) -> MessageInfo {
         let state = match text(state).as_deref() {
             Some("scheduled") => State::Scheduled,
             Some("ready") => State::Ready,
             Some("inflight") => State::Inflight,
+            Some("completed") => State::Completed,
             _ => State::Dead,
         };
         let stored = text(stored).unwrap_or_default();
@@ -1082,6 +1121,7 @@ impl Queue {
             created_at_ms,
             lease_until_ms: known(lease_until),
             expires_at_ms: expiry.map(|(_, deadline)| deadline),
+            completed_at_ms: known(completed),
         }
     }
 
@@ -1094,6 +1134,7 @@ impl Queue {
             total.ready += s.ready;
             total.inflight += s.inflight;
             total.dead += s.dead;
+            total.completed += s.completed;
             total.next_due_ms = earliest(total.next_due_ms, s.next_due_ms);
             total.paused_at_ms = earliest(total.paused_at_ms, s.paused_at_ms);
             // Every partition holds the queue's whole limit beside its own share.
@@ -1127,7 +1168,7 @@ impl Queue {
             per: Duration::from_millis(limit_per.unsigned_abs()),
         });
         let mut totals = BTreeMap::new();
-        for pair in items.get(9..).unwrap_or_default().chunks(2) {
+        for pair in items.get(10..).unwrap_or_default().chunks(2) {
             if let [k, v] = pair
                 && let Some(k) = text(k)
             {
@@ -1139,6 +1180,7 @@ impl Queue {
             ready,
             inflight: n(3),
             dead: n(4),
+            completed: n(9),
             next_due_ms: (next >= 0).then_some(next),
             paused_at_ms: (paused >= 0).then_some(paused),
             rate_limit,

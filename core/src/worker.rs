@@ -1890,6 +1890,7 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
     let c = &pool.counters;
     if !acks.is_empty() {
         if let Some((statuses, retried)) = write_with_retry(pool, slot, part, "ack", &acks, |inv| {
+            inv.arg(qo.keep_completed).arg(qo.keep_completed_for.as_millis() as u64);
             for o in &acks {
                 if let Outcome::Ack { id, token, .. } = o {
                     inv.arg(id).arg(token);

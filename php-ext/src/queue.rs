@@ -91,6 +91,12 @@ fn queue_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::QueueOpt
     if let Some(d) = o.duration("dead_ttl")? {
         opts.dead_ttl = d;
     }
+    if let Some(n) = o.int("keep_completed", 0, delayq::MAX_KEEP_COMPLETED as i64)? {
+        opts.keep_completed = n as usize;
+    }
+    if let Some(d) = o.duration("keep_completed_for")? {
+        opts.keep_completed_for = d;
+    }
     o.finish()?;
     Ok((opts, persistent))
 }
@@ -150,7 +156,7 @@ impl PhpDelayQueue {
     /// @param array{prefix?: string, layout?: 'native'|'seed', zset_key?: string, payload_key?: string,
     ///   max_payload_bytes?: int, connect_timeout?: float, read_timeout?: float, retry_timeout?: float,
     ///   tls_ca_file?: string, partitions?: int, wait_replicas?: int, wait_timeout?: float, dead_max?: int,
-    ///   dead_ttl?: float, persistent?: bool} $options
+    ///   dead_ttl?: float, keep_completed?: int, keep_completed_for?: float, persistent?: bool} $options
     #[php(defaults(
         url = "\"redis://127.0.0.1:6379\"",
         queue = "\"default\"",
@@ -256,9 +262,9 @@ impl PhpDelayQueue {
 
     /// Everything known about a message, or null for an unknown id.
     ///
-    /// @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead', payload: mixed,
+    /// @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
     ///   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
-    ///   created_at: ?float, lease_until: ?float, expires_at: ?float}|null
+    ///   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float}|null
     pub fn get(&self, id: String) -> PhpResult<Option<ZBox<ZendHashTable>>> {
         match self.queue.get(&id).or_throw()? {
             Some(info) => Ok(Some(message_info(info)?)),
@@ -281,9 +287,16 @@ impl PhpDelayQueue {
         self.listing(Listing::Inflight, limit)
     }
 
+    /// Up to `$limit` (at most 1000) completed messages kept by `keep_completed`,
+    /// latest first, each as get() shows it.
+    #[php(defaults(limit = 100))]
+    pub fn completed(&self, limit: i64) -> PhpResult<ZBox<ZendHashTable>> {
+        self.listing(Listing::Completed, limit)
+    }
+
     /// Queue depth by state and lifetime counters.
     ///
-    /// @return array{scheduled: int, ready: int, inflight: int, dead: int, next_due_at: ?float,
+    /// @return array{scheduled: int, ready: int, inflight: int, dead: int, completed: int, next_due_at: ?float,
     ///   paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int, pushed: int,
     ///   delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
     ///   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int,
@@ -300,6 +313,7 @@ impl PhpDelayQueue {
             ("ready", n(s.ready)),
             ("inflight", n(s.inflight)),
             ("dead", n(s.dead)),
+            ("completed", n(s.completed)),
             ("next_due_at", zv(s.next_due_ms.map(ms_to_secs))),
             ("paused_at", zv(s.paused_at_ms.map(ms_to_secs))),
             ("rate_limit", rate_limit),
@@ -564,5 +578,6 @@ fn message_info(info: MessageInfo) -> PhpResult<ZBox<ZendHashTable>> {
         ("created_at", zv(info.created_at_ms.map(ms_to_secs))),
         ("lease_until", zv(info.lease_until_ms.map(ms_to_secs))),
         ("expires_at", zv(info.expires_at_ms.map(ms_to_secs))),
+        ("completed_at", zv(info.completed_at_ms.map(ms_to_secs))),
     ])
 }

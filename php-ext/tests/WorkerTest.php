@@ -765,4 +765,35 @@ final class WorkerTest extends TestCase
         $this->assertSame(5, $stats['ready']);
         $this->assertSame(0, $this->q->get($this->redis->zRange('{dq:jobs}:scheduled', 0, 0)[0])['attempts']);
     }
+
+    public function testKeepCompletedShowsWhatRanWhenAndInHowManyAttempts(): void
+    {
+        $q = new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'kept', ['keep_completed' => 2, 'keep_completed_for' => 3600]);
+        $ids = [];
+        foreach (range(0, 2) as $n) {
+            $ids[] = $q->push(['n' => $n], 0, ['id' => "order-$n"]);
+        }
+        $failed = false;
+        $done = 0;
+        $w = new DelayQueueWorker($q, ['backoff_base' => 0.01, 'backoff_max' => 0.01]);
+        $w->run(function (array $payload) use (&$failed, &$done, $w) {
+            if ($payload['n'] === 2 && !$failed) {
+                $failed = true;
+                throw new RuntimeException('gateway down');
+            }
+            if (++$done === 3) {
+                $w->stop();
+            }
+        });
+
+        $this->assertNull($q->get($ids[0]), 'past keep_completed => 2');
+        $last = $q->get($ids[2]);
+        $this->assertSame(['completed', 2, ['n' => 2], null], [$last['state'], $last['attempts'], $last['payload'], $last['last_error']]);
+        $this->assertGreaterThanOrEqual($last['due_at'], $last['completed_at']);
+        $this->assertSame([$ids[2], $ids[1]], array_column($q->completed(), 'id'), 'latest first');
+        $this->assertSame([2, 3], [$q->stats()['completed'], $q->stats()['acked']]);
+        $this->expectException(DelayQueueInvalidArgumentException::class);
+        $this->expectExceptionMessage('keep_completed');
+        new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'kept', ['keep_completed' => 1_000_001]);
+    }
 }

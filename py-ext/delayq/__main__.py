@@ -5,6 +5,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders workers
     delayq --queue orders waiting --limit 20
     delayq --queue orders inflight
+    delayq --queue orders completed --limit 20   # with keep_completed
     delayq --queue orders dead --limit 20
     delayq --queue orders requeue-dead --all
     delayq --queue orders reschedule close-order-10086 --delay 0   # run it now
@@ -70,7 +71,7 @@ class _Output:
                 self.out.write(line + "\n")
 
 
-DEPTH = ("scheduled", "ready", "inflight", "dead")
+DEPTH = ("scheduled", "ready", "inflight", "dead", "completed")
 NOT_COUNTERS = {*DEPTH, "next_due_at", "paused_at", "rate_limit", "partitions"}
 
 
@@ -115,6 +116,7 @@ def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             f"last error:   {info['last_error'] or '-'}",
             f"dead since:   {_when(info['dead_at'])}",
             f"lease until:  {_when(info['lease_until'])}",
+            f"completed at: {_when(info['completed_at'])}",
             f"created at:   {_when(info['created_at'])}",
             f"payload:      {_payload(info['payload'])}",
         ]
@@ -125,15 +127,19 @@ def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
 def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     running = args.command == "inflight"
-    messages = q.inflight(args.limit) if running else q.waiting(args.limit)
+    messages = {"inflight": q.inflight, "waiting": q.waiting, "completed": q.completed}[args.command](args.limit)
 
     def human() -> list[str]:
         if not messages:
-            return [f"queue {q.name}: no {'running' if running else 'waiting'} messages"]
+            kind = {"inflight": "running", "waiting": "waiting", "completed": "kept completed"}[args.command]
+            return [f"queue {q.name}: no {kind} messages"]
         now = time.time()
         lines = []
         for m in messages:
-            if running:
+            if m["state"] == "completed":
+                head = (f"{m['id']}  completed {_when(m['completed_at'])}  due {_when(m['due_at'])}"
+                        f"  in {m['attempts']} attempt{'' if m['attempts'] == 1 else 's'}")
+            elif running:
                 left = m["lease_until"] - now
                 lease = f"lease ends in {left:.1f} s" if left >= 0 else f"LEASE EXPIRED {-left:.1f} s ago"
                 head = f"{m['id']}  running  attempt {m['attempts']}  {lease}"
@@ -491,7 +497,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("id")
     g.set_defaults(run=_get)
     for name, what in (("waiting", "the next messages due, earliest first (scheduled and ready)"),
-                       ("inflight", "the messages running now, earliest lease deadline first")):
+                       ("inflight", "the messages running now, earliest lease deadline first"),
+                       ("completed", "completed messages kept by keep_completed, latest first")):
         w = sub.add_parser(name, help=what)
         w.add_argument("--limit", type=_count, default=20, help="at most this many, up to 1000 (default: 20)")
         w.set_defaults(run=_listing)
@@ -594,6 +601,10 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--lease", type=float, default=30.0,
                    help="seconds before a dead process's message is delivered again (default: 30)")
     w.add_argument("--max-attempts", type=int, default=5, help="deliveries before the dead-letter set (default: 5)")
+    w.add_argument("--keep-completed", type=int, default=0, metavar="N",
+                   help="keep the latest N acknowledged messages for `get` and `completed` to show (default: 0)")
+    w.add_argument("--keep-completed-for", type=float, default=86400.0, metavar="SECONDS",
+                   help="and for at most this long (default: 86400)")
     w.add_argument("--backoff-base", type=float, default=1.0, help="first retry delay in seconds (default: 1)")
     w.add_argument("--backoff-max", type=float, default=300.0, help="longest retry delay in seconds (default: 300)")
     w.add_argument("--timeout", type=float,
@@ -632,8 +643,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.argv = argv
 
     def make_queue(name: str) -> DelayQueue:
+        # Retention is applied as workers acknowledge: only `worker` has the options.
         return DelayQueue(args.url, name, prefix=args.prefix, partitions=args.partitions, layout=args.layout,
-                          zset_key=args.zset_key, payload_key=args.payload_key)
+                          zset_key=args.zset_key, payload_key=args.payload_key,
+                          keep_completed=getattr(args, "keep_completed", 0),
+                          keep_completed_for=getattr(args, "keep_completed_for", 86400.0))
 
     args.make_queue = make_queue
     try:

@@ -25,6 +25,9 @@ class DelayQueue:
     master (changing it moves the queue to other keys: drain it first).
     ``wait_replicas`` makes every push wait until that many replicas confirm it (Redis
     ``WAIT``, at most ``wait_timeout`` seconds); fewer raise TimeoutError.
+    ``keep_completed=N`` keeps the latest N acknowledged messages (none by default)
+    for ``keep_completed_for`` seconds, for ``get()`` and ``completed()`` to show
+    ("did order 10086 close, and when?"); the workers apply it as they acknowledge.
     """
 
     def __new__(
@@ -46,6 +49,8 @@ class DelayQueue:
         wait_timeout: float = 1.0,
         dead_max: int = 10000,
         dead_ttl: float = 2592000.0,
+        keep_completed: int = 0,
+        keep_completed_for: float = 86400.0,
     ) -> DelayQueue: ...
     @property
     def name(self) -> str:
@@ -100,8 +105,9 @@ class DelayQueue:
         """Move a waiting message to ``delay`` seconds from now; False when not waiting."""
     def get(self, id: str) -> Optional[dict[str, Any]]:
         """``{id, state, payload, due_at, attempts, max_attempts, last_error, dead_at,
-        created_at, lease_until, expires_at}``, or
-        None for an unknown id. ``state`` is scheduled, ready, inflight or dead;
+        created_at, lease_until, expires_at, completed_at}``, or
+        None for an unknown id. ``state`` is scheduled, ready, inflight, dead or
+        completed (kept by ``keep_completed``, acknowledged at ``completed_at``);
         ``attempts`` counts deliveries so far, the running one included; ``lease_until``
         is set while it runs: when its lease ends unless the heartbeat extends it;
         ``expires_at`` (with ``expire_after``) is the latest it may start."""
@@ -113,8 +119,12 @@ class DelayQueue:
         """Up to ``limit`` (at most 1000) running messages, earliest lease deadline
         first, each as ``get()`` shows it; a ``lease_until`` in the past is a delivery
         whose worker died or hung (the next claim gives it to another worker)."""
+    def completed(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Up to ``limit`` (at most 1000) completed messages kept by ``keep_completed``,
+        latest first, from every partition, each as ``get()`` shows it: ``due_at`` of
+        the delivery that completed it, ``attempts`` it took, ``completed_at``."""
     def stats(self) -> dict[str, Any]:
-        """Depth (scheduled, ready, inflight, dead, next_due_at, paused_at, rate_limit), summed over the
+        """Depth (scheduled, ready, inflight, dead, completed, next_due_at, paused_at, rate_limit), summed over the
         ``partitions``, and lifetime counters
         (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
         discarded, trimmed, purged, replaced, moved)."""

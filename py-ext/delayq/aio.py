@@ -82,6 +82,10 @@ class AsyncDelayQueue:
         """`DelayQueue.inflight`."""
         return await asyncio.to_thread(self._queue.inflight, limit)
 
+    async def completed(self, limit: int = 100) -> list[dict[str, Any]]:
+        """`DelayQueue.completed`."""
+        return await asyncio.to_thread(self._queue.completed, limit)
+
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """`DelayQueue.dead_letters`."""
         return await asyncio.to_thread(self._queue.dead_letters, limit)

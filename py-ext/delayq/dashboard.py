@@ -84,6 +84,7 @@ def _queue_section(q: DelayQueue, now: float) -> str:
         waiting = q.waiting(ROWS)
         dead = q.dead_letters(ROWS)
         repeating = q.repeats()
+        done = q.completed(ROWS)
     except DelayQueueError as e:
         return f'{title}<p class="bad">Redis did not answer: {_text(str(e))}</p>'
     next_due = stats["next_due_at"]
@@ -103,7 +104,7 @@ def _queue_section(q: DelayQueue, now: float) -> str:
         frozenset({0, 1, 2, 3}),
     )
     events = {k: v for k, v in stats.items() if isinstance(v, int) and k not in
-              {"scheduled", "ready", "inflight", "dead", "partitions"}}
+              {"scheduled", "ready", "inflight", "dead", "completed", "partitions"}}
     counters = _table(list(events), [[str(v) for v in events.values()]], frozenset(range(len(events))))
     workers = _table(
         ["host", "pid", "up for", "last seen", "handlers", "holding", "handled", "failed", "started late (avg / max)",
@@ -136,6 +137,12 @@ def _queue_section(q: DelayQueue, now: float) -> str:
           "" if r["expire_after"] is None else _span(r["expire_after"]), _text(r["payload"])] for r in repeating],
         frozenset({3}),
     )
+    completed = _table(
+        ["id", "completed", "due", "attempts", "payload"],
+        [[f"<code>{_text(m['id'])}</code>", _when(m["completed_at"]), _when(m["due_at"]), str(m["attempts"]),
+          _text(m["payload"])] for m in done],
+        frozenset({3}),
+    )
     letters = _table(
         ["id", "died", "attempts", "last error", "payload"],
         [[f"<code>{_text(m['id'])}</code>", _when(m["dead_at"]), str(m["attempts"]),
@@ -150,6 +157,7 @@ def _queue_section(q: DelayQueue, now: float) -> str:
         + f"<h3>running (first {ROWS} by lease)</h3>{inflight}"
         + f"<h3>next due (first {ROWS})</h3>{upcoming}"
         + (f"<h3>repeating messages ({len(repeating)})</h3>{schedules}" if repeating else "")
+        + (f"<h3>completed (latest {ROWS} of {stats['completed']} kept)</h3>{completed}" if done else "")
         + f"<h3>dead letters (latest {ROWS}; <code>delayq --queue {html.escape(q.name)} requeue-dead</code>)</h3>"
         + letters
         + f"<h3>lifetime counters</h3>{counters}"

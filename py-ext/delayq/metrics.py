@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Optional
 
 from . import DelayQueue, DelayQueueError
 
-DEPTH = ("scheduled", "ready", "inflight", "dead")
+DEPTH = ("scheduled", "ready", "inflight", "dead", "completed")
 # The stats() keys that are lifetime counters (the rest are depths and settings).
 NOT_EVENTS = {*DEPTH, "next_due_at", "paused_at", "rate_limit", "partitions"}
 

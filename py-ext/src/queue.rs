@@ -42,7 +42,8 @@ impl PyQueue {
     #[pyo3(signature = (url = "redis://127.0.0.1:6379", queue = "default", *, prefix = "dq", layout = "native",
         zset_key = None, payload_key = None, max_payload_bytes = 1_048_576,
         connect_timeout = 2.0, read_timeout = 5.0, retry_timeout = 5.0, tls_ca_file = None, partitions = 1,
-        wait_replicas = 0, wait_timeout = 1.0, dead_max = 10_000, dead_ttl = 2_592_000.0))]
+        wait_replicas = 0, wait_timeout = 1.0, dead_max = 10_000, dead_ttl = 2_592_000.0, keep_completed = 0,
+        keep_completed_for = 86_400.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -62,6 +63,8 @@ impl PyQueue {
         wait_timeout: f64,
         dead_max: usize,
         dead_ttl: f64,
+        keep_completed: usize,
+        keep_completed_for: f64,
     ) -> PyResult<Self> {
         let layout = match layout {
             "native" => {
@@ -97,6 +100,7 @@ impl PyQueue {
             partitions,
             wait_replicas,
             dead_max,
+            keep_completed,
             ..Default::default()
         };
         opts.wait_timeout = duration(py, "wait_timeout", Some(wait_timeout))?.unwrap_or(opts.wait_timeout);
@@ -106,6 +110,8 @@ impl PyQueue {
         c.retry_timeout = duration(py, "retry_timeout", Some(retry_timeout))?.unwrap_or(c.retry_timeout);
         c.tls_ca_file = tls_ca_file;
         opts.dead_ttl = duration(py, "dead_ttl", Some(dead_ttl))?.unwrap_or(opts.dead_ttl);
+        opts.keep_completed_for =
+            duration(py, "keep_completed_for", Some(keep_completed_for))?.unwrap_or(opts.keep_completed_for);
         crate::logs::sync_level(py);
         Ok(Self {
             queue: delayq::Queue::new(url, queue, opts).or_raise(py)?,
@@ -294,6 +300,13 @@ impl PyQueue {
         self.listing(py, Listing::Inflight, limit)
     }
 
+    /// Up to `limit` (at most 1000) completed messages kept by `keep_completed`, latest
+    /// first, each as `get()` shows it.
+    #[pyo3(signature = (limit = 100))]
+    fn completed<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
+        self.listing(py, Listing::Completed, limit)
+    }
+
     /// Queue depth by state and lifetime counters (same keys as PHP's stats()).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = py.detach(|| self.queue.stats()).or_raise(py)?;
@@ -302,6 +315,7 @@ impl PyQueue {
         d.set_item("ready", s.ready)?;
         d.set_item("inflight", s.inflight)?;
         d.set_item("dead", s.dead)?;
+        d.set_item("completed", s.completed)?;
         d.set_item("next_due_at", s.next_due_ms.map(ms_to_secs))?;
         d.set_item("paused_at", s.paused_at_ms.map(ms_to_secs))?;
         d.set_item("rate_limit", s.rate_limit.map(|l| rate_limit_dict(py, l)).transpose()?)?;
@@ -540,6 +554,7 @@ fn message_info(py: Python<'_>, info: MessageInfo) -> PyResult<Bound<'_, PyDict>
     d.set_item("created_at", info.created_at_ms.map(ms_to_secs))?;
     d.set_item("lease_until", info.lease_until_ms.map(ms_to_secs))?;
     d.set_item("expires_at", info.expires_at_ms.map(ms_to_secs))?;
+    d.set_item("completed_at", info.completed_at_ms.map(ms_to_secs))?;
     Ok(d)
 }
 

@@ -237,6 +237,8 @@ def test_metrics_in_the_prometheus_format(queue: delayq.DelayQueue, redis_url: s
     assert m[("delayq_messages", (("queue", "jobs"), ("state", "ready")))] == 1
     assert m[("delayq_messages", (("queue", "jobs"), ("state", "scheduled")))] == 1
     assert m[("delayq_events_total", (("event", "pushed"), ("queue", "jobs")))] == 2
+    assert m[("delayq_messages", (("queue", "jobs"), ("state", "completed")))] == 0
+    assert ("delayq_events_total", (("event", "completed"), ("queue", "jobs"))) not in m, "a depth, not an event"
     assert m[("delayq_lag_seconds", jobs)] >= 0.05, "a due message waits with no worker"
     assert m[("delayq_lag_seconds", oth)] == 0 and ("delayq_next_due_timestamp_seconds", oth) not in m
     assert (m[("delayq_paused", jobs)], m[("delayq_paused", oth)]) == (0, 1)
@@ -370,7 +372,7 @@ def test_repeat_repeats_and_unrepeat(queue: delayq.DelayQueue, redis_url: str) -
 def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
     queue: delayq.DelayQueue, redis_url: str
 ) -> None:
-    from delayq.dashboard import render_html
+    from delayq.dashboard import ROWS, render_html
 
     hostile = "<script>alert('x')</script>"
     queue.push({"note": hostile}, delay=3600, id="later-1")
@@ -399,6 +401,15 @@ def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
             and "<td>60.0 s</td>" in page)
     assert "queue <code>elsewhere</code>" in page and "Redis did not answer" in page
     assert "read at 2030-03-17 17:46:40.000 UTC" in page
+    assert "<h3>completed" not in page, "nothing kept, no section"
+
+    kept = delayq.DelayQueue(redis_url, "kept", keep_completed=5)
+    kept.push({"note": hostile}, id="done-1")
+    keeper = delayq.Worker(kept)
+    keeper.run(lambda payload, msg: keeper.stop())
+    page = render_html([kept])
+    assert f"<h3>completed (latest {ROWS} of 1 kept)</h3>" in page and "<code>done-1</code>" in page
+    assert "<script>" not in page
 
 
 def test_the_dashboard_command_serves_the_page(queue: delayq.DelayQueue, redis_url: str) -> None:

@@ -268,3 +268,37 @@ def test_move_waiting_repartitions_a_queue_keeping_ids_payloads_due_times_and_li
         old.move_waiting(old)
     with pytest.raises(TypeError):
         old.move_waiting("new")  # type: ignore[arg-type]
+
+
+def test_keep_completed_shows_what_ran_when_and_in_how_many_attempts(redis_url: str) -> None:
+    q = delayq.DelayQueue(redis_url, "kept", keep_completed=2, keep_completed_for=3600)
+    ids = [q.push({"n": n}, id=f"order-{n}") for n in range(3)]
+    failed: list[int] = []
+    done: list[int] = []
+    worker = delayq.Worker(q, backoff_base=0.01, backoff_max=0.01)
+
+    def handle(payload: dict[str, Any], msg: delayq.Message) -> None:
+        if payload["n"] == 2 and not failed:
+            failed.append(2)
+            raise RuntimeError("gateway down")
+        done.append(payload["n"])
+        if len(done) == 3:
+            worker.stop()  # run() returns once the acknowledgements are written
+
+    worker.run(handle)
+
+    assert q.get(ids[0]) is None, "past keep_completed=2"
+    last = q.get(ids[2])
+    assert last is not None and (last["state"], last["attempts"], last["payload"]) == ("completed", 2, {"n": 2})
+    assert last["completed_at"] >= last["due_at"] and last["last_error"] is None
+    assert [m["id"] for m in q.completed()] == [ids[2], ids[1]], "latest first"
+    assert q.stats()["completed"] == 2 and q.stats()["acked"] == 3
+
+    async def listed() -> list[dict[str, Any]]:
+        return await delayq.AsyncDelayQueue(q).completed(1)
+
+    assert [m["id"] for m in asyncio.run(listed())] == [ids[2]]
+    with pytest.raises(delayq.InvalidArgumentError, match="keep_completed"):
+        delayq.DelayQueue(redis_url, "kept", keep_completed=1_000_001)
+    with pytest.raises(delayq.InvalidArgumentError, match="keep_completed_for"):
+        delayq.DelayQueue(redis_url, "kept", keep_completed=10, keep_completed_for=0.5)

@@ -308,3 +308,18 @@ def test_a_timeout_supervises_even_one_process(
     summary = json.loads(out)
     assert (summary["processes"], summary["killed_hung"], summary["restarts"]) == (1, 1, 1), summary
     assert [attempt for n, attempt, _ in handled(tasks) if n == 99] == [2]
+
+
+def test_keep_completed_lets_the_commands_show_what_ran(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    push_numbered(queue, 5)
+    done = run(redis_url, tasks, "tasks:handle", "--processes", "2", "--stop-when-empty", "--keep-completed", "3")
+    assert done.returncode == 0, done.stderr
+    assert queue.stats()["completed"] == 3
+    listed = subprocess.run([*command(redis_url)[:-1], "completed"], capture_output=True, text=True, check=True)
+    kept = json.loads(listed.stdout)
+    assert len(kept) == 3 and all(m["state"] == "completed" and m["attempts"] == 1 for m in kept)
+    shown = subprocess.run([*command(redis_url)[:-2], "get", kept[0]["id"]], capture_output=True, text=True,
+                           check=True)
+    assert "state:        completed" in shown.stdout and "completed at: 20" in shown.stdout, shown.stdout

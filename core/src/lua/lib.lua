@@ -27,11 +27,15 @@
 --                            the rate limit, for as long as it is in the window
 --   KEYS[16] control   HASH  restart_at -> time (ms) of the latest request that running
 --                            consumer pools stop (see restart.lua)
+--   KEYS[17] completed ZSET  id -> time (ms) it was acknowledged, for the messages kept
+--                            after completion (QueueOptions::keep_completed)
+--   KEYS[18] completed_messages HASH id -> "<attempts>|<due_ms>|<envelope>" of each
 -- ARGV[1] is the layout ("native" or "seed"), ARGV[2] the wake-up channel.
 -- Scripts return error replies only for caller bugs, as "DQERR <code> <detail>".
 local K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_STATS, K_SEQ, K_WORKERS, K_PAUSED =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local K_REPEATS, K_MARKS, K_LIMIT, K_LIMIT_LOG, K_CONTROL = KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local K_DONE, K_DONE_MSG = KEYS[17], KEYS[18]
 local LAYOUT, CHANNEL = ARGV[1], ARGV[2]
 local SEED = LAYOUT == 'seed'
 
@@ -151,6 +155,23 @@ end
 local function hdel_if_any(key, ids)
   if redis.call('EXISTS', key) == 1 then
     redis.call('HDEL', key, unpack(ids))
+  end
+end
+
+-- Drop kept completed messages: those older than keep_ms and the oldest past keep
+-- (at most 1000 of each per call, so that a lowered limit never blocks Redis for long;
+-- later calls go on). With keep 0 what an earlier setting kept goes the same way.
+local function trim_completed(now, keep, keep_ms)
+  local old = redis.call('ZRANGEBYSCORE', K_DONE, '-inf', fmt(now - keep_ms), 'LIMIT', 0, 1000)
+  if #old > 0 then
+    redis.call('ZREM', K_DONE, unpack(old))
+    redis.call('HDEL', K_DONE_MSG, unpack(old))
+  end
+  local over = redis.call('ZCARD', K_DONE) - keep
+  if over > 0 then
+    local oldest = redis.call('ZRANGE', K_DONE, 0, math.min(over, 1000) - 1)
+    redis.call('ZREM', K_DONE, unpack(oldest))
+    redis.call('HDEL', K_DONE_MSG, unpack(oldest))
   end
 end
 

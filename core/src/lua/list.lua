@@ -1,13 +1,34 @@
 -- list.lua: the first messages of one state, in the order consumers will meet them.
 -- KEYS: see lib.lua.
--- ARGV[3] "waiting" (scheduled and ready, earliest due first) or "inflight" (running,
---   earliest lease deadline first)   ARGV[4] limit (1..1000)
--- Returns {now_ms, then groups of 7: id, state, envelope, due_ms (-1 unknown),
+-- ARGV[3] "waiting" (scheduled and ready, earliest due first), "inflight" (running,
+--   earliest lease deadline first) or "completed" (kept after completion, latest
+--   first)   ARGV[4] limit (1..1000)
+-- Returns {now_ms, then groups of 8: id, state, envelope, due_ms (-1 unknown),
 --   attempts (deliveries so far, the running one included), last_error or false,
---   lease_until_ms (-1 unless in flight)}.
+--   lease_until_ms (-1 unless in flight), completed_at_ms (-1 unless completed)}.
 -- Read-only; one call reads at most 1000 messages, so Redis is never blocked for long.
 local now = now_ms()
 local limit = tonumber(ARGV[4])
+if ARGV[3] == 'completed' then
+  local listed = redis.call('ZRANGE', K_DONE, 0, limit - 1, 'REV', 'WITHSCORES')
+  local result = {now}
+  for i = 1, #listed, 2 do
+    local record = redis.call('HGET', K_DONE_MSG, listed[i])
+    if record then
+      local attempts, due, kept = string.match(record, '^(%d+)|(-?%d+)|(.*)$')
+      local k = #result
+      result[k + 1] = listed[i]
+      result[k + 2] = 'completed'
+      result[k + 3] = kept
+      result[k + 4] = tonumber(due)
+      result[k + 5] = tonumber(attempts)
+      result[k + 6] = false
+      result[k + 7] = -1
+      result[k + 8] = tonumber(listed[i + 1])
+    end
+  end
+  return result
+end
 local inflight = ARGV[3] == 'inflight'
 local listed = redis.call('ZRANGE', inflight and K_INFLIGHT or K_SCHED, 0, limit - 1, 'WITHSCORES')
 local result = {now}
@@ -45,6 +66,7 @@ for i = 1, n do
     result[k + 5] = attempt
     result[k + 6] = errors[i]
     result[k + 7] = lease_until
+    result[k + 8] = -1
   end
 end
 return result

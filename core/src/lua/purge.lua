@@ -3,8 +3,9 @@
 -- kept (a repeat whose occurrence went gets its next one from the next claim that
 -- looks, see claim.lua).
 -- KEYS: see lib.lua.
+-- Kept completed messages go too, uncounted (they are no longer messages of the queue).
 -- Returns the number of messages deleted.
 local count = redis.call('HLEN', K_MSG)
-redis.call('UNLINK', K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD)
+redis.call('UNLINK', K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_DONE, K_DONE_MSG)
 redis.call('HINCRBY', K_STATS, 'purged', count)
 return count
