@@ -4,6 +4,7 @@ unicode, nested maps and 64-bit integers arrive equal, on the same keys."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ from typing import Any
 
 import delayq
 from harness import drained, wait_for
-from phpcli import php
+from phpcli import php, php_cmd
 
 PAYLOADS: list[Any] = [
     {"order_id": 10086, "action": "close", "note": "日本語 ✓ \u00e9\n\t\"quoted\""},
@@ -264,3 +265,23 @@ def test_php_pushes_and_the_delayq_worker_command_consumes(
     got = {msg_id: payload for msg_id, payload, _ in lines}
     assert len(lines) == len(PAYLOADS) and [got[i] for i in ids] == PAYLOADS
     assert drained(queue)
+
+
+def test_the_examples_php_producer_and_python_handler_module(redis_url: str) -> None:
+    """examples/php/producer.php schedules orders; examples/python/tasks.py closes them
+    under `delayq worker`, run as its docstring says."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "REDIS_URL": redis_url}
+    produced = subprocess.run([*php_cmd(), str(root / "examples/php/producer.php"), "200"], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert produced.returncode == 0, produced.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "delayq", "--queue", "orders", "--json", "worker", "tasks:close_order",
+         "--on-start", "tasks:connect", "--on-dead", "tasks:alert", "--max-jobs", "200", "--log-level", "info"],
+        cwd=root / "examples/python", env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert (summary["acked"], summary["dead"], summary["stopped_by"]) == (200, 0, "max_jobs"), summary
+    assert done.stderr.count("closed order") == 200 and "closed order 20199 (attempt 1" in done.stderr
+    stats = delayq.DelayQueue(redis_url, "orders").stats()
+    assert stats["scheduled"] + stats["ready"] + stats["inflight"] == 0
