@@ -416,6 +416,12 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         raise _BadUsage(f"--processes must be at least 1, got {args.processes}")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s: %(message)s")
+    if out.as_json and args.report_fd is None:
+        # What handlers print must not corrupt the JSON summary: from here on stdout (and
+        # that of the worker processes, which inherit it) is stderr, with the logs.
+        sys.stdout.flush()
+        out = _Output(True, os.fdopen(os.dup(1), "w"))
+        os.dup2(2, 1)
     try:
         handler = supervisor.load_handler(args.handler)
         on_dead = supervisor.load_handler(args.on_dead) if args.on_dead else None
@@ -451,6 +457,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         return [line]
 
     out.emit(summary, human)
+    out.out.flush()
     return 0 if ran_as_asked else FAILED
 
 

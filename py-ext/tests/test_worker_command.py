@@ -51,6 +51,10 @@ def closed():
     with open(LOG + ".stops", "a") as f:
         f.write(f"{os.getpid()}\\n")
 
+def chatty(payload, msg):
+    print("closing order", payload["n"])
+    handle(payload, msg)
+
 def fail(payload, msg):
     raise ValueError(f"cannot close order {payload['n']}")
 
@@ -323,3 +327,15 @@ def test_keep_completed_lets_the_commands_show_what_ran(
     shown = subprocess.run([*command(redis_url)[:-2], "get", kept[0]["id"]], capture_output=True, text=True,
                            check=True)
     assert "state:        completed" in shown.stdout and "completed at: 20" in shown.stdout, shown.stdout
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_what_handlers_print_goes_to_stderr_and_leaves_the_json_summary_whole(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, processes: str
+) -> None:
+    (tasks / "tasks.py").write_text('print("imported")\n' + TASKS)
+    push_numbered(queue, 20)
+    done = run(redis_url, tasks, "tasks:chatty", "--processes", processes, "--stop-when-empty")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["acked"] == 20
+    assert done.stderr.count("closing order") == 20 and "imported" in done.stderr
