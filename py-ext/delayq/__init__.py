@@ -76,6 +76,12 @@ def _graceful_signals(worker: _Worker) -> Iterator[None]:
             signal.signal(s, handler)
 
 
+# How long a cancelled coroutine handler may take to end before its delivery fails anyway.
+_CANCEL_GRACE = 1.0
+# Handlers that ignored their cancellation: referenced until they end, as asyncio asks.
+_abandoned: set[asyncio.Future[None]] = set()
+
+
 class _HandlerTimedOut(Exception):
     """A coroutine handler cancelled at its timeout."""
 
@@ -275,8 +281,19 @@ class Worker:
             raise
         if not done:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # A handler may clean up after its cancellation, but one that swallows it
+            # must not hold its message (its lease renewed) for ever: past the grace the
+            # delivery fails all the same and the task is left to run on, unawaited.
+            finished, _ = await asyncio.wait({task}, timeout=_CANCEL_GRACE)
+            if not finished:
+                _abandoned.add(task)
+                task.add_done_callback(_abandoned.discard)
+                logging.getLogger("delayq.worker").error(
+                    "delayq: a coroutine handler ignored its cancellation at the %g s timeout and still runs; "
+                    "its message fails now and runs again after its backoff", self._timeout)
+            elif not task.cancelled():
+                with contextlib.suppress(BaseException):
+                    task.result()  # what it raised while cancelled is the timeout's doing
             raise _HandlerTimedOut(f"timed out: the handler ran past the {self._timeout:g} s timeout and was cancelled")
         task.result()
 

@@ -46,7 +46,8 @@ class Worker:
     handler runs on the calling thread. ``timeout`` (seconds) bounds one handler call:
     after it the lease is no longer renewed and another worker gets the message; a
     coroutine handler is cancelled at it instead, and its delivery fails at once (retried
-    with backoff, as any failure). A coroutine function handler runs on an asyncio
+    with backoff, as any failure; one that ignores its cancellation for 1 s is left to
+    run, logged, and its delivery fails all the same). A coroutine function handler runs on an asyncio
     loop, ``concurrency`` at a time.
     With ``stop_when_empty``, ``run`` returns (``stopped_by`` ``"empty"``) once no
     message is due and none runs (messages due later stay): for cron-driven batches

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import logging
 import threading
 import time
 from collections import Counter
@@ -417,6 +418,36 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_its_message_retried_
     [dead] = queue.dead_letters()
     assert dead["id"] == doomed
     assert dead["last_error"] == "timed out: the handler ran past the 0.2 s timeout and was cancelled"
+
+
+def test_a_coroutine_that_swallows_its_cancellation_does_not_hold_its_message(
+    queue: delayq.DelayQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue.push({"n": 1})
+    worker = delayq.Worker(queue, timeout=0.2, backoff_base=0.01, backoff_max=0.01)
+    retried = asyncio.Event()
+    attempts: list[int] = []
+
+    async def stubborn(payload: Any, msg: delayq.Message) -> None:
+        attempts.append(msg.attempt)
+        if msg.attempt == 1:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass  # swallowed
+            await retried.wait()  # and holds on until its message ran again
+            return
+        retried.set()
+        worker.stop()
+
+    summary: list[dict[str, Any]] = []
+    with caplog.at_level(logging.ERROR, logger="delayq.worker"):
+        runner = threading.Thread(target=lambda: summary.append(worker.run(stubborn)), daemon=True)
+        runner.start()
+        runner.join(20)
+        assert not runner.is_alive(), "the first delivery held its message: no retry"
+    assert attempts == [1, 2] and (summary[0]["retried"], summary[0]["acked"]) == (1, 1)
+    assert "ignored its cancellation" in caplog.text
 
 
 def test_max_jobs_ends_the_run_after_that_many_messages_and_gives_the_rest_back(queue: delayq.DelayQueue) -> None:
