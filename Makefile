@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests lint fmt clippy doc
+.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-24s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ bench-rss: ## Worker memory over a 10M-message PHP drain: a leak or a warm-up?
 
 bench-php-requests: ## A push per PHP-FPM request, with and without a persistent connection
 	python3 bench/php_requests.py
+
+bench-keep-completed: ## Drain rate and Redis memory with keep_completed 0 and 10 000
+	python3 bench/keep_completed.py
 
 lint: fmt clippy ## cargo fmt --check and clippy -D warnings
 

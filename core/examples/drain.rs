@@ -1,7 +1,7 @@
 //! Drain throughput of the core alone: N already-due messages, a no-op handler on the
 //! pool's own threads. Used by bench/run.py; prints one JSON line.
 //!
-//! cargo run --release -p delayq --example drain -- redis://127.0.0.1:6379 200000 [partitions]
+//! cargo run --release -p delayq --example drain -- redis://127.0.0.1:6379 200000 [partitions] [keep_completed]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -17,11 +17,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = args.next().unwrap_or_else(|| "redis://127.0.0.1:6379".into());
     let n: usize = args.next().map_or(Ok(200_000), |a| a.parse())?;
     let partitions: u32 = args.next().map_or(Ok(1), |a| a.parse())?;
+    let keep_completed: usize = args.next().map_or(Ok(0), |a| a.parse())?;
     let queue = Queue::new(
         &url,
         "bench-rust",
         QueueOptions {
             partitions,
+            keep_completed,
             ..QueueOptions::default()
         },
     )?;
@@ -61,11 +63,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let secs = last.into_inner().duration_since(started).as_secs_f64();
     let left = queue.stats()?;
     println!(
-        "{{\"rate\": {:.1}, \"seconds\": {secs:.3}, \"handled\": {}, \"acked\": {}, \"left\": {}}}",
+        "{{\"rate\": {:.1}, \"seconds\": {secs:.3}, \"handled\": {}, \"acked\": {}, \"left\": {}, \"completed\": {}}}",
         n as f64 / secs,
         summary.handled,
         summary.acked,
-        left.ready + left.inflight + left.scheduled
+        left.ready + left.inflight + left.scheduled,
+        left.completed
     );
     queue.purge()?;
     Ok(())

@@ -10,7 +10,7 @@
 local now = now_ms()
 local limit = tonumber(ARGV[4])
 if ARGV[3] == 'completed' then
-  local listed = redis.call('ZRANGE', K_DONE, 0, limit - 1, 'REV', 'WITHSCORES')
+  local listed = redis.call('ZREVRANGE', K_DONE, 0, limit - 1, 'WITHSCORES')
   local result = {now}
   for i = 1, #listed, 2 do
     local record = redis.call('HGET', K_DONE_MSG, listed[i])
