@@ -3,6 +3,7 @@ writing code. The same queues from PHP, Python or Rust.
 
     delayq --queue orders stats
     delayq --queue orders workers
+    delayq --queue orders watch        # a line a second: depth, messages a second, lag
     delayq --queue orders waiting --limit 20
     delayq --queue orders inflight
     delayq --queue orders completed --limit 20   # with keep_completed
@@ -204,6 +205,39 @@ def _recent(w: dict[str, Any]) -> str:
     if w["handler_avg"] is not None:
         text += f"  handler {w['handler_avg'] * 1000:.1f} ms"
     return text
+
+
+# The counters `watch` shows as rates, in this order.
+WATCHED = ("pushed", "delivered", "acked", "retried", "died")
+
+
+def _watch(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    if args.every <= 0:
+        raise _BadUsage(f"--every must be more than 0 seconds, got {args.every:g}")
+    before, since = q.stats(), time.monotonic()
+    shown = 0
+    try:
+        while args.count is None or shown < args.count:
+            time.sleep(max(0.0, since + args.every - time.monotonic()))
+            now, s = time.monotonic(), q.stats()
+            elapsed = now - since
+            rates = {k: round((s[k] - before[k]) / elapsed, 1) for k in WATCHED}
+            lag = max(0.0, time.time() - s["next_due_at"]) if s["next_due_at"] is not None else 0.0
+            sample = {"at": round(time.time(), 3), **{k: s[k] for k in DEPTH}, "per_second": rates,
+                      "lag": round(lag, 3)}
+            if out.as_json:
+                # One object a line (JSON Lines): a stream, not one document.
+                out.out.write(json.dumps(sample) + "\n")
+            else:
+                clock = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S")
+                depth = "  ".join(f"{k} {s[k]}" for k in DEPTH)
+                per_s = "  ".join(f"{k} {v:g}" for k, v in rates.items())
+                out.out.write(f"{clock}  {depth}  | per s: {per_s}  | lag {lag:.1f} s\n")
+            out.out.flush()
+            before, since, shown = s, now, shown + 1
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def _workers(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -498,6 +532,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("stats", help="depth by state and lifetime counters").set_defaults(run=_stats)
+    c = sub.add_parser("watch", help="a line every --every seconds: depth, messages a second, lag (Ctrl-C ends it)")
+    c.add_argument("--every", type=float, default=1.0, help="seconds between lines (default: 1)")
+    c.add_argument("--count", type=_count, help="stop after this many lines (default: never)")
+    c.set_defaults(run=_watch)
     sub.add_parser("workers", help="the consumer pools alive, from every host and language").set_defaults(
         run=_workers)
     g = sub.add_parser("get", help="everything known about one message")

@@ -155,6 +155,24 @@ def test_move_waiting_takes_the_recipes_messages_to_the_native_layout(server: Re
     assert native.get("reminder-1") is not None and server.cli("EXISTS", "delay_queue:zset") == "0"
 
 
+def test_watch_prints_depth_and_rates_a_line_per_interval(queue: delayq.DelayQueue, redis_url: str) -> None:
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "jobs", "--json", "watch", "--every", "0.5",
+         "--count", "2"], stdout=subprocess.PIPE, text=True)
+    assert watch.stdout is not None
+    first = json.loads(watch.stdout.readline())
+    queue.push_many([{"payload": {"n": i}} for i in range(50)])
+    second = json.loads(watch.stdout.readline())
+    assert watch.wait(10) == 0 and watch.stdout.read() == ""
+    assert (first["ready"], first["per_second"]["pushed"]) == (0, 0)
+    assert second["ready"] == 50 and second["per_second"]["pushed"] > 0 and second["lag"] >= 0
+    assert set(second["per_second"]) == {"pushed", "delivered", "acked", "retried", "died"}
+
+    line = cli(redis_url, "watch", "--every", "0.1", "--count", "1").stdout
+    assert "scheduled 0  ready 50  inflight 0  dead 0  completed 0  | per s: pushed 0" in line, line
+    assert cli(redis_url, "watch", "--every", "0").returncode == 2
+
+
 def test_pause_and_resume(queue: delayq.DelayQueue, redis_url: str) -> None:
     assert "consumption: running" in cli(redis_url, "stats").stdout
     assert cli_json(redis_url, "pause") == {"paused": True, "changed": True}
