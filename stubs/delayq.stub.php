@@ -135,6 +135,22 @@ final class DelayQueue
     public function inflight(int $limit = 100): array {}
 
     /**
+     * The messages whose id or payload contains $text (plain text, not a pattern), in any
+     * state: waiting, running, dead, or completed and kept ('keep_completed'); for an
+     * operator with an order number and a generated message id. It scans the whole
+     * queue on the server in steps of 1000 entries (Redis is never blocked for long), so
+     * its cost grows with the queue: not for request paths. Messages written or deleted
+     * during the scan may be missed.
+     *
+     * @param int $limit 0 to 1000
+     * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
+     *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float}>
+     * @throws DelayQueueInvalidArgumentException for an empty $text or a limit outside 0 to 1000
+     */
+    public function find(string $text, int $limit = 20): array {}
+
+    /**
      * The completed messages kept by the 'keep_completed' option, latest first, from
      * every partition; `due_at` is the due time of the delivery that completed it,
      * `attempts` the deliveries it took.

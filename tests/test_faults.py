@@ -80,7 +80,7 @@ ACL_RULE = (
     "+evalsha +script|load "
     "+time +incrby +publish +subscribe +unsubscribe +unlink "
     "+zadd +zrem +zrange +zrevrange +zrangebyscore +zcard +zcount +zscore "
-    "+hset +hget +hmget +hdel +hincrby +hgetall +hlen +exists"
+    "+hset +hget +hmget +hdel +hincrby +hgetall +hlen +hscan +exists"
 )
 
 

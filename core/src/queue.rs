@@ -1087,6 +1087,61 @@ impl Queue {
         Ok(all)
     }
 
+    /// Up to `limit` (0 to 1000) messages whose id or payload contains `text` (plain
+    /// text, not a pattern), in any state: waiting, running, dead, or completed and
+    /// kept (`keep_completed`). For operators with an order number and a generated
+    /// message id ("where is the job of order 10086?"): it scans the queue, in steps of
+    /// 1000 entries so that Redis is never blocked for long, comparing on the server,
+    /// so its cost grows with the queue; not for the hot path. Messages written or
+    /// deleted during the scan may be missed.
+    pub fn find(&self, text: &str, limit: usize) -> Result<Vec<MessageInfo>> {
+        if text.is_empty() || text.len() > MAX_ID_BYTES {
+            return Err(Error::invalid(
+                "text",
+                format!("must be 1 to {MAX_ID_BYTES} bytes, got {}", text.len()),
+            ));
+        }
+        if limit > MAX_BATCH {
+            return Err(Error::invalid(
+                "limit",
+                format!("at most {MAX_BATCH} messages per call, got {limit}"),
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        let mut found = Vec::new();
+        for part in 0..self.partitions() {
+            for which in ["messages", "completed"] {
+                let mut cursor = "0".to_owned();
+                loop {
+                    if found.len() >= limit {
+                        return Ok(found);
+                    }
+                    let v = self.call(part, "find", Replay::Safe, &scripts::FIND, |inv| {
+                        inv.arg(which).arg(&cursor).arg(text).arg(MAX_BATCH);
+                    })?;
+                    let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "find"))?;
+                    let mut items = items.iter().filter_map(self::text);
+                    cursor = items.next().unwrap_or_else(|| "0".to_owned());
+                    for id in items {
+                        // What matched may be the envelope's metadata rather than the
+                        // payload; a re-pushed completed id shows its new message.
+                        if found.len() < limit
+                            && seen.insert(id.clone())
+                            && let Some(info) = self.get(&id)?
+                            && (info.id.contains(text) || info.payload_json.contains(text))
+                        {
+                            found.push(info);
+                        }
+                    }
+                    if cursor == "0" {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
     fn message_info(
         &self,
         id: String,

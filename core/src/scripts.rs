@@ -35,6 +35,7 @@ script!(REPEAT_SET, "lua/repeat_set.lua");
 script!(REPEAT_NEXT, "lua/repeat_next.lua");
 script!(REPEAT_DEL, "lua/repeat_del.lua");
 script!(REPEATS, "lua/repeats.lua");
+script!(FIND, "lua/find.lua");
 
 /// Most ids one script call handles; bounds how long any call blocks Redis.
 pub const MAX_BATCH: usize = 1000;

@@ -18,7 +18,7 @@ const ACL_RULE: &str = "on >s3cret resetkeys ~{dq:orders}:* resetchannels &{dq:o
      +evalsha +script|load \
      +time +incrby +publish +subscribe +unsubscribe +unlink \
      +zadd +zrem +zrange +zrevrange +zrangebyscore +zcard +zcount +zscore \
-     +hset +hget +hmget +hdel +hincrby +hgetall +hlen +exists";
+     +hset +hget +hmget +hdel +hincrby +hgetall +hlen +hscan +exists";
 
 #[test]
 fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
@@ -46,6 +46,7 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
         .push(&json!({"order_id": 6}), Duration::from_secs(3600))
         .expect("push");
     assert!(q.get(&first).expect("get").is_some());
+    assert_eq!(q.find("\"order_id\":6", 10).expect("find")[0].id, later);
     assert!(q.reschedule(&later, Duration::from_secs(60)).expect("reschedule"));
     assert!(q.cancel(&later).expect("cancel"));
     assert_eq!(q.stats().expect("stats").ready, 5);

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
-use delayq::{Due, Error, Layout, PushOptions, Queue, QueueOptions, Received, State, Worker, WorkerOptions};
+use delayq::{Due, Error, Layout, PushOptions, Queue, QueueOptions, State, Worker, WorkerOptions};
 use parking_lot::Mutex;
 use serde_json::json;
 
@@ -109,22 +109,7 @@ fn a_move_keeps_limits_and_deadlines_and_leaves_running_and_dead_messages() {
             },
         )
         .expect("push");
-    let worker = Worker::new(old.clone(), WorkerOptions::default()).expect("worker");
-    // Two handler slots: the held delivery must not keep the other one back.
-    let consumer = worker.start_with(2).expect("start");
-    let mut held = None;
-    for _ in 0..2 {
-        match consumer.recv_timeout(Duration::from_secs(10)) {
-            Received::Message(d) if d.id == doomed => {
-                consumer.fail(d, "gave up");
-            }
-            Received::Message(d) => held = Some(d),
-            other => panic!("expected a delivery, got {other:?}"),
-        }
-    }
-    wait_for(Duration::from_secs(10), "the doomed message dead", || {
-        old.stats().is_ok_and(|s| s.dead == 1)
-    });
+    let (consumer, d) = common::one_dead_one_running(&old, &doomed);
 
     assert_eq!(old.move_waiting(&new).expect("move"), 2);
 
@@ -144,7 +129,6 @@ fn a_move_keeps_limits_and_deadlines_and_leaves_running_and_dead_messages() {
         (0, 1, 1),
         "running and dead ones stay"
     );
-    let d = held.expect("the running message");
     assert_eq!(d.id, running);
     consumer.ack(d);
     wait_for(Duration::from_secs(10), "the running one acked where it ran", || {

@@ -287,6 +287,13 @@ impl PhpDelayQueue {
         self.listing(Listing::Inflight, limit)
     }
 
+    /// Up to `$limit` (at most 1000) messages whose id or payload contains `$text`, in
+    /// any state, each as get() shows it: a scan of the whole queue, for operators.
+    #[php(defaults(limit = 20))]
+    pub fn find(&self, text: String, limit: i64) -> PhpResult<ZBox<ZendHashTable>> {
+        message_list(self.queue.find(&text, list_limit(limit)?).or_throw()?)
+    }
+
     /// Up to `$limit` (at most 1000) completed messages kept by `keep_completed`,
     /// latest first, each as get() shows it.
     #[php(defaults(limit = 100))]
@@ -531,15 +538,21 @@ impl PhpDelayQueue {
 
 impl PhpDelayQueue {
     fn listing(&self, which: Listing, limit: i64) -> PhpResult<ZBox<ZendHashTable>> {
-        let limit =
-            usize::try_from(limit).map_err(|_| errors::invalid(format!("limit must not be negative, got {limit}")))?;
-        let mut list = ZendHashTable::new();
-        for info in self.queue.list(which, limit).or_throw()? {
-            list.push(message_info(info)?)
-                .map_err(|e| errors::payload(e.to_string()))?;
-        }
-        Ok(list)
+        message_list(self.queue.list(which, list_limit(limit)?).or_throw()?)
     }
+}
+
+fn list_limit(limit: i64) -> PhpResult<usize> {
+    usize::try_from(limit).map_err(|_| errors::invalid(format!("limit must not be negative, got {limit}")))
+}
+
+fn message_list(infos: Vec<MessageInfo>) -> PhpResult<ZBox<ZendHashTable>> {
+    let mut list = ZendHashTable::new();
+    for info in infos {
+        list.push(message_info(info)?)
+            .map_err(|e| errors::payload(e.to_string()))?;
+    }
+    Ok(list)
 }
 
 /// A cron pattern (string) or an interval in seconds (int or float).

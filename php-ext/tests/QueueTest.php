@@ -348,4 +348,20 @@ final class QueueTest extends TestCase
         }
         $this->assertSame('ready', $q->get('order-1')['state'], 'it is on the master');
     }
+
+    public function testFindShowsTheMessagesHoldingATextInAnyState(): void
+    {
+        foreach (range(0, 1499) as $i) {
+            $items[] = ['payload' => ['order_id' => 20000 + $i], 'delay' => 3600];
+        }
+        $this->q->pushMany($items);
+        $id = $this->q->push(['order_id' => 10086, 'step' => 'remind'], 600);
+        $found = $this->q->find('10086');
+        $this->assertSame([[$id, 'scheduled', ['order_id' => 10086, 'step' => 'remind']]],
+            array_map(fn ($m) => [$m['id'], $m['state'], $m['payload']], $found));
+        $this->assertCount(3, $this->q->find('"order_id":2000', 3), 'the limit holds');
+        $this->assertSame([], $this->q->find('no such order'));
+        $this->expectException(DelayQueueInvalidArgumentException::class);
+        $this->q->find('');
+    }
 }

@@ -7,6 +7,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders waiting --limit 20
     delayq --queue orders inflight
     delayq --queue orders completed --limit 20   # with keep_completed
+    delayq --queue orders find 10086   # the messages whose id or payload holds it, in any state
     delayq --queue orders dead --limit 20
     delayq --queue orders requeue-dead --all
     delayq --queue orders reschedule close-order-10086 --delay 0   # run it now
@@ -127,11 +128,15 @@ def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
 
 def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
-    running = args.command == "inflight"
-    messages = {"inflight": q.inflight, "waiting": q.waiting, "completed": q.completed}[args.command](args.limit)
+    if args.command == "find":
+        messages = q.find(args.text, args.limit)
+    else:
+        messages = {"inflight": q.inflight, "waiting": q.waiting, "completed": q.completed}[args.command](args.limit)
 
     def human() -> list[str]:
         if not messages:
+            if args.command == "find":
+                return [f"queue {q.name}: no message holds {args.text!r}"]
             kind = {"inflight": "running", "waiting": "waiting", "completed": "kept completed"}[args.command]
             return [f"queue {q.name}: no {kind} messages"]
         now = time.time()
@@ -140,7 +145,9 @@ def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             if m["state"] == "completed":
                 head = (f"{m['id']}  completed {_when(m['completed_at'])}  due {_when(m['due_at'])}"
                         f"  in {m['attempts']} attempt{'' if m['attempts'] == 1 else 's'}")
-            elif running:
+            elif m["state"] == "dead":
+                head = f"{m['id']}  dead since {_when(m['dead_at'])}  after {m['attempts']} attempts"
+            elif m["state"] == "inflight":
                 left = m["lease_until"] - now
                 lease = f"lease ends in {left:.1f} s" if left >= 0 else f"LEASE EXPIRED {-left:.1f} s ago"
                 head = f"{m['id']}  running  attempt {m['attempts']}  {lease}"
@@ -155,7 +162,8 @@ def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         return lines
 
     out.emit(messages, human)
-    return 0
+    # As grep: a search that found nothing says so in its status.
+    return NOT_FOUND if args.command == "find" and not messages else 0
 
 
 def _dead(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -547,6 +555,10 @@ def _parser() -> argparse.ArgumentParser:
         w = sub.add_parser(name, help=what)
         w.add_argument("--limit", type=_count, default=20, help="at most this many, up to 1000 (default: 20)")
         w.set_defaults(run=_listing)
+    f = sub.add_parser("find", help="the messages whose id or payload holds TEXT, in any state (scans the queue)")
+    f.add_argument("text")
+    f.add_argument("--limit", type=_count, default=20, help="at most this many, up to 1000 (default: 20)")
+    f.set_defaults(run=_listing)
     d = sub.add_parser("dead", help="dead letters, newest first")
     d.add_argument("--limit", type=_count, default=20, help="at most this many (default: 20)")
     d.set_defaults(run=_dead)

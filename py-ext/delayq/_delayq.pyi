@@ -119,6 +119,13 @@ class DelayQueue:
         """Up to ``limit`` (at most 1000) running messages, earliest lease deadline
         first, each as ``get()`` shows it; a ``lease_until`` in the past is a delivery
         whose worker died or hung (the next claim gives it to another worker)."""
+    def find(self, text: str, limit: int = 20) -> list[dict[str, Any]]:
+        """Up to ``limit`` (at most 1000) messages whose id or payload contains ``text``
+        (plain text, not a pattern), in any state: waiting, running, dead, or completed
+        and kept, each as ``get()`` shows it; for an operator with an order number and a
+        generated message id. It scans the whole queue on the server, 1000 entries a
+        step (Redis is never blocked for long), so its cost grows with the queue: not
+        for request paths. Messages written or deleted during the scan may be missed."""
     def completed(self, limit: int = 100) -> list[dict[str, Any]]:
         """Up to ``limit`` (at most 1000) completed messages kept by ``keep_completed``,
         latest first, from every partition, each as ``get()`` shows it: ``due_at`` of

@@ -82,6 +82,10 @@ class AsyncDelayQueue:
         """`DelayQueue.inflight`."""
         return await asyncio.to_thread(self._queue.inflight, limit)
 
+    async def find(self, text: str, limit: int = 20) -> list[dict[str, Any]]:
+        """`DelayQueue.find`."""
+        return await asyncio.to_thread(self._queue.find, text, limit)
+
     async def completed(self, limit: int = 100) -> list[dict[str, Any]]:
         """`DelayQueue.completed`."""
         return await asyncio.to_thread(self._queue.completed, limit)

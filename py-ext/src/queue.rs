@@ -300,6 +300,14 @@ impl PyQueue {
         self.listing(py, Listing::Inflight, limit)
     }
 
+    /// Up to `limit` (at most 1000) messages whose id or payload contains `text`, in
+    /// any state (see the stub).
+    #[pyo3(signature = (text, limit = 20))]
+    fn find<'py>(&self, py: Python<'py>, text: &str, limit: usize) -> PyResult<Bound<'py, PyList>> {
+        let found = py.detach(|| self.queue.find(text, limit)).or_raise(py)?;
+        message_list(py, found)
+    }
+
     /// Up to `limit` (at most 1000) completed messages kept by `keep_completed`, latest
     /// first, each as `get()` shows it.
     #[pyo3(signature = (limit = 100))]
@@ -526,12 +534,16 @@ impl PyQueue {
 impl PyQueue {
     fn listing<'py>(&self, py: Python<'py>, which: Listing, limit: usize) -> PyResult<Bound<'py, PyList>> {
         let listed = py.detach(|| self.queue.list(which, limit)).or_raise(py)?;
-        let list = PyList::empty(py);
-        for info in listed {
-            list.append(message_info(py, info)?)?;
-        }
-        Ok(list)
+        message_list(py, listed)
     }
+}
+
+fn message_list(py: Python<'_>, infos: Vec<MessageInfo>) -> PyResult<Bound<'_, PyList>> {
+    let list = PyList::empty(py);
+    for info in infos {
+        list.append(message_info(py, info)?)?;
+    }
+    Ok(list)
 }
 
 fn message_info(py: Python<'_>, info: MessageInfo) -> PyResult<Bound<'_, PyDict>> {

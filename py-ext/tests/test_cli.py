@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -12,6 +13,8 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Callable
+
+import pytest
 
 import delayq
 from harness import RedisServer, free_port, wait_for
@@ -171,6 +174,25 @@ def test_watch_prints_depth_and_rates_a_line_per_interval(queue: delayq.DelayQue
     line = cli(redis_url, "watch", "--every", "0.1", "--count", "1").stdout
     assert "scheduled 0  ready 50  inflight 0  dead 0  completed 0  | per s: pushed 0" in line, line
     assert cli(redis_url, "watch", "--every", "0").returncode == 2
+
+
+def test_find_shows_the_messages_holding_a_text_in_any_state(queue: delayq.DelayQueue, redis_url: str) -> None:
+    queue.push_many([{"payload": {"order_id": 20000 + i}, "delay": 3600} for i in range(1500)])
+    later = queue.push({"order_id": 10086, "step": "remind"}, delay=600)
+    [dead] = make_dead(queue, 1)
+    text = cli(redis_url, "find", "10086").stdout
+    assert f"{later}  scheduled" in text and '"step":"remind"' in text, text
+    assert [m["id"] for m in cli_json(redis_url, "find", "doomed")] == [dead]
+    assert [m["state"] for m in queue.find("doomed")] == ["dead"]
+
+    async def found() -> list[dict[str, Any]]:
+        return await delayq.AsyncDelayQueue(queue).find("10086", limit=5)
+
+    assert [m["id"] for m in asyncio.run(found())] == [later]
+    nothing = cli(redis_url, "find", "no such order")
+    assert nothing.returncode == 1 and nothing.stdout == "queue jobs: no message holds 'no such order'\n"
+    with pytest.raises(delayq.InvalidArgumentError, match="text"):
+        queue.find("")
 
 
 def test_pause_and_resume(queue: delayq.DelayQueue, redis_url: str) -> None:

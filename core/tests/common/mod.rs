@@ -641,3 +641,28 @@ pub fn push_numbered_retrying(q: &Queue, i: u64) {
         }
     }
 }
+
+/// On `q`, with two messages due, `doomed` among them pushed with `max_attempts` 1:
+/// a consumer with two handler slots fails `doomed` into the dead-letter set and holds
+/// the other one, running. Returns the consumer and that running delivery.
+pub fn one_dead_one_running(q: &Queue, doomed: &str) -> (delayq::Consumer, delayq::Delivery) {
+    // Two slots: the held delivery must not keep the doomed one back.
+    let consumer = delayq::Worker::new(q.clone(), delayq::WorkerOptions::default())
+        .expect("worker")
+        .start_with(2)
+        .expect("start");
+    let mut held = None;
+    for _ in 0..2 {
+        match consumer.recv_timeout(Duration::from_secs(10)) {
+            delayq::Received::Message(d) if d.id == doomed => {
+                consumer.fail(d, "gave up");
+            }
+            delayq::Received::Message(d) => held = Some(d),
+            other => panic!("expected a delivery, got {other:?}"),
+        }
+    }
+    wait_for(Duration::from_secs(10), "the doomed message dead", || {
+        q.stats().is_ok_and(|s| s.dead == 1)
+    });
+    (consumer, held.expect("the other message, running"))
+}

@@ -1,0 +1,92 @@
+//! `Queue::find`: the messages whose id or payload contains a text, in every state.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{RedisServer, run_until};
+use delayq::{Error, NewMessage, QueueOptions, State, Worker, WorkerOptions};
+use serde_json::json;
+
+#[test]
+fn find_reaches_every_state_and_every_partition_and_only_payload_or_id_matches() {
+    let server = RedisServer::start();
+    let q = server.queue_with(
+        "orders",
+        QueueOptions {
+            partitions: 3,
+            keep_completed: 10,
+            ..Default::default()
+        },
+    );
+    // A backlog of more than one scan step, with order 10086 in it once per state.
+    for start in (0..3000).step_by(1000) {
+        let batch: Vec<NewMessage> = (start..start + 1000)
+            .map(|i| NewMessage::new(&json!({"order_id": i + 20000}), Duration::from_secs(3600)).expect("message"))
+            .collect();
+        q.push_many(&batch).expect("push");
+    }
+    let waiting = q
+        .push(&json!({"order_id": 10086, "step": "remind"}), Duration::from_secs(60))
+        .expect("push");
+    let done = q
+        .push(&json!({"order_id": 10086, "step": "close"}), Duration::ZERO)
+        .expect("push");
+    let worker = Worker::new(q.clone(), WorkerOptions::default()).expect("worker");
+    run_until(
+        &worker,
+        1,
+        Duration::from_secs(10),
+        |_, n: &parking_lot::Mutex<u32>| {
+            *n.lock() += 1;
+            Ok(())
+        },
+        |n| *n == 1,
+    );
+    let running = q
+        .push(&json!({"order_id": 10086, "step": "refund"}), Duration::ZERO)
+        .expect("push");
+    let doomed = q
+        .push_json(
+            r#"{"order_id":10086,"step":"notify"}"#,
+            delayq::Due::NOW,
+            &delayq::PushOptions {
+                max_attempts: Some(1),
+                ..Default::default()
+            },
+        )
+        .expect("push");
+    let (consumer, held) = common::one_dead_one_running(&q, &doomed);
+    assert_eq!(held.id, running);
+
+    let mut found = q.find("10086", 10).expect("find");
+    found.sort_by_key(|m| m.payload_json.clone());
+    let states: Vec<(&str, State)> = found.iter().map(|m| (m.id.as_str(), m.state)).collect();
+    assert_eq!(
+        states,
+        vec![
+            (done.as_str(), State::Completed),
+            (doomed.as_str(), State::Dead),
+            (running.as_str(), State::Inflight),
+            (waiting.as_str(), State::Scheduled)
+        ]
+    );
+    assert_eq!(q.find("10086", 2).expect("find").len(), 2, "the limit holds");
+    assert_eq!(q.find(&waiting[20..], 10).expect("find by id").len(), 1);
+    assert!(
+        q.find("created_ms", 10).expect("find").is_empty(),
+        "envelope metadata is not the payload"
+    );
+    assert!(q.find("no such order", 10).expect("find").is_empty());
+    consumer.ack(held);
+    consumer.stop();
+}
+
+#[test]
+fn find_refuses_an_empty_text_and_a_limit_past_1000() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    assert!(matches!(q.find("", 10), Err(Error::InvalidArgument { name, .. }) if name == "text"));
+    assert!(matches!(q.find("x", 1001), Err(Error::InvalidArgument { name, .. }) if name == "limit"));
+    assert!(q.find("x", 0).expect("find").is_empty());
+}
