@@ -75,6 +75,20 @@ def _table(headers: list[str], rows: list[list[str]], numeric: frozenset[int] = 
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _found_section(q: DelayQueue, text: str) -> str:
+    title = f"<h2>queue <code>{html.escape(q.name)}</code>: messages holding <code>{_text(text)}</code></h2>"
+    try:
+        found = q.find(text, ROWS)
+    except DelayQueueError as e:
+        return f'{title}<p class="bad">{_text(str(e))}</p>'
+    return title + _table(
+        ["id", "state", "due", "attempts", "last error", "payload"],
+        [[f"<code>{_text(m['id'])}</code>", m["state"], _when(m["due_at"]), str(m["attempts"]),
+          _text(m["last_error"]) if m["last_error"] else "", _text(m["payload"])] for m in found],
+        frozenset({3}),
+    )
+
+
 def _queue_section(q: DelayQueue, now: float) -> str:
     title = f"<h2>queue <code>{html.escape(q.name)}</code></h2>"
     try:
@@ -164,11 +178,16 @@ def _queue_section(q: DelayQueue, now: float) -> str:
     )
 
 
-def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Callable[[], float]] = None) -> str:
-    """The page for `queues`. A queue whose Redis fails says so; the others still show."""
+def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Callable[[], float]] = None,
+                find: str = "") -> str:
+    """The page for `queues`. A queue whose Redis fails says so; the others still show.
+    With `find`, the messages of each queue whose id or payload holds it come first."""
     clock = now or time.time
     at = clock()
-    sections = "".join(_queue_section(q, at) for q in queues)
+    search = (f'<form method="get"><input name="find" value="{html.escape(find)}" '
+              'placeholder="an order number, an id, any text of a payload"> <button>find</button></form>')
+    found = "".join(_found_section(q, find) for q in queues) if find else ""
+    sections = search + found + "".join(_queue_section(q, at) for q in queues)
     reload = f'<meta http-equiv="refresh" content="{refresh:g}">' if refresh > 0 else ""
     return (
         "<!doctype html><html><head><meta charset=\"utf-8\">"
@@ -182,4 +201,5 @@ def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Ca
 
 def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float = 5.0) -> PageServer:
     """A server of the page for `queues` at `/` on `host:port`; call `serve_forever()`."""
-    return PageServer((host, port), {"/": ("text/html; charset=utf-8", lambda: render_html(queues, refresh))})
+    return PageServer((host, port), {"/": ("text/html; charset=utf-8",
+                                           lambda query: render_html(queues, refresh, find=query.get("find", "")))})

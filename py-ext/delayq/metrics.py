@@ -7,6 +7,7 @@ Python and Rust consumers of the same queue show up alike.
 from __future__ import annotations
 
 import http.server
+import urllib.parse
 import time
 from typing import Callable, Iterable, Optional
 
@@ -108,9 +109,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 class PageServer(http.server.HTTPServer):
     """Answers `GET` of each path in `pages` (path -> (content type, render)) with a
-    fresh rendering, one request at a time; 404 for any other path."""
+    fresh rendering of the request's query (the last value of each name), one request
+    at a time; 404 for any other path."""
 
-    def __init__(self, address: tuple[str, int], pages: dict[str, tuple[str, Callable[[], str]]]) -> None:
+    def __init__(self, address: tuple[str, int],
+                 pages: dict[str, tuple[str, Callable[[dict[str, str]], str]]]) -> None:
         super().__init__(address, _Handler)
         self.pages = pages
 
@@ -120,7 +123,7 @@ class MetricsServer(PageServer):
     each scrape; see `make_server`."""
 
     def __init__(self, address: tuple[str, int], queues: list[DelayQueue]) -> None:
-        page = (CONTENT_TYPE, lambda: render(queues))
+        page = (CONTENT_TYPE, lambda query: render(queues))
         super().__init__(address, {"/": page, "/metrics": page})
         self.queues = queues
 
@@ -129,12 +132,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server: PageServer
 
     def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-        page = self.server.pages.get(self.path.split("?")[0])
+        url = urllib.parse.urlsplit(self.path)
+        page = self.server.pages.get(url.path)
         if page is None:
             self.send_error(404, f"only {', '.join(sorted(self.server.pages))} is served here")
             return
         content_type, make = page
-        body = make().encode()
+        body = make(dict(urllib.parse.parse_qsl(url.query))).encode()
         self.send_response(200)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))

@@ -460,6 +460,13 @@ def test_the_dashboard_command_serves_the_page(queue: delayq.DelayQueue, redis_u
         assert "first" in page and "second" not in page
         queue.push({"n": 2}, id="second")
         assert "second" in get("/")[1], "read afresh"
+        queue.push({"order_id": 10086, "note": "<b>"}, delay=60, id="close-10086")
+        found = get("/?find=10086")[1]
+        assert ("messages holding <code>10086</code></h2>" in found and "<code>close-10086</code></td><td>scheduled"
+                in found and "&lt;b&gt;" in found and 'value="10086"' in found), found
+        hostile = get("/?find=%3Cscript%3E")[1]
+        assert "<script>" not in hostile and "holding <code>&lt;script&gt;</code>" in hostile
+        assert "messages holding" not in get("/")[1], "no search, no results section"
         try:
             get("/metrics")
             raise AssertionError("served metrics as well")
