@@ -354,7 +354,8 @@ def _purge(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
 
 def _move_waiting(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
-    # The target is named as the source is, option by option, where --to-* is not given.
+    # The target shares the source's Redis and prefix unless --to-url / --to-prefix say
+    # otherwise; it is a native queue of one partition unless told.
     to = DelayQueue(args.to_url or args.url, args.to, prefix=args.to_prefix or args.prefix,
                     partitions=args.to_partitions or 1, layout=args.to_layout,
                     zset_key=args.to_zset_key, payload_key=args.to_payload_key)
