@@ -33,8 +33,9 @@ pub struct QueueOptions {
     pub dead_ttl: Duration,
     /// Completed messages kept after their acknowledgement, for `get` and
     /// `list(Listing::Completed)` to show ("did order 10086 close, and when?"); the
-    /// oldest go first. 0, the default, keeps none: an acknowledged message is deleted
-    /// at once. Applied by the consumer pools as they acknowledge.
+    /// oldest go first (on a partitioned queue, in each partition). 0, the default,
+    /// keeps none: an acknowledged message is deleted at once. Applied by the consumer
+    /// pools as they acknowledge.
     pub keep_completed: usize,
     /// Kept completed messages older than this are deleted.
     pub keep_completed_for: Duration,
