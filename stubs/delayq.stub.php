@@ -135,7 +135,7 @@ final class DelayQueue
     public function inflight(int $limit = 100): array {}
 
     /**
-     * The messages whose id or payload contains $text (plain text, not a pattern), in any
+     * The messages whose payload contains $text (plain text, not a pattern), or whose id is $text, in any
      * state: waiting, running, dead, or completed and kept ('keep_completed'); for an
      * operator with an order number and a generated message id. It scans the whole
      * queue on the server in steps of 1000 entries (Redis is never blocked for long), so

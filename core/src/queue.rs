@@ -1088,8 +1088,8 @@ impl Queue {
         Ok(all)
     }
 
-    /// Up to `limit` (0 to 1000) messages whose id or payload contains `text` (plain
-    /// text, not a pattern), in any state: waiting, running, dead, or completed and
+    /// Up to `limit` (0 to 1000) messages whose payload contains `text` (plain
+    /// text, not a pattern), or whose id is `text`, in any state: waiting, running, dead, or completed and
     /// kept (`keep_completed`). For operators with an order number and a generated
     /// message id ("where is the job of order 10086?"): it scans the queue, in steps of
     /// 1000 entries so that Redis is never blocked for long, comparing on the server,
@@ -1125,11 +1125,13 @@ impl Queue {
                     cursor = items.next().unwrap_or_else(|| "0".to_owned());
                     for id in items {
                         // What matched may be the envelope's metadata rather than the
-                        // payload; a re-pushed completed id shows its new message.
+                        // payload, the id among it: a generated id is random hex, where
+                        // an order number turns up by chance. A re-pushed completed id
+                        // shows its new message.
                         if found.len() < limit
                             && seen.insert(id.clone())
                             && let Some(info) = self.get(&id)?
-                            && (info.id.contains(text) || info.payload_json.contains(text))
+                            && (info.id == text || info.payload_json.contains(text))
                         {
                             found.push(info);
                         }

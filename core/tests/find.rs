@@ -1,4 +1,4 @@
-//! `Queue::find`: the messages whose id or payload contains a text, in every state.
+//! `Queue::find`: the messages whose payload contains a text (or whose id it is), in every state.
 
 mod common;
 
@@ -9,7 +9,7 @@ use delayq::{Error, NewMessage, QueueOptions, State, Worker, WorkerOptions};
 use serde_json::json;
 
 #[test]
-fn find_reaches_every_state_and_every_partition_and_only_payload_or_id_matches() {
+fn find_reaches_every_state_and_every_partition_and_only_payloads_and_whole_ids_match() {
     let server = RedisServer::start();
     let q = server.queue_with(
         "orders",
@@ -72,12 +72,27 @@ fn find_reaches_every_state_and_every_partition_and_only_payload_or_id_matches()
         ]
     );
     assert_eq!(q.find("10086", 2).expect("find").len(), 2, "the limit holds");
-    assert_eq!(q.find(&waiting[20..], 10).expect("find by id").len(), 1);
+    assert_eq!(q.find(&waiting, 10).expect("find by id").len(), 1);
     assert!(
         q.find("created_ms", 10).expect("find").is_empty(),
         "envelope metadata is not the payload"
     );
     assert!(q.find("no such order", 10).expect("find").is_empty());
+    let named = q
+        .push_json(
+            r#"{"order_id":1}"#,
+            delayq::Due::In(Duration::from_secs(60)),
+            &delayq::PushOptions {
+                id: Some("ref-10086-x".into()),
+                ..Default::default()
+            },
+        )
+        .expect("push");
+    assert!(
+        q.find("10086", 10).expect("find").iter().all(|m| m.id != named),
+        "part of an id is no match: generated ids are random hex"
+    );
+    assert_eq!(q.find(&named, 10).expect("find by id")[0].id, named);
     consumer.ack(held);
     consumer.stop();
 }

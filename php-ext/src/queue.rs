@@ -287,7 +287,7 @@ impl PhpDelayQueue {
         self.listing(Listing::Inflight, limit)
     }
 
-    /// Up to `$limit` (at most 1000) messages whose id or payload contains `$text`, in
+    /// Up to `$limit` (at most 1000) messages whose payload contains `$text` (or whose id it is), in
     /// any state, each as get() shows it: a scan of the whole queue, for operators.
     #[php(defaults(limit = 20))]
     pub fn find(&self, text: String, limit: i64) -> PhpResult<ZBox<ZendHashTable>> {

@@ -7,7 +7,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders waiting --limit 20
     delayq --queue orders inflight
     delayq --queue orders completed --limit 20   # with keep_completed
-    delayq --queue orders find 10086   # the messages whose id or payload holds it, in any state
+    delayq --queue orders find 10086   # the messages whose payload holds it (or whose id it is), in any state
     delayq --queue orders dead --limit 20
     delayq --queue orders requeue-dead --all
     delayq --queue orders reschedule close-order-10086 --delay 0   # run it now
@@ -556,7 +556,7 @@ def _parser() -> argparse.ArgumentParser:
         w = sub.add_parser(name, help=what)
         w.add_argument("--limit", type=_count, default=20, help="at most this many, up to 1000 (default: 20)")
         w.set_defaults(run=_listing)
-    f = sub.add_parser("find", help="the messages whose id or payload holds TEXT, in any state (scans the queue)")
+    f = sub.add_parser("find", help="the messages whose payload holds TEXT (or whose id it is), in any state (scans the queue)")
     f.add_argument("text")
     f.add_argument("--limit", type=_count, default=20, help="at most this many, up to 1000 (default: 20)")
     f.set_defaults(run=_listing)

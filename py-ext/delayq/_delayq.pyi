@@ -120,7 +120,7 @@ class DelayQueue:
         first, each as ``get()`` shows it; a ``lease_until`` in the past is a delivery
         whose worker died or hung (the next claim gives it to another worker)."""
     def find(self, text: str, limit: int = 20) -> list[dict[str, Any]]:
-        """Up to ``limit`` (at most 1000) messages whose id or payload contains ``text``
+        """Up to ``limit`` (at most 1000) messages whose payload contains ``text`` (or whose id it is)
         (plain text, not a pattern), in any state: waiting, running, dead, or completed
         and kept, each as ``get()`` shows it; for an operator with an order number and a
         generated message id. It scans the whole queue on the server, 1000 entries a

@@ -181,7 +181,7 @@ def _queue_section(q: DelayQueue, now: float) -> str:
 def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Callable[[], float]] = None,
                 find: str = "") -> str:
     """The page for `queues`. A queue whose Redis fails says so; the others still show.
-    With `find`, the messages of each queue whose id or payload holds it come first."""
+    With `find`, the messages of each queue whose payload holds it (or whose id it is) come first."""
     clock = now or time.time
     at = clock()
     search = (f'<form method="get"><input name="find" value="{html.escape(find)}" '

@@ -300,7 +300,7 @@ impl PyQueue {
         self.listing(py, Listing::Inflight, limit)
     }
 
-    /// Up to `limit` (at most 1000) messages whose id or payload contains `text`, in
+    /// Up to `limit` (at most 1000) messages whose payload contains `text` (or whose id it is), in
     /// any state (see the stub).
     #[pyo3(signature = (text, limit = 20))]
     fn find<'py>(&self, py: Python<'py>, text: &str, limit: usize) -> PyResult<Bound<'py, PyList>> {
