@@ -99,10 +99,13 @@ final class DelayQueue
      * `attempts` counts deliveries so far, the running one included; `lease_until` is set
      * while the message runs: when its lease ends unless the worker's heartbeat extends it;
      * `expires_at`, for a message pushed with 'expire_after': the latest it may start;
-     * `completed_at`, for a completed message kept by 'keep_completed': when it was acknowledged.
+     * `completed_at`, for a completed message kept by 'keep_completed': when it was acknowledged;
+     * `error_trace`, beside `last_error` when the failure came with one: the exception as
+     * `(string) $e` prints it (stack trace and previous exceptions; a Python worker's
+     * traceback), cut to the worker's 'max_trace_bytes'.
      *
      * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
-     *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
+     *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
      *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float}|null
      *   null for an unknown id
      */
@@ -115,7 +118,7 @@ final class DelayQueue
      *
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'scheduled'|'ready', payload: mixed, due_at: float,
-     *   attempts: int, max_attempts: ?int, last_error: ?string, dead_at: null, created_at: ?float,
+     *   attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: null, created_at: ?float,
      *   lease_until: null, expires_at: ?float, completed_at: null}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
@@ -128,7 +131,7 @@ final class DelayQueue
      *
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'inflight', payload: mixed, due_at: ?float,
-     *   attempts: int, max_attempts: ?int, last_error: ?string, dead_at: null, created_at: ?float,
+     *   attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: null, created_at: ?float,
      *   lease_until: float, expires_at: ?float, completed_at: null}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
@@ -144,7 +147,7 @@ final class DelayQueue
      *
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
-     *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
+     *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
      *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float}>
      * @throws DelayQueueInvalidArgumentException for an empty $text or a limit outside 0 to 1000
      */
@@ -157,7 +160,7 @@ final class DelayQueue
      *
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'completed', payload: mixed, due_at: ?float,
-     *   attempts: int, max_attempts: ?int, last_error: null, dead_at: null, created_at: ?float,
+     *   attempts: int, max_attempts: ?int, last_error: null, error_trace: null, dead_at: null, created_at: ?float,
      *   lease_until: null, expires_at: ?float, completed_at: float}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
@@ -175,8 +178,9 @@ final class DelayQueue
     public function stats(): array {}
 
     /**
-     * @return list<array{id: string, payload: mixed, attempts: int, last_error: string, dead_at: float}>
-     *   newest first
+     * @return list<array{id: string, payload: mixed, attempts: int, last_error: string, error_trace: ?string,
+     *   dead_at: float}>
+     *   newest first; error_trace as get() gives it
      */
     public function deadLetters(int $limit = 100): array {}
 
@@ -355,8 +359,8 @@ final class DelayQueueWorker
     /**
      * @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
      *   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
-     *   idle_check?: float, stop_when_empty?: bool, max_jobs?: int, max_memory_mb?: int,
-     *   max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
+     *   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, max_jobs?: int,
+     *   max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
      *   lower_queues?: list<DelayQueue>} $options
      *   processes > 1 (or a timeout) forks handler processes and supervises them;
      *   max_jobs, max_memory_mb and max_time (seconds) end a process's run after that
@@ -367,6 +371,9 @@ final class DelayQueueWorker
      *   worker process after its pool stopped and wrote every acknowledgement;
      *   stop_when_empty makes run() return once no message is due and none runs
      *   (messages due later stay): for cron-driven batches and tests of handlers;
+     *   max_trace_bytes (default 8192, 0 keeps none, at most 1048576): how much of a
+     *   failed handler's exception, stack trace included, is kept as the message's
+     *   error_trace (a longer one keeps its start and end);
      *   on_dead(mixed $payload, DelayQueueMessage $message, string $error) runs in the
      *   worker process after a failure sent the message to the dead-letter set (its
      *   attempts used up, or deadLetter()): a death handler for alerts; what it throws

@@ -93,6 +93,31 @@ def test_both_languages_see_the_same_state(queue: delayq.DelayQueue, redis_url: 
     assert queue.get(msg_id) is None
 
 
+def test_a_php_failure_shows_its_stack_trace_in_python_and_back(queue: delayq.DelayQueue, redis_url: str) -> None:
+    from_php = queue.push({"who": "php"}, id="fails-in-php")
+    php("""
+        $w = new DelayQueueWorker(new DelayQueue($argv[1], 'jobs'), ['max_attempts' => 1, 'stop_when_empty' => true]);
+        $w->run(function ($payload) { throw new LogicException("order {$payload['who']} is gone"); });
+    """, redis_url)
+    info = queue.get(from_php)
+    assert info is not None and info["state"] == "dead"
+    assert info["last_error"].startswith("LogicException: order php is gone in ")
+    assert info["error_trace"].startswith("LogicException: order php is gone in ")
+    assert "\nStack trace:\n#0 " in info["error_trace"] and info["error_trace"].endswith("{main}")
+
+    from_python = queue.push({"who": "python"}, id="fails-in-python")
+
+    def fail(payload: Any, msg: delayq.Message) -> None:
+        raise LookupError(f"order {payload['who']} is gone")
+
+    delayq.Worker(queue, max_attempts=1, stop_when_empty=True).run(fail)
+    seen = json.loads(php("echo json_encode((new DelayQueue($argv[1], 'jobs'))->get('fails-in-python'));", redis_url))
+    assert seen["last_error"] == "LookupError: order python is gone"
+    assert seen["error_trace"].startswith("Traceback (most recent call last):\n")
+    assert seen["error_trace"].endswith("LookupError: order python is gone\n")
+    assert seen["error_trace"] == queue.get(from_python)["error_trace"]  # type: ignore[index]
+
+
 def test_an_empty_object_reaches_php_as_an_empty_array(queue: delayq.DelayQueue, redis_url: str) -> None:
     # PHP arrays cannot tell {} from [] apart: json_decode($json, true) gives [] for
     # both, and so does delayq. Everything else about the payload is unchanged.

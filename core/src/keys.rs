@@ -138,7 +138,7 @@ pub(crate) fn partition_of(key: &str, n: usize) -> usize {
 /// The names after the first two keys (the schedule and the messages), in the order
 /// of lib.lua's KEYS; native keys put them after the hash tag, the seed layout after
 /// the recipe's ZSET name.
-const SUFFIXES: [&str; 16] = [
+const SUFFIXES: [&str; 17] = [
     "inflight",
     "leases",
     "attempts",
@@ -155,6 +155,7 @@ const SUFFIXES: [&str; 16] = [
     "control",
     "completed",
     "completed_messages",
+    "traces",
 ];
 
 impl Keys {

@@ -164,6 +164,10 @@ pub struct MessageInfo {
     pub attempts: u32,
     pub max_attempts: Option<u32>,
     pub last_error: Option<String>,
+    /// The stack trace that came with the last error (a PHP exception as `(string)
+    /// $e` gives it, a Python traceback), cut to the worker's `max_trace_bytes`; `None`
+    /// when the failure gave none.
+    pub error_trace: Option<String>,
     pub dead_at_ms: Option<i64>,
     /// When it was pushed, Unix ms on the producer's clock (`None` in the seed layout).
     pub created_at_ms: Option<i64>,
@@ -246,6 +250,9 @@ pub struct DeadLetter {
     pub payload_json: String,
     pub attempts: u32,
     pub last_error: String,
+    /// The stack trace that came with the last error, if any (see
+    /// [`MessageInfo::error_trace`]).
+    pub error_trace: Option<String>,
     pub dead_at_ms: i64,
 }
 
@@ -1037,7 +1044,7 @@ impl Queue {
             |v| matches!(v, Value::Array(items) if items.len() >= 6),
         )?;
         let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "get"))?;
-        let [state, stored, due, attempts, error, dead, lease_until, completed] = items.as_slice() else {
+        let [state, stored, due, attempts, error, dead, lease_until, completed, trace] = items.as_slice() else {
             return Ok(None);
         };
         Ok(Some(self.message_info(
@@ -1045,7 +1052,7 @@ impl Queue {
             state,
             stored,
             [due, attempts, dead, lease_until, completed],
-            error,
+            [error, trace],
         )))
     }
 
@@ -1069,13 +1076,13 @@ impl Queue {
                 inv.arg(which.as_str()).arg(limit);
             })?;
             let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "list"))?;
-            for group in items.get(1..).unwrap_or_default().chunks_exact(8) {
-                let [id, state, stored, due, attempts, error, lease_until, completed] = group else {
+            for group in items.get(1..).unwrap_or_default().chunks_exact(9) {
+                let [id, state, stored, due, attempts, error, lease_until, completed, trace] = group else {
                     continue;
                 };
                 let Some(id) = text(id) else { continue };
                 let times = [due, attempts, &Value::Int(-1), lease_until, completed];
-                all.push(self.message_info(id, state, stored, times, error));
+                all.push(self.message_info(id, state, stored, times, [error, trace]));
             }
         }
         // Each partition's list is in order already; merge them the same way.
@@ -1151,7 +1158,7 @@ impl Queue {
         state: &Value,
         stored: &Value,
         [due, attempts, dead, lease_until, completed]: [&Value; 5],
-        error: &Value,
+        [error, trace]: [&Value; 2],
     ) -> MessageInfo {
         let state = match text(state).as_deref() {
             Some("scheduled") => State::Scheduled,
@@ -1175,6 +1182,7 @@ impl Queue {
             attempts: u32::try_from(int(attempts)).unwrap_or(0),
             max_attempts,
             last_error: text(error),
+            error_trace: text(trace),
             dead_at_ms: known(dead),
             created_at_ms,
             lease_until_ms: known(lease_until),
@@ -1258,8 +1266,8 @@ impl Queue {
                 inv.arg(limit);
             })?;
             let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "dead_letters"))?;
-            all.extend(items.chunks(5).filter_map(|c| {
-                let [id, at, env, att, err] = c else { return None };
+            all.extend(items.chunks(6).filter_map(|c| {
+                let [id, at, env, att, err, trace] = c else { return None };
                 let stored = text(env).unwrap_or_default();
                 Some(DeadLetter {
                     id: text(id)?,
@@ -1268,6 +1276,7 @@ impl Queue {
                         .unwrap_or(stored),
                     attempts: u32::try_from(int(att)).unwrap_or(0),
                     last_error: text(err).unwrap_or_default(),
+                    error_trace: text(trace).filter(|t| !t.is_empty()),
                     dead_at_ms: int(at),
                 })
             }));

@@ -68,7 +68,15 @@ pub struct WorkerOptions {
     /// Stop once no message is due (ready) and none runs: for cron-driven batches and
     /// for tests of handlers. Messages due later do not keep the pool running.
     pub stop_when_empty: bool,
+    /// Longest stack trace kept with a failure's error (see [`Consumer::fail_traced`]),
+    /// in bytes; a longer one keeps its start and its end, where the frames that matter
+    /// are (PHP lists the innermost frame first, Python last). 0 keeps none.
+    pub max_trace_bytes: usize,
 }
+
+/// Upper bound of `WorkerOptions::max_trace_bytes`: a trace is kept per failed message,
+/// dead letters included (10 000 of them by default).
+pub const MAX_TRACE_BYTES: usize = 1 << 20;
 
 impl Default for WorkerOptions {
     fn default() -> Self {
@@ -83,6 +91,7 @@ impl Default for WorkerOptions {
             timeout: None,
             idle_check: Duration::from_secs(1),
             stop_when_empty: false,
+            max_trace_bytes: 8192,
         }
     }
 }
@@ -100,6 +109,7 @@ impl WorkerOptions {
         range("threads", self.threads, 1, 64)?;
         range("batch", self.batch, 1, MAX_BATCH)?;
         range("prefetch", self.prefetch, 0, 100_000)?;
+        range("max_trace_bytes", self.max_trace_bytes, 0, MAX_TRACE_BYTES)?;
         if self.lease < Duration::from_millis(100) {
             return Err(Error::invalid(
                 "lease",
@@ -594,6 +604,8 @@ enum Outcome {
         token: String,
         delay_ms: i64,
         error: String,
+        /// Empty when there is none.
+        trace: String,
         counted: bool,
     },
     Release {
@@ -1208,6 +1220,33 @@ impl Worker {
     }
 }
 
+/// `trace` within `max` bytes: its start and its end around a note of what was left
+/// out, cut on character boundaries.
+fn cut_trace(trace: &str, max: usize) -> String {
+    if trace.len() <= max {
+        return trace.to_owned();
+    }
+    let note = |left_out: usize| format!("\n[... {left_out} bytes left out ...]\n");
+    let room = max.saturating_sub(note(trace.len()).len());
+    if room == 0 {
+        return String::new();
+    }
+    let mut head_end = room / 2;
+    while !trace.is_char_boundary(head_end) {
+        head_end -= 1;
+    }
+    let mut tail_start = trace.len() - (room - room / 2);
+    while !trace.is_char_boundary(tail_start) {
+        tail_start += 1;
+    }
+    format!(
+        "{}{}{}",
+        &trace[..head_end],
+        note(tail_start - head_end),
+        &trace[tail_start..]
+    )
+}
+
 fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
     panic
         .downcast_ref::<&str>()
@@ -1350,6 +1389,14 @@ impl Consumer {
     /// (the order no longer exists: straight to the dead-letter set). Either way it
     /// counts as an attempt, and a retry past `max_attempts` goes to the dead letters.
     pub fn fail_with(&self, d: Delivery, error: &str, retry: Retry) -> Fate {
+        self.fail_traced(d, error, "", retry)
+    }
+
+    /// As [`fail_with`](Self::fail_with), keeping `trace` (a stack trace, a chain of
+    /// causes) beside the error until the message's next failure or its end, cut to
+    /// `max_trace_bytes`: what `Queue::get` and the dead letters show as `error_trace`,
+    /// for whoever looks into a failure after the worker's log is gone.
+    pub fn fail_traced(&self, d: Delivery, error: &str, trace: &str, retry: Retry) -> Fate {
         let owner = self.owner(&d);
         owner.pool.record_handler_time(&d);
         Counters::add(&owner.pool.counters.failed, 1);
@@ -1378,6 +1425,7 @@ impl Consumer {
             token: d.token,
             delay_ms,
             error,
+            trace: cut_trace(trace, owner.pool.opts.max_trace_bytes),
             counted: true,
         });
         fate
@@ -1768,6 +1816,7 @@ fn hand_out(
             token,
             delay_ms: -1,
             error,
+            trace: String::new(),
             counted: false,
         });
     };
@@ -1918,10 +1967,11 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
                     token,
                     delay_ms,
                     error,
+                    trace,
                     ..
                 } = o
                 {
-                    inv.arg(id).arg(token).arg(*delay_ms).arg(error);
+                    inv.arg(id).arg(token).arg(*delay_ms).arg(error).arg(trace);
                 }
             }
         }) {
@@ -2455,5 +2505,35 @@ fn watch_sentinels(pool: &Pool) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_trace;
+
+    #[test]
+    fn a_long_trace_keeps_its_start_and_end_within_the_limit() {
+        let trace: String = (0..500).map(|i| format!("#{i} frame ü\n")).collect();
+        let cut = cut_trace(&trace, 1000);
+        assert!(cut.len() <= 1000, "{}", cut.len());
+        assert!(cut.starts_with("#0 frame ü\n#1 "), "{cut}");
+        assert!(cut.ends_with("#499 frame ü\n"), "{cut}");
+        assert!(cut.contains(" bytes left out ...]"), "{cut}");
+        let left_out: usize = cut
+            .split("[... ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .expect("a count");
+        let note = format!("\n[... {left_out} bytes left out ...]\n");
+        assert_eq!(cut.len() - note.len() + left_out, trace.len());
+    }
+
+    #[test]
+    fn a_short_trace_is_kept_whole_and_zero_keeps_none() {
+        assert_eq!(cut_trace("#0 {main}", 9), "#0 {main}");
+        assert_eq!(cut_trace("#0 {main}", 0), "");
+        assert_eq!(cut_trace("#0 {main} and more", 5), "");
     }
 }

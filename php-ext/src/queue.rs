@@ -263,8 +263,8 @@ impl PhpDelayQueue {
     /// Everything known about a message, or null for an unknown id.
     ///
     /// @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
-    ///   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, dead_at: ?float,
-    ///   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float}|null
+    ///   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string,
+    ///   dead_at: ?float, created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float}|null
     pub fn get(&self, id: String) -> PhpResult<Option<ZBox<ZendHashTable>>> {
         match self.queue.get(&id).or_throw()? {
             Some(info) => Ok(Some(message_info(info)?)),
@@ -365,7 +365,8 @@ impl PhpDelayQueue {
 
     /// Up to `$limit` dead letters, newest first.
     ///
-    /// @return list<array{id: string, payload: mixed, attempts: int, last_error: string, dead_at: float}>
+    /// @return list<array{id: string, payload: mixed, attempts: int, last_error: string, error_trace: ?string,
+    ///   dead_at: float}>
     #[php(defaults(limit = 100))]
     pub fn dead_letters(&self, limit: i64) -> PhpResult<ZBox<ZendHashTable>> {
         if limit < 0 {
@@ -379,6 +380,7 @@ impl PhpDelayQueue {
                 ("payload", payload),
                 ("attempts", zv(i64::from(d.attempts))),
                 ("last_error", zv(d.last_error)),
+                ("error_trace", zv(d.error_trace)),
                 ("dead_at", zv(ms_to_secs(d.dead_at_ms))),
             ])?;
             list.push(entry).map_err(|e| errors::payload(e.to_string()))?;
@@ -587,6 +589,7 @@ fn message_info(info: MessageInfo) -> PhpResult<ZBox<ZendHashTable>> {
         ("attempts", zv(i64::from(info.attempts))),
         ("max_attempts", zv(info.max_attempts.map(i64::from))),
         ("last_error", zv(info.last_error)),
+        ("error_trace", zv(info.error_trace)),
         ("dead_at", zv(info.dead_at_ms.map(ms_to_secs))),
         ("created_at", zv(info.created_at_ms.map(ms_to_secs))),
         ("lease_until", zv(info.lease_until_ms.map(ms_to_secs))),

@@ -200,6 +200,15 @@ pub(crate) struct RunSummary {
     pub(crate) ended: Option<Ended>,
 }
 
+/// The exception as PHP prints it: class, message, file and line, the stack trace,
+/// and each previous exception ("Next ...").
+fn exception_trace(ex: &ZendObject) -> String {
+    ex.try_call_method("__toString", vec![])
+        .ok()
+        .and_then(|z| z.string())
+        .unwrap_or_default()
+}
+
 fn describe_exception(ex: &ZendObject) -> String {
     let class = ex.get_class_name().unwrap_or_else(|_| "Exception".into());
     let call = |m: &str| ex.try_call_method(m, vec![]).ok();
@@ -311,12 +320,12 @@ impl PhpWorker {
                             break;
                         }
                         Some(_) => {
-                            let text = ExecutorGlobals::take_exception()
-                                .map(|ex| describe_exception(&ex))
-                                .unwrap_or_else(|| call_error.to_string());
+                            let (text, trace) = ExecutorGlobals::take_exception()
+                                .map(|ex| (describe_exception(&ex), exception_trace(&ex)))
+                                .unwrap_or_else(|| (call_error.to_string(), String::new()));
                             Some(match decided {
                                 Some((retry, reason)) => consumer.fail_with(delivery, &reason, retry),
-                                None => consumer.fail(delivery, &text),
+                                None => consumer.fail_traced(delivery, &text, &trace, delayq::Retry::Backoff),
                             })
                         }
                         None => Some(consumer.fail(delivery, &format!("handler could not be called: {call_error}"))),
@@ -469,6 +478,9 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
         w.idle_check = d;
     }
     w.stop_when_empty = o.bool("stop_when_empty")?.unwrap_or(false);
+    if let Some(n) = o.int("max_trace_bytes", 0, delayq::MAX_TRACE_BYTES as i64)? {
+        w.max_trace_bytes = n as usize;
+    }
     let max_jobs = o.int("max_jobs", 1, i64::MAX)?.map(|n| n as u64);
     let max_memory_bytes = o.int("max_memory_mb", 1, 1 << 30)?.map(|mb| mb << 20);
     let max_time = o.duration("max_time")?;
@@ -504,8 +516,9 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
 impl PhpWorker {
     /// @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
     ///   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
-    ///   idle_check?: float, stop_when_empty?: bool, max_jobs?: int, max_memory_mb?: int, max_time?: float,
-    ///   on_start?: callable, on_stop?: callable, on_dead?: callable, lower_queues?: list<DelayQueue>} $options
+    ///   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, max_jobs?: int,
+    ///   max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
+    ///   lower_queues?: list<DelayQueue>} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn __construct(queue: &PhpDelayQueue, options: OptionsArg<'_>) -> PhpResult<Self> {
         let (opts, lower, limits, (on_start, on_stop, on_dead)) = worker_options(options.0)?;

@@ -122,6 +122,68 @@ final class WorkerTest extends TestCase
         $this->assertSame('ready', $this->q->get($bad)['state']);
     }
 
+    public function testAFailureKeepsTheExceptionWithItsStackTraceAndPreviousOnes(): void
+    {
+        $id = $this->q->push(['order' => 10086]);
+        $closeOrder = function (array $payload): void {
+            try {
+                throw new PDOException('MySQL server has gone away');
+            } catch (PDOException $e) {
+                throw new RuntimeException("cannot close order {$payload['order']}", 0, $e);
+            }
+        };
+        $w = new DelayQueueWorker($this->q, ['max_attempts' => 1, 'stop_when_empty' => true]);
+        $w->run(function ($payload) use ($closeOrder) {
+            $closeOrder($payload);
+        });
+        $info = $this->q->get($id);
+        $this->assertSame('dead', $info['state']);
+        $this->assertStringStartsWith('RuntimeException: cannot close order 10086 in ' . __FILE__, $info['last_error']);
+        $trace = $info['error_trace'];
+        $this->assertIsString($trace);
+        // (string) $e: the previous exception first, then "Next" the one thrown, each
+        // with its stack trace.
+        $this->assertStringStartsWith('PDOException: MySQL server has gone away in ' . __FILE__, $trace);
+        $this->assertStringContainsString("\nNext RuntimeException: cannot close order 10086 in " . __FILE__, $trace);
+        $this->assertStringContainsString('Stack trace:', $trace);
+        // Arguments show unless zend.exception_ignore_args is on (as Debian's php.ini has it).
+        $this->assertStringContainsString(__FILE__ . '(' , $trace);
+        $this->assertStringContainsString(__CLASS__ . '->{closure}(', $trace);
+        $this->assertStringContainsString('DelayQueueWorker->run(', $trace);
+        $this->assertSame($trace, $this->q->deadLetters()[0]['error_trace']);
+        $this->assertNull($this->q->get($this->q->push(['order' => 1]))['error_trace']);
+
+        // Cut to max_trace_bytes, keeping the start and the end; 0 keeps none.
+        foreach ([300 => true, 0 => false] as $max => $kept) {
+            $id = $this->q->push(['order' => $max]);
+            $w = new DelayQueueWorker($this->q, ['max_attempts' => 1, 'stop_when_empty' => true,
+                'max_trace_bytes' => $max]);
+            $w->run(function ($payload) use ($id, $closeOrder) {
+                if ($payload['order'] !== 1) {
+                    $closeOrder($payload);
+                }
+            });
+            $info = $this->q->get($id);
+            $this->assertStringStartsWith('RuntimeException: ', $info['last_error']);
+            if ($kept) {
+                $this->assertLessThanOrEqual(300, strlen($info['error_trace']));
+                $this->assertStringStartsWith('PDOException: MySQL server has gone away', $info['error_trace']);
+                $this->assertStringContainsString('bytes left out', $info['error_trace']);
+                $this->assertStringEndsWith('{main}', $info['error_trace']);
+            } else {
+                $this->assertNull($info['error_trace']);
+            }
+        }
+        foreach ([-1, 1048577] as $bad) {
+            try {
+                new DelayQueueWorker($this->q, ['max_trace_bytes' => $bad]);
+                $this->fail("accepted max_trace_bytes $bad");
+            } catch (DelayQueueInvalidArgumentException $e) {
+                $this->assertStringContainsString('max_trace_bytes', $e->getMessage());
+            }
+        }
+    }
+
     public function testOnDeadAlertsForEachMessageSentToTheDeadLetters(): void
     {
         foreach (['fine', 'broken', 'gone', 'alarm'] as $kind) {

@@ -20,6 +20,7 @@ import math
 import os
 import signal
 import threading
+import traceback
 from collections.abc import Awaitable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Callable, Optional, Union
@@ -108,6 +109,10 @@ class Worker:
     ``timeout`` it is cancelled and its delivery fails at once. With
     ``stop_when_empty``, ``run`` returns once no message is due and none runs.
 
+    A failure's traceback (chained causes included) is kept beside its error, as the
+    message's ``error_trace`` in ``get()`` and the dead letters, up to
+    ``max_trace_bytes`` (its start and end when longer; 0 keeps none).
+
     ``lower_queues`` are consumed too, in that order, each only when the queues before
     it have nothing due (strict priority, as Laravel's ``--queue=high,default``);
     ``message.queue`` names the queue a message came from.
@@ -132,6 +137,7 @@ class Worker:
         timeout: Optional[float] = None,
         idle_check: float = 1.0,
         stop_when_empty: bool = False,
+        max_trace_bytes: int = 8192,
         concurrency: int = 10,
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
         lower_queues: Sequence[DelayQueue] = (),
@@ -160,6 +166,7 @@ class Worker:
             idle_check=idle_check,
             stop_when_empty=stop_when_empty,
             lower_queues=list(lower_queues),
+            max_trace_bytes=max_trace_bytes,
         )
         self._concurrency = concurrency
         self._on_dead = on_dead
@@ -239,7 +246,8 @@ class Worker:
             except _HandlerTimedOut as exc:
                 dead = consumer.fail(delivery, str(exc))
             except Exception as exc:  # the handler's failure is the message's failure
-                dead = consumer.fail(delivery, f"{type(exc).__name__}: {exc}")
+                dead = consumer.fail(delivery, f"{type(exc).__name__}: {exc}",
+                                     "".join(traceback.format_exception(exc)))
             else:
                 dead = consumer.ack(delivery)
             finally:

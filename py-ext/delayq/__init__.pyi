@@ -51,7 +51,10 @@ class Worker:
     loop, ``concurrency`` at a time.
     With ``stop_when_empty``, ``run`` returns (``stopped_by`` ``"empty"``) once no
     message is due and none runs (messages due later stay): for cron-driven batches
-    and for tests of handlers. ``on_dead(payload, message, error)`` runs on the handler's
+    and for tests of handlers. A failure's traceback (chained causes included) is kept
+    as the message's ``error_trace`` (``get()``, the dead letters), up to
+    ``max_trace_bytes`` (its start and end when longer; 0 keeps none).
+    ``on_dead(payload, message, error)`` runs on the handler's
     thread (or loop) after a failure sent the message to the dead-letter set (its
     attempts used up, or ``message.dead_letter()``): a death handler for alerts; what it
     raises is logged and the pool goes on. ``lower_queues`` are consumed too, in that
@@ -77,6 +80,7 @@ class Worker:
         timeout: Optional[float] = None,
         idle_check: float = 1.0,
         stop_when_empty: bool = False,
+        max_trace_bytes: int = 8192,
         concurrency: int = 10,
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
         lower_queues: Sequence[DelayQueue] = (),

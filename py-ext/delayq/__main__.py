@@ -109,6 +109,9 @@ def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         return NOT_FOUND
 
     def human() -> list[str]:
+        trace = info.get("error_trace")
+        # Last, whole and indented: the frames are what someone asking for one message reads.
+        trace_lines = ["error trace:"] + ["    " + line for line in trace.splitlines()] if trace else []
         return [
             f"id:           {info['id']}",
             f"state:        {info['state']}",
@@ -121,7 +124,7 @@ def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             f"completed at: {_when(info['completed_at'])}",
             f"created at:   {_when(info['created_at'])}",
             f"payload:      {_payload(info['payload'])}",
-        ]
+        ] + trace_lines
 
     out.emit(info, human)
     return 0
@@ -671,6 +674,8 @@ def _parser() -> argparse.ArgumentParser:
                         "delivery fails at once)")
     w.add_argument("--idle-check", type=float, default=1.0, help="seconds between an idle pool's looks (default: 1)")
     w.add_argument("--stop-when-empty", action="store_true", help="return once nothing is due and nothing runs")
+    w.add_argument("--max-trace-bytes", type=int, default=8192, metavar="N",
+                   help="keep up to N bytes of a failure's traceback with the message (0: none)")
     w.add_argument("--max-jobs", type=int, metavar="N",
                    help="a process ends after N messages (with --processes above 1: a fresh one takes its place)")
     w.add_argument("--max-time", type=float, metavar="SECONDS", help="a process ends after that long (as --max-jobs)")

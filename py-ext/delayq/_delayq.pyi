@@ -104,13 +104,16 @@ class DelayQueue:
     def reschedule(self, id: str, delay: float) -> bool:
         """Move a waiting message to ``delay`` seconds from now; False when not waiting."""
     def get(self, id: str) -> Optional[dict[str, Any]]:
-        """``{id, state, payload, due_at, attempts, max_attempts, last_error, dead_at,
-        created_at, lease_until, expires_at, completed_at}``, or
+        """``{id, state, payload, due_at, attempts, max_attempts, last_error, error_trace,
+        dead_at, created_at, lease_until, expires_at, completed_at}``, or
         None for an unknown id. ``state`` is scheduled, ready, inflight, dead or
         completed (kept by ``keep_completed``, acknowledged at ``completed_at``);
         ``attempts`` counts deliveries so far, the running one included; ``lease_until``
         is set while it runs: when its lease ends unless the heartbeat extends it;
-        ``expires_at`` (with ``expire_after``) is the latest it may start."""
+        ``expires_at`` (with ``expire_after``) is the latest it may start;
+        ``error_trace``, beside ``last_error`` when the failure came with one, is the
+        handler's traceback (a PHP worker's exception with its stack trace), cut to the
+        worker's ``max_trace_bytes``."""
     def waiting(self, limit: int = 100) -> list[dict[str, Any]]:
         """The next ``limit`` (at most 1000) messages waiting, scheduled or ready,
         earliest due first, from every partition, each as ``get()`` shows it. A snapshot
@@ -137,7 +140,7 @@ class DelayQueue:
         discarded, trimmed, purged, replaced, moved)."""
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """Up to ``limit`` dead letters, newest first: ``{id, payload, attempts,
-        last_error, dead_at}``."""
+        last_error, error_trace, dead_at}``."""
     def workers(self) -> list[dict[str, Any]]:
         """The consumer pools alive on this queue, from every host and language, oldest
         first: ``{id, host, pid, started_at, last_seen, threads, handlers, handled,
@@ -277,7 +280,7 @@ class _Consumer:
     @property
     def stopped(self) -> bool: ...
     def ack(self, delivery: _Delivery) -> Optional[str]: ...
-    def fail(self, delivery: _Delivery, error: str) -> Optional[str]: ...
+    def fail(self, delivery: _Delivery, error: str, trace: str = "") -> Optional[str]: ...
     def release(self, delivery: _Delivery) -> None: ...
     def stop(self) -> None: ...
     def finish(self, stopped_by: Optional[str]) -> dict[str, Any]: ...
@@ -299,6 +302,7 @@ class _Worker:
         idle_check: float,
         stop_when_empty: bool,
         lower_queues: list[DelayQueue],
+        max_trace_bytes: int = 8192,
     ) -> _Worker: ...
     def run(self, handler: Any, on_dead: Any = None) -> dict[str, Any]: ...
     def start(self, handlers: int) -> _Consumer: ...

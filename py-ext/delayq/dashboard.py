@@ -34,6 +34,7 @@ table{border-collapse:collapse;margin:.2em 0 .8em}
 td,th{padding:.2em .7em;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
 th{font-weight:600;background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
 code{font-size:.92em}.bad{color:#b00020;font-weight:600}.quiet{color:#777}
+summary{cursor:pointer}pre.trace{font-size:.85em;max-width:70em;overflow-x:auto;background:#f6f6f6;padding:.4em}
 """
 
 
@@ -42,6 +43,17 @@ def _text(value: Any) -> str:
     if len(shown) > SHOWN_CHARS:
         shown = shown[:SHOWN_CHARS] + "…"
     return html.escape(shown)
+
+
+def _error(m: dict[str, Any], css: str = "") -> str:
+    """The last error, which unfolds into its whole trace when it came with one."""
+    if not m["last_error"]:
+        return ""
+    shown = f'<span class="{css}">{_text(m["last_error"])}</span>' if css else _text(m["last_error"])
+    trace = m.get("error_trace")
+    if not trace:
+        return shown
+    return f'<details><summary>{shown}</summary><pre class="trace">{html.escape(trace)}</pre></details>'
 
 
 def _when(seconds: Optional[float]) -> str:
@@ -84,7 +96,7 @@ def _found_section(q: DelayQueue, text: str) -> str:
     return title + _table(
         ["id", "state", "due", "attempts", "last error", "payload"],
         [[f"<code>{_text(m['id'])}</code>", m["state"], _when(m["due_at"]), str(m["attempts"]),
-          _text(m["last_error"]) if m["last_error"] else "", _text(m["payload"])] for m in found],
+          _error(m), _text(m["payload"])] for m in found],
         frozenset({3}),
     )
 
@@ -140,7 +152,7 @@ def _queue_section(q: DelayQueue, now: float) -> str:
     upcoming = _table(
         ["id", "due", "attempts", "last error", "payload"],
         [[f"<code>{_text(m['id'])}</code>", _when(m["due_at"]), str(m["attempts"]),
-          _text(m["last_error"]) if m["last_error"] else "", _text(m["payload"])] for m in waiting],
+          _error(m), _text(m["payload"])] for m in waiting],
         frozenset({2}),
     )
     schedules = _table(
@@ -160,7 +172,7 @@ def _queue_section(q: DelayQueue, now: float) -> str:
     letters = _table(
         ["id", "died", "attempts", "last error", "payload"],
         [[f"<code>{_text(m['id'])}</code>", _when(m["dead_at"]), str(m["attempts"]),
-          f'<span class="bad">{_text(m["last_error"])}</span>', _text(m["payload"])] for m in dead],
+          _error(m, "bad"), _text(m["payload"])] for m in dead],
         frozenset({2}),
     )
     return (

@@ -88,6 +88,7 @@ def worker_from_args(
         timeout=args.timeout,
         idle_check=args.idle_check,
         stop_when_empty=args.stop_when_empty,
+        max_trace_bytes=args.max_trace_bytes,
         concurrency=args.concurrency,
         lower_queues=lower,
         max_jobs=args.max_jobs,

@@ -345,6 +345,7 @@ impl PyQueue {
             d.set_item("payload", json_to_py(py, &x.payload_json).ok())?;
             d.set_item("attempts", x.attempts)?;
             d.set_item("last_error", &x.last_error)?;
+            d.set_item("error_trace", &x.error_trace)?;
             d.set_item("dead_at", ms_to_secs(x.dead_at_ms))?;
             list.append(d)?;
         }
@@ -562,6 +563,7 @@ fn message_info(py: Python<'_>, info: MessageInfo) -> PyResult<Bound<'_, PyDict>
     d.set_item("attempts", info.attempts)?;
     d.set_item("max_attempts", info.max_attempts)?;
     d.set_item("last_error", info.last_error)?;
+    d.set_item("error_trace", info.error_trace)?;
     d.set_item("dead_at", info.dead_at_ms.map(ms_to_secs))?;
     d.set_item("created_at", info.created_at_ms.map(ms_to_secs))?;
     d.set_item("lease_until", info.lease_until_ms.map(ms_to_secs))?;

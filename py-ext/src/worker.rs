@@ -110,7 +110,7 @@ fn complete(
     consumer: &delayq::Consumer,
     d: delayq::Delivery,
     message: &PyMessage,
-    raised: Option<String>,
+    raised: Option<(String, String)>,
 ) -> Option<String> {
     let fate = match (message.take_decision(py), raised) {
         (Some((retry, reason)), _) => consumer.fail_with(d, &reason, retry),
@@ -118,7 +118,7 @@ fn complete(
             consumer.ack(d);
             return None;
         }
-        (None, Some(error)) => consumer.fail(d, &error),
+        (None, Some((error, trace))) => consumer.fail_traced(d, &error, &trace, delayq::Retry::Backoff),
     };
     match fate {
         delayq::Fate::Dead(error) => Some(error),
@@ -141,6 +141,15 @@ fn call_on_dead(
     if let Err(e) = f.call1((payload, msg, error)) {
         log::warn!("delayq[{}]: on_dead raised {}", msg.get().queue, describe(py, &e));
     }
+}
+
+/// The traceback as Python prints it, chained causes included.
+fn traceback_text(py: Python<'_>, err: &PyErr) -> String {
+    py.import("traceback")
+        .and_then(|tb| tb.call_method1("format_exception", (err.get_type(py), err.value(py), err.traceback(py))))
+        .and_then(|lines| lines.extract::<Vec<String>>())
+        .map(|lines| lines.concat())
+        .unwrap_or_default()
 }
 
 fn describe(py: Python<'_>, err: &PyErr) -> String {
@@ -199,7 +208,7 @@ impl PyWorker {
 impl PyWorker {
     #[new]
     #[pyo3(signature = (queue, *, threads, batch, prefetch, lease, max_attempts, backoff_base, backoff_max,
-        timeout, idle_check, stop_when_empty, lower_queues))]
+        timeout, idle_check, stop_when_empty, lower_queues, max_trace_bytes = 8192))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -215,7 +224,18 @@ impl PyWorker {
         idle_check: f64,
         stop_when_empty: bool,
         lower_queues: Vec<PyRef<'_, PyQueue>>,
+        max_trace_bytes: i64,
     ) -> PyResult<Self> {
+        // The core checks the upper bound; a negative count does not reach it as usize.
+        let max_trace_bytes = usize::try_from(max_trace_bytes).map_err(|_| {
+            errors::invalid(
+                py,
+                format!(
+                    "invalid max_trace_bytes: must be between 0 and {}, got {max_trace_bytes}",
+                    delayq::MAX_TRACE_BYTES
+                ),
+            )
+        })?;
         let secs = |name: &str, v: f64| delayq::delay_from_secs(name, v).or_raise(py);
         let opts = delayq::WorkerOptions {
             threads,
@@ -228,6 +248,7 @@ impl PyWorker {
             timeout: timeout.map(|t| secs("timeout", t)).transpose()?,
             idle_check: secs("idle_check", idle_check)?,
             stop_when_empty,
+            max_trace_bytes,
         };
         Ok(Self {
             worker: delayq::Worker::with_lower_queues(
@@ -291,7 +312,8 @@ impl PyWorker {
                     return Err(e);
                 }
                 Err(e) => {
-                    let dead = complete(py, &consumer, d, msg.get(), Some(describe(py, &e)));
+                    let raised = (describe(py, &e), traceback_text(py, &e));
+                    let dead = complete(py, &consumer, d, msg.get(), Some(raised));
                     call_on_dead(py, on_dead.as_ref(), &payload, &msg, dead);
                 }
             }
@@ -409,12 +431,19 @@ impl PyConsumer {
         self.with(py, |c| complete(py, c, d, delivery.message.get(), None))
     }
 
-    /// The handler raised `error`. Returns the last error when the message went to the
-    /// dead-letter set, else None.
-    fn fail(&self, py: Python<'_>, delivery: &PyDelivery, error: &str) -> PyResult<Option<String>> {
+    /// The handler raised `error` (with its traceback, "" for none). Returns the last
+    /// error when the message went to the dead-letter set, else None.
+    #[pyo3(signature = (delivery, error, trace = ""))]
+    fn fail(&self, py: Python<'_>, delivery: &PyDelivery, error: &str, trace: &str) -> PyResult<Option<String>> {
         let d = Self::take(py, delivery)?;
         self.with(py, |c| {
-            complete(py, c, d, delivery.message.get(), Some(error.to_owned()))
+            complete(
+                py,
+                c,
+                d,
+                delivery.message.get(),
+                Some((error.to_owned(), trace.to_owned())),
+            )
         })
     }
 

@@ -62,6 +62,9 @@ def test_stats_get_and_dead_letters_read_what_the_api_reads(queue: delayq.DelayQ
     assert cli_json(redis_url, "get", waiting) == queue.get(waiting)
     text = cli(redis_url, "get", dead).stdout
     assert "state:        dead" in text and "ValueError: cannot close order 0" in text
+    # The traceback closes the page, each line indented under its heading.
+    assert "\nerror trace:\n    Traceback (most recent call last):\n" in text
+    assert text.rstrip().endswith("    ValueError: cannot close order 0"), text
     assert '"text":"ünïcode"' in text
 
     assert cli_json(redis_url, "dead") == queue.dead_letters(20)
@@ -436,6 +439,10 @@ def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
     assert '<meta http-equiv="refresh" content="2">' in page
     assert "queue <code>jobs</code>" in page and "later-1" in page and "poison" in page
     assert "ValueError: &lt;script&gt;" in page, "the dead letter's error"
+    # The error unfolds into its traceback, escaped too.
+    assert '<details><summary><span class="bad">ValueError: &lt;script&gt;' in page
+    assert '<pre class="trace">Traceback (most recent call last):\n' in page
+    assert "raise ValueError(hostile)\nValueError: &lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;\n</pre>" in page
     assert '<span class="bad">paused</span>' in page
     assert ("<h3>repeating messages (1)</h3>" in page and "<td><code>sync-rates</code></td><td>every 5.0 min</td>" in page
             and "<td>60.0 s</td>" in page)

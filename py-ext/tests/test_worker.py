@@ -71,6 +71,69 @@ def test_failures_retry_with_backoff_then_dead_letter(queue: delayq.DelayQueue) 
     assert queue.requeue_dead() == 1
 
 
+def close_order(payload: dict[str, int]) -> None:
+    try:
+        raise ConnectionError("MySQL server has gone away")
+    except ConnectionError as e:
+        raise RuntimeError(f"cannot close order {payload['order']}") from e
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_failure_keeps_its_traceback_with_the_chained_cause(queue: delayq.DelayQueue, kind: str) -> None:
+    id = queue.push({"order": 10086})
+
+    def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        close_order(payload)
+
+    async def handle_async(payload: dict[str, int], msg: delayq.Message) -> None:
+        await asyncio.sleep(0)
+        close_order(payload)
+
+    worker = delayq.Worker(queue, max_attempts=1, stop_when_empty=True)
+    worker.run(handle if kind == "sync" else handle_async)
+    info = queue.get(id)
+    assert info is not None and info["state"] == "dead"
+    assert info["last_error"] == "RuntimeError: cannot close order 10086"
+    trace = info["error_trace"]
+    assert trace.startswith("Traceback (most recent call last):\n"), trace
+    assert "ConnectionError: MySQL server has gone away" in trace
+    assert "The above exception was the direct cause of the following exception" in trace
+    assert f'File "{__file__}"' in trace and "in close_order" in trace
+    assert ("in handle\n" if kind == "sync" else "in handle_async\n") in trace
+    assert trace.endswith("RuntimeError: cannot close order 10086\n"), trace
+    [dead] = queue.dead_letters()
+    assert dead["error_trace"] == trace
+    assert queue.get(queue.push({"order": 1}))["error_trace"] is None  # type: ignore[index]
+
+
+def test_a_long_traceback_is_cut_to_max_trace_bytes_and_zero_keeps_none(queue: delayq.DelayQueue) -> None:
+    def deep(n: int) -> None:
+        if n == 0:
+            raise ValueError("bottom of the stack")
+        deep(n - 1)
+
+    for max_bytes in (400, 0):
+        id = queue.push({"max": max_bytes})
+        delayq.Worker(queue, max_attempts=1, stop_when_empty=True, max_trace_bytes=max_bytes).run(
+            lambda payload, msg: deep(50))
+        info = queue.get(id)
+        assert info is not None and info["last_error"] == "ValueError: bottom of the stack"
+        if max_bytes:
+            trace = info["error_trace"]
+            assert len(trace.encode()) <= max_bytes
+            assert trace.startswith("Traceback (most recent call last):\n")
+            assert "bytes left out" in trace
+            assert trace.endswith("ValueError: bottom of the stack\n")
+        else:
+            assert info["error_trace"] is None
+
+
+@pytest.mark.parametrize("bad", [-1, 1048577])
+def test_a_bad_max_trace_bytes_is_refused_by_name(queue: delayq.DelayQueue, bad: int) -> None:
+    with pytest.raises(delayq.InvalidArgumentError, match="max_trace_bytes"):
+        delayq.Worker(queue, max_trace_bytes=bad)
+
+
 def test_dead_letters_are_deleted_one_or_all_and_nothing_else_is_touched(queue: delayq.DelayQueue) -> None:
     doomed = [queue.push({"doomed": i}, max_attempts=1) for i in range(3)]
     waiting = queue.push({"later": True}, delay=3600)

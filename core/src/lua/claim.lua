@@ -52,6 +52,8 @@ if #expired > 0 then
   redis.call('HDEL', K_LEASE, unpack(expired))
   redis.call('HSET', K_ATT, unpack(counted))
   redis.call('HSET', K_ERR, unpack(errors))
+  -- A trace from an earlier attempt would not belong to this error.
+  hdel_if_any(K_TRACE, expired)
   redis.call('ZADD', K_SCHED, unpack(readd))
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
 end

@@ -1,6 +1,7 @@
 -- dead.lua: list dead letters, newest first.
 -- KEYS: see lib.lua.   ARGV[3] limit.
--- Returns groups of 5: id, dead_at_ms, envelope, attempts, last_error.
+-- Returns groups of 6: id, dead_at_ms, envelope, attempts, last_error, error_trace
+-- ("" when none).
 local ids = redis.call('ZREVRANGE', K_DEAD, 0, tonumber(ARGV[3]) - 1, 'WITHSCORES')
 local result = {}
 for i = 1, #ids, 2 do
@@ -10,5 +11,6 @@ for i = 1, #ids, 2 do
   result[#result + 1] = redis.call('HGET', K_MSG, id) or ''
   result[#result + 1] = tonumber(redis.call('HGET', K_ATT, id) or '0')
   result[#result + 1] = redis.call('HGET', K_ERR, id) or ''
+  result[#result + 1] = redis.call('HGET', K_TRACE, id) or ''
 end
 return result

@@ -1,11 +1,11 @@
 -- get.lua: everything known about one message.
 -- KEYS: see lib.lua.   ARGV[3] id.
 -- Returns nil for an unknown id, else {state, envelope, due_ms, attempts, last_error,
---   dead_at_ms, lease_until_ms, completed_at_ms}; state is scheduled | ready | inflight
+--   dead_at_ms, lease_until_ms, completed_at_ms, error_trace}; state is scheduled | ready | inflight
 --   | dead | completed (kept after its acknowledgement, see keep_completed); due_ms is
 --   -1 for a dead message; dead_at_ms is -1 unless dead; lease_until_ms is -1 unless
 --   in flight; completed_at_ms is -1 unless completed; last_error is false when there
---   is none.
+--   is none, and so is error_trace.
 local id = ARGV[3]
 local envelope = redis.call('HGET', K_MSG, id)
 if not envelope then
@@ -15,10 +15,11 @@ if not envelope then
   end
   local attempts, due, kept = string.match(record, '^(%d+)|(-?%d+)|(.*)$')
   return {'completed', kept, tonumber(due), tonumber(attempts), false, -1, -1,
-    tonumber(redis.call('ZSCORE', K_DONE, id)) or -1}
+    tonumber(redis.call('ZSCORE', K_DONE, id)) or -1, false}
 end
 local attempts = tonumber(redis.call('HGET', K_ATT, id) or '0')
 local err = redis.call('HGET', K_ERR, id)
+local trace = redis.call('HGET', K_TRACE, id)
 local score = redis.call('ZSCORE', K_SCHED, id)
 if score then
   local due = due_of(tonumber(score))
@@ -26,7 +27,7 @@ if score then
   if tonumber(score) <= due_bound(now_ms()) then
     state = 'ready'
   end
-  return {state, envelope, due, attempts, err, -1, -1, -1}
+  return {state, envelope, due, attempts, err, -1, -1, -1, trace}
 end
 local lease = redis.call('HGET', K_LEASE, id)
 if lease then
@@ -34,12 +35,12 @@ if lease then
   local lease_until = tonumber(redis.call('ZSCORE', K_INFLIGHT, id)) or -1
   if not score then
     -- Not a lease this version wrote (an older delayq mid-upgrade, or a hand edit).
-    return {'inflight', envelope, -1, attempts + 1, err, -1, lease_until, -1}
+    return {'inflight', envelope, -1, attempts + 1, err, -1, lease_until, -1, trace}
   end
-  return {'inflight', envelope, due_of(score), attempts + 1, err, -1, lease_until, -1}
+  return {'inflight', envelope, due_of(score), attempts + 1, err, -1, lease_until, -1, trace}
 end
 local died = redis.call('ZSCORE', K_DEAD, id)
 if died then
-  return {'dead', envelope, -1, attempts, err, tonumber(died), -1, -1}
+  return {'dead', envelope, -1, attempts, err, tonumber(died), -1, -1, trace}
 end
 return redis.error_reply('DQERR corrupt message ' .. id .. ' has an envelope but no state')

@@ -30,12 +30,15 @@
 --   KEYS[17] completed ZSET  id -> time (ms) it was acknowledged, for the messages kept
 --                            after completion (QueueOptions::keep_completed)
 --   KEYS[18] completed_messages HASH id -> "<attempts>|<due_ms>|<envelope>" of each
+--                            kept completed message
+--   KEYS[19] traces    HASH  id -> stack trace of the last error, when the handler's
+--                            language gave one (a failed delivery without one clears it)
 -- ARGV[1] is the layout ("native" or "seed"), ARGV[2] the wake-up channel.
 -- Scripts return error replies only for caller bugs, as "DQERR <code> <detail>".
 local K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_STATS, K_SEQ, K_WORKERS, K_PAUSED =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local K_REPEATS, K_MARKS, K_LIMIT, K_LIMIT_LOG, K_CONTROL = KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
-local K_DONE, K_DONE_MSG = KEYS[17], KEYS[18]
+local K_DONE, K_DONE_MSG, K_TRACE = KEYS[17], KEYS[18], KEYS[19]
 local LAYOUT, CHANNEL = ARGV[1], ARGV[2]
 local SEED = LAYOUT == 'seed'
 
@@ -182,6 +185,7 @@ local function forget(ids)
   redis.call('HDEL', K_MSG, unpack(ids))
   hdel_if_any(K_ATT, ids)
   hdel_if_any(K_ERR, ids)
+  hdel_if_any(K_TRACE, ids)
   redis.call('HDEL', K_LEASE, unpack(ids))
 end
 

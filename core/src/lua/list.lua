@@ -3,9 +3,10 @@
 -- ARGV[3] "waiting" (scheduled and ready, earliest due first), "inflight" (running,
 --   earliest lease deadline first) or "completed" (kept after completion, latest
 --   first)   ARGV[4] limit (1..1000)
--- Returns {now_ms, then groups of 8: id, state, envelope, due_ms (-1 unknown),
+-- Returns {now_ms, then groups of 9: id, state, envelope, due_ms (-1 unknown),
 --   attempts (deliveries so far, the running one included), last_error or false,
---   lease_until_ms (-1 unless in flight), completed_at_ms (-1 unless completed)}.
+--   lease_until_ms (-1 unless in flight), completed_at_ms (-1 unless completed),
+--   error_trace or false}.
 -- Read-only; one call reads at most 1000 messages, so Redis is never blocked for long.
 local now = now_ms()
 local limit = tonumber(ARGV[4])
@@ -25,6 +26,7 @@ if ARGV[3] == 'completed' then
       result[k + 6] = false
       result[k + 7] = -1
       result[k + 8] = tonumber(listed[i + 1])
+      result[k + 9] = false
     end
   end
   return result
@@ -43,6 +45,7 @@ end
 local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
 local attempts = redis.call('HMGET', K_ATT, unpack(ids))
 local errors = redis.call('HMGET', K_ERR, unpack(ids))
+local traces = redis.call('HMGET', K_TRACE, unpack(ids))
 local leases = inflight and redis.call('HMGET', K_LEASE, unpack(ids)) or {}
 local ready_bound = due_bound(now)
 for i = 1, n do
@@ -67,6 +70,7 @@ for i = 1, n do
     result[k + 6] = errors[i]
     result[k + 7] = lease_until
     result[k + 8] = -1
+    result[k + 9] = traces[i]
   end
 end
 return result

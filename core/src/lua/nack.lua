@@ -1,14 +1,16 @@
 -- nack.lua: fail deliveries: retry later, or bury them in the dead-letter set.
 -- KEYS: see lib.lua.
 -- ARGV[3] dead_max   ARGV[4] dead_ttl_ms
--- ARGV[5..] groups of 4: id, lease (as claim returned it), retry delay in ms (-1 = dead letter now), error.
+-- ARGV[5..] groups of 5: id, lease (as claim returned it), retry delay in ms (-1 = dead
+--   letter now), error, stack trace ("" = none: an earlier attempt's is dropped).
 -- Returns one status per group: 1 retried, 2 buried, 0 lease lost, -1 gone.
 local now = now_ms()
 local old_head = head_score()
 local result = {}
 local retried, buried = 0, 0
-for i = 5, #ARGV, 4 do
-  local id, token, delay, err = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
+local traces_kept = redis.call('EXISTS', K_TRACE) == 1
+for i = 5, #ARGV, 5 do
+  local id, token, delay, err, trace = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
   local held = redis.call('HGET', K_LEASE, id)
   if held and held == token then
     local attempt = tonumber(redis.call('HGET', K_ATT, id) or '0') + 1
@@ -16,6 +18,12 @@ for i = 5, #ARGV, 4 do
     redis.call('HDEL', K_LEASE, id)
     redis.call('HSET', K_ATT, id, attempt)
     redis.call('HSET', K_ERR, id, err)
+    if trace ~= '' then
+      redis.call('HSET', K_TRACE, id, trace)
+      traces_kept = true
+    elseif traces_kept then
+      redis.call('HDEL', K_TRACE, id)
+    end
     if delay < 0 then
       redis.call('ZADD', K_DEAD, now, id)
       buried = buried + 1

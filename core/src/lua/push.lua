@@ -88,6 +88,7 @@ if n_replaced > 0 then
   -- A replaced message starts afresh.
   hdel_if_any(K_ATT, replaced)
   hdel_if_any(K_ERR, replaced)
+  hdel_if_any(K_TRACE, replaced)
   redis.call('HINCRBY', K_STATS, 'replaced', n_replaced)
 end
 local created = n_adds / 2 - n_replaced

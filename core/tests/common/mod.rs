@@ -159,7 +159,7 @@ pub fn assert_no_leak(server: &RedisServer, tag: &str) {
         sets += redis::cmd("ZCARD").arg(k(z)).query::<u64>(&mut con).expect("ZCARD");
     }
     assert_eq!(hlen, sets, "message hash and sets disagree under {tag}");
-    for h in ["attempts", "errors"] {
+    for h in ["attempts", "errors", "traces"] {
         let n: u64 = redis::cmd("HLEN").arg(k(h)).query(&mut con).expect("HLEN");
         assert!(n <= hlen, "{h} holds {n} entries for {hlen} messages");
     }
