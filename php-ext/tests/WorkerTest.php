@@ -837,7 +837,9 @@ final class WorkerTest extends TestCase
         }
         $failed = false;
         $done = 0;
-        $w = new DelayQueueWorker($q, ['backoff_base' => 0.01, 'backoff_max' => 0.01]);
+        // One claiming thread: two would each claim one message (the prefetch of one
+        // handler), and hand them out, and complete them, in either order (a CI run saw it).
+        $w = new DelayQueueWorker($q, ['threads' => 1, 'backoff_base' => 0.01, 'backoff_max' => 0.01]);
         $w->run(function (array $payload) use (&$failed, &$done, $w) {
             if ($payload['n'] === 2 && !$failed) {
                 $failed = true;

@@ -275,7 +275,9 @@ def test_keep_completed_shows_what_ran_when_and_in_how_many_attempts(redis_url: 
     ids = [q.push({"n": n}, id=f"order-{n}") for n in range(3)]
     failed: list[int] = []
     done: list[int] = []
-    worker = delayq.Worker(q, backoff_base=0.01, backoff_max=0.01)
+    # One claiming thread: two would each claim one message (the prefetch of one
+    # handler), and hand them out, and complete them, in either order.
+    worker = delayq.Worker(q, threads=1, backoff_base=0.01, backoff_max=0.01)
 
     def handle(payload: dict[str, Any], msg: delayq.Message) -> None:
         if payload["n"] == 2 and not failed:
