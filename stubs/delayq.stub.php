@@ -359,10 +359,14 @@ final class DelayQueueWorker
     /**
      * @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
      *   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
-     *   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, max_jobs?: int,
-     *   max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
+     *   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, min_processes?: int,
+     *   scale_cooldown?: float, max_jobs?: int, max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
      *   lower_queues?: list<DelayQueue>} $options
      *   processes > 1 (or a timeout) forks handler processes and supervises them;
+     *   with min_processes below processes the supervisor balances them (Horizon's
+     *   'auto'): it starts with min_processes, adds one while messages are due and
+     *   waiting, and lets an idle one go (a graceful stop) while none wait, at most one
+     *   change per scale_cooldown seconds (default 3);
      *   max_jobs, max_memory_mb and max_time (seconds) end a process's run after that
      *   many messages, that much memory or that long (its running handler finishes
      *   first): the supervisor starts a fresh process in its place, and without
@@ -395,7 +399,10 @@ final class DelayQueueWorker
      *
      * @param callable(mixed, DelayQueueMessage): void $handler
      * @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int,
-     *   released: int, unwritten: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int}
+     *   released: int, unwritten: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int,
+     *   scaled_up: int, scaled_down: int}
+     *   processes is the most that ran at once (the option); scaled_up and scaled_down count
+     *   the processes added and let go under min_processes
      */
     public function run(callable $handler): array {}
 

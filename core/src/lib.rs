@@ -30,6 +30,7 @@ mod keys;
 mod logs;
 mod queue;
 pub mod repeat;
+pub mod scale;
 mod scripts;
 mod time;
 mod worker;

@@ -1,6 +1,8 @@
 //! `processes` mode: fork N handler processes before any thread exists, restart those
 //! that die or are recycled (max_jobs, max_memory_mb, max_time), kill those whose handler runs
-//! past `timeout`, forward SIGTERM, wait for all, and sum their summaries.
+//! past `timeout`, forward SIGTERM, wait for all, and sum their summaries. With
+//! `min_processes`, the core's scaler moves N between it and `processes` as the backlog
+//! asks: a process is added, or an idle one stopped gracefully.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -19,6 +21,10 @@ use crate::signals;
 use crate::worker::{Ended, PhpWorker, RunSummary, summary_array};
 
 type PhpResult<T> = Result<T, PhpException>;
+
+/// How often an auto-balanced pool reads the backlog (the scaler's cooldown bounds how
+/// often it changes).
+const LOOK_EVERY: Duration = Duration::from_millis(500);
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -267,6 +273,12 @@ fn describe_death(status: libc::c_int) -> String {
 pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult<ZBox<ZendHashTable>> {
     let n = worker.limits().processes;
     let timeout = worker.limits().timeout;
+    let mut scaler = worker.limits().scaler.clone();
+    // The slots that should hold a running process; the others stay empty (a stopped
+    // process's slot is free again once it has ended).
+    let mut wanted: Vec<bool> = (0..n).map(|i| i < scaler.initial()).collect();
+    let mut next_look = Instant::now() + LOOK_EVERY;
+    let (mut scaled_up, mut scaled_down) = (0i64, 0i64);
     let slots = SharedSlots::new(n)?;
     let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
     let mut children: Vec<Option<Child>> = (0..n).map(|_| None).collect();
@@ -301,8 +313,35 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
             }
         } else {
             let now = Instant::now();
+            if scaler.is_auto() && now >= next_look {
+                next_look = now + LOOK_EVERY;
+                let running = wanted.iter().filter(|&&w| w).count();
+                let busy = (0..n)
+                    .filter(|&i| wanted[i] && children[i].is_some() && slots.slot(i).started_at() > 0)
+                    .count();
+                let target = scaler.look(worker.queues(), running, busy);
+                if target > running
+                    && let Some(i) = (0..n).find(|&i| !wanted[i] && children[i].is_none())
+                {
+                    wanted[i] = true;
+                    spawn_at[i] = now;
+                    scaled_up += 1;
+                    log::info!("messages are waiting: {target} worker processes (at most {n})");
+                } else if target < running
+                    && let Some(i) = (0..n)
+                        .rev()
+                        .find(|&i| wanted[i] && children[i].is_some() && slots.slot(i).started_at() == 0)
+                {
+                    wanted[i] = false;
+                    if let Some(c) = &children[i] {
+                        kill(c.pid, libc::SIGTERM);
+                    }
+                    scaled_down += 1;
+                    log::info!("nothing waiting: {target} worker processes (at least {})", scaler.min());
+                }
+            }
             for i in 0..n {
-                if children[i].is_none() && spawn_at[i] <= now {
+                if wanted[i] && children[i].is_none() && spawn_at[i] <= now {
                     slots.slot(i).finished();
                     children[i] = Some(spawn(worker, handler, &slots.slot(i))?);
                 }
@@ -331,6 +370,7 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
                     total += &s.core;
                     if let Some(why @ (Ended::MaxJobs | Ended::MaxMemory | Ended::MaxTime)) = s.ended
                         && !stopping
+                        && wanted[i]
                     {
                         log::info!("worker process {pid} recycled ({}); starting another", why.as_str());
                     }
@@ -350,10 +390,14 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
                 None => log::warn!(
                     "worker process {pid} {}; the messages it held are delivered again when their lease ends{}",
                     describe_death(status),
-                    if stopping { "" } else { "; starting another" }
+                    if stopping || !wanted[i] {
+                        ""
+                    } else {
+                        "; starting another"
+                    }
                 ),
             }
-            if !stopping {
+            if !stopping && wanted[i] {
                 restarts += 1;
                 // A child that dies right after starting is backed off, not respawned
                 // in a tight loop.
@@ -412,6 +456,8 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
             ("processes", zv(i64::try_from(n).unwrap_or(i64::MAX))),
             ("restarts", zv(restarts)),
             ("killed_hung", zv(killed_hung)),
+            ("scaled_up", zv(scaled_up)),
+            ("scaled_down", zv(scaled_down)),
         ],
     )
 }

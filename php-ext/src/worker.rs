@@ -127,6 +127,8 @@ impl PhpMessage {
 #[derive(Debug, Clone)]
 pub(crate) struct Limits {
     pub(crate) processes: usize,
+    /// Balances the number of processes between `min_processes` and `processes`.
+    pub(crate) scaler: delayq::scale::Scaler,
     pub(crate) max_jobs: Option<u64>,
     pub(crate) max_memory_bytes: Option<i64>,
     /// Each process's run ends (and the supervisor starts another) after this long.
@@ -385,6 +387,10 @@ impl PhpWorker {
         &self.limits
     }
 
+    pub(crate) fn queues(&self) -> impl Iterator<Item = &delayq::Queue> {
+        self.worker.queues()
+    }
+
     pub(crate) fn stop_requested(&self) -> bool {
         self.stop_requested.load(Ordering::Acquire)
     }
@@ -454,7 +460,13 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
     if let Some(n) = o.int("threads", 1, 64)? {
         w.threads = n as usize;
     }
-    let processes = o.int("processes", 1, 256)?.unwrap_or(1) as usize;
+    let processes = o.int("processes", 1, delayq::scale::MAX_PROCESSES as i64)?.unwrap_or(1) as usize;
+    let min_processes = o
+        .int("min_processes", 1, delayq::scale::MAX_PROCESSES as i64)?
+        .map(|n| n as usize);
+    let scale_cooldown = o.duration("scale_cooldown")?.unwrap_or(Duration::from_secs(3));
+    let scaler =
+        delayq::scale::Scaler::new(min_processes.unwrap_or(processes), processes, scale_cooldown).or_throw()?;
     if let Some(n) = o.int("batch", 1, delayq::MAX_BATCH as i64)? {
         w.batch = n as usize;
     }
@@ -504,6 +516,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
     o.finish()?;
     let limits = Limits {
         processes,
+        scaler,
         max_jobs,
         max_memory_bytes,
         max_time,
@@ -516,7 +529,8 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
 impl PhpWorker {
     /// @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
     ///   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
-    ///   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, max_jobs?: int,
+    ///   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, min_processes?: int,
+    ///   scale_cooldown?: float, max_jobs?: int,
     ///   max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
     ///   lower_queues?: list<DelayQueue>} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
@@ -542,7 +556,8 @@ impl PhpWorker {
     ///
     /// @param callable(mixed, DelayQueueMessage): void $handler
     /// @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int,
-    ///   released: int, unwritten: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int}
+    ///   released: int, unwritten: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int,
+    ///   scaled_up: int, scaled_down: int}
     pub fn run(&self, handler: ZendCallable) -> PhpResult<ZBox<ZendHashTable>> {
         if self.running.swap(true, Ordering::AcqRel) {
             return Err(errors::invalid("this DelayQueueWorker is already running"));
@@ -561,6 +576,8 @@ impl PhpWorker {
                         ("processes", zv(1i64)),
                         ("restarts", zv(0i64)),
                         ("killed_hung", zv(0i64)),
+                        ("scaled_up", zv(0i64)),
+                        ("scaled_down", zv(0i64)),
                     ],
                 )
             })

@@ -584,6 +584,42 @@ final class WorkerTest extends TestCase
             'the supervisor says what happened, through error_log()');
     }
 
+    public function testMinProcessesGrowsThePoolWithTheBacklogAndLetsIdleProcessesGo(): void
+    {
+        $proc = $this->startWorker(['processes' => 3, 'min_processes' => 1, 'scale_cooldown' => 0.3,
+            'lease' => 2.0, '_sleep_ms' => 5]);
+        delayq_wait_for(20, 'the first process listed', fn () => count($this->q->workers()) === 1);
+        // 1 500 messages of 5 ms: 7.5 s for one process, so a backlog for a while.
+        $this->fill(1500);
+        delayq_wait_for(20, 'three processes', fn () => count($this->q->workers()) === 3);
+        delayq_wait_for(30, 'every message handled', fn () => $this->drained());
+        delayq_wait_for(20, 'back to one process', fn () => count($this->q->workers()) === 1);
+        proc_terminate($proc, SIGTERM);
+        $this->assertSame(0, proc_close($proc));
+        $summary = $this->summary();
+        $this->assertSame(3, $summary['processes']);
+        $this->assertGreaterThanOrEqual(2, $summary['scaled_up']);
+        $this->assertGreaterThanOrEqual(2, $summary['scaled_down']);
+        $this->assertSame(0, $summary['restarts'], 'a process let go is not replaced');
+        $this->assertSame(1500, $summary['acked']);
+        // A process let go stops as at SIGTERM: its handler finishes, its prefetched
+        // messages go back at once, on_stop runs. Nothing is lost or run twice.
+        $this->assertEveryMessageHandled(1500, 0);
+        $starts = file("{$this->log}.starts", FILE_IGNORE_NEW_LINES);
+        $this->assertSame(count($starts), count(file("{$this->log}.stops")));
+        $this->assertGreaterThanOrEqual(3, count(array_unique(array_column($this->handled(), 2))));
+
+        foreach ([['min_processes' => 0], ['min_processes' => 4, 'processes' => 3],
+                     ['min_processes' => 1, 'processes' => 2, 'scale_cooldown' => 0.01]] as $bad) {
+            try {
+                new DelayQueueWorker($this->q, $bad);
+                $this->fail('accepted ' . json_encode($bad));
+            } catch (DelayQueueInvalidArgumentException $e) {
+                $this->assertMatchesRegularExpression('/min_processes|scale_cooldown/', $e->getMessage());
+            }
+        }
+    }
+
     public function testEachProcessOfAPoolIsListedUntilItStops(): void
     {
         $this->assertSame([], $this->q->workers());

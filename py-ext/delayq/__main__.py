@@ -39,6 +39,7 @@ import time
 from typing import Any, Callable, Optional, Sequence, TextIO, Union
 
 from . import DelayQueue, DelayQueueError, InvalidArgumentError, __version__
+from ._delayq import _Scaler
 
 NOT_FOUND = 1
 FAILED = 3
@@ -460,6 +461,9 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
     if args.processes < 1:
         raise _BadUsage(f"--processes must be at least 1, got {args.processes}")
+    if args.min_processes is not None and not 1 <= args.min_processes <= args.processes:
+        raise _BadUsage(f"--min-processes must be between 1 and --processes ({args.processes}), "
+                        f"got {args.min_processes}")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s: %(message)s")
     if out.as_json and args.report_fd is None:
@@ -478,6 +482,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     lower = [args.make_queue(name) for name in args.lower_queue]
     # Made in the supervisor too: bad options fail here, once, before any process starts.
     worker = supervisor.worker_from_args(q, lower, args, on_dead)
+    scaler = _Scaler(args.min_processes or args.processes, args.processes, args.scale_cooldown)
     if args.report_fd is not None:
         # A process of a supervised pool: the supervisor prints the pool's summary.
         supervisor.stop_with_supervisor()
@@ -492,7 +497,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         summary, ran_as_asked = supervisor.run_one(worker, handler, None, on_start, on_stop), True
     else:
         command = [sys.executable, "-m", "delayq", *args.argv, "--processes", "1"]
-        summary, ran_as_asked = supervisor.supervise(command, args.processes, args.timeout)
+        summary, ran_as_asked = supervisor.supervise(command, args.processes, args.timeout, scaler, [q, *lower])
 
     def human() -> list[str]:
         line = (f"pool stopped ({summary['stopped_by']}): {summary['handled']} handled, {summary['acked']} acked, "
@@ -500,6 +505,8 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         if "processes" in summary:
             line += (f"; {summary['processes']} processes, {summary['restarts']} restarts, "
                      f"{summary['killed_hung']} killed hung")
+            if summary["scaled_up"] or summary["scaled_down"]:
+                line += f", {summary['scaled_up']} added and {summary['scaled_down']} let go"
         return [line]
 
     out.emit(summary, human)
@@ -655,6 +662,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="worker processes under one supervisor that replaces those that die, kills those whose "
                         "handler runs past --timeout and sums their counts (default: 1, supervised only with "
                         "--timeout)")
+    w.add_argument("--min-processes", type=int, metavar="N",
+                   help="balance the pool between N and --processes: one more process while messages wait, "
+                        "an idle one let go while none wait (default: always --processes)")
+    w.add_argument("--scale-cooldown", type=float, default=3.0, metavar="SECONDS",
+                   help="at most one change of the pool per this many seconds with --min-processes (default: 3)")
     w.add_argument("--threads", type=int, default=4, help="Redis I/O threads per process (default: 4)")
     w.add_argument("--concurrency", type=int, default=10, help="async handlers at once per process (default: 10)")
     w.add_argument("--batch", type=int, default=50, help="messages claimed per Redis call (default: 50)")

@@ -7,7 +7,9 @@ fresh interpreter (``python -m delayq ... worker``), never by ``fork()``: no thr
 the supervisor, and no connection, is ever copied into a child. It replaces a process
 that dies, kills one whose handler runs past ``--timeout`` (its message is delivered
 again once its lease ends), forwards SIGTERM and SIGINT, and sums the processes' run
-summaries. The queue logic stays in the core: each process is an ordinary ``Worker``.
+summaries. With ``--min-processes`` it balances the pool between that and
+``--processes`` as the backlog asks (Horizon's ``auto``), a decision the core's scaler
+makes. The queue logic stays in the core: each process is an ordinary ``Worker``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from . import DelayQueue, Message, Worker
+from ._delayq import _Scaler
 
 log = logging.getLogger("delayq.supervisor")
 
@@ -42,6 +45,9 @@ SLOT = struct.Struct("d")
 RECYCLED = ("max_jobs", "max_time", "max_memory")
 #: Counts summed over the processes of a pool.
 COUNTS = ("handled", "acked", "failed", "retried", "dead", "lease_lost", "released", "unwritten")
+#: Seconds between an auto-balanced pool's looks at the backlog (the scaler's cooldown
+#: bounds how often the pool changes).
+LOOK_EVERY = 0.5
 
 
 class HandlerNotFound(Exception):
@@ -181,10 +187,14 @@ class _Pool:
     command: list[str]
     timeout: Optional[float]
     children: list[Optional[_Child]] = field(default_factory=list)
+    #: The slots that should hold a running process (the others stay empty).
+    wanted: list[bool] = field(default_factory=list)
     stopping: bool = False
     stopped_by: Optional[str] = None
     restarts: int = 0
     killed_hung: int = 0
+    scaled_up: int = 0
+    scaled_down: int = 0
     quick_deaths: int = 0
     gave_up: Optional[str] = None
     totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
@@ -228,6 +238,29 @@ class _Pool:
             self.killed_hung += 1
             child.process.kill()
 
+    def balance(self, scaler: _Scaler, queues: list[DelayQueue]) -> None:
+        """Add a process, or let an idle one go (a graceful stop), as the scaler says."""
+        running = sum(self.wanted)
+        busy = sum(1 for i, c in enumerate(self.children)
+                   if self.wanted[i] and c is not None and c.handler_started() > 0)
+        target = scaler.look(queues, running, busy)
+        if target > running:
+            free = next((i for i, c in enumerate(self.children) if not self.wanted[i] and c is None), None)
+            if free is not None:
+                self.wanted[free] = True
+                self.scaled_up += 1
+                log.info("delayq: messages are waiting: %d worker processes (at most %d)", target, len(self.children))
+                self.start(free)
+        elif target < running:
+            for i in reversed(range(len(self.children))):
+                c = self.children[i]
+                if self.wanted[i] and c is not None and c.process.poll() is None and c.handler_started() == 0:
+                    self.wanted[i] = False
+                    self.scaled_down += 1
+                    log.info("delayq: nothing waiting: %d worker processes (at least %d)", target, scaler.min)
+                    c.process.send_signal(signal.SIGTERM)
+                    break
+
     def reap(self, index: int, child: _Child) -> None:
         code = child.process.returncode
         child.read_report()
@@ -241,7 +274,7 @@ class _Pool:
             # The other processes see the same restart request or empty queue.
             self.stop(why)
             return
-        if self.stopping:
+        if self.stopping or not self.wanted[index]:
             return
         if why in RECYCLED:
             log.info("delayq: worker process %d recycled (%s); starting another", child.process.pid, why)
@@ -270,11 +303,22 @@ class _Pool:
         self.start(index)
 
 
-def supervise(command: list[str], processes: int, timeout: Optional[float]) -> tuple[dict[str, Any], bool]:
+def supervise(
+    command: list[str],
+    processes: int,
+    timeout: Optional[float],
+    scaler: Optional[_Scaler] = None,
+    queues: Sequence[DelayQueue] = (),
+) -> tuple[dict[str, Any], bool]:
     """Run ``processes`` copies of ``command`` until SIGTERM or SIGINT (or a restart
     request, or an empty queue under ``--stop-when-empty``); returns the pool's summary
-    and whether it ran as asked (False: it gave up on processes that kept dying)."""
-    pool = _Pool(command, timeout, [None] * processes)
+    and whether it ran as asked (False: it gave up on processes that kept dying). With
+    a ``scaler`` that balances, between its minimum and ``processes`` copies, reading
+    the backlog of ``queues``."""
+    if scaler is None:
+        scaler = _Scaler(processes, processes, 3.0)
+    pool = _Pool(command, timeout, [None] * processes, [i < scaler.initial for i in range(processes)])
+    next_look = time.monotonic() + LOOK_EVERY
 
     def on_signal(signum: int, _frame: Any) -> None:
         pool.stop("signal")
@@ -284,8 +328,12 @@ def supervise(command: list[str], processes: int, timeout: Optional[float]) -> t
         for i in range(processes):
             if pool.stopping:
                 break
-            pool.start(i)
+            if pool.wanted[i]:
+                pool.start(i)
         while any(child is not None for child in pool.children):
+            if scaler.is_auto and not pool.stopping and time.monotonic() >= next_look:
+                next_look = time.monotonic() + LOOK_EVERY
+                pool.balance(scaler, list(queues))
             for i, child in enumerate(pool.children):
                 if child is None:
                     continue
@@ -305,5 +353,7 @@ def supervise(command: list[str], processes: int, timeout: Optional[float]) -> t
         "processes": processes,
         "restarts": pool.restarts,
         "killed_hung": pool.killed_hung,
+        "scaled_up": pool.scaled_up,
+        "scaled_down": pool.scaled_down,
     }
     return summary, pool.gave_up is None

@@ -7,6 +7,7 @@ mod convert;
 mod errors;
 mod logs;
 mod queue;
+mod scale;
 mod worker;
 
 use pyo3::prelude::*;
@@ -19,6 +20,7 @@ fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyWorker>()?;
     m.add_class::<worker::PyConsumer>()?;
     m.add_class::<worker::PyDelivery>()?;
+    m.add_class::<scale::PyScaler>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_MAX_PAYLOAD_BYTES", delayq::DEFAULT_MAX_PAYLOAD_BYTES)?;
     Ok(())

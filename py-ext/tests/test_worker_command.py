@@ -254,6 +254,9 @@ def test_on_dead_runs_in_the_worker_process_after_a_message_died(
     (["tasks:handle", "--max-attempts", "0"], "max_attempts"),
     (["tasks:handle", "--processes", "2", "--lease", "-1"], "lease"),
     (["tasks:handle", "--on-dead", "tasks:nothing"], "tasks has no attribute 'nothing'"),
+    (["tasks:handle", "--processes", "2", "--min-processes", "3"], "--min-processes must be between 1 and"),
+    (["tasks:handle", "--processes", "2", "--min-processes", "0"], "--min-processes must be between 1 and"),
+    (["tasks:handle", "--processes", "2", "--min-processes", "1", "--scale-cooldown", "0.01"], "scale_cooldown"),
 ])
 def test_bad_usage_exits_2_and_consumes_nothing(
     queue: delayq.DelayQueue, redis_url: str, tasks: Path, args: list[str], text: str
@@ -298,6 +301,31 @@ def test_max_jobs_recycles_the_processes_of_a_pool_and_loses_nothing(
     assert "starting another" not in err.replace("recycled (max_jobs); starting another", ""), "no death"
     assert sorted(n for n, _, _ in handled(tasks)) == list(range(200)), "each once: recycling is a graceful stop"
     assert len({pid for _, _, pid in handled(tasks)}) >= 8
+
+
+def test_min_processes_grows_the_pool_with_the_backlog_and_lets_idle_processes_go(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    pool = start(started, redis_url, tasks, "tasks:handle", "--processes", "3", "--min-processes", "1",
+                 "--scale-cooldown", "0.3", "--lease", "2", "--log-level", "info")
+    wait_for(30, "the first process listed", lambda: len(queue.workers()) == 1)
+    # 600 messages of 10 ms: 6 s for one process, so a backlog for a while.
+    push_numbered(queue, 600, sleep=0.01)
+    wait_for(30, "three processes", lambda: len(queue.workers()) == 3)
+    wait_for(60, "every message handled", lambda: drained(queue))
+    wait_for(30, "back to one process", lambda: len(queue.workers()) == 1)
+    out, err = finish(pool, tasks)
+    assert pool.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["processes"] == 3 and summary["restarts"] == 0, summary
+    assert summary["scaled_up"] >= 2 and summary["scaled_down"] >= 2, summary
+    assert summary["acked"] == 600
+    # A process let go stops gracefully: nothing lost, nothing run twice.
+    assert sorted(n for n, _, _ in handled(tasks)) == list(range(600))
+    assert len({pid for _, _, pid in handled(tasks)}) >= 3
+    assert "messages are waiting: 3 worker processes (at most 3)" in err
+    assert "nothing waiting: 1 worker processes (at least 1)" in err
+    assert "starting another" not in err, "a process let go is not replaced"
 
 
 def test_a_timeout_supervises_even_one_process(
