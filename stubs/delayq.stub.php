@@ -361,7 +361,7 @@ final class DelayQueueWorker
      *   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
      *   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, min_processes?: int,
      *   scale_cooldown?: float, max_jobs?: int, max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
-     *   lower_queues?: list<DelayQueue>} $options
+     *   lower_queues?: list<DelayQueue>, no_retry?: list<class-string<Throwable>>} $options
      *   processes > 1 (or a timeout) forks handler processes and supervises them;
      *   with min_processes below processes the supervisor balances them (Horizon's
      *   'auto'): it starts with min_processes, adds one while messages are due and
@@ -375,6 +375,9 @@ final class DelayQueueWorker
      *   worker process after its pool stopped and wrote every acknowledgement;
      *   stop_when_empty makes run() return once no message is due and none runs
      *   (messages due later stay): for cron-driven batches and tests of handlers;
+     *   no_retry lists Throwable classes or interfaces (Foo::class strings): an exception
+     *   that is an instance of one sends its message to the dead-letter set at once,
+     *   without retries, for failures no retry can mend (a validation error);
      *   max_trace_bytes (default 8192, 0 keeps none, at most 1048576): how much of a
      *   failed handler's exception, stack trace included, is kept as the message's
      *   error_trace (a longer one keeps its start and end);

@@ -13,7 +13,7 @@ use ext_php_rs::convert::IntoZval;
 use ext_php_rs::exception::PhpException;
 use ext_php_rs::prelude::*;
 use ext_php_rs::types::{ZendCallable, ZendClassObject, ZendHashTable, ZendObject, Zval};
-use ext_php_rs::zend::{BailoutGuard, ExecutorGlobals};
+use ext_php_rs::zend::{BailoutGuard, ClassEntry, ExecutorGlobals, ce};
 
 use crate::convert::{self, Options, OptionsArg, Seconds, assoc, zv};
 use crate::errors::{self, OrThrow};
@@ -148,6 +148,9 @@ pub struct PhpWorker {
     /// `(mixed $payload, DelayQueueMessage $message, string $error)`, after a failure
     /// sent the message to the dead-letter set.
     on_dead: Option<Zval>,
+    /// Throwable classes (or interfaces) whose exceptions go to the dead-letter set at
+    /// once; looked up again at each failure, where the autoloader has loaded them.
+    no_retry: Vec<String>,
     /// Set by `stop()` in the supervisor process.
     stop_requested: Arc<AtomicBool>,
     /// `run()` takes `&self`: a handler calls `stop()` on the same object while it runs.
@@ -322,11 +325,18 @@ impl PhpWorker {
                             break;
                         }
                         Some(_) => {
-                            let (text, trace) = ExecutorGlobals::take_exception()
-                                .map(|ex| (describe_exception(&ex), exception_trace(&ex)))
-                                .unwrap_or_else(|| (call_error.to_string(), String::new()));
+                            let (text, trace, never) = ExecutorGlobals::take_exception()
+                                .map(|ex| {
+                                    (
+                                        describe_exception(&ex),
+                                        exception_trace(&ex),
+                                        is_no_retry(&ex, &self.no_retry),
+                                    )
+                                })
+                                .unwrap_or_else(|| (call_error.to_string(), String::new(), false));
                             Some(match decided {
-                                Some((retry, reason)) => consumer.fail_with(delivery, &reason, retry),
+                                Some((retry, reason)) => consumer.fail_traced(delivery, &reason, &trace, retry),
+                                None if never => consumer.fail_traced(delivery, &text, &trace, delayq::Retry::Never),
                                 None => consumer.fail_traced(delivery, &text, &trace, delayq::Retry::Backoff),
                             })
                         }
@@ -452,7 +462,47 @@ fn lower_queues(value: Option<&Zval>) -> PhpResult<Vec<delayq::Queue>> {
         .collect()
 }
 
-type Parsed = (delayq::WorkerOptions, Vec<delayq::Queue>, Limits, Hooks);
+type Parsed = (delayq::WorkerOptions, Vec<delayq::Queue>, Limits, Hooks, Vec<String>);
+
+/// The `no_retry` option: names of Throwable classes or interfaces, each checked now
+/// (autoloaded if need be) so that a typo fails at construction, not at the first
+/// failure.
+fn no_retry_classes(value: Option<&Zval>) -> PhpResult<Vec<String>> {
+    const WHAT: &str = "DelayQueueWorker option 'no_retry'";
+    let Some(value) = value else { return Ok(Vec::new()) };
+    let list = value.dereference().array().ok_or_else(|| {
+        errors::type_error(format!(
+            "{WHAT} must be an array of exception class names, {} given",
+            convert::type_name(value)
+        ))
+    })?;
+    list.iter()
+        .enumerate()
+        .map(|(i, (_, item))| {
+            let name = item.dereference().string().ok_or_else(|| {
+                errors::type_error(format!(
+                    "{WHAT} must hold class names, item {i} is {}",
+                    convert::type_name(item)
+                ))
+            })?;
+            let class = ClassEntry::try_find(name.trim_start_matches('\\'))
+                .ok_or_else(|| errors::invalid(format!("{WHAT}: class {name:?} does not exist")))?;
+            if !class.instance_of(ce::throwable()) {
+                return Err(errors::invalid(format!(
+                    "{WHAT}: {name:?} is not an exception class (it does not implement Throwable)"
+                )));
+            }
+            Ok(name)
+        })
+        .collect()
+}
+
+/// Whether `ex` is an instance of one of the `no_retry` classes.
+fn is_no_retry(ex: &ZendObject, no_retry: &[String]) -> bool {
+    no_retry
+        .iter()
+        .any(|name| ClassEntry::try_find(name.trim_start_matches('\\')).is_some_and(|class| ex.instance_of(class)))
+}
 
 fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
     let mut o = Options::new(options, "DelayQueueWorker option");
@@ -513,6 +563,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
     let on_stop = hook("on_stop")?;
     let on_dead = hook("on_dead")?;
     let lower = lower_queues(o.get("lower_queues"))?;
+    let no_retry = no_retry_classes(o.get("no_retry"))?;
     o.finish()?;
     let limits = Limits {
         processes,
@@ -522,7 +573,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
         max_time,
         timeout: w.timeout,
     };
-    Ok((w, lower, limits, (on_start, on_stop, on_dead)))
+    Ok((w, lower, limits, (on_start, on_stop, on_dead), no_retry))
 }
 
 #[php_impl]
@@ -532,16 +583,17 @@ impl PhpWorker {
     ///   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, min_processes?: int,
     ///   scale_cooldown?: float, max_jobs?: int,
     ///   max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
-    ///   lower_queues?: list<DelayQueue>} $options
+    ///   lower_queues?: list<DelayQueue>, no_retry?: list<class-string<Throwable>>} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn __construct(queue: &PhpDelayQueue, options: OptionsArg<'_>) -> PhpResult<Self> {
-        let (opts, lower, limits, (on_start, on_stop, on_dead)) = worker_options(options.0)?;
+        let (opts, lower, limits, (on_start, on_stop, on_dead), no_retry) = worker_options(options.0)?;
         Ok(Self {
             worker: delayq::Worker::with_lower_queues(queue.queue.clone(), lower, opts).or_throw()?,
             limits,
             on_start,
             on_stop,
             on_dead,
+            no_retry,
             stop_requested: Arc::new(AtomicBool::new(false)),
             running: AtomicBool::new(false),
         })

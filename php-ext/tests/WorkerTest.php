@@ -184,6 +184,47 @@ final class WorkerTest extends TestCase
         }
     }
 
+    public function testNoRetryClassesGoToTheDeadLettersAtOnce(): void
+    {
+        $invalid = $this->q->push(['kind' => 'invalid']);
+        $flaky = $this->q->push(['kind' => 'flaky']);
+        $calls = [];
+        $w = new DelayQueueWorker($this->q, ['max_attempts' => 3, 'backoff_base' => 0.01, 'backoff_max' => 0.01,
+            'no_retry' => [LogicException::class, '\JsonException']]);
+        $summary = $w->run(function (array $payload, DelayQueueMessage $m) use (&$calls, $w) {
+            $calls[] = $payload['kind'];
+            if ($m->attempt === 3) {
+                $w->stop();  // the last attempt of the other one: every failure is in
+            }
+            throw $payload['kind'] === 'invalid'
+                ? new InvalidArgumentException('order 10086 has no customer')  // a LogicException
+                : new RuntimeException('gateway timeout');
+        });
+        $this->assertSame(1, count(array_keys($calls, 'invalid')), 'not retried');
+        $this->assertSame(3, count(array_keys($calls, 'flaky')), 'retried as usual');
+        $this->assertSame(2, $summary['dead']);
+        $info = $this->q->get($invalid);
+        $this->assertSame(['dead', 1], [$info['state'], $info['attempts']]);
+        $this->assertStringStartsWith('InvalidArgumentException: order 10086 has no customer in ', $info['last_error']);
+        $this->assertStringNotContainsString('gave up', $info['last_error']);
+        $this->assertStringContainsString('Stack trace:', $info['error_trace']);
+        $this->assertStringContainsString('gave up after 3 attempts', $this->q->get($flaky)['last_error']);
+
+        foreach ([[['NoSuchException'], DelayQueueInvalidArgumentException::class, 'does not exist'],
+                     [[stdClass::class], DelayQueueInvalidArgumentException::class, 'not an exception class'],
+                     [[42], TypeError::class, 'item 0 is int'],
+                     ['LogicException', TypeError::class, 'must be an array']] as [$bad, $class, $text]) {
+            try {
+                new DelayQueueWorker($this->q, ['no_retry' => $bad]);
+                $this->fail('accepted no_retry ' . json_encode($bad));
+            } catch (Throwable $e) {
+                $this->assertInstanceOf($class, $e);
+                $this->assertStringContainsString("'no_retry'", $e->getMessage());
+                $this->assertStringContainsString($text, $e->getMessage());
+            }
+        }
+    }
+
     public function testOnDeadAlertsForEachMessageSentToTheDeadLetters(): void
     {
         foreach (['fine', 'broken', 'gone', 'alarm'] as $kind) {

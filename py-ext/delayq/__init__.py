@@ -109,6 +109,10 @@ class Worker:
     ``timeout`` it is cancelled and its delivery fails at once. With
     ``stop_when_empty``, ``run`` returns once no message is due and none runs.
 
+    An exception of a class in ``no_retry`` (or a subclass) sends its message to the
+    dead-letter set at once, without retries: for failures that no retry can mend (a
+    validation error, an order that no longer exists).
+
     A failure's traceback (chained causes included) is kept beside its error, as the
     message's ``error_trace`` in ``get()`` and the dead letters, up to
     ``max_trace_bytes`` (its start and end when longer; 0 keeps none).
@@ -138,6 +142,7 @@ class Worker:
         idle_check: float = 1.0,
         stop_when_empty: bool = False,
         max_trace_bytes: int = 8192,
+        no_retry: Sequence[type[BaseException]] = (),
         concurrency: int = 10,
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
         lower_queues: Sequence[DelayQueue] = (),
@@ -145,6 +150,10 @@ class Worker:
         max_time: Optional[float] = None,
         max_memory_mb: Optional[int] = None,
     ) -> None:
+        no_retry = tuple(no_retry)
+        for cls in no_retry:
+            if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+                raise TypeError(f"no_retry must hold exception classes, got {cls!r}")
         if concurrency < 1:
             raise InvalidArgumentError(f"invalid concurrency: must be at least 1, got {concurrency}")
         for name, limit in (("max_jobs", max_jobs), ("max_memory_mb", max_memory_mb)):
@@ -167,7 +176,9 @@ class Worker:
             stop_when_empty=stop_when_empty,
             lower_queues=list(lower_queues),
             max_trace_bytes=max_trace_bytes,
+            no_retry=no_retry,
         )
+        self._no_retry = no_retry
         self._concurrency = concurrency
         self._on_dead = on_dead
         self._timeout = timeout
@@ -247,7 +258,7 @@ class Worker:
                 dead = consumer.fail(delivery, str(exc))
             except Exception as exc:  # the handler's failure is the message's failure
                 dead = consumer.fail(delivery, f"{type(exc).__name__}: {exc}",
-                                     "".join(traceback.format_exception(exc)))
+                                     "".join(traceback.format_exception(exc)), isinstance(exc, self._no_retry))
             else:
                 dead = consumer.ack(delivery)
             finally:

@@ -53,7 +53,9 @@ class Worker:
     message is due and none runs (messages due later stay): for cron-driven batches
     and for tests of handlers. A failure's traceback (chained causes included) is kept
     as the message's ``error_trace`` (``get()``, the dead letters), up to
-    ``max_trace_bytes`` (its start and end when longer; 0 keeps none).
+    ``max_trace_bytes`` (its start and end when longer; 0 keeps none). An exception
+    of a class in ``no_retry`` (or a subclass) sends its message to the dead-letter set
+    at once, without retries: for failures no retry can mend (a validation error).
     ``on_dead(payload, message, error)`` runs on the handler's
     thread (or loop) after a failure sent the message to the dead-letter set (its
     attempts used up, or ``message.dead_letter()``): a death handler for alerts; what it
@@ -81,6 +83,7 @@ class Worker:
         idle_check: float = 1.0,
         stop_when_empty: bool = False,
         max_trace_bytes: int = 8192,
+        no_retry: Sequence[type[BaseException]] = (),
         concurrency: int = 10,
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
         lower_queues: Sequence[DelayQueue] = (),

@@ -477,11 +477,12 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         on_dead = supervisor.load_handler(args.on_dead) if args.on_dead else None
         on_start = supervisor.load_handler(args.on_start) if args.on_start else None
         on_stop = supervisor.load_handler(args.on_stop) if args.on_stop else None
+        no_retry = [supervisor.load_exception(name) for name in args.no_retry]
     except supervisor.HandlerNotFound as e:
         raise _BadUsage(str(e)) from e
     lower = [args.make_queue(name) for name in args.lower_queue]
     # Made in the supervisor too: bad options fail here, once, before any process starts.
-    worker = supervisor.worker_from_args(q, lower, args, on_dead)
+    worker = supervisor.worker_from_args(q, lower, args, on_dead, no_retry)
     scaler = _Scaler(args.min_processes or args.processes, args.processes, args.scale_cooldown)
     if args.report_fd is not None:
         # A process of a supervised pool: the supervisor prints the pool's summary.
@@ -688,6 +689,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--stop-when-empty", action="store_true", help="return once nothing is due and nothing runs")
     w.add_argument("--max-trace-bytes", type=int, default=8192, metavar="N",
                    help="keep up to N bytes of a failure's traceback with the message (0: none)")
+    w.add_argument("--no-retry", action="append", default=[], metavar="MODULE:CLASS",
+                   help="an exception of this class sends its message to the dead-letter set at once, without "
+                        "retries (repeatable; builtins:ValueError for a built-in one)")
     w.add_argument("--max-jobs", type=int, metavar="N",
                    help="a process ends after N messages (with --processes above 1: a fresh one takes its place)")
     w.add_argument("--max-time", type=float, metavar="SECONDS", help="a process ends after that long (as --max-jobs)")

@@ -76,11 +76,25 @@ def load_handler(target: str) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
+def load_exception(target: str) -> type[BaseException]:
+    """The exception class named ``module:Class`` (``builtins:ValueError`` for a
+    built-in one)."""
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise HandlerNotFound(f"an exception class must be given as module:Class (builtins:ValueError for a "
+                              f"built-in one), got {target!r}")
+    cls = load_handler(target)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        raise HandlerNotFound(f"{target!r} is not an exception class")
+    return cls
+
+
 def worker_from_args(
     queue: DelayQueue,
     lower: Sequence[DelayQueue],
     args: argparse.Namespace,
     on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
+    no_retry: Sequence[type[BaseException]] = (),
 ) -> Worker:
     return Worker(
         queue,
@@ -95,6 +109,7 @@ def worker_from_args(
         idle_check=args.idle_check,
         stop_when_empty=args.stop_when_empty,
         max_trace_bytes=args.max_trace_bytes,
+        no_retry=no_retry,
         concurrency=args.concurrency,
         lower_queues=lower,
         max_jobs=args.max_jobs,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use pyo3::exceptions::{PyKeyboardInterrupt, PySystemExit};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::convert::json_to_py;
 use crate::errors::{self, OrRaise};
@@ -101,24 +101,40 @@ fn message(d: &delayq::Delivery) -> PyMessage {
     }
 }
 
-/// The end of one handler call: the message's own decision, if the handler made one,
-/// wins over its return or its exception.
-/// Complete a delivery as the handler's outcome and decision say; returns the last
-/// error when that sends the message to the dead-letter set (for `on_dead`).
+/// What a handler raised: its one-line description, its traceback, and whether its
+/// class is one of the worker's `no_retry` ones.
+struct Raised {
+    error: String,
+    trace: String,
+    no_retry: bool,
+}
+
+/// Complete a delivery as the handler's outcome and decision say (the message's own
+/// decision, if the handler made one, wins over its return or its exception); returns
+/// the last error when that sends the message to the dead-letter set (for `on_dead`).
 fn complete(
     py: Python<'_>,
     consumer: &delayq::Consumer,
     d: delayq::Delivery,
     message: &PyMessage,
-    raised: Option<(String, String)>,
+    raised: Option<Raised>,
 ) -> Option<String> {
     let fate = match (message.take_decision(py), raised) {
-        (Some((retry, reason)), _) => consumer.fail_with(d, &reason, retry),
+        (Some((retry, reason)), raised) => {
+            consumer.fail_traced(d, &reason, raised.as_ref().map_or("", |r| r.trace.as_str()), retry)
+        }
         (None, None) => {
             consumer.ack(d);
             return None;
         }
-        (None, Some((error, trace))) => consumer.fail_traced(d, &error, &trace, delayq::Retry::Backoff),
+        (None, Some(r)) => {
+            let retry = if r.no_retry {
+                delayq::Retry::Never
+            } else {
+                delayq::Retry::Backoff
+            };
+            consumer.fail_traced(d, &r.error, &r.trace, retry)
+        }
     };
     match fate {
         delayq::Fate::Dead(error) => Some(error),
@@ -164,6 +180,9 @@ fn describe(py: Python<'_>, err: &PyErr) -> String {
 #[pyclass(name = "_Worker", module = "delayq._delayq", frozen)]
 pub(crate) struct PyWorker {
     worker: delayq::Worker,
+    /// Exception classes that go to the dead-letter set at once (a tuple, as
+    /// `isinstance` takes it).
+    no_retry: Py<PyTuple>,
     stopped_by: std::sync::Mutex<Option<String>>,
 }
 
@@ -208,7 +227,7 @@ impl PyWorker {
 impl PyWorker {
     #[new]
     #[pyo3(signature = (queue, *, threads, batch, prefetch, lease, max_attempts, backoff_base, backoff_max,
-        timeout, idle_check, stop_when_empty, lower_queues, max_trace_bytes = 8192))]
+        timeout, idle_check, stop_when_empty, lower_queues, max_trace_bytes = 8192, no_retry = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -225,6 +244,7 @@ impl PyWorker {
         stop_when_empty: bool,
         lower_queues: Vec<PyRef<'_, PyQueue>>,
         max_trace_bytes: i64,
+        no_retry: Option<Bound<'_, PyTuple>>,
     ) -> PyResult<Self> {
         // The core checks the upper bound; a negative count does not reach it as usize.
         let max_trace_bytes = usize::try_from(max_trace_bytes).map_err(|_| {
@@ -258,6 +278,7 @@ impl PyWorker {
             )
             .or_raise(py)?,
             stopped_by: std::sync::Mutex::new(None),
+            no_retry: no_retry.unwrap_or_else(|| PyTuple::empty(py)).unbind(),
         })
     }
 
@@ -312,7 +333,11 @@ impl PyWorker {
                     return Err(e);
                 }
                 Err(e) => {
-                    let raised = (describe(py, &e), traceback_text(py, &e));
+                    let raised = Raised {
+                        error: describe(py, &e),
+                        trace: traceback_text(py, &e),
+                        no_retry: e.is_instance(py, self.no_retry.bind(py).as_any()),
+                    };
                     let dead = complete(py, &consumer, d, msg.get(), Some(raised));
                     call_on_dead(py, on_dead.as_ref(), &payload, &msg, dead);
                 }
@@ -431,20 +456,25 @@ impl PyConsumer {
         self.with(py, |c| complete(py, c, d, delivery.message.get(), None))
     }
 
-    /// The handler raised `error` (with its traceback, "" for none). Returns the last
-    /// error when the message went to the dead-letter set, else None.
-    #[pyo3(signature = (delivery, error, trace = ""))]
-    fn fail(&self, py: Python<'_>, delivery: &PyDelivery, error: &str, trace: &str) -> PyResult<Option<String>> {
+    /// The handler raised `error` (with its traceback, "" for none; `no_retry` when its
+    /// class is one of the worker's). Returns the last error when the message went to
+    /// the dead-letter set, else None.
+    #[pyo3(signature = (delivery, error, trace = "", no_retry = false))]
+    fn fail(
+        &self,
+        py: Python<'_>,
+        delivery: &PyDelivery,
+        error: &str,
+        trace: &str,
+        no_retry: bool,
+    ) -> PyResult<Option<String>> {
         let d = Self::take(py, delivery)?;
-        self.with(py, |c| {
-            complete(
-                py,
-                c,
-                d,
-                delivery.message.get(),
-                Some((error.to_owned(), trace.to_owned())),
-            )
-        })
+        let raised = Raised {
+            error: error.to_owned(),
+            trace: trace.to_owned(),
+            no_retry,
+        };
+        self.with(py, |c| complete(py, c, d, delivery.message.get(), Some(raised)))
     }
 
     fn release(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<()> {

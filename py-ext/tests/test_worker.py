@@ -128,6 +128,42 @@ def test_a_long_traceback_is_cut_to_max_trace_bytes_and_zero_keeps_none(queue: d
             assert info["error_trace"] is None
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_no_retry_classes_go_to_the_dead_letters_at_once(queue: delayq.DelayQueue, kind: str) -> None:
+    invalid = queue.push({"kind": "invalid"})
+    flaky = queue.push({"kind": "flaky"})
+    calls: list[str] = []
+
+    def handle(payload: dict[str, str], msg: delayq.Message) -> None:
+        calls.append(payload["kind"])
+        if msg.attempt == 3:
+            worker.stop()  # the last attempt of the other one: every failure is in
+        if payload["kind"] == "invalid":
+            raise KeyError("customer")  # a LookupError
+        raise TimeoutError("gateway")
+
+    async def handle_async(payload: dict[str, str], msg: delayq.Message) -> None:
+        handle(payload, msg)
+
+    worker = delayq.Worker(queue, max_attempts=3, backoff_base=0.01, backoff_max=0.01,
+                           no_retry=[LookupError, UnicodeError])
+    summary = worker.run(handle if kind == "sync" else handle_async)
+    assert calls.count("invalid") == 1, "not retried"
+    assert calls.count("flaky") == 3, "retried as usual"
+    assert summary["dead"] == 2
+    info = queue.get(invalid)
+    assert info is not None and (info["state"], info["attempts"]) == ("dead", 1)
+    assert info["last_error"] == "KeyError: 'customer'"
+    assert info["error_trace"].endswith("KeyError: 'customer'\n")
+    assert "gave up after 3 attempts" in queue.get(flaky)["last_error"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("bad", [["ValueError"], [ValueError()], [int]])
+def test_no_retry_takes_exception_classes_only(queue: delayq.DelayQueue, bad: list[Any]) -> None:
+    with pytest.raises(TypeError, match="no_retry must hold exception classes"):
+        delayq.Worker(queue, no_retry=bad)
+
+
 @pytest.mark.parametrize("bad", [-1, 1048577])
 def test_a_bad_max_trace_bytes_is_refused_by_name(queue: delayq.DelayQueue, bad: int) -> None:
     with pytest.raises(delayq.InvalidArgumentError, match="max_trace_bytes"):

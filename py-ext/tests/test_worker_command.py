@@ -254,6 +254,8 @@ def test_on_dead_runs_in_the_worker_process_after_a_message_died(
     (["tasks:handle", "--max-attempts", "0"], "max_attempts"),
     (["tasks:handle", "--processes", "2", "--lease", "-1"], "lease"),
     (["tasks:handle", "--on-dead", "tasks:nothing"], "tasks has no attribute 'nothing'"),
+    (["tasks:handle", "--no-retry", "builtins:len"], "'builtins:len' is not an exception class"),
+    (["tasks:handle", "--no-retry", "ValueError"], "must be given as module:Class"),
     (["tasks:handle", "--processes", "2", "--min-processes", "3"], "--min-processes must be between 1 and"),
     (["tasks:handle", "--processes", "2", "--min-processes", "0"], "--min-processes must be between 1 and"),
     (["tasks:handle", "--processes", "2", "--min-processes", "1", "--scale-cooldown", "0.01"], "scale_cooldown"),
@@ -301,6 +303,19 @@ def test_max_jobs_recycles_the_processes_of_a_pool_and_loses_nothing(
     assert "starting another" not in err.replace("recycled (max_jobs); starting another", ""), "no death"
     assert sorted(n for n, _, _ in handled(tasks)) == list(range(200)), "each once: recycling is a graceful stop"
     assert len({pid for _, _, pid in handled(tasks)}) >= 8
+
+
+def test_no_retry_names_exception_classes_that_are_not_retried(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    failing = queue.push({"n": 7})
+    done = run(redis_url, tasks, "tasks:fail", "--no-retry", "builtins:LookupError", "--no-retry",
+               "builtins:ValueError", "--stop-when-empty", "--max-attempts", "5")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["dead"] == 1
+    info = queue.get(failing)
+    assert info is not None and (info["state"], info["attempts"]) == ("dead", 1)
+    assert info["last_error"] == "ValueError: cannot close order 7"
 
 
 def test_min_processes_grows_the_pool_with_the_backlog_and_lets_idle_processes_go(
