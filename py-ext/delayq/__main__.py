@@ -439,11 +439,20 @@ def _serve(args: argparse.Namespace, what: str, path: str, make: Callable[[str, 
     return 0
 
 
+def _auth(args: argparse.Namespace) -> Optional[str]:
+    """--auth, else $DELAYQ_DASHBOARD_AUTH (which keeps the password out of `ps`)."""
+    auth: Optional[str] = args.auth or os.environ.get("DELAYQ_DASHBOARD_AUTH") or None
+    if auth is not None and (":" not in auth or not auth.partition(":")[0]):
+        raise _BadUsage("--auth (or DELAYQ_DASHBOARD_AUTH) wants USER:PASSWORD")
+    return auth
+
+
 def _serve_metrics(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     from .metrics import make_server
 
     queues = _metrics_queues(q, args)
-    return _serve(args, "metrics", "/metrics", lambda host, port: make_server(queues, host, port))
+    auth = _auth(args)
+    return _serve(args, "metrics", "/metrics", lambda host, port: make_server(queues, host, port, auth))
 
 
 def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -451,9 +460,14 @@ def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
     if not args.refresh >= 0:
         raise _BadUsage(f"--refresh must be 0 (never) or more seconds, got {args.refresh}")
+    auth = _auth(args)
+    if args.allow_actions and auth is None:
+        raise _BadUsage("--allow-actions needs --auth USER:PASSWORD (or DELAYQ_DASHBOARD_AUTH): without it any "
+                        "web page the browser opens could requeue and delete")
     queues = _metrics_queues(q, args)
     return _serve(args, "the dashboard", "/",
-                  lambda host, port: dashboard.make_server(queues, host, port, args.refresh))
+                  lambda host, port: dashboard.make_server(queues, host, port, args.refresh, auth,
+                                                           args.allow_actions))
 
 
 def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -644,12 +658,19 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("serve-metrics", help="an HTTP endpoint for Prometheus to scrape: GET /metrics")
     m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to report (default: --queue)")
     m.add_argument("--listen", default="127.0.0.1:9808", help="HOST:PORT (default: 127.0.0.1:9808; :9808 for all)")
+    m.add_argument("--auth", metavar="USER:PASSWORD",
+                   help="ask for these HTTP Basic credentials (default: $DELAYQ_DASHBOARD_AUTH, else none)")
     m.set_defaults(run=_serve_metrics)
-    m = sub.add_parser("dashboard", help="a read-only web page of the queues for people: GET /")
+    m = sub.add_parser("dashboard", help="a web page of the queues for people: GET / (read-only unless "
+                                         "--allow-actions)")
     m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to show (default: --queue)")
     m.add_argument("--listen", default="127.0.0.1:9809",
                    help="HOST:PORT (default: 127.0.0.1:9809; the page shows payloads: keep it private)")
     m.add_argument("--refresh", type=float, default=5.0, help="seconds between reloads of the page (0: never)")
+    m.add_argument("--auth", metavar="USER:PASSWORD",
+                   help="ask for these HTTP Basic credentials (default: $DELAYQ_DASHBOARD_AUTH, else none)")
+    m.add_argument("--allow-actions", action="store_true",
+                   help="buttons to requeue and delete dead letters and to pause and resume queues (needs --auth)")
     m.set_defaults(run=_dashboard)
     sub.add_parser("ping", help="check that Redis answers").set_defaults(run=_ping)
     w = sub.add_parser("worker", help="run a handler function on the queue's messages, in one process or several",

@@ -1,25 +1,33 @@
-"""A read-only web page of queues for people, for `delayq dashboard` (what Laravel
-Horizon's dashboard shows, without its write actions): depth and backlog age, pause and
-rate limit, the consumer pools alive on every host and in every language, what runs
-now, what comes next and the latest dead letters with their errors. The page reloads
-itself; every figure is read from Redis afresh for each request. Acting on what it
-shows stays with the `delayq` command (requeue-dead, pause, ...) and the API.
+"""A web page of queues for people, for `delayq dashboard` (what Laravel Horizon's
+dashboard shows): depth and backlog age, pause and rate limit, the consumer pools alive
+on every host and in every language, what runs now, what comes next and the latest dead
+letters with their errors. The page reloads itself; every figure is read from Redis
+afresh for each request.
+
+It is read-only unless started with actions (`--allow-actions`, which needs `--auth`):
+then it has buttons to requeue or delete a dead letter, requeue them all, and pause or
+resume a queue, as Horizon's retry buttons. Each is a POST carrying a token that only
+the page holds (a form on another site cannot forge one), behind HTTP Basic auth (a
+page that another site reaches through DNS rebinding has no credentials).
 
 Payloads and errors are the queue's own data, shown escaped and cut short; the page
 holds them, so serve it where only operators can reach it (the default listens on
-127.0.0.1).
+127.0.0.1), with `--auth` beyond one machine.
 """
 
 from __future__ import annotations
 
 import datetime
+import hmac
 import html
 import json
+import secrets
 import time
+import urllib.parse
 from typing import Any, Callable, Optional
 
 from . import DelayQueue, DelayQueueError
-from .metrics import PageServer
+from .metrics import PageServer, Refused
 
 # How many rows each list shows; the command line shows more.
 ROWS = 10
@@ -34,6 +42,7 @@ table{border-collapse:collapse;margin:.2em 0 .8em}
 td,th{padding:.2em .7em;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
 th{font-weight:600;background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
 code{font-size:.92em}.bad{color:#b00020;font-weight:600}.quiet{color:#777}
+form.act{display:inline;margin-right:.3em}.done{background:#e8f5e9;padding:.3em .6em}
 summary{cursor:pointer}pre.trace{font-size:.85em;max-width:70em;overflow-x:auto;background:#f6f6f6;padding:.4em}
 """
 
@@ -101,7 +110,14 @@ def _found_section(q: DelayQueue, text: str) -> str:
     )
 
 
-def _queue_section(q: DelayQueue, now: float) -> str:
+def _button(token: str, queue: str, do: str, label: str, id: str = "") -> str:
+    """A form that POSTs one action: the page's token proves it came from this page."""
+    fields = {"token": token, "queue": queue, "do": do, "id": id}
+    hidden = "".join(f'<input type="hidden" name="{k}" value="{html.escape(v)}">' for k, v in fields.items())
+    return f'<form method="post" action="/action" class="act">{hidden}<button>{label}</button></form>'
+
+
+def _queue_section(q: DelayQueue, now: float, token: Optional[str] = None) -> str:
     title = f"<h2>queue <code>{html.escape(q.name)}</code></h2>"
     try:
         stats = q.stats()
@@ -170,11 +186,18 @@ def _queue_section(q: DelayQueue, now: float) -> str:
         frozenset({3}),
     )
     letters = _table(
-        ["id", "died", "attempts", "last error", "payload"],
+        ["id", "died", "attempts", "last error", "payload"] + (["act"] if token else []),
         [[f"<code>{_text(m['id'])}</code>", _when(m["dead_at"]), str(m["attempts"]),
-          _error(m, "bad"), _text(m["payload"])] for m in dead],
+          _error(m, "bad"), _text(m["payload"])]
+         + ([_button(token, q.name, "requeue", "requeue", m["id"]) + _button(token, q.name, "delete", "delete", m["id"])]
+            if token else []) for m in dead],
         frozenset({2}),
     )
+    if token:
+        paused = stats["paused_at"] is not None
+        title += ('<p>' + _button(token, q.name, "resume" if paused else "pause", "resume" if paused else "pause")
+                  + (_button(token, q.name, "requeue", f"requeue all {stats['dead']} dead letters")
+                     if stats["dead"] else "") + "</p>")
     return (
         title
         + (f"<p>{' · '.join(state)}</p>" if state else "")
@@ -184,23 +207,28 @@ def _queue_section(q: DelayQueue, now: float) -> str:
         + f"<h3>next due (first {ROWS})</h3>{upcoming}"
         + (f"<h3>repeating messages ({len(repeating)})</h3>{schedules}" if repeating else "")
         + (f"<h3>completed (latest {ROWS} of {stats['completed']} kept)</h3>{completed}" if done else "")
-        + f"<h3>dead letters (latest {ROWS}; <code>delayq --queue {html.escape(q.name)} requeue-dead</code>)</h3>"
+        + (f"<h3>dead letters (latest {ROWS})</h3>" if token else
+           f"<h3>dead letters (latest {ROWS}; <code>delayq --queue {html.escape(q.name)} requeue-dead</code>)</h3>")
         + letters
         + f"<h3>lifetime counters</h3>{counters}"
     )
 
 
 def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Callable[[], float]] = None,
-                find: str = "") -> str:
+                find: str = "", token: Optional[str] = None, done: str = "") -> str:
     """The page for `queues`. A queue whose Redis fails says so; the others still show.
-    With `find`, the messages of each queue whose payload holds it (or whose id it is) come first."""
+    With `find`, the messages of each queue whose payload holds it (or whose id it is) come first.
+    With `token`, the page has action buttons (see the module); `done` says what the last one did."""
     clock = now or time.time
     at = clock()
     search = (f'<form method="get"><input name="find" value="{html.escape(find)}" '
               'placeholder="an order number, an id, any text of a payload"> <button>find</button></form>')
     found = "".join(_found_section(q, find) for q in queues) if find else ""
-    sections = search + found + "".join(_queue_section(q, at) for q in queues)
-    reload = f'<meta http-equiv="refresh" content="{refresh:g}">' if refresh > 0 else ""
+    notice = f'<p class="done">{_text(done)}</p>' if done else ""
+    sections = notice + search + found + "".join(_queue_section(q, at, token) for q in queues)
+    # A reload must not repeat the notice of an action.
+    again = "/?" + urllib.parse.urlencode({"find": find}) if find else "/"
+    reload = f'<meta http-equiv="refresh" content="{refresh:g}; url={html.escape(again)}">' if refresh > 0 else ""
     return (
         "<!doctype html><html><head><meta charset=\"utf-8\">"
         f"<title>delayq: {html.escape(', '.join(q.name for q in queues))}</title>{reload}"
@@ -211,7 +239,49 @@ def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Ca
     )
 
 
-def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float = 5.0) -> PageServer:
-    """A server of the page for `queues` at `/` on `host:port`; call `serve_forever()`."""
-    return PageServer((host, port), {"/": ("text/html; charset=utf-8",
-                                           lambda query: render_html(queues, refresh, find=query.get("find", "")))})
+def _actions(queues: list[DelayQueue], token: str) -> Callable[[dict[str, str]], str]:
+    """What a button does; returns the page to show next, which says what was done."""
+    by_name = {q.name: q for q in queues}
+
+    def act(form: dict[str, str]) -> str:
+        if not hmac.compare_digest(form.get("token", "").encode(), token.encode()):
+            raise Refused("this form is not from this dashboard (reload the page)")
+        q = by_name.get(form.get("queue", ""))
+        if q is None:
+            raise Refused(f"no queue {form.get('queue', '')!r} on this dashboard")
+        do, id = form.get("do", ""), form.get("id") or None
+        if do == "requeue":
+            n = q.requeue_dead(id)
+            done = f"requeued {n} dead letter{'' if n == 1 else 's'} of {q.name}"
+        elif do == "delete":
+            if id is None:
+                raise Refused("delete takes one dead letter at a time")
+            n = q.delete_dead(id)
+            done = f"deleted {n} dead letter{'' if n == 1 else 's'} of {q.name}"
+        elif do == "pause":
+            q.pause()
+            done = f"paused {q.name}"
+        elif do == "resume":
+            q.resume()
+            done = f"resumed {q.name}"
+        else:
+            raise Refused(f"no action {do!r}")
+        return "/?" + urllib.parse.urlencode({"done": done})
+
+    return act
+
+
+def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float = 5.0,
+                auth: Optional[str] = None, actions: bool = False) -> PageServer:
+    """A server of the page for `queues` at `/` on `host:port`; call `serve_forever()`.
+    `auth` ("user:password") asks every request for HTTP Basic credentials; `actions`
+    (only with `auth`) adds the buttons and `POST /action`."""
+    if actions and auth is None:
+        raise ValueError("dashboard actions need auth: without it any page the browser opens could use them")
+    token = secrets.token_urlsafe(24) if actions else None
+
+    def page(query: dict[str, str]) -> str:
+        return render_html(queues, refresh, find=query.get("find", ""), token=token, done=query.get("done", ""))
+
+    return PageServer((host, port), {"/": ("text/html; charset=utf-8", page)},
+                      actions={"/action": _actions(queues, token)} if token else None, auth=auth)

@@ -6,6 +6,8 @@ Python and Rust consumers of the same queue show up alike.
 
 from __future__ import annotations
 
+import base64
+import hmac
 import http.server
 import urllib.parse
 import time
@@ -107,31 +109,84 @@ def render(queues: Iterable[DelayQueue], now: Optional[Callable[[], float]] = No
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class Refused(Exception):
+    """An action the server will not run: answered 403 with this text."""
+
+
+#: Largest form an action takes (a few hidden fields).
+MAX_FORM_BYTES = 16 * 1024
+
+
 class PageServer(http.server.HTTPServer):
     """Answers `GET` of each path in `pages` (path -> (content type, render)) with a
     fresh rendering of the request's query (the last value of each name), one request
-    at a time; 404 for any other path."""
+    at a time; 404 for any other path. `POST` to a path of `actions` (path -> run)
+    runs it with the form's fields and redirects (303) to the page it returns; an
+    action that raises `Refused` is answered 403. With `auth` ("user:password") every
+    request needs those HTTP Basic credentials."""
 
     def __init__(self, address: tuple[str, int],
-                 pages: dict[str, tuple[str, Callable[[dict[str, str]], str]]]) -> None:
+                 pages: dict[str, tuple[str, Callable[[dict[str, str]], str]]],
+                 actions: Optional[dict[str, Callable[[dict[str, str]], str]]] = None,
+                 auth: Optional[str] = None) -> None:
         super().__init__(address, _Handler)
         self.pages = pages
+        self.actions = actions or {}
+        self.expected_auth = None if auth is None else "Basic " + base64.b64encode(auth.encode()).decode()
 
 
 class MetricsServer(PageServer):
     """Answers `GET /metrics` (and `/`) with `render(queues)`, reading Redis afresh for
     each scrape; see `make_server`."""
 
-    def __init__(self, address: tuple[str, int], queues: list[DelayQueue]) -> None:
+    def __init__(self, address: tuple[str, int], queues: list[DelayQueue], auth: Optional[str] = None) -> None:
         page = (CONTENT_TYPE, lambda query: render(queues))
-        super().__init__(address, {"/": page, "/metrics": page})
+        super().__init__(address, {"/": page, "/metrics": page}, auth=auth)
         self.queues = queues
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: PageServer
 
+    def _authorized(self) -> bool:
+        expected = self.server.expected_auth
+        if expected is None:
+            return True
+        given = self.headers.get("Authorization", "")
+        if hmac.compare_digest(given.encode(), expected.encode()):
+            return True
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", 'Basic realm="delayq", charset="UTF-8"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        return False
+
+    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+        if not self._authorized():
+            return
+        url = urllib.parse.urlsplit(self.path)
+        run = self.server.actions.get(url.path)
+        if run is None:
+            self.send_error(405 if url.path in self.server.pages else 404, "no action here")
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 <= length <= MAX_FORM_BYTES:
+            self.send_error(413, f"a form of at most {MAX_FORM_BYTES} bytes")
+            return
+        form = dict(urllib.parse.parse_qsl(self.rfile.read(length).decode("utf-8", "replace")))
+        try:
+            location = run(form)
+        except Refused as e:
+            self.send_error(403, str(e))
+            return
+        self.send_response(303)
+        self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        if not self._authorized():
+            return
         url = urllib.parse.urlsplit(self.path)
         page = self.server.pages.get(url.path)
         if page is None:
@@ -150,6 +205,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass  # a scrape every 15 s is not news
 
 
-def make_server(queues: list[DelayQueue], host: str, port: int) -> MetricsServer:
-    """A server for `queues` on `host:port`; call `serve_forever()` on it."""
-    return MetricsServer((host, port), queues)
+def make_server(queues: list[DelayQueue], host: str, port: int, auth: Optional[str] = None) -> MetricsServer:
+    """A server for `queues` on `host:port`; call `serve_forever()` on it. With `auth`
+    ("user:password"), a scrape needs those HTTP Basic credentials."""
+    return MetricsServer((host, port), queues, auth)

@@ -436,7 +436,7 @@ def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
                                retry_timeout=0.2)
     page = render_html([queue, closed], refresh=2, now=lambda: 1_900_000_000.0)
     assert "<script>" not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
-    assert '<meta http-equiv="refresh" content="2">' in page
+    assert '<meta http-equiv="refresh" content="2; url=/">' in page
     assert "queue <code>jobs</code>" in page and "later-1" in page and "poison" in page
     assert "ValueError: &lt;script&gt;" in page, "the dead letter's error"
     # The error unfolds into its traceback, escaped too.
@@ -457,6 +457,111 @@ def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
     page = render_html([kept])
     assert f"<h3>completed (latest {ROWS} of 1 kept)</h3>" in page and "<code>done-1</code>" in page
     assert "<script>" not in page
+
+
+def test_dashboard_actions_need_credentials_and_the_page_s_token(
+    queue: delayq.DelayQueue, redis_url: str
+) -> None:
+    import base64
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from delayq.dashboard import make_server
+
+    doomed, kept, third = make_dead(queue, 3)
+    server = make_server([queue], "127.0.0.1", 0, refresh=0, auth="ops:s3cret", actions=True)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    good = "Basic " + base64.b64encode(b"ops:s3cret").decode()
+
+    def request(path: str, form: dict[str, str] | None = None, auth: str | None = good) -> tuple[int, str]:
+        data = None if form is None else urllib.parse.urlencode(form).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data)
+        if auth:
+            req.add_header("Authorization", auth)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:  # follows the 303 to the page
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    try:
+        # No credentials, or wrong ones: nothing, neither the page nor an action.
+        assert request("/", auth=None)[0] == 401
+        assert request("/", auth="Basic " + base64.b64encode(b"ops:guess").decode())[0] == 401
+        status, page = request("/")
+        assert status == 200
+        token = page.split('name="token" value="', 1)[1].split('"', 1)[0]
+        assert len(token) >= 32 and f'name="id" value="{doomed}"' in page and "requeue all 3 dead letters" in page
+
+        def act(do: str, id: str = "", **extra: str) -> tuple[int, str]:
+            return request("/action", {"token": token, "queue": "jobs", "do": do, "id": id, **extra})
+
+        # A form from another site has credentials (the browser adds them) but no token.
+        assert act("requeue", doomed, token="forged")[0] == 403
+        assert request("/action", {"queue": "jobs", "do": "requeue", "id": doomed})[0] == 403
+        assert request("/action", {"token": token, "queue": "jobs", "do": "requeue"}, auth=None)[0] == 401
+        assert queue.stats()["dead"] == 3, "refused actions change nothing"
+
+        status, page = act("requeue", doomed)
+        assert status == 200 and "requeued 1 dead letter of jobs" in page
+        assert queue.get(doomed)["state"] == "ready"  # type: ignore[index]
+        status, page = act("delete", kept)
+        assert "deleted 1 dead letter of jobs" in page and queue.get(kept) is None
+        assert act("delete")[0] == 403, "delete takes one id, never all"
+        assert act("pause")[0] == 200 and queue.is_paused()
+        assert "resume</button>" in request("/")[1]
+        assert act("resume")[0] == 200 and not queue.is_paused()
+        status, page = act("requeue")
+        assert "requeued 1 dead letter of jobs" in page and queue.get(third)["state"] == "ready"  # type: ignore[index]
+        assert act("requeue", queue="elsewhere")[0] == 403
+        assert act("drop-everything")[0] == 403
+        assert queue.stats()["ready"] == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    readonly = make_server([queue], "127.0.0.1", 0, refresh=0)
+    threading.Thread(target=readonly.serve_forever, daemon=True).start()
+    port = readonly.server_address[1]
+    try:
+        status, page = request("/", auth=None)
+        assert status == 200 and 'name="token"' not in page
+        assert request("/action", {"queue": "jobs", "do": "pause"}, auth=None)[0] == 404
+        assert request("/", {"queue": "jobs", "do": "pause"}, auth=None)[0] == 405
+        assert not queue.is_paused()
+    finally:
+        readonly.shutdown()
+        readonly.server_close()
+    with pytest.raises(ValueError, match="need auth"):
+        make_server([queue], "127.0.0.1", 0, actions=True)
+    for args in (["--allow-actions"], ["--auth", "nocolon"]):
+        bad = cli(redis_url, "dashboard", *args)
+        assert bad.returncode == 2 and "--auth" in bad.stderr, bad.stderr
+
+
+def test_serve_metrics_can_ask_for_credentials(queue: delayq.DelayQueue) -> None:
+    import base64
+    import urllib.error
+    import urllib.request
+
+    from delayq.metrics import make_server
+
+    server = make_server([queue], "127.0.0.1", 0, auth="prometheus:scrape")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=5)
+        assert refused.value.code == 401 and refused.value.headers["WWW-Authenticate"].startswith("Basic ")
+        req = urllib.request.Request(url, headers={
+            "Authorization": "Basic " + base64.b64encode(b"prometheus:scrape").decode()})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert "delayq_messages" in r.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_the_dashboard_command_serves_the_page(queue: delayq.DelayQueue, redis_url: str) -> None:
