@@ -28,6 +28,14 @@ fn next(c: &Consumer) -> Delivery {
     }
 }
 
+/// A consumer of `q` with room for `handlers` deliveries at once.
+fn pool(q: &Queue, handlers: usize) -> Consumer {
+    Worker::new(q.clone(), opts())
+        .expect("worker")
+        .start_with(handlers)
+        .expect("start")
+}
+
 fn traces_held(server: &RedisServer) -> u64 {
     redis::cmd("HLEN")
         .arg(format!("{TAG}:traces"))
@@ -45,10 +53,7 @@ fn a_trace_follows_its_error_and_goes_with_the_message() {
     let q = server.queue("orders");
     let id = q.push(&json!({"order": 10086}), Duration::ZERO).expect("push");
     let other = q.push(&json!({"order": 10087}), Duration::ZERO).expect("push");
-    let c = Worker::new(q.clone(), opts())
-        .expect("worker")
-        .start_with(2)
-        .expect("start");
+    let c = pool(&q, 2);
 
     // Each failure retries in a minute and the test brings the message back itself
     // (reschedule), so that what it reads is not a delivery racing ahead.
@@ -139,10 +144,7 @@ fn an_expired_lease_and_every_way_out_drop_the_trace() {
     let ids: Vec<String> = (0..3)
         .map(|i| q.push(&json!({"order": i}), Duration::ZERO).expect("push"))
         .collect();
-    let c = Worker::new(q.clone(), opts())
-        .expect("worker")
-        .start_with(3)
-        .expect("start");
+    let c = pool(&q, 3);
     for _ in 0..3 {
         let d = next(&c);
         c.fail_traced(
@@ -169,10 +171,7 @@ fn an_expired_lease_and_every_way_out_drop_the_trace() {
     .expect("worker");
     let hung_consumer = hung_pool.start().expect("start");
     let hung = next(&hung_consumer);
-    let c = Worker::new(q.clone(), opts())
-        .expect("worker")
-        .start_with(3)
-        .expect("start");
+    let c = pool(&q, 3);
     for _ in 0..3 {
         let d = next(&c);
         if d.id == hung.id {
