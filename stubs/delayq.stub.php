@@ -208,6 +208,26 @@ final class DelayQueue
     public function requeueDead(?string $id = null): int {}
 
     /**
+     * Sends back the dead letters whose last error contains $text (plain text, not a
+     * pattern), as requeueDead() does each: after the fix of one failure, the others
+     * stay dead. It reads the errors of the whole dead-letter set on the server, 1000
+     * a call.
+     *
+     * @return int how many were requeued
+     * @throws DelayQueueInvalidArgumentException for an empty $text or one over 4096 bytes
+     */
+    public function requeueDeadWithError(string $text): int {}
+
+    /**
+     * Deletes the dead letters whose last error contains $text (plain text), as
+     * deleteDead() does each.
+     *
+     * @return int how many were deleted
+     * @throws DelayQueueInvalidArgumentException for an empty $text or one over 4096 bytes
+     */
+    public function deleteDeadWithError(string $text): int {}
+
+    /**
      * Deletes dead letters for good, payload and all; waiting and running messages are
      * not touched.
      *

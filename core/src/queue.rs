@@ -243,6 +243,9 @@ pub struct WorkerInfo {
     pub handler_avg_ms: Option<f64>,
 }
 
+/// Longest text that `requeue_dead_with_error` and `delete_dead_with_error` look for.
+pub const MAX_ERROR_TEXT_BYTES: usize = 4096;
+
 /// A message in the dead-letter set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadLetter {
@@ -1298,6 +1301,48 @@ impl Queue {
     /// `cancel` and `purge`).
     pub fn delete_dead(&self, id: Option<&str>) -> Result<u64> {
         self.on_dead("delete_dead", &scripts::DELETE_DEAD, id)
+    }
+
+    /// Requeue the dead letters whose last error contains `text` (plain text, not a
+    /// pattern), as `requeue_dead` does each: after the fix of one failure, the others
+    /// stay dead. Returns how many were requeued. It reads the errors of the whole
+    /// dead-letter set on the server, 1000 a call; a dead letter that arrives during
+    /// the look may be left out.
+    pub fn requeue_dead_with_error(&self, text: &str) -> Result<u64> {
+        self.dead_with_error(text)?
+            .iter()
+            .try_fold(0, |n, id| Ok(n + self.requeue_dead(Some(id))?))
+    }
+
+    /// Delete the dead letters whose last error contains `text`, as `delete_dead` does
+    /// each (see `requeue_dead_with_error`). Returns how many were deleted.
+    pub fn delete_dead_with_error(&self, text: &str) -> Result<u64> {
+        self.dead_with_error(text)?
+            .iter()
+            .try_fold(0, |n, id| Ok(n + self.delete_dead(Some(id))?))
+    }
+
+    /// The ids of the dead letters whose last error contains `text`, from every partition.
+    fn dead_with_error(&self, text: &str) -> Result<Vec<String>> {
+        if text.is_empty() || text.len() > MAX_ERROR_TEXT_BYTES {
+            return Err(Error::invalid(
+                "text",
+                format!("must be 1 to {MAX_ERROR_TEXT_BYTES} bytes, got {}", text.len()),
+            ));
+        }
+        let mut found = Vec::new();
+        for part in 0..self.partitions() {
+            let mut first = 0i64;
+            while first >= 0 {
+                let v = self.call(part, "dead_with_error", Replay::Safe, &scripts::DEAD_MATCHING, |inv| {
+                    inv.arg(first).arg(MAX_BATCH).arg(text);
+                })?;
+                let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "dead_with_error"))?;
+                first = items.first().map_or(-1, int);
+                found.extend(items.iter().skip(1).filter_map(self::text));
+            }
+        }
+        Ok(found)
     }
 
     fn on_dead(&self, operation: &'static str, script: &redis::Script, id: Option<&str>) -> Result<u64> {

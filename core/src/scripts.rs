@@ -24,6 +24,7 @@ script!(STATS, "lua/stats.lua");
 script!(DEAD, "lua/dead.lua");
 script!(REQUEUE, "lua/requeue.lua");
 script!(DELETE_DEAD, "lua/delete_dead.lua");
+script!(DEAD_MATCHING, "lua/dead_matching.lua");
 script!(PURGE, "lua/purge.lua");
 script!(BEAT, "lua/beat.lua");
 script!(WORKERS, "lua/workers.lua");

@@ -99,7 +99,10 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
     let dead = q.dead_letters(10).expect("dead letters");
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].id, ids[3]);
-    assert_eq!(q.requeue_dead(None).expect("requeue"), 1);
+    assert_eq!(
+        q.requeue_dead_with_error("declined").expect("requeue_dead_with_error"),
+        1
+    );
     assert_eq!(q.purge().expect("purge"), 1);
     assert!(
         q.workers().expect("workers").is_empty(),

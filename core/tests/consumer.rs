@@ -190,6 +190,72 @@ fn failures_retry_with_backoff_then_go_to_the_dead_letter_set() {
 }
 
 #[test]
+fn dead_letters_are_requeued_or_deleted_by_the_text_of_their_error() {
+    let server = RedisServer::start();
+    // More than one look (1000 a call) in one partition, and a partitioned queue.
+    for (name, partitions, n) in [("one", 1, 1200usize), ("parts", 3, 30)] {
+        let q = server.queue_with(
+            name,
+            delayq::QueueOptions {
+                partitions,
+                ..Default::default()
+            },
+        );
+        let batch: Vec<NewMessage> = (0..n)
+            .map(|i| NewMessage::new(&json!({"n": i}), Duration::ZERO).expect("message"))
+            .collect();
+        q.push_many(&batch).expect("push");
+        let worker = Worker::new(
+            q.clone(),
+            WorkerOptions {
+                max_attempts: 1,
+                batch: 500,
+                ..opts()
+            },
+        )
+        .expect("worker");
+        run_until(
+            &worker,
+            2,
+            |d| {
+                let n: u64 = d.payload::<serde_json::Value>().expect("payload")["n"]
+                    .as_u64()
+                    .expect("n");
+                Err(match n % 3 {
+                    0 => format!("PDOException: SQLSTATE[HY000] [2002] Connection refused (order {n})"),
+                    1 => format!("DomainException: order {n} is already closed"),
+                    _ => "RuntimeException: the 50% off coupon is not valid".to_owned(),
+                })
+            },
+            || q.stats().is_ok_and(|s| s.dead == n as u64),
+            Duration::from_secs(60),
+        );
+        let thirds = (n / 3) as u64;
+        assert_eq!(
+            q.requeue_dead_with_error("Connection refused").expect("requeue"),
+            thirds
+        );
+        assert_eq!(q.stats().expect("stats").ready, thirds);
+        // Plain text, not a Lua pattern: "%" and "[" match themselves.
+        assert_eq!(q.delete_dead_with_error("50% off").expect("delete"), thirds);
+        assert_eq!(q.delete_dead_with_error("[2002]").expect("none left dead"), 0);
+        assert_eq!(q.requeue_dead_with_error("no such error").expect("none"), 0);
+        let left = q.dead_letters(n).expect("dead letters");
+        assert_eq!(left.len() as u64, thirds);
+        assert!(
+            left.iter().all(|d| d.last_error.contains("already closed")),
+            "{:?}",
+            left[0]
+        );
+        for bad in [String::new(), "x".repeat(delayq::MAX_ERROR_TEXT_BYTES + 1)] {
+            let err = q.requeue_dead_with_error(&bad).expect_err("refused");
+            assert!(err.to_string().contains("text"), "{err}");
+        }
+        assert_eq!(q.stats().expect("stats").dead, thirds, "refusals change nothing");
+    }
+}
+
+#[test]
 fn dead_letters_are_deleted_one_or_all_and_nothing_else_is_touched() {
     let server = RedisServer::start();
     let q = server.queue("discard");

@@ -402,6 +402,20 @@ impl PhpDelayQueue {
         Ok(i64::try_from(n).unwrap_or(i64::MAX))
     }
 
+    /// Requeue the dead letters whose last error contains `$text` (plain text): after
+    /// the fix of one failure, the others stay dead. Returns how many.
+    pub fn requeue_dead_with_error(&self, text: String) -> PhpResult<i64> {
+        let n = self.queue.requeue_dead_with_error(&text).or_throw()?;
+        Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    /// Delete the dead letters whose last error contains `$text` (plain text). Returns
+    /// how many.
+    pub fn delete_dead_with_error(&self, text: String) -> PhpResult<i64> {
+        let n = self.queue.delete_dead_with_error(&text).or_throw()?;
+        Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
     /// Define or change a repeating message: `$payload` is pushed once per occurrence
     /// of `$schedule`, as a message with the id "repeat:<name>:<due ms>". The same
     /// definition again changes nothing (call it at every deploy); another replaces it

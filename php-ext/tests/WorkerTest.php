@@ -312,6 +312,35 @@ final class WorkerTest extends TestCase
         $this->assertNull($this->q->get($later));
     }
 
+    public function testDeadLettersAreRequeuedOrDeletedByTheTextOfTheirError(): void
+    {
+        $ids = [];
+        foreach (['refused', 'closed', 'refused', 'coupon'] as $i => $why) {
+            $ids[] = $this->q->push(['why' => $why, 'n' => $i], 0, ['max_attempts' => 1]);
+        }
+        $w = new DelayQueueWorker($this->q, ['stop_when_empty' => true]);
+        $w->run(function (array $p) {
+            throw match ($p['why']) {
+                'refused' => new PDOException("SQLSTATE[HY000] [2002] Connection refused (order {$p['n']})"),
+                'closed' => new DomainException("order {$p['n']} is already closed"),
+                default => new RuntimeException('the 50% off coupon expired'),
+            };
+        });
+        $this->assertSame(4, $this->q->stats()['dead']);
+        $this->assertSame(2, $this->q->requeueDeadWithError('[2002] Connection refused'));
+        $this->assertSame(['ready', 'dead', 'ready', 'dead'], array_map(fn ($id) => $this->q->get($id)['state'], $ids));
+        $this->assertSame(1, $this->q->deleteDeadWithError('50% off'), 'plain text, not a pattern');
+        $this->assertNull($this->q->get($ids[3]));
+        $this->assertSame(0, $this->q->requeueDeadWithError('no such error'));
+        try {
+            $this->q->deleteDeadWithError('');
+            $this->fail('an empty text was accepted');
+        } catch (DelayQueueInvalidArgumentException $e) {
+            $this->assertStringContainsString('text', $e->getMessage());
+        }
+        $this->assertSame(1, $this->q->stats()['dead']);
+    }
+
     public function testDeadLettersAreDeletedOneOrAllAndNothingElseIsTouched(): void
     {
         $doomed = [];

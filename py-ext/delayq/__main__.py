@@ -187,9 +187,10 @@ def _dead(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def _on_dead(verb: str, act: Callable[[DelayQueue, Optional[str]], int]) -> Callable[..., int]:
+def _on_dead(verb: str, act: Callable[[DelayQueue, Optional[str]], int],
+             act_matching: Callable[[DelayQueue, str], int]) -> Callable[..., int]:
     def run(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
-        n = act(q, None if args.all else args.id)
+        n = act_matching(q, args.error) if args.error is not None else act(q, None if args.all else args.id)
         out.emit({verb: n}, lambda: [f"{verb} {n} dead letter{'' if n == 1 else 's'}"])
         if args.id is not None and n == 0:
             sys.stderr.write(f"delayq: {args.id!r} is not a dead letter of queue {q.name!r}\n")
@@ -588,15 +589,19 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("dead", help="dead letters, newest first")
     d.add_argument("--limit", type=_count, default=20, help="at most this many (default: 20)")
     d.set_defaults(run=_dead)
-    for name, verb, act, what in (
-        ("requeue-dead", "requeued", DelayQueue.requeue_dead, "run dead letters again, due now"),
-        ("delete-dead", "deleted", DelayQueue.delete_dead, "delete dead letters for good"),
+    for name, verb, act, act_matching, what in (
+        ("requeue-dead", "requeued", DelayQueue.requeue_dead, DelayQueue.requeue_dead_with_error,
+         "run dead letters again, due now"),
+        ("delete-dead", "deleted", DelayQueue.delete_dead, DelayQueue.delete_dead_with_error,
+         "delete dead letters for good"),
     ):
         c = sub.add_parser(name, help=what)
         which = c.add_mutually_exclusive_group(required=True)
         which.add_argument("id", nargs="?", help="one dead letter")
         which.add_argument("--all", action="store_true", help="every dead letter of the queue")
-        c.set_defaults(run=_on_dead(verb, act))
+        which.add_argument("--error", metavar="TEXT",
+                           help="the dead letters whose last error contains TEXT (after the fix of one failure)")
+        c.set_defaults(run=_on_dead(verb, act, act_matching))
     c = sub.add_parser("push", help="schedule a message (a JSON payload), e.g. to try a worker out")
     c.add_argument("payload", help='JSON, e.g. \'{"order_id": 10086}\'')
     c.add_argument("--delay", type=float, default=0.0, help="seconds from now (default: 0)")

@@ -156,6 +156,14 @@ class DelayQueue:
     def delete_dead(self, id: Optional[str] = None) -> int:
         """Delete dead letters for good, payload and all: one, or all when ``id`` is
         None. Returns how many; waiting and running messages are not touched."""
+    def requeue_dead_with_error(self, text: str) -> int:
+        """Send back the dead letters whose last error contains ``text`` (plain text,
+        not a pattern), as ``requeue_dead`` does each: after the fix of one failure, the
+        others stay dead. Reads the errors of the whole dead-letter set on the server,
+        1000 a call. Returns how many."""
+    def delete_dead_with_error(self, text: str) -> int:
+        """Delete the dead letters whose last error contains ``text`` (plain text), as
+        ``delete_dead`` does each. Returns how many."""
     def repeat(
         self,
         name: str,

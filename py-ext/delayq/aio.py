@@ -106,6 +106,14 @@ class AsyncDelayQueue:
         """`DelayQueue.delete_dead`."""
         return await asyncio.to_thread(self._queue.delete_dead, id)
 
+    async def requeue_dead_with_error(self, text: str) -> int:
+        """`DelayQueue.requeue_dead_with_error`."""
+        return await asyncio.to_thread(self._queue.requeue_dead_with_error, text)
+
+    async def delete_dead_with_error(self, text: str) -> int:
+        """`DelayQueue.delete_dead_with_error`."""
+        return await asyncio.to_thread(self._queue.delete_dead_with_error, text)
+
     async def repeat(self, name: str, schedule: Union[str, float], payload: Any, *, tz: Optional[str] = None,
                      max_attempts: Optional[int] = None, expire_after: Optional[float] = None) -> float:
         """`DelayQueue.repeat`."""

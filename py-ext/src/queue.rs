@@ -392,6 +392,18 @@ impl PyQueue {
         py.detach(|| self.queue.delete_dead(id.as_deref())).or_raise(py)
     }
 
+    /// Requeue the dead letters whose last error contains `text` (plain text). Returns
+    /// how many.
+    fn requeue_dead_with_error(&self, py: Python<'_>, text: &str) -> PyResult<u64> {
+        py.detach(|| self.queue.requeue_dead_with_error(text)).or_raise(py)
+    }
+
+    /// Delete the dead letters whose last error contains `text` (plain text). Returns
+    /// how many.
+    fn delete_dead_with_error(&self, py: Python<'_>, text: &str) -> PyResult<u64> {
+        py.detach(|| self.queue.delete_dead_with_error(text)).or_raise(py)
+    }
+
     /// Define or change a repeating message: `payload` is pushed once per occurrence
     /// of `schedule` (a cron pattern, or an interval in seconds), as a message with the
     /// id "repeat:<name>:<due ms>". Returns the next occurrence's due time.

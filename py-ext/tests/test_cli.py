@@ -91,8 +91,29 @@ def test_dead_letters_are_requeued_and_deleted_one_or_all(queue: delayq.DelayQue
     assert queue.stats()["dead"] == 0
 
     usage = cli(redis_url, "delete-dead")
-    assert usage.returncode == 2 and "one of the arguments id --all is required" in usage.stderr
+    assert usage.returncode == 2 and "one of the arguments id --all --error is required" in usage.stderr
     assert cli(redis_url, "requeue-dead", "--all").stdout == "requeued 0 dead letters\n"
+
+
+def test_dead_letters_are_requeued_and_deleted_by_the_text_of_their_error(
+    queue: delayq.DelayQueue, redis_url: str
+) -> None:
+    ids = make_dead(queue, 4)  # "ValueError: cannot close order <i>"
+    assert cli_json(redis_url, "requeue-dead", "--error", "close order 1") == {"requeued": 1}
+    assert queue.get(ids[1])["state"] == "ready"  # type: ignore[index]
+    assert cli(redis_url, "delete-dead", "--error", "order 2").stdout == "deleted 1 dead letter\n"
+    assert queue.get(ids[2]) is None
+    assert queue.requeue_dead_with_error("no such text") == 0
+    assert queue.delete_dead_with_error("ValueError") == 2 and queue.stats()["dead"] == 0
+
+    async def requeue() -> int:
+        return await delayq.AsyncDelayQueue(queue).requeue_dead_with_error("ValueError")
+
+    assert asyncio.run(requeue()) == 0
+    with pytest.raises(delayq.InvalidArgumentError, match="text"):
+        queue.requeue_dead_with_error("")
+    bad = cli(redis_url, "requeue-dead", "--error", "")
+    assert bad.returncode == 2 and "text" in bad.stderr
 
 
 def test_workers_lists_the_pools_alive(queue: delayq.DelayQueue, redis_url: str) -> None:
