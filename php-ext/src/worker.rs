@@ -208,10 +208,19 @@ pub(crate) struct RunSummary {
 /// The exception as PHP prints it: class, message, file and line, the stack trace,
 /// and each previous exception ("Next ...").
 fn exception_trace(ex: &ZendObject) -> String {
-    ex.try_call_method("__toString", vec![])
-        .ok()
-        .and_then(|z| z.string())
-        .unwrap_or_default()
+    let printed = ex.try_call_method("__toString", vec![]).ok().and_then(|z| z.string());
+    // A class of the user's may override __toString and throw: what it threw must not
+    // stay pending in the engine, and the final methods give the trace instead.
+    if ExecutorGlobals::get().exception().is_some() {
+        drop(ExecutorGlobals::take_exception());
+        let frames = ex
+            .try_call_method("getTraceAsString", vec![])
+            .ok()
+            .and_then(|z| z.string())
+            .unwrap_or_default();
+        return format!("{}\nStack trace:\n{frames}", describe_exception(ex));
+    }
+    printed.unwrap_or_default()
 }
 
 fn describe_exception(ex: &ZendObject) -> String {

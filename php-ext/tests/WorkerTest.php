@@ -184,6 +184,31 @@ final class WorkerTest extends TestCase
         }
     }
 
+    public function testAnExceptionWhoseToStringThrowsStillLeavesItsTraceAndThePoolGoesOn(): void
+    {
+        $bad = $this->q->push(['n' => 1]);
+        $next = $this->q->push(['n' => 2]);
+        $handled = [];
+        $w = new DelayQueueWorker($this->q, ['max_attempts' => 1, 'stop_when_empty' => true]);
+        $w->run(function (array $p) use (&$handled) {
+            $handled[] = $p['n'];
+            if ($p['n'] === 1) {
+                throw new class ('order 1 is broken') extends RuntimeException {
+                    public function __toString(): string
+                    {
+                        throw new LogicException('cannot print myself');
+                    }
+                };
+            }
+        });
+        $this->assertSame([1, 2], $handled, 'the pool went on');
+        $info = $this->q->get($bad);
+        $this->assertSame('dead', $info['state']);
+        $this->assertStringContainsString('order 1 is broken in ' . __FILE__, $info['error_trace']);
+        $this->assertStringContainsString("\nStack trace:\n#0 ", $info['error_trace']);
+        $this->assertNull($this->q->get($next));
+    }
+
     public function testNoRetryClassesGoToTheDeadLettersAtOnce(): void
     {
         $invalid = $this->q->push(['kind' => 'invalid']);
