@@ -20,6 +20,14 @@ fn opts() -> WorkerOptions {
     }
 }
 
+/// Push `{"n": 0}` to `{"n": n - 1}`, all due now, in one round trip.
+fn push_numbered(q: &delayq::Queue, n: usize) {
+    let batch: Vec<NewMessage> = (0..n)
+        .map(|i| NewMessage::new(&json!({"n": i}), Duration::ZERO).expect("message"))
+        .collect();
+    q.push_many(&batch).expect("push_many");
+}
+
 /// Run `worker` on `threads` handler threads until `done` says so, then stop it.
 fn run_until(
     worker: &Worker,
@@ -201,10 +209,7 @@ fn dead_letters_are_requeued_or_deleted_by_the_text_of_their_error() {
                 ..Default::default()
             },
         );
-        let batch: Vec<NewMessage> = (0..n)
-            .map(|i| NewMessage::new(&json!({"n": i}), Duration::ZERO).expect("message"))
-            .collect();
-        q.push_many(&batch).expect("push");
+        push_numbered(&q, n);
         let worker = Worker::new(
             q.clone(),
             WorkerOptions {
@@ -1103,10 +1108,7 @@ fn stop_when_empty_returns_once_nothing_is_due_or_running_and_leaves_later_messa
     let server = RedisServer::start();
     let q = server.queue("batch");
     let later = q.push(&json!({"n": "later"}), Duration::from_secs(3600)).expect("push");
-    let batch: Vec<NewMessage> = (0..50)
-        .map(|i| NewMessage::new(&json!({"n": i}), Duration::ZERO).expect("msg"))
-        .collect();
-    q.push_many(&batch).expect("push_many");
+    push_numbered(&q, 50);
     let worker = Worker::new(
         q.clone(),
         WorkerOptions {
@@ -1244,10 +1246,7 @@ fn pools_report_how_late_their_handlers_started() {
 fn a_restart_requested_mid_drain_loses_and_doubles_nothing() {
     let server = RedisServer::start();
     let q = server.queue("deploy");
-    let batch: Vec<NewMessage> = (0..5_000)
-        .map(|i| NewMessage::new(&json!({"n": i}), Duration::ZERO).expect("msg"))
-        .collect();
-    q.push_many(&batch).expect("push_many");
+    push_numbered(&q, 5_000);
     let seen: Mutex<HashMap<i64, usize>> = Mutex::new(HashMap::new());
     let handle = |d: &delayq::Delivery| {
         let v: serde_json::Value = d.payload().map_err(|e| e.to_string())?;
