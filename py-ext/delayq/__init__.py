@@ -20,6 +20,7 @@ import math
 import os
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Awaitable, Iterator, Sequence
 from types import TracebackType
@@ -186,6 +187,8 @@ class Worker:
         self._max_time = max_time
         self._max_memory_bytes = None if max_memory_mb is None else max_memory_mb << 20
         self._jobs = 0
+        # Set by `delayq worker --processes`: told when coroutine handlers start and end.
+        self._busy_slot: Optional[Callable[[float], None]] = None
 
     def run(self, handler: Handler) -> dict[str, Any]:
         """Consume until ``stop()``, SIGTERM, SIGINT or ``DelayQueue.restart_workers()``;
@@ -243,8 +246,29 @@ class Worker:
         loop = asyncio.get_running_loop()
         slots = asyncio.Semaphore(self._concurrency)
         running: set[asyncio.Task[None]] = set()
+        # Start times of the running handlers, oldest first.
+        started: dict[int, float] = {}
+
+        def tell_supervisor() -> None:
+            if self._busy_slot is not None:
+                # A coroutine past its timeout is cancelled and ends within the grace, so
+                # only a blocked event loop keeps the oldest one longer: that is what the
+                # supervisor's timeout should see as a hung process, not a slow handler.
+                oldest = next(iter(started.values()), None)
+                self._busy_slot(0.0 if oldest is None else oldest + _CANCEL_GRACE + 1.0)
 
         async def handle(delivery: Any) -> None:
+            key = id(delivery)
+            started[key] = time.monotonic()
+            if len(started) == 1:
+                tell_supervisor()
+            try:
+                await settle(delivery)
+            finally:
+                del started[key]
+                tell_supervisor()
+
+        async def settle(delivery: Any) -> None:
             try:
                 try:
                     await self._bounded(handler(delivery.payload, delivery.message))

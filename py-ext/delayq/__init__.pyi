@@ -68,6 +68,9 @@ class Worker:
     process manager, or ``delayq worker --processes``, to start a fresh process.
     """
 
+    # Set by `delayq worker`'s process: told when coroutine handlers start and end.
+    _busy_slot: Optional[Callable[[float], None]]
+
     def __init__(
         self,
         queue: DelayQueue,

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import inspect
 import json
 import logging
 import os
@@ -506,9 +505,9 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         with os.fdopen(args.report_fd, "w") as report:
             json.dump(summary, report)
         return 0
-    # A thread cannot be stopped, a process can: a plain function with a timeout runs
-    # supervised even alone, as PHP's worker does.
-    supervised = args.processes > 1 or (args.timeout is not None and not inspect.iscoroutinefunction(handler))
+    # A thread cannot be stopped, nor a coroutine that blocks its event loop cancelled; a
+    # process can: a handler with a timeout runs supervised even alone, as PHP's does.
+    supervised = args.processes > 1 or args.timeout is not None
     if not supervised:
         summary, ran_as_asked = supervisor.run_one(worker, handler, None, on_start, on_stop), True
     else:
@@ -710,7 +709,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--timeout", type=float,
                    help="seconds a handler may run: past it a plain function's process is killed and replaced "
                         "(its message is delivered again after its lease), a coroutine is cancelled (its "
-                        "delivery fails at once)")
+                        "delivery fails at once); a process whose event loop a coroutine blocks is killed "
+                        "2 s later")
     w.add_argument("--idle-check", type=float, default=1.0, help="seconds between an idle pool's looks (default: 1)")
     w.add_argument("--stop-when-empty", action="store_true", help="return once nothing is due and nothing runs")
     w.add_argument("--max-trace-bytes", type=int, default=8192, metavar="N",

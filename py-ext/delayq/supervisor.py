@@ -123,13 +123,17 @@ def _watched(handler: Callable[..., Any], slot_fd: int) -> Callable[[Any, Messag
     """``handler`` writing its start time into the slot the supervisor watches."""
 
     def run(payload: Any, message: Message) -> Any:
-        os.pwrite(slot_fd, SLOT.pack(time.monotonic()), 0)
+        _write_slot(slot_fd, time.monotonic())
         try:
             return handler(payload, message)
         finally:
-            os.pwrite(slot_fd, SLOT.pack(0.0), 0)
+            _write_slot(slot_fd, 0.0)
 
     return run
+
+
+def _write_slot(slot_fd: int, started: float) -> None:
+    os.pwrite(slot_fd, SLOT.pack(started), 0)
 
 
 def stop_with_supervisor() -> None:
@@ -157,12 +161,16 @@ def run_one(
     """One worker process: consume until stopped; returns the run's summary."""
     if on_start is not None:
         on_start()
-    if slot_path is None or inspect.iscoroutinefunction(handler):
+    if slot_path is None:
         summary = worker.run(handler)
     else:
         slot_fd = os.open(slot_path, os.O_WRONLY)
         try:
-            summary = worker.run(_watched(handler, slot_fd))
+            if inspect.iscoroutinefunction(handler):
+                worker._busy_slot = lambda started: _write_slot(slot_fd, started)
+                summary = worker.run(handler)
+            else:
+                summary = worker.run(_watched(handler, slot_fd))
         finally:
             os.close(slot_fd)
     if on_stop is not None:

@@ -3,11 +3,13 @@ or in a supervised pool of them, against a real redis-server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 import delayq
+from delayq import supervisor
 from harness import wait_for
 
 TASKS = '''
@@ -355,6 +358,51 @@ def test_a_timeout_supervises_even_one_process(
     summary = json.loads(out)
     assert (summary["processes"], summary["killed_hung"], summary["restarts"]) == (1, 1, 1), summary
     assert [attempt for n, attempt, _ in handled(tasks) if n == 99] == [2]
+
+
+def test_a_blocked_event_loop_is_killed_as_hung_and_its_messages_run_elsewhere(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    # handle_async calls the blocking handle(): its time.sleep(3600) blocks the event
+    # loop, so the coroutine cannot be cancelled at its timeout; only the supervisor
+    # can end it.
+    queue.push({"n": 99, "hang": True})
+    push_numbered(queue, 5)
+    pool = start(started, redis_url, tasks, "tasks:handle_async", "--timeout", "0.3", "--lease", "1")
+    wait_for(30, "every message handled", lambda: len({n for n, _, _ in handled(tasks)}) == 6 and drained(queue))
+    out, err = finish(pool, tasks)
+    assert pool.returncode == 0, err
+    summary = json.loads(out)
+    assert (summary["killed_hung"], summary["restarts"]) == (1, 1), summary
+    assert "its handler ran past the 0.3 s timeout and was killed" in err
+    # Once, after the kill; with a 1 s lease, which the pool stops extending at the
+    # timeout, the blocked process may have claimed it once more before it was killed.
+    assert [attempt >= 2 for n, attempt, _ in handled(tasks) if n == 99] == [True]
+
+
+def test_a_process_of_coroutine_handlers_tells_its_supervisor_while_one_runs(
+    queue: delayq.DelayQueue, tmp_path: Path
+) -> None:
+    # What the supervisor reads to keep a busy process when it balances, and to find
+    # a hung one (see the test above).
+    slot = tmp_path / "slot"
+    slot.write_bytes(supervisor.SLOT.pack(0.0))
+
+    def read_slot() -> float:
+        return float(supervisor.SLOT.unpack(slot.read_bytes())[0])
+
+    seen: list[float] = []
+
+    async def handle(payload: Any, msg: delayq.Message) -> None:
+        seen.append(read_slot())
+        await asyncio.sleep(0.05)
+
+    push_numbered(queue, 6)
+    before = time.monotonic()
+    summary = supervisor.run_one(delayq.Worker(queue, stop_when_empty=True, concurrency=3), handle, str(slot))
+    assert summary["acked"] == 6
+    assert len(seen) == 6 and all(started > before for started in seen), seen
+    assert read_slot() == 0.0, "idle again once the last one ended"
 
 
 def test_keep_completed_lets_the_commands_show_what_ran(
