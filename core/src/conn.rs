@@ -565,6 +565,10 @@ pub(crate) enum Replay {
     Safe,
     /// Not retried after a timeout, when the first call may still be running.
     IfNotSent,
+    /// A read without the reconnect loop (one more try on a new connection after a
+    /// dropped one, none after a timeout): for a caller with other duties that must
+    /// not wait out a Redis that is down or hangs (a supervisor's look at the backlog).
+    Once,
 }
 
 /// A lazily opened, fork-aware connection that reconnects with backoff.
@@ -679,6 +683,7 @@ impl ConnSlot {
     ) -> Result<T> {
         self.take_over_after_fork();
         let deadline = Instant::now() + ep.opts.retry_timeout;
+        let mut reconnected_once = false;
         let mut pause = Duration::from_millis(20);
         loop {
             self.forget_old_master(ep);
@@ -707,6 +712,15 @@ impl ConnSlot {
                 Err(e) if e.is_retryable() => e,
                 Err(e) => return Err(e),
             };
+            if replay == Replay::Once {
+                // One more try on a new connection, at once: the socket may be left
+                // from before a restart. A timeout (a Redis that hangs) is final.
+                if reconnected_once || err.is_timeout() {
+                    return Err(err);
+                }
+                reconnected_once = true;
+                continue;
+            }
             let now = Instant::now();
             if now + pause > deadline {
                 return Err(err);

@@ -1196,9 +1196,13 @@ impl Queue {
 
     /// Depth by state and lifetime counters, summed over the partitions.
     pub fn stats(&self) -> Result<Stats> {
+        self.stats_with(Replay::Safe)
+    }
+
+    pub(crate) fn stats_with(&self, replay: Replay) -> Result<Stats> {
         let mut total = Stats::default();
         for part in 0..self.partitions() {
-            let s = self.partition_stats(part)?;
+            let s = self.partition_stats_with(part, replay)?;
             total.scheduled += s.scheduled;
             total.ready += s.ready;
             total.inflight += s.inflight;
@@ -1217,13 +1221,17 @@ impl Queue {
 
     /// Depth and counters of one partition (0 for an unpartitioned queue).
     pub fn partition_stats(&self, part: usize) -> Result<Stats> {
+        self.partition_stats_with(part, Replay::Safe)
+    }
+
+    fn partition_stats_with(&self, part: usize, replay: Replay) -> Result<Stats> {
         if part >= self.partitions() {
             return Err(Error::invalid(
                 "partition",
                 format!("this queue has partitions 0 to {}, not {part}", self.partitions() - 1),
             ));
         }
-        let v = self.call(part, "stats", Replay::Safe, &scripts::STATS, |_| {})?;
+        let v = self.call(part, "stats", replay, &scripts::STATS, |_| {})?;
         let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "stats"))?;
         let n = |i: usize| u64::try_from(items.get(i).map(int).unwrap_or(0)).unwrap_or(0);
         let waiting = n(1);

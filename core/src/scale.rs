@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::conn::Replay;
 use crate::error::{Error, Result};
 use crate::queue::Queue;
 
@@ -30,7 +31,15 @@ pub struct Scaler {
     max: usize,
     cooldown: Duration,
     last_change: Option<Instant>,
+    /// After a failed look, none until then (see [`look`](Self::look)).
+    quiet_until: Option<Instant>,
+    quiet: Duration,
 }
+
+/// The first pause in reading the backlog after a failed look; it doubles with each
+/// failure in a row up to [`MAX_QUIET`].
+const FIRST_QUIET: Duration = Duration::from_secs(2);
+const MAX_QUIET: Duration = Duration::from_secs(30);
 
 impl Scaler {
     /// Between `min` (at least 1) and `max` (at most [`MAX_PROCESSES`]) processes; at
@@ -59,6 +68,8 @@ impl Scaler {
             max,
             cooldown,
             last_change: None,
+            quiet_until: None,
+            quiet: Duration::ZERO,
         })
     }
 
@@ -107,20 +118,35 @@ impl Scaler {
     /// handler, reading the backlog of `queues` now (one `stats` call each, so call it
     /// every second or so, not in a tight loop). While Redis cannot be read the pool
     /// keeps its size: the processes' own reconnects are what matters then.
+    ///
+    /// The caller is a supervisor with other duties (reaping, killing hung handlers,
+    /// passing signals on), so a look never waits out a Redis that is down: each read
+    /// is tried once, and after a failure the next looks keep the size without reading
+    /// for 2 s, doubling with each failure in a row up to 30 s. A Redis that hangs
+    /// costs one read timeout per such pause instead of every look.
     pub fn look<'a>(&mut self, queues: impl IntoIterator<Item = &'a Queue>, running: usize, busy: usize) -> usize {
+        let unchanged = running.clamp(self.min, self.max);
+        if self.quiet_until.is_some_and(|t| Instant::now() < t) {
+            return unchanged;
+        }
         let mut ready = 0u64;
         for q in queues {
-            match q.stats() {
+            match q.stats_with(Replay::Once) {
                 Ok(s) => ready += s.ready,
                 Err(e) => {
+                    self.quiet = (self.quiet * 2).clamp(FIRST_QUIET, MAX_QUIET);
+                    self.quiet_until = Some(Instant::now() + self.quiet);
                     log::debug!(
-                        "delayq[{}]: cannot read the backlog to balance processes: {e}",
-                        q.name()
+                        "delayq[{}]: cannot read the backlog to balance processes ({e}); next look in {:?}",
+                        q.name(),
+                        self.quiet
                     );
-                    return running.clamp(self.min, self.max);
+                    return unchanged;
                 }
             }
         }
+        self.quiet = Duration::ZERO;
+        self.quiet_until = None;
         self.target(Instant::now(), Load { running, busy, ready })
     }
 }

@@ -40,6 +40,43 @@ fn the_backlog_of_any_queue_grows_the_pool_and_an_unreadable_redis_keeps_it() {
     server.kill();
     std::thread::sleep(Duration::from_millis(150));
     assert_eq!(scaler.look([&high, &low], 3, 0), 3);
+    // Back, but a failed look pauses the reads (2 s after a first failure), so that a
+    // supervisor is not held up look after look by a Redis that is down or hangs.
     server.restart();
+    assert_eq!(scaler.look([&high, &low], 3, 3), 3, "not read within the pause");
+    std::thread::sleep(Duration::from_millis(2100));
     assert_eq!(scaler.look([&high, &low], 3, 3), 4, "the backlog is still there");
+}
+
+#[test]
+fn a_hung_redis_costs_one_look_one_request_and_the_next_looks_none() {
+    let server = RedisServer::start();
+    let proxy = common::Proxy::start(server.port);
+    let queue = delayq::Queue::new(
+        &proxy.url(),
+        "orders",
+        QueueOptions {
+            connect: delayq::ConnectOptions {
+                read_timeout: Duration::from_millis(300),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .expect("queue");
+    queue.push(&json!({"now": true}), Duration::ZERO).expect("push");
+    let mut scaler = Scaler::new(1, 4, Duration::from_millis(100)).expect("valid");
+    assert_eq!(scaler.look([&queue], 1, 1), 2);
+
+    // Redis takes the requests and never answers: the look gives up after one read
+    // timeout, without the reconnect loop that would send the request again and again.
+    proxy.swallow_replies(true);
+    let before = proxy.requests();
+    assert_eq!(scaler.look([&queue], 2, 2), 2);
+    assert_eq!(proxy.requests(), before + 1, "one request, not retried");
+    // The next looks do not send the hung server anything.
+    for _ in 0..5 {
+        assert_eq!(scaler.look([&queue], 2, 2), 2);
+    }
+    assert_eq!(proxy.requests(), before + 1, "nothing sent within the pause");
 }

@@ -195,6 +195,8 @@ struct ProxyState {
     /// client never hears of it.
     swallow_replies: std::sync::atomic::AtomicBool,
     stopped: std::sync::atomic::AtomicBool,
+    /// Reads from clients forwarded to the server.
+    requests: std::sync::atomic::AtomicU64,
 }
 
 impl Proxy {
@@ -247,6 +249,11 @@ impl Proxy {
         self.state.stalled.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// How many reads from clients were passed on to the server so far.
+    pub fn requests(&self) -> u64 {
+        self.state.requests.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Drop (`true`) or forward (`false`) what the server sends back.
     pub fn swallow_replies(&self, on: bool) {
         self.state
@@ -288,6 +295,9 @@ fn pump(from: &std::net::TcpStream, to: &std::net::TcpStream, st: &ProxyState, g
                 }
                 if st.generation.load(Ordering::Relaxed) != generation || to_w.write_all(&buf[..n]).is_err() {
                     break;
+                }
+                if !replies {
+                    st.requests.fetch_add(1, Ordering::Relaxed);
                 }
             }
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
