@@ -381,7 +381,7 @@ final class DelayQueueWorker
      *   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
      *   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, min_processes?: int,
      *   scale_cooldown?: float, max_jobs?: int, max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
-     *   lower_queues?: list<DelayQueue>, no_retry?: list<class-string<Throwable>>} $options
+     *   on_failure?: callable, lower_queues?: list<DelayQueue>, no_retry?: list<class-string<Throwable>>} $options
      *   processes > 1 (or a timeout) forks handler processes and supervises them;
      *   with min_processes below processes the supervisor balances them (Horizon's
      *   'auto'): it starts with min_processes, adds one while messages are due and
@@ -405,6 +405,13 @@ final class DelayQueueWorker
      *   worker process after a failure sent the message to the dead-letter set (its
      *   attempts used up, or deadLetter()): a death handler for alerts; what it throws
      *   is logged through error_log() and the pool goes on;
+     *   on_failure(mixed $payload, DelayQueueMessage $message, Throwable $e) runs in the
+     *   worker process after each exception a handler threw, once the message's retry
+     *   or death is decided (the hook cannot change it): the place to report to an
+     *   error tracker (Sentry\captureException($e)); $message->attempt and
+     *   $message->maxAttempts tell whether more tries come; a decision such as
+     *   deadLetter() without an exception is no failure report; what it throws is
+     *   logged and the pool goes on;
      *   lower_queues are consumed too, in that order, each only when $queue and the
      *   queues before it have nothing due (strict priority, as Laravel's
      *   --queue=high,default); each keeps its own retries, dead letters, pause and

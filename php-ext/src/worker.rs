@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ext_php_rs::boxed::ZBox;
-use ext_php_rs::convert::IntoZval;
+use ext_php_rs::convert::{IntoZval, IntoZvalDyn};
 use ext_php_rs::exception::PhpException;
 use ext_php_rs::prelude::*;
 use ext_php_rs::types::{ZendCallable, ZendClassObject, ZendHashTable, ZendObject, Zval};
@@ -137,17 +137,26 @@ pub(crate) struct Limits {
 }
 
 /// A pool of consumers running a PHP callable for each due message.
+/// The worker's callables besides the handler, each run in the worker process.
+#[derive(Default)]
+struct Hooks {
+    on_start: Option<Zval>,
+    on_stop: Option<Zval>,
+    /// `(mixed $payload, DelayQueueMessage $message, string $error)`, after a failure
+    /// sent the message to the dead-letter set.
+    on_dead: Option<Zval>,
+    /// `(mixed $payload, DelayQueueMessage $message, Throwable $e)`, after each
+    /// exception a handler threw (an error tracker's report).
+    on_failure: Option<Zval>,
+}
+
 #[php_class]
 #[php(name = "DelayQueueWorker")]
 #[php(flags = ext_php_rs::flags::ClassFlags::Final)]
 pub struct PhpWorker {
     worker: delayq::Worker,
     limits: Limits,
-    on_start: Option<Zval>,
-    on_stop: Option<Zval>,
-    /// `(mixed $payload, DelayQueueMessage $message, string $error)`, after a failure
-    /// sent the message to the dead-letter set.
-    on_dead: Option<Zval>,
+    hooks: Hooks,
     /// Throwable classes (or interfaces) whose exceptions go to the dead-letter set at
     /// once; looked up again at each failure, where the autoloader has loaded them.
     no_retry: Vec<String>,
@@ -334,20 +343,26 @@ impl PhpWorker {
                             break;
                         }
                         Some(_) => {
-                            let (text, trace, never) = ExecutorGlobals::take_exception()
+                            let thrown = ExecutorGlobals::take_exception();
+                            let (text, trace, never) = thrown
+                                .as_ref()
                                 .map(|ex| {
                                     (
-                                        describe_exception(&ex),
-                                        exception_trace(&ex),
-                                        is_no_retry(&ex, &self.no_retry),
+                                        describe_exception(ex),
+                                        exception_trace(ex),
+                                        is_no_retry(ex, &self.no_retry),
                                     )
                                 })
                                 .unwrap_or_else(|| (call_error.to_string(), String::new(), false));
-                            Some(match decided {
+                            let fate = match decided {
                                 Some((retry, reason)) => consumer.fail_traced(delivery, &reason, &trace, retry),
                                 None if never => consumer.fail_traced(delivery, &text, &trace, delayq::Retry::Never),
                                 None => consumer.fail_traced(delivery, &text, &trace, delayq::Retry::Backoff),
-                            })
+                            };
+                            if let Some(ex) = thrown {
+                                self.call_on_failure(&payload, &message, ex, &queue_name);
+                            }
+                            Some(fate)
                         }
                         None => Some(consumer.fail(delivery, &format!("handler could not be called: {call_error}"))),
                     }
@@ -379,27 +394,38 @@ impl PhpWorker {
         Ok(RunSummary { core, ended })
     }
 
-    /// The death handler: an alert, not part of the message's handling, so what it
-    /// throws is logged and cleared, and the pool goes on.
+    /// The death handler.
     fn call_on_dead(&self, payload: &Zval, message: &Zval, error: &str, queue_name: &str) {
-        let Some(callable) = &self.on_dead else { return };
-        let Ok(f) = ZendCallable::new(callable) else { return };
-        let error = zv(error.to_owned());
-        if f.try_call(vec![payload, message, &error]).is_err() {
-            let thrown = ExecutorGlobals::take_exception()
-                .map(|ex| describe_exception(&ex))
-                .unwrap_or_else(|| "it could not be called".into());
-            log::warn!("delayq[{queue_name}]: on_dead failed: {thrown}");
+        call_alert(
+            self.hooks.on_dead.as_ref(),
+            "on_dead",
+            &[payload, message, &zv(error.to_owned())],
+            queue_name,
+        );
+    }
+
+    /// The failure report: the exception itself, once the message's fate is decided
+    /// and handed to the pool (what the hook does cannot change it).
+    fn call_on_failure(&self, payload: &Zval, message: &Zval, thrown: ZBox<ZendObject>, queue_name: &str) {
+        if self.hooks.on_failure.is_none() {
+            return;
         }
+        let Ok(exception) = thrown.into_zval(false) else { return };
+        call_alert(
+            self.hooks.on_failure.as_ref(),
+            "on_failure",
+            &[payload, message, &exception],
+            queue_name,
+        );
     }
 
     pub(crate) fn call_on_start(&self) -> PhpResult<()> {
-        call_hook(self.on_start.as_ref(), "on_start")
+        call_hook(self.hooks.on_start.as_ref(), "on_start")
     }
 
     /// After this process's pool has stopped and written every acknowledgement.
     pub(crate) fn call_on_stop(&self) -> PhpResult<()> {
-        call_hook(self.on_stop.as_ref(), "on_stop")
+        call_hook(self.hooks.on_stop.as_ref(), "on_stop")
     }
 
     pub(crate) fn limits(&self) -> &Limits {
@@ -412,6 +438,22 @@ impl PhpWorker {
 
     pub(crate) fn stop_requested(&self) -> bool {
         self.stop_requested.load(Ordering::Acquire)
+    }
+}
+
+/// An alert (`on_dead`, `on_failure`), not part of the message's handling: what it
+/// throws is logged and cleared, and the pool goes on.
+fn call_alert(callable: Option<&Zval>, name: &str, args: &[&Zval], queue_name: &str) {
+    let Some(f) = callable.and_then(|c| ZendCallable::new(c).ok()) else {
+        return;
+    };
+    if f.try_call(args.iter().map(|a| *a as &dyn IntoZvalDyn).collect())
+        .is_err()
+    {
+        let thrown = ExecutorGlobals::take_exception()
+            .map(|ex| describe_exception(&ex))
+            .unwrap_or_else(|| "it could not be called".into());
+        log::warn!("delayq[{queue_name}]: {name} failed: {thrown}");
     }
 }
 
@@ -442,8 +484,6 @@ pub(crate) fn summary_array(s: &RunSummary, extra: Vec<(&str, Zval)>) -> PhpResu
     entries.extend(extra);
     assoc(entries)
 }
-
-type Hooks = (Option<Zval>, Option<Zval>, Option<Zval>);
 
 /// The option `lower_queues`: a list of `DelayQueue` objects.
 fn lower_queues(value: Option<&Zval>) -> PhpResult<Vec<delayq::Queue>> {
@@ -568,9 +608,12 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
         ))),
         None => Ok(None),
     };
-    let on_start = hook("on_start")?;
-    let on_stop = hook("on_stop")?;
-    let on_dead = hook("on_dead")?;
+    let hooks = Hooks {
+        on_start: hook("on_start")?,
+        on_stop: hook("on_stop")?,
+        on_dead: hook("on_dead")?,
+        on_failure: hook("on_failure")?,
+    };
     let lower = lower_queues(o.get("lower_queues"))?;
     let no_retry = no_retry_classes(o.get("no_retry"))?;
     o.finish()?;
@@ -582,7 +625,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
         max_time,
         timeout: w.timeout,
     };
-    Ok((w, lower, limits, (on_start, on_stop, on_dead), no_retry))
+    Ok((w, lower, limits, hooks, no_retry))
 }
 
 #[php_impl]
@@ -591,17 +634,15 @@ impl PhpWorker {
     ///   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
     ///   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, min_processes?: int,
     ///   scale_cooldown?: float, max_jobs?: int,
-    ///   max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
+    ///   max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable, on_failure?: callable,
     ///   lower_queues?: list<DelayQueue>, no_retry?: list<class-string<Throwable>>} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn __construct(queue: &PhpDelayQueue, options: OptionsArg<'_>) -> PhpResult<Self> {
-        let (opts, lower, limits, (on_start, on_stop, on_dead), no_retry) = worker_options(options.0)?;
+        let (opts, lower, limits, hooks, no_retry) = worker_options(options.0)?;
         Ok(Self {
             worker: delayq::Worker::with_lower_queues(queue.queue.clone(), lower, opts).or_throw()?,
             limits,
-            on_start,
-            on_stop,
-            on_dead,
+            hooks,
             no_retry,
             stop_requested: Arc::new(AtomicBool::new(false)),
             running: AtomicBool::new(false),

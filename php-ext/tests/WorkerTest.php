@@ -285,6 +285,50 @@ final class WorkerTest extends TestCase
         }
     }
 
+    public function testOnFailureGetsEachExceptionAHandlerThrew(): void
+    {
+        foreach (['fine', 'flaky', 'broken', 'gone'] as $kind) {
+            $this->q->push(['kind' => $kind]);
+        }
+        $reports = [];
+        $calls = 0;
+        $w = null;
+        $w = new DelayQueueWorker($this->q, ['max_attempts' => 2, 'backoff_base' => 0.1, 'backoff_max' => 0.1,
+            'threads' => 1,
+            'on_failure' => function (array $payload, DelayQueueMessage $m, Throwable $e) use (&$reports) {
+                $reports[] = [$payload['kind'], $m->attempt, get_class($e), $e->getMessage()];
+                if ($payload['kind'] === 'broken' && $m->attempt === 1) {
+                    throw new RuntimeException('the error tracker is down');
+                }
+            }]);
+        $summary = $w->run(function (array $payload, DelayQueueMessage $m) use (&$calls, &$w) {
+            // fine once, flaky twice, broken twice, gone once.
+            if (++$calls === 6) {
+                $w->stop();
+            }
+            match ($payload['kind']) {
+                'flaky' => $m->attempt === 1 ? throw new DomainException('payment gateway timeout') : null,
+                'broken' => throw new LogicException('no such order'),
+                'gone' => $m->deadLetter('order 42 no longer exists'),
+                default => null,
+            };
+        });
+        sort($reports);
+        $this->assertSame([
+            ['broken', 1, 'LogicException', 'no such order'],
+            ['broken', 2, 'LogicException', 'no such order'],
+            ['flaky', 1, 'DomainException', 'payment gateway timeout'],
+        ], $reports, 'a decision without an exception (deadLetter) is no failure report');
+        $this->assertSame([2, 4, 2], [$summary['acked'], $summary['failed'], $summary['retried']],
+            'the pool went on after on_failure threw');
+        try {
+            new DelayQueueWorker($this->q, ['on_failure' => 42]);
+            $this->fail('a non-callable on_failure was accepted');
+        } catch (TypeError $e) {
+            $this->assertStringContainsString("'on_failure' must be callable", $e->getMessage());
+        }
+    }
+
     public function testAHandlerDecidesWhenToRetryOrToGiveUp(): void
     {
         $later = $this->q->push(['kind' => 'later']);

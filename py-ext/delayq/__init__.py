@@ -84,8 +84,9 @@ _CANCEL_GRACE = 1.0
 _abandoned: set[asyncio.Future[None]] = set()
 
 
-class _HandlerTimedOut(Exception):
-    """A coroutine handler cancelled at its timeout."""
+class _HandlerTimedOut(TimeoutError):
+    """A coroutine handler cancelled at its timeout (``on_failure`` gets it as the
+    ``TimeoutError`` it is)."""
 
 
 def _resident_bytes() -> int:
@@ -146,6 +147,7 @@ class Worker:
         no_retry: Sequence[type[BaseException]] = (),
         concurrency: int = 10,
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
+        on_failure: Optional[Callable[[Any, Message, BaseException], Any]] = None,
         lower_queues: Sequence[DelayQueue] = (),
         max_jobs: Optional[int] = None,
         max_time: Optional[float] = None,
@@ -182,6 +184,7 @@ class Worker:
         self._no_retry = no_retry
         self._concurrency = concurrency
         self._on_dead = on_dead
+        self._on_failure = on_failure
         self._timeout = timeout
         self._max_jobs = max_jobs
         self._max_time = max_time
@@ -198,7 +201,7 @@ class Worker:
         with _graceful_signals(self._worker), self._limits():
             if inspect.iscoroutinefunction(handler):
                 return asyncio.run(self._run_async(handler))
-            return self._worker.run(self._counted(handler), self._on_dead)
+            return self._worker.run(self._counted(handler), self._on_dead, self._on_failure)
 
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
@@ -269,6 +272,7 @@ class Worker:
                 tell_supervisor()
 
         async def settle(delivery: Any) -> None:
+            failure: Optional[Exception] = None
             try:
                 try:
                     await self._bounded(handler(delivery.payload, delivery.message))
@@ -279,16 +283,20 @@ class Worker:
                 consumer.release(delivery)
                 raise
             except _HandlerTimedOut as exc:
+                failure = exc
                 dead = consumer.fail(delivery, str(exc))
             except Exception as exc:  # the handler's failure is the message's failure
+                failure = exc
                 dead = consumer.fail(delivery, f"{type(exc).__name__}: {exc}",
                                      "".join(traceback.format_exception(exc)), isinstance(exc, self._no_retry))
             else:
                 dead = consumer.ack(delivery)
             finally:
                 slots.release()
+            if failure is not None and self._on_failure is not None:
+                await self._alert(self._on_failure, "on_failure", delivery, failure)
             if dead is not None and self._on_dead is not None:
-                await self._call_on_dead(delivery, dead)
+                await self._alert(self._on_dead, "on_dead", delivery, dead)
 
         try:
             while True:
@@ -340,16 +348,16 @@ class Worker:
             raise _HandlerTimedOut(f"timed out: the handler ran past the {self._timeout:g} s timeout and was cancelled")
         task.result()
 
-    async def _call_on_dead(self, delivery: Any, error: str) -> None:
-        # An alert, not part of the message's handling: what it raises is logged.
-        assert self._on_dead is not None
+    async def _alert(self, hook: Callable[[Any, Message, Any], Any], name: str, delivery: Any, what: Any) -> None:
+        # An alert (on_dead, on_failure), not part of the message's handling: what it
+        # raises is logged.
         try:
-            result = self._on_dead(delivery.payload, delivery.message, error)
+            result = hook(delivery.payload, delivery.message, what)
             if inspect.isawaitable(result):
                 await result
         except Exception as exc:
             logging.getLogger("delayq.worker").warning(
-                "delayq[%s]: on_dead raised %s: %s", delivery.message.queue, type(exc).__name__, exc)
+                "delayq[%s]: %s raised %s: %s", delivery.message.queue, name, type(exc).__name__, exc)
 
     def stop(self) -> None:
         """Stop gracefully: running handlers finish and are acknowledged, prefetched

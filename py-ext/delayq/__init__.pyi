@@ -59,7 +59,13 @@ class Worker:
     ``on_dead(payload, message, error)`` runs on the handler's
     thread (or loop) after a failure sent the message to the dead-letter set (its
     attempts used up, or ``message.dead_letter()``): a death handler for alerts; what it
-    raises is logged and the pool goes on. ``lower_queues`` are consumed too, in that
+    raises is logged and the pool goes on. ``on_failure(payload, message, exception)``
+    runs there after each exception a handler raised (a coroutine cancelled at its
+    timeout counts, as a ``TimeoutError``), once the message's retry or death is
+    decided (it cannot change it): where to report to an error tracker
+    (``sentry_sdk.capture_exception``); ``message.attempt`` and ``message.max_attempts``
+    tell whether more tries come; a decision such as ``message.dead_letter()`` without
+    an exception is no failure; what it raises is logged. ``lower_queues`` are consumed too, in that
     order, each only when the queues before it have nothing due (strict priority, as
     Laravel's ``--queue=high,default``); ``message.queue`` names a message's queue.
     ``max_jobs``, ``max_time`` (seconds) and ``max_memory_mb`` (resident memory) end a
@@ -89,6 +95,7 @@ class Worker:
         no_retry: Sequence[type[BaseException]] = (),
         concurrency: int = 10,
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
+        on_failure: Optional[Callable[[Any, Message, BaseException], Any]] = None,
         lower_queues: Sequence[DelayQueue] = (),
         max_jobs: Optional[int] = None,
         max_time: Optional[float] = None,

@@ -489,6 +489,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     try:
         handler = supervisor.load_handler(args.handler)
         on_dead = supervisor.load_handler(args.on_dead) if args.on_dead else None
+        on_failure = supervisor.load_handler(args.on_failure) if args.on_failure else None
         on_start = supervisor.load_handler(args.on_start) if args.on_start else None
         on_stop = supervisor.load_handler(args.on_stop) if args.on_stop else None
         no_retry = [supervisor.load_exception(name) for name in args.no_retry]
@@ -496,7 +497,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         raise _BadUsage(str(e)) from e
     lower = [args.make_queue(name) for name in args.lower_queue]
     # Made in the supervisor too: bad options fail here, once, before any process starts.
-    worker = supervisor.worker_from_args(q, lower, args, on_dead, no_retry)
+    worker = supervisor.worker_from_args(q, lower, args, on_dead, no_retry, on_failure)
     scaler = _Scaler(args.min_processes or args.processes, args.processes, args.scale_cooldown)
     if args.report_fd is not None:
         # A process of a supervised pool: the supervisor prints the pool's summary.
@@ -733,6 +734,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--on-dead", metavar="MODULE:FUNCTION",
                    help="called as FUNCTION(payload, message, error) after a failure sent a message to the "
                         "dead-letter set: an alert (what it raises is logged)")
+    w.add_argument("--on-failure", metavar="MODULE:FUNCTION",
+                   help="called as FUNCTION(payload, message, exception) after each exception a handler raised: "
+                        "a report to an error tracker (what it raises is logged)")
     w.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                    help="what reaches stderr (default: warning)")
     # Set by the supervisor for its worker processes.

@@ -95,6 +95,7 @@ def worker_from_args(
     args: argparse.Namespace,
     on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
     no_retry: Sequence[type[BaseException]] = (),
+    on_failure: Optional[Callable[[Any, Message, BaseException], Any]] = None,
 ) -> Worker:
     return Worker(
         queue,
@@ -116,6 +117,7 @@ def worker_from_args(
         max_time=args.max_time,
         max_memory_mb=args.max_memory_mb,
         on_dead=on_dead,
+        on_failure=on_failure,
     )
 
 

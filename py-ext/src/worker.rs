@@ -142,8 +142,7 @@ fn complete(
     }
 }
 
-/// The death handler: an alert, not part of the message's handling, so what it raises
-/// is logged and the pool goes on.
+/// The death handler.
 fn call_on_dead(
     py: Python<'_>,
     on_dead: Option<&Bound<'_, PyAny>>,
@@ -151,11 +150,22 @@ fn call_on_dead(
     msg: &Bound<'_, PyMessage>,
     error: Option<String>,
 ) {
-    let (Some(f), Some(error)) = (on_dead, error) else {
-        return;
-    };
-    if let Err(e) = f.call1((payload, msg, error)) {
-        log::warn!("delayq[{}]: on_dead raised {}", msg.get().queue, describe(py, &e));
+    if let (Some(f), Some(error)) = (on_dead, error) {
+        alert(py, f, "on_dead", (payload, msg, error), msg);
+    }
+}
+
+/// An alert (`on_dead`, `on_failure`), not part of the message's handling: what it
+/// raises is logged and the pool goes on.
+fn alert<'py>(
+    py: Python<'py>,
+    f: &Bound<'py, PyAny>,
+    name: &str,
+    args: impl pyo3::call::PyCallArgs<'py>,
+    msg: &Bound<'py, PyMessage>,
+) {
+    if let Err(e) = f.call1(args) {
+        log::warn!("delayq[{}]: {name} raised {}", msg.get().queue, describe(py, &e));
     }
 }
 
@@ -283,12 +293,13 @@ impl PyWorker {
     }
 
     /// Run a synchronous handler until stopped.
-    #[pyo3(signature = (handler, on_dead = None))]
+    #[pyo3(signature = (handler, on_dead = None, on_failure = None))]
     fn run<'py>(
         &self,
         py: Python<'py>,
         handler: Bound<'py, PyAny>,
         on_dead: Option<Bound<'py, PyAny>>,
+        on_failure: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         crate::logs::sync_level(py);
         let consumer = py.detach(|| self.worker.start()).or_raise(py)?;
@@ -339,6 +350,12 @@ impl PyWorker {
                         no_retry: e.is_instance(py, self.no_retry.bind(py).as_any()),
                     };
                     let dead = complete(py, &consumer, d, msg.get(), Some(raised));
+                    // The report comes once the message's fate is decided: the hook
+                    // cannot change it.
+                    if let Some(f) = &on_failure {
+                        // into_value attaches the traceback, as `raise` would have.
+                        alert(py, f, "on_failure", (&payload, &msg, e.into_value(py)), &msg);
+                    }
                     call_on_dead(py, on_dead.as_ref(), &payload, &msg, dead);
                 }
             }

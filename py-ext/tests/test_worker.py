@@ -739,6 +739,53 @@ def test_on_dead_alerts_for_each_message_sent_to_the_dead_letters(
     assert deaths == [("broken", 1, "ValueError: cannot handle broken")]
 
 
+def test_on_failure_gets_each_exception_a_handler_raised(
+    queue: delayq.DelayQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    for kind in ("fine", "broken", "gone", "alarm"):
+        queue.push({"kind": kind})
+    reports: list[tuple[str, int, BaseException]] = []
+
+    def on_failure(payload: dict[str, str], msg: delayq.Message, exc: BaseException) -> None:
+        reports.append((payload["kind"], msg.attempt, exc))
+        if payload["kind"] == "alarm":
+            raise RuntimeError("the error tracker is down")
+
+    def handle(payload: dict[str, str], msg: delayq.Message) -> None:
+        if payload["kind"] == "gone":
+            msg.dead_letter("order 42 no longer exists")
+        elif payload["kind"] != "fine":
+            raise ValueError(f"cannot handle {payload['kind']}")
+
+    summary = delayq.Worker(queue, max_attempts=1, stop_when_empty=True, on_failure=on_failure).run(handle)
+    assert (summary["dead"], summary["acked"], summary["stopped_by"]) == (3, 1, "empty")
+    # The exception itself, as raised; a decision without one (dead_letter) is no report.
+    assert sorted((kind, attempt, type(exc), str(exc)) for kind, attempt, exc in reports) == [
+        ("alarm", 1, ValueError, "cannot handle alarm"),
+        ("broken", 1, ValueError, "cannot handle broken"),
+    ]
+    assert all(exc.__traceback__ is not None for _, _, exc in reports)
+    assert "on_failure raised RuntimeError: the error tracker is down" in caplog.text, "logged; the pool went on"
+
+    async def handle_async(payload: dict[str, str], msg: delayq.Message) -> None:
+        if payload["kind"] == "slow":
+            await asyncio.sleep(10)
+        handle(payload, msg)
+
+    async def on_failure_async(payload: dict[str, str], msg: delayq.Message, exc: BaseException) -> None:
+        reports.append((payload["kind"], msg.attempt, exc))
+
+    reports.clear()
+    for kind in ("broken", "fine", "slow"):
+        queue.push({"kind": kind})
+    delayq.Worker(queue, max_attempts=1, stop_when_empty=True, timeout=0.2,
+                  on_failure=on_failure_async).run(handle_async)
+    raised = {kind: exc for kind, _, exc in reports}
+    assert sorted(raised) == ["broken", "slow"]
+    assert isinstance(raised["broken"], ValueError)
+    assert isinstance(raised["slow"], TimeoutError), "cancelled at its timeout"
+
+
 def test_lower_queues_run_only_when_the_higher_ones_have_nothing_due(queue: delayq.DelayQueue, redis_url: str) -> None:
     bulk, reports = delayq.DelayQueue(redis_url, "bulk"), delayq.DelayQueue(redis_url, "reports")
     # The lower queues' messages are older: priority, not due time, decides.

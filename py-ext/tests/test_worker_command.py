@@ -42,6 +42,10 @@ def handle(payload, msg):
 async def handle_async(payload, msg):
     handle(payload, msg)
 
+def report(payload, msg, exc):
+    with open(LOG + ".failures", "a") as f:
+        f.write(json.dumps([payload["n"], msg.attempt, type(exc).__name__, str(exc), os.getpid()]) + "\\n")
+
 def alert(payload, msg, error):
     with open(LOG + ".dead", "a") as f:
         f.write(json.dumps([payload, msg.id, error, os.getpid()]) + "\\n")
@@ -306,6 +310,20 @@ def test_max_jobs_recycles_the_processes_of_a_pool_and_loses_nothing(
     assert "starting another" not in err.replace("recycled (max_jobs); starting another", ""), "no death"
     assert sorted(n for n, _, _ in handled(tasks)) == list(range(200)), "each once: recycling is a graceful stop"
     assert len({pid for _, _, pid in handled(tasks)}) >= 8
+
+
+def test_on_failure_reports_each_exception_from_the_worker_processes(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    queue.push({"n": 7}, max_attempts=1)
+    queue.push({"n": 8}, max_attempts=1)
+    done = run(redis_url, tasks, "tasks:fail", "--on-failure", "tasks:report", "--processes", "2",
+               "--stop-when-empty")
+    assert done.returncode == 0, done.stderr
+    reports = [json.loads(line) for line in (tasks / "handled.log.failures").read_text().splitlines()]
+    assert sorted(r[:4] for r in reports) == [[7, 1, "ValueError", "cannot close order 7"],
+                                              [8, 1, "ValueError", "cannot close order 8"]]
+    assert str(os.getpid()) not in {str(r[4]) for r in reports}, "in the worker processes"
 
 
 def test_no_retry_names_exception_classes_that_are_not_retried(
