@@ -1186,7 +1186,8 @@ impl Worker {
     }
 
     /// Run `handler` on `handler_threads` threads of the pool until stopped. A handler
-    /// that returns `Err` or panics fails the delivery (retry, then dead letter).
+    /// that returns `Err` or panics fails the delivery (retry, then dead letter); a
+    /// panic's place and backtrace are kept as the message's `error_trace`.
     pub fn run<F>(&self, handler_threads: usize, handler: F) -> Result<Summary>
     where
         F: Fn(&Delivery) -> std::result::Result<(), String> + Sync,
@@ -1195,20 +1196,28 @@ impl Worker {
             return Err(Error::invalid("handler_threads", "must be at least 1"));
         }
         let consumer = self.start_with(handler_threads)?;
+        record_handler_panics();
         std::thread::scope(|s| {
             for _ in 0..handler_threads {
                 s.spawn(|| {
                     loop {
                         match consumer.recv_timeout(Duration::from_millis(200)) {
-                            Received::Message(d) => match catch_unwind(AssertUnwindSafe(|| handler(&d))) {
-                                Ok(Ok(())) => consumer.ack(d),
-                                Ok(Err(e)) => {
-                                    consumer.fail(d, &e);
+                            Received::Message(d) => {
+                                IN_HANDLER.set(true);
+                                let result = catch_unwind(AssertUnwindSafe(|| handler(&d)));
+                                IN_HANDLER.set(false);
+                                match result {
+                                    Ok(Ok(())) => consumer.ack(d),
+                                    Ok(Err(e)) => {
+                                        consumer.fail(d, &e);
+                                    }
+                                    Err(panic) => {
+                                        let error = format!("handler panicked: {}", panic_text(&panic));
+                                        let trace = PANIC_TRACE.take().unwrap_or_default();
+                                        consumer.fail_traced(d, &error, &trace, Retry::Backoff);
+                                    }
                                 }
-                                Err(panic) => {
-                                    consumer.fail(d, &format!("handler panicked: {}", panic_text(&panic)));
-                                }
-                            },
+                            }
                             Received::Idle => {}
                             Received::Stopped => break,
                         }
@@ -1245,6 +1254,34 @@ fn cut_trace(trace: &str, max: usize) -> String {
         note(tail_start - head_end),
         &trace[tail_start..]
     )
+}
+
+thread_local! {
+    /// Set while this thread runs a handler of `Worker::run`.
+    static IN_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Where that handler panicked, with the backtrace there (unwinding loses it).
+    static PANIC_TRACE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Chains a panic hook, once per process, that keeps the place and backtrace of a
+/// handler's panic for its `error_trace`. The previous hook still runs, so what the
+/// application's hook does (or the default message on stderr) is unchanged; a hook
+/// that the application sets later replaces this one, and panics then keep no trace.
+fn record_handler_panics() {
+    static CHAINED: std::sync::Once = std::sync::Once::new();
+    CHAINED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if IN_HANDLER.get() {
+                let trace = format!(
+                    "{info}\nstack backtrace:\n{}",
+                    std::backtrace::Backtrace::force_capture()
+                );
+                PANIC_TRACE.set(Some(trace));
+            }
+            previous(info);
+        }));
+    });
 }
 
 fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {

@@ -525,7 +525,7 @@ fn dead_letters_are_capped() {
 }
 
 #[test]
-fn a_handler_that_panics_fails_the_delivery_and_the_pool_goes_on() {
+fn a_handler_that_panics_fails_the_delivery_with_where_it_panicked_and_the_pool_goes_on() {
     let server = RedisServer::start();
     let q = server.queue("panic");
     let bad = q.push(&"bad", Duration::ZERO).expect("push");
@@ -549,8 +549,16 @@ fn a_handler_that_panics_fails_the_delivery_and_the_pool_goes_on() {
         Duration::from_secs(10),
     );
     assert_eq!((summary.acked, summary.dead), (1, 1));
-    let err = q.get(&bad).expect("get").expect("dead").last_error.expect("error");
+    let info = q.get(&bad).expect("get").expect("dead");
+    let err = info.last_error.expect("error");
     assert!(err.contains("handler panicked") && err.contains("bad payload"), "{err}");
+    // Where it panicked, and the backtrace there: unwinding to the pool loses both.
+    let trace = info.error_trace.expect("a trace");
+    assert!(trace.starts_with("panicked at core/tests/consumer.rs:"), "{trace}");
+    assert!(
+        trace.contains("bad payload") && trace.contains("stack backtrace:"),
+        "{trace}"
+    );
 }
 
 #[test]
