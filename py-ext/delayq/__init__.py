@@ -59,15 +59,37 @@ __all__ = [
 Handler = Callable[[Any, Message], Union[None, Awaitable[None]]]
 
 
+#: A stop signal this long after the first stops at once; closer ones are the same stop
+#: arriving twice (a terminal's Ctrl+C reaches every process of its group, and a
+#: supervisor passes it on as SIGTERM).
+_URGENT_AFTER = 0.5
+
+
+def _urgent_signal(signum: int) -> BaseException:
+    """What a second stop signal raises in the main thread: whatever runs there (the
+    handler, its finally blocks) is cut short, and the pool gives every message it
+    holds back to the queue at once."""
+    logging.getLogger("delayq.worker").warning(
+        "delayq: %s again: stopping now; the running and prefetched messages go back to the queue",
+        signal.Signals(signum).name)
+    return KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def _graceful_signals(worker: _Worker) -> Iterator[None]:
-    """SIGINT and SIGTERM stop the worker gracefully while it runs (main thread only:
-    Python accepts signal handlers nowhere else)."""
+    """SIGINT and SIGTERM stop the worker gracefully while it runs, and a second one at
+    once (main thread only: Python accepts signal handlers nowhere else)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    first: Optional[float] = None
 
     def stop(signum: int, frame: object) -> None:
+        nonlocal first
+        if first is None:
+            first = time.monotonic()
+        elif time.monotonic() - first >= _URGENT_AFTER:
+            raise _urgent_signal(signum)
         worker.stop("signal")
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -251,6 +273,29 @@ class Worker:
         running: set[asyncio.Task[None]] = set()
         # Start times of the running handlers, oldest first.
         started: dict[int, float] = {}
+        # Received and not yet acknowledged, failed or given back: a run cut short (a
+        # second stop signal) cancels tasks that never started and a receive under way,
+        # and those deliveries must go back too.
+        unsettled: dict[int, Any] = {}
+        receiving = threading.Lock()
+
+        def receive() -> Any:
+            with receiving:
+                delivery = consumer.recv(0.1)
+                if delivery is not None:
+                    unsettled[id(delivery)] = delivery
+                return delivery
+
+        def received() -> None:
+            with receiving:
+                pass
+
+        def settled(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            if not task.cancelled():
+                # All it can raise is a second stop signal's exception, which ends the
+                # run itself: retrieved here so that asyncio does not log it as lost.
+                task.exception()
 
         def tell_supervisor() -> None:
             if self._busy_slot is not None:
@@ -269,6 +314,7 @@ class Worker:
                 await settle(delivery)
             finally:
                 del started[key]
+                unsettled.pop(key, None)
                 tell_supervisor()
 
         async def settle(delivery: Any) -> None:
@@ -301,7 +347,7 @@ class Worker:
         try:
             while True:
                 await slots.acquire()
-                delivery = await loop.run_in_executor(None, consumer.recv, 0.1)
+                delivery = await loop.run_in_executor(None, receive)
                 if delivery is None:
                     slots.release()
                     if consumer.stopped:
@@ -309,12 +355,16 @@ class Worker:
                     continue
                 task = loop.create_task(handle(delivery))
                 running.add(task)
-                task.add_done_callback(running.discard)
+                task.add_done_callback(settled)
             # Running handlers finish and are acknowledged.
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
         finally:
             consumer.stop()
+            await loop.run_in_executor(None, received)
+            for delivery in list(unsettled.values()):
+                with contextlib.suppress(InvalidArgumentError):  # its task settled it meanwhile
+                    consumer.release(delivery)
             summary = await loop.run_in_executor(None, consumer.finish, self._worker.take_stop_reason())
         return summary
 

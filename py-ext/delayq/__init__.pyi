@@ -37,6 +37,9 @@ __all__ = [
 
 Handler = Callable[[Any, Message], Union[None, Awaitable[None]]]
 
+# A second stop signal this many seconds after the first stops at once (see Worker.run).
+_URGENT_AFTER: float
+
 class Worker:
     """A pool of consumers that calls ``handler(payload, message)`` for each due message.
 

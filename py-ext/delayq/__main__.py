@@ -33,6 +33,7 @@ import datetime
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any, Callable, Optional, Sequence, TextIO, Union
@@ -502,7 +503,10 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     if args.report_fd is not None:
         # A process of a supervised pool: the supervisor prints the pool's summary.
         supervisor.stop_with_supervisor()
-        summary = supervisor.run_one(worker, handler, args.slot_file, on_start, on_stop)
+        try:
+            summary = supervisor.run_one(worker, handler, args.slot_file, on_start, on_stop)
+        except KeyboardInterrupt:  # a second stop signal: its counts go unreported
+            return 128 + signal.SIGINT
         with os.fdopen(args.report_fd, "w") as report:
             json.dump(summary, report)
         return 0
@@ -510,7 +514,10 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     # process can: a handler with a timeout runs supervised even alone, as PHP's does.
     supervised = args.processes > 1 or args.timeout is not None
     if not supervised:
-        summary, ran_as_asked = supervisor.run_one(worker, handler, None, on_start, on_stop), True
+        try:
+            summary, ran_as_asked = supervisor.run_one(worker, handler, None, on_start, on_stop), True
+        except KeyboardInterrupt:  # a second Ctrl+C: stopped at once, logged
+            return 128 + signal.SIGINT
     else:
         command = [sys.executable, "-m", "delayq", *args.argv, "--processes", "1"]
         summary, ran_as_asked = supervisor.supervise(command, args.processes, args.timeout, scaler, [q, *lower])

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from . import DelayQueue, Message, Worker
+from . import _URGENT_AFTER, DelayQueue, Message, Worker
 from ._delayq import _Scaler
 
 log = logging.getLogger("delayq.supervisor")
@@ -345,7 +345,16 @@ def supervise(
     pool = _Pool(command, timeout, [None] * processes, [i < scaler.initial for i in range(processes)])
     next_look = time.monotonic() + LOOK_EVERY
 
+    first_signal: Optional[float] = None
+
     def on_signal(signum: int, _frame: Any) -> None:
+        nonlocal first_signal
+        if first_signal is None:
+            first_signal = time.monotonic()
+        elif time.monotonic() - first_signal >= _URGENT_AFTER:
+            # Stop at once: each process, told a second time, gives its messages back.
+            log.warning("delayq: %s again: stopping every worker process now", signal.Signals(signum).name)
+            pool.signal_all(signal.SIGTERM)
         pool.stop("signal")
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}

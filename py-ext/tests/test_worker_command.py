@@ -32,6 +32,10 @@ def handle(payload, msg):
     if payload.get("hang") and not os.path.exists(LOG + ".hung"):
         open(LOG + ".hung", "w").close()
         time.sleep(3600)
+    if payload.get("hold"):
+        open(LOG + ".holding", "w").close()
+        while True:
+            time.sleep(0.05)
     if payload.get("crash") and not os.path.exists(LOG + ".crashed"):
         open(LOG + ".crashed", "w").close()
         os._exit(9)
@@ -396,6 +400,27 @@ def test_a_blocked_event_loop_is_killed_as_hung_and_its_messages_run_elsewhere(
     # Once, after the kill; with a 1 s lease, which the pool stops extending at the
     # timeout, the blocked process may have claimed it once more before it was killed.
     assert [attempt >= 2 for n, attempt, _ in handled(tasks) if n == 99] == [True]
+
+
+@pytest.mark.parametrize("how", [["tasks:handle"], ["tasks:handle_async"], ["tasks:handle", "--processes", "2"]])
+def test_a_second_stop_signal_stops_at_once_and_gives_the_running_message_back(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]], how: list[str]
+) -> None:
+    held = queue.push({"n": 1, "hold": True})
+    later = queue.push({"n": 2})
+    # A long lease: what comes back at once was given back, not left to expire.
+    pool = start(started, redis_url, tasks, *how, "--lease", "60", "--batch", "10", "--log-level", "info")
+    wait_for(30, "the handler running", lambda: (tasks / "handled.log.holding").exists())
+    pool.send_signal(signal.SIGTERM)
+    time.sleep(1)
+    assert pool.poll() is None, "a first signal waits for the running handler"
+    pool.send_signal(signal.SIGTERM)
+    pool.communicate(timeout=30)
+    err = (tasks / "stderr.log").read_text()
+    assert "SIGTERM again: stopping now" in err, err
+    states = {queue.get(held)["state"], queue.get(later)["state"]} - {"completed"}  # type: ignore[index]
+    assert states == {"ready"} and queue.stats()["inflight"] == 0, "given back at once, not after the lease"
+    assert 1 not in {n for n, _, _ in handled(tasks)}
 
 
 def test_a_process_of_coroutine_handlers_tells_its_supervisor_while_one_runs(
