@@ -49,6 +49,6 @@ pub use repeat::{RepeatInfo, RepeatOptions, Schedule};
 pub use scripts::MAX_BATCH;
 pub use time::{Due, MAX_DELAY, delay_from_secs};
 pub use worker::{
-    Consumer, Delivery, Fate, MAX_TRACE_BYTES, MAX_WORKER_QUEUES, Received, Retry, Stopper, Summary, Worker,
+    Consumer, Delivery, Fate, MAX_TRACE_BYTES, MAX_WORKER_QUEUES, Received, Releaser, Retry, Stopper, Summary, Worker,
     WorkerOptions,
 };

@@ -27,7 +27,7 @@ use redis::Value;
 use serde::de::DeserializeOwned;
 
 use crate::backoff::retry_delay;
-use crate::conn::ConnSlot;
+use crate::conn::{ConnSlot, Replay};
 use crate::envelope;
 use crate::error::{Error, Result};
 use crate::keys;
@@ -1292,6 +1292,57 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "non-text panic".to_owned())
 }
 
+/// See [`Consumer::releaser`].
+pub struct Releaser(Vec<Arc<Pool>>);
+
+impl std::fmt::Debug for Releaser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Releaser").field(&self.0.len()).finish()
+    }
+}
+
+impl Releaser {
+    /// Stop the pool and give every delivery it holds, running ones included, back to
+    /// the queue at once (due where it was, its attempt uncounted): another consumer
+    /// runs it now instead of after its lease. A handler still running finds its
+    /// completion refused as lease lost. For a stop that cannot wait for the handlers
+    /// (a second signal): the process is expected to end right after. Returns how many
+    /// went back.
+    pub fn give_back_all(&self) -> usize {
+        let mut total = 0;
+        for pool in &self.0 {
+            pool.control.stop();
+            let held: Vec<(String, Outstanding)> = pool.outstanding.lock().drain().collect();
+            let q = &pool.queue;
+            let mut slot = ConnSlot::new();
+            let mut released = 0;
+            for part in 0..q.partitions() {
+                let mine: Vec<&(String, Outstanding)> = held.iter().filter(|(_, o)| o.part == part).collect();
+                for chunk in mine.chunks(MAX_BATCH) {
+                    let res = slot.run(&q.inner.endpoint, "release", Replay::Safe, |con| {
+                        let mut inv = q.invocation(part, &scripts::RELEASE);
+                        for (token, o) in chunk {
+                            inv.arg(&o.id).arg(token);
+                        }
+                        inv.invoke::<i64>(con)
+                    });
+                    match res {
+                        Ok(n) => released += usize::try_from(n).unwrap_or(0),
+                        Err(e) => log::warn!(
+                            "delayq[{}]: could not give {} deliveries back; they run again after their lease: {e}",
+                            pool.queue_name,
+                            chunk.len()
+                        ),
+                    }
+                }
+            }
+            Counters::add(&pool.counters.released, released as u64);
+            total += released;
+        }
+        total
+    }
+}
+
 /// The caller's side of a running pool.
 pub struct Consumer {
     pool: Arc<Pool>,
@@ -1483,6 +1534,12 @@ impl Consumer {
     /// A handle to stop this pool from another thread.
     pub fn stopper(&self) -> Stopper {
         Stopper(self.controls().into())
+    }
+
+    /// A handle that gives everything this pool holds back to the queue from another
+    /// thread, for a process that ends without waiting for its handlers.
+    pub fn releaser(&self) -> Releaser {
+        Releaser(self.members().map(|m| Arc::clone(&m.pool)).collect())
     }
 
     /// Ask the pool to stop (same as `Stopper::stop`).

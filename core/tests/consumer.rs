@@ -1306,3 +1306,47 @@ fn a_restart_requested_mid_drain_loses_and_doubles_nothing() {
     assert_eq!((seen.len(), doubled), (5_000, 0));
     assert_no_leak(&server, "{dq:deploy}");
 }
+
+#[test]
+fn a_releaser_gives_running_and_prefetched_deliveries_back_at_once() {
+    let server = RedisServer::start();
+    let q = server.queue("cold");
+    push_numbered(&q, 5);
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            lease: Duration::from_secs(60),
+            threads: 1,
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let c = worker.start_with(3).expect("start");
+    let running = match c.recv_timeout(Duration::from_secs(5)) {
+        Received::Message(d) => d,
+        other => panic!("expected a delivery, got {other:?}"),
+    };
+    wait_for(Duration::from_secs(5), "more claimed than the one running", || {
+        q.stats().is_ok_and(|s| s.inflight >= 2)
+    });
+    let held = q.stats().expect("stats").inflight;
+    // From another thread, while the handler of `running` still runs.
+    let releaser = c.releaser();
+    let given = std::thread::spawn(move || releaser.give_back_all())
+        .join()
+        .expect("thread");
+    assert_eq!(given as u64, held, "the running one and the prefetched ones");
+    let s = q.stats().expect("stats");
+    assert_eq!(
+        (s.ready, s.inflight),
+        (5, 0),
+        "due again at once, not after the 60 s lease"
+    );
+    let info = q.get(&running.id).expect("get").expect("exists");
+    assert_eq!(info.attempts, 0, "a delivery given back does not count as an attempt");
+    // The handler finishing late cannot complete the delivery it no longer holds.
+    c.ack(running);
+    let summary = c.finish();
+    assert_eq!((summary.acked, summary.lease_lost), (0, 1));
+    assert_eq!(q.stats().expect("stats").ready, 5);
+}

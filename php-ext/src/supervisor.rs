@@ -290,6 +290,9 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
     let mut fatal: Option<String> = None;
     let mut stopping = false;
     let mut told_children = false;
+    // After a second signal, each process is told again every half second until it
+    // ended: its own first signal may have come a little after this process's.
+    let mut next_urgent_relay = Instant::now();
     loop {
         if !stopping {
             let why = if signals::take() {
@@ -307,6 +310,12 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
         if stopping {
             if !told_children {
                 told_children = true;
+                for c in children.iter().flatten() {
+                    kill(c.pid, libc::SIGTERM);
+                }
+            }
+            if signals::urgent().is_some() && Instant::now() >= next_urgent_relay {
+                next_urgent_relay = Instant::now() + Duration::from_millis(500);
                 for c in children.iter().flatten() {
                     kill(c.pid, libc::SIGTERM);
                 }

@@ -256,6 +256,9 @@ impl PhpWorker {
         crate::logs::sync_level();
         let consumer = BailoutGuard::new(self.worker.start().or_throw()?);
         let stopper = consumer.stopper();
+        let releaser = consumer.releaser();
+        // Ended (joined) when this function returns, after the pool has finished.
+        let _watcher = signals::watch(move || releaser.give_back_all());
         let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
         let mut jobs: u64 = 0;
         let mut ended = None;

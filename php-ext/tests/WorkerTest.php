@@ -687,6 +687,50 @@ final class WorkerTest extends TestCase
         $this->assertEveryMessageHandled(500, 0);
     }
 
+    /** @return array{0: list<int>, 1: int, 2: int} the exit (signal number or code), inflight, ready */
+    private function secondSignalStopsAtOnce(array $options): array
+    {
+        $held = $this->q->push(['n' => 0, 'hold' => true]);
+        $this->fill(20);
+        // A long lease: what comes back at once was given back, not left to expire.
+        $proc = $this->startWorker(['lease' => 60.0, 'threads' => 1, '_sleep_ms' => 200] + $options);
+        delayq_wait_for(20, 'the handler running', fn () => file_exists("{$this->log}.holding"));
+        proc_terminate($proc, SIGTERM);
+        usleep(1000 * 1000);
+        $this->assertTrue(proc_get_status($proc)['running'], 'the first signal waits for the running handler');
+        proc_terminate($proc, SIGTERM);
+        $ended = null;
+        delayq_wait_for(20, 'the process ended', function () use ($proc, &$ended) {
+            $s = proc_get_status($proc);
+            if (!$s['running']) {
+                $ended = $s['signaled'] ? ['signal', $s['termsig']] : ['code', $s['exitcode']];
+            }
+            return $ended !== null;
+        });
+        proc_close($proc);
+        $stats = $this->q->stats();
+        $this->assertNotSame('completed', $this->q->get($held)['state'] ?? null);
+        return [$ended, $stats['inflight'], $stats['ready']];
+    }
+
+    public function testASecondSignalGivesEveryHeldMessageBackAndEndsTheProcessByIt(): void
+    {
+        [$ended, $inflight, $ready] = $this->secondSignalStopsAtOnce([]);
+        $this->assertSame(['signal', SIGTERM], $ended, 'ended by the signal, as without a handler');
+        $this->assertSame(0, $inflight, 'given back at once, not after the 60 s lease');
+        $this->assertSame(21 - count($this->handled()), $ready);
+        $this->assertStringContainsString('a second stop signal: stopping now;',
+            file_get_contents("{$this->log}.stderr"));
+    }
+
+    public function testASecondSignalToTheSupervisorStopsEveryProcessAtOnce(): void
+    {
+        [$ended, $inflight, $ready] = $this->secondSignalStopsAtOnce(['processes' => 2]);
+        $this->assertSame(['code', 0], $ended, 'the supervisor returns once its processes ended');
+        $this->assertSame(0, $inflight, 'given back at once, not after the 60 s lease');
+        $this->assertSame(21 - count($this->handled()), $ready);
+    }
+
     public function testSigintStopsGracefullyToo(): void
     {
         $this->fill(20);

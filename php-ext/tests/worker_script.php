@@ -2,7 +2,8 @@
 // A worker run as a child process by WorkerTest:
 //   php worker_script.php URL QUEUE LOG OPTIONS_JSON
 // Appends "<n> <attempt> <pid> <partition> <queue>\n" to LOG for every handled message. A
-// payload with "hang" sleeps forever on its first attempt; one with "exit" calls exit(3).
+// payload with "hang" sleeps forever on its first attempt; one with "exit" calls exit(3);
+// one with "hold" never returns (and touches LOG.holding).
 // OPTIONS_JSON holds worker options, "_queue" the queue's own options and "_lower" the
 // names of lower-priority queues on the same Redis.
 declare(strict_types=1);
@@ -21,6 +22,13 @@ $options['on_stop'] = function () use ($log) {
 };
 $worker = new DelayQueueWorker(new DelayQueue($url, $queue, $queueOptions), $options);
 $summary = $worker->run(function ($payload, DelayQueueMessage $m) use ($log, $sleepMs) {
+    if ($payload['hold'] ?? false) {
+        // Runs until the process is ended: a signal cuts usleep() short, not the loop.
+        touch("$log.holding");
+        while (true) {
+            usleep(50000);
+        }
+    }
     if (($payload['hang'] ?? false) && $m->attempt === 1) {
         sleep(3600);
     }

@@ -346,15 +346,18 @@ def supervise(
     next_look = time.monotonic() + LOOK_EVERY
 
     first_signal: Optional[float] = None
+    # After a second signal, each process is told again every half second until it
+    # ended (its own first signal may have come a little after this one's); told a
+    # second time, a process gives its messages back and ends at once.
+    urgent_relay: Optional[float] = None
 
     def on_signal(signum: int, _frame: Any) -> None:
-        nonlocal first_signal
+        nonlocal first_signal, urgent_relay
         if first_signal is None:
             first_signal = time.monotonic()
-        elif time.monotonic() - first_signal >= _URGENT_AFTER:
-            # Stop at once: each process, told a second time, gives its messages back.
+        elif urgent_relay is None and time.monotonic() - first_signal >= _URGENT_AFTER:
             log.warning("delayq: %s again: stopping every worker process now", signal.Signals(signum).name)
-            pool.signal_all(signal.SIGTERM)
+            urgent_relay = time.monotonic()
         pool.stop("signal")
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -365,6 +368,9 @@ def supervise(
             if pool.wanted[i]:
                 pool.start(i)
         while any(child is not None for child in pool.children):
+            if urgent_relay is not None and time.monotonic() >= urgent_relay:
+                urgent_relay = time.monotonic() + _URGENT_AFTER
+                pool.signal_all(signal.SIGTERM)
             if scaler.is_auto and not pool.stopping and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_EVERY
                 pool.balance(scaler, list(queues))
