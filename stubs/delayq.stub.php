@@ -426,6 +426,9 @@ final class DelayQueueWorker
      * dead-letter set with the exception as its last error. Returns once every
      * acknowledgement is written; 'stopped_by' says why: 'stop', 'signal', 'max_jobs',
      * 'max_memory', 'max_time', 'exit' (exit() in a handler), 'restart' or 'empty'.
+     * A second SIGTERM or SIGINT, half a second or more after the first, does not wait
+     * for the running handler: every message the process holds goes back to the queue
+     * at once and the process ends by that signal (run() does not return).
      *
      * @param callable(mixed, DelayQueueMessage): void $handler
      * @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int,
