@@ -302,7 +302,8 @@ def test_the_examples_php_producer_and_python_handler_module(redis_url: str) -> 
     assert produced.returncode == 0, produced.stderr
     done = subprocess.run(
         [sys.executable, "-m", "delayq", "--queue", "orders", "--json", "worker", "tasks:close_order",
-         "--on-start", "tasks:connect", "--on-dead", "tasks:alert", "--max-jobs", "200", "--log-level", "info"],
+         "--on-start", "tasks:connect", "--on-dead", "tasks:alert", "--on-failure", "tasks:report",
+         "--max-jobs", "200", "--log-level", "info"],
         cwd=root / "examples/python", env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)

@@ -19,6 +19,11 @@ $worker = new DelayQueueWorker($queue, [
     'on_start' => function () {
         // Open per-process resources here (database connections): runs after the fork.
     },
+    'on_failure' => function (array $order, DelayQueueMessage $msg, Throwable $e) {
+        // Report to an error tracker here (\Sentry\captureException($e)).
+        fprintf(STDERR, "order %d failed on attempt %d of %d: %s\n",
+            $order['order_id'], $msg->attempt, $msg->maxAttempts, $e->getMessage());
+    },
 ]);
 
 if ($untilEmpty) {

@@ -2,7 +2,8 @@
 with no worker script of its own (as `rq worker` or `celery worker`):
 
     cd examples/python && delayq --queue orders worker tasks:close_order \\
-        --processes 2 --timeout 30 --on-start tasks:connect --on-dead tasks:alert
+        --processes 2 --timeout 30 --on-start tasks:connect --on-dead tasks:alert \\
+        --on-failure tasks:report
 
 (`--url` or REDIS_URL names the Redis; SIGTERM or Ctrl-C stops the pool gracefully.)
 """
@@ -41,3 +42,8 @@ def close_order(order: dict[str, Any], msg: delayq.Message) -> None:
 def alert(order: Any, msg: delayq.Message, error: str) -> None:
     """--on-dead: a message gave up; tell a person."""
     log.error("order message %s is dead: %s; payload %r", msg.id, error, order)
+
+
+def report(order: Any, msg: delayq.Message, exc: BaseException) -> None:
+    """--on-failure: a handler raised; report it (sentry_sdk.capture_exception(exc))."""
+    log.warning("order message %s failed on attempt %d of %d: %r", msg.id, msg.attempt, msg.max_attempts, exc)
