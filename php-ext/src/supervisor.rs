@@ -396,6 +396,10 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
                 // Killed (SIGKILL, OOM, segfault): its leases expire and its messages
                 // are delivered again.
                 None if child.killed_hung => {}
+                // A second signal: the process gave its messages back and ended by it.
+                None if stopping && signals::urgent().is_some() => {
+                    log::info!("worker process {pid} stopped at once (a second stop signal)");
+                }
                 None => log::warn!(
                     "worker process {pid} {}; the messages it held are delivered again when their lease ends{}",
                     describe_death(status),

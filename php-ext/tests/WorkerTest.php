@@ -729,6 +729,8 @@ final class WorkerTest extends TestCase
         $this->assertSame(['code', 0], $ended, 'the supervisor returns once its processes ended');
         $this->assertSame(0, $inflight, 'given back at once, not after the 60 s lease');
         $this->assertSame(21 - count($this->handled()), $ready);
+        $this->assertStringNotContainsString('when their lease ends', file_get_contents("{$this->log}.stderr"),
+            'the supervisor does not mistake it for a crash');
     }
 
     public function testSigintStopsGracefullyToo(): void
