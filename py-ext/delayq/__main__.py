@@ -686,9 +686,10 @@ def _parser() -> argparse.ArgumentParser:
     m.set_defaults(run=_dashboard)
     sub.add_parser("ping", help="check that Redis answers").set_defaults(run=_ping)
     w = sub.add_parser("worker", help="run a handler function on the queue's messages, in one process or several",
-                       description="Consume --queue with HANDLER(payload, message) until SIGTERM or SIGINT: "
-                                   "returning acknowledges a message, raising retries it with backoff. "
-                                   "Logs go to stderr; the run's summary to stdout at the end.")
+                       description="Consume --queue with HANDLER(payload, message) until SIGTERM or SIGINT "
+                                   "(running handlers finish; a second signal stops at once and gives every "
+                                   "held message back): returning acknowledges a message, raising retries it "
+                                   "with backoff. Logs go to stderr; the run's summary to stdout at the end.")
     w.add_argument("handler", metavar="HANDLER",
                    help="module:function, imported with the current directory first on sys.path; "
                         "a coroutine function runs on an asyncio loop, --concurrency at a time")
