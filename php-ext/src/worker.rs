@@ -657,7 +657,9 @@ impl PhpWorker {
     /// `$handler(mixed $payload, DelayQueueMessage $message)` for each due message.
     /// Returning acknowledges the message; throwing retries it with backoff, and after
     /// max_attempts moves it to the dead-letter set with the exception as its error.
-    /// Returns once every acknowledgement is written.
+    /// Returns once every acknowledgement is written. A second SIGTERM or SIGINT, half
+    /// a second or more after the first, gives every held message back at once and
+    /// ends the process by that signal (see `signals`).
     ///
     /// @param callable(mixed, DelayQueueMessage): void $handler
     /// @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int,
