@@ -1341,6 +1341,16 @@ impl Releaser {
         }
         total
     }
+
+    /// The counts so far, summed over the worker's queues, as `Consumer::finish` would
+    /// return them: for a process that ends at once to report what it did.
+    pub fn summary(&self) -> Summary {
+        let mut summary = Summary::default();
+        for pool in &self.0 {
+            summary += &pool.counters.summary();
+        }
+        summary
+    }
 }
 
 /// The caller's side of a running pool.

@@ -1332,10 +1332,12 @@ fn a_releaser_gives_running_and_prefetched_deliveries_back_at_once() {
     let held = q.stats().expect("stats").inflight;
     // From another thread, while the handler of `running` still runs.
     let releaser = c.releaser();
-    let given = std::thread::spawn(move || releaser.give_back_all())
+    let (given, so_far) = std::thread::spawn(move || (releaser.give_back_all(), releaser.summary()))
         .join()
         .expect("thread");
     assert_eq!(given as u64, held, "the running one and the prefetched ones");
+    // What a process that ends right after can still report.
+    assert_eq!((so_far.handled, so_far.released, so_far.acked), (1, held, 0));
     let s = q.stats().expect("stats");
     assert_eq!(
         (s.ready, s.inflight),

@@ -168,6 +168,16 @@ fn decode(text: &str) -> Option<Report> {
     Some(Report::Done(RunSummary { core, ended }))
 }
 
+/// In a child that a second signal ends at once (from its watcher thread, the handler
+/// still running): the counts so far, so that the pool's summary keeps them.
+pub(crate) fn report_ended_at_once(mut report: File, core: delayq::Summary) {
+    let summary = RunSummary {
+        core,
+        ended: Some(Ended::Signal),
+    };
+    let _ = report.write_all(encode(&Report::Done(summary)).as_bytes());
+}
+
 /// In the child: run, report, and leave without running the parent's script further.
 fn child_main(worker: &PhpWorker, handler: &ZendCallable, slot: &Slot, mut report: File, parent: libc::pid_t) -> ! {
     signals::clear();
@@ -190,7 +200,7 @@ fn child_main(worker: &PhpWorker, handler: &ZendCallable, slot: &Slot, mut repor
     };
     let outcome = match worker.call_on_start() {
         Err(e) => Report::Fatal(format!("on_start failed: {}", describe_pending(format!("{e:?}")))),
-        Ok(()) => match worker.consume(handler, Some(slot)) {
+        Ok(()) => match worker.consume(handler, Some(slot), report.try_clone().ok()) {
             Ok(s) => match worker.call_on_stop() {
                 Ok(()) => Report::Done(s),
                 Err(e) => Report::Fatal(format!("on_stop failed: {}", describe_pending(format!("{e:?}")))),

@@ -252,13 +252,26 @@ fn memory_usage() -> i64 {
 impl PhpWorker {
     /// The handler loop of one process: claims run on the pool's threads, the
     /// handler on this (the PHP) thread.
-    pub(crate) fn consume(&self, handler: &ZendCallable, slot: Option<&Slot>) -> PhpResult<RunSummary> {
+    /// `report`: a supervised process's pipe to its supervisor, for the counts of a
+    /// run that a second signal ends at once.
+    pub(crate) fn consume(
+        &self,
+        handler: &ZendCallable,
+        slot: Option<&Slot>,
+        report: Option<std::fs::File>,
+    ) -> PhpResult<RunSummary> {
         crate::logs::sync_level();
         let consumer = BailoutGuard::new(self.worker.start().or_throw()?);
         let stopper = consumer.stopper();
         let releaser = consumer.releaser();
         // Ended (joined) when this function returns, after the pool has finished.
-        let _watcher = signals::watch(move || releaser.give_back_all());
+        let _watcher = signals::watch(move || {
+            let given = releaser.give_back_all();
+            if let Some(report) = report {
+                crate::supervisor::report_ended_at_once(report, releaser.summary());
+            }
+            given
+        });
         let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
         let mut jobs: u64 = 0;
         let mut ended = None;
@@ -675,7 +688,7 @@ impl PhpWorker {
             supervisor::supervise(self, &handler)
         } else {
             self.call_on_start().and_then(|()| {
-                let s = self.consume(&handler, None)?;
+                let s = self.consume(&handler, None, None)?;
                 self.call_on_stop()?;
                 summary_array(
                     &s,

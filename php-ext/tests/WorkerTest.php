@@ -731,6 +731,11 @@ final class WorkerTest extends TestCase
         $this->assertSame(21 - count($this->handled()), $ready);
         $this->assertStringNotContainsString('when their lease ends', file_get_contents("{$this->log}.stderr"),
             'the supervisor does not mistake it for a crash');
+        // The summary keeps the counts of the process that ended at once: the held
+        // message was handed to its handler and given back.
+        $summary = $this->summary();
+        $this->assertSame(count($this->handled()) + 1, $summary['handled']);
+        $this->assertGreaterThanOrEqual(1, $summary['released']);
     }
 
     public function testSigintStopsGracefullyToo(): void

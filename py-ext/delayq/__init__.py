@@ -214,6 +214,9 @@ class Worker:
         self._jobs = 0
         # Set by `delayq worker --processes`: told when coroutine handlers start and end.
         self._busy_slot: Optional[Callable[[float], None]] = None
+        # The counts of the latest run, also of one that a second stop signal cut short
+        # (it raised instead of returning them): `delayq worker` reports them.
+        self._last_summary: Optional[dict[str, Any]] = None
 
     def run(self, handler: Handler) -> dict[str, Any]:
         """Consume until ``stop()``, SIGTERM, SIGINT or ``DelayQueue.restart_workers()``;
@@ -223,7 +226,12 @@ class Worker:
         with _graceful_signals(self._worker), self._limits():
             if inspect.iscoroutinefunction(handler):
                 return asyncio.run(self._run_async(handler))
-            return self._worker.run(self._counted(handler), self._on_dead, self._on_failure)
+            try:
+                self._last_summary = self._worker.run(self._counted(handler), self._on_dead, self._on_failure)
+            except (KeyboardInterrupt, SystemExit) as cut:
+                self._last_summary = getattr(cut, "_delayq_summary", None)
+                raise
+            return self._last_summary
 
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
@@ -366,6 +374,7 @@ class Worker:
                 with contextlib.suppress(InvalidArgumentError):  # its task settled it meanwhile
                     consumer.release(delivery)
             summary = await loop.run_in_executor(None, consumer.finish, self._worker.take_stop_reason())
+            self._last_summary = summary
         return summary
 
     async def _bounded(self, call: Awaitable[None]) -> None:

@@ -79,6 +79,7 @@ class Worker:
 
     # Set by `delayq worker`'s process: told when coroutine handlers start and end.
     _busy_slot: Optional[Callable[[float], None]]
+    _last_summary: Optional[dict[str, Any]]
 
     def __init__(
         self,

@@ -280,6 +280,10 @@ def _cancel(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_status(cut: SystemExit) -> int:
+    return cut.code if isinstance(cut.code, int) else 1
+
+
 class _BadUsage(Exception):
     """Bad command-line input that argparse cannot see: exit status 2."""
 
@@ -503,13 +507,18 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     if args.report_fd is not None:
         # A process of a supervised pool: the supervisor prints the pool's summary.
         supervisor.stop_with_supervisor()
+        status = 0
         try:
             summary = supervisor.run_one(worker, handler, args.slot_file, on_start, on_stop)
-        except KeyboardInterrupt:  # a second stop signal: its counts go unreported
-            return 128 + signal.SIGINT
+        except (KeyboardInterrupt, SystemExit) as cut:
+            # A second stop signal: what the process did until then still counts.
+            status = 128 + signal.SIGINT if isinstance(cut, KeyboardInterrupt) else _exit_status(cut)
+            if worker._last_summary is None:
+                return status
+            summary = {**worker._last_summary, "stopped_by": "signal"}
         with os.fdopen(args.report_fd, "w") as report:
             json.dump(summary, report)
-        return 0
+        return status
     # A thread cannot be stopped, nor a coroutine that blocks its event loop cancelled; a
     # process can: a handler with a timeout runs supervised even alone, as PHP's does.
     supervised = args.processes > 1 or args.timeout is not None

@@ -313,8 +313,7 @@ impl PyWorker {
             // Runs Python signal handlers (delayq's own call stop()).
             if let Err(e) = py.check_signals() {
                 consumer.stop();
-                finish(py, consumer)?;
-                return Err(e);
+                return Err(with_summary(py, e, finish(py, consumer)?));
             }
             let received = py.detach(|| consumer.recv_timeout(Duration::from_millis(100)));
             crate::logs::flush(py);
@@ -340,8 +339,7 @@ impl PyWorker {
                     // The process is being asked to end: give the message back now.
                     consumer.release(d);
                     consumer.stop();
-                    finish(py, consumer)?;
-                    return Err(e);
+                    return Err(with_summary(py, e, finish(py, consumer)?));
                 }
                 Err(e) => {
                     let raised = Raised {
@@ -386,6 +384,14 @@ impl PyWorker {
         }
         self.worker.stop();
     }
+}
+
+/// A run ended by an exception (a second stop signal) still has counts: they go with
+/// it, for the Python side to keep (`Worker._last_summary`).
+fn with_summary<'py>(py: Python<'py>, e: PyErr, summary: Bound<'py, PyDict>) -> PyErr {
+    // Only fails for an exception object without attributes, which Python's are not.
+    let _ = e.value(py).setattr("_delayq_summary", summary);
+    e
 }
 
 /// A delivery handed to Python code by `_Consumer.recv`.
