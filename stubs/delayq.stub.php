@@ -509,3 +509,6 @@ class DelayQueuePayloadException extends DelayQueueException {}
 
 /** A delivery no longer holds its lease. */
 class DelayQueueLeaseLostException extends DelayQueueException {}
+
+/** Redis is at its maxmemory and refused a push; nothing was written (workers still drain the queue, which frees memory). */
+class DelayQueueOutOfMemoryException extends DelayQueueException {}

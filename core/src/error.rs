@@ -61,6 +61,14 @@ pub enum Error {
     #[error("lease lost for message {id:?}: {reason}")]
     LeaseLost { id: String, reason: String },
 
+    /// Redis is at its `maxmemory` and refused a write that could take memory; nothing
+    /// was written. Consumers keep draining the queue meanwhile, which frees memory.
+    #[error(
+        "Redis is out of memory (used memory is over its maxmemory) and refused the write; nothing was written \
+         (consumers still drain the queue, which frees memory; or raise maxmemory): {0}"
+    )]
+    OutOfMemory(String),
+
     /// A delayq Lua script or Redis returned an error that is not one of the above.
     #[error("Redis error: {0}")]
     Redis(String),
@@ -86,6 +94,8 @@ pub enum Category {
     /// Authentication or ACL permissions.
     Auth,
     LeaseLost,
+    /// Redis is at its maxmemory.
+    OutOfMemory,
     /// Anything else.
     Other,
 }
@@ -103,6 +113,7 @@ impl Error {
             Self::Timeout { .. } | Self::NotReplicated { .. } => Category::Timeout,
             Self::AuthFailed(_) => Category::Auth,
             Self::LeaseLost { .. } => Category::LeaseLost,
+            Self::OutOfMemory(_) => Category::OutOfMemory,
             Self::UnknownId(_) | Self::Redis(_) | Self::State(_) => Category::Other,
         }
     }
@@ -121,6 +132,11 @@ impl Error {
     /// the request).
     pub fn is_retryable(&self) -> bool {
         self.is_connection() || self.is_timeout()
+    }
+
+    /// Redis is at its maxmemory: a push may succeed once consumers freed memory.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Self::OutOfMemory(_))
     }
 
     /// The caller passed something wrong; retrying the same call cannot succeed.
@@ -176,6 +192,7 @@ impl Error {
                 url: addr.to_owned(),
                 reason: err.to_string(),
             },
+            _ if err.code() == Some("OOM") => Self::OutOfMemory(err.to_string()),
             _ => {
                 let text = err.to_string();
                 // Redis answers NOAUTH/WRONGPASS/NOPERM as plain error codes on some paths.

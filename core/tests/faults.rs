@@ -276,3 +276,111 @@ fn get_reports_a_delivery_whose_lease_it_cannot_read() {
     assert_eq!(info.due_at_ms, None);
     assert_eq!(info.attempts, 1, "the running delivery is the first");
 }
+
+fn used_memory(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO").arg("memory").query(&mut server.con()).expect("info");
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory")
+}
+
+fn set_maxmemory(server: &RedisServer, bytes: u64) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(bytes)
+        .query(&mut server.con())
+        .expect("config set");
+}
+
+/// A Redis at its maxmemory (noeviction) refuses pushes whole, with an error that says
+/// so; the pool goes on draining (claims, acks that keep completed messages, retries,
+/// lease extensions, its heartbeat): that is what frees memory. Before, a full Redis
+/// refused the acks of a queue keeping completed messages and every lease extension,
+/// so it ran messages again and again and never emptied.
+#[test]
+fn a_redis_out_of_memory_refuses_pushes_whole_and_the_pool_still_drains() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    let q = server.queue_with(
+        "full",
+        QueueOptions {
+            keep_completed: 10,
+            ..QueueOptions::default()
+        },
+    );
+    let batch: Vec<NewMessage> = (0..2000u64)
+        .map(|n| NewMessage::new(&json!({"n": n, "pad": "x".repeat(200)}), Duration::ZERO).expect("msg"))
+        .collect();
+    q.push_many(&batch).expect("push");
+    // The messages hold about 600 KB: below the use now, above it once they are gone.
+    set_maxmemory(&server, used_memory(&server) - 100_000);
+
+    let pushed = q.stats().expect("stats under OOM").totals["pushed"];
+    let err = q.push(&json!({"n": -1}), Duration::ZERO).expect_err("refused");
+    assert!(err.is_out_of_memory() && !err.is_retryable(), "{err:?}");
+    assert_eq!(err.category(), delayq::Category::OutOfMemory);
+    assert!(err.to_string().contains("nothing was written"), "{err}");
+    let err = q
+        .push_json(
+            r#"{"n": -2}"#,
+            Duration::ZERO.into(),
+            &delayq::PushOptions {
+                id: Some("chosen".into()),
+                ..Default::default()
+            },
+        )
+        .expect_err("refused");
+    assert!(err.is_out_of_memory(), "{err:?}");
+    let s = q.stats().expect("stats");
+    assert_eq!((s.totals["pushed"], s.ready), (pushed, 2000), "nothing written");
+    assert!(q.get("chosen").expect("get").is_none());
+
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            lease: Duration::from_secs(1),
+            backoff_base: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(20),
+            ..fast_retry()
+        },
+    )
+    .expect("worker");
+    let stopper = worker.stopper();
+    let failed_once: Mutex<HashSet<u64>> = Mutex::new(HashSet::new());
+    let summary = std::thread::scope(|s| {
+        let _stop = StopOnDrop(stopper.clone());
+        let run = s.spawn(|| {
+            worker
+                .run(2, |d| {
+                    let n = n_of(d)?;
+                    if n == 7 {
+                        // Past its 1 s lease: only the extensions keep it.
+                        std::thread::sleep(Duration::from_millis(2500));
+                    }
+                    if n % 100 == 0 && failed_once.lock().insert(n) {
+                        return Err("fails once".into());
+                    }
+                    Ok(())
+                })
+                .expect("run")
+        });
+        wait_for(Duration::from_secs(5), "the pool listed by its heartbeat", || {
+            q.workers().is_ok_and(|w| w.len() == 1)
+        });
+        wait_for(Duration::from_secs(30), "everything acknowledged", || {
+            q.stats().is_ok_and(|s| s.ready + s.scheduled + s.inflight == 0)
+        });
+        stopper.stop();
+        run.join().expect("run thread")
+    });
+    assert_eq!(
+        (summary.acked, summary.retried, summary.lease_lost, summary.unwritten),
+        (2000, 20, 0, 0),
+        "{summary:?}"
+    );
+    assert_eq!(q.stats().expect("stats").completed, 10);
+    // Drained, the queue left room: pushes are taken again.
+    q.push(&json!({"n": 2000}), Duration::ZERO)
+        .expect("push once memory is free");
+}

@@ -30,9 +30,10 @@ pub(crate) enum Kind {
     Payload,
     LeaseLost,
     Timeout,
+    OutOfMemory,
 }
 
-const CLASSES: [(&str, Option<Kind>); 7] = [
+const CLASSES: [(&str, Option<Kind>); 8] = [
     ("DelayQueueException", None),
     ("DelayQueueInvalidArgumentException", Some(Kind::Root)),
     ("DelayQueueConnectionException", Some(Kind::Root)),
@@ -40,9 +41,10 @@ const CLASSES: [(&str, Option<Kind>); 7] = [
     ("DelayQueuePayloadException", Some(Kind::Root)),
     ("DelayQueueLeaseLostException", Some(Kind::Root)),
     ("DelayQueueTimeoutException", Some(Kind::Connection)),
+    ("DelayQueueOutOfMemoryException", Some(Kind::Root)),
 ];
 
-static ENTRIES: [AtomicPtr<ClassEntry>; 7] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 7];
+static ENTRIES: [AtomicPtr<ClassEntry>; 8] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 8];
 
 fn entry(kind: Kind) -> &'static ClassEntry {
     let ptr = ENTRIES[kind as usize].load(Ordering::Acquire);
@@ -73,10 +75,11 @@ keep!(keep_auth, Kind::Auth);
 keep!(keep_payload, Kind::Payload);
 keep!(keep_lease_lost, Kind::LeaseLost);
 keep!(keep_timeout, Kind::Timeout);
+keep!(keep_out_of_memory, Kind::OutOfMemory);
 
 /// Registers the exception hierarchy (called from the module's startup).
 pub(crate) fn register() -> ext_php_rs::error::Result<()> {
-    let keepers: [fn(&'static mut ClassEntry, ArgInfoTables); 7] = [
+    let keepers: [fn(&'static mut ClassEntry, ArgInfoTables); 8] = [
         keep_root,
         keep_invalid,
         keep_connection,
@@ -84,6 +87,7 @@ pub(crate) fn register() -> ext_php_rs::error::Result<()> {
         keep_payload,
         keep_lease_lost,
         keep_timeout,
+        keep_out_of_memory,
     ];
     for ((name, parent), keeper) in CLASSES.into_iter().zip(keepers) {
         let parent: ext_php_rs::class::ClassEntryInfo = match parent {
@@ -113,6 +117,7 @@ pub(crate) fn to_php(err: &delayq::Error) -> PhpException {
         C::Timeout => Kind::Timeout,
         C::Auth => Kind::Auth,
         C::LeaseLost => Kind::LeaseLost,
+        C::OutOfMemory => Kind::OutOfMemory,
         _ => Kind::Root,
     };
     PhpException::new(err.to_string(), 0, class(kind))

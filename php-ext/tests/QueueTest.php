@@ -74,6 +74,32 @@ final class QueueTest extends TestCase
         $this->assertSame('ready', $this->q->get($this->q->pushAt('past', 1))['state']);
     }
 
+    public function testAFullRedisRefusesAPushWithItsOwnExceptionAndWritesNothing(): void
+    {
+        $server = new RedisServer(['--maxmemory-policy', 'noeviction']);
+        try {
+            $q = new DelayQueue($server->url(), 'full');
+            $q->push(['order_id' => 1]);
+            $redis = $server->redis();
+            $redis->config('SET', 'maxmemory', (string) intdiv((int) $redis->info('memory')['used_memory'], 2));
+            foreach ([[], ['id' => 'close-order-2']] as $options) {
+                try {
+                    $q->push(['order_id' => 2], 0, $options);
+                    $this->fail('a push into a full Redis succeeded');
+                } catch (DelayQueueOutOfMemoryException $e) {
+                    $this->assertInstanceOf(DelayQueueException::class, $e);
+                    $this->assertStringContainsString('out of memory', $e->getMessage());
+                    $this->assertStringContainsString('nothing was written', $e->getMessage());
+                }
+            }
+            $stats = $q->stats();
+            $this->assertSame([1, 1], [$stats['ready'], $stats['pushed']]);
+            $this->assertNull($q->get('close-order-2'));
+        } finally {
+            $server->stop();
+        }
+    }
+
     public function testAPersistentQueueKeepsItsConnectionFromRequestToRequest(): void
     {
         $server = new RedisServer();

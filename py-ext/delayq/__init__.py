@@ -35,6 +35,7 @@ from .errors import (
     DelayQueueError,
     InvalidArgumentError,
     LeaseLostError,
+    OutOfMemoryError,
     PayloadError,
     TimeoutError,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "DelayQueueError",
     "InvalidArgumentError",
     "LeaseLostError",
+    "OutOfMemoryError",
     "Message",
     "PayloadError",
     "TimeoutError",

@@ -15,6 +15,7 @@ from .errors import ConnectionError as ConnectionError
 from .errors import DelayQueueError as DelayQueueError
 from .errors import InvalidArgumentError as InvalidArgumentError
 from .errors import LeaseLostError as LeaseLostError
+from .errors import OutOfMemoryError as OutOfMemoryError
 from .errors import PayloadError as PayloadError
 from .errors import TimeoutError as TimeoutError
 
@@ -27,6 +28,7 @@ __all__ = [
     "DelayQueueError",
     "InvalidArgumentError",
     "LeaseLostError",
+    "OutOfMemoryError",
     "Message",
     "PayloadError",
     "TimeoutError",

@@ -14,6 +14,7 @@ __all__ = [
     "TimeoutError",
     "AuthError",
     "LeaseLostError",
+    "OutOfMemoryError",
 ]
 
 
@@ -43,3 +44,9 @@ class AuthError(DelayQueueError):
 
 class LeaseLostError(DelayQueueError):
     """A delivery no longer holds its lease."""
+
+
+class OutOfMemoryError(DelayQueueError):
+    """Redis is at its maxmemory and refused a push; nothing was written (workers still
+    drain the queue, which frees memory). Not the builtin MemoryError: this process has
+    memory to spare."""

@@ -7,8 +7,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-static CLASSES: [PyOnceLock<Py<PyType>>; 7] = [const { PyOnceLock::new() }; 7];
-const NAMES: [&str; 7] = [
+static CLASSES: [PyOnceLock<Py<PyType>>; 8] = [const { PyOnceLock::new() }; 8];
+const NAMES: [&str; 8] = [
     "DelayQueueError",
     "InvalidArgumentError",
     "ConnectionError",
@@ -16,6 +16,7 @@ const NAMES: [&str; 7] = [
     "AuthError",
     "PayloadError",
     "LeaseLostError",
+    "OutOfMemoryError",
 ];
 
 #[derive(Clone, Copy)]
@@ -27,6 +28,7 @@ pub(crate) enum Kind {
     Auth = 4,
     Payload = 5,
     LeaseLost = 6,
+    OutOfMemory = 7,
 }
 
 pub(crate) fn new_err(py: Python<'_>, kind: Kind, message: String) -> PyErr {
@@ -46,6 +48,7 @@ pub(crate) fn to_py(py: Python<'_>, err: &delayq::Error) -> PyErr {
         C::Timeout => Kind::Timeout,
         C::Auth => Kind::Auth,
         C::LeaseLost => Kind::LeaseLost,
+        C::OutOfMemory => Kind::OutOfMemory,
         _ => Kind::Root,
     };
     new_err(py, kind, err.to_string())

@@ -178,9 +178,28 @@ def test_a_queue_made_before_fork_works_in_parent_and_child(queue: delayq.DelayQ
     assert queue.stats()["ready"] == 3
 
 
+def test_a_full_redis_refuses_pushes_with_their_own_error_and_workers_still_drain() -> None:
+    full = RedisServer("--maxmemory-policy", "noeviction")
+    try:
+        q = delayq.DelayQueue(full.url, "full", keep_completed=5)
+        q.push_many([{"payload": {"n": i, "pad": "x" * 200}} for i in range(2000)])
+        used = int(full.cli("INFO", "memory").split("used_memory:")[1].split()[0])
+        full.cli("CONFIG", "SET", "maxmemory", str(used - 100_000))
+        with pytest.raises(delayq.OutOfMemoryError, match="nothing was written"):
+            q.push({"n": -1})
+        with pytest.raises(delayq.OutOfMemoryError, match="nothing was written"):
+            q.push({"n": -1}, id="close-order-1")
+        assert q.get("close-order-1") is None and q.stats()["pushed"] == 2000
+        summary = delayq.Worker(q, stop_when_empty=True).run(lambda payload, message: None)
+        assert (summary["acked"], summary["unwritten"]) == (2000, 0), summary
+        assert q.push({"n": 2000}), "the drained queue left room"
+    finally:
+        full.stop()
+
+
 def test_errors_share_one_root() -> None:
     for e in (delayq.InvalidArgumentError, delayq.PayloadError, delayq.ConnectionError, delayq.TimeoutError,
-              delayq.AuthError, delayq.LeaseLostError):
+              delayq.AuthError, delayq.LeaseLostError, delayq.OutOfMemoryError):
         assert issubclass(e, delayq.DelayQueueError)
     assert issubclass(delayq.TimeoutError, TimeoutError) and issubclass(delayq.InvalidArgumentError, ValueError)
     assert signal.SIGTERM  # the worker tests rely on it

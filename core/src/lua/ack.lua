@@ -6,6 +6,7 @@
 -- Returns one status per pair: 1 acked, 0 lease lost (the message lives on under
 --   another delivery), -1 gone (already completed, cancelled or purged).
 -- Counters rather than the # operator, which costs a search of the table per use.
+run_even_out_of_memory()
 local keep = tonumber(ARGV[3])
 local ids, tokens, n = {}, {}, 0
 for i = 5, #ARGV, 2 do

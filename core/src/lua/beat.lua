@@ -5,4 +5,5 @@
 -- ARGV[3] pool id   ARGV[4] ttl_ms, 0 when the pool has stopped   ARGV[5] info JSON
 --   (opaque to Lua)
 -- Returns the number of pools alive after this call.
+run_even_out_of_memory()
 return register_pool(now_ms(), ARGV[3], tonumber(ARGV[4]), ARGV[5])

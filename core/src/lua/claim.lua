@@ -28,6 +28,7 @@
 -- This script runs once per batch of up to 1000 messages and is the drain's hot path:
 -- every per-message step below is one element of a variadic call, and the only
 -- per-message Lua work is one string concatenation.
+run_even_out_of_memory()
 local batch = tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[4])
 local now = now_ms()

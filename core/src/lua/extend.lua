@@ -4,6 +4,7 @@
 -- Returns one status per pair: 1 extended; 0 lease lost (another delivery holds the
 --   message, or its lease expired and it waits to be delivered again); -1 the message
 --   is gone (its completion was written while the heartbeat was on its way: no loss).
+run_even_out_of_memory()
 local now = now_ms()
 local deadline = now + tonumber(ARGV[3])
 local result = {}

@@ -4,6 +4,7 @@
 -- ARGV[5..] groups of 5: id, lease (as claim returned it), retry delay in ms (-1 = dead
 --   letter now), error, stack trace ("" = none: an earlier attempt's is dropped).
 -- Returns one status per group: 1 retried, 2 buried, 0 lease lost, -1 gone.
+run_even_out_of_memory()
 local now = now_ms()
 local old_head = head_score()
 local result = {}

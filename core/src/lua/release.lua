@@ -3,6 +3,7 @@
 -- KEYS: see lib.lua.
 -- ARGV[3..] pairs: id, lease (as claim returned it).
 -- Returns the number released (pairs whose lease was lost are skipped).
+run_even_out_of_memory()
 local old_head = head_score()
 local released = 0
 for i = 3, #ARGV, 2 do
