@@ -43,7 +43,7 @@ final class DelayQueue
      * measured on the Redis server's clock. One round trip.
      *
      * @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool,
-     *   expire_after?: float} $options
+     *   expire_after?: float, serial_key?: string} $options
      *   'id' makes the push idempotent: a message of that id is kept as it is, or, with
      *   'replace' => true, replaced (payload and due time, attempts and last error reset)
      *   while it waits or is dead; a running one is left alone ('replace' debounces:
@@ -52,7 +52,11 @@ final class DelayQueue
      *   order), otherwise the id picks one; with 'expire_after' (seconds) a message that
      *   cannot start that long after its due time goes to the dead-letter set unrun, its
      *   error saying so (retries keep the deadline, reschedule() moves it, requeueDead()
-     *   renews it; not in the seed layout)
+     *   renews it; not in the seed layout); messages with the same 'serial_key' (say
+     *   "order:10086") never run at the same time and start in due order: while one runs,
+     *   the next waits and starts as soon as it ends (a failure frees the key, so its
+     *   retry may come after a later message of the key; the key also picks the
+     *   partition; not in the seed layout)
      * @return string the message id
      * @throws DelayQueuePayloadException when the payload cannot become JSON or is too large
      * @throws DelayQueueInvalidArgumentException on a negative, NAN or INF delay or a bad option
@@ -66,7 +70,7 @@ final class DelayQueue
      *
      * @param float|int|\DateTimeInterface $at Unix time in seconds, or a date
      * @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool,
-     *   expire_after?: float} $options as for push()
+     *   expire_after?: float, serial_key?: string} $options as for push()
      * @return string the message id
      */
     public function pushAt(mixed $payload, mixed $at, array $options = []): string {}
@@ -76,7 +80,7 @@ final class DelayQueue
      * is valid.
      *
      * @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
-     *   partition_key?: string, replace?: bool, expire_after?: float}> $items
+     *   partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string}> $items
      * @return list<string> the ids, in order
      */
     public function pushMany(array $items): array {}
@@ -106,7 +110,7 @@ final class DelayQueue
      *
      * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
-     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float}|null
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}|null
      *   null for an unknown id
      */
     public function get(string $id): ?array {}
@@ -119,7 +123,7 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'scheduled'|'ready', payload: mixed, due_at: float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: null, created_at: ?float,
-     *   lease_until: null, expires_at: ?float, completed_at: null}>
+     *   lease_until: null, expires_at: ?float, completed_at: null, serial_key: ?string}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function waiting(int $limit = 100): array {}
@@ -132,7 +136,7 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'inflight', payload: mixed, due_at: ?float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: null, created_at: ?float,
-     *   lease_until: float, expires_at: ?float, completed_at: null}>
+     *   lease_until: float, expires_at: ?float, completed_at: null, serial_key: ?string}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function inflight(int $limit = 100): array {}
@@ -148,7 +152,7 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
-     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float}>
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}>
      * @throws DelayQueueInvalidArgumentException for an empty $text or a limit outside 0 to 1000
      */
     public function find(string $text, int $limit = 20): array {}
@@ -161,7 +165,7 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'completed', payload: mixed, due_at: ?float,
      *   attempts: int, max_attempts: ?int, last_error: null, error_trace: null, dead_at: null, created_at: ?float,
-     *   lease_until: null, expires_at: ?float, completed_at: float}>
+     *   lease_until: null, expires_at: ?float, completed_at: float, serial_key: ?string}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function completed(int $limit = 100): array {}

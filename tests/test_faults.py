@@ -79,7 +79,7 @@ ACL_RULE = (
     "on >s3cret resetkeys ~{dq:jobs}:* resetchannels &{dq:jobs}:* -@all "
     "+evalsha +script|load "
     "+time +incrby +publish +subscribe +unsubscribe +unlink "
-    "+zadd +zrem +zrange +zrevrange +zrangebyscore +zcard +zcount +zscore "
+    "+zadd +zrem +zrange +zrevrange +zrangebyscore +zrangebylex +zcard +zcount +zscore "
     "+hset +hget +hmget +hdel +hincrby +hgetall +hlen +hscan +exists"
 )
 

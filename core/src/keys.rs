@@ -138,7 +138,7 @@ pub(crate) fn partition_of(key: &str, n: usize) -> usize {
 /// The names after the first two keys (the schedule and the messages), in the order
 /// of lib.lua's KEYS; native keys put them after the hash tag, the seed layout after
 /// the recipe's ZSET name.
-const SUFFIXES: [&str; 17] = [
+const SUFFIXES: [&str; 21] = [
     "inflight",
     "leases",
     "attempts",
@@ -156,6 +156,10 @@ const SUFFIXES: [&str; 17] = [
     "completed",
     "completed_messages",
     "traces",
+    "serial_keys",
+    "serial_holders",
+    "serial_line",
+    "serial_lined",
 ];
 
 impl Keys {

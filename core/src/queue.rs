@@ -100,6 +100,14 @@ pub struct PushOptions {
     /// retries do not move it, and `requeue_dead` gives a fresh one. Native layout
     /// only.
     pub expire_after: Option<Duration>,
+    /// Messages sharing a serial key never run at the same time, and start in due
+    /// order (Laravel's `WithoutOverlapping`, BullMQ's groups with concurrency 1): the
+    /// payment callback and the timeout close of one order, say. While one runs, the
+    /// next waits in its key's line and starts as soon as the running one's lease ends
+    /// (acknowledged, failed, given back or expired); a failure frees the key, so its
+    /// retry may start after a later message of the key. It also picks the partition
+    /// of a partitioned queue. Native layout only.
+    pub serial_key: Option<String>,
 }
 
 /// One message of a `push_many` batch.
@@ -179,6 +187,8 @@ pub struct MessageInfo {
     pub expires_at_ms: Option<i64>,
     /// When it was acknowledged (Unix ms, Redis clock), once completed.
     pub completed_at_ms: Option<i64>,
+    /// `PushOptions::serial_key`, while the message waits, runs or is dead.
+    pub serial_key: Option<String>,
 }
 
 /// Which messages `Queue::list` shows.
@@ -416,6 +426,25 @@ pub const MAX_ID_BYTES: usize = 200;
 
 fn validate_id(id: &str) -> Result<()> {
     validate_key("id", id)
+}
+
+/// A serial key is enforced within one partition: it picks the partition, and a
+/// partition key beside it must not pick another.
+fn validate_serial_key(layout: &Layout, key: &str, partition_key: Option<&str>) -> Result<()> {
+    validate_key("serial_key", key)?;
+    if matches!(layout, Layout::Seed { .. }) {
+        return Err(Error::invalid(
+            "serial_key",
+            "is not available in the seed layout (the recipe's own consumers would not respect it)",
+        ));
+    }
+    if partition_key.is_some_and(|p| p != key) {
+        return Err(Error::invalid(
+            "partition_key",
+            "differs from serial_key, which picks the partition: messages of one serial key must share one",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_key(what: &str, id: &str) -> Result<()> {
@@ -768,6 +797,9 @@ impl Queue {
             if let Some(key) = &m.options.partition_key {
                 validate_key("partition_key", key).map_err(at)?;
             }
+            if let Some(key) = &m.options.serial_key {
+                validate_serial_key(&inner.opts.layout, key, m.options.partition_key.as_deref()).map_err(at)?;
+            }
             if m.options.replace && m.options.id.is_none() {
                 return Err(at(Error::invalid(
                     "replace",
@@ -797,7 +829,8 @@ impl Queue {
         let n = self.partitions();
         let mut by_part: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, m) in batch.iter().enumerate() {
-            by_part[self.partition_of(&ids[i], m.options.partition_key.as_deref())].push(i);
+            let key = m.options.partition_key.as_deref().or(m.options.serial_key.as_deref());
+            by_part[self.partition_of(&ids[i], key)].push(i);
         }
         let chunks: Vec<(usize, &[usize])> = by_part
             .iter()
@@ -823,7 +856,8 @@ impl Queue {
                     ("a", false, true) => "ae",
                     (kind, ..) => kind,
                 };
-                inv.arg(&ids[i]).arg(kind).arg(ms).arg(&envelopes[i]);
+                let serial = batch[i].options.serial_key.as_deref().unwrap_or("");
+                inv.arg(&ids[i]).arg(kind).arg(ms).arg(&envelopes[i]).arg(serial);
             }
         };
         let waits = inner.opts.wait_replicas > 0;
@@ -1010,6 +1044,7 @@ impl Queue {
                 id: Some(m.id.clone()),
                 max_attempts: m.max_attempts,
                 expire_after,
+                serial_key: m.serial_key.clone(),
                 ..PushOptions::default()
             },
         })
@@ -1047,7 +1082,19 @@ impl Queue {
             |v| matches!(v, Value::Array(items) if items.len() >= 6),
         )?;
         let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "get"))?;
-        let [state, stored, due, attempts, error, dead, lease_until, completed, trace] = items.as_slice() else {
+        let [
+            state,
+            stored,
+            due,
+            attempts,
+            error,
+            dead,
+            lease_until,
+            completed,
+            trace,
+            serial,
+        ] = items.as_slice()
+        else {
             return Ok(None);
         };
         Ok(Some(self.message_info(
@@ -1055,7 +1102,7 @@ impl Queue {
             state,
             stored,
             [due, attempts, dead, lease_until, completed],
-            [error, trace],
+            [error, trace, serial],
         )))
     }
 
@@ -1079,13 +1126,25 @@ impl Queue {
                 inv.arg(which.as_str()).arg(limit);
             })?;
             let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "list"))?;
-            for group in items.get(1..).unwrap_or_default().chunks_exact(9) {
-                let [id, state, stored, due, attempts, error, lease_until, completed, trace] = group else {
+            for group in items.get(1..).unwrap_or_default().chunks_exact(10) {
+                let [
+                    id,
+                    state,
+                    stored,
+                    due,
+                    attempts,
+                    error,
+                    lease_until,
+                    completed,
+                    trace,
+                    serial,
+                ] = group
+                else {
                     continue;
                 };
                 let Some(id) = text(id) else { continue };
                 let times = [due, attempts, &Value::Int(-1), lease_until, completed];
-                all.push(self.message_info(id, state, stored, times, [error, trace]));
+                all.push(self.message_info(id, state, stored, times, [error, trace, serial]));
             }
         }
         // Each partition's list is in order already; merge them the same way.
@@ -1161,7 +1220,7 @@ impl Queue {
         state: &Value,
         stored: &Value,
         [due, attempts, dead, lease_until, completed]: [&Value; 5],
-        [error, trace]: [&Value; 2],
+        [error, trace, serial]: [&Value; 3],
     ) -> MessageInfo {
         let state = match text(state).as_deref() {
             Some("scheduled") => State::Scheduled,
@@ -1191,6 +1250,7 @@ impl Queue {
             lease_until_ms: known(lease_until),
             expires_at_ms: expiry.map(|(_, deadline)| deadline),
             completed_at_ms: known(completed),
+            serial_key: text(serial),
         }
     }
 

@@ -17,7 +17,7 @@ use serde_json::json;
 const ACL_RULE: &str = "on >s3cret resetkeys ~{dq:orders}:* resetchannels &{dq:orders}:* -@all \
      +evalsha +script|load \
      +time +incrby +publish +subscribe +unsubscribe +unlink \
-     +zadd +zrem +zrange +zrevrange +zrangebyscore +zcard +zcount +zscore \
+     +zadd +zrem +zrange +zrevrange +zrangebyscore +zrangebylex +zcard +zcount +zscore \
      +hset +hget +hmget +hdel +hincrby +hgetall +hlen +hscan +exists";
 
 #[test]
@@ -38,7 +38,13 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
     let ids = q
         .push_many(
             &(2..=5)
-                .map(|i| NewMessage::new(&json!({"order_id": i}), Duration::ZERO).expect("msg"))
+                .map(|i| {
+                    // One serial key: the claims below put them in its line and take
+                    // them out, one by one.
+                    let mut m = NewMessage::new(&json!({"order_id": i}), Duration::ZERO).expect("msg");
+                    m.options.serial_key = Some("customer-7".into());
+                    m
+                })
                 .collect::<Vec<_>>(),
         )
         .expect("push_many");

@@ -116,6 +116,7 @@ fn read_push_options(o: &mut Options<'_>) -> PhpResult<delayq::PushOptions> {
         partition_key: o.string("partition_key")?,
         replace: o.bool("replace")?.unwrap_or(false),
         expire_after: o.duration("expire_after")?,
+        serial_key: o.string("serial_key")?,
     })
 }
 
@@ -178,7 +179,7 @@ impl PhpDelayQueue {
     /// Schedule `$payload` (array, scalar, null or JsonSerializable) after `$delay`
     /// seconds, measured on the Redis server's clock. Returns the message id.
     ///
-    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool, expire_after?: float} $options
+    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string} $options
     #[php(defaults(delay = 0.0, options = "OptionsArg::EMPTY"))]
     pub fn push(&self, payload: &Zval, delay: Seconds, options: OptionsArg<'_>) -> PhpResult<String> {
         let due = delayq::delay_from_secs("delay", delay.0)
@@ -191,7 +192,7 @@ impl PhpDelayQueue {
 
     /// Schedule `$payload` at `$at`: Unix seconds (float) or a DateTimeInterface.
     ///
-    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool, expire_after?: float} $options
+    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn push_at(&self, payload: &Zval, at: &Zval, options: OptionsArg<'_>) -> PhpResult<String> {
         let due = absolute(at)?;
@@ -202,11 +203,11 @@ impl PhpDelayQueue {
 
     /// Schedule many messages in one round trip. Each item is
     /// `['payload' => …, 'delay' => seconds]` or `['payload' => …, 'at' => time]`, with
-    /// optional `'id'`, `'max_attempts'`, `'partition_key'`, `'replace'` and `'expire_after'`. Returns the ids in order. Nothing is
+    /// optional `'id'`, `'max_attempts'`, `'partition_key'`, `'replace'`, `'expire_after'` and `'serial_key'`. Returns the ids in order. Nothing is
     /// written unless every item is valid.
     ///
     /// @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
-    ///   partition_key?: string, replace?: bool, expire_after?: float}> $items
+    ///   partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string}> $items
     /// @return list<string>
     pub fn push_many(&self, items: &ZendHashTable) -> PhpResult<Vec<String>> {
         let mut batch = Vec::with_capacity(items.len());
@@ -264,7 +265,7 @@ impl PhpDelayQueue {
     ///
     /// @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
     ///   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string,
-    ///   dead_at: ?float, created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float}|null
+    ///   dead_at: ?float, created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}|null
     pub fn get(&self, id: String) -> PhpResult<Option<ZBox<ZendHashTable>>> {
         match self.queue.get(&id).or_throw()? {
             Some(info) => Ok(Some(message_info(info)?)),
@@ -609,5 +610,6 @@ fn message_info(info: MessageInfo) -> PhpResult<ZBox<ZendHashTable>> {
         ("lease_until", zv(info.lease_until_ms.map(ms_to_secs))),
         ("expires_at", zv(info.expires_at_ms.map(ms_to_secs))),
         ("completed_at", zv(info.completed_at_ms.map(ms_to_secs))),
+        ("serial_key", zv(info.serial_key)),
     ])
 }

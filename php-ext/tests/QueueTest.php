@@ -74,6 +74,22 @@ final class QueueTest extends TestCase
         $this->assertSame('ready', $this->q->get($this->q->pushAt('past', 1))['state']);
     }
 
+    public function testASerialKeyIsKeptWithTheMessageAndBadOnesAreRefused(): void
+    {
+        $id = $this->q->push(['order_id' => 10086], 60, ['serial_key' => 'order:10086']);
+        $this->assertSame('order:10086', $this->q->get($id)['serial_key']);
+        $this->assertNull($this->q->get($this->q->push(['order_id' => 1]))['serial_key']);
+        foreach (['', "order\n1", str_repeat('k', 1000)] as $bad) {
+            try {
+                $this->q->push(['order_id' => 2], 0, ['serial_key' => $bad]);
+                $this->fail('accepted serial_key ' . var_export($bad, true));
+            } catch (DelayQueueInvalidArgumentException $e) {
+                $this->assertStringContainsString('serial_key', $e->getMessage());
+            }
+        }
+        $this->assertSame(2, $this->q->stats()['pushed'], 'nothing written');
+    }
+
     public function testAFullRedisRefusesAPushWithItsOwnExceptionAndWritesNothing(): void
     {
         $server = new RedisServer(['--maxmemory-policy', 'noeviction']);

@@ -738,6 +738,36 @@ final class WorkerTest extends TestCase
         $this->assertGreaterThanOrEqual(1, $summary['released']);
     }
 
+    public function testMessagesSharingASerialKeyNeverRunAtOnceAcrossProcesses(): void
+    {
+        $items = [];
+        for ($n = 0; $n < 24; $n++) {
+            // Every third message belongs to order 10086; the rest to no key.
+            $item = ['payload' => ['n' => $n, 'span' => $n % 3 === 0], 'delay' => $n / 1000];
+            if ($n % 3 === 0) {
+                $item['serial_key'] = 'order:10086';
+            }
+            $items[] = $item;
+        }
+        $this->q->pushMany($items);
+        $this->assertSame('order:10086', $this->q->waiting(1)[0]['serial_key']);
+        // A lease far longer than the run: waiting out a lease would not finish in time.
+        $proc = $this->startWorker(['processes' => 3, 'lease' => 60.0, '_sleep_ms' => 30]);
+        delayq_wait_for(30, 'every message handled', fn () => count($this->handled()) === 24 && $this->drained());
+        proc_terminate($proc, SIGTERM);
+        $this->assertSame(0, proc_close($proc));
+        $spans = array_map(fn ($line) => array_map('floatval', explode(' ', trim($line))),
+            file("{$this->log}.spans"));
+        usort($spans, fn ($a, $b) => $a[1] <=> $b[1]);
+        $this->assertSame(range(0, 21, 3), array_map(fn ($s) => (int) $s[0], $spans), 'in due order');
+        for ($i = 1; $i < count($spans); $i++) {
+            $this->assertGreaterThanOrEqual($spans[$i - 1][2], $spans[$i][1],
+                "message {$spans[$i][0]} started before {$spans[$i - 1][0]} ended");
+        }
+        $this->assertGreaterThanOrEqual(2, count(array_unique(array_column($this->handled(), 2))),
+            'the other messages spread over the processes');
+    }
+
     public function testSigintStopsGracefullyToo(): void
     {
         $this->fill(20);

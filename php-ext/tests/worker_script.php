@@ -3,7 +3,8 @@
 //   php worker_script.php URL QUEUE LOG OPTIONS_JSON
 // Appends "<n> <attempt> <pid> <partition> <queue>\n" to LOG for every handled message. A
 // payload with "hang" sleeps forever on its first attempt; one with "exit" calls exit(3);
-// one with "hold" never returns (and touches LOG.holding).
+// one with "hold" never returns (and touches LOG.holding); one with "span" appends
+// "<n> <start> <end>" (microtime) to LOG.spans.
 // OPTIONS_JSON holds worker options, "_queue" the queue's own options and "_lower" the
 // names of lower-priority queues on the same Redis.
 declare(strict_types=1);
@@ -35,7 +36,11 @@ $summary = $worker->run(function ($payload, DelayQueueMessage $m) use ($log, $sl
     if ($payload['exit'] ?? false) {
         exit(3);
     }
+    $start = microtime(true);
     usleep($sleepMs * 1000);
+    if ($payload['span'] ?? false) {
+        file_put_contents("$log.spans", sprintf("%d %.6f %.6f\n", $payload['n'], $start, microtime(true)), FILE_APPEND);
+    }
     file_put_contents($log, "{$payload['n']} {$m->attempt} " . getmypid() . " {$m->partition} {$m->queue}\n", FILE_APPEND);
 });
 file_put_contents("$log.summary", json_encode($summary));

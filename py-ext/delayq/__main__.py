@@ -124,6 +124,7 @@ def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             f"lease until:  {_when(info['lease_until'])}",
             f"completed at: {_when(info['completed_at'])}",
             f"created at:   {_when(info['created_at'])}",
+            f"serial key:   {info['serial_key'] or '-'}",
             f"payload:      {_payload(info['payload'])}",
         ] + trace_lines
 
@@ -298,7 +299,8 @@ def _json_payload(text: str) -> Any:
 def _push(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     payload = _json_payload(args.payload)
     msg_id = q.push(payload, args.delay, id=args.id, max_attempts=args.max_attempts,
-                    partition_key=args.partition_key, replace=args.replace, expire_after=args.expire_after)
+                    partition_key=args.partition_key, replace=args.replace, expire_after=args.expire_after,
+                    serial_key=args.serial_key)
     out.emit({"id": msg_id}, lambda: [msg_id])
     return 0
 
@@ -624,6 +626,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--id", help="an id of your own: pushing it again creates nothing")
     c.add_argument("--max-attempts", type=int, help="deliveries before the dead-letter set")
     c.add_argument("--partition-key", help="on a partitioned queue: keeps related messages together")
+    c.add_argument("--serial-key", help="messages sharing it never run at the same time, and start in due order")
     c.add_argument("--replace", action="store_true",
                    help="with --id: replace a waiting (or dead) message of that id instead of keeping it")
     c.add_argument("--expire-after", type=float, metavar="SECONDS",

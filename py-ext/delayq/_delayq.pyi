@@ -65,6 +65,7 @@ class DelayQueue:
         partition_key: Optional[str] = None,
         replace: bool = False,
         expire_after: Optional[float] = None,
+        serial_key: Optional[str] = None,
     ) -> str:
         """Schedule ``payload`` (any JSON value) after ``delay`` seconds on the Redis
         server's clock; returns the message id. An ``id`` makes the push idempotent:
@@ -76,7 +77,11 @@ class DelayQueue:
         id picks one. With ``expire_after`` (seconds), a message that cannot start that
         long after its due time goes to the dead-letter set unrun, its error saying so
         (retries keep the deadline, ``reschedule`` moves it, ``requeue_dead`` renews it;
-        not in the seed layout).
+        not in the seed layout). Messages with the same ``serial_key`` (say
+        ``"order:10086"``) never run at the same time and start in due order: while one
+        runs, the next waits and starts as soon as it ends (a failure frees the key, so
+        its retry may come after a later message of the key; the key also picks the
+        partition; not in the seed layout).
 
         Raises TypeError for a value that is not JSON, ValueError (or
         InvalidArgumentError) for NaN, negative or infinite delays, PayloadError when
@@ -91,12 +96,13 @@ class DelayQueue:
         partition_key: Optional[str] = None,
         replace: bool = False,
         expire_after: Optional[float] = None,
+        serial_key: Optional[str] = None,
     ) -> str:
         """Schedule ``payload`` at ``at``: Unix seconds or a datetime."""
     def push_many(self, items: Iterable[Union[tuple[Any, float], Mapping[str, Any]]]) -> list[str]:
         """Schedule many messages in one round trip: ``(payload, delay)`` tuples or dicts
         with ``payload`` and optional ``delay`` or ``at``, ``id``, ``max_attempts``,
-        ``partition_key``, ``replace``, ``expire_after``. Nothing is written unless every
+        ``partition_key``, ``replace``, ``expire_after``, ``serial_key``. Nothing is written unless every
         item is valid."""
     def cancel(self, id: str) -> bool:
         """Delete a message that has not been claimed yet; False when it is unknown,
@@ -105,7 +111,7 @@ class DelayQueue:
         """Move a waiting message to ``delay`` seconds from now; False when not waiting."""
     def get(self, id: str) -> Optional[dict[str, Any]]:
         """``{id, state, payload, due_at, attempts, max_attempts, last_error, error_trace,
-        dead_at, created_at, lease_until, expires_at, completed_at}``, or
+        dead_at, created_at, lease_until, expires_at, completed_at, serial_key}``, or
         None for an unknown id. ``state`` is scheduled, ready, inflight, dead or
         completed (kept by ``keep_completed``, acknowledged at ``completed_at``);
         ``attempts`` counts deliveries so far, the running one included; ``lease_until``

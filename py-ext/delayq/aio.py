@@ -41,17 +41,21 @@ class AsyncDelayQueue:
 
     async def push(self, payload: Any, delay: float = 0.0, *, id: Optional[str] = None,
                    max_attempts: Optional[int] = None, partition_key: Optional[str] = None,
-                   replace: bool = False, expire_after: Optional[float] = None) -> str:
+                   replace: bool = False, expire_after: Optional[float] = None,
+                   serial_key: Optional[str] = None) -> str:
         """`DelayQueue.push`."""
         return await asyncio.to_thread(self._queue.push, payload, delay, id=id, max_attempts=max_attempts,
-                                       partition_key=partition_key, replace=replace, expire_after=expire_after)
+                                       partition_key=partition_key, replace=replace, expire_after=expire_after,
+                                       serial_key=serial_key)
 
     async def push_at(self, payload: Any, at: Union[float, datetime], *, id: Optional[str] = None,
                       max_attempts: Optional[int] = None, partition_key: Optional[str] = None,
-                      replace: bool = False, expire_after: Optional[float] = None) -> str:
+                      replace: bool = False, expire_after: Optional[float] = None,
+                      serial_key: Optional[str] = None) -> str:
         """`DelayQueue.push_at`."""
         return await asyncio.to_thread(self._queue.push_at, payload, at, id=id, max_attempts=max_attempts,
-                                       partition_key=partition_key, replace=replace, expire_after=expire_after)
+                                       partition_key=partition_key, replace=replace, expire_after=expire_after,
+                                       serial_key=serial_key)
 
     async def push_many(self, items: Iterable[Union[tuple[Any, float], Mapping[str, Any]]]) -> list[str]:
         """`DelayQueue.push_many`: one round trip, nothing written unless all are valid."""

@@ -121,7 +121,7 @@ impl PyQueue {
     /// Schedule `payload` (any JSON value) after `delay` seconds on the Redis clock.
     /// Returns the message id; an `id` makes the push idempotent.
     #[pyo3(signature = (payload, delay = 0.0, *, id = None, max_attempts = None, partition_key = None,
-        replace = false, expire_after = None))]
+        replace = false, expire_after = None, serial_key = None))]
     #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
@@ -133,6 +133,7 @@ impl PyQueue {
         partition_key: Option<String>,
         replace: bool,
         expire_after: Option<f64>,
+        serial_key: Option<String>,
     ) -> PyResult<String> {
         let due = delayq::delay_from_secs("delay", delay)
             .map(delayq::Due::In)
@@ -144,13 +145,14 @@ impl PyQueue {
             partition_key,
             replace,
             expire_after: duration(py, "expire_after", expire_after)?,
+            serial_key,
         };
         py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
     }
 
     /// Schedule `payload` at `at`: Unix seconds or a datetime.
     #[pyo3(signature = (payload, at, *, id = None, max_attempts = None, partition_key = None, replace = false,
-        expire_after = None))]
+        expire_after = None, serial_key = None))]
     #[allow(clippy::too_many_arguments)]
     fn push_at(
         &self,
@@ -162,6 +164,7 @@ impl PyQueue {
         partition_key: Option<String>,
         replace: bool,
         expire_after: Option<f64>,
+        serial_key: Option<String>,
     ) -> PyResult<String> {
         let due = at_due(py, at)?;
         let json = payload_to_json(payload)?;
@@ -171,13 +174,14 @@ impl PyQueue {
             partition_key,
             replace,
             expire_after: duration(py, "expire_after", expire_after)?,
+            serial_key,
         };
         py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
     }
 
     /// Schedule many messages in one round trip: `(payload, delay)` tuples or dicts
     /// with `payload` and optional `delay` or `at`, `id`, `max_attempts`, `partition_key`, `replace`,
-    /// `expire_after`. Nothing is
+    /// `expire_after`, `serial_key`. Nothing is
     /// written unless every item is valid.
     fn push_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
         let mut batch = Vec::new();
@@ -207,6 +211,7 @@ impl PyQueue {
                         "partition_key",
                         "replace",
                         "expire_after",
+                        "serial_key",
                     ]
                     .contains(&k.as_str())
                     {
@@ -214,7 +219,7 @@ impl PyQueue {
                             py,
                             format!(
                                 "push_many item {i} has an unknown key '{k}' \
-                                 (known: payload, delay, at, id, max_attempts, partition_key, replace, expire_after)"
+                                 (known: payload, delay, at, id, max_attempts, partition_key, replace, expire_after, serial_key)"
                             ),
                         ));
                     }
@@ -250,6 +255,7 @@ impl PyQueue {
                             &format!("push_many item {i} expire_after"),
                             d.get_item("expire_after")?.map(|v| v.extract()).transpose()?,
                         )?,
+                        serial_key: d.get_item("serial_key")?.map(|v| v.extract()).transpose()?,
                     },
                 }
             } else {
@@ -581,6 +587,7 @@ fn message_info(py: Python<'_>, info: MessageInfo) -> PyResult<Bound<'_, PyDict>
     d.set_item("lease_until", info.lease_until_ms.map(ms_to_secs))?;
     d.set_item("expires_at", info.expires_at_ms.map(ms_to_secs))?;
     d.set_item("completed_at", info.completed_at_ms.map(ms_to_secs))?;
+    d.set_item("serial_key", info.serial_key)?;
     Ok(d)
 }
 

@@ -414,6 +414,8 @@ def test_push_and_reschedule(queue: delayq.DelayQueue, redis_url: str) -> None:
     assert info is not None and info["payload"] == {"order_id": 10087} and info["state"] == "scheduled"
     alone = cli(redis_url, "push", "1", "--replace")
     assert alone.returncode == 2 and "replace" in alone.stderr
+    keyed = cli_json(redis_url, "push", '{"order_id": 10088}', "--serial-key", "order:10088")["id"]
+    assert "serial key:   order:10088" in cli(redis_url, "get", keyed).stdout
 
 
 def test_repeat_repeats_and_unrepeat(queue: delayq.DelayQueue, redis_url: str) -> None:

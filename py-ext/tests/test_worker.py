@@ -324,6 +324,50 @@ def test_async_handlers_run_concurrently(queue: delayq.DelayQueue) -> None:
     assert queue.stats()["inflight"] == 0
 
 
+def test_messages_sharing_a_serial_key_never_run_at_once(queue: delayq.DelayQueue) -> None:
+    # Every other message belongs to order 10086; the rest to no key. A lease far
+    # longer than the run: waiting out a lease would not finish in time.
+    queue.push_many([{"payload": {"n": n}, "delay": n / 1000, **({"serial_key": "order:10086"} if n % 2 == 0 else {})}
+                     for n in range(16)])
+    assert queue.waiting(1)[0]["serial_key"] == "order:10086"
+    spans: list[tuple[int, float, float]] = []
+    running, peak = 0, 0
+    worker = delayq.Worker(queue, concurrency=4, lease=60, stop_when_empty=True)
+
+    async def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        started = time.monotonic()
+        await asyncio.sleep(0.03)
+        running -= 1
+        spans.append((payload["n"], started, time.monotonic()))
+
+    done = threading.Timer(30, worker.stop)
+    done.start()
+    try:
+        summary = worker.run(handle)
+    finally:
+        done.cancel()
+    assert summary["acked"] == 16 and summary["stopped_by"] == "empty", summary
+    mine = sorted((s for s in spans if s[0] % 2 == 0), key=lambda s: s[1])
+    assert [s[0] for s in mine] == list(range(0, 16, 2)), "in due order"
+    for earlier, later in zip(mine, mine[1:]):
+        assert earlier[2] <= later[1], f"{later[0]} started before {earlier[0]} ended"
+    assert peak > 1, "the other messages ran beside them"
+
+
+def test_bad_serial_keys_are_refused_and_write_nothing(queue: delayq.DelayQueue) -> None:
+    for bad in ["", "order\n1", "k" * 1000]:
+        with pytest.raises(delayq.InvalidArgumentError, match="serial_key"):
+            queue.push(1, serial_key=bad)
+    with pytest.raises(delayq.InvalidArgumentError, match="partition_key"):
+        queue.push_many([{"payload": 1, "serial_key": "a", "partition_key": "b"}])
+    assert queue.stats()["pushed"] == 0
+    msg_id = queue.push(1, serial_key="order:1")
+    assert queue.get(msg_id)["serial_key"] == "order:1"  # type: ignore[index]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_a_worker_process_gracefully_and_loses_nothing(
     queue: delayq.DelayQueue, redis_url: str, tmp_path: Any, sig: signal.Signals

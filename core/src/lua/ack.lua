@@ -58,6 +58,7 @@ elseif redis.call('EXISTS', K_DONE) == 1 then
 end
 if n_done > 0 then
   redis.call('ZREM', K_INFLIGHT, unpack(done))
+  free_serial_keys(done)
   forget(done)
   redis.call('HINCRBY', K_STATS, 'acked', n_done)
 end

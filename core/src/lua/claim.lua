@@ -57,6 +57,7 @@ if #expired > 0 then
   hdel_if_any(K_TRACE, expired)
   redis.call('ZADD', K_SCHED, unpack(readd))
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
+  free_serial_keys(expired)
 end
 
 trim_dead(now, tonumber(ARGV[5]), tonumber(ARGV[6]))
@@ -132,6 +133,14 @@ if n > 0 then
   if redis.call('EXISTS', K_ATT) == 1 then
     previous = redis.call('HMGET', K_ATT, unpack(ids))
   end
+  local blocked = nil
+  if redis.call('EXISTS', K_SERIAL) == 1 then
+    local scores = {}
+    for i = 1, n do
+      scores[i] = due[2 * i]
+    end
+    blocked = serial_gate(ids, envelopes, scores, now, lease_ms)
+  end
   -- A string once, not a number that each of the n ZADD arguments would format again.
   local deadline = fmt(now + lease_ms)
   local token = fmt(next_seq()) .. ':'
@@ -140,7 +149,9 @@ if n > 0 then
   for i = 1, n do
     local id = ids[i]
     local envelope = envelopes[i]
-    if envelope then
+    if blocked and blocked[i] then
+      -- Back in the schedule: its serial key is held (see serial_gate).
+    elseif envelope then
       claimed = claimed + 1
       local lease = token .. due[2 * i]
       leases[2 * claimed - 1] = id

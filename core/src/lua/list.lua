@@ -3,10 +3,11 @@
 -- ARGV[3] "waiting" (scheduled and ready, earliest due first), "inflight" (running,
 --   earliest lease deadline first) or "completed" (kept after completion, latest
 --   first)   ARGV[4] limit (1..1000)
--- Returns {now_ms, then groups of 9: id, state, envelope, due_ms (-1 unknown),
+-- Returns {now_ms, then groups of 10: id, state, envelope, due_ms (-1 unknown),
 --   attempts (deliveries so far, the running one included), last_error or false,
 --   lease_until_ms (-1 unless in flight), completed_at_ms (-1 unless completed),
---   error_trace or false}.
+--   error_trace or false, serial_key or false}. A message in its serial key's line
+--   shows when it was due (see get.lua).
 -- Read-only; one call reads at most 1000 messages, so Redis is never blocked for long.
 local now = now_ms()
 local limit = tonumber(ARGV[4])
@@ -27,6 +28,7 @@ if ARGV[3] == 'completed' then
       result[k + 7] = -1
       result[k + 8] = tonumber(listed[i + 1])
       result[k + 9] = false
+      result[k + 10] = false
     end
   end
   return result
@@ -47,6 +49,11 @@ local attempts = redis.call('HMGET', K_ATT, unpack(ids))
 local errors = redis.call('HMGET', K_ERR, unpack(ids))
 local traces = redis.call('HMGET', K_TRACE, unpack(ids))
 local leases = inflight and redis.call('HMGET', K_LEASE, unpack(ids)) or {}
+local serials, lined = {}, {}
+if redis.call('EXISTS', K_SERIAL) == 1 then
+  serials = redis.call('HMGET', K_SERIAL, unpack(ids))
+  lined = redis.call('HMGET', K_SERIAL_LINED, unpack(ids))
+end
 local ready_bound = due_bound(now)
 for i = 1, n do
   -- An id without an envelope (a hand edit, a foreign tool) has nothing to show.
@@ -58,6 +65,9 @@ for i = 1, n do
       local claimed_at = leases[i] and select(2, lease_parts(leases[i]))
       state, due, attempt, lease_until = 'inflight', claimed_at and due_of(claimed_at) or -1, finished + 1, score
     else
+      if lined[i] then
+        score = tonumber(string.match(string.sub(lined[i], #serials[i] + 2), '^(%d+)'))
+      end
       state = score <= ready_bound and 'ready' or 'scheduled'
       due, attempt, lease_until = due_of(score), finished, -1
     end
@@ -71,6 +81,7 @@ for i = 1, n do
     result[k + 7] = lease_until
     result[k + 8] = -1
     result[k + 9] = traces[i]
+    result[k + 10] = serials[i] or false
   end
 end
 return result

@@ -17,6 +17,7 @@ for i = 5, #ARGV, 5 do
     local attempt = tonumber(redis.call('HGET', K_ATT, id) or '0') + 1
     redis.call('ZREM', K_INFLIGHT, id)
     redis.call('HDEL', K_LEASE, id)
+    free_serial_keys({id})
     redis.call('HSET', K_ATT, id, attempt)
     redis.call('HSET', K_ERR, id, err)
     if trace ~= '' then

@@ -6,6 +6,7 @@
 -- Kept completed messages go too, uncounted (they are no longer messages of the queue).
 -- Returns the number of messages deleted.
 local count = redis.call('HLEN', K_MSG)
-redis.call('UNLINK', K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_DONE, K_DONE_MSG, K_TRACE)
+redis.call('UNLINK', K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_DONE, K_DONE_MSG, K_TRACE,
+  K_SERIAL, K_SERIAL_HOLD, K_SERIAL_LINE, K_SERIAL_LINED)
 redis.call('HINCRBY', K_STATS, 'purged', count)
 return count

@@ -4,24 +4,26 @@
 --   of a call that may have run), so each is looked up and an existing one is left
 --   as it is; "new": every id is one that delayq generated for this send, so none can
 --   exist and the lookup is skipped.
--- ARGV[4..] groups of 4: id, kind ("d" = delay in ms from the server clock,
+-- ARGV[4..] groups of 5: id, kind ("d" = delay in ms from the server clock,
 --   "a" = absolute Unix time in ms; "D" and "A" the same, replacing a message of that
 --   id that waits or is dead: new envelope and due time, attempts and last error
 --   reset; one that runs is left as it is; "de", "ae", "De", "Ae": the same for an
---   envelope with an expiry, whose deadline counts from the due time), ms, envelope.
+--   envelope with an expiry, whose deadline counts from the due time), ms, envelope,
+--   serial key ("" = none; see serial_gate in lib.lua).
 -- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
 --   (the others existed already and were left).
 local now = now_ms()
 local old_head = head_score()
 local FIRST = 4
-local count = (#ARGV - FIRST + 1) / 4
+local GROUP = 5
+local count = (#ARGV - FIRST + 1) / GROUP
 local seq = next_seq(count)
 local check = ARGV[3] == 'check'
 local existing, seen = {}, {}
 if check then
   local ids = {}
   for i = 1, count do
-    ids[i] = ARGV[FIRST + (i - 1) * 4]
+    ids[i] = ARGV[FIRST + (i - 1) * GROUP]
   end
   -- One read for the whole batch (HMGET: there is no variadic HEXISTS).
   existing = redis.call('HMGET', K_MSG, unpack(ids))
@@ -38,11 +40,14 @@ end
 -- Counters rather than the # operator, which costs a search of the table per use.
 local adds, envelopes, n_adds, lowest = {}, {}, 0, nil
 local replaced, n_replaced = {}, 0
+-- The serial key of each message written (a replacing push sets its own, or none).
+local serial_of, any_serial = {}, false
 for i = 1, count do
-  local base = FIRST + (i - 1) * 4
+  local base = FIRST + (i - 1) * GROUP
   local id = ARGV[base]
   local kind = ARGV[base + 1]
   local envelope = ARGV[base + 3]
+  local serial = ARGV[base + 4]
   local expiring = #kind == 2
   if expiring then
     kind = string.sub(kind, 1, 1)
@@ -62,6 +67,8 @@ for i = 1, count do
     if replace then
       adds[earlier] = score
       envelopes[earlier + 1] = envelope
+      serial_of[id] = serial
+      any_serial = any_serial or serial ~= ''
       if score < lowest then
         lowest = score
       end
@@ -78,6 +85,8 @@ for i = 1, count do
     adds[n_adds + 2] = id
     envelopes[n_adds + 1] = id
     envelopes[n_adds + 2] = envelope
+    serial_of[id] = serial
+    any_serial = any_serial or serial ~= ''
     if check then
       seen[id] = n_adds + 1
     end
@@ -89,12 +98,24 @@ if n_replaced > 0 then
   hdel_if_any(K_ATT, replaced)
   hdel_if_any(K_ERR, replaced)
   hdel_if_any(K_TRACE, replaced)
+  -- Its new due time stands, and its key is the one it was pushed with now.
+  unline(replaced)
+  hdel_if_any(K_SERIAL, replaced)
   redis.call('HINCRBY', K_STATS, 'replaced', n_replaced)
 end
 local created = n_adds / 2 - n_replaced
 if n_adds > 0 then
   redis.call('HSET', K_MSG, unpack(envelopes))
   redis.call('ZADD', K_SCHED, unpack(adds))
+  if any_serial then
+    local keyed, n_keyed = {}, 0
+    for id, serial in pairs(serial_of) do
+      if serial ~= '' then
+        keyed[n_keyed + 1], keyed[n_keyed + 2], n_keyed = id, serial, n_keyed + 2
+      end
+    end
+    redis.call('HSET', K_SERIAL, unpack(keyed))
+  end
   if created > 0 then
     redis.call('HINCRBY', K_STATS, 'pushed', created)
   end

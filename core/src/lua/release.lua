@@ -16,6 +16,7 @@ for i = 3, #ARGV, 2 do
     redis.call('ZREM', K_INFLIGHT, id)
     redis.call('HDEL', K_LEASE, id)
     redis.call('ZADD', K_SCHED, score, id)
+    free_serial_keys({id})
     released = released + 1
   end
 end

@@ -14,6 +14,8 @@ if kind == 'd' then
 end
 local score = score_of(due, next_seq())
 redis.call('ZADD', K_SCHED, score, id)
+-- Its new due time stands: no holder's end may move it back to its old place in line.
+unline({id})
 if not SEED then
   local envelope = redis.call('HGET', K_MSG, id)
   local moved = envelope and with_deadline(envelope, due)

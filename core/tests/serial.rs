@@ -1,0 +1,329 @@
+//! Serial keys: messages that share one never run at the same time, and start in due
+//! order, without waiting out any lease.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
+use delayq::{Layout, NewMessage, PushOptions, QueueOptions, Received, State, Worker, WorkerOptions};
+use parking_lot::Mutex;
+use serde_json::json;
+
+fn keyed(n: u64, key: Option<&str>, due: Duration) -> NewMessage {
+    let mut m = NewMessage::new(&json!({"n": n}), due).expect("message");
+    m.options.serial_key = key.map(str::to_owned);
+    m
+}
+
+fn n_of(d: &delayq::Delivery) -> u64 {
+    let v: serde_json::Value = d.payload().expect("payload");
+    v["n"].as_u64().expect("n")
+}
+
+fn line_length(server: &RedisServer, tag: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(format!("{tag}:serial_line"))
+        .query(&mut server.con())
+        .expect("ZCARD")
+}
+
+fn receive(c: &delayq::Consumer) -> delayq::Delivery {
+    match c.recv_timeout(Duration::from_secs(5)) {
+        Received::Message(d) => d,
+        other => panic!("expected a delivery, got {other:?}"),
+    }
+}
+
+fn nothing_for(c: &delayq::Consumer, wait: Duration) {
+    match c.recv_timeout(wait) {
+        Received::Idle => {}
+        Received::Message(d) => panic!("expected nothing, got message {}", n_of(&d)),
+        Received::Stopped => panic!("stopped"),
+    }
+}
+
+#[test]
+fn messages_sharing_a_serial_key_never_overlap_and_start_in_due_order() {
+    let server = RedisServer::start();
+    let q = server.queue("serial");
+    // Two keys of 8 messages each, interleaved with 16 that have none; due in push order.
+    let key_of = |n: u64| match n % 4 {
+        0 => Some("order-1"),
+        1 => Some("order-2"),
+        _ => None,
+    };
+    let batch: Vec<NewMessage> = (0..32u64)
+        .map(|n| keyed(n, key_of(n), Duration::from_millis(n)))
+        .collect();
+    q.push_many(&batch).expect("push");
+    // A lease far longer than the run: a message that waited out its key's lease would
+    // fail the test's time limit.
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            threads: 2,
+            lease: Duration::from_secs(60),
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker");
+    let runs: Mutex<Vec<(u64, Instant, Instant)>> = Mutex::new(Vec::new());
+    let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let stopper = worker.stopper();
+    let summary = std::thread::scope(|s| {
+        let _stop = StopOnDrop(stopper.clone());
+        let run = s.spawn(|| {
+            worker
+                .run(4, |d| {
+                    let started = Instant::now();
+                    most.fetch_max(running.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(30));
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    runs.lock().push((n_of(d), started, Instant::now()));
+                    Ok(())
+                })
+                .expect("run")
+        });
+        wait_for(Duration::from_secs(20), "every message run", || runs.lock().len() == 32);
+        stopper.stop();
+        run.join().expect("run thread")
+    });
+    assert_eq!(summary.acked, 32);
+    let runs = runs.into_inner();
+    for key in 0..2 {
+        let mut mine: Vec<&(u64, Instant, Instant)> = runs.iter().filter(|r| r.0 % 4 == key).collect();
+        mine.sort_by_key(|r| r.1);
+        let order: Vec<u64> = mine.iter().map(|r| r.0).collect();
+        assert_eq!(order, (0..8).map(|i| i * 4 + key).collect::<Vec<_>>(), "due order");
+        for pair in mine.windows(2) {
+            assert!(
+                pair[0].2 <= pair[1].1,
+                "{} started before {} ended",
+                pair[1].0,
+                pair[0].0
+            );
+        }
+    }
+    assert!(
+        most.load(Ordering::SeqCst) > 1,
+        "messages of other keys, and those without, ran side by side"
+    );
+    assert_no_leak(&server, "{dq:serial}");
+    let left: Vec<String> = server
+        .dump_keys()
+        .into_iter()
+        .filter(|k| k.contains(":serial_"))
+        .collect();
+    assert!(left.is_empty(), "serial bookkeeping left behind: {left:?}");
+}
+
+#[test]
+fn a_failure_frees_the_key_and_the_next_in_line_runs_before_the_retry() {
+    let server = RedisServer::start();
+    let q = server.queue("serial-retry");
+    q.push_many(&[
+        keyed(1, Some("k"), Duration::ZERO),
+        keyed(2, Some("k"), Duration::from_millis(1)),
+    ])
+    .expect("push");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_millis(200),
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker");
+    let c = worker.start_with(2).expect("start");
+    let first = receive(&c);
+    assert_eq!(n_of(&first), 1);
+    nothing_for(&c, Duration::from_millis(300));
+    c.fail(first, "the payment gateway timed out");
+    let second = receive(&c);
+    assert_eq!(
+        (n_of(&second), second.attempt),
+        (2, 1),
+        "the next in line, not the retry"
+    );
+    // The retry is due meanwhile; the key is held again, so it waits.
+    nothing_for(&c, Duration::from_millis(400));
+    c.ack(second);
+    let retry = receive(&c);
+    assert_eq!((n_of(&retry), retry.attempt), (1, 2));
+    c.ack(retry);
+    let s = c.finish();
+    assert_eq!((s.acked, s.retried), (2, 1));
+    assert_no_leak(&server, "{dq:serial-retry}");
+}
+
+#[test]
+fn a_holder_whose_worker_died_frees_its_key_when_its_lease_ends() {
+    let server = RedisServer::start();
+    let q = server.queue("serial-crash");
+    q.push_many(&[
+        keyed(1, Some("k"), Duration::ZERO),
+        keyed(2, Some("k"), Duration::from_millis(1)),
+    ])
+    .expect("push");
+    // Consumer A takes the first and "hangs": its heartbeat stops at `timeout`, so its
+    // lease runs out.
+    let a = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            prefetch: 1,
+            threads: 1,
+            lease: Duration::from_millis(500),
+            timeout: Some(Duration::from_millis(50)),
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker a");
+    let ca = a.start().expect("start a");
+    let held = receive(&ca);
+    assert_eq!(n_of(&held), 1);
+    let b = Worker::new(q.clone(), WorkerOptions::default()).expect("worker b");
+    let cb = b.start_with(2).expect("start b");
+    wait_for(Duration::from_secs(5), "the second in its key's line", || {
+        line_length(&server, "{dq:serial-crash}") == 1
+    });
+    let waiting = q.get(&cb_id(&q, 2)).expect("get").expect("exists");
+    assert_eq!(
+        (waiting.state, waiting.serial_key.as_deref()),
+        (State::Ready, Some("k")),
+        "due, waiting for its key"
+    );
+    let due_then = q.list(delayq::Listing::Waiting, 10).expect("list")[0].due_at_ms;
+    assert_eq!(waiting.due_at_ms, due_then);
+    assert!(
+        waiting.due_at_ms.expect("due") <= server.now_ms(),
+        "shown due when it was due, not when its safety net brings it back"
+    );
+    // A's lease ends: the key frees and the line moves on, without a later lease.
+    let next = receive(&cb);
+    assert_eq!(n_of(&next), 2, "first in line before the expired one's redelivery");
+    cb.ack(next);
+    let again = receive(&cb);
+    assert_eq!((n_of(&again), again.attempt), (1, 2));
+    cb.ack(again);
+    ca.ack(held);
+    assert_eq!(ca.finish().lease_lost, 1);
+    assert_eq!(cb.finish().acked, 2);
+    assert_no_leak(&server, "{dq:serial-crash}");
+}
+
+/// The id of the message whose payload has this `n`.
+fn cb_id(q: &delayq::Queue, n: u64) -> String {
+    q.list(delayq::Listing::Waiting, 100)
+        .expect("list")
+        .into_iter()
+        .find(|m| m.payload_json.contains(&format!("\"n\":{n}")))
+        .map(|m| m.id)
+        .expect("listed")
+}
+
+#[test]
+fn cancel_reschedule_and_replace_take_a_message_out_of_its_line() {
+    let server = RedisServer::start();
+    let q = server.queue("serial-line");
+    q.push_many(&[keyed(1, Some("k"), Duration::ZERO)]).expect("push");
+    let holder_worker = Worker::new(q.clone(), WorkerOptions::default()).expect("worker");
+    let holder = holder_worker.start().expect("start");
+    let held = receive(&holder);
+    let push = |n: u64, id: &str| {
+        let mut m = keyed(n, Some("k"), Duration::ZERO);
+        m.options.id = Some(id.to_owned());
+        q.push_many(&[m]).expect("push");
+    };
+    push(2, "cancelled");
+    push(3, "rescheduled");
+    push(4, "replaced");
+    push(5, "stays");
+    let other_worker = Worker::new(q.clone(), WorkerOptions::default()).expect("worker");
+    let other = other_worker.start_with(4).expect("start");
+    wait_for(Duration::from_secs(5), "four in the key's line", || {
+        line_length(&server, "{dq:serial-line}") == 4
+    });
+    assert!(q.cancel("cancelled").expect("cancel"));
+    assert!(
+        q.reschedule("rescheduled", Duration::from_secs(60))
+            .expect("reschedule")
+    );
+    let replaced = q
+        .push_json(
+            r#"{"n": 40}"#,
+            Duration::from_secs(60).into(),
+            &PushOptions {
+                id: Some("replaced".into()),
+                replace: true,
+                serial_key: Some("k".into()),
+                ..PushOptions::default()
+            },
+        )
+        .expect("replace");
+    assert_eq!(replaced, "replaced");
+    assert_eq!(line_length(&server, "{dq:serial-line}"), 1, "only the one left alone");
+    holder.ack(held);
+    // Stopped, so that the next in line goes to `other` (a delivery the holder's
+    // consumer took meanwhile goes back to the queue at once).
+    holder.finish();
+    let next = receive(&other);
+    assert_eq!(n_of(&next), 5, "the line skipped what left it");
+    other.ack(next);
+    nothing_for(&other, Duration::from_millis(300));
+    for id in ["rescheduled", "replaced"] {
+        let info = q.get(id).expect("get").expect("exists");
+        assert_eq!(info.state, State::Scheduled, "{id} keeps its new due time");
+    }
+    assert!(q.get("cancelled").expect("get").is_none());
+    other.finish();
+    q.purge().expect("purge");
+    let left: Vec<String> = server
+        .dump_keys()
+        .into_iter()
+        .filter(|k| k.contains(":serial_"))
+        .collect();
+    assert!(left.is_empty(), "purge leaves no serial bookkeeping: {left:?}");
+}
+
+#[test]
+fn bad_serial_keys_are_refused_and_write_nothing() {
+    let server = RedisServer::start();
+    let q = server.queue("serial-bad");
+    let push = |key: &str, partition_key: Option<&str>| {
+        q.push_json(
+            "1",
+            Duration::ZERO.into(),
+            &PushOptions {
+                serial_key: Some(key.into()),
+                partition_key: partition_key.map(str::to_owned),
+                ..PushOptions::default()
+            },
+        )
+    };
+    for (key, partition_key, names) in [
+        ("", None, "serial_key"),
+        ("a\nb", None, "serial_key"),
+        (&"k".repeat(1000) as &str, None, "serial_key"),
+        ("order-1", Some("order-2"), "partition_key"),
+    ] {
+        let err = push(key, partition_key).expect_err("refused");
+        assert!(err.is_invalid_input() && err.to_string().contains(names), "{err}");
+    }
+    push("order-1", Some("order-1")).expect("the same key twice is fine");
+    let seed = server.queue_with(
+        "ignored",
+        QueueOptions {
+            layout: Layout::seed(),
+            ..QueueOptions::default()
+        },
+    );
+    let mut m = NewMessage::new(&1, Duration::ZERO).expect("message");
+    m.options.serial_key = Some("k".into());
+    let err = seed.push_many(&[m]).expect_err("seed layout");
+    assert!(err.to_string().contains("seed layout"), "{err}");
+    assert_eq!(q.stats().expect("stats").totals["pushed"], 1);
+    assert_eq!(seed.stats().expect("stats").ready, 0);
+}
