@@ -311,3 +311,62 @@ def test_the_examples_php_producer_and_python_handler_module(redis_url: str) -> 
     assert done.stderr.count("closed order") == 200 and "closed order 20199 (attempt 1" in done.stderr
     stats = delayq.DelayQueue(redis_url, "orders").stats()
     assert stats["scheduled"] + stats["ready"] + stats["inflight"] == 0
+
+
+
+def test_a_serial_key_held_by_a_php_worker_holds_a_python_worker_back(
+    queue: delayq.DelayQueue, redis_url: str, tmp_path: Path
+) -> None:
+    """A PHP worker runs the first message of order 10086 until told to stop; a Python
+    worker meanwhile runs a message without a key, but not the order's second one,
+    which starts only once the first ended, in whichever language."""
+    log = tmp_path / "spans"
+    php(
+        """
+        $q = new DelayQueue($argv[1], 'jobs');
+        $q->pushMany([
+            ['payload' => ['n' => 0], 'serial_key' => 'order:10086'],
+            ['payload' => ['n' => 1], 'delay' => 0.001, 'serial_key' => 'order:10086'],
+        ]);
+        """,
+        redis_url,
+    )
+    php_worker = threading.Thread(target=php, args=(
+        """
+        $w = new DelayQueueWorker(new DelayQueue($argv[1], 'jobs'), ['stop_when_empty' => true]);
+        $w->run(function ($p) use ($argv) {
+            $start = microtime(true);
+            if ($p['n'] === 0) {
+                touch($argv[2] . '.holding');
+                while (!file_exists($argv[2] . '.release')) {
+                    usleep(10000);
+                }
+            }
+            file_put_contents($argv[2], sprintf("%d %.6f %.6f php\\n", $p['n'], $start, microtime(true)), FILE_APPEND);
+        });
+        """,
+        redis_url,
+        str(log),
+    ))
+    php_worker.start()
+    wait_for(20, "the PHP worker running the first", lambda: (tmp_path / "spans.holding").exists())
+    queue.push({"n": 2})
+    worker = delayq.Worker(queue, stop_when_empty=True)
+
+    def handle(payload: dict[str, int], msg: delayq.Message) -> None:
+        start = time.time()
+        if payload["n"] == 2:
+            # The order's second message waits meanwhile, due but held back.
+            time.sleep(0.3)
+            second = queue.get(next(m["id"] for m in queue.waiting(10) if m["payload"] == {"n": 1}))
+            assert second is not None and second["state"] == "ready", second
+            (tmp_path / "spans.release").touch()
+        with open(log, "a") as f:
+            f.write(f"{payload['n']} {start:.6f} {time.time():.6f} python\n")
+
+    summary = worker.run(handle)
+    php_worker.join(60)
+    rows = {int(r[0]): r for r in (line.split() for line in log.read_text().splitlines())}
+    assert sorted(rows) == [0, 1, 2] and rows[0][3] == "php" and rows[2][3] == "python", rows
+    assert float(rows[1][1]) >= float(rows[0][2]), "the second started once the first ended"
+    assert summary["acked"] >= 1 and drained(queue)
