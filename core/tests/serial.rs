@@ -327,3 +327,65 @@ fn bad_serial_keys_are_refused_and_write_nothing() {
     assert_eq!(q.stats().expect("stats").totals["pushed"], 1);
     assert_eq!(seed.stats().expect("stats").ready, 0);
 }
+
+#[test]
+fn on_a_partitioned_queue_a_serial_key_keeps_its_messages_in_one_partition() {
+    let server = RedisServer::start();
+    let q = server.queue_with(
+        "serial-parts",
+        QueueOptions {
+            partitions: 3,
+            ..QueueOptions::default()
+        },
+    );
+    let batch: Vec<NewMessage> = (0..12u64)
+        .map(|n| keyed(n, Some("order-1"), Duration::from_millis(n)))
+        .collect();
+    q.push_many(&batch).expect("push");
+    let parts: std::collections::BTreeSet<usize> = q
+        .list(delayq::Listing::Waiting, 100)
+        .expect("list")
+        .iter()
+        .map(|m| q.partition_of(&m.id, m.serial_key.as_deref()))
+        .collect();
+    assert_eq!(parts.len(), 1, "one partition: {parts:?}");
+    let listed = q.list(delayq::Listing::Waiting, 1).expect("list");
+    let found = q
+        .get(&listed[0].id)
+        .expect("get")
+        .expect("found outside its id's own partition");
+    assert_eq!(found.serial_key.as_deref(), Some("order-1"));
+    let worker = Worker::new(q.clone(), WorkerOptions::default()).expect("worker");
+    let runs: Mutex<Vec<(u64, Instant, Instant)>> = Mutex::new(Vec::new());
+    let stopper = worker.stopper();
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(stopper.clone());
+        let run = s.spawn(|| {
+            worker
+                .run(3, |d| {
+                    let started = Instant::now();
+                    std::thread::sleep(Duration::from_millis(10));
+                    runs.lock().push((n_of(d), started, Instant::now()));
+                    Ok(())
+                })
+                .expect("run")
+        });
+        wait_for(Duration::from_secs(20), "every message run", || runs.lock().len() == 12);
+        stopper.stop();
+        run.join().expect("run thread");
+    });
+    let mut runs = runs.into_inner();
+    runs.sort_by_key(|r| r.1);
+    assert_eq!(
+        runs.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (0..12).collect::<Vec<_>>()
+    );
+    for pair in runs.windows(2) {
+        assert!(
+            pair[0].2 <= pair[1].1,
+            "{} started before {} ended",
+            pair[1].0,
+            pair[0].0
+        );
+    }
+}
