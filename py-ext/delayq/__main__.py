@@ -160,6 +160,8 @@ def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
                 head = f"{m['id']}  {m['state']:9}  due {_when(m['due_at'])}"
                 if m["attempts"]:
                     head += f"  after {m['attempts']} failed attempt{'' if m['attempts'] == 1 else 's'}"
+            if m.get("serial_key"):
+                head += f"  serial key {m['serial_key']}"
             lines.append(head)
             if m["last_error"]:
                 lines.append(f"    error:   {_clip(m['last_error'])}")

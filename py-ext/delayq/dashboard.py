@@ -54,6 +54,13 @@ def _text(value: Any) -> str:
     return html.escape(shown)
 
 
+def _id(m: dict[str, Any]) -> str:
+    """A message's id, with its serial key when it has one (what a waiting message may
+    wait for)."""
+    key = m.get("serial_key")
+    return f"<code>{_text(m['id'])}</code>" + (f"<br><small>serial key {_text(key)}</small>" if key else "")
+
+
 def _error(m: dict[str, Any], css: str = "") -> str:
     """The last error, which unfolds into its whole trace when it came with one."""
     if not m["last_error"]:
@@ -159,7 +166,7 @@ def _queue_section(q: DelayQueue, now: float, token: Optional[str] = None) -> st
     )
     inflight = _table(
         ["id", "attempt", "lease until", "payload"],
-        [[f"<code>{_text(m['id'])}</code>", str(m["attempts"]),
+        [[_id(m), str(m["attempts"]),
           _when(m["lease_until"]) + (' <span class="bad">expired</span>'
                                      if m["lease_until"] is not None and m["lease_until"] < now else ""),
           _text(m["payload"])] for m in running],
@@ -167,7 +174,7 @@ def _queue_section(q: DelayQueue, now: float, token: Optional[str] = None) -> st
     )
     upcoming = _table(
         ["id", "due", "attempts", "last error", "payload"],
-        [[f"<code>{_text(m['id'])}</code>", _when(m["due_at"]), str(m["attempts"]),
+        [[_id(m), _when(m["due_at"]), str(m["attempts"]),
           _error(m), _text(m["payload"])] for m in waiting],
         frozenset({2}),
     )

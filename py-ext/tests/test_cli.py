@@ -268,10 +268,11 @@ def test_rate_limit_is_shown_set_and_cleared(queue: delayq.DelayQueue, redis_url
 
 def test_waiting_and_inflight_list_what_the_api_lists(queue: delayq.DelayQueue, redis_url: str) -> None:
     queue.push({"n": 1}, delay=60)
-    queue.push({"n": 2})
+    queue.push({"n": 2}, serial_key="order:2")
     assert cli_json(redis_url, "waiting") == queue.waiting(20)
     text = cli(redis_url, "waiting", "--limit", "1").stdout
     assert "  ready      due " in text and '{"n":2}' in text and '{"n":1}' not in text
+    assert "  serial key order:2\n" in text
     assert cli(redis_url, "inflight").stdout == "queue jobs: no running messages\n"
     bad = cli(redis_url, "waiting", "--limit", "-1")
     assert bad.returncode == 2 and "0 or more" in bad.stderr
@@ -441,7 +442,7 @@ def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
     from delayq.dashboard import ROWS, render_html
 
     hostile = "<script>alert('x')</script>"
-    queue.push({"note": hostile}, delay=3600, id="later-1")
+    queue.push({"note": hostile}, delay=3600, id="later-1", serial_key=hostile)
     queue.push({"n": 1}, id="poison")
     worker = delayq.Worker(queue, max_attempts=1)
 
@@ -461,6 +462,7 @@ def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
     assert "<script>" not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
     assert '<meta http-equiv="refresh" content="2; url=/">' in page
     assert "queue <code>jobs</code>" in page and "later-1" in page and "poison" in page
+    assert "<code>later-1</code><br><small>serial key &lt;script&gt;" in page, "its serial key, escaped"
     assert "ValueError: &lt;script&gt;" in page, "the dead letter's error"
     # The error unfolds into its traceback, escaped too.
     assert '<details><summary><span class="bad">ValueError: &lt;script&gt;' in page
