@@ -44,6 +44,60 @@ fn nothing_for(c: &delayq::Consumer, wait: Duration) {
     }
 }
 
+/// One handler call: the message's `n`, when it started and when it ended.
+type Span = (u64, Instant, Instant);
+
+/// Run `worker` on `threads` handler threads, each call sleeping `sleep`, until `count`
+/// calls ended; returns the calls and the most that ran at once.
+fn run_spans(worker: &Worker, threads: usize, sleep: Duration, count: usize) -> (Vec<Span>, usize) {
+    let spans: Mutex<Vec<Span>> = Mutex::new(Vec::new());
+    let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let stopper = worker.stopper();
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(stopper.clone());
+        let run = s.spawn(|| {
+            worker
+                .run(threads, |d| {
+                    let started = Instant::now();
+                    most.fetch_max(running.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    std::thread::sleep(sleep);
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    spans.lock().push((n_of(d), started, Instant::now()));
+                    Ok(())
+                })
+                .expect("run")
+        });
+        wait_for(Duration::from_secs(20), "every message run", || {
+            spans.lock().len() == count
+        });
+        stopper.stop();
+        run.join().expect("run thread");
+    });
+    (spans.into_inner(), most.into_inner())
+}
+
+/// The spans of one key ran one after the other, in the order of `expected`.
+fn assert_one_at_a_time(mut spans: Vec<&Span>, expected: &[u64]) {
+    spans.sort_by_key(|r| r.1);
+    assert_eq!(spans.iter().map(|r| r.0).collect::<Vec<_>>(), expected, "due order");
+    for pair in spans.windows(2) {
+        assert!(
+            pair[0].2 <= pair[1].1,
+            "{} started before {} ended",
+            pair[1].0,
+            pair[0].0
+        );
+    }
+}
+
+fn serial_bookkeeping(server: &RedisServer) -> Vec<String> {
+    server
+        .dump_keys()
+        .into_iter()
+        .filter(|k| k.contains(":serial_"))
+        .collect()
+}
+
 #[test]
 fn messages_sharing_a_serial_key_never_overlap_and_start_in_due_order() {
     let server = RedisServer::start();
@@ -69,53 +123,15 @@ fn messages_sharing_a_serial_key_never_overlap_and_start_in_due_order() {
         },
     )
     .expect("worker");
-    let runs: Mutex<Vec<(u64, Instant, Instant)>> = Mutex::new(Vec::new());
-    let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
-    let stopper = worker.stopper();
-    let summary = std::thread::scope(|s| {
-        let _stop = StopOnDrop(stopper.clone());
-        let run = s.spawn(|| {
-            worker
-                .run(4, |d| {
-                    let started = Instant::now();
-                    most.fetch_max(running.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
-                    std::thread::sleep(Duration::from_millis(30));
-                    running.fetch_sub(1, Ordering::SeqCst);
-                    runs.lock().push((n_of(d), started, Instant::now()));
-                    Ok(())
-                })
-                .expect("run")
-        });
-        wait_for(Duration::from_secs(20), "every message run", || runs.lock().len() == 32);
-        stopper.stop();
-        run.join().expect("run thread")
-    });
-    assert_eq!(summary.acked, 32);
-    let runs = runs.into_inner();
+    let (spans, most) = run_spans(&worker, 4, Duration::from_millis(30), 32);
     for key in 0..2 {
-        let mut mine: Vec<&(u64, Instant, Instant)> = runs.iter().filter(|r| r.0 % 4 == key).collect();
-        mine.sort_by_key(|r| r.1);
-        let order: Vec<u64> = mine.iter().map(|r| r.0).collect();
-        assert_eq!(order, (0..8).map(|i| i * 4 + key).collect::<Vec<_>>(), "due order");
-        for pair in mine.windows(2) {
-            assert!(
-                pair[0].2 <= pair[1].1,
-                "{} started before {} ended",
-                pair[1].0,
-                pair[0].0
-            );
-        }
+        let expected: Vec<u64> = (0..8).map(|i| i * 4 + key).collect();
+        assert_one_at_a_time(spans.iter().filter(|r| r.0 % 4 == key).collect(), &expected);
     }
-    assert!(
-        most.load(Ordering::SeqCst) > 1,
-        "messages of other keys, and those without, ran side by side"
-    );
+    assert!(most > 1, "messages of other keys, and those without, ran side by side");
+    assert_eq!(q.stats().expect("stats").totals["acked"], 32);
     assert_no_leak(&server, "{dq:serial}");
-    let left: Vec<String> = server
-        .dump_keys()
-        .into_iter()
-        .filter(|k| k.contains(":serial_"))
-        .collect();
+    let left = serial_bookkeeping(&server);
     assert!(left.is_empty(), "serial bookkeeping left behind: {left:?}");
 }
 
@@ -280,11 +296,7 @@ fn cancel_reschedule_and_replace_take_a_message_out_of_its_line() {
     assert!(q.get("cancelled").expect("get").is_none());
     other.finish();
     q.purge().expect("purge");
-    let left: Vec<String> = server
-        .dump_keys()
-        .into_iter()
-        .filter(|k| k.contains(":serial_"))
-        .collect();
+    let left = serial_bookkeeping(&server);
     assert!(left.is_empty(), "purge leaves no serial bookkeeping: {left:?}");
 }
 
@@ -356,36 +368,6 @@ fn on_a_partitioned_queue_a_serial_key_keeps_its_messages_in_one_partition() {
         .expect("found outside its id's own partition");
     assert_eq!(found.serial_key.as_deref(), Some("order-1"));
     let worker = Worker::new(q.clone(), WorkerOptions::default()).expect("worker");
-    let runs: Mutex<Vec<(u64, Instant, Instant)>> = Mutex::new(Vec::new());
-    let stopper = worker.stopper();
-    std::thread::scope(|s| {
-        let _stop = StopOnDrop(stopper.clone());
-        let run = s.spawn(|| {
-            worker
-                .run(3, |d| {
-                    let started = Instant::now();
-                    std::thread::sleep(Duration::from_millis(10));
-                    runs.lock().push((n_of(d), started, Instant::now()));
-                    Ok(())
-                })
-                .expect("run")
-        });
-        wait_for(Duration::from_secs(20), "every message run", || runs.lock().len() == 12);
-        stopper.stop();
-        run.join().expect("run thread");
-    });
-    let mut runs = runs.into_inner();
-    runs.sort_by_key(|r| r.1);
-    assert_eq!(
-        runs.iter().map(|r| r.0).collect::<Vec<_>>(),
-        (0..12).collect::<Vec<_>>()
-    );
-    for pair in runs.windows(2) {
-        assert!(
-            pair[0].2 <= pair[1].1,
-            "{} started before {} ended",
-            pair[1].0,
-            pair[0].0
-        );
-    }
+    let (spans, _) = run_spans(&worker, 3, Duration::from_millis(10), 12);
+    assert_one_at_a_time(spans.iter().collect(), &(0..12).collect::<Vec<_>>());
 }

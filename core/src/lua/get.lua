@@ -27,7 +27,7 @@ local score = redis.call('ZSCORE', K_SCHED, id)
 if score then
   local lined = serial and redis.call('HGET', K_SERIAL_LINED, id)
   if lined then
-    score = string.match(string.sub(lined, #serial + 2), '^(%d+)')
+    score = line_entry(lined, serial)
   end
   local due = due_of(tonumber(score))
   local state = 'scheduled'

@@ -205,6 +205,11 @@ end
 -- first of the line goes back to that score: due at once, ahead of what came due later.
 -- Costs nothing while no message of the queue has a key (the hashes do not exist).
 
+-- A member of key's line: the score it was due at (its digits, as text) and its id.
+local function line_entry(member, key)
+  return string.match(string.sub(member, #key + 2), '^(%d+)%z(.*)$')
+end
+
 -- Take ids out of their lines (claimed, cancelled, rescheduled, replaced, gone).
 local function unline(ids)
   if #ids == 0 or redis.call('EXISTS', K_SERIAL_LINED) == 0 then
@@ -230,7 +235,7 @@ local function wake_line(key)
     if not first then
       return
     end
-    local score, id = string.match(string.sub(first, #key + 2), '^(%d+)%z(.*)$')
+    local score, id = line_entry(first, key)
     redis.call('ZREM', K_SERIAL_LINE, first)
     redis.call('HDEL', K_SERIAL_LINED, id)
     if redis.call('ZSCORE', K_SCHED, id) then

@@ -66,7 +66,7 @@ for i = 1, n do
       state, due, attempt, lease_until = 'inflight', claimed_at and due_of(claimed_at) or -1, finished + 1, score
     else
       if lined[i] then
-        score = tonumber(string.match(string.sub(lined[i], #serials[i] + 2), '^(%d+)'))
+        score = tonumber((line_entry(lined[i], serials[i])))
       end
       state = score <= ready_bound and 'ready' or 'scheduled'
       due, attempt, lease_until = due_of(score), finished, -1
