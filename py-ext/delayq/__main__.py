@@ -515,11 +515,13 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         try:
             summary = supervisor.run_one(worker, handler, args.slot_file, on_start, on_stop)
         except (KeyboardInterrupt, SystemExit) as cut:
-            # A second stop signal: what the process did until then still counts.
+            # A second stop signal, or a handler's sys.exit(): what the process did until
+            # then still counts.
             status = 128 + signal.SIGINT if isinstance(cut, KeyboardInterrupt) else _exit_status(cut)
             if worker._last_summary is None:
                 return status
-            summary = {**worker._last_summary, "stopped_by": "signal"}
+            by_signal = status in (128 + signal.SIGINT, 128 + signal.SIGTERM)
+            summary = {**worker._last_summary, "stopped_by": "signal" if by_signal else "exit"}
         with os.fdopen(args.report_fd, "w") as report:
             json.dump(summary, report)
         return status

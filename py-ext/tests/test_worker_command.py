@@ -39,6 +39,9 @@ def handle(payload, msg):
     if payload.get("crash") and not os.path.exists(LOG + ".crashed"):
         open(LOG + ".crashed", "w").close()
         os._exit(9)
+    if payload.get("exit") and not os.path.exists(LOG + ".exited"):
+        open(LOG + ".exited", "w").close()
+        raise SystemExit(3)
     time.sleep(payload.get("sleep", 0.002))
     with open(LOG, "a") as f:
         f.write(json.dumps([payload["n"], msg.attempt, os.getpid()]) + "\\n")
@@ -421,6 +424,22 @@ def test_a_second_stop_signal_stops_at_once_and_gives_the_running_message_back(
     assert queue.get(held) is not None and states == {"ready"}, states
     assert queue.stats()["inflight"] == 0, "given back at once, not after the lease"
     assert 1 not in {n for n, _, _ in handled(tasks)}
+
+
+def test_a_handler_that_calls_sys_exit_ends_its_process_which_reports_and_is_replaced(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    push_numbered(queue, 10)
+    queue.push({"n": 99, "exit": True})
+    pool = start(started, redis_url, tasks, "tasks:handle", "--processes", "2", "--lease", "60")
+    wait_for(30, "every message handled", lambda: len({n for n, _, _ in handled(tasks)}) == 11 and drained(queue))
+    out, err = finish(pool, tasks)
+    assert pool.returncode == 0, err
+    summary = json.loads(out)
+    # The message it held went back at once (not after the 60 s lease) and ran again;
+    # the exited process's counts are in the summary.
+    assert (summary["handled"], summary["acked"]) == (12, 11), summary
+    assert summary["released"] >= 1, summary
 
 
 def test_a_process_of_coroutine_handlers_tells_its_supervisor_while_one_runs(
