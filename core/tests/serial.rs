@@ -371,3 +371,21 @@ fn on_a_partitioned_queue_a_serial_key_keeps_its_messages_in_one_partition() {
     let (spans, _) = run_spans(&worker, 3, Duration::from_millis(10), 12);
     assert_one_at_a_time(spans.iter().collect(), &(0..12).collect::<Vec<_>>());
 }
+
+#[test]
+fn move_waiting_carries_the_serial_key() {
+    let server = RedisServer::start();
+    let from = server.queue("serial-from");
+    let to = server.queue("serial-to");
+    let mut m = keyed(1, Some("order-1"), Duration::from_secs(60));
+    m.options.id = Some("close-order-1".into());
+    from.push_many(&[m]).expect("push");
+    assert_eq!(from.move_waiting(&to).expect("move"), 1);
+    let moved = to.get("close-order-1").expect("get").expect("moved");
+    assert_eq!(moved.serial_key.as_deref(), Some("order-1"));
+    assert!(
+        serial_bookkeeping(&server)
+            .iter()
+            .all(|k| k.starts_with("{dq:serial-to}"))
+    );
+}
