@@ -511,6 +511,16 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     if args.report_fd is not None:
         # A process of a supervised pool: the supervisor prints the pool's summary.
         supervisor.stop_with_supervisor()
+
+        def stop(signum: int, frame: object) -> None:
+            worker.stop()
+
+        # While the pool runs, its own handlers take the signals. Before, a stop makes
+        # the run return at once; after, when the run restores these, the stop that a
+        # supervisor sends as another process ran out of work must not kill this one
+        # by default before it wrote its report (its counts would be lost).
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, stop)
         status = 0
         try:
             summary = supervisor.run_one(worker, handler, args.slot_file, on_start, on_stop)
