@@ -389,3 +389,66 @@ fn move_waiting_carries_the_serial_key() {
             .all(|k| k.starts_with("{dq:serial-to}"))
     );
 }
+
+#[test]
+fn failures_and_retries_never_let_two_messages_of_a_key_overlap() {
+    let server = RedisServer::start();
+    let q = server.queue("serial-churn");
+    // Three keys of 20 messages; every fifth fails on its first attempt.
+    let batch: Vec<NewMessage> = (0..60u64)
+        .map(|n| keyed(n, Some(["a", "b", "c"][(n % 3) as usize]), Duration::ZERO))
+        .collect();
+    q.push_many(&batch).expect("push");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            threads: 2,
+            backoff_base: Duration::from_millis(5),
+            backoff_max: Duration::from_millis(20),
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker");
+    let spans: Mutex<Vec<(u64, u32, Instant, Instant)>> = Mutex::new(Vec::new());
+    let stopper = worker.stopper();
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(stopper.clone());
+        let run = s.spawn(|| {
+            worker
+                .run(6, |d| {
+                    let started = Instant::now();
+                    std::thread::sleep(Duration::from_millis(3));
+                    spans.lock().push((n_of(d), d.attempt, started, Instant::now()));
+                    if n_of(d).is_multiple_of(5) && d.attempt == 1 {
+                        return Err("fails once".into());
+                    }
+                    Ok(())
+                })
+                .expect("run")
+        });
+        wait_for(Duration::from_secs(30), "every message done", || {
+            q.stats().is_ok_and(|s| s.totals.get("acked") == Some(&60))
+        });
+        stopper.stop();
+        run.join().expect("run thread");
+    });
+    let spans = spans.into_inner();
+    assert_eq!(spans.len(), 72, "60 messages, 12 of them twice");
+    for key in 0..3 {
+        let mut mine: Vec<_> = spans.iter().filter(|s| s.0 % 3 == key).collect();
+        mine.sort_by_key(|s| s.2);
+        for pair in mine.windows(2) {
+            assert!(
+                pair[0].3 <= pair[1].2,
+                "{}/{} started before {}/{} ended",
+                pair[1].0,
+                pair[1].1,
+                pair[0].0,
+                pair[0].1
+            );
+        }
+    }
+    assert_no_leak(&server, "{dq:serial-churn}");
+    let left = serial_bookkeeping(&server);
+    assert!(left.is_empty(), "serial bookkeeping left behind: {left:?}");
+}
