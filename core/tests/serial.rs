@@ -44,6 +44,15 @@ fn nothing_for(c: &delayq::Consumer, wait: Duration) {
     }
 }
 
+/// `{"n": 1}` then `{"n": 2}`, both of serial key "k", due now in that order.
+fn push_two_of_one_key(q: &delayq::Queue) {
+    q.push_many(&[
+        keyed(1, Some("k"), Duration::ZERO),
+        keyed(2, Some("k"), Duration::from_millis(1)),
+    ])
+    .expect("push");
+}
+
 /// One handler call: the message's `n`, when it started and when it ended.
 type Span = (u64, Instant, Instant);
 
@@ -139,11 +148,7 @@ fn messages_sharing_a_serial_key_never_overlap_and_start_in_due_order() {
 fn a_failure_frees_the_key_and_the_next_in_line_runs_before_the_retry() {
     let server = RedisServer::start();
     let q = server.queue("serial-retry");
-    q.push_many(&[
-        keyed(1, Some("k"), Duration::ZERO),
-        keyed(2, Some("k"), Duration::from_millis(1)),
-    ])
-    .expect("push");
+    push_two_of_one_key(&q);
     let worker = Worker::new(
         q.clone(),
         WorkerOptions {
@@ -179,11 +184,7 @@ fn a_failure_frees_the_key_and_the_next_in_line_runs_before_the_retry() {
 fn a_holder_whose_worker_died_frees_its_key_when_its_lease_ends() {
     let server = RedisServer::start();
     let q = server.queue("serial-crash");
-    q.push_many(&[
-        keyed(1, Some("k"), Duration::ZERO),
-        keyed(2, Some("k"), Duration::from_millis(1)),
-    ])
-    .expect("push");
+    push_two_of_one_key(&q);
     // Consumer A takes the first and "hangs": its heartbeat stops at `timeout`, so its
     // lease runs out.
     let a = Worker::new(
@@ -205,7 +206,7 @@ fn a_holder_whose_worker_died_frees_its_key_when_its_lease_ends() {
     wait_for(Duration::from_secs(5), "the second in its key's line", || {
         line_length(&server, "{dq:serial-crash}") == 1
     });
-    let waiting = q.get(&cb_id(&q, 2)).expect("get").expect("exists");
+    let waiting = q.get(&id_of_n(&q, 2)).expect("get").expect("exists");
     assert_eq!(
         (waiting.state, waiting.serial_key.as_deref()),
         (State::Ready, Some("k")),
@@ -231,7 +232,7 @@ fn a_holder_whose_worker_died_frees_its_key_when_its_lease_ends() {
 }
 
 /// The id of the message whose payload has this `n`.
-fn cb_id(q: &delayq::Queue, n: u64) -> String {
+fn id_of_n(q: &delayq::Queue, n: u64) -> String {
     q.list(delayq::Listing::Waiting, 100)
         .expect("list")
         .into_iter()
