@@ -171,11 +171,12 @@ final class DelayQueue
     public function completed(int $limit = 100): array {}
 
     /**
-     * Summed over the partitions.
+     * Summed over the partitions. `held` counts the scheduled messages, due already,
+     * that wait for another message of their serial key to finish.
      *
-     * @return array{scheduled: int, ready: int, inflight: int, dead: int, completed: int, next_due_at: ?float,
-     *   paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int, pushed: int,
-     *   delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
+     * @return array{scheduled: int, ready: int, inflight: int, dead: int, completed: int, held: int,
+     *   next_due_at: ?float, paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int,
+     *   pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
      *   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int,
      *   replaced: int, moved: int}
      */
@@ -466,6 +467,8 @@ final class DelayQueueMessage
     public $dueAt;
     /** @var float|null with the push option 'expire_after': the latest it could start, Unix seconds */
     public $expiresAt;
+    /** @var string|null with the push option 'serial_key': the key, which no other running message holds meanwhile */
+    public $serialKey;
     /** @var string the queue's name */
     public $queue;
     /** @var int the partition it came from (0 unless the queue has 'partitions') */

@@ -278,6 +278,10 @@ pub struct Stats {
     pub ready: u64,
     pub inflight: u64,
     pub dead: u64,
+    /// Of the scheduled (and ready) ones, those due already that wait for another
+    /// message of their serial key to finish (`PushOptions::serial_key`); they run as
+    /// soon as it does.
+    pub held: u64,
     /// Kept after their completion (`QueueOptions::keep_completed`).
     pub completed: u64,
     /// Due time of the earliest waiting message, Unix ms.
@@ -1268,6 +1272,7 @@ impl Queue {
             total.inflight += s.inflight;
             total.dead += s.dead;
             total.completed += s.completed;
+            total.held += s.held;
             total.next_due_ms = earliest(total.next_due_ms, s.next_due_ms);
             total.paused_at_ms = earliest(total.paused_at_ms, s.paused_at_ms);
             // Every partition holds the queue's whole limit beside its own share.
@@ -1305,7 +1310,7 @@ impl Queue {
             per: Duration::from_millis(limit_per.unsigned_abs()),
         });
         let mut totals = BTreeMap::new();
-        for pair in items.get(10..).unwrap_or_default().chunks(2) {
+        for pair in items.get(11..).unwrap_or_default().chunks(2) {
             if let [k, v] = pair
                 && let Some(k) = text(k)
             {
@@ -1318,6 +1323,7 @@ impl Queue {
             inflight: n(3),
             dead: n(4),
             completed: n(9),
+            held: n(10),
             next_due_ms: (next >= 0).then_some(next),
             paused_at_ms: (paused >= 0).then_some(paused),
             rate_limit,

@@ -182,6 +182,8 @@ pub struct Delivery {
     /// With `PushOptions::expire_after`: the latest it may start, Unix ms on the Redis
     /// clock (this delivery started in time; a re-delivery after it would not).
     pub expires_at_ms: Option<i64>,
+    /// With `PushOptions::serial_key`: no other message of this key runs meanwhile.
+    pub serial_key: Option<String>,
     payload_json: String,
     token: String,
     part: usize,
@@ -1617,10 +1619,18 @@ struct Claimed {
     next_ms: i64,
     rate_limited: bool,
     restart_at: i64,
-    /// (id, lease, due_ms, attempt, stored envelope)
-    items: Vec<(String, String, i64, u32, String)>,
+    items: Vec<ClaimedItem>,
     /// Repeats with no occurrence waiting or running: (name, definition, mark).
     broken_repeats: Vec<(String, String, Option<i64>)>,
+}
+
+struct ClaimedItem {
+    id: String,
+    lease: String,
+    due_ms: i64,
+    attempt: u32,
+    envelope: String,
+    serial_key: Option<String>,
 }
 
 fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<Claimed> {
@@ -1655,8 +1665,9 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
         return Err(Error::Redis("claim returned no array".into()));
     };
     let malformed = || Error::Redis("claim returned a malformed reply".into());
-    let (header, rest) = items.split_first_chunk::<6>().ok_or_else(malformed)?;
+    let (header, rest) = items.split_first_chunk::<7>().ok_or_else(malformed)?;
     let claimed = usize::try_from(int(&header[3])).map_err(|_| malformed())?;
+    let keyed = usize::try_from(int(&header[6])).map_err(|_| malformed())?;
     let (broken, rest) = rest.split_last().ok_or_else(malformed)?;
     let broken = usize::try_from(int(broken)).map_err(|_| malformed())?;
     let (rest, broken) = rest
@@ -1669,16 +1680,26 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
             Some((text(&c[0])?, text(&c[1])?, (mark >= 0).then_some(mark)))
         })
         .collect();
+    let (rest, keyed) = rest
+        .split_at_checked(rest.len().checked_sub(2 * keyed).ok_or_else(malformed)?)
+        .ok_or_else(malformed)?;
     if rest.len() < 3 * claimed || (rest.len() - 3 * claimed) % 2 != 0 {
         return Err(malformed());
     }
     let (deliveries, later) = rest.split_at(3 * claimed);
+    // Pairs (1-based index of the claimed message, value) for the few that differ.
+    let index_of = |pair: &[Value]| usize::try_from(int(&pair[0]) - 1).ok().filter(|&i| i < claimed);
     let mut attempts = vec![1u32; claimed];
     for pair in later.chunks_exact(2) {
-        let (i, attempt) = (int(&pair[0]), int(&pair[1]));
-        let slot = usize::try_from(i - 1).ok().and_then(|i| attempts.get_mut(i));
-        match (slot, u32::try_from(attempt)) {
-            (Some(slot), Ok(attempt)) => *slot = attempt,
+        match (index_of(pair), u32::try_from(int(&pair[1]))) {
+            (Some(i), Ok(attempt)) => attempts[i] = attempt,
+            _ => return Err(malformed()),
+        }
+    }
+    let mut serial_keys: Vec<Option<String>> = vec![None; claimed];
+    for pair in keyed.chunks_exact(2) {
+        match (index_of(pair), text(&pair[1])) {
+            (Some(i), Some(key)) => serial_keys[i] = Some(key),
             _ => return Err(malformed()),
         }
     }
@@ -1691,17 +1712,18 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
         items: Vec::with_capacity(claimed),
         broken_repeats,
     };
-    for (c, attempt) in deliveries.chunks_exact(3).zip(attempts) {
+    for ((c, attempt), serial_key) in deliveries.chunks_exact(3).zip(attempts).zip(serial_keys) {
         let lease = text(&c[1]).unwrap_or_default();
         let due_ms = keys::due_ms_of_lease(layout, &lease)
             .ok_or_else(|| Error::Redis(format!("claim returned a malformed lease {lease:?}")))?;
-        out.items.push((
-            text(&c[0]).unwrap_or_default(),
+        out.items.push(ClaimedItem {
+            id: text(&c[0]).unwrap_or_default(),
             lease,
             due_ms,
             attempt,
-            text(&c[2]).unwrap_or_default(),
-        ));
+            envelope: text(&c[2]).unwrap_or_default(),
+            serial_key,
+        });
     }
     Ok(out)
 }
@@ -1829,12 +1851,12 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
         {
             let mut outstanding = pool.outstanding.lock();
             let now = Instant::now();
-            for (id, token, ..) in &claimed.items {
+            for item in &claimed.items {
                 outstanding.insert(
-                    token.clone(),
+                    item.lease.clone(),
                     Outstanding {
                         part,
-                        id: id.clone(),
+                        id: item.id.clone(),
                         claimed: now,
                         started: None,
                         timed_out: false,
@@ -1848,7 +1870,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
         let occurrences: Vec<(String, i64)> = claimed
             .items
             .iter()
-            .filter_map(|(id, ..)| repeat::occurrence_of(id).map(|(name, due)| (name.to_owned(), due)))
+            .filter_map(|item| repeat::occurrence_of(&item.id).map(|(name, due)| (name.to_owned(), due)))
             .collect();
         hand_out(pool, part, claimed.server_now_ms, claimed.items, deliveries, outcomes);
         wake.end_claim(part, got == room, if paused { -1 } else { claimed.next_ms });
@@ -1906,7 +1928,7 @@ fn hand_out(
     pool: &Pool,
     part: usize,
     server_now_ms: i64,
-    items: Vec<(String, String, i64, u32, String)>,
+    items: Vec<ClaimedItem>,
     deliveries: &Sender<Delivery>,
     outcomes: &Sender<Outcome>,
 ) {
@@ -1924,7 +1946,15 @@ fn hand_out(
             counted: false,
         });
     };
-    for (id, token, due_at_ms, attempt, stored) in items {
+    for item in items {
+        let ClaimedItem {
+            id,
+            lease: token,
+            due_ms: due_at_ms,
+            attempt,
+            envelope: stored,
+            serial_key,
+        } = item;
         let decoded = envelope::decode(layout, &stored);
         let max_attempts = decoded
             .as_ref()
@@ -1974,6 +2004,7 @@ fn hand_out(
                     queue: Arc::clone(&pool.queue_name),
                     max_attempts,
                     expires_at_ms: d.expiry.map(|(_, deadline)| deadline),
+                    serial_key,
                     payload_json: d.payload_json,
                     token,
                     part,

@@ -162,6 +162,8 @@ fn a_failure_frees_the_key_and_the_next_in_line_runs_before_the_retry() {
     let first = receive(&c);
     assert_eq!(n_of(&first), 1);
     nothing_for(&c, Duration::from_millis(300));
+    let s = q.stats().expect("stats");
+    assert_eq!((s.held, s.scheduled + s.ready), (1, 1), "the second waits, held: {s:?}");
     c.fail(first, "the payment gateway timed out");
     let second = receive(&c);
     assert_eq!(
@@ -177,7 +179,46 @@ fn a_failure_frees_the_key_and_the_next_in_line_runs_before_the_retry() {
     c.ack(retry);
     let s = c.finish();
     assert_eq!((s.acked, s.retried), (2, 1));
+    assert_eq!(q.stats().expect("stats").held, 0);
     assert_no_leak(&server, "{dq:serial-retry}");
+}
+
+#[test]
+fn a_delivery_carries_its_serial_key_on_every_attempt() {
+    let server = RedisServer::start();
+    let q = server.queue("serial-delivery");
+    q.push_many(&[
+        keyed(1, Some("customer-42"), Duration::ZERO),
+        keyed(2, None, Duration::from_millis(1)),
+    ])
+    .expect("push");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            backoff_base: Duration::from_millis(1),
+            backoff_max: Duration::from_millis(1),
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker");
+    let c = worker.start_with(2).expect("start");
+    let mut seen = vec![];
+    for _ in 0..2 {
+        let d = receive(&c);
+        seen.push((n_of(&d), d.serial_key.clone()));
+        if n_of(&d) == 1 {
+            c.fail(d, "once more");
+        } else {
+            c.ack(d);
+        }
+    }
+    let retry = receive(&c);
+    seen.push((n_of(&retry), retry.serial_key.clone()));
+    c.ack(retry);
+    c.finish();
+    seen.sort();
+    let key = Some("customer-42".to_owned());
+    assert_eq!(seen, vec![(1, key.clone()), (1, key), (2, None)]);
 }
 
 #[test]

@@ -304,9 +304,9 @@ impl PhpDelayQueue {
 
     /// Queue depth by state and lifetime counters.
     ///
-    /// @return array{scheduled: int, ready: int, inflight: int, dead: int, completed: int, next_due_at: ?float,
-    ///   paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int, pushed: int,
-    ///   delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
+    /// @return array{scheduled: int, ready: int, inflight: int, dead: int, completed: int, held: int,
+    ///   next_due_at: ?float, paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int,
+    ///   pushed: int, delivered: int, acked: int, retried: int, died: int, expired: int, released: int,
     ///   cancelled: int, requeued: int, discarded: int, trimmed: int, purged: int,
     ///   replaced: int, moved: int}
     pub fn stats(&self) -> PhpResult<ZBox<ZendHashTable>> {
@@ -322,6 +322,7 @@ impl PhpDelayQueue {
             ("inflight", n(s.inflight)),
             ("dead", n(s.dead)),
             ("completed", n(s.completed)),
+            ("held", n(s.held)),
             ("next_due_at", zv(s.next_due_ms.map(ms_to_secs))),
             ("paused_at", zv(s.paused_at_ms.map(ms_to_secs))),
             ("rate_limit", rate_limit),

@@ -43,6 +43,7 @@ pub struct PhpMessage {
     max_attempts: i64,
     due_at: f64,
     expires_at: Option<f64>,
+    serial_key: Option<String>,
     queue: String,
     partition: i64,
     decision: Decision,
@@ -92,6 +93,13 @@ impl PhpMessage {
     #[php(getter)]
     pub fn get_expires_at(&self) -> Option<f64> {
         self.expires_at
+    }
+
+    /// With the push option 'serial_key': the key, which no other running message
+    /// holds meanwhile; else null.
+    #[php(getter)]
+    pub fn get_serial_key(&self) -> Option<String> {
+        self.serial_key.clone()
     }
 
     /// The queue's name.
@@ -321,6 +329,7 @@ impl PhpWorker {
                 max_attempts: i64::from(delivery.max_attempts),
                 due_at: convert::ms_to_secs(delivery.due_at_ms),
                 expires_at: delivery.expires_at_ms.map(convert::ms_to_secs),
+                serial_key: delivery.serial_key.clone(),
                 queue: queue_name.to_string(),
                 partition: delivery.partition() as i64,
                 decision: Rc::clone(&decision),

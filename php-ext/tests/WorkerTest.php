@@ -753,7 +753,13 @@ final class WorkerTest extends TestCase
         $this->assertSame('order:10086', $this->q->waiting(1)[0]['serial_key']);
         // A lease far longer than the run: waiting out a lease would not finish in time.
         $proc = $this->startWorker(['processes' => 3, 'lease' => 60.0, '_sleep_ms' => 30]);
-        delayq_wait_for(30, 'every message handled', fn () => count($this->handled()) === 24 && $this->drained());
+        $held = 0;
+        delayq_wait_for(30, 'every message handled', function () use (&$held) {
+            $held = max($held, $this->q->stats()['held']);
+            return count($this->handled()) === 24 && $this->drained();
+        });
+        $this->assertGreaterThanOrEqual(1, $held, 'stats() showed a message held for its key');
+        $this->assertSame(0, $this->q->stats()['held']);
         proc_terminate($proc, SIGTERM);
         $this->assertSame(0, proc_close($proc));
         $spans = array_map(fn ($line) => array_map('floatval', explode(' ', trim($line))),
@@ -766,6 +772,22 @@ final class WorkerTest extends TestCase
         }
         $this->assertGreaterThanOrEqual(2, count(array_unique(array_column($this->handled(), 2))),
             'the other messages spread over the processes');
+    }
+
+    public function testTheHandlerSeesItsMessagesSerialKey(): void
+    {
+        $this->q->pushMany([
+            ['payload' => 'keyed', 'serial_key' => 'order:10086'],
+            ['payload' => 'plain', 'delay' => 0.001],
+        ]);
+        $keys = [];
+        $w = new DelayQueueWorker($this->q, ['stop_when_empty' => true]);
+        $summary = $w->run(function ($payload, DelayQueueMessage $m) use (&$keys) {
+            $keys[$payload] = $m->serialKey;
+        });
+        ksort($keys);
+        $this->assertSame(['keyed' => 'order:10086', 'plain' => null], $keys);
+        $this->assertSame(2, $summary['acked']);
     }
 
     public function testSigintStopsGracefullyToo(): void

@@ -75,7 +75,7 @@ class _Output:
 
 
 DEPTH = ("scheduled", "ready", "inflight", "dead", "completed")
-NOT_COUNTERS = {*DEPTH, "next_due_at", "paused_at", "rate_limit", "partitions"}
+NOT_COUNTERS = {*DEPTH, "held", "next_due_at", "paused_at", "rate_limit", "partitions"}
 
 
 def _rate(limit: Optional[dict[str, Any]]) -> str:
@@ -89,6 +89,8 @@ def _stats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
     def human() -> list[str]:
         depth = ", ".join(f"{s[k]} {k}" for k in DEPTH)
+        if s["held"]:
+            depth += f" ({s['held']} of the scheduled held for their serial key)"
         counters = "  ".join(f"{k} {v}" for k, v in s.items() if k not in NOT_COUNTERS)
         return [
             f"queue {q.name}: {depth}",

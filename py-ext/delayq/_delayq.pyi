@@ -140,10 +140,11 @@ class DelayQueue:
         latest first, from every partition, each as ``get()`` shows it: ``due_at`` of
         the delivery that completed it, ``attempts`` it took, ``completed_at``."""
     def stats(self) -> dict[str, Any]:
-        """Depth (scheduled, ready, inflight, dead, completed, next_due_at, paused_at, rate_limit), summed over the
-        ``partitions``, and lifetime counters
+        """Depth (scheduled, ready, inflight, dead, completed, held, next_due_at, paused_at, rate_limit), summed
+        over the ``partitions``, and lifetime counters
         (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
-        discarded, trimmed, purged, replaced, moved)."""
+        discarded, trimmed, purged, replaced, moved). ``held`` counts the scheduled
+        messages, due already, that wait for another message of their serial key."""
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """Up to ``limit`` dead letters, newest first: ``{id, payload, attempts,
         last_error, error_trace, dead_at}``."""
@@ -267,6 +268,10 @@ class Message:
     @property
     def expires_at(self) -> Optional[float]:
         """With ``expire_after``: the latest it could start, Unix seconds; else None."""
+    @property
+    def serial_key(self) -> Optional[str]:
+        """With ``serial_key``: the key, which no other running message holds
+        meanwhile; else None."""
     @property
     def queue(self) -> str:
         """The queue's name."""

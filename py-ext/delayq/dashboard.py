@@ -144,6 +144,8 @@ def _queue_section(q: DelayQueue, now: float, token: Optional[str] = None) -> st
     if stats["rate_limit"] is not None:
         limit = stats["rate_limit"]
         state.append(f"rate limit {limit['max']} per {limit['per']:g} s")
+    if stats["held"]:
+        state.append(f"{stats['held']} scheduled held for their serial key")
     if not pools:
         state.append('<span class="bad">no worker pool alive</span>' if stats["ready"] else "no worker pool alive")
     depth = _table(
@@ -153,7 +155,7 @@ def _queue_section(q: DelayQueue, now: float, token: Optional[str] = None) -> st
         frozenset({0, 1, 2, 3}),
     )
     events = {k: v for k, v in stats.items() if isinstance(v, int) and k not in
-              {"scheduled", "ready", "inflight", "dead", "completed", "partitions"}}
+              {"scheduled", "ready", "inflight", "dead", "completed", "held", "partitions"}}
     counters = _table(list(events), [[str(v) for v in events.values()]], frozenset(range(len(events))))
     workers = _table(
         ["host", "pid", "up for", "last seen", "handlers", "holding", "handled", "failed", "started late (avg / max)",

@@ -17,11 +17,16 @@ from . import DelayQueue, DelayQueueError
 
 DEPTH = ("scheduled", "ready", "inflight", "dead", "completed")
 # The stats() keys that are lifetime counters (the rest are depths and settings).
-NOT_EVENTS = {*DEPTH, "next_due_at", "paused_at", "rate_limit", "partitions"}
+NOT_EVENTS = {*DEPTH, "held", "next_due_at", "paused_at", "rate_limit", "partitions"}
 
 _HELP = {
     "delayq_up": ("gauge", "1 if the queue's Redis answered this scrape, 0 if not."),
     "delayq_messages": ("gauge", "Messages in the queue by state."),
+    "delayq_held_messages": (
+        "gauge",
+        "Scheduled messages, due already, that wait for another message of their serial key to finish "
+        "(counted in delayq_messages as scheduled).",
+    ),
     "delayq_lag_seconds": (
         "gauge",
         "How long the earliest due message has waited past its due time (0 when none is due): "
@@ -75,6 +80,7 @@ def render(queues: Iterable[DelayQueue], now: Optional[Callable[[], float]] = No
         add("delayq_up", queue, 1)
         for state in DEPTH:
             add("delayq_messages", {**queue, "state": state}, stats[state])
+        add("delayq_held_messages", queue, stats["held"])
         next_due = stats["next_due_at"]
         add("delayq_lag_seconds", queue, max(0.0, clock() - next_due) if next_due is not None else 0)
         if next_due is not None:

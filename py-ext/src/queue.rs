@@ -330,6 +330,7 @@ impl PyQueue {
         d.set_item("inflight", s.inflight)?;
         d.set_item("dead", s.dead)?;
         d.set_item("completed", s.completed)?;
+        d.set_item("held", s.held)?;
         d.set_item("next_due_at", s.next_due_ms.map(ms_to_secs))?;
         d.set_item("paused_at", s.paused_at_ms.map(ms_to_secs))?;
         d.set_item("rate_limit", s.rate_limit.map(|l| rate_limit_dict(py, l)).transpose()?)?;

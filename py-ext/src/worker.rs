@@ -31,6 +31,10 @@ pub(crate) struct PyMessage {
     /// With `expire_after`: the latest it could start, Unix seconds; else None.
     #[pyo3(get)]
     expires_at: Option<f64>,
+    /// With `serial_key`: the key, which no other running message holds meanwhile;
+    /// else None.
+    #[pyo3(get)]
+    serial_key: Option<String>,
     /// The queue's name.
     #[pyo3(get)]
     queue: String,
@@ -95,6 +99,7 @@ fn message(d: &delayq::Delivery) -> PyMessage {
         max_attempts: d.max_attempts,
         due_at: d.due_at_ms as f64 / 1000.0,
         expires_at: d.expires_at_ms.map(|ms| ms as f64 / 1000.0),
+        serial_key: d.serial_key.clone(),
         queue: d.queue.to_string(),
         partition: d.partition(),
         decision: std::sync::Mutex::new(None),

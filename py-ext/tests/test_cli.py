@@ -335,6 +335,40 @@ def test_metrics_report_how_late_handlers_started(queue: delayq.DelayQueue, redi
     assert m[("delayq_handler_seconds", (("queue", "jobs"),))] >= 0.01
 
 
+def test_a_message_held_for_its_serial_key_shows_in_stats_metrics_and_the_dashboard(
+    queue: delayq.DelayQueue, redis_url: str
+) -> None:
+    from delayq.dashboard import render_html
+
+    queue.push_many([{"payload": n, "serial_key": "order:1"} for n in range(2)])
+    release = threading.Event()
+    worker = delayq.Worker(queue, concurrency=2, lease=60)
+
+    async def hold_the_key(payload: int, msg: delayq.Message) -> None:
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+
+    runner = threading.Thread(target=worker.run, args=(hold_the_key,))
+    runner.start()
+    try:
+        # The second handler is idle: the pool claims the key's second message, which waits.
+        wait_for(10, "the second message held", lambda: queue.stats()["held"] == 1)
+        text = cli(redis_url, "stats").stdout
+        m = metrics(cli(redis_url, "metrics").stdout)
+        page = render_html([queue], refresh=5)
+    finally:
+        release.set()
+        worker.stop()
+        runner.join()
+    assert "(1 of the scheduled held for their serial key)" in text
+    assert "held" not in text.split("since created:")[1], "a depth, not a counter"
+    assert m[("delayq_held_messages", (("queue", "jobs"),))] == 1
+    assert ("delayq_events_total", (("event", "held"), ("queue", "jobs"))) not in m
+    assert "1 scheduled held for their serial key" in page
+    assert queue.stats()["held"] == 0
+    assert "held for their serial key" not in cli(redis_url, "stats").stdout
+
+
 def test_metrics_of_an_unreachable_redis_say_so(redis_url: str) -> None:
     done = cli(f"redis://127.0.0.1:{free_port()}", "metrics")
     assert done.returncode == 0, done.stderr

@@ -331,15 +331,18 @@ def test_messages_sharing_a_serial_key_never_run_at_once(queue: delayq.DelayQueu
                      for n in range(16)])
     assert queue.waiting(1)[0]["serial_key"] == "order:10086"
     spans: list[tuple[int, float, float]] = []
-    running, peak = 0, 0
+    running, peak, held = 0, 0, 0
     worker = delayq.Worker(queue, concurrency=4, lease=60, stop_when_empty=True)
 
     async def handle(payload: dict[str, int], msg: delayq.Message) -> None:
-        nonlocal running, peak
+        nonlocal running, peak, held
         running += 1
         peak = max(peak, running)
         started = time.monotonic()
         await asyncio.sleep(0.03)
+        if msg.serial_key is not None:
+            # Idle handlers meanwhile claimed the key's next message, which waits.
+            held = max(held, queue.stats()["held"])
         running -= 1
         spans.append((payload["n"], started, time.monotonic()))
 
@@ -355,6 +358,20 @@ def test_messages_sharing_a_serial_key_never_run_at_once(queue: delayq.DelayQueu
     for earlier, later in zip(mine, mine[1:]):
         assert earlier[2] <= later[1], f"{later[0]} started before {earlier[0]} ended"
     assert peak > 1, "the other messages ran beside them"
+    assert held >= 1, "stats() showed a message held for its key"
+    assert queue.stats()["held"] == 0
+
+
+def test_the_handler_sees_its_messages_serial_key(queue: delayq.DelayQueue) -> None:
+    queue.push_many([{"payload": "keyed", "serial_key": "order:10086"}, {"payload": "plain", "delay": 0.001}])
+    keys: dict[str, str | None] = {}
+
+    def handle(payload: str, msg: delayq.Message) -> None:
+        keys[payload] = msg.serial_key
+
+    summary = delayq.Worker(queue, stop_when_empty=True).run(handle)
+    assert keys == {"keyed": "order:10086", "plain": None}
+    assert summary["acked"] == 2
 
 
 def test_bad_serial_keys_are_refused_and_write_nothing(queue: delayq.DelayQueue) -> None:

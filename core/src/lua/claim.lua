@@ -5,9 +5,9 @@
 -- ARGV[7] "1" to look for repeating messages with no occurrence pending (see below)
 -- ARGV[8..10], when present: the claiming pool's heartbeat (pool id, ttl_ms, info JSON;
 --   see beat.lua), carried by a claim so that it costs no command of its own.
--- Returns {now_ms, next_ms, reaped, n, limited, restart_at, id1, lease1, envelope1,
---          ..., idn, leasen, envelopen, i1, attempt1, i2, attempt2, ..., name1,
---          definition1, mark1, ..., r}
+-- Returns {now_ms, next_ms, reaped, n, limited, restart_at, k, id1, lease1, envelope1,
+--          ..., idn, leasen, envelopen, i1, attempt1, i2, attempt2, ..., j1, key1, ...,
+--          jk, keyk, name1, definition1, mark1, ..., r}
 --   limited: 1 if a rate limit is in force (the caller then claims only for idle
 --   handlers, so that a message starts as it is handed out, see limit.lua), else 0.
 --   restart_at: time of the latest request that running pools stop, -1 if none (see
@@ -18,7 +18,8 @@
 --   time.
 --   n messages were claimed; the pairs after them (i, attempt) say which of them are
 --   on a later attempt; every other one is on its first (nearly all are, so the
---   reply does not repeat it).
+--   reply does not repeat it). The last k pairs (j, key) give the serial key of the
+--   claimed messages pushed with one (see lib.lua).
 --   lease: "<token>:<score>" (see lib.lua); the caller reads the due time from it and
 --   sends it back whole to complete the delivery.
 --   The last r triples: repeating messages whose chain of occurrences broke (none
@@ -87,7 +88,7 @@ local function with_repeats(result)
   return result
 end
 
-local result = {now, -1, #expired, 0, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_at')) or -1}
+local result = {now, -1, #expired, 0, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_at')) or -1, 0}
 if redis.call('EXISTS', K_PAUSED) == 1 then
   -- Nothing to wake for: resuming publishes the schedule's head (see pause.lua).
   result[2] = -2
@@ -133,18 +134,18 @@ if n > 0 then
   if redis.call('EXISTS', K_ATT) == 1 then
     previous = redis.call('HMGET', K_ATT, unpack(ids))
   end
-  local blocked = nil
+  local blocked, keys = nil, nil
   if redis.call('EXISTS', K_SERIAL) == 1 then
     local scores = {}
     for i = 1, n do
       scores[i] = due[2 * i]
     end
-    blocked = serial_gate(ids, envelopes, scores, now, lease_ms)
+    blocked, keys = serial_gate(ids, envelopes, scores, now, lease_ms)
   end
   -- A string once, not a number that each of the n ZADD arguments would format again.
   local deadline = fmt(now + lease_ms)
   local token = fmt(next_seq()) .. ':'
-  local leases, deadlines, later, orphans = {}, {}, {}, {}
+  local leases, deadlines, later, keyed, orphans = {}, {}, {}, {}, {}
   local claimed = 0
   for i = 1, n do
     local id = ids[i]
@@ -158,13 +159,17 @@ if n > 0 then
       leases[2 * claimed] = lease
       deadlines[2 * claimed - 1] = deadline
       deadlines[2 * claimed] = id
-      result[3 * claimed + 4] = id
-      result[3 * claimed + 5] = lease
-      result[3 * claimed + 6] = envelope
+      result[3 * claimed + 5] = id
+      result[3 * claimed + 6] = lease
+      result[3 * claimed + 7] = envelope
       local finished = previous and tonumber(previous[i])
       if finished then
         later[#later + 1] = claimed
         later[#later + 1] = finished + 1
+      end
+      if keys and keys[i] then
+        keyed[#keyed + 1] = claimed
+        keyed[#keyed + 1] = keys[i]
       end
     else
       -- A scheduled id without an envelope was written by hand or by a foreign tool.
@@ -175,6 +180,10 @@ if n > 0 then
   for _, v in ipairs(later) do
     result[#result + 1] = v
   end
+  for _, v in ipairs(keyed) do
+    result[#result + 1] = v
+  end
+  result[7] = #keyed / 2
   if claimed > 0 then
     redis.call('ZADD', K_INFLIGHT, unpack(deadlines))
     hset_as_hashtable(K_LEASE, leases)

@@ -264,7 +264,8 @@ end
 
 -- Which of the messages a claim took from the schedule may run: returns the set of
 -- indexes that may not (their key is held, by a running delivery or by an earlier
--- message of this claim); those are back in the schedule and in their key's line.
+-- message of this claim), which are back in the schedule and in their key's line, and
+-- every message's key (false for none), which the claim hands to the handler.
 local function serial_gate(ids, envelopes, scores, now, lease_ms)
   local keys = redis.call('HMGET', K_SERIAL, unpack(ids))
   local blocked, taken, back = {}, {}, {}
@@ -304,7 +305,7 @@ local function serial_gate(ids, envelopes, scores, now, lease_ms)
     end
     redis.call('ZADD', K_SCHED, unpack(back))
   end
-  return blocked
+  return blocked, keys
 end
 
 local function forget(ids)

@@ -1,8 +1,10 @@
 -- stats.lua: queue depth by state plus the lifetime counters.
 -- KEYS: see lib.lua.
 -- Returns {now_ms, waiting, ready, inflight, dead, next_due_ms or -1, paused_at_ms or
---   -1, rate limit's max or -1, its per (ms) or -1, completed messages kept, k1, v1, k2,
---   v2, ...} where waiting counts every scheduled entry, ready those already due.
+--   -1, rate limit's max or -1, its per (ms) or -1, completed messages kept, held, k1,
+--   v1, k2, v2, ...} where waiting counts every scheduled entry, ready those already
+--   due, held those in a serial key's line (see lib.lua): scheduled entries, due
+--   already, that wait for another message of their key to finish.
 local now = now_ms()
 local waiting = redis.call('ZCARD', K_SCHED)
 local ready = redis.call('ZCOUNT', K_SCHED, '-inf', fmt(due_bound(now)))
@@ -13,6 +15,7 @@ local limit = redis.call('HMGET', K_LIMIT, 'total', 'per')
 result[8] = tonumber(limit[1]) or -1
 result[9] = tonumber(limit[2]) or -1
 result[10] = redis.call('ZCARD', K_DONE)
+result[11] = redis.call('ZCARD', K_SERIAL_LINE)
 for _, v in ipairs(redis.call('HGETALL', K_STATS)) do
   result[#result + 1] = v
 end
