@@ -9,15 +9,30 @@ use std::fmt;
 pub enum Error {
     /// The Redis URL could not be parsed or uses an unsupported scheme.
     #[error("invalid Redis URL {url:?}: {reason}")]
-    InvalidUrl { url: String, reason: String },
+    InvalidUrl {
+        /// The URL as given, its credentials masked.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 
     /// An option or argument was out of range; nothing was written.
     #[error("invalid {name}: {reason}")]
-    InvalidArgument { name: String, reason: String },
+    InvalidArgument {
+        /// The option or argument, as the caller's language names it.
+        name: String,
+        /// What is wrong with its value.
+        reason: String,
+    },
 
     /// Redis could not be reached (refused, unresolvable, dropped while connecting).
     #[error("cannot connect to Redis at {addr}: {reason}")]
-    Connection { addr: String, reason: String },
+    Connection {
+        /// The host and port (or socket) tried.
+        addr: String,
+        /// Why the connection failed.
+        reason: String,
+    },
 
     /// An established connection broke before the reply arrived; the command may or
     /// may not have run.
@@ -26,7 +41,12 @@ pub enum Error {
 
     /// Redis did not answer within the configured timeout.
     #[error("Redis did not answer within {timeout_ms} ms ({operation})")]
-    Timeout { operation: String, timeout_ms: u64 },
+    Timeout {
+        /// What delayq was doing (`push`, `claim`, ...).
+        operation: String,
+        /// The timeout that passed, in milliseconds.
+        timeout_ms: u64,
+    },
 
     /// The push is on the master, but fewer replicas than `wait_replicas` confirmed it
     /// within `wait_timeout`: a failover now could lose it.
@@ -35,8 +55,11 @@ pub enum Error {
          a failover now could lose it; pushing again with the same id is safe"
     )]
     NotReplicated {
+        /// `wait_replicas`.
         wanted: u32,
+        /// Replicas that confirmed the write in time.
         confirmed: u32,
+        /// `wait_timeout`, in milliseconds.
         timeout_ms: u64,
     },
 
@@ -50,7 +73,12 @@ pub enum Error {
 
     /// The payload's JSON is larger than `max_payload_bytes`.
     #[error("payload is {size} bytes of JSON, over the limit of {max} bytes (max_payload_bytes)")]
-    PayloadTooLarge { size: usize, max: usize },
+    PayloadTooLarge {
+        /// The payload's JSON, in bytes.
+        size: usize,
+        /// `max_payload_bytes`.
+        max: usize,
+    },
 
     /// No message with this id exists in the queue.
     #[error("no message with id {0:?} in this queue")]
@@ -59,7 +87,12 @@ pub enum Error {
     /// This delivery no longer holds the lease: it expired and the message was handed
     /// to another consumer, or it was completed already.
     #[error("lease lost for message {id:?}: {reason}")]
-    LeaseLost { id: String, reason: String },
+    LeaseLost {
+        /// The message id.
+        id: String,
+        /// Why this delivery no longer holds it.
+        reason: String,
+    },
 
     /// Redis is at its `maxmemory` and refused a write that could take memory; nothing
     /// was written. Consumers keep draining the queue meanwhile, which frees memory.
@@ -93,6 +126,7 @@ pub enum Category {
     Timeout,
     /// Authentication or ACL permissions.
     Auth,
+    /// A delivery that no longer holds its lease.
     LeaseLost,
     /// Redis is at its maxmemory.
     OutOfMemory,

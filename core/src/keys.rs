@@ -12,7 +12,12 @@ pub enum Layout {
     /// The hand-made recipe's keys: a ZSET scored by due time in whole seconds and a
     /// HASH id -> payload JSON. Leases, attempts, errors and dead letters live in extra
     /// keys named after the ZSET (`<zset_key>:inflight`, ...), which the recipe ignores.
-    Seed { zset_key: String, payload_key: String },
+    Seed {
+        /// The ZSET of ids by due second (the recipe's `delay_queue:zset`).
+        zset_key: String,
+        /// The HASH of id -> payload JSON (the recipe's `delay_queue:payload`).
+        payload_key: String,
+    },
 }
 
 impl Layout {

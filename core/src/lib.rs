@@ -21,6 +21,9 @@
 //! # Ok::<(), delayq::Error>(())
 //! ```
 
+// A library users read on docs.rs: every public item says what it is.
+#![warn(missing_docs)]
+
 mod backoff;
 mod conn;
 mod envelope;

@@ -24,9 +24,11 @@ pub(crate) const CAPACITY: usize = 1000;
 /// One log record, as the host's logging receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogRecord {
+    /// Its severity.
     pub level: log::Level,
     /// The module that logged it, in `log`'s form (`delayq::worker`).
     pub target: String,
+    /// The text, which names the queue (`delayq[orders]: ...`).
     pub message: String,
 }
 

@@ -23,9 +23,11 @@ use crate::time::{Due, MAX_DELAY};
 pub struct QueueOptions {
     /// First part of the hash tag: keys are `{prefix:queue}:...`.
     pub prefix: String,
+    /// delayq's own keys, or the recipe's (see [`Layout`]).
     pub layout: Layout,
     /// Largest payload, as JSON text, that `push` accepts.
     pub max_payload_bytes: usize,
+    /// Timeouts, retries and TLS of the connection to Redis.
     pub connect: ConnectOptions,
     /// Dead letters kept at most (the oldest go first).
     pub dead_max: usize,
@@ -115,7 +117,9 @@ pub struct PushOptions {
 pub struct NewMessage {
     /// The payload as JSON text.
     pub payload_json: String,
+    /// When it is due: after a delay or at a time.
     pub due: Due,
+    /// Its id, attempts, expiry and keys.
     pub options: PushOptions,
 }
 
@@ -147,6 +151,7 @@ pub enum State {
 }
 
 impl State {
+    /// Its name, as the bindings and the `delayq` command show it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Scheduled => "scheduled",
@@ -161,7 +166,9 @@ impl State {
 /// What `get` knows about a message.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MessageInfo {
+    /// The message id.
     pub id: String,
+    /// Where it is now.
     pub state: State,
     /// The payload as JSON text (or the raw stored text when it is not valid JSON).
     pub payload_json: String,
@@ -170,12 +177,16 @@ pub struct MessageInfo {
     pub due_at_ms: Option<i64>,
     /// Deliveries so far.
     pub attempts: u32,
+    /// Its own `PushOptions::max_attempts`, when it was pushed with one (else the
+    /// worker's applies).
     pub max_attempts: Option<u32>,
+    /// The error of its latest failed delivery.
     pub last_error: Option<String>,
     /// The stack trace that came with the last error (a PHP exception as `(string)
     /// $e` gives it, a Python traceback), cut to the worker's `max_trace_bytes`; `None`
     /// when the failure gave none.
     pub error_trace: Option<String>,
+    /// When it went to the dead-letter set (Unix ms, Redis clock), while it is there.
     pub dead_at_ms: Option<i64>,
     /// When it was pushed, Unix ms on the producer's clock (`None` in the seed layout).
     pub created_at_ms: Option<i64>,
@@ -205,6 +216,7 @@ pub enum Listing {
 }
 
 impl Listing {
+    /// Its name, as the `delayq` command takes it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Waiting => "waiting",
@@ -222,7 +234,9 @@ impl Listing {
 pub struct WorkerInfo {
     /// `host:pid:n`, n counting the pools of that process.
     pub id: String,
+    /// The host name of its machine.
     pub host: String,
+    /// The process id on that host.
     pub pid: u32,
     /// Unix ms on the pool's clock.
     pub started_at_ms: i64,
@@ -235,7 +249,9 @@ pub struct WorkerInfo {
     pub handlers: usize,
     /// Totals since it started, as of its last heartbeat.
     pub handled: u64,
+    /// Of those, acknowledged.
     pub acked: u64,
+    /// Of those, failed (retried or dead-lettered).
     pub failed: u64,
     /// Deliveries it held (running or prefetched) at its last heartbeat.
     pub holding: u64,
@@ -244,8 +260,10 @@ pub struct WorkerInfo {
     /// queue is judged by, as its users see it.
     #[serde(default)]
     pub started_recently: u64,
+    /// Their average lateness (ms), if any started.
     #[serde(default)]
     pub lateness_avg_ms: Option<f64>,
+    /// Their largest lateness (ms), if any started.
     #[serde(default)]
     pub lateness_max_ms: Option<i64>,
     /// Moving average of one handler call (ms), once measured.
@@ -259,13 +277,18 @@ pub const MAX_ERROR_TEXT_BYTES: usize = 4096;
 /// A message in the dead-letter set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadLetter {
+    /// The message id.
     pub id: String,
+    /// The payload as JSON text, as pushed.
     pub payload_json: String,
+    /// Deliveries it had.
     pub attempts: u32,
+    /// The error that sent it here.
     pub last_error: String,
     /// The stack trace that came with the last error, if any (see
     /// [`MessageInfo::error_trace`]).
     pub error_trace: Option<String>,
+    /// When it died, Unix ms on the Redis clock.
     pub dead_at_ms: i64,
 }
 
@@ -276,7 +299,9 @@ pub struct Stats {
     pub scheduled: u64,
     /// Due and waiting for a consumer.
     pub ready: u64,
+    /// Claimed by a consumer, under a lease.
     pub inflight: u64,
+    /// In the dead-letter set.
     pub dead: u64,
     /// Of the scheduled (and ready) ones, those due already that wait for another
     /// message of their serial key to finish (`PushOptions::serial_key`); they run as
@@ -301,7 +326,9 @@ pub struct Stats {
 /// `Queue::set_rate_limit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimit {
+    /// Messages handed out at most in any window of `per`.
     pub max: u32,
+    /// The window.
     pub per: Duration,
 }
 
@@ -378,6 +405,7 @@ pub const COUNTERS: [(&str, &str); 14] = [
 ];
 
 impl Stats {
+    /// One lifetime counter by its stored name (`dead`, not `died`), 0 when absent.
     pub fn total(&self, name: &str) -> u64 {
         self.totals.get(name).copied().unwrap_or(0)
     }
@@ -637,6 +665,7 @@ impl Queue {
         &self.inner.name
     }
 
+    /// The options it was made with.
     pub fn options(&self) -> &QueueOptions {
         &self.inner.opts
     }

@@ -30,7 +30,12 @@ pub enum Schedule {
     /// A cron pattern (5 fields, or 6 with seconds first; `@daily` and the like), read
     /// in an IANA time zone (`UTC` unless given), so that "0 2 * * *" in
     /// `Asia/Shanghai` is 02:00 there, daylight saving time included.
-    Cron { pattern: String, tz: String },
+    Cron {
+        /// The cron pattern, as given.
+        pattern: String,
+        /// The IANA time zone it is read in.
+        tz: String,
+    },
 }
 
 /// The shortest interval of `Schedule::Every`.
@@ -134,12 +139,14 @@ pub struct RepeatOptions {
 }
 
 impl RepeatOptions {
+    /// Each occurrence's own `max_attempts`.
     #[must_use]
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = Some(n);
         self
     }
 
+    /// Each occurrence's own `expire_after`.
     #[must_use]
     pub fn expire_after(mut self, d: Duration) -> Self {
         self.expire_after = Some(d);
@@ -151,10 +158,15 @@ impl RepeatOptions {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct RepeatInfo {
+    /// Its name, unique in the queue.
     pub name: String,
+    /// When its occurrences are due.
     pub schedule: Schedule,
+    /// The payload of every occurrence, as JSON text.
     pub payload_json: String,
+    /// See [`RepeatOptions::max_attempts`].
     pub max_attempts: Option<u32>,
+    /// See [`RepeatOptions::expire_after`].
     pub expire_after: Option<Duration>,
     /// Due time of the latest occurrence pushed (Unix ms): the pending one, or the one
     /// that ran last while its successor is being pushed.

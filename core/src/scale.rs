@@ -78,10 +78,12 @@ impl Scaler {
         self.min
     }
 
+    /// Processes kept at least (`min_processes`).
     pub fn min(&self) -> usize {
         self.min
     }
 
+    /// Processes run at most (`processes`).
     pub fn max(&self) -> usize {
         self.max
     }

@@ -171,11 +171,13 @@ pub enum Fate {
 /// One delivery of a message to a handler.
 #[derive(Debug, Clone)]
 pub struct Delivery {
+    /// The message id.
     pub id: String,
     /// 1 for the first delivery.
     pub attempt: u32,
     /// When this delivery was due, Unix ms (the requested time, or the retry's).
     pub due_at_ms: i64,
+    /// The name of the queue it came from (with lower queues, which one).
     pub queue: Arc<str>,
     /// Deliveries allowed in all (the message's own limit, else the worker's).
     pub max_attempts: u32,
@@ -218,6 +220,7 @@ impl Delivery {
 /// What a consumer's `recv_timeout` returns.
 #[derive(Debug)]
 pub enum Received {
+    /// A delivery to handle, then `ack` or `fail`.
     Message(Delivery),
     /// Nothing arrived within the timeout.
     Idle,
@@ -234,7 +237,9 @@ pub struct Summary {
     pub acked: u64,
     /// Handler calls that failed (retried or dead-lettered).
     pub failed: u64,
+    /// Of the failures, scheduled for another attempt.
     pub retried: u64,
+    /// Of the failures, sent to the dead-letter set.
     pub dead: u64,
     /// Completions refused because the lease had passed to another delivery.
     pub lease_lost: u64,
@@ -571,10 +576,13 @@ impl std::fmt::Debug for Stopper {
 }
 
 impl Stopper {
+    /// Stop gracefully: running handlers finish and are acknowledged, prefetched
+    /// deliveries go back to the queue at once. Returns at once.
     pub fn stop(&self) {
         self.0.iter().for_each(|c| c.stop());
     }
 
+    /// Whether a stop was asked for.
     pub fn is_stopped(&self) -> bool {
         group_stopped(&self.0)
     }
@@ -1008,6 +1016,7 @@ impl Worker {
         Ok(worker)
     }
 
+    /// The options it was made with.
     pub fn options(&self) -> &WorkerOptions {
         &self.opts
     }
