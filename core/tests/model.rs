@@ -13,7 +13,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::{RedisServer, wait_for};
-use delayq::{Consumer, Delivery, NewMessage, PushOptions, QueueOptions, Received, Retry, Worker, WorkerOptions};
+use delayq::{
+    Consumer, Delivery, Layout, NewMessage, PushOptions, QueueOptions, Received, Retry, Worker, WorkerOptions,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -43,8 +45,45 @@ struct Snapshot {
     completed_messages: BTreeSet<String>,
 }
 
-fn snapshot(con: &mut redis::Connection, tag: &str) -> Snapshot {
-    let k = |s: &str| format!("{tag}:{s}");
+/// The key names of one partition: native ones under its hash tag; the seed layout's
+/// are the recipe's ZSET and HASH, the others named after the ZSET.
+#[derive(Debug)]
+struct KeyNames {
+    base: String,
+    scheduled: String,
+    messages: String,
+}
+
+impl KeyNames {
+    fn of(queue: &delayq::Queue, part: usize) -> Self {
+        match &queue.options().layout {
+            Layout::Seed { zset_key, payload_key } => Self {
+                base: zset_key.clone(),
+                scheduled: zset_key.clone(),
+                messages: payload_key.clone(),
+            },
+            _ => {
+                let base = queue.hash_tag(part).expect("partition");
+                Self {
+                    scheduled: format!("{base}:scheduled"),
+                    messages: format!("{base}:messages"),
+                    base,
+                }
+            }
+        }
+    }
+
+    fn name(&self, key: &str) -> String {
+        match key {
+            "scheduled" => self.scheduled.clone(),
+            "messages" => self.messages.clone(),
+            other => format!("{}:{other}", self.base),
+        }
+    }
+}
+
+fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
+    let k = |s: &str| names.name(s);
     let mut pipe = redis::pipe();
     pipe.atomic();
     for z in ["scheduled", "inflight", "dead", "serial_line", "completed"] {
@@ -203,7 +242,9 @@ struct Run {
     queue: delayq::Queue,
     consumer: Consumer,
     con: redis::Connection,
-    tags: Vec<String>,
+    partitions: Vec<KeyNames>,
+    /// The seed layout: no serial keys, no expiry, whole-second due times.
+    seed_layout: bool,
     partitioned: bool,
     rng: StdRng,
     pushed: u64,
@@ -219,13 +260,14 @@ struct Run {
 }
 
 impl Run {
-    fn start(server: &RedisServer, seed: u64, partitions: u32) -> Self {
+    fn start(server: &RedisServer, seed: u64, partitions: u32, layout: &Layout) -> Self {
         let queue = server.queue_with(
             "model",
             QueueOptions {
                 // Every acknowledged message stays listed: none may go missing.
                 keep_completed: 1_000_000,
                 partitions,
+                layout: layout.clone(),
                 ..QueueOptions::default()
             },
         );
@@ -244,7 +286,8 @@ impl Run {
         Self {
             seed,
             step: 0,
-            tags: (0..queue.partitions()).filter_map(|p| queue.hash_tag(p)).collect(),
+            partitions: (0..queue.partitions()).map(|p| KeyNames::of(&queue, p)).collect(),
+            seed_layout: matches!(layout, Layout::Seed { .. }),
             consumer: worker.start_with(6).expect("start"),
             queue,
             con: server.con(),
@@ -283,6 +326,10 @@ impl Run {
                 .then(|| Duration::from_millis(rng.random_range(1..50))),
             ..PushOptions::default()
         };
+        if self.seed_layout {
+            // The recipe's keys have no room for these (refused there).
+            (m.options.serial_key, m.options.expire_after) = (None, None);
+        }
         if rng.random_bool(0.2) {
             // A small pool of ids: idempotent pushes, and replacing ones.
             let id = rng.random_range(0..12);
@@ -473,12 +520,16 @@ impl Run {
 
     /// Each partition's snapshot, and the first rule broken in any of them.
     fn check(&mut self) -> (Vec<Snapshot>, Option<String>) {
-        let snaps: Vec<Snapshot> = self.tags.iter().map(|tag| snapshot(&mut self.con, tag)).collect();
+        let snaps: Vec<Snapshot> = self
+            .partitions
+            .iter()
+            .map(|names| snapshot(&mut self.con, names))
+            .collect();
         let mut broken = self
-            .tags
+            .partitions
             .iter()
             .zip(&snaps)
-            .find_map(|(tag, s)| broken_rule(s).map(|rule| format!("{tag}: {rule}")));
+            .find_map(|(names, s)| broken_rule(s).map(|rule| format!("{}: {rule}", names.base)));
         let mut seen = BTreeSet::new();
         for s in &snaps {
             if let Some(id) = s.messages.iter().find(|id| !seen.insert(*id)) {
@@ -526,9 +577,9 @@ impl Run {
     }
 }
 
-fn run_seed(seed: u64, steps: usize, partitions: u32) {
+fn run_seed(seed: u64, steps: usize, partitions: u32, layout: &Layout) {
     let server = RedisServer::start();
-    let mut run = Run::start(&server, seed, partitions);
+    let mut run = Run::start(&server, seed, partitions, layout);
     for step in 0..steps {
         run.step = step;
         let what = run.random_step();
@@ -546,7 +597,7 @@ fn run_seed(seed: u64, steps: usize, partitions: u32) {
     run.finish();
 }
 
-fn run_seeds(partitions: u32) {
+fn run_seeds(partitions: u32, layout: &Layout) {
     let steps = std::env::var("DELAYQ_MODEL_STEPS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -560,16 +611,21 @@ fn run_seeds(partitions: u32) {
         })
         .unwrap_or(1..4u64);
     for seed in seeds {
-        run_seed(seed, steps, partitions);
+        run_seed(seed, steps, partitions, layout);
     }
 }
 
 #[test]
 fn a_random_mix_of_every_operation_keeps_the_keys_consistent_and_drains() {
-    run_seeds(1);
+    run_seeds(1, &Layout::Native);
 }
 
 #[test]
 fn on_a_partitioned_queue_too() {
-    run_seeds(3);
+    run_seeds(3, &Layout::Native);
+}
+
+#[test]
+fn in_the_seed_layout_too() {
+    run_seeds(1, &Layout::seed());
 }
