@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test soak bench bench-cluster bench-redis-cost bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed lint fmt clippy doc
+.PHONY: help setup demo build php python test soak hunt bench bench-cluster bench-redis-cost bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-24s %s\n", $$1, $$2}'
@@ -27,6 +27,10 @@ test: ## Run every test (each suite starts its own redis-server)
 
 soak: ## The long load test: 200 000 messages over 60 s, 8 producers, 8 handlers
 	DELAYQ_SOAK_MESSAGES=200000 DELAYQ_SOAK_SECONDS=60 cargo test --release -p delayq --test soak -- --nocapture
+
+SEEDS ?= 100..200
+hunt: ## The random-operations model test on more seeds, longer (SEEDS=a..b, default 100..200)
+	DELAYQ_MODEL_SEEDS=$(SEEDS) DELAYQ_MODEL_STEPS=1500 cargo test --release -p delayq --test model
 
 bench: ## Benchmark delayq against the seed recipe on a private, pinned redis-server
 	python3 bench/run.py

@@ -1,7 +1,8 @@
 //! Every operation at once, in a random order, against the rules that tie a queue's
 //! keys together. The scenario tests each check one path; this one looks for the
 //! combinations nobody thought of (a cancel while the key's holder fails, a replacing
-//! push of a message waiting in its key's line, a purge with deliveries in hand...).
+//! push of a message waiting in its key's line, a purge with deliveries in hand...),
+//! with two pools on the queue, as two worker processes would be.
 //! After every step an atomic snapshot of all the keys must hold every invariant; at
 //! the end the queue must drain to nothing, and every message pushed (unless cancelled,
 //! purged or deleted as a dead letter) must have been acknowledged. The seeds are fixed, so a failure
@@ -13,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::{RedisServer, wait_for};
+use delayq::repeat::Schedule;
 use delayq::{
     Consumer, Delivery, Layout, NewMessage, PushOptions, QueueOptions, Received, Retry, Worker, WorkerOptions,
 };
@@ -226,6 +228,8 @@ fn broken_rule(s: &Snapshot) -> Option<String> {
 }
 
 struct InHand {
+    /// The pool it came from, which completes it.
+    pool: usize,
     delivery: Delivery,
     since: Instant,
     /// Kept past its timeout and lease: its worker "hung".
@@ -240,7 +244,8 @@ struct Run {
     seed: u64,
     step: usize,
     queue: delayq::Queue,
-    consumer: Consumer,
+    /// Two pools, as two worker processes would be.
+    pools: Vec<Consumer>,
     con: redis::Connection,
     partitions: Vec<KeyNames>,
     /// The seed layout: no serial keys, no expiry, whole-second due times.
@@ -271,24 +276,25 @@ impl Run {
                 ..QueueOptions::default()
             },
         );
-        let worker = Worker::new(
-            queue.clone(),
-            WorkerOptions {
+        let pool = |handlers| {
+            let opts = WorkerOptions {
                 lease: LEASE,
                 timeout: Some(TIMEOUT),
                 max_attempts: 3,
                 backoff_base: Duration::from_millis(5),
                 backoff_max: Duration::from_millis(40),
                 ..WorkerOptions::default()
-            },
-        )
-        .expect("worker");
+            };
+            Worker::new(queue.clone(), opts)
+                .and_then(|w| w.start_with(handlers))
+                .expect("pool")
+        };
         Self {
             seed,
             step: 0,
             partitions: (0..queue.partitions()).map(|p| KeyNames::of(&queue, p)).collect(),
             seed_layout: matches!(layout, Layout::Seed { .. }),
-            consumer: worker.start_with(6).expect("start"),
+            pools: vec![pool(4), pool(3)],
             queue,
             con: server.con(),
             partitioned: partitions > 1,
@@ -386,7 +392,8 @@ impl Run {
     /// A delivery handed out while another of its serial key runs breaks the rule that
     /// the whole feature is for.
     fn receive(&mut self) {
-        let Received::Message(d) = self.consumer.recv_timeout(Duration::from_millis(20)) else {
+        let pool = self.rng.random_range(0..self.pools.len());
+        let Received::Message(d) = self.pools[pool].recv_timeout(Duration::from_millis(20)) else {
             return;
         };
         if let Some(key) = &d.serial_key {
@@ -421,6 +428,7 @@ impl Run {
         }
         self.note(&d.id, format!("received (attempt {})", d.attempt));
         self.hand.push(InHand {
+            pool,
             delivery: d,
             since: Instant::now(),
             abandoned: false,
@@ -436,7 +444,7 @@ impl Run {
         if self.hand[i].abandoned && self.hand[i].since.elapsed() < LEASE + TIMEOUT {
             return false;
         }
-        let d = self.hand.swap_remove(i).delivery;
+        let InHand { pool, delivery: d, .. } = self.hand.swap_remove(i);
         let how = match self.rng.random_range(0..20) {
             0..12 => "ack",
             12..17 => "fail",
@@ -444,11 +452,12 @@ impl Run {
             _ => "release",
         };
         self.note(&d.id, how.to_owned());
+        let consumer = &self.pools[pool];
         match how {
-            "ack" => self.consumer.ack(d),
-            "fail" => drop(self.consumer.fail(d, "failed")),
-            "fail for good" => drop(self.consumer.fail_with(d, "failed for good", Retry::Never)),
-            _ => self.consumer.release(d),
+            "ack" => consumer.ack(d),
+            "fail" => drop(consumer.fail(d, "failed")),
+            "fail for good" => drop(consumer.fail_with(d, "failed for good", Retry::Never)),
+            _ => consumer.release(d),
         }
         true
     }
@@ -457,10 +466,29 @@ impl Run {
         self.queue.purge().expect("purge");
         self.born.clear();
         self.hand.iter_mut().for_each(|h| h.purged = true);
-        // What the pool had prefetched was purged too: its handlers may still run it
-        // (purge cannot reach into a worker), so it guards no key.
-        while let Received::Message(d) = self.consumer.recv_timeout(Duration::from_millis(50)) {
-            self.consumer.ack(d);
+        // What the pools had prefetched was purged too: their handlers may still run
+        // it (purge cannot reach into a worker), so it guards no key.
+        self.ack_all_prefetched();
+    }
+
+    fn ack_all_prefetched(&self) {
+        for consumer in &self.pools {
+            while let Received::Message(d) = consumer.recv_timeout(Duration::from_millis(50)) {
+                consumer.ack(d);
+            }
+        }
+    }
+
+    /// A repeating message every second, whose occurrences the pools push themselves.
+    fn repeat_or_unrepeat(&mut self) {
+        let name = format!("tick-{}", self.rng.random_range(0..2));
+        if self.rng.random_bool(0.6) {
+            let every = Schedule::every(Duration::from_secs(1)).expect("schedule");
+            self.queue
+                .repeat(&name, &every, &json!({ "tick": name }))
+                .expect("repeat");
+        } else {
+            self.queue.unrepeat(&name).expect("unrepeat");
         }
     }
 
@@ -511,6 +539,10 @@ impl Run {
                 self.purge();
                 "purge"
             }
+            99 if self.rng.random_bool(0.5) => {
+                self.repeat_or_unrepeat();
+                "repeat"
+            }
             _ => {
                 std::thread::sleep(Duration::from_millis(self.rng.random_range(0..15)));
                 "sleep"
@@ -543,16 +575,17 @@ impl Run {
     /// to nothing: every line moves on, and no message is missing.
     fn finish(mut self) {
         let seed = self.seed;
-        for h in self.hand.drain(..) {
-            self.consumer.ack(h.delivery);
+        for h in std::mem::take(&mut self.hand) {
+            self.pools[h.pool].ack(h.delivery);
+        }
+        for r in self.queue.repeats().expect("repeats") {
+            self.queue.unrepeat(&r.name).expect("unrepeat");
         }
         wait_for(
             Duration::from_secs(30),
             &format!("seed {seed}: the queue drained"),
             || {
-                while let Received::Message(d) = self.consumer.recv_timeout(Duration::from_millis(50)) {
-                    self.consumer.ack(d);
-                }
+                self.ack_all_prefetched();
                 let s = self.queue.stats().expect("stats");
                 if s.dead > 0 {
                     self.queue.requeue_dead(None).expect("requeue_dead");
@@ -573,7 +606,9 @@ impl Run {
         let completed: BTreeSet<String> = snaps.iter().flat_map(|s| s.completed.iter().cloned()).collect();
         let lost: Vec<&String> = self.born.difference(&completed).collect();
         assert!(lost.is_empty(), "seed {seed}: never completed: {lost:?}");
-        self.consumer.finish();
+        for consumer in self.pools {
+            consumer.finish();
+        }
     }
 }
 
