@@ -358,7 +358,9 @@ final class DelayQueue
 
     /**
      * Deletes every message of the queue in every state (counters, a pause, a rate
-     * limit and repeat definitions are kept).
+     * limit and repeat definitions are kept). A message that a worker holds already
+     * (running, or prefetched in its memory) may still reach its handler: stop the
+     * workers first to run nothing more.
      *
      * @return int how many messages were deleted
      */

@@ -1730,7 +1730,10 @@ impl Queue {
         Ok(asked.len())
     }
 
-    /// Delete every message in every state. Returns how many were deleted.
+    /// Delete every message in every state. Returns how many were deleted. A message
+    /// that a pool holds already (running, or prefetched in its memory) may still reach
+    /// a handler; its acknowledgement then finds it gone. Stop the pools first to run
+    /// nothing more.
     pub fn purge(&self) -> Result<u64> {
         let mut total = 0;
         for part in 0..self.partitions() {

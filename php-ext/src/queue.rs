@@ -537,7 +537,8 @@ impl PhpDelayQueue {
         Ok(i64::try_from(self.queue.move_waiting(&to.queue).or_throw()?).unwrap_or(i64::MAX))
     }
 
-    /// Delete every message of the queue in every state. Returns how many.
+    /// Delete every message of the queue in every state. Returns how many. A message a
+    /// worker holds already (running or prefetched) may still reach its handler.
     pub fn purge(&self) -> PhpResult<i64> {
         Ok(i64::try_from(self.queue.purge().or_throw()?).unwrap_or(i64::MAX))
     }

@@ -245,7 +245,9 @@ class DelayQueue:
         layout, a payload that is no JSON) raises ``InvalidArgumentError`` naming it,
         with its batch unwritten. Returns how many were moved."""
     def purge(self) -> int:
-        """Delete every message in every state; returns how many."""
+        """Delete every message in every state; returns how many. A message that a
+        worker holds already (running, or prefetched in its memory) may still reach its
+        handler: stop the workers first to run nothing more."""
     def ping(self) -> bool:
         """Check that Redis answers; raises ConnectionError otherwise."""
 

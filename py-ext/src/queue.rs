@@ -529,7 +529,8 @@ impl PyQueue {
         py.detach(|| self.queue.move_waiting(&to)).or_raise(py)
     }
 
-    /// Delete every message in every state; returns how many.
+    /// Delete every message in every state; returns how many. A message that a worker
+    /// holds already (running or prefetched) may still reach its handler.
     fn purge(&self, py: Python<'_>) -> PyResult<u64> {
         py.detach(|| self.queue.purge()).or_raise(py)
     }
