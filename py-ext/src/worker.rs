@@ -2,6 +2,7 @@
 //! runs on the calling thread with the GIL; Redis I/O runs on the pool's threads, and
 //! every wait releases the GIL.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::exceptions::{PyKeyboardInterrupt, PySystemExit};
@@ -372,7 +373,7 @@ impl PyWorker {
         crate::logs::sync_level(py);
         let consumer = py.detach(|| self.worker.start_with(handlers)).or_raise(py)?;
         Ok(PyConsumer {
-            consumer: std::sync::Mutex::new(Some(consumer)),
+            consumer: std::sync::Mutex::new(Some(Arc::new(consumer))),
         })
     }
 
@@ -409,21 +410,43 @@ pub(crate) struct PyDelivery {
     message: Py<PyMessage>,
 }
 
+/// The consumer itself, once the calls still under way on other threads (a `recv`
+/// that waits out its timeout, at most 60 s) have returned their share of it.
+fn sole(mut shared: Arc<delayq::Consumer>) -> delayq::Consumer {
+    loop {
+        match Arc::try_unwrap(shared) {
+            Ok(consumer) => return consumer,
+            Err(again) => {
+                shared = again;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
 #[pyclass(name = "_Consumer", module = "delayq._delayq", frozen)]
 pub(crate) struct PyConsumer {
-    consumer: std::sync::Mutex<Option<delayq::Consumer>>,
+    /// Shared, not locked for the length of a call: the asyncio runner waits in `recv`
+    /// on an executor thread while its handlers acknowledge on the event loop's thread,
+    /// and an ack that waited for the receive would hold up the message it frees (the
+    /// next one of a serial key) for the receive's whole timeout. None once finished.
+    consumer: std::sync::Mutex<Option<Arc<delayq::Consumer>>>,
 }
 
 impl PyConsumer {
-    fn with<T>(&self, py: Python<'_>, f: impl FnOnce(&delayq::Consumer) -> T) -> PyResult<T> {
+    fn current(&self, py: Python<'_>) -> PyResult<Option<Arc<delayq::Consumer>>> {
         let guard = self
             .consumer
             .lock_py_attached(py)
             .map_err(|_| errors::new_err(py, errors::Kind::Root, "consumer lock poisoned".into()))?;
-        let c = guard
-            .as_ref()
+        Ok(guard.as_ref().map(Arc::clone))
+    }
+
+    fn with<T>(&self, py: Python<'_>, f: impl FnOnce(&delayq::Consumer) -> T) -> PyResult<T> {
+        let c = self
+            .current(py)?
             .ok_or_else(|| errors::new_err(py, errors::Kind::Root, "this consumer is finished".into()))?;
-        Ok(f(c))
+        Ok(f(&c))
     }
 
     fn take(py: Python<'_>, d: &PyDelivery) -> PyResult<delayq::Delivery> {
@@ -441,14 +464,8 @@ impl PyConsumer {
     /// `stopped`).
     fn recv(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<PyDelivery>> {
         let wait = Duration::from_secs_f64(timeout.clamp(0.0, 60.0));
-        let received = {
-            let guard = self
-                .consumer
-                .lock_py_attached(py)
-                .map_err(|_| errors::new_err(py, errors::Kind::Root, "consumer lock poisoned".into()))?;
-            let Some(c) = guard.as_ref() else { return Ok(None) };
-            py.detach(|| c.recv_timeout(wait))
-        };
+        let Some(c) = self.current(py)? else { return Ok(None) };
+        let received = py.detach(|| c.recv_timeout(wait));
         crate::logs::flush(py);
         let delayq::Received::Message(d) = received else {
             return Ok(None);
@@ -520,7 +537,7 @@ impl PyConsumer {
         let (s, stopped_by) = match consumer {
             Some(c) => {
                 let reason = stop_reason(&c, stopped_by);
-                (py.detach(|| c.finish()), reason)
+                (py.detach(|| sole(c).finish()), reason)
             }
             None => (delayq::Summary::default(), stopped_by),
         };

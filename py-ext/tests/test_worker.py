@@ -374,6 +374,27 @@ def test_the_handler_sees_its_messages_serial_key(queue: delayq.DelayQueue) -> N
     assert summary["acked"] == 2
 
 
+def test_an_ack_does_not_wait_for_a_receive_in_progress(queue: delayq.DelayQueue) -> None:
+    # The asyncio runner receives on an executor thread while its handlers acknowledge
+    # on the event loop's: an ack that waited for the receive would hold up the next
+    # message of a serial key (the only one due) for the receive's whole timeout.
+    queue.push("first")
+    consumer = delayq.Worker(queue)._worker.start(2)
+    delivery = consumer.recv(5.0)
+    assert delivery is not None
+    received: list[Any] = []
+    receiving = threading.Thread(target=lambda: received.append(consumer.recv(5.0)))
+    receiving.start()
+    time.sleep(0.2)  # it waits: nothing else is due
+    consumer.ack(delivery)
+    acked_while_receiving = receiving.is_alive()
+    consumer.stop()
+    receiving.join()
+    consumer.finish(None)
+    assert acked_while_receiving, "the ack waited until the receive gave up"
+    assert received == [None] and queue.stats()["acked"] == 1
+
+
 def test_bad_serial_keys_are_refused_and_write_nothing(queue: delayq.DelayQueue) -> None:
     for bad in ["", "order\n1", "k" * 1000]:
         with pytest.raises(delayq.InvalidArgumentError, match="serial_key"):
