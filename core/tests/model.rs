@@ -308,6 +308,16 @@ impl Run {
         }
     }
 
+    /// The result of an operation that must succeed; a failure names the seed and step.
+    fn ok<T>(&self, what: &str, result: delayq::Result<T>) -> T {
+        result.unwrap_or_else(|e| {
+            panic!(
+                "seed {} step {}: {what} failed: {e}\nlast steps: {:?}",
+                self.seed, self.step, self.last_steps
+            )
+        })
+    }
+
     fn note(&mut self, id: &str, what: String) {
         let step = self.step;
         self.history
@@ -350,7 +360,7 @@ impl Run {
 
     fn push(&mut self, count: usize) {
         let batch: Vec<NewMessage> = (0..count).map(|_| self.message()).collect();
-        let ids = self.queue.push_many(&batch).expect("push");
+        let ids = self.ok("push", self.queue.push_many(&batch));
         for (m, id) in batch.iter().zip(&ids) {
             if m.options.id.is_none() {
                 self.born.insert(id.clone());
@@ -369,7 +379,7 @@ impl Run {
     }
 
     fn cancel(&mut self, id: &str) {
-        let done = self.queue.cancel(id).expect("cancel");
+        let done = self.ok("cancel", self.queue.cancel(id));
         if done {
             self.born.remove(id);
         }
@@ -378,12 +388,12 @@ impl Run {
 
     fn reschedule(&mut self, id: &str) {
         let delay = Duration::from_millis(self.rng.random_range(0..30));
-        let done = self.queue.reschedule(id, delay).expect("reschedule");
+        let done = self.ok("reschedule", self.queue.reschedule(id, delay));
         self.note(id, format!("reschedule: {done}"));
     }
 
     fn delete_dead(&mut self, id: &str) {
-        if self.queue.delete_dead(Some(id)).expect("delete_dead") == 1 {
+        if self.ok("delete_dead", self.queue.delete_dead(Some(id))) == 1 {
             self.born.remove(id);
             self.note(id, "deleted dead".to_owned());
         }
@@ -463,7 +473,7 @@ impl Run {
     }
 
     fn purge(&mut self) {
-        self.queue.purge().expect("purge");
+        self.ok("purge", self.queue.purge());
         self.born.clear();
         self.hand.iter_mut().for_each(|h| h.purged = true);
         // What the pools had prefetched was purged too: their handlers may still run
@@ -484,11 +494,9 @@ impl Run {
         let name = format!("tick-{}", self.rng.random_range(0..2));
         if self.rng.random_bool(0.6) {
             let every = Schedule::every(Duration::from_secs(1)).expect("schedule");
-            self.queue
-                .repeat(&name, &every, &json!({ "tick": name }))
-                .expect("repeat");
+            self.ok("repeat", self.queue.repeat(&name, &every, &json!({ "tick": name })));
         } else {
-            self.queue.unrepeat(&name).expect("unrepeat");
+            self.ok("unrepeat", self.queue.unrepeat(&name));
         }
     }
 
@@ -528,7 +536,7 @@ impl Run {
                 "abandon"
             }
             95..97 => {
-                self.queue.requeue_dead(None).expect("requeue_dead");
+                self.ok("requeue_dead", self.queue.requeue_dead(None));
                 "requeue_dead"
             }
             97 if let Some(id) = self.some_id() => {

@@ -343,6 +343,35 @@ fn cancel_reschedule_and_replace_take_a_message_out_of_its_line() {
 }
 
 #[test]
+fn a_batch_whose_later_push_of_an_id_replaces_it_without_a_key_writes_it_whole() {
+    // Found by tests/model.rs: the key of the first push counted for the batch, the
+    // replacing one dropped it, and the script failed halfway with nothing to write.
+    let server = RedisServer::start();
+    let q = server.queue("serial-batch");
+    let with_id = |n, key: Option<&str>, replace| {
+        let mut m = keyed(n, key, Duration::ZERO);
+        m.options.id = Some("order-1".into());
+        m.options.replace = replace;
+        m
+    };
+    let ids = q
+        .push_many(&[with_id(1, Some("k"), false), with_id(2, None, true)])
+        .expect("push");
+    assert_eq!(ids, ["order-1", "order-1"]);
+    let info = q.get("order-1").expect("get").expect("exists");
+    assert_eq!((info.payload_json.as_str(), info.serial_key), (r#"{"n":2}"#, None));
+    assert_eq!(q.stats().expect("stats").totals["pushed"], 1);
+    assert!(serial_bookkeeping(&server).is_empty());
+    // And the other way round: the replacing push brings the key.
+    q.purge().expect("purge");
+    q.push_many(&[with_id(3, None, false), with_id(4, Some("k"), true)])
+        .expect("push");
+    let info = q.get("order-1").expect("get").expect("exists");
+    assert_eq!(info.serial_key.as_deref(), Some("k"));
+    assert_no_leak(&server, "{dq:serial-batch}");
+}
+
+#[test]
 fn bad_serial_keys_are_refused_and_write_nothing() {
     let server = RedisServer::start();
     let q = server.queue("serial-bad");

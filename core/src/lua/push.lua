@@ -108,13 +108,17 @@ if n_adds > 0 then
   redis.call('HSET', K_MSG, unpack(envelopes))
   redis.call('ZADD', K_SCHED, unpack(adds))
   if any_serial then
+    -- What the batch's last push of each id says: a replacing push of an id earlier in
+    -- the batch may have dropped the key, and HSET takes no empty list.
     local keyed, n_keyed = {}, 0
     for id, serial in pairs(serial_of) do
       if serial ~= '' then
         keyed[n_keyed + 1], keyed[n_keyed + 2], n_keyed = id, serial, n_keyed + 2
       end
     end
-    redis.call('HSET', K_SERIAL, unpack(keyed))
+    if n_keyed > 0 then
+      redis.call('HSET', K_SERIAL, unpack(keyed))
+    end
   end
   if created > 0 then
     redis.call('HINCRBY', K_STATS, 'pushed', created)
