@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test soak hunt bench bench-cluster bench-redis-cost bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed lint fmt clippy doc
+.PHONY: help setup demo build php python test soak hunt bench bench-cluster bench-redis-cost bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed bench-serial-keys lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-24s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ bench-php-requests: ## A push per PHP-FPM request, with and without a persistent
 
 bench-keep-completed: ## Drain rate and Redis memory with keep_completed 0 and 10 000
 	python3 bench/keep_completed.py
+
+bench-serial-keys: ## Drain rate of messages spread over 1, 10, 100 serial keys and none
+	python3 bench/serial_keys.py
 
 lint: fmt clippy ## cargo fmt --check and clippy -D warnings
 
