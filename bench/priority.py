@@ -100,13 +100,7 @@ def measure(mode: str) -> dict[str, float]:
 
 
 def main() -> None:
-    results: dict[str, list[dict[str, float]]] = {"one queue": [], "lower_queues": []}
-    for _ in range(RUNS):
-        # In turns, so that both modes see the same machine.
-        for mode in results:
-            m = measure(mode)
-            print(f"{mode}: {m}", flush=True)
-            results[mode].append(m)
+    results = run.in_turns(["one queue", "lower_queues"], measure, RUNS)
     day = datetime.date.today().isoformat()
     lines = [
         f"# An urgent message behind a backlog, {day}",
@@ -120,14 +114,11 @@ def main() -> None:
         "|---|---|---|---|",
     ]
 
-    def cell(values: list[float], fmt: str) -> str:
-        return f"{statistics.median(values):{fmt}} ({min(values):{fmt}} .. {max(values):{fmt}})"
-
     for mode, ms in results.items():
         lines.append(
-            f"| {mode} | {cell([m['late_median_ms'] for m in ms], '.1f')} ms "
-            f"| {cell([m['late_max_ms'] for m in ms], '.1f')} ms "
-            f"| {cell([m['bulk_rate'] for m in ms], ',.0f')} msg/s |"
+            f"| {mode} | {run.cell([m['late_median_ms'] for m in ms], '.1f')} ms "
+            f"| {run.cell([m['late_max_ms'] for m in ms], '.1f')} ms "
+            f"| {run.cell([m['bulk_rate'] for m in ms], ',.0f')} msg/s |"
         )
     lines += [
         "",

@@ -71,16 +71,8 @@ def measure(processes: int) -> dict[str, float]:
 
 
 def main() -> None:
-    results: dict[int, list[dict[str, float]]] = {p: [] for p in PROCESSES}
-    for _ in range(RUNS):
-        for processes in PROCESSES:
-            m = measure(processes)
-            print(f"{processes} processes: {m}", flush=True)
-            results[processes].append(m)
+    results = run.in_turns(PROCESSES, measure, RUNS, lambda processes: f"{processes} processes")
     day = datetime.date.today().isoformat()
-
-    def cell(values: list[float], fmt: str) -> str:
-        return f"{statistics.median(values):{fmt}} ({min(values):{fmt}} .. {max(values):{fmt}})"
 
     base = statistics.median(m["rate"] for m in results[PROCESSES[0]])
     lines = [
@@ -96,8 +88,8 @@ def main() -> None:
     ]
     for processes, ms in results.items():
         rate = statistics.median(m["rate"] for m in ms)
-        lines.append(f"| {processes} | {cell([m['seconds'] for m in ms], '.2f')} s "
-                     f"| {cell([m['rate'] for m in ms], ',.0f')} | {rate / base:.2f}x |")
+        lines.append(f"| {processes} | {run.cell([m['seconds'] for m in ms], '.2f')} s "
+                     f"| {run.cell([m['rate'] for m in ms], ',.0f')} | {rate / base:.2f}x |")
     lines += [
         "",
         "One process runs one plain-function handler at a time (the GIL), so a CPU-bound handler",

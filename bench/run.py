@@ -25,7 +25,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+V = TypeVar("V")
 
 ROOT = Path(__file__).resolve().parent.parent
 PHP_DIR = ROOT / "bench" / "php"
@@ -167,6 +169,24 @@ def consume(redis: Redis, system: str, records: Path, until_empty: bool = True, 
     if system in OTHERS:
         return other(system, "consume", *args, background=True)
     return php("consume.php", f"--system={system}", *args, background=True)
+
+
+def in_turns(variants: Iterable[V], measure: Callable[[V], dict[str, float]], runs: int,
+             name: Callable[[V], str] = str) -> dict[V, list[dict[str, float]]]:
+    """`runs` measurements of each variant, taken in turns so that every variant sees
+    the machine in the same moods; printed as they come."""
+    results: dict[V, list[dict[str, float]]] = {v: [] for v in variants}
+    for _ in range(runs):
+        for variant, found in results.items():
+            m = measure(variant)
+            print(f"{name(variant)}: {m}", flush=True)
+            found.append(m)
+    return results
+
+
+def cell(values: list[float], fmt: str) -> str:
+    """The median of the runs, their range in brackets."""
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}} .. {max(values):{fmt}})"
 
 
 def med(values: list[float]) -> tuple[float, float, float]:

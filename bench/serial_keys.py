@@ -87,17 +87,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--label", help="kept in the file name and the heading: which build ran")
     args = parser.parse_args()
-    results: dict[int | None, list[dict[str, float]]] = {k: [] for k in KEYS}
-    for _ in range(RUNS):
-        for keys in KEYS:
-            m = measure(keys)
-            print(f"{label(keys)}: {m}", flush=True)
-            results[keys].append(m)
+    results = run.in_turns(KEYS, measure, RUNS, label)
     day = datetime.date.today().isoformat()
-
-    def cell(values: list[float], fmt: str) -> str:
-        return f"{statistics.median(values):{fmt}} ({min(values):{fmt}} .. {max(values):{fmt}})"
-
     lines = [
         f"# Draining messages that share serial keys, {day}" + (f" ({args.label})" if args.label else ""),
         "",
@@ -110,8 +101,8 @@ def main() -> None:
         "|---|---|---|",
     ]
     for keys, ms in results.items():
-        lines.append(f"| {label(keys)} | {cell([m['rate'] for m in ms], ',.0f')} msg/s "
-                     f"| {cell([m['gap_ms'] for m in ms], '.2f')} ms |")
+        lines.append(f"| {label(keys)} | {run.cell([m['rate'] for m in ms], ',.0f')} msg/s "
+                     f"| {run.cell([m['gap_ms'] for m in ms], '.2f')} ms |")
     lines += [
         "",
         "With one key the drain is a chain: a message starts once the one before it was acknowledged,",
