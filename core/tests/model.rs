@@ -3,10 +3,12 @@
 //! combinations nobody thought of (a cancel while the key's holder fails, a replacing
 //! push of a message waiting in its key's line, a purge with deliveries in hand...),
 //! with two pools on the queue, as two worker processes would be.
-//! After every step an atomic snapshot of all the keys must hold every invariant; at
-//! the end the queue must drain to nothing, and every message pushed (unless cancelled,
-//! purged or deleted as a dead letter) must have been acknowledged. The seeds are fixed, so a failure
-//! replays; `DELAYQ_MODEL_SEEDS=a..b` runs others, `DELAYQ_MODEL_STEPS` longer ones.
+//!
+//! After every step an atomic snapshot of all the keys must hold every invariant. At
+//! the end the queue must drain to nothing, and every message pushed (unless
+//! cancelled, purged or deleted as a dead letter) must have been acknowledged. The
+//! seeds are fixed, so a failure replays; `DELAYQ_MODEL_SEEDS=a..b` runs others,
+//! `DELAYQ_MODEL_STEPS` longer ones (`make hunt`).
 
 mod common;
 
@@ -500,6 +502,25 @@ impl Run {
         }
     }
 
+    /// Consumption paused for a while (a pause holds every pool back until resumed).
+    fn pause_or_resume(&mut self) {
+        if self.rng.random_bool(0.5) {
+            self.ok("pause", self.queue.pause());
+        } else {
+            self.ok("resume", self.queue.resume());
+        }
+    }
+
+    /// A rate limit of a few messages per 100 ms, or none.
+    fn limit_or_not(&mut self) {
+        if self.rng.random_bool(0.5) {
+            let limit = delayq::RateLimit::new(self.rng.random_range(1..20), 0.1).expect("limit");
+            self.ok("set_rate_limit", self.queue.set_rate_limit(limit));
+        } else {
+            self.ok("clear_rate_limit", self.queue.clear_rate_limit());
+        }
+    }
+
     fn random_step(&mut self) -> &'static str {
         match self.rng.random_range(0..100) {
             0..25 => {
@@ -547,10 +568,24 @@ impl Run {
                 self.purge();
                 "purge"
             }
-            99 if self.rng.random_bool(0.5) => {
-                self.repeat_or_unrepeat();
-                "repeat"
-            }
+            99 => match self.rng.random_range(0..4) {
+                0 => {
+                    self.repeat_or_unrepeat();
+                    "repeat"
+                }
+                1 => {
+                    self.pause_or_resume();
+                    "pause"
+                }
+                2 => {
+                    self.limit_or_not();
+                    "rate limit"
+                }
+                _ => {
+                    std::thread::sleep(Duration::from_millis(self.rng.random_range(0..15)));
+                    "sleep"
+                }
+            },
             _ => {
                 std::thread::sleep(Duration::from_millis(self.rng.random_range(0..15)));
                 "sleep"
@@ -589,6 +624,8 @@ impl Run {
         for r in self.queue.repeats().expect("repeats") {
             self.queue.unrepeat(&r.name).expect("unrepeat");
         }
+        self.queue.resume().expect("resume");
+        self.queue.clear_rate_limit().expect("clear_rate_limit");
         wait_for(
             Duration::from_secs(30),
             &format!("seed {seed}: the queue drained"),
@@ -644,7 +681,7 @@ fn run_seeds(partitions: u32, layout: &Layout) {
     let steps = std::env::var("DELAYQ_MODEL_STEPS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(800);
+        .unwrap_or(600);
     // `DELAYQ_MODEL_SEEDS=4..100` hunts further; a failure names its seed.
     let seeds = std::env::var("DELAYQ_MODEL_SEEDS")
         .ok()
