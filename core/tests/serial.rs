@@ -144,21 +144,24 @@ fn messages_sharing_a_serial_key_never_overlap_and_start_in_due_order() {
     assert!(left.is_empty(), "serial bookkeeping left behind: {left:?}");
 }
 
+/// A consumer of `q` with two handler slots whose failures retry after `backoff`.
+fn two_handlers_retrying_after(q: &delayq::Queue, backoff: Duration) -> delayq::Consumer {
+    let opts = WorkerOptions {
+        backoff_base: backoff,
+        backoff_max: backoff,
+        ..WorkerOptions::default()
+    };
+    Worker::new(q.clone(), opts)
+        .and_then(|w| w.start_with(2))
+        .expect("worker")
+}
+
 #[test]
 fn a_failure_frees_the_key_and_the_next_in_line_runs_before_the_retry() {
     let server = RedisServer::start();
     let q = server.queue("serial-retry");
     push_two_of_one_key(&q);
-    let worker = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            backoff_base: Duration::from_millis(200),
-            backoff_max: Duration::from_millis(200),
-            ..WorkerOptions::default()
-        },
-    )
-    .expect("worker");
-    let c = worker.start_with(2).expect("start");
+    let c = two_handlers_retrying_after(&q, Duration::from_millis(200));
     let first = receive(&c);
     assert_eq!(n_of(&first), 1);
     nothing_for(&c, Duration::from_millis(300));
@@ -192,16 +195,7 @@ fn a_delivery_carries_its_serial_key_on_every_attempt() {
         keyed(2, None, Duration::from_millis(1)),
     ])
     .expect("push");
-    let worker = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            backoff_base: Duration::from_millis(1),
-            backoff_max: Duration::from_millis(1),
-            ..WorkerOptions::default()
-        },
-    )
-    .expect("worker");
-    let c = worker.start_with(2).expect("start");
+    let c = two_handlers_retrying_after(&q, Duration::from_millis(1));
     let mut seen = vec![];
     for _ in 0..2 {
         let d = receive(&c);
