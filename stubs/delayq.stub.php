@@ -68,12 +68,13 @@ final class DelayQueue
     /**
      * Schedules $payload at $at.
      *
-     * @param float|int|\DateTimeInterface $at Unix time in seconds, or a date
+     * @param float|\DateTimeInterface $at Unix time in seconds (an int is a float here, as
+     *   everywhere in PHP), or a date
      * @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool,
      *   expire_after?: float, serial_key?: string} $options as for push()
      * @return string the message id
      */
-    public function pushAt(mixed $payload, mixed $at, array $options = []): string {}
+    public function pushAt(mixed $payload, float|\DateTimeInterface $at, array $options = []): string {}
 
     /**
      * Schedules many messages in one round trip. Nothing is written unless every item

@@ -10,10 +10,17 @@ mod signals;
 mod supervisor;
 mod worker;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use ext_php_rs::prelude::*;
+
+/// Set by each module start; the first request after it completes the declarations
+/// that need the classes registered, which ext-php-rs does after `startup` returns.
+static DECLARATIONS_PENDING: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn startup(_type: i32, module_number: i32) -> i32 {
     logs::install(module_number);
+    DECLARATIONS_PENDING.store(true, Ordering::SeqCst);
     match errors::register() {
         Ok(()) => 0,
         Err(e) => {
@@ -22,6 +29,13 @@ extern "C" fn startup(_type: i32, module_number: i32) -> i32 {
             -1
         }
     }
+}
+
+extern "C" fn request_startup(_type: i32, _module_number: i32) -> i32 {
+    if DECLARATIONS_PENDING.swap(false, Ordering::SeqCst) {
+        queue::declare_union_types();
+    }
+    0
 }
 
 /// `php --ri delayq` and `phpinfo()`.
@@ -39,6 +53,7 @@ pub fn module(module: ModuleBuilder) -> ModuleBuilder {
     module
         .name("delayq")
         .startup_function(startup)
+        .request_startup_function(request_startup)
         .info_function(info)
         .class::<queue::PhpDelayQueue>()
         .class::<worker::PhpWorker>()

@@ -2,6 +2,8 @@
 
 use ext_php_rs::boxed::ZBox;
 use ext_php_rs::exception::PhpException;
+use ext_php_rs::ffi;
+use ext_php_rs::flags::DataType;
 use ext_php_rs::prelude::*;
 use ext_php_rs::types::{ZendHashTable, Zval};
 use ext_php_rs::zend::ClassEntry;
@@ -126,15 +128,72 @@ fn delay(value: &Zval, name: &str) -> PhpResult<delayq::Due> {
 }
 
 /// `float|int` Unix seconds or a `DateTimeInterface`.
+/// The `$at` of `pushAt()`, declared `float|DateTimeInterface`. ext-php-rs 0.16 gives a
+/// parameter one declared type (union types come with extphprs/ext-php-rs#734, not yet
+/// released), so this declares the class and `declare_union_types` adds `float` to it.
+/// Every value is taken here: `absolute` refuses the wrong ones with a TypeError that
+/// names them.
+#[derive(Debug, Clone, Copy)]
+pub struct DueTimeArg<'a>(&'a Zval);
+
+impl<'a> ext_php_rs::convert::FromZval<'a> for DueTimeArg<'a> {
+    const TYPE: DataType = DataType::object(DATE_TIME_INTERFACE);
+
+    fn from_zval(zval: &'a Zval) -> Option<Self> {
+        Some(Self(zval))
+    }
+}
+
+const DATE_TIME_INTERFACE: &str = "DateTimeInterface";
+
+/// Adds `float` to the declared type of `pushAt()`'s `$at` (declared
+/// `DateTimeInterface` by `DueTimeArg`): the type mask PHP's own stubs give such a
+/// parameter (`ZEND_ARG_OBJ_TYPE_MASK(…, DateTimeInterface, MAY_BE_DOUBLE, …)`), so
+/// that Reflection, IDEs and static analysers see `DateTimeInterface|float`. The engine
+/// never checks an internal function's declared types (its argument parser does); this
+/// only changes what the declaration says. Runs after the class is registered, when
+/// the engine has turned the class name into an interned string; once per module
+/// start, so that a SAPI which starts the module again declares it again.
+pub(crate) fn declare_union_types() {
+    let Some(class) = ClassEntry::try_find("DelayQueue") else {
+        return;
+    };
+    let method = "pushat";
+    // SAFETY: the class is registered, so its function table holds internal functions
+    // whose arg_info the engine allocated (and owns for the process); the request has
+    // not started, so no other code reads the declaration while it changes.
+    unsafe {
+        let found = ffi::zend_hash_str_find(&raw const class.function_table, method.as_ptr().cast(), method.len());
+        if found.is_null() {
+            return;
+        }
+        let function = (*found).value.ptr.cast::<ffi::zend_function>();
+        if function.is_null() || (*function).type_ != ffi::ZEND_INTERNAL_FUNCTION as u8 {
+            return;
+        }
+        let internal = &mut (*function).internal_function;
+        if internal.num_args < 2 || internal.arg_info.is_null() {
+            return;
+        }
+        let at = &mut (*internal.arg_info.add(1)).type_;
+        if at.type_mask & ffi::_ZEND_TYPE_NAME_BIT != 0 {
+            at.type_mask |= 1 << ffi::IS_DOUBLE;
+        }
+    }
+}
+
 fn absolute(at: &Zval) -> PhpResult<delayq::Due> {
     let at = at.dereference();
+    let wrong_type = || {
+        errors::type_error(format!(
+            "at must be a Unix timestamp (int|float) or a DateTimeInterface, {} given",
+            convert::type_name(at)
+        ))
+    };
     if let Some(object) = at.object() {
-        let is_datetime = ClassEntry::try_find("DateTimeInterface").is_some_and(|ce| object.instance_of(ce));
+        let is_datetime = ClassEntry::try_find(DATE_TIME_INTERFACE).is_some_and(|ce| object.instance_of(ce));
         if !is_datetime {
-            return Err(errors::type_error(format!(
-                "at must be a Unix timestamp (int|float) or a DateTimeInterface, {} given",
-                convert::type_name(at)
-            )));
+            return Err(wrong_type());
         }
         let text = object
             .try_call_method("format", vec![&"U.u"])
@@ -144,6 +203,9 @@ fn absolute(at: &Zval) -> PhpResult<delayq::Due> {
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| errors::invalid("at: the DateTimeInterface has no Unix time"))?;
         return delayq::Due::from_unix_secs(secs).or_throw();
+    }
+    if at.double().is_none() && at.long().is_none() {
+        return Err(wrong_type());
     }
     delayq::Due::from_unix_secs(convert::seconds(at, "at")?).or_throw()
 }
@@ -194,8 +256,8 @@ impl PhpDelayQueue {
     ///
     /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
-    pub fn push_at(&self, payload: &Zval, at: &Zval, options: OptionsArg<'_>) -> PhpResult<String> {
-        let due = absolute(at)?;
+    pub fn push_at(&self, payload: &Zval, at: DueTimeArg<'_>, options: OptionsArg<'_>) -> PhpResult<String> {
+        let due = absolute(at.0)?;
         let opts = push_options(options.0, "pushAt option")?;
         let json = convert::payload_to_json(payload)?;
         self.queue.push_json(&json, due, &opts).or_throw()

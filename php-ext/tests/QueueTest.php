@@ -74,6 +74,17 @@ final class QueueTest extends TestCase
         $this->assertSame('ready', $this->q->get($this->q->pushAt('past', 1))['state']);
     }
 
+    public function testPushAtDeclaresItsTimeAsFloatOrDateTimeInterface(): void
+    {
+        // What IDEs and static analysers read: the contract's `float|DateTimeInterface $at`.
+        $type = (new ReflectionMethod(DelayQueue::class, 'pushAt'))->getParameters()[1]->getType();
+        $this->assertInstanceOf(ReflectionUnionType::class, $type);
+        $names = array_map(fn (ReflectionNamedType $t) => $t->getName(), $type->getTypes());
+        sort($names);
+        $this->assertSame(['DateTimeInterface', 'float'], $names);
+        $this->assertFalse($type->allowsNull());
+    }
+
     public function testASerialKeyIsKeptWithTheMessageAndBadOnesAreRefused(): void
     {
         $id = $this->q->push(['order_id' => 10086], 60, ['serial_key' => 'order:10086']);
@@ -261,6 +272,10 @@ final class QueueTest extends TestCase
             'bad pushMany item' => [fn (DelayQueue $q) => $q->pushMany([['payload' => 1], ['payload' => 2, 'dleay' => 1]]), DelayQueueInvalidArgumentException::class, "pushMany item 1 key 'dleay'"],
             'pushMany without payload' => [fn (DelayQueue $q) => $q->pushMany([['delay' => 1]]), DelayQueueInvalidArgumentException::class, "has no 'payload'"],
             'bad at' => [fn (DelayQueue $q) => $q->pushAt(1, new stdClass()), TypeError::class, 'DateTimeInterface'],
+            'string at' => [fn (DelayQueue $q) => $q->pushAt(1, 'tomorrow'), TypeError::class,
+                'at must be a Unix timestamp (int|float) or a DateTimeInterface, string given'],
+            'string at in pushMany' => [fn (DelayQueue $q) => $q->pushMany([['payload' => 1, 'at' => '2100-01-01']]), TypeError::class,
+                'or a DateTimeInterface, string given'],
             'bad url' => [fn () => new DelayQueue('http://127.0.0.1'), DelayQueueInvalidArgumentException::class, 'invalid Redis URL'],
             'unknown queue option' => [fn () => new DelayQueue('redis://127.0.0.1:1', 'q', ['prefx' => 'a']), DelayQueueInvalidArgumentException::class, "unknown DelayQueue option 'prefx'"],
             'bad layout' => [fn () => new DelayQueue('redis://127.0.0.1:1', 'q', ['layout' => 'x']), DelayQueueInvalidArgumentException::class, "'layout'"],
