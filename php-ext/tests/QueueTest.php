@@ -253,7 +253,7 @@ final class QueueTest extends TestCase
     }
 
     /** @return array<string, array{0: callable, 1: class-string, 2: string}> */
-    public function badInputs(): array
+    public static function badInputs(): array
     {
         return [
             'resource' => [fn (DelayQueue $q) => $q->push(fopen('php://memory', 'r')), DelayQueuePayloadException::class, '$payload is a resource'],
@@ -287,7 +287,10 @@ final class QueueTest extends TestCase
         ];
     }
 
+    // The annotation for PHPUnit 9 (Ubuntu 22.04's, with PHP 8.1), the attribute for 10
+    // and later, which deprecate the annotation (see scripts/php-versions.sh).
     /** @dataProvider badInputs */
+    #[PHPUnit\Framework\Attributes\DataProvider('badInputs')]
     public function testBadInputIsRefusedWithANamedErrorAndWritesNothing(callable $call, string $class, string $text): void
     {
         try {
