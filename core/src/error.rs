@@ -232,6 +232,10 @@ impl Error {
                 // Redis answers NOAUTH/WRONGPASS/NOPERM as plain error codes on some paths.
                 if ["NOAUTH", "WRONGPASS", "NOPERM"].iter().any(|c| text.contains(c)) {
                     Self::AuthFailed(text)
+                } else if text.contains("-OOM command not allowed") {
+                    // Before 7.0 a script's refused write comes back wrapped in the script's
+                    // error ("Error running script …: -OOM command not allowed …").
+                    Self::OutOfMemory(text)
                 } else {
                     Self::Redis(text)
                 }
@@ -268,6 +272,17 @@ mod tests {
     fn permission_errors_are_auth_errors_and_final() {
         let err = server_error(ServerErrorKind::NoPerm, "NOPERM this user has no permissions");
         assert_eq!(err.category(), Category::Auth);
+        assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn a_write_refused_inside_a_script_by_a_full_redis_6_is_out_of_memory() {
+        // What Redis 6.0 (Ubuntu 22.04's) answers when a script's first write meets maxmemory.
+        let err = server_error(
+            ServerErrorKind::ResponseError,
+            "Error running script (call to f_a5e8): @user_script:84: @user_script: 84: -OOM command not allowed when used memory > 'maxmemory'.",
+        );
+        assert!(err.is_out_of_memory(), "{err:?}");
         assert!(!err.is_retryable());
     }
 }
