@@ -9,6 +9,7 @@
 # reused. Needs root (debootstrap, chroot, mount).
 #   scripts/php-versions.sh [8.1 8.3 8.4]
 set -euo pipefail
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 repo=$PWD
 chroots=${DELAYQ_CHROOTS:-/var/cache/delayq-php}
@@ -30,17 +31,18 @@ ubuntu_keyring() {
   tmp=$(mktemp -d)
   curl -fsS -o "$tmp/InRelease" "$debian/dists/trixie/InRelease"
   gpgv --keyring /usr/share/keyrings/debian-archive-keyring.gpg --output "$tmp/Release" "$tmp/InRelease" 2>/dev/null
-  curl -fsS -o "$tmp/Packages.xz" "$debian/dists/trixie/main/binary-all/Packages.xz"
+  # The architecture's list, which holds the packages for all architectures too.
+  curl -fsS -o "$tmp/Packages.xz" "$debian/dists/trixie/main/binary-amd64/Packages.xz"
   local sum
-  sum=$(awk '/^SHA256:/{on=1; next} /^[A-Za-z]/{on=0} on && $3=="main/binary-all/Packages.xz"{print $1}' "$tmp/Release")
-  echo "$sum  $tmp/Packages.xz" | sha256sum -c --quiet
+  sum=$(awk '/^SHA256:/{on=1; next} /^[A-Za-z]/{on=0} on && $3=="main/binary-amd64/Packages.xz"{print $1}' "$tmp/Release")
+  echo "$sum  $tmp/Packages.xz" | sha256sum -c --quiet >&2
   local entry
   entry=$(xz -dc "$tmp/Packages.xz" | awk -v RS= '/^Package: ubuntu-keyring\n/')
   local file deb_sum
   file=$(sed -n 's/^Filename: //p' <<<"$entry")
   deb_sum=$(sed -n 's/^SHA256: //p' <<<"$entry")
   curl -fsS -o "$tmp/keyring.deb" "$debian/$file"
-  echo "$deb_sum  $tmp/keyring.deb" | sha256sum -c --quiet
+  echo "$deb_sum  $tmp/keyring.deb" | sha256sum -c --quiet >&2
   dpkg-deb -x "$tmp/keyring.deb" "$tmp/x"
   install -m 0644 "$tmp/x/usr/share/keyrings/ubuntu-archive-keyring.gpg" "$out"
   rm -rf "$tmp"
@@ -50,26 +52,41 @@ ubuntu_keyring() {
 # The chroot of one PHP version, made once: suite, mirror, keyring, components.
 chroot_for() {
   local version=$1 suite mirror keyring components=main
+  # Debian 12's debootstrap predates noble; every Ubuntu release since gutsy takes
+  # that script.
+  local script=
   case $version in
-    8.1) suite=jammy; mirror=$ubuntu; components=main,universe ;;
-    8.3) suite=noble; mirror=$ubuntu; components=main,universe ;;
+    8.1) suite=jammy; mirror=$ubuntu; components=main,universe; script=/usr/share/debootstrap/scripts/gutsy ;;
+    8.3) suite=noble; mirror=$ubuntu; components=main,universe; script=/usr/share/debootstrap/scripts/gutsy ;;
     8.4) suite=trixie; mirror=$debian ;;
     8.2) echo "PHP 8.2 is this machine's own: make test covers it" >&2; return 1 ;;
     *) echo "no distribution here ships PHP $version (8.1, 8.3 and 8.4 can be tested)" >&2; return 1 ;;
   esac
   local dir=$chroots/$suite
+  unmount_under "$dir"
   if [ ! -e "$dir/.delayq-complete" ]; then
-    rm -rf "$dir"
+    rm -rf --one-file-system "$dir"
     mkdir -p "$chroots"
     if [ "$mirror" = "$ubuntu" ]; then keyring=$(ubuntu_keyring); else keyring=/usr/share/keyrings/debian-archive-keyring.gpg; fi
     echo "== PHP $version: debootstrap $suite into $dir" >&2
     debootstrap --variant=minbase --components="$components" --keyring="$keyring" \
       --include="php$version-cli,php$version-dev,php$version-redis,phpunit,clang,libclang-dev,redis-server,pkg-config" \
-      "$suite" "$dir" "$mirror" >"$chroots/$suite.log" 2>&1 \
+      "$suite" "$dir" "$mirror" $script >"$chroots/$suite.log" 2>&1 \
       || { tail -20 "$chroots/$suite.log" >&2; return 1; }
     touch "$dir/.delayq-complete"
   fi
   echo "$dir"
+}
+
+# Mounts a killed run left behind: the repository and the toolchain must never be
+# under a chroot that is removed or mounted again.
+unmount_under() {
+  local m
+  awk '{print $2}' /proc/mounts | grep "^$1/" | sort -r | while read -r m; do umount -l "$m"; done
+  if awk '{print $2}' /proc/mounts | grep -q "^$1/"; then
+    echo "cannot unmount what is mounted under $1" >&2
+    return 1
+  fi
 }
 
 mounted=()
