@@ -779,7 +779,7 @@ final class WorkerTest extends TestCase
     {
         $this->q->pushMany([
             ['payload' => 'keyed', 'serial_key' => 'order:10086'],
-            ['payload' => 'plain', 'delay' => 0.001],
+            ['payload' => 'plain'],
         ]);
         $keys = [];
         $w = new DelayQueueWorker($this->q, ['stop_when_empty' => true]);
