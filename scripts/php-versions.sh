@@ -80,10 +80,13 @@ chroot_for() {
 
 # Mounts a killed run left behind: the repository and the toolchain must never be
 # under a chroot that is removed or mounted again.
+mounts_under() {
+  awk -v under="$1/" 'index($2, under) == 1 {print $2}' /proc/mounts | sort -r
+}
 unmount_under() {
   local m
-  awk '{print $2}' /proc/mounts | grep "^$1/" | sort -r | while read -r m; do umount -l "$m"; done
-  if awk '{print $2}' /proc/mounts | grep -q "^$1/"; then
+  mounts_under "$1" | while read -r m; do umount -l "$m"; done
+  if [ -n "$(mounts_under "$1")" ]; then
     echo "cannot unmount what is mounted under $1" >&2
     return 1
   fi
@@ -108,7 +111,8 @@ cargo fetch -q
 
 failed=()
 for version in "${versions[@]}"; do
-  dir=$(chroot_for "$version") || { failed+=("$version"); continue; }
+  # A chroot that cannot be made ends the run: that is this machine's fault, not PHP's.
+  dir=$(chroot_for "$version")
   bind /proc "$dir/proc"
   bind /dev "$dir/dev"
   bind "$repo" "$dir$repo"
