@@ -1,0 +1,134 @@
+"""Redis time per message of the drain's two scripts, claim and ack, called directly
+from one client: the part of `make bench-redis-cost` that delayq's own Lua decides,
+without a worker pool around it. Give it other copies of core/src/lua to compare a
+change to the scripts before building it into the crate: each directory is drained in
+turn, `--rounds` times.
+
+A private Redis pinned to CPU 0; N messages due now, pushed by bench/php/fill.php
+(as the other benches do); then claims of 1000 (the pool's batch) and their acks, sent
+back in two halves (as a pool with two completions in flight does), until the queue is
+empty. After the fill, `CONFIG RESETSTAT`; after the drain, `INFO commandstats`. KEYS
+come from the header of each directory's lib.lua, so a copy with other keys works too.
+Every run must hand out and acknowledge each message once and leave the queue empty.
+
+    python3 bench/script_cost.py [--n=200000] [--rounds=3] [--label=NAME] [DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import redis as redis_py
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import run  # noqa: E402
+from redis_cost import commandstats  # noqa: E402
+
+QUEUE = "bench"  # the queue bench/php/fill.php fills
+TAG = "{dq:" + QUEUE + "}"
+BATCH = 1000
+LEASE_MS = 30000
+DEAD_MAX, DEAD_TTL_MS = 10000, 30 * 86400 * 1000
+
+
+def key_list(lua_dir: Path) -> list[str]:
+    """KEYS in lib.lua's order: `--   KEYS[i] name  TYPE …` lines of its header."""
+    named = {int(i): name for i, name in re.findall(r"^--\s+KEYS\[(\d+)\]\s+(\w+)", (lua_dir / "lib.lua").read_text(), re.M)}
+    if sorted(named) != list(range(1, len(named) + 1)):
+        sys.exit(f"{lua_dir}/lib.lua: its header does not list KEYS[1..n]")
+    return [f"{TAG}:{named[i]}" for i in range(1, len(named) + 1)]
+
+
+def drain(lua_dir: Path, n: int) -> dict[str, tuple[int, int]]:
+    redis = run.Redis()
+    try:
+        client = redis_py.Redis(port=redis.port)
+        keys = key_list(lua_dir)
+        lib = (lua_dir / "lib.lua").read_text()
+        claim = client.register_script(lib + "\n" + (lua_dir / "claim.lua").read_text())
+        ack = client.register_script(lib + "\n" + (lua_dir / "ack.lua").read_text())
+        head = ["native", f"{TAG}:wake"]
+        with tempfile.TemporaryDirectory() as tmp:
+            run.fill("delayq", f"--n={n}", f"--url={redis.url}", f"--due-file={tmp}/due")
+        client.delete("bench:filled")
+        redis.cli("CONFIG", "RESETSTAT")
+        handed = acked = 0
+        while True:
+            # {now, next, reaped, n, limited, restart_at, k, id1, lease1, envelope1, …}
+            reply = claim(keys=keys, args=[*head, BATCH, LEASE_MS, DEAD_MAX, DEAD_TTL_MS, "0"])
+            count = int(reply[3])
+            if count == 0:
+                break
+            handed += count
+            pairs = [v for j in range(count) for v in (reply[7 + 3 * j], reply[8 + 3 * j])]
+            half = count // 2 * 2
+            for part in (pairs[:half], pairs[half:]):
+                if part:
+                    statuses = ack(keys=keys, args=[*head, 0, 0, *part])
+                    acked += sum(1 for s in statuses if s == 1)
+        stats = commandstats(redis)
+        left = client.zcard(keys[0]) + client.hlen(keys[1]) + client.zcard(keys[2])
+        if handed != n or acked != n or left:
+            sys.exit(f"{lua_dir}: {handed} handed out, {acked} acknowledged of {n}, {left} entries left: void")
+        return stats
+    finally:
+        redis.stop()
+
+
+def shown(lua_dir: Path) -> str:
+    path = lua_dir.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(lua_dir)
+
+
+def row(label: str, stats: dict[str, tuple[int, int]], n: int) -> str:
+    scripts = sum(u for name, (_, u) in stats.items() if name in ("eval", "evalsha"))
+    commands = {k: u for k, (_, u) in stats.items() if k not in ("eval", "evalsha") and not k.startswith(("config", "script"))}
+    inner = sum(commands.values())
+    top = ", ".join(f"{k.upper()} {u / n:.2f}" for k, u in sorted(commands.items(), key=lambda kv: -kv[1]) if u / n >= 0.01)
+    return f"| {label} | {scripts / n:.2f} | {inner / n:.2f} | {(scripts - inner) / n:.2f} | {top} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dirs", nargs="*", type=Path, default=[ROOT / "core" / "src" / "lua"])
+    parser.add_argument("--n", type=int, default=200000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--label", default="script-cost", help="results file: bench/results/<date>-<label>.md")
+    opts = parser.parse_args()
+    # The client on the other core, as every bench's clients.
+    os.sched_setaffinity(0, {1})
+    results: dict[Path, list[dict[str, tuple[int, int]]]] = {d: [] for d in opts.dirs}
+    for _ in range(opts.rounds):
+        for lua_dir, runs in results.items():
+            runs.append(drain(lua_dir, opts.n))
+            print(row(shown(lua_dir), runs[-1], opts.n), flush=True)
+    lines = [
+        f"# Redis time per message of claim.lua and ack.lua, {datetime.date.today().isoformat()}",
+        "",
+        f"Command: `python3 bench/script_cost.py --n={opts.n} --rounds={opts.rounds} "
+        + " ".join(shown(d) for d in opts.dirs)
+        + "` (one client calling the scripts, claims of 1000; a private Redis pinned to CPU 0;",
+        "microseconds of Redis time per message, from `INFO commandstats`; one row per run).",
+        "",
+        "| scripts | in scripts | in Redis commands | in Lua | commands |",
+        "|---|---|---|---|---|",
+    ]
+    for lua_dir, runs in results.items():
+        lines += [row(shown(lua_dir), stats, opts.n) for stats in runs]
+    text = "\n".join(lines) + "\n"
+    out = ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}-{opts.label}.md"
+    out.write_text(text)
+    print(text)
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
