@@ -277,12 +277,21 @@ fn get_reports_a_delivery_whose_lease_it_cannot_read() {
     assert_eq!(info.attempts, 1, "the running delivery is the first");
 }
 
-fn used_memory(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO").arg("memory").query(&mut server.con()).expect("info");
+/// A number from `INFO <section>`.
+fn info_number(server: &RedisServer, section: &str, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg(section).query(&mut server.con()).expect("info");
     info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().parse().ok())
-        .expect("used_memory")
+        .unwrap_or_else(|| panic!("INFO {section} has no {field}"))
+}
+
+fn used_memory(server: &RedisServer) -> u64 {
+    info_number(server, "memory", "used_memory")
+}
+
+fn connected_clients(server: &RedisServer) -> u64 {
+    info_number(server, "clients", "connected_clients")
 }
 
 fn set_maxmemory(server: &RedisServer, bytes: u64) {
@@ -309,12 +318,25 @@ fn a_redis_out_of_memory_refuses_pushes_whole_and_the_pool_still_drains() {
             ..QueueOptions::default()
         },
     );
+    q.ping().expect("ping");
+    let (empty, clients) = (used_memory(&server), connected_clients(&server));
+    // The fill on a connection of its own, closed after it: the big push's query buffer
+    // goes with it, instead of counting as data until Redis shrinks it (7.0 in its cron,
+    // 7.4 and later at the connection's next command).
+    let filler = server.queue_with("full", QueueOptions::default());
     let batch: Vec<NewMessage> = (0..2000u64)
         .map(|n| NewMessage::new(&json!({"n": n, "pad": "x".repeat(200)}), Duration::ZERO).expect("msg"))
         .collect();
-    q.push_many(&batch).expect("push");
-    // The messages hold about 600 KB: below the use now, above it once they are gone.
-    set_maxmemory(&server, used_memory(&server) - 100_000);
+    filler.push_many(&batch).expect("push");
+    drop(filler);
+    wait_for(Duration::from_secs(5), "the filler's connection closed", || {
+        connected_clients(&server) == clients
+    });
+    // Three quarters of the way from the empty queue to the full one: below the use
+    // now, and above it once the messages are gone. (What the pool adds, its scripts
+    // above all, takes about half the way on Redis 7.0.)
+    let full = used_memory(&server);
+    set_maxmemory(&server, full - (full - empty) / 4);
 
     let pushed = q.stats().expect("stats under OOM").totals["pushed"];
     let err = q.push(&json!({"n": -1}), Duration::ZERO).expect_err("refused");
