@@ -28,7 +28,7 @@ DRAIN = ROOT / "target" / "release" / "examples" / "drain"
 sys.path.insert(0, str(ROOT / "bench"))
 
 import delayq  # noqa: E402
-from run import Redis as Node, free_port  # noqa: E402
+from run import Redis as Node, free_port, write_results  # noqa: E402
 
 
 def start_cluster() -> list[Node]:
@@ -123,10 +123,7 @@ cost (slot routing, one script call per partition and batch instead of one pipel
 fetchers rotating over partitions, acks split by partition). On real hosts each master has its own cores, and
 3 partitions put three masters' CPUs behind one queue.
 """
-    out = ROOT / "bench" / "results" / f"{today}-cluster{'-quick' if opts.quick else ''}.md"
-    out.write_text(text)
-    print(text)
-    print(f"written to {out}")
+    write_results(f"-cluster{'-quick' if opts.quick else ''}", text)
 
 
 if __name__ == "__main__":

@@ -94,11 +94,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=200000)
     opts = parser.parse_args()
     results = {label: measure(system, opts.n) for label, system in (("seed recipe", "seed"), ("delayq (PHP)", "delayq"))}
-    text = report(results, opts.n)
-    out = ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}-redis-cost.md"
-    out.write_text(text)
-    print(text)
-    print(f"written to {out}")
+    run.write_results("-redis-cost", report(results, opts.n))
 
 
 if __name__ == "__main__":

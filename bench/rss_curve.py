@@ -54,11 +54,7 @@ def main() -> None:
         *[f"| {t:.1f} | {kib / 1024:.1f} |" for t, kib in shown],
         "",
     ]
-    text = "\n".join(lines)
-    out = run.ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}-rss-{opts.system}.md"
-    out.write_text(text)
-    print(text)
-    print(f"written to {out}")
+    run.write_results(f"-rss-{opts.system}", "\n".join(lines))
 
 
 if __name__ == "__main__":

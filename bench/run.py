@@ -171,6 +171,15 @@ def consume(redis: Redis, system: str, records: Path, until_empty: bool = True, 
     return php("consume.php", f"--system={system}", *args, background=True)
 
 
+def write_results(name: str, text: str) -> Path:
+    """Saves a bench's report as bench/results/<today><name>.md and prints it."""
+    out = ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}{name}.md"
+    out.write_text(text)
+    print(text)
+    print(f"written to {out}")
+    return out
+
+
 def in_turns(variants: Iterable[V], measure: Callable[[V], dict[str, float]], runs: int,
              name: Callable[[V], str] = str) -> dict[V, list[dict[str, float]]]:
     """`runs` measurements of each variant, taken in turns so that every variant sees

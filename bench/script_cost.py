@@ -123,11 +123,7 @@ def main() -> None:
     ]
     for lua_dir, runs in results.items():
         lines += [row(shown(lua_dir), stats, opts.n) for stats in runs]
-    text = "\n".join(lines) + "\n"
-    out = ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}-{opts.label}.md"
-    out.write_text(text)
-    print(text)
-    print(f"written to {out}")
+    run.write_results(f"-{opts.label}", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
