@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test php-versions soak hunt bench bench-cluster bench-redis-cost bench-script-cost bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed bench-serial-keys lint fmt clippy doc
+.PHONY: help setup demo build php python test php-versions redis-versions soak hunt bench bench-cluster bench-redis-cost bench-script-cost bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed bench-serial-keys lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-24s %s\n", $$1, $$2}'
@@ -27,6 +27,9 @@ test: ## Run every test (each suite starts its own redis-server)
 
 php-versions: ## Build the PHP extension for PHP 8.1, 8.3 and 8.4 and run PHPUnit on each, in chroots (root)
 	scripts/php-versions.sh
+
+redis-versions: ## Run the core's tests against Redis 6.0 and 8.0, in chroots (root)
+	scripts/redis-versions.sh
 
 soak: ## The long load test: 200 000 messages over 60 s, 8 producers, 8 handlers
 	DELAYQ_SOAK_MESSAGES=200000 DELAYQ_SOAK_SECONDS=60 cargo test --release -p delayq --test soak -- --nocapture
