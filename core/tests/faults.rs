@@ -322,7 +322,7 @@ fn a_redis_out_of_memory_refuses_pushes_whole_and_the_pool_still_drains() {
     let (empty, clients) = (used_memory(&server), connected_clients(&server));
     // The fill on a connection of its own, closed after it: the big push's query buffer
     // goes with it, instead of counting as data until Redis shrinks it (7.0 in its cron,
-    // 7.4 and later at the connection's next command).
+    // 8.0 at the connection's next command: seen with Debian unstable's 8.0.6).
     let filler = server.queue_with("full", QueueOptions::default());
     let batch: Vec<NewMessage> = (0..2000u64)
         .map(|n| NewMessage::new(&json!({"n": n, "pad": "x".repeat(200)}), Duration::ZERO).expect("msg"))
@@ -334,7 +334,7 @@ fn a_redis_out_of_memory_refuses_pushes_whole_and_the_pool_still_drains() {
     });
     // Three quarters of the way from the empty queue to the full one: below the use
     // now, and above it once the messages are gone. (What the pool adds, its scripts
-    // above all, takes about half the way on Redis 7.0.)
+    // above all, took a little over half the way on Redis 7.0.)
     let full = used_memory(&server);
     set_maxmemory(&server, full - (full - empty) / 4);
 

@@ -127,7 +127,6 @@ fn delay(value: &Zval, name: &str) -> PhpResult<delayq::Due> {
     delayq::delay_from_secs(name, secs).map(delayq::Due::In).or_throw()
 }
 
-/// `float|int` Unix seconds or a `DateTimeInterface`.
 /// The `$at` of `pushAt()`, declared `float|DateTimeInterface`. ext-php-rs 0.16 gives a
 /// parameter one declared type (union types come with extphprs/ext-php-rs#734, not yet
 /// released), so this declares the class and `declare_union_types` adds `float` to it.
@@ -182,6 +181,7 @@ pub(crate) fn declare_union_types() {
     }
 }
 
+/// `float|int` Unix seconds or a `DateTimeInterface`.
 fn absolute(at: &Zval) -> PhpResult<delayq::Due> {
     let at = at.dereference();
     let wrong_type = || {
