@@ -129,5 +129,24 @@ in_chroot() {
   return $status
 }
 
+# For each item (a PHP or Redis version): `prepare ITEM` prints the chroot to use,
+# then `check ITEM DIR` runs the tests there. Says which passed, and fails at the end
+# if any did not. A chroot that cannot be made ends the run at once (that is this
+# machine's fault, not the version's): `prepare` runs where errexit holds, which it
+# does not in the condition of an `if`.
+each_passes() {
+  local what=$1 prepare=$2 check=$3 item dir failed=()
+  shift 3
+  for item; do
+    dir=$("$prepare" "$item")
+    if "$check" "$item" "$dir"; then echo "== $what $item: passed"; else failed+=("$item"); fi
+  done
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "== failed on $what ${failed[*]}" >&2
+    return 1
+  fi
+  echo "== $what $*: passed"
+}
+
 # The crates the builds need, fetched here, where the network and the index are.
 cargo fetch -q

@@ -21,22 +21,17 @@ suite_of() {
   esac
 }
 
-failed=()
-for version in "${versions[@]}"; do
-  # A chroot that cannot be made ends the run: that is this machine's fault, not PHP's.
-  dir=$(chroot_with "$(suite_of "$version")" \
-    "php$version-cli,php$version-dev,php$version-redis,phpunit,clang,libclang-dev,redis-server,pkg-config")
+prepare_php() {
+  local suite
+  suite=$(suite_of "$1")
+  chroot_with "$suite" "php$1-cli,php$1-dev,php$1-redis,phpunit,clang,libclang-dev,redis-server,pkg-config"
+}
+
+check_php() {
+  local version=$1 dir=$2 ext="$PWD/target/php-$1/release/libdelayq_php.so"
   echo "== PHP $version: build and PHPUnit ($(chroot "$dir" php -r 'echo PHP_VERSION;'), in $dir)"
-  ext="$PWD/target/php-$version/release/libdelayq_php.so"
-  if in_chroot "$dir" "php-$version" "cargo build -q --release --offline -p delayq-php \
-      && cd php-ext && DELAYQ_EXTENSION='$ext' php -d extension='$ext' /usr/bin/phpunit"; then
-    echo "== PHP $version: passed"
-  else
-    failed+=("$version")
-  fi
-done
-if [ ${#failed[@]} -gt 0 ]; then
-  echo "== failed on PHP ${failed[*]}" >&2
-  exit 1
-fi
-echo "== PHP ${versions[*]}: built and every PHPUnit test passed"
+  in_chroot "$dir" "php-$version" "cargo build -q --release --offline -p delayq-php \
+    && cd php-ext && DELAYQ_EXTENSION='$ext' php -d extension='$ext' /usr/bin/phpunit"
+}
+
+each_passes PHP prepare_php check_php "${versions[@]}"
