@@ -372,9 +372,7 @@ impl PyWorker {
     fn start(&self, py: Python<'_>, handlers: usize) -> PyResult<PyConsumer> {
         crate::logs::sync_level(py);
         let consumer = py.detach(|| self.worker.start_with(handlers)).or_raise(py)?;
-        Ok(PyConsumer {
-            consumer: std::sync::Mutex::new(Some(Arc::new(consumer))),
-        })
+        Ok(PyConsumer::new(consumer))
     }
 
     /// Why the pool was stopped ("stop", "signal"), once; for the asyncio runner.
@@ -410,20 +408,6 @@ pub(crate) struct PyDelivery {
     message: Py<PyMessage>,
 }
 
-/// The consumer itself, once the calls still under way on other threads (a `recv`
-/// that waits out its timeout, at most 60 s) have returned their share of it.
-fn sole(mut shared: Arc<delayq::Consumer>) -> delayq::Consumer {
-    loop {
-        match Arc::try_unwrap(shared) {
-            Ok(consumer) => return consumer,
-            Err(again) => {
-                shared = again;
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    }
-}
-
 #[pyclass(name = "_Consumer", module = "delayq._delayq", frozen)]
 pub(crate) struct PyConsumer {
     /// Shared, not locked for the length of a call: the asyncio runner waits in `recv`
@@ -431,15 +415,60 @@ pub(crate) struct PyConsumer {
     /// and an ack that waited for the receive would hold up the message it frees (the
     /// next one of a serial key) for the receive's whole timeout. None once finished.
     consumer: std::sync::Mutex<Option<Arc<delayq::Consumer>>>,
+    /// A call gives its share of the consumer back under `returns` and signals
+    /// `returned`, for `finish`, which needs the consumer whole. A lock of its own:
+    /// `consumer` is held while waiting for the GIL (`lock_py_attached`), and a share
+    /// may be given back by a thread that holds the GIL.
+    returns: std::sync::Mutex<()>,
+    returned: std::sync::Condvar,
+}
+
+/// A call's share of the consumer, given back when the call ends.
+struct Share<'a> {
+    consumer: Option<Arc<delayq::Consumer>>,
+    owner: &'a PyConsumer,
+}
+
+impl std::ops::Deref for Share<'_> {
+    type Target = delayq::Consumer;
+
+    fn deref(&self) -> &delayq::Consumer {
+        // Some until dropped.
+        self.consumer.as_deref().unwrap_or_else(|| unreachable!())
+    }
+}
+
+impl Drop for Share<'_> {
+    fn drop(&mut self) {
+        let guard = self
+            .owner
+            .returns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.consumer = None;
+        drop(guard);
+        self.owner.returned.notify_all();
+    }
 }
 
 impl PyConsumer {
-    fn current(&self, py: Python<'_>) -> PyResult<Option<Arc<delayq::Consumer>>> {
+    fn new(consumer: delayq::Consumer) -> Self {
+        Self {
+            consumer: std::sync::Mutex::new(Some(Arc::new(consumer))),
+            returns: std::sync::Mutex::new(()),
+            returned: std::sync::Condvar::new(),
+        }
+    }
+
+    fn current(&self, py: Python<'_>) -> PyResult<Option<Share<'_>>> {
         let guard = self
             .consumer
             .lock_py_attached(py)
             .map_err(|_| errors::new_err(py, errors::Kind::Root, "consumer lock poisoned".into()))?;
-        Ok(guard.as_ref().map(Arc::clone))
+        Ok(guard.as_ref().map(|c| Share {
+            consumer: Some(Arc::clone(c)),
+            owner: self,
+        }))
     }
 
     fn with<T>(&self, py: Python<'_>, f: impl FnOnce(&delayq::Consumer) -> T) -> PyResult<T> {
@@ -447,6 +476,31 @@ impl PyConsumer {
             .current(py)?
             .ok_or_else(|| errors::new_err(py, errors::Kind::Root, "this consumer is finished".into()))?;
         Ok(f(&c))
+    }
+
+    /// Takes the consumer out and waits until the calls still under way on other
+    /// threads (a `recv` waiting out its timeout, at most 60 s) have given their shares
+    /// back. None if it was finished already. Call without the GIL: those calls may
+    /// need it to end.
+    fn take_whole(&self) -> Option<delayq::Consumer> {
+        let mut shared = self
+            .consumer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()?;
+        let mut guard = self.returns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            match Arc::try_unwrap(shared) {
+                Ok(consumer) => return Some(consumer),
+                Err(again) => {
+                    shared = again;
+                    guard = self
+                        .returned
+                        .wait(guard)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            }
+        }
     }
 
     fn take(py: Python<'_>, d: &PyDelivery) -> PyResult<delayq::Delivery> {
@@ -533,14 +587,13 @@ impl PyConsumer {
 
     /// Give back prefetched deliveries, write every completion, join the threads.
     fn finish<'py>(&self, py: Python<'py>, stopped_by: Option<String>) -> PyResult<Bound<'py, PyDict>> {
-        let consumer = self.consumer.lock_py_attached(py).ok().and_then(|mut c| c.take());
-        let (s, stopped_by) = match consumer {
-            Some(c) => {
-                let reason = stop_reason(&c, stopped_by);
-                (py.detach(|| sole(c).finish()), reason)
-            }
-            None => (delayq::Summary::default(), stopped_by),
+        let stopped_by = match self.current(py)? {
+            Some(c) => stop_reason(&c, stopped_by),
+            None => stopped_by,
         };
+        let s = py
+            .detach(|| self.take_whole().map(delayq::Consumer::finish))
+            .unwrap_or_default();
         crate::logs::flush(py);
         summary(py, &s, stopped_by)
     }

@@ -395,6 +395,31 @@ def test_an_ack_does_not_wait_for_a_receive_in_progress(queue: delayq.DelayQueue
     assert received == [None] and queue.stats()["acked"] == 1
 
 
+def test_finish_waits_for_a_receive_in_progress_and_keeps_its_counts(queue: delayq.DelayQueue) -> None:
+    # finish() needs the consumer whole: it waits until a receive on another thread
+    # (the asyncio runner's executor) has returned, then writes and counts everything.
+    queue.push("first")
+    consumer = delayq.Worker(queue)._worker.start(2)
+    delivery = consumer.recv(5.0)
+    assert delivery is not None
+    consumer.ack(delivery)
+    returned_at: list[float] = []
+
+    def receive() -> None:
+        assert consumer.recv(0.6) is None
+        returned_at.append(time.monotonic())
+
+    receiving = threading.Thread(target=receive)
+    receiving.start()
+    time.sleep(0.2)  # the receive waits: nothing else is due
+    consumer.stop()
+    summary = consumer.finish(None)
+    finished_at = time.monotonic()
+    receiving.join()
+    assert returned_at and finished_at >= returned_at[0], "finish did not wait for the receive"
+    assert summary["handled"] == 1 and summary["acked"] == 1
+    assert queue.stats()["acked"] == 1
+
 def test_bad_serial_keys_are_refused_and_write_nothing(queue: delayq.DelayQueue) -> None:
     for bad in ["", "order\n1", "k" * 1000]:
         with pytest.raises(delayq.InvalidArgumentError, match="serial_key"):
