@@ -3,8 +3,7 @@
 # distribution, in a chroot of it (this machine's Debian 12 has Redis 7.0, which
 # `make test` uses):
 #   6.0 Ubuntu 22.04 (jammy)   8.0 Debian unstable (sid)
-# On 6.0, 6 tests fail for what that version lacks (see the README's paragraph on Redis
-# versions); the run says so and exits non-zero. Needs root (see scripts/chroots.sh).
+# Needs root (see scripts/chroots.sh).
 #   scripts/redis-versions.sh [6.0 8.0]
 cd "$(dirname "$0")/.."
 source scripts/chroots.sh

@@ -122,9 +122,15 @@ fn commands_processed(server: &RedisServer) -> i64 {
         .expect("INFO");
     info.lines()
         .filter(|l| {
-            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_script|load:"]
-                .iter()
-                .any(|p| l.starts_with(p))
+            // Redis 6 counts SCRIPT LOAD as "script", 7.0 and later as "script|load".
+            [
+                "cmdstat_evalsha:",
+                "cmdstat_eval:",
+                "cmdstat_script|load:",
+                "cmdstat_script:",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
         })
         .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<i64>().ok())
         .sum()

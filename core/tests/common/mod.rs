@@ -24,6 +24,26 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// A free port whose cluster bus port (port + 10000, Redis's fixed offset before 7.0
+/// added `cluster-port`) is free too. Both lie below Linux's ephemeral range (from
+/// 32768), where the kernel hands out no port on its own; the counter keeps this
+/// process's tests apart.
+pub fn free_port_with_bus() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    const FIRST: u16 = 12_000;
+    const SPAN: u16 = 10_000;
+    let offset = (std::process::id() % u32::from(SPAN)) as u16;
+    for _ in 0..SPAN {
+        let step = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = FIRST + (offset.wrapping_add(step) % SPAN);
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+    panic!("no free port pair below the ephemeral range")
+}
+
 impl RedisServer {
     pub fn start() -> Self {
         Self::start_with(&[])
@@ -31,7 +51,10 @@ impl RedisServer {
 
     /// Extra redis-server arguments, e.g. `["--appendonly", "yes"]`.
     pub fn start_with(args: &[&str]) -> Self {
-        let port = free_port();
+        Self::start_on(free_port(), args)
+    }
+
+    fn start_on(port: u16, args: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(format!("delayq-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let mut server = Self {
@@ -91,6 +114,20 @@ impl RedisServer {
     /// A plain connection for inspecting keys.
     pub fn con(&self) -> redis::Connection {
         self.raw_client().get_connection().expect("connect to test redis")
+    }
+
+    /// The server's version as (major, minor), from `INFO server`.
+    pub fn version(&self) -> (u32, u32) {
+        let info: String = redis::cmd("INFO").arg("server").query(&mut self.con()).expect("INFO");
+        let version = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .expect("redis_version in INFO");
+        let mut parts = version
+            .trim()
+            .split('.')
+            .map(|p| p.parse::<u32>().expect("numeric version"));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
     }
 
     /// kill -9: no shutdown, no save.
@@ -320,24 +357,24 @@ impl Cluster {
         let _ = env_logger::builder().is_test(true).try_init();
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas_each))
             .map(|_| {
-                // The bus port defaults to port + 10000, past 65535 for a port high in
-                // the ephemeral range: give it a free port of its own.
-                let bus = free_port().to_string();
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-port",
-                    &bus,
-                    "--cluster-node-timeout",
-                    "2000",
-                    // Redis 7.0 judges a fresh replica's data too old to fail over
-                    // ("Disconnected from master for longer than allowed"): let any
-                    // replica take over, as most deployments do.
-                    "--cluster-replica-validity-factor",
-                    "0",
-                    "--appendonly",
-                    "no",
-                ])
+                // The bus listens on port + 10000; `cluster-port` would move it, but
+                // Redis 6 does not have it.
+                RedisServer::start_on(
+                    free_port_with_bus(),
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "2000",
+                        // Redis 7.0 judges a fresh replica's data too old to fail over
+                        // ("Disconnected from master for longer than allowed"): let any
+                        // replica take over, as most deployments do.
+                        "--cluster-replica-validity-factor",
+                        "0",
+                        "--appendonly",
+                        "no",
+                    ],
+                )
             })
             .collect();
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
