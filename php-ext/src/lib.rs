@@ -2,6 +2,7 @@
 //! the handler on the PHP thread, and process supervision. The queue logic lives in
 //! the `delayq` crate; each file here mirrors one part of its API.
 
+mod args;
 mod convert;
 mod errors;
 mod logs;
@@ -20,6 +21,7 @@ static DECLARATIONS_PENDING: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn startup(_type: i32, module_number: i32) -> i32 {
     logs::install(module_number);
+    args::reserve_slot();
     DECLARATIONS_PENDING.store(true, Ordering::SeqCst);
     match errors::register() {
         Ok(()) => 0,
@@ -34,6 +36,7 @@ extern "C" fn startup(_type: i32, module_number: i32) -> i32 {
 extern "C" fn request_startup(_type: i32, _module_number: i32) -> i32 {
     if DECLARATIONS_PENDING.swap(false, Ordering::SeqCst) {
         queue::declare_union_types();
+        args::wrap_methods();
     }
     0
 }

@@ -160,6 +160,41 @@ final class QueueTest extends TestCase
         }
     }
 
+    public function testArgumentsFollowPhpsOwnRulesInTheCallersMode(): void
+    {
+        require_once __DIR__ . '/coercive_calls.php';
+        // The default mode coerces as PHP's own functions do.
+        $this->assertSame('42', coercively($this->q, 'push', [['v' => 1], '30', ['id' => '42']]));
+        $info = coercively($this->q, 'get', [42]);
+        $this->assertSame(['v' => 1], $info['payload']);
+        $this->assertEqualsWithDelta($this->serverNow() + 30, $info['due_at'], 2.0);
+        $this->assertSame([], coercively($this->q, 'deadLetters', ['5']));
+        // Under strict_types (this file) the same calls are refused, in PHP's words.
+        $refused = [
+            [fn () => $this->q->push(1, '30'), 'DelayQueue::push(): Argument #2 ($delay) must be of type float, string given'],
+            [fn () => $this->q->get(42), 'DelayQueue::get(): Argument #1 ($id) must be of type string, int given'],
+            // What no mode coerces.
+            [fn () => coercively($this->q, 'push', [1, 'soon']), 'DelayQueue::push(): Argument #2 ($delay) must be of type float, string given'],
+            [fn () => coercively($this->q, 'push', [1, 0, 'x']), 'DelayQueue::push(): Argument #3 ($options) must be of type array, string given'],
+            [fn () => coercively($this->q, 'cancel', [null]), 'DelayQueue::cancel(): Argument #1 ($id) must be of type string, null given'],
+            [fn () => coercively($this->q, 'pushAt', [1, 'tomorrow']),
+                'DelayQueue::pushAt(): Argument #2 ($at) must be of type DateTimeInterface|float, string given'],
+            [fn () => coercively_new('DelayQueueWorker', ['orders']),
+                'DelayQueueWorker::__construct(): Argument #1 ($queue) must be of type DelayQueue, string given'],
+        ];
+        foreach ($refused as [$call, $message]) {
+            try {
+                $call();
+                $this->fail("accepted: $message");
+            } catch (TypeError $e) {
+                $this->assertSame($message, $e->getMessage());
+            }
+        }
+        // An int for a float parameter passes in both modes, as in PHP.
+        $this->q->push(2, 60);
+        $this->assertSame(2, $this->q->stats()['pushed'], 'a refused call wrote nothing');
+    }
+
     public function testPersistentMustBeABool(): void
     {
         $this->expectException(TypeError::class);
@@ -273,7 +308,7 @@ final class QueueTest extends TestCase
             'pushMany without payload' => [fn (DelayQueue $q) => $q->pushMany([['delay' => 1]]), DelayQueueInvalidArgumentException::class, "has no 'payload'"],
             'bad at' => [fn (DelayQueue $q) => $q->pushAt(1, new stdClass()), TypeError::class, 'DateTimeInterface'],
             'string at' => [fn (DelayQueue $q) => $q->pushAt(1, 'tomorrow'), TypeError::class,
-                'at must be a Unix timestamp (int|float) or a DateTimeInterface, string given'],
+                'DelayQueue::pushAt(): Argument #2 ($at) must be of type DateTimeInterface|float, string given'],
             'string at in pushMany' => [fn (DelayQueue $q) => $q->pushMany([['payload' => 1, 'at' => '2100-01-01']]), TypeError::class,
                 'or a DateTimeInterface, string given'],
             'bad url' => [fn () => new DelayQueue('http://127.0.0.1'), DelayQueueInvalidArgumentException::class, 'invalid Redis URL'],
