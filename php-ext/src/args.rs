@@ -210,11 +210,36 @@ fn type_text(declared: ffi::zend_type) -> String {
 unsafe fn caller_is_strict(execute_data: *mut ffi::zend_execute_data) -> bool {
     // SAFETY: frames and functions outlive the call (ZEND_ARG_USES_STRICT_TYPES).
     unsafe {
+        if execute_data.is_null() {
+            return true;
+        }
         let caller = (*execute_data).prev_execute_data;
         !caller.is_null()
             && !(*caller).func.is_null()
             && (*(*caller).func).common.fn_flags & ffi::ZEND_ACC_STRICT_TYPES != 0
     }
+}
+
+/// Types that an options array's value may be coerced to.
+pub(crate) const MAY_BE_STRING: u32 = may_be(ffi::IS_STRING);
+pub(crate) const MAY_BE_LONG: u32 = may_be(ffi::IS_LONG);
+pub(crate) const MAY_BE_NUMBER: u32 = may_be(ffi::IS_LONG) | may_be(ffi::IS_DOUBLE);
+
+/// An options array's value as the running method's caller would have passed it to a
+/// parameter of type `mask` (a string, an int, a number): the converted copy, or None
+/// where PHP would refuse it (strict_types, a non-numeric string, null, an array). The
+/// same rules as for the arguments, so that `['id' => $orderId]` with an int id, or
+/// `['processes' => getenv('WORKERS')]`, works wherever `push($p, '30')` does.
+pub(crate) fn coerced(value: &Zval, mask: u32) -> Option<Zval> {
+    if !(value.is_long() || value.is_double() || value.is_string() || value.is_bool()) {
+        return None;
+    }
+    // SAFETY: a method runs inside its own frame, the current one.
+    let strict = unsafe { caller_is_strict(ExecutorGlobals::get().current_execute_data) };
+    let mut copy = value.shallow_clone();
+    // SAFETY: the engine's coercion, on a copy this function owns.
+    let passes = unsafe { zend_verify_scalar_type_hint(mask, &raw mut copy, strict, true) };
+    (passes && !ExecutorGlobals::has_exception()).then_some(copy)
 }
 
 /// ZEND_CALL_FRAME_SLOT: the frame's header, in zvals.

@@ -11,7 +11,7 @@ use ext_php_rs::flags::DataType;
 use ext_php_rs::types::{ArrayKey, ZendHashTable, ZendObject, Zval};
 use ext_php_rs::zend::ClassEntry;
 
-use crate::errors;
+use crate::{args, errors};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -181,11 +181,9 @@ fn value_to_zval(value: &serde_json::Value) -> PhpResult<Zval> {
 /// A number of seconds from an int or float argument.
 pub(crate) fn seconds(value: &Zval, name: &str) -> PhpResult<f64> {
     let value = value.dereference();
-    if let Some(f) = value.double() {
+    let number = |v: &Zval| v.double().or_else(|| v.long().map(|i| i as f64));
+    if let Some(f) = number(value).or_else(|| args::coerced(value, args::MAY_BE_NUMBER).as_ref().and_then(number)) {
         return Ok(f);
-    }
-    if let Some(i) = value.long() {
-        return Ok(i as f64);
     }
     Err(errors::type_error(format!(
         "{name} must be a number of seconds (int|float), {} given",
@@ -232,9 +230,12 @@ impl<'a> Options<'a> {
         let what = self.what.clone();
         self.get(key)
             .map(|v| {
-                v.dereference().string().ok_or_else(|| {
-                    errors::type_error(format!("{what} '{key}' must be a string, {} given", type_name(v)))
-                })
+                let v = v.dereference();
+                v.string()
+                    .or_else(|| args::coerced(v, args::MAY_BE_STRING).and_then(|c| c.string()))
+                    .ok_or_else(|| {
+                        errors::type_error(format!("{what} '{key}' must be a string, {} given", type_name(v)))
+                    })
             })
             .transpose()
     }
@@ -261,9 +262,13 @@ impl<'a> Options<'a> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => {
-                let n = v.dereference().long().ok_or_else(|| {
-                    errors::type_error(format!("{what} '{key}' must be an int, {} given", type_name(v)))
-                })?;
+                let v = v.dereference();
+                let n = v
+                    .long()
+                    .or_else(|| args::coerced(v, args::MAY_BE_LONG).and_then(|c| c.long()))
+                    .ok_or_else(|| {
+                        errors::type_error(format!("{what} '{key}' must be an int, {} given", type_name(v)))
+                    })?;
                 if n < min || n > max {
                     return Err(errors::invalid(format!(
                         "{what} '{key}' must be between {min} and {max}, got {n}"
@@ -274,6 +279,7 @@ impl<'a> Options<'a> {
         }
     }
 
+    /// Only a bool: PHP would coerce any string, and `'false'` would be true.
     pub(crate) fn bool(&mut self, key: &'static str) -> PhpResult<Option<bool>> {
         let what = self.what.clone();
         self.get(key)

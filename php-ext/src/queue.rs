@@ -204,10 +204,8 @@ fn absolute(at: &Zval) -> PhpResult<delayq::Due> {
             .ok_or_else(|| errors::invalid("at: the DateTimeInterface has no Unix time"))?;
         return delayq::Due::from_unix_secs(secs).or_throw();
     }
-    if at.double().is_none() && at.long().is_none() {
-        return Err(wrong_type());
-    }
-    delayq::Due::from_unix_secs(convert::seconds(at, "at")?).or_throw()
+    let secs = convert::seconds(at, "at").map_err(|_| wrong_type())?;
+    delayq::Due::from_unix_secs(secs).or_throw()
 }
 
 fn state_name(s: delayq::State) -> &'static str {

@@ -169,10 +169,20 @@ final class QueueTest extends TestCase
         $this->assertSame(['v' => 1], $info['payload']);
         $this->assertEqualsWithDelta($this->serverNow() + 30, $info['due_at'], 2.0);
         $this->assertSame([], coercively($this->q, 'deadLetters', ['5']));
+        // Values in options arrays too (an int order id, a count read from the environment),
+        // except bools: PHP would take any string, and 'false' would be true.
+        $this->assertSame('10086', coercively($this->q, 'push', [['v' => 2], 60, ['id' => 10086, 'max_attempts' => '3']]));
+        $this->assertSame(3, $this->q->get('10086')['max_attempts']);
+        [$at] = coercively($this->q, 'pushMany', [[['payload' => ['v' => 3], 'at' => (string) (time() + 3600)]]]);
+        $this->assertEqualsWithDelta(time() + 3600, $this->q->get($at)['due_at'], 2.0);
+        $this->assertInstanceOf(DelayQueueWorker::class, coercively_new('DelayQueueWorker', [$this->q, ['processes' => '2']]));
         // Under strict_types (this file) the same calls are refused, in PHP's words.
         $refused = [
             [fn () => $this->q->push(1, '30'), 'DelayQueue::push(): Argument #2 ($delay) must be of type float, string given'],
             [fn () => $this->q->get(42), 'DelayQueue::get(): Argument #1 ($id) must be of type string, int given'],
+            [fn () => $this->q->push(1, 0, ['id' => 10086]), "push option 'id' must be a string, int given"],
+            [fn () => coercively_new('DelayQueueWorker', [$this->q, ['stop_when_empty' => 'yes']]),
+                "DelayQueueWorker option 'stop_when_empty' must be a bool, string given"],
             // What no mode coerces.
             [fn () => coercively($this->q, 'push', [1, 'soon']), 'DelayQueue::push(): Argument #2 ($delay) must be of type float, string given'],
             [fn () => coercively($this->q, 'push', [1, 0, 'x']), 'DelayQueue::push(): Argument #3 ($options) must be of type array, string given'],
@@ -191,8 +201,8 @@ final class QueueTest extends TestCase
             }
         }
         // An int for a float parameter passes in both modes, as in PHP.
-        $this->q->push(2, 60);
-        $this->assertSame(2, $this->q->stats()['pushed'], 'a refused call wrote nothing');
+        $this->q->push(4, 60);
+        $this->assertSame(4, $this->q->stats()['pushed'], 'a refused call wrote nothing');
     }
 
     public function testPersistentMustBeABool(): void
