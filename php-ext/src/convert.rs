@@ -178,7 +178,8 @@ fn value_to_zval(value: &serde_json::Value) -> PhpResult<Zval> {
     Ok(z)
 }
 
-/// A number of seconds from an int or float argument.
+/// A number of seconds from an int or float (in PHP's default mode also a numeric
+/// string, see `args::coerced`).
 pub(crate) fn seconds(value: &Zval, name: &str) -> PhpResult<f64> {
     let value = value.dereference();
     let number = |v: &Zval| v.double().or_else(|| v.long().map(|i| i as f64));
