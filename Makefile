@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test php-versions redis-versions soak hunt bench bench-cluster bench-redis-cost bench-script-cost bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed bench-serial-keys lint fmt clippy doc
+.PHONY: help setup demo build php python test php-versions redis-versions soak hunt bench bench-cluster bench-redis-cost bench-script-cost bench-model-floor bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed bench-serial-keys lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-24s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ bench-redis-cost: ## Redis time per drained message: delayq's scripts against th
 
 bench-script-cost: ## Redis time per message of claim.lua and ack.lua, called from one client (DIRS=copies to compare)
 	python3 bench/script_cost.py $(DIRS)
+
+bench-model-floor: ## Redis cost per message: the recipe's pop, the least issue 2's data model needs, delayq (CALLGRIND=1: instructions)
+	python3 bench/model_floor.py $(if $(CALLGRIND),--callgrind) $(DIRS)
 
 bench-rate-limit: ## How closely 4 pools follow a rate limit, and what holding them back costs Redis
 	python3 bench/rate_limit.py

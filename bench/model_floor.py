@@ -1,0 +1,233 @@
+"""Can any reliable consumer of issue 2's data model drain as fast as the recipe's lossy
+pop? The drain is bound by Redis, so this prices one message in Redis for three
+consumers of the same N due messages:
+
+- seed: the recipe's own pop (tests/fixtures/pop_delay.lua, batches of 50, as
+  bench/php/consume.php runs it): read, delete, done; a worker that dies loses its batch.
+- floor: the least that issue 2's data model asks of any implementation
+  (bench/floor/*.lua): claim moves due ids from the schedule into an in-flight ZSET
+  under a lease and reads their payloads; ack checks the lease and deletes. Nothing
+  else: no attempts, counters, retries, dead letters, reaping or wake-ups, and a lease
+  cheaper than a real fence (see bench/floor/claim.lua). A lower bound, not a product.
+- delayq: core/src/lua's claim.lua and ack.lua, as a pool calls them (claims of 1000,
+  acks in two halves), or other copies of that directory given as arguments.
+
+Four client processes (pinned to CPU 1) drain a private redis-server (pinned to CPU 0)
+filled by bench/php/fill.php, so ids and payloads have the shapes the other benches
+use. Every run must hand out and acknowledge each message once and leave no message
+behind. Reported: Redis's CPU time per message (`used_cpu_user` + `used_cpu_sys`
+over the drain, everything Redis did), and messages/s of these Python clients.
+With --callgrind, Redis runs under valgrind's callgrind instead and the figure is
+instructions per message: slow (use a small --n), but the same from run to run, where
+CPU time on a shared 2-core machine varies by 10% or more.
+
+    python3 bench/model_floor.py [--n=200000] [--rounds=3] [--callgrind] [DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis as redis_py
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import run  # noqa: E402
+from script_cost import BATCH, DEAD_MAX, DEAD_TTL_MS, LEASE_MS, TAG, key_list  # noqa: E402
+
+RECIPE_BATCH = 50  # what the recipe's consumer asks for (bench/php/consume.php)
+SEED_KEYS = ["delay_queue:zset", "delay_queue:payload"]
+FLOOR_KEYS = [*SEED_KEYS, "delay_queue:inflight", "delay_queue:claims"]
+
+
+class CallgrindRedis(run.Redis):
+    """run.Redis under callgrind; `instructions()` reads and zeroes its count."""
+
+    def __init__(self) -> None:  # noqa: D107 - run.Redis's, under valgrind
+        self.port = run.free_port()
+        self.dir = tempfile.mkdtemp(prefix="delayq-bench-")
+        self.out = f"{self.dir}/callgrind.out"
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", "0", "valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}",
+             "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(600):
+            if self.cli("PING") == "PONG":
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server under valgrind did not start")
+
+    def instructions(self) -> int:
+        """Instructions since the last call (a dump zeroes callgrind's counters)."""
+        for old in glob.glob(self.out + "*"):
+            os.unlink(old)
+        subprocess.run(["callgrind_control", "--dump", str(self.proc.pid)], check=True, capture_output=True)
+        dumps = glob.glob(self.out + ".*")
+        if not dumps:
+            raise RuntimeError("callgrind wrote no dump")
+        for line in Path(dumps[0]).read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+        raise RuntimeError(f"{dumps[0]}: no totals")
+
+
+def drain_seed(client: Any) -> int:
+    pop = client.register_script((ROOT / "tests" / "fixtures" / "pop_delay.lua").read_text())
+    got = 0
+    while reply := pop(keys=SEED_KEYS, args=[int(time.time()), RECIPE_BATCH]):
+        got += len(reply) // 2
+    return got
+
+
+def drain_floor(client: Any) -> int:
+    claim = client.register_script((ROOT / "bench" / "floor" / "claim.lua").read_text())
+    ack = client.register_script((ROOT / "bench" / "floor" / "ack.lua").read_text())
+    got = 0
+    while reply := claim(keys=FLOOR_KEYS, args=[int(time.time()), BATCH, LEASE_MS]):
+        ids = reply[1::2]
+        half = len(ids) // 2
+        for part in (ids[:half], ids[half:]):
+            if part:
+                got += ack(keys=FLOOR_KEYS[2:0:-1], args=[reply[0], *part])
+    return got
+
+
+def drain_delayq(client: Any, lua_dir: Path) -> int:
+    keys = key_list(lua_dir)
+    lib = (lua_dir / "lib.lua").read_text()
+    claim = client.register_script(lib + "\n" + (lua_dir / "claim.lua").read_text())
+    ack = client.register_script(lib + "\n" + (lua_dir / "ack.lua").read_text())
+    head = ["native", f"{TAG}:wake"]
+    got = 0
+    while True:
+        # {now, next, reaped, n, limited, restart_at, k, id1, lease1, envelope1, …}
+        reply = claim(keys=keys, args=[*head, BATCH, LEASE_MS, DEAD_MAX, DEAD_TTL_MS, "0"])
+        count = int(reply[3])
+        if count == 0:
+            return got
+        pairs = [v for j in range(count) for v in (reply[7 + 3 * j], reply[8 + 3 * j])]
+        half = count // 2 * 2
+        for part in (pairs[:half], pairs[half:]):
+            if part:
+                got += sum(1 for s in ack(keys=keys, args=[*head, 0, 0, *part]) if s == 1)
+
+
+def client_process(port: int, system: str, results: Any) -> None:
+    os.sched_setaffinity(0, {1})
+    client = redis_py.Redis(port=port)
+    if system == "seed":
+        results.put(drain_seed(client))
+    elif system == "floor":
+        results.put(drain_floor(client))
+    else:
+        results.put(drain_delayq(client, Path(system)))
+
+
+def cpu_seconds(redis: run.Redis) -> float:
+    info = dict(line.split(":", 1) for line in redis.cli("INFO", "cpu").splitlines() if ":" in line)
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def measure(system: str, n: int, callgrind: bool) -> dict[str, float]:
+    redis = CallgrindRedis() if callgrind else run.Redis()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            run.fill("delayq" if Path(system).is_dir() else "seed", f"--n={n}", f"--url={redis.url}",
+                     f"--due-file={tmp}/due")
+        redis.cli("DEL", "bench:filled")
+        if isinstance(redis, CallgrindRedis):
+            redis.instructions()  # zeroes the count: the fill is not measured
+        cpu, start = cpu_seconds(redis), time.monotonic()
+        results: Any = multiprocessing.Queue()
+        clients = [multiprocessing.Process(target=client_process, args=(redis.port, system, results))
+                   for _ in range(4)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join()
+        wall = time.monotonic() - start
+        cpu = cpu_seconds(redis) - cpu
+        done = sum(results.get() for _ in clients)
+        # What a drain leaves: sequences and counters (the fill names the sequence "seq", the
+        # header of lib.lua that script_cost.py reads keys from "sequence"; both are the same
+        # counter to the scripts) and the floor's claim counter.
+        left = [k for k in redis.cli("KEYS", "*").split() if not k.endswith((":seq", ":sequence", ":stats", ":claims"))]
+        if done != n or left:
+            sys.exit(f"{system}: {done} of {n} acknowledged, keys left {left}: the run is void")
+        measured = {"cpu_us": cpu / n * 1e6, "rate": n / wall}
+        if isinstance(redis, CallgrindRedis):
+            measured["instructions"] = redis.instructions() / n
+        return measured
+    finally:
+        redis.stop()
+
+
+def label(system: str) -> str:
+    if system == "seed":
+        return "seed recipe's pop (lossy)"
+    if system == "floor":
+        return "floor of issue 2's data model"
+    path = Path(system).resolve()
+    return "delayq " + (str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path))
+
+
+def cell(values: list[float], digits: int) -> str:
+    mid = statistics.median(values)
+    if len(values) == 1:
+        return f"{mid:,.{digits}f}"
+    return f"{mid:,.{digits}f} ({min(values):,.{digits}f} .. {max(values):,.{digits}f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dirs", nargs="*", default=[str(ROOT / "core" / "src" / "lua")],
+                        help="copies of core/src/lua to price (default: the committed scripts)")
+    parser.add_argument("--n", type=int, default=None, help="messages per run (200000; 20000 with --callgrind)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--callgrind", action="store_true", help="count instructions under valgrind")
+    opts = parser.parse_args()
+    n = opts.n or (20000 if opts.callgrind else 200000)
+    systems = ["seed", "floor", *opts.dirs]
+    os.sched_setaffinity(0, {1})
+    runs = run.in_turns(systems, lambda s: measure(s, n, opts.callgrind), opts.rounds, name=label)
+    seed = statistics.median(r["instructions" if opts.callgrind else "cpu_us"] for r in runs["seed"])
+    what = "instructions" if opts.callgrind else "cpu_us"
+    unit = "Redis instructions per message" if opts.callgrind else "Redis CPU µs per message"
+    lines = [
+        f"# What a reliable drain must cost Redis, {time.strftime('%Y-%m-%d')}",
+        "",
+        f"Command: `python3 bench/model_floor.py --n={n} --rounds={opts.rounds}"
+        + (" --callgrind" if opts.callgrind else "") + "` (a private Redis pinned to CPU 0; 4 Python "
+        "client processes pinned to CPU 1; median of the rounds, range in brackets).",
+        "",
+        f"| consumer | {unit} | vs the recipe | messages/s |",
+        "|---|---|---|---|",
+    ]
+    for system, measured in runs.items():
+        cost = statistics.median(r[what] for r in measured)
+        lines.append(f"| {label(system)} | {cell([r[what] for r in measured], 0 if opts.callgrind else 2)} "
+                     f"| {cost / seed:.2f}x | {cell([r['rate'] for r in measured], 0)} |")
+    lines += [
+        "",
+        "The floor is a lower bound for every consumer that keeps a message under a lease",
+        "in an in-flight set until it is acknowledged (see the docstring of",
+        "bench/model_floor.py). A Redis-bound drain runs at about the inverse of this",
+        "cost, so a consumer can match the recipe's rate only if its cost per message does.",
+    ]
+    run.write_results("-model-floor" + ("-callgrind" if opts.callgrind else ""), "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
