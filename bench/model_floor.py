@@ -21,7 +21,10 @@ With --callgrind, Redis runs under valgrind's callgrind instead and the figure i
 instructions per message: slow (use a small --n), but the same from run to run, where
 CPU time on a shared 2-core machine varies by 10% or more.
 
-    python3 bench/model_floor.py [--n=200000] [--rounds=3] [--callgrind] [DIR ...]
+With --root=DIR, the redis-server is the one of the system in DIR (a chroot, as
+scripts/chroots.sh makes them: trixie's Redis 8.0, for one), to compare Redis versions.
+
+    python3 bench/model_floor.py [--n=200000] [--rounds=3] [--callgrind | --root=DIR] [DIR ...]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from script_cost import BATCH, DEAD_MAX, DEAD_TTL_MS, LEASE_MS, TAG, key_list  #
 
 RECIPE_BATCH = 50  # what the recipe's consumer asks for (bench/php/consume.php)
 SEED_KEYS = ["delay_queue:zset", "delay_queue:payload"]
+DEFAULT_DIR = ROOT / "core" / "src" / "lua"
 FLOOR_KEYS = [*SEED_KEYS, "delay_queue:inflight", "delay_queue:claims"]
 
 
@@ -81,6 +85,29 @@ class CallgrindRedis(run.Redis):
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])
         raise RuntimeError(f"{dumps[0]}: no totals")
+
+
+class ChrootRedis(run.Redis):
+    """run.Redis, running the redis-server of the system in `root` (its own /tmp)."""
+
+    def __init__(self, root: str) -> None:  # noqa: D107 - run.Redis's, in a chroot
+        self.port = run.free_port()
+        self.dir = tempfile.mkdtemp(prefix="delayq-bench-")
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", "0", "chroot", root, "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", "/tmp"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(200):
+            if self.cli("PING") == "PONG":
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"redis-server in {root} did not start")
+
+
+def server_version(root: str | None) -> str:
+    cmd = ["chroot", root, "redis-server", "--version"] if root else ["redis-server", "--version"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return next(w[2:] for w in out.split() if w.startswith("v="))
 
 
 def drain_seed(client: Any) -> int:
@@ -140,8 +167,8 @@ def cpu_seconds(redis: run.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def measure(system: str, n: int, callgrind: bool) -> dict[str, float]:
-    redis = CallgrindRedis() if callgrind else run.Redis()
+def measure(system: str, n: int, callgrind: bool, root: str | None) -> dict[str, float]:
+    redis = CallgrindRedis() if callgrind else ChrootRedis(root) if root else run.Redis()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             run.fill("delayq" if Path(system).is_dir() else "seed", f"--n={n}", f"--url={redis.url}",
@@ -179,8 +206,12 @@ def label(system: str) -> str:
         return "seed recipe's pop (lossy)"
     if system == "floor":
         return "floor of issue 2's data model"
-    path = Path(system).resolve()
-    return "delayq " + (str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path))
+    return "delayq " + shown(system)
+
+
+def shown(lua_dir: str) -> str:
+    path = Path(lua_dir).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def cell(values: list[float], digits: int) -> str:
@@ -192,16 +223,20 @@ def cell(values: list[float], digits: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("dirs", nargs="*", default=[str(ROOT / "core" / "src" / "lua")],
+    parser.add_argument("dirs", nargs="*", default=[str(DEFAULT_DIR)],
                         help="copies of core/src/lua to price (default: the committed scripts)")
     parser.add_argument("--n", type=int, default=None, help="messages per run (200000; 20000 with --callgrind)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--callgrind", action="store_true", help="count instructions under valgrind")
+    parser.add_argument("--root", help="run the redis-server of the system in this chroot")
     opts = parser.parse_args()
+    if opts.callgrind and opts.root:
+        parser.error("--callgrind runs this machine's redis-server: it cannot take --root")
     n = opts.n or (20000 if opts.callgrind else 200000)
+    version = server_version(opts.root)
     systems = ["seed", "floor", *opts.dirs]
     os.sched_setaffinity(0, {1})
-    runs = run.in_turns(systems, lambda s: measure(s, n, opts.callgrind), opts.rounds, name=label)
+    runs = run.in_turns(systems, lambda s: measure(s, n, opts.callgrind, opts.root), opts.rounds, name=label)
     seed = statistics.median(r["instructions" if opts.callgrind else "cpu_us"] for r in runs["seed"])
     what = "instructions" if opts.callgrind else "cpu_us"
     unit = "Redis instructions per message" if opts.callgrind else "Redis CPU µs per message"
@@ -209,7 +244,9 @@ def main() -> None:
         f"# What a reliable drain must cost Redis, {time.strftime('%Y-%m-%d')}",
         "",
         f"Command: `python3 bench/model_floor.py --n={n} --rounds={opts.rounds}"
-        + (" --callgrind" if opts.callgrind else "") + "` (a private Redis pinned to CPU 0; 4 Python "
+        + (" --callgrind" if opts.callgrind else "") + (f" --root={opts.root}" if opts.root else "")
+        + "".join(f" {shown(d)}" for d in opts.dirs if Path(d).resolve() != DEFAULT_DIR)
+        + f"` (a private Redis {version} pinned to CPU 0; 4 Python "
         "client processes pinned to CPU 1; median of the rounds, range in brackets).",
         "",
         f"| consumer | {unit} | vs the recipe | messages/s |",
@@ -226,7 +263,8 @@ def main() -> None:
         "bench/model_floor.py). A Redis-bound drain runs at about the inverse of this",
         "cost, so a consumer can match the recipe's rate only if its cost per message does.",
     ]
-    run.write_results("-model-floor" + ("-callgrind" if opts.callgrind else ""), "\n".join(lines) + "\n")
+    suffix = "-callgrind" if opts.callgrind else f"-redis-{version}" if opts.root else ""
+    run.write_results("-model-floor" + suffix, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
