@@ -19,7 +19,8 @@ behind. Reported: Redis's CPU time per message (`used_cpu_user` + `used_cpu_sys`
 over the drain, everything Redis did), and messages/s of these Python clients.
 With --callgrind, Redis runs under valgrind's callgrind instead and the figure is
 instructions per message: slow (use a small --n), but the same from run to run, where
-CPU time on a shared 2-core machine varies by 10% or more.
+CPU time on a shared 2-core machine varies by 10% or more. It runs the first
+redis-server on PATH, so a Redis built from source can be counted too.
 
 With --root=DIR, the redis-server is the one of the system in DIR (a chroot, as
 scripts/chroots.sh makes them: trixie's Redis 8.0, for one), to compare Redis versions.
@@ -245,7 +246,7 @@ def main() -> None:
         "",
         f"Command: `python3 bench/model_floor.py --n={n} --rounds={opts.rounds}"
         + (" --callgrind" if opts.callgrind else "") + (f" --root={opts.root}" if opts.root else "")
-        + "".join(f" {shown(d)}" for d in opts.dirs if Path(d).resolve() != DEFAULT_DIR)
+        + ("" if [Path(d).resolve() for d in opts.dirs] == [DEFAULT_DIR] else "".join(f" {shown(d)}" for d in opts.dirs))
         + f"` (a private Redis {version} pinned to CPU 0; 4 Python "
         "client processes pinned to CPU 1; median of the rounds, range in brackets).",
         "",
@@ -263,7 +264,7 @@ def main() -> None:
         "bench/model_floor.py). A Redis-bound drain runs at about the inverse of this",
         "cost, so a consumer can match the recipe's rate only if its cost per message does.",
     ]
-    suffix = "-callgrind" if opts.callgrind else f"-redis-{version}" if opts.root else ""
+    suffix = f"-callgrind-redis-{version}" if opts.callgrind else f"-redis-{version}" if opts.root else ""
     run.write_results("-model-floor" + suffix, "\n".join(lines) + "\n")
 
 
