@@ -34,6 +34,7 @@ import argparse
 import glob
 import multiprocessing
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,19 +61,12 @@ class CallgrindRedis(run.Redis):
     """run.Redis under callgrind; `instructions()` reads and zeroes its count."""
 
     def __init__(self) -> None:  # noqa: D107 - run.Redis's, under valgrind
-        self.port = run.free_port()
-        self.dir = tempfile.mkdtemp(prefix="delayq-bench-")
-        self.out = f"{self.dir}/callgrind.out"
-        self.proc = subprocess.Popen(
-            ["taskset", "-c", "0", "valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}",
-             "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(600):
-            if self.cli("PING") == "PONG":
-                return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server under valgrind did not start")
+        self.out = f"{tempfile.mkdtemp(prefix='delayq-callgrind-')}/callgrind.out"
+        super().__init__(launcher=["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}"], start_s=30)
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(Path(self.out).parent, ignore_errors=True)
 
     def instructions(self) -> int:
         """Instructions since the last call (a dump zeroes callgrind's counters)."""
@@ -92,17 +86,7 @@ class ChrootRedis(run.Redis):
     """run.Redis, running the redis-server of the system in `root` (its own /tmp)."""
 
     def __init__(self, root: str) -> None:  # noqa: D107 - run.Redis's, in a chroot
-        self.port = run.free_port()
-        self.dir = tempfile.mkdtemp(prefix="delayq-bench-")
-        self.proc = subprocess.Popen(
-            ["taskset", "-c", "0", "chroot", root, "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", "/tmp"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(200):
-            if self.cli("PING") == "PONG":
-                return
-            time.sleep(0.02)
-        raise RuntimeError(f"redis-server in {root} did not start")
+        super().__init__(launcher=["chroot", root], server_dir="/tmp")
 
 
 def server_version(root: str | None) -> str:

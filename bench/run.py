@@ -51,16 +51,20 @@ def free_port() -> int:
 
 
 class Redis:
-    """A private redis-server pinned to CPU 0; `extra` are more redis-server arguments."""
+    """A private redis-server pinned to CPU 0; `extra` are more redis-server arguments.
+    `launcher` runs it (a profiler, a chroot), `server_dir` is its --dir as it sees it
+    (a chroot has its own /tmp), and it has `start_s` seconds to answer."""
 
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, launcher: Iterable[str] = (), server_dir: str | None = None,
+                 start_s: float = 4.0) -> None:
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="delayq-bench-")
         self.proc = subprocess.Popen(
-            ["taskset", "-c", "0", "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", self.dir, *extra],
+            ["taskset", "-c", "0", *launcher, "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", server_dir or self.dir, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(200):
+        deadline = time.monotonic() + start_s
+        while time.monotonic() < deadline:
             if self.cli("PING") == "PONG":
                 return
             time.sleep(0.02)
