@@ -1,14 +1,18 @@
 """Can any reliable consumer of issue 2's data model drain as fast as the recipe's lossy
-pop? The drain is bound by Redis, so this prices one message in Redis for three
+pop? The drain is bound by Redis, so this prices one message in Redis for four
 consumers of the same N due messages:
 
 - seed: the recipe's own pop (tests/fixtures/pop_delay.lua, batches of 50, as
   bench/php/consume.php runs it): read, delete, done; a worker that dies loses its batch.
 - floor: the least that issue 2's data model asks of any implementation
-  (bench/floor/*.lua): claim moves due ids from the schedule into an in-flight ZSET
-  under a lease and reads their payloads; ack checks the lease and deletes. Nothing
-  else: no attempts, counters, retries, dead letters, reaping or wake-ups, and a lease
-  cheaper than a real fence (see bench/floor/claim.lua). A lower bound, not a product.
+  (bench/floor/claim.lua, ack.lua): claim moves due ids from the schedule into an
+  in-flight ZSET under a lease and reads their payloads; ack checks the lease and
+  deletes. Nothing else: no attempts, counters, retries, dead letters, reaping or
+  wake-ups, and a lease cheaper than a real fence (see bench/floor/claim.lua). Only the
+  steps the model cannot do without; not a product.
+- fenced: the floor with the exact fence that issue 2 asks for, a lease token per
+  delivery kept per message (bench/floor/fenced_claim.lua, fenced_ack.lua): the steps
+  that the whole of the issue's model cannot do without.
 - delayq: core/src/lua's claim.lua and ack.lua, as a pool calls them (claims of 1000,
   acks in two halves), or other copies of that directory given as arguments.
 
@@ -54,7 +58,7 @@ from script_cost import BATCH, DEAD_MAX, DEAD_TTL_MS, LEASE_MS, TAG, key_list  #
 RECIPE_BATCH = 50  # what the recipe's consumer asks for (bench/php/consume.php)
 SEED_KEYS = ["delay_queue:zset", "delay_queue:payload"]
 DEFAULT_DIR = ROOT / "core" / "src" / "lua"
-FLOOR_KEYS = [*SEED_KEYS, "delay_queue:inflight", "delay_queue:claims"]
+FLOOR_KEYS = [*SEED_KEYS, "delay_queue:inflight", "delay_queue:claims", "delay_queue:leases"]
 
 
 class CallgrindRedis(run.Redis):
@@ -103,16 +107,20 @@ def drain_seed(client: Any) -> int:
     return got
 
 
-def drain_floor(client: Any) -> int:
-    claim = client.register_script((ROOT / "bench" / "floor" / "claim.lua").read_text())
-    ack = client.register_script((ROOT / "bench" / "floor" / "ack.lua").read_text())
+def drain_floor(client: Any, fenced: bool) -> int:
+    prefix = "fenced_" if fenced else ""
+    claim = client.register_script((ROOT / "bench" / "floor" / f"{prefix}claim.lua").read_text())
+    ack = client.register_script((ROOT / "bench" / "floor" / f"{prefix}ack.lua").read_text())
+    # in-flight, payloads (and leases): the ack's keys
+    ack_keys = [FLOOR_KEYS[2], FLOOR_KEYS[1], *([FLOOR_KEYS[4]] if fenced else [])]
+    claim_keys = FLOOR_KEYS if fenced else FLOOR_KEYS[:4]
     got = 0
-    while reply := claim(keys=FLOOR_KEYS, args=[int(time.time()), BATCH, LEASE_MS]):
+    while reply := claim(keys=claim_keys, args=[int(time.time()), BATCH, LEASE_MS]):
         ids = reply[1::2]
         half = len(ids) // 2
         for part in (ids[:half], ids[half:]):
             if part:
-                got += ack(keys=FLOOR_KEYS[2:0:-1], args=[reply[0], *part])
+                got += ack(keys=ack_keys, args=[reply[0], *part])
     return got
 
 
@@ -141,8 +149,8 @@ def client_process(port: int, system: str, results: Any) -> None:
     client = redis_py.Redis(port=port)
     if system == "seed":
         results.put(drain_seed(client))
-    elif system == "floor":
-        results.put(drain_floor(client))
+    elif system in ("floor", "fenced"):
+        results.put(drain_floor(client, fenced=system == "fenced"))
     else:
         results.put(drain_delayq(client, Path(system)))
 
@@ -175,7 +183,8 @@ def measure(system: str, n: int, callgrind: bool, root: str | None) -> dict[str,
         # What a drain leaves: counters and sequences. The fill's sequence is "seq"; the scripts
         # here count on "sequence", the name in lib.lua's header that key_list reads, which
         # changes nothing they cost.
-        left = [k for k in redis.cli("KEYS", "*").split() if not k.endswith((":seq", ":sequence", ":stats", ":claims"))]
+        left = [k for k in redis.cli("KEYS", "*").split()
+                if not k.endswith((":seq", ":sequence", ":stats", ":claims"))]
         if done != n or left:
             sys.exit(f"{system}: {done} of {n} acknowledged, keys left {left}: the run is void")
         measured = {"cpu_us": cpu / n * 1e6, "rate": n / wall}
@@ -190,7 +199,9 @@ def label(system: str) -> str:
     if system == "seed":
         return "seed recipe's pop (lossy)"
     if system == "floor":
-        return "floor of issue 2's data model"
+        return "floor, lease in the in-flight score"
+    if system == "fenced":
+        return "floor, exact fence"
     return "delayq " + shown(system)
 
 
@@ -219,7 +230,7 @@ def main() -> None:
         parser.error("--callgrind runs this machine's redis-server: it cannot take --root")
     n = opts.n or (20000 if opts.callgrind else 200000)
     version = server_version(opts.root)
-    systems = ["seed", "floor", *opts.dirs]
+    systems = ["seed", "floor", "fenced", *opts.dirs]
     os.sched_setaffinity(0, {1})
     runs = run.in_turns(systems, lambda s: measure(s, n, opts.callgrind, opts.root), opts.rounds, name=label)
     seed = statistics.median(r["instructions" if opts.callgrind else "cpu_us"] for r in runs["seed"])
@@ -243,10 +254,11 @@ def main() -> None:
                      f"| {cost / seed:.2f}x | {cell([r['rate'] for r in measured], 0)} |")
     lines += [
         "",
-        "The floor is a lower bound for every consumer that keeps a message under a lease",
-        "in an in-flight set until it is acknowledged (see the docstring of",
-        "bench/model_floor.py). A Redis-bound drain runs at about the inverse of this",
-        "cost, so a consumer can match the recipe's rate only if its cost per message does.",
+        "The floors do only the steps that a consumer keeping each message under a lease in",
+        "an in-flight set until its ack cannot do without; the exact fence is the one issue 2",
+        "asks for (see the docstring of bench/model_floor.py and bench/floor/). A Redis-bound",
+        "drain runs at about the inverse of this cost, so a consumer can match the recipe's",
+        "rate only if its cost per message does.",
     ]
     suffix = f"-callgrind-redis-{version}" if opts.callgrind else f"-redis-{version}" if opts.root else ""
     run.write_results("-model-floor" + suffix, "\n".join(lines) + "\n")
