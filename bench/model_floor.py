@@ -8,10 +8,10 @@ consumers of the same N due messages:
   (bench/floor/claim.lua, ack.lua): claim moves due ids from the schedule into an
   in-flight ZSET under a lease and reads their payloads; ack checks the lease and
   deletes. Nothing else: no attempts, counters, retries, dead letters, reaping or
-  wake-ups, and a lease cheaper than a real fence (see bench/floor/claim.lua). Only the
-  steps the model cannot do without; not a product.
+  wake-ups, and a lease cheaper than a real fence (the "score" fence of
+  bench/floor/claim.lua). Only the steps the model cannot do without; not a product.
 - fenced: the floor with the exact fence that issue 2 asks for, a lease token per
-  delivery kept per message (bench/floor/fenced_claim.lua, fenced_ack.lua): the steps
+  delivery kept per message (the "exact" fence of the same scripts): the steps
   that the whole of the issue's model cannot do without.
 - delayq: core/src/lua's claim.lua and ack.lua, as a pool calls them (claims of 1000,
   acks in two halves), or other copies of that directory given as arguments.
@@ -107,20 +107,17 @@ def drain_seed(client: Any) -> int:
     return got
 
 
-def drain_floor(client: Any, fenced: bool) -> int:
-    prefix = "fenced_" if fenced else ""
-    claim = client.register_script((ROOT / "bench" / "floor" / f"{prefix}claim.lua").read_text())
-    ack = client.register_script((ROOT / "bench" / "floor" / f"{prefix}ack.lua").read_text())
-    # in-flight, payloads (and leases): the ack's keys
-    ack_keys = [FLOOR_KEYS[2], FLOOR_KEYS[1], *([FLOOR_KEYS[4]] if fenced else [])]
-    claim_keys = FLOOR_KEYS if fenced else FLOOR_KEYS[:4]
+def drain_floor(client: Any, fence: str) -> int:
+    claim = client.register_script((ROOT / "bench" / "floor" / "claim.lua").read_text())
+    ack = client.register_script((ROOT / "bench" / "floor" / "ack.lua").read_text())
+    ack_keys = [FLOOR_KEYS[2], FLOOR_KEYS[1], FLOOR_KEYS[4]]  # in-flight, payloads, leases
     got = 0
-    while reply := claim(keys=claim_keys, args=[int(time.time()), BATCH, LEASE_MS]):
+    while reply := claim(keys=FLOOR_KEYS, args=[int(time.time()), BATCH, LEASE_MS, fence]):
         ids = reply[1::2]
         half = len(ids) // 2
         for part in (ids[:half], ids[half:]):
             if part:
-                got += ack(keys=ack_keys, args=[reply[0], *part])
+                got += ack(keys=ack_keys, args=[fence, reply[0], *part])
     return got
 
 
@@ -150,7 +147,7 @@ def client_process(port: int, system: str, results: Any) -> None:
     if system == "seed":
         results.put(drain_seed(client))
     elif system in ("floor", "fenced"):
-        results.put(drain_floor(client, fenced=system == "fenced"))
+        results.put(drain_floor(client, "exact" if system == "fenced" else "score"))
     else:
         results.put(drain_delayq(client, Path(system)))
 

@@ -1,23 +1,37 @@
--- ack.lua of the floor model (see claim.lua): complete deliveries of one claim, only
--- those the claim still holds, and delete them.
--- KEYS[1] in-flight ZSET   KEYS[2] payloads HASH
--- ARGV[1] the claim's lease   ARGV[2..] ids
+-- ack.lua of the floors (see claim.lua): complete the deliveries of one claim that it
+-- still holds, and delete them.
+-- KEYS[1] in-flight ZSET   KEYS[2] payloads HASH   KEYS[3] leases HASH ("exact" only)
+-- ARGV[1] fence: "score" or "exact"   ARGV[2] the claim's lease   ARGV[3..] ids
 -- Returns how many were acknowledged.
 local ids = {}
-for i = 2, #ARGV do
-  ids[i - 1] = ARGV[i]
+for i = 3, #ARGV do
+  ids[i - 2] = ARGV[i]
 end
-local held = redis.call('ZMSCORE', KEYS[1], unpack(ids))
-local lease = tonumber(ARGV[1])
+local exact = ARGV[1] == 'exact'
 local done, n = {}, 0
-for i = 1, #ids do
-  if tonumber(held[i]) == lease then
-    n = n + 1
-    done[n] = ids[i]
+if exact then
+  local held, lease = redis.call('HMGET', KEYS[3], unpack(ids)), ARGV[2]
+  for i = 1, #ids do
+    if held[i] == lease then
+      n = n + 1
+      done[n] = ids[i]
+    end
+  end
+else
+  -- The lease comes back printed as a double, so it is compared as a number.
+  local held, lease = redis.call('ZMSCORE', KEYS[1], unpack(ids)), tonumber(ARGV[2])
+  for i = 1, #ids do
+    if tonumber(held[i]) == lease then
+      n = n + 1
+      done[n] = ids[i]
+    end
   end
 end
 if n > 0 then
   redis.call('ZREM', KEYS[1], unpack(done))
   redis.call('HDEL', KEYS[2], unpack(done))
+  if exact then
+    redis.call('HDEL', KEYS[3], unpack(done))
+  end
 end
 return n

@@ -1,13 +1,19 @@
--- claim.lua of the floor model (bench/model_floor.py): the least any implementation of
--- issue 2's data model must do to hand out due messages under a lease, with nothing
--- else (no attempts, stats, retries, dead letters, reaping, wake-ups). Not delayq.
+-- claim.lua of the floors (bench/model_floor.py): the steps that any implementation of
+-- issue 2's data model cannot do without to hand out due messages under a lease, and
+-- nothing else (no attempts, counters, retries, dead letters, reaping, wake-ups). Not
+-- delayq. Two fences:
+--   "score": the lease is the in-flight score, deadline (ms) * 4096 + a claim number
+--            in the low bits, as cheap as a fence gets but unique only among 4096
+--            claims in a row;
+--   "exact": the fence issue 2 asks for: a token per claim (a claim holds each of its
+--            messages once, so it names one delivery of each) kept per message.
 -- KEYS[1] schedule ZSET id -> due (the recipe's whole seconds)
 -- KEYS[2] payloads HASH id -> payload
--- KEYS[3] in-flight ZSET id -> lease: deadline (ms) * 4096 + a claim number in the low
---         bits. It stands for the fencing token as cheaply as one can: unique only
---         among 4096 claims in a row, so a real fence costs more than this.
+-- KEYS[3] in-flight ZSET id -> the "score" lease, or the lease deadline (ms)
 -- KEYS[4] claim counter STRING
+-- KEYS[5] leases HASH id -> token of its current delivery ("exact" only)
 -- ARGV[1] highest due score to claim   ARGV[2] batch   ARGV[3] lease (ms)
+-- ARGV[4] fence: "score" or "exact"
 -- Returns {lease, id1, payload1, ..., idn, payloadn}, or {} when nothing is due.
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 if #ids == 0 then
@@ -17,13 +23,42 @@ redis.call('ZREM', KEYS[1], unpack(ids))
 local payloads = redis.call('HMGET', KEYS[2], unpack(ids))
 local t = redis.call('TIME')
 local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
-local lease = string.format('%.0f', deadline * 4096 + redis.call('INCR', KEYS[4]) % 4096)
-local leases, result = {}, {lease}
-for i = 1, #ids do
-  leases[2 * i - 1] = lease
-  leases[2 * i] = ids[i]
-  result[2 * i] = ids[i]
-  result[2 * i + 1] = payloads[i]
+local claim = redis.call('INCR', KEYS[4])
+local exact = ARGV[4] == 'exact'
+local lease, score
+if exact then
+  lease, score = tostring(claim), string.format('%.0f', deadline)
+else
+  lease = string.format('%.0f', deadline * 4096 + claim % 4096)
+  score = lease
 end
-redis.call('ZADD', KEYS[3], unpack(leases))
+-- One loop per fence, so that neither pays for the other's steps.
+local scores, leases, result = {}, {}, {lease}
+if exact then
+  for i = 1, #ids do
+    scores[2 * i - 1] = score
+    scores[2 * i] = ids[i]
+    leases[2 * i - 1] = ids[i]
+    leases[2 * i] = lease
+    result[2 * i] = ids[i]
+    result[2 * i + 1] = payloads[i]
+  end
+else
+  for i = 1, #ids do
+    scores[2 * i - 1] = score
+    scores[2 * i] = ids[i]
+    result[2 * i] = ids[i]
+    result[2 * i + 1] = payloads[i]
+  end
+end
+redis.call('ZADD', KEYS[3], unpack(scores))
+if exact then
+  -- A value past hash-max-listpack-value makes a fresh hash a hashtable at once, as
+  -- core/src/lua/lib.lua's hset_as_hashtable does: filling a listpack 1000 fields at
+  -- a time costs several times more, and a floor should not pay what can be avoided.
+  leases[#leases + 1] = ''
+  leases[#leases + 1] = string.rep('-', 65)
+  redis.call('HSET', KEYS[5], unpack(leases))
+  redis.call('HDEL', KEYS[5], '')
+end
 return result
