@@ -4,7 +4,7 @@ consumers of the same N due messages:
 
 - seed: the recipe's own pop (tests/fixtures/pop_delay.lua, batches of 50, as
   bench/php/consume.php runs it): read, delete, done; a worker that dies loses its batch.
-- floor: the least that issue 2's data model asks of any implementation
+- floor: the steps of issue 2's data model with the cheapest lease there is
   (bench/floor/claim.lua, ack.lua): claim moves due ids from the schedule into an
   in-flight ZSET under a lease and reads their payloads; ack checks the lease and
   deletes. Nothing else: no attempts, counters, retries, dead letters, reaping or
@@ -22,8 +22,8 @@ use. Every run must hand out and acknowledge each message once and leave no mess
 behind. Reported: Redis's CPU time per message (`used_cpu_user` + `used_cpu_sys`
 over the drain, everything Redis did), and messages/s of these Python clients.
 With --callgrind, Redis runs under valgrind's callgrind instead and the figure is
-instructions per message: slow (use a small --n), but the same from run to run, where
-CPU time on a shared 2-core machine varies by 10% or more. It runs the first
+instructions per message: slow (use a small --n), but within 5% from run to run, where
+CPU time on a shared 2-core machine moves by 20% or more. It runs the first
 redis-server on PATH, so a Redis built from source can be counted too.
 
 With --root=DIR, the redis-server is the one of the system in DIR (a chroot, as
@@ -64,7 +64,7 @@ FLOOR_KEYS = [*SEED_KEYS, "delay_queue:inflight", "delay_queue:claims", "delay_q
 class CallgrindRedis(run.Redis):
     """run.Redis under callgrind; `instructions()` reads and zeroes its count."""
 
-    def __init__(self) -> None:  # noqa: D107 - run.Redis's, under valgrind
+    def __init__(self) -> None:
         self.out = f"{tempfile.mkdtemp(prefix='delayq-callgrind-')}/callgrind.out"
         super().__init__(launcher=["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}"], start_s=30)
 
@@ -89,7 +89,7 @@ class CallgrindRedis(run.Redis):
 class ChrootRedis(run.Redis):
     """run.Redis, running the redis-server of the system in `root` (its own /tmp)."""
 
-    def __init__(self, root: str) -> None:  # noqa: D107 - run.Redis's, in a chroot
+    def __init__(self, root: str) -> None:
         super().__init__(launcher=["chroot", root], server_dir="/tmp")
 
 
