@@ -177,11 +177,8 @@ def measure(system: str, n: int, callgrind: bool, root: str | None) -> dict[str,
         wall = time.monotonic() - start
         cpu = cpu_seconds(redis) - cpu
         done = sum(results.get() for _ in clients)
-        # What a drain leaves: counters and sequences. The fill's sequence is "seq"; the scripts
-        # here count on "sequence", the name in lib.lua's header that key_list reads, which
-        # changes nothing they cost.
-        left = [k for k in redis.cli("KEYS", "*").split()
-                if not k.endswith((":seq", ":sequence", ":stats", ":claims"))]
+        # What a drain leaves: its counters and sequences.
+        left = [k for k in redis.cli("KEYS", "*").split() if not k.endswith((":seq", ":stats", ":claims"))]
         if done != n or left:
             sys.exit(f"{system}: {done} of {n} acknowledged, keys left {left}: the run is void")
         measured = {"cpu_us": cpu / n * 1e6, "rate": n / wall}

@@ -223,6 +223,28 @@ mod tests {
         }
     }
 
+    /// lib.lua's header names each KEYS[i]; the benches build keys from those names, so
+    /// they must be the ones the crate writes.
+    #[test]
+    fn lib_lua_names_the_keys_the_crate_writes() {
+        let header: Vec<(usize, String)> = include_str!("lua/lib.lua")
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("--")?.trim_start().strip_prefix("KEYS[")?;
+                let (index, name) = rest.split_once(']')?;
+                Some((index.parse().ok()?, name.split_whitespace().next()?.to_owned()))
+            })
+            .collect();
+        let keys = Keys::new("dq:orders", "orders", &Layout::Native).expect("valid names");
+        let written: Vec<(usize, String)> = keys
+            .all
+            .iter()
+            .enumerate()
+            .map(|(i, key)| (i + 1, key.trim_start_matches("{dq:orders}:").to_owned()))
+            .collect();
+        assert_eq!(header, written);
+    }
+
     #[test]
     fn seed_keys_are_the_recipes() {
         let keys = Keys::new("dq", "ignored", &Layout::seed()).expect("valid names");

@@ -11,7 +11,7 @@
 --   KEYS[6] errors     HASH  id -> last error text
 --   KEYS[7] dead       ZSET  id -> time of death (ms)
 --   KEYS[8] stats      HASH  counters: pushed delivered acked retried dead ...
---   KEYS[9] sequence   STRING  monotonic counter (FIFO order and lease tokens)
+--   KEYS[9] seq        STRING  monotonic counter (FIFO order and lease tokens)
 --   KEYS[10] workers   HASH  pool id -> "<expires_ms>|<seen_ms>|<info JSON>" of the
 --                            consumer pools alive (see beat.lua)
 --   KEYS[11] paused    HASH  since -> time of the pause (ms); while it exists, consumers
