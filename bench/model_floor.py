@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import run  # noqa: E402
-from script_cost import BATCH, DEAD_MAX, DEAD_TTL_MS, LEASE_MS, TAG, key_list  # noqa: E402
+from script_cost import BATCH, LEASE_MS, claim_and_ack  # noqa: E402
 
 RECIPE_BATCH = 50  # what the recipe's consumer asks for (bench/php/consume.php)
 SEED_KEYS = ["delay_queue:zset", "delay_queue:payload"]
@@ -121,26 +121,6 @@ def drain_floor(client: Any, fence: str) -> int:
     return got
 
 
-def drain_delayq(client: Any, lua_dir: Path) -> int:
-    keys = key_list(lua_dir)
-    lib = (lua_dir / "lib.lua").read_text()
-    claim = client.register_script(lib + "\n" + (lua_dir / "claim.lua").read_text())
-    ack = client.register_script(lib + "\n" + (lua_dir / "ack.lua").read_text())
-    head = ["native", f"{TAG}:wake"]
-    got = 0
-    while True:
-        # {now, next, reaped, n, limited, restart_at, k, id1, lease1, envelope1, …}
-        reply = claim(keys=keys, args=[*head, BATCH, LEASE_MS, DEAD_MAX, DEAD_TTL_MS, "0"])
-        count = int(reply[3])
-        if count == 0:
-            return got
-        pairs = [v for j in range(count) for v in (reply[7 + 3 * j], reply[8 + 3 * j])]
-        half = count // 2 * 2
-        for part in (pairs[:half], pairs[half:]):
-            if part:
-                got += sum(1 for s in ack(keys=keys, args=[*head, 0, 0, *part]) if s == 1)
-
-
 def client_process(port: int, system: str, results: Any) -> None:
     os.sched_setaffinity(0, {1})
     client = redis_py.Redis(port=port)
@@ -149,7 +129,7 @@ def client_process(port: int, system: str, results: Any) -> None:
     elif system in ("floor", "fenced"):
         results.put(drain_floor(client, "exact" if system == "fenced" else "score"))
     else:
-        results.put(drain_delayq(client, Path(system)))
+        results.put(claim_and_ack(client, Path(system))[1])
 
 
 def cpu_seconds(redis: run.Redis) -> float:

@@ -23,6 +23,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import redis as redis_py
 
@@ -47,33 +48,40 @@ def key_list(lua_dir: Path) -> list[str]:
     return [f"{TAG}:{named[i]}" for i in range(1, len(named) + 1)]
 
 
+def claim_and_ack(client: Any, lua_dir: Path) -> tuple[int, int]:
+    """Claims of BATCH and their acks, in two halves as a pool with two completions in
+    flight sends them, until nothing is due: (handed out, acknowledged)."""
+    keys = key_list(lua_dir)
+    lib = (lua_dir / "lib.lua").read_text()
+    claim = client.register_script(lib + "\n" + (lua_dir / "claim.lua").read_text())
+    ack = client.register_script(lib + "\n" + (lua_dir / "ack.lua").read_text())
+    head = ["native", f"{TAG}:wake"]
+    handed = acked = 0
+    while True:
+        # {now, next, reaped, n, limited, restart_at, k, id1, lease1, envelope1, …}
+        reply = claim(keys=keys, args=[*head, BATCH, LEASE_MS, DEAD_MAX, DEAD_TTL_MS, "0"])
+        count = int(reply[3])
+        if count == 0:
+            return handed, acked
+        handed += count
+        pairs = [v for j in range(count) for v in (reply[7 + 3 * j], reply[8 + 3 * j])]
+        half = count // 2 * 2
+        for part in (pairs[:half], pairs[half:]):
+            if part:
+                statuses = ack(keys=keys, args=[*head, 0, 0, *part])
+                acked += sum(1 for s in statuses if s == 1)
+
+
 def drain(lua_dir: Path, n: int) -> dict[str, tuple[int, int]]:
     redis = run.Redis()
     try:
         client = redis_py.Redis(port=redis.port)
         keys = key_list(lua_dir)
-        lib = (lua_dir / "lib.lua").read_text()
-        claim = client.register_script(lib + "\n" + (lua_dir / "claim.lua").read_text())
-        ack = client.register_script(lib + "\n" + (lua_dir / "ack.lua").read_text())
-        head = ["native", f"{TAG}:wake"]
         with tempfile.TemporaryDirectory() as tmp:
             run.fill("delayq", f"--n={n}", f"--url={redis.url}", f"--due-file={tmp}/due")
         client.delete("bench:filled")
         redis.cli("CONFIG", "RESETSTAT")
-        handed = acked = 0
-        while True:
-            # {now, next, reaped, n, limited, restart_at, k, id1, lease1, envelope1, …}
-            reply = claim(keys=keys, args=[*head, BATCH, LEASE_MS, DEAD_MAX, DEAD_TTL_MS, "0"])
-            count = int(reply[3])
-            if count == 0:
-                break
-            handed += count
-            pairs = [v for j in range(count) for v in (reply[7 + 3 * j], reply[8 + 3 * j])]
-            half = count // 2 * 2
-            for part in (pairs[:half], pairs[half:]):
-                if part:
-                    statuses = ack(keys=keys, args=[*head, 0, 0, *part])
-                    acked += sum(1 for s in statuses if s == 1)
+        handed, acked = claim_and_ack(client, lua_dir)
         stats = commandstats(redis)
         left = client.zcard(keys[0]) + client.hlen(keys[1]) + client.zcard(keys[2])
         if handed != n or acked != n or left:
