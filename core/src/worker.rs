@@ -686,7 +686,7 @@ struct Pool {
     /// first claim): restart requests before it are not meant for it.
     started: Instant,
     started_server_ms: std::sync::OnceLock<i64>,
-    /// Idle handlers that claims under way will occupy (see `reserve_idle_handlers`).
+    /// Deliveries that claims under way may bring (see `reserve_room`).
     reserved: Mutex<usize>,
     /// Claims sent and not yet counted as outstanding (for `stop_when_empty`).
     claiming: AtomicUsize,
@@ -702,8 +702,8 @@ struct Pool {
     claims_failing: AtomicBool,
 }
 
-/// Idle handlers reserved for one claim under a rate limit, released once the claimed
-/// deliveries are counted as outstanding (or the claim failed).
+/// Room reserved for one claim, released once the claimed deliveries are counted as
+/// outstanding (or the claim failed).
 struct Reservation<'a> {
     reserved: &'a Mutex<usize>,
     n: usize,
@@ -808,15 +808,20 @@ impl Pool {
     /// A higher queue's pool has work for the handlers: deliveries the caller has not
     /// taken yet, a claim under way, or messages known to be due. This pool's
     /// deliveries would wait behind them, so it leaves its due messages to other
-    /// consumers for now. (Those it holds already wait at most its prefetch, about
-    /// 50 ms of its handler time.) A higher pool whose claims fail (its Redis is down)
+    /// consumers for now. (Those it holds already wait too, and go back to the queue
+    /// for other consumers once kept waiting a heartbeat long: see
+    /// `kept_waiting_by_higher`.) A higher pool whose claims fail (its Redis is down)
     /// holds nobody back.
     fn yields_to_higher(&self) -> bool {
-        self.higher().any(|p| {
-            !p.control.stopped()
-                && !p.claims_failing.load(Ordering::Acquire)
-                && (!p.buffered.is_empty() || p.claiming.load(Ordering::Acquire) > 0 || p.control.wake.due_now())
-        })
+        self.higher().any(|p| p.has_work_for_handlers())
+    }
+
+    /// Deliveries the caller has not taken yet, a claim under way, or messages known to
+    /// be due, unless it is stopped or its claims fail (its Redis is down).
+    fn has_work_for_handlers(&self) -> bool {
+        !self.control.stopped()
+            && !self.claims_failing.load(Ordering::Acquire)
+            && (!self.buffered.is_empty() || self.claiming.load(Ordering::Acquire) > 0 || self.control.wake.due_now())
     }
 
     /// Deliveries it claimed before `since` still wait unstarted while the higher
@@ -849,15 +854,19 @@ impl Pool {
         self.rate_limited.iter().any(|l| l.load(Ordering::Relaxed))
     }
 
+    /// Reserve room for a claim of up to `want` deliveries, counting those that other
+    /// fetchers' claims under way may bring: without that, fetchers that look at the
+    /// same moment each claim the whole room, and a pool holds a multiple of its
+    /// prefetch (and hands out, from claims that overlap, messages out of due order).
     /// Under a rate limit the limit counts hand-outs, so a message should start as it
     /// is handed out, not wait in the prefetch buffer while the window moves on (the
-    /// next window's messages would then start close behind it): claim at most one
-    /// message per idle handler, counting those that other fetchers' claims under way
-    /// will fill.
-    fn reserve_idle_handlers(&self, want: usize) -> Reservation<'_> {
+    /// next window's messages would then start close behind it): the room is then one
+    /// message per idle handler.
+    fn reserve_room(&self, want: usize, limited: bool) -> Reservation<'_> {
+        let room = if limited { self.handlers } else { self.prefetch_now() };
         let mut reserved = self.reserved.lock();
         let held = self.outstanding.lock().len();
-        let n = want.min(self.handlers.saturating_sub(held + *reserved));
+        let n = want.min(room.saturating_sub(held + *reserved));
         *reserved += n;
         Reservation {
             reserved: &self.reserved,
@@ -1420,7 +1429,16 @@ impl Consumer {
                 return Received::Stopped;
             }
             let mut select = Select::new();
+            // A higher queue with messages due or a claim under way: its deliveries are
+            // about to come, and lower queues' deliveries wait for them (those kept
+            // waiting a heartbeat long go back to other consumers, see
+            // `kept_waiting_by_higher`). Otherwise the first delivery of a flood would
+            // let every prefetched lower one through while the next claim is under way.
+            let mut higher_coming = false;
             for m in self.members() {
+                if higher_coming {
+                    break;
+                }
                 if m.pool.control.stopped() {
                     continue;
                 }
@@ -1432,12 +1450,20 @@ impl Consumer {
                     },
                     Err(TryRecvError::Empty) => {
                         select.recv(&m.deliveries);
+                        higher_coming = m.pool.has_work_for_handlers();
                     }
                     Err(TryRecvError::Disconnected) => m.pool.control.stop(),
                 }
             }
-            // Whichever arrives first, the next turn takes the highest waiting one.
-            if select.ready_deadline(deadline).is_err() {
+            // Whichever arrives first, the next turn takes the highest waiting one. While
+            // a higher queue's work is coming, look again shortly: its claim may find
+            // nothing after all.
+            let until = if higher_coming {
+                deadline.min(Instant::now() + YIELD_RECHECK)
+            } else {
+                deadline
+            };
+            if select.ready_deadline(until).is_err() && Instant::now() >= deadline {
                 return if group_stopped(&self.controls()) {
                     Received::Stopped
                 } else {
@@ -1766,7 +1792,9 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             wake.wait(None, wake.epoch(), &control.stop);
             continue;
         }
-        let held = pool.outstanding.lock().len();
+        // Two statements: one lock at a time (`reserve_room` takes them the other way).
+        let outstanding = pool.outstanding.lock().len();
+        let held = outstanding + *pool.reserved.lock();
         let want = pool.opts.batch.min(pool.prefetch_now().saturating_sub(held));
         if want == 0 {
             // Enough work in hand: wait for a completion (local, no Redis call).
@@ -1815,9 +1843,8 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             continue;
         }
         cursor = (part + 1) % parts;
-        let limited = pool.is_rate_limited();
-        let reservation = limited.then(|| pool.reserve_idle_handlers(share));
-        let share = reservation.as_ref().map_or(share, |r| r.n);
+        let reservation = pool.reserve_room(share, pool.is_rate_limited());
+        let share = reservation.n;
         if share == 0 {
             drop(reservation);
             control.slots.wait_for_release(Duration::from_millis(100));

@@ -875,6 +875,35 @@ fn slow_handlers_do_not_hoard_due_messages_from_idle_consumers() {
 }
 
 #[test]
+fn fetchers_claiming_at_once_hold_no_more_than_the_prefetch_and_keep_due_order() {
+    let server = RedisServer::start();
+    let q = server.queue("one-at-a-time");
+    push_numbered(&q, 6);
+    // One slow handler: the pool should hold one message at a time, however many
+    // fetchers wake when its last one is acknowledged.
+    let worker = Worker::new(q.clone(), WorkerOptions { threads: 4, ..opts() }).expect("worker");
+    let ran = common::run_until(
+        &worker,
+        1,
+        Duration::from_secs(20),
+        |d, seen: &Mutex<Vec<(u64, u64)>>| {
+            let inflight = q.stats().map_err(|e| e.to_string())?.inflight;
+            std::thread::sleep(Duration::from_millis(100));
+            let n = d.payload::<serde_json::Value>().map_err(|e| e.to_string())?["n"]
+                .as_u64()
+                .ok_or("no n")?;
+            seen.lock().push((n, inflight));
+            Ok(())
+        },
+        |seen| seen.len() == 6,
+    );
+    let order: Vec<u64> = ran.iter().map(|(n, _)| *n).collect();
+    assert_eq!(order, [0, 1, 2, 3, 4, 5], "handed out in due order");
+    let held: Vec<u64> = ran.iter().map(|(_, inflight)| *inflight).collect();
+    assert_eq!(held, [1; 6], "messages in flight as each handler call began");
+}
+
+#[test]
 fn a_paused_queue_hands_out_nothing_until_resumed_and_resuming_wakes_idle_pools() {
     let server = RedisServer::start();
     let q = server.queue_with(

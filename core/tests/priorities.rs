@@ -119,6 +119,14 @@ fn a_higher_message_pushed_while_a_lower_queue_drains_runs_next() {
         last_urgent < 50 + 100 + 20 + 10,
         "urgent messages ran late, the last at position {last_urgent}"
     );
+    // Once the first has come, no prefetched bulk message slips in while the urgent
+    // queue's next claims are under way.
+    let first_urgent = urgent[0];
+    assert_eq!(
+        urgent,
+        (first_urgent..first_urgent + 20).collect::<Vec<_>>(),
+        "bulk messages ran between urgent ones"
+    );
     assert_eq!(seen.iter().filter(|(q, _)| q == "bulk").count(), 1000);
 }
 
