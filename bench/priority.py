@@ -126,8 +126,8 @@ def main() -> None:
         "waits until the backlog due before it ran. \"lower_queues\": they go onto their own queue, which",
         "the worker consumes first (`delayq.Worker(urgent, lower_queues=[bulk])`): each waits for its own",
         "claim and the handler call under way, not for the bulk messages the worker had prefetched (the",
-        "handler takes the highest queue's waiting delivery). The bulk rate shows what the second pool",
-        "costs the drain.",
+        "handler takes the highest queue's waiting delivery, and while that queue's claim is under way the",
+        "prefetched bulk ones wait for it). The bulk rate shows what the second pool costs the drain.",
     ]
     out = ROOT / "bench" / "results" / f"{day}-priority.md"
     out.write_text("\n".join(lines) + "\n")
