@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::keys::{Keys, Layout, MAX_PARTITIONS, partition_of, partition_tags, validate_name};
 use crate::repeat::{self, RepeatInfo, RepeatOptions, Schedule};
 use crate::scripts::{self, MAX_BATCH};
-use crate::time::{Due, MAX_DELAY};
+use crate::time::{Due, MAX_DELAY, ceil_ms, seconds_text};
 
 /// Settings of one queue. The defaults are the same in every binding, so PHP and
 /// Python address the same keys given the same URL, queue name and prefix.
@@ -363,14 +363,22 @@ impl RateLimit {
             ));
         }
         if (self.max as usize) < partitions {
+            // The same rate over a longer period, rounded up to what `per` can express so
+            // that the suggestion never allows more than the limit asked for.
+            let per = self.per * partitions as u32 / self.max;
+            let advice = if per <= MAX_RATE_LIMIT_PERIOD {
+                format!(
+                    "raise max and per together, e.g. {partitions} per {} s",
+                    seconds_text(ceil_ms(per))
+                )
+            } else {
+                format!("raise max to at least {partitions}")
+            };
             return Err(Error::invalid(
                 "max",
                 format!(
-                    "{} cannot be shared by this queue's {partitions} partitions (each needs at least 1): \
-                     raise max and per together, e.g. {} per {} s",
-                    self.max,
-                    partitions,
-                    self.per.as_secs_f64() * partitions as f64 / f64::from(self.max)
+                    "{} cannot be shared by this queue's {partitions} partitions (each needs at least 1): {advice}",
+                    self.max
                 ),
             ));
         }

@@ -116,6 +116,12 @@ pub(crate) fn human_ms(ms: i64) -> String {
     }
 }
 
+/// Milliseconds as a number of seconds that people type: "0.3", "1.5", "2".
+pub(crate) fn seconds_text(ms: u128) -> String {
+    let text = format!("{}.{:03}", ms / 1000, ms % 1000);
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
 pub(crate) fn now_unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -134,6 +140,12 @@ mod tests {
             .map(human_ms)
             .collect();
         assert_eq!(shown, ["0 ms", "850 ms", "12.5 s", "4 min 10 s", "2 h 5 min"]);
+    }
+
+    #[test]
+    fn seconds_read_as_typed() {
+        let shown: Vec<String> = [300, 1500, 2000, 1, 0, 90_010].into_iter().map(seconds_text).collect();
+        assert_eq!(shown, ["0.3", "1.5", "2", "0.001", "0", "90.01"]);
     }
 
     #[test]

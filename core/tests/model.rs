@@ -515,7 +515,22 @@ impl Run {
     fn limit_or_not(&mut self) {
         if self.rng.random_bool(0.5) {
             let limit = delayq::RateLimit::new(self.rng.random_range(1..20), 0.1).expect("limit");
-            self.ok("set_rate_limit", self.queue.set_rate_limit(limit));
+            if (limit.max as usize) < self.partitions.len() {
+                // Each partition needs a share of at least 1: refused, the limit in
+                // force (or none) stays as it was.
+                let before = self.ok("rate_limit", self.queue.rate_limit());
+                let refused = self.queue.set_rate_limit(limit);
+                assert!(
+                    refused.as_ref().is_err_and(delayq::Error::is_invalid_input),
+                    "seed {} step {}: {limit:?} on {} partitions: {refused:?}",
+                    self.seed,
+                    self.step,
+                    self.partitions.len()
+                );
+                assert_eq!(self.ok("rate_limit", self.queue.rate_limit()), before);
+            } else {
+                self.ok("set_rate_limit", self.queue.set_rate_limit(limit));
+            }
         } else {
             self.ok("clear_rate_limit", self.queue.clear_rate_limit());
         }

@@ -202,6 +202,14 @@ fn a_bad_rate_limit_names_its_culprit_and_writes_nothing() {
         err.is_invalid_input() && err.to_string().contains("3 partitions"),
         "{err}"
     );
+    // The advice keeps the rate asked for, in a number of seconds one would type.
+    assert!(err.to_string().ends_with("e.g. 3 per 1.5 s"), "{err}");
+    let one_per_tenth = RateLimit::new(1, 0.1).expect("limit");
+    let err = q.set_rate_limit(one_per_tenth).expect_err("1 cannot be split 3 ways");
+    assert!(err.to_string().ends_with("e.g. 3 per 0.3 s"), "{err}");
+    let one_a_month = RateLimit::new(1, 30.0 * 24.0 * 3600.0).expect("limit");
+    let err = q.set_rate_limit(one_a_month).expect_err("1 cannot be split 3 ways");
+    assert!(err.to_string().ends_with("raise max to at least 3"), "{err}");
     assert_eq!(server.dump_keys(), before, "nothing written");
     assert_eq!(q.rate_limit().expect("rate_limit"), None);
 
