@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import run  # noqa: E402
-from script_cost import BATCH, LEASE_MS, claim_and_ack  # noqa: E402
+from script_cost import BATCH, LEASE_MS, claim_and_ack, composed  # noqa: E402
 
 RECIPE_BATCH = 50  # what the recipe's consumer asks for (bench/php/consume.php)
 SEED_KEYS = ["delay_queue:zset", "delay_queue:payload"]
@@ -138,6 +138,8 @@ def cpu_seconds(redis: run.Redis) -> float:
 
 
 def measure(system: str, n: int, callgrind: bool, root: str | None) -> dict[str, float]:
+    if Path(system).is_dir():
+        composed(Path(system))  # cargo runs here, not in the timed clients (forked, they inherit it)
     redis = CallgrindRedis() if callgrind else ChrootRedis(root) if root else run.Redis()
     try:
         with tempfile.TemporaryDirectory() as tmp:

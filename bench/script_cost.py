@@ -7,9 +7,12 @@ turn, `--rounds` times.
 A private Redis pinned to CPU 0; N messages due now, pushed by bench/php/fill.php
 (as the other benches do); then claims of 1000 (the pool's batch) and their acks, sent
 back in two halves (as a pool with two completions in flight does), until the queue is
-empty. After the fill, `CONFIG RESETSTAT`; after the drain, `INFO commandstats`. KEYS
-come from the header of each directory's lib.lua, so a copy with other keys works too.
-Every run must hand out and acknowledge each message once and leave the queue empty.
+empty. After the fill, `CONFIG RESETSTAT`; after the drain, `INFO commandstats`. The
+scripts are composed by the crate itself (`cargo run --example scripts DIR`, once per
+directory, from the repo root): the text sent to Redis, with its `-- @include` pieces,
+and the roles of its KEYS in order (its `-- KEYS:` header), so a copy with other
+includes or keys works too. Every run must hand out and acknowledge each message once
+and leave the queue empty.
 
     python3 bench/script_cost.py [--n=200000] [--rounds=3] [--label=NAME] [DIR ...]
 """
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
+import json
 import os
-import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,26 +45,39 @@ LEASE_MS = 30000
 DEAD_MAX, DEAD_TTL_MS = 10000, 30 * 86400 * 1000
 
 
-def key_list(lua_dir: Path) -> list[str]:
-    """KEYS in lib.lua's order: `--   KEYS[i] name  TYPE …` lines of its header."""
-    named = {int(i): name for i, name in re.findall(r"^--\s+KEYS\[(\d+)\]\s+(\w+)", (lua_dir / "lib.lua").read_text(), re.M)}
-    if sorted(named) != list(range(1, len(named) + 1)):
-        sys.exit(f"{lua_dir}/lib.lua: its header does not list KEYS[1..n]")
-    return [f"{TAG}:{named[i]}" for i in range(1, len(named) + 1)]
+def composed(lua_dir: Path) -> dict[str, dict[str, Any]]:
+    """The scripts of `lua_dir` as the crate composes them: name -> {"lua": text to send,
+    "keys": roles in KEYS order, "commands": ...}. One cargo run per directory."""
+    return _composed(Path(lua_dir).resolve())
+
+
+@functools.cache
+def _composed(lua_dir: Path) -> dict[str, dict[str, Any]]:
+    out = subprocess.run(
+        ["cargo", "run", "-q", "--release", "-p", "delayq", "--example", "scripts", str(lua_dir)],
+        cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{lua_dir}: the crate could not compose its scripts:\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
+def key_list(lua_dir: Path, script: str) -> list[str]:
+    """KEYS of `script` (claim, ack, ...) of `lua_dir`, in order: `{dq:QUEUE}:ROLE`."""
+    return [f"{TAG}:{role}" for role in composed(lua_dir)[script]["keys"]]
 
 
 def claim_and_ack(client: Any, lua_dir: Path) -> tuple[int, int]:
     """Claims of BATCH and their acks, in two halves as a pool with two completions in
     flight sends them, until nothing is due: (handed out, acknowledged)."""
-    keys = key_list(lua_dir)
-    lib = (lua_dir / "lib.lua").read_text()
-    claim = client.register_script(lib + "\n" + (lua_dir / "claim.lua").read_text())
-    ack = client.register_script(lib + "\n" + (lua_dir / "ack.lua").read_text())
+    scripts = composed(lua_dir)
+    claim_keys, ack_keys = key_list(lua_dir, "claim"), key_list(lua_dir, "ack")
+    claim = client.register_script(scripts["claim"]["lua"])
+    ack = client.register_script(scripts["ack"]["lua"])
     head = ["native", f"{TAG}:wake"]
     handed = acked = 0
     while True:
         # {now, next, reaped, n, limited, restart_at, k, id1, lease1, envelope1, …}
-        reply = claim(keys=keys, args=[*head, BATCH, LEASE_MS, DEAD_MAX, DEAD_TTL_MS, "0"])
+        reply = claim(keys=claim_keys, args=[*head, BATCH, LEASE_MS, DEAD_MAX, DEAD_TTL_MS, "0"])
         count = int(reply[3])
         if count == 0:
             return handed, acked
@@ -68,7 +86,7 @@ def claim_and_ack(client: Any, lua_dir: Path) -> tuple[int, int]:
         half = count // 2 * 2
         for part in (pairs[:half], pairs[half:]):
             if part:
-                statuses = ack(keys=keys, args=[*head, 0, 0, *part])
+                statuses = ack(keys=ack_keys, args=[*head, 0, 0, *part])
                 acked += sum(1 for s in statuses if s == 1)
 
 
@@ -76,14 +94,14 @@ def drain(lua_dir: Path, n: int) -> dict[str, tuple[int, int]]:
     redis = run.Redis()
     try:
         client = redis_py.Redis(port=redis.port)
-        keys = key_list(lua_dir)
+        composed(lua_dir)  # before the fill: a failed composition costs no fill
         with tempfile.TemporaryDirectory() as tmp:
             run.fill("delayq", f"--n={n}", f"--url={redis.url}", f"--due-file={tmp}/due")
         client.delete("bench:filled")
         redis.cli("CONFIG", "RESETSTAT")
         handed, acked = claim_and_ack(client, lua_dir)
         stats = commandstats(redis)
-        left = client.zcard(keys[0]) + client.hlen(keys[1]) + client.zcard(keys[2])
+        left = client.zcard(f"{TAG}:scheduled") + client.hlen(f"{TAG}:messages") + client.zcard(f"{TAG}:inflight")
         if handed != n or acked != n or left:
             sys.exit(f"{lua_dir}: {handed} handed out, {acked} acknowledged of {n}, {left} entries left: void")
         return stats

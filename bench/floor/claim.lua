@@ -54,7 +54,7 @@ end
 redis.call('ZADD', KEYS[3], unpack(scores))
 if exact then
   -- A value past hash-max-listpack-value makes a fresh hash a hashtable at once, as
-  -- core/src/lua/lib.lua's hset_as_hashtable does: filling a listpack 1000 fields at
+  -- core/src/lua/include/base.lua's hset_as_hashtable does: filling a listpack 1000 fields at
   -- a time costs several times more, and a floor should not pay what can be avoided.
   leases[#leases + 1] = ''
   leases[#leases + 1] = string.rep('-', 65)

@@ -59,7 +59,7 @@ fn nesting_depth(json: &str) -> usize {
 /// `created_ms` is the producer's clock (informational; due times use Redis's).
 /// With `expire_after_ms` the envelope ends with
 /// `,"expire_after_ms":<n>,"expires_ms":0}`: the scripts that set a due time replace
-/// the deadline with due + n on the server's clock (lib.lua's `with_deadline`), which
+/// the deadline with due + n on the server's clock (include/base.lua's `with_deadline`), which
 /// finds it by reading the envelope's last bytes only.
 pub(crate) fn encode(
     layout: &Layout,

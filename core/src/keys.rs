@@ -37,7 +37,7 @@ impl Layout {
     }
 
     /// The due time (Unix ms) that a schedule score stands for; mirrors `due_of` in
-    /// lib.lua (native scores keep a sequence number in their low 12 bits).
+    /// include/base.lua (native scores keep a sequence number in their low 12 bits).
     pub(crate) fn due_ms_of_score(&self, score: f64) -> i64 {
         match self {
             Self::Native => (score / 4096.0).floor() as i64,
@@ -46,7 +46,7 @@ impl Layout {
     }
 }
 
-/// The due time in a lease string "<token>:<score>" (see lib.lua): the score the
+/// The due time in a lease string "<token>:<score>" (see include/base.lua): the score the
 /// message was claimed at. `None` when it is malformed.
 pub(crate) fn due_ms_of_lease(layout: &Layout, lease: &str) -> Option<i64> {
     let (token, score) = lease.split_once(':')?;
@@ -56,7 +56,7 @@ pub(crate) fn due_ms_of_lease(layout: &Layout, lease: &str) -> Option<i64> {
     Some(layout.due_ms_of_score(score.parse().ok()?))
 }
 
-/// The key names of one queue, in the order every script expects them (see lib.lua).
+/// The key names of one queue, in the order of `scripts::ROLES`.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub(crate) all: [String; 2 + SUFFIXES.len()],
@@ -83,6 +83,15 @@ pub(crate) fn validate_name(what: &str, name: &str) -> Result<()> {
             what,
             format!(
                 "{name:?} contains {c:?}; braces would break the hash tag, blanks and control characters are refused"
+            ),
+        ));
+    }
+    if name.contains('~') {
+        return Err(Error::invalid(
+            what,
+            format!(
+                "{name:?} contains '~', which only partition tags hold (prefix:queue:p<i>of<n>~<salt>): \
+                 a queue named so could share another queue's partition keys"
             ),
         ));
     }
@@ -141,7 +150,7 @@ pub(crate) fn partition_of(key: &str, n: usize) -> usize {
 }
 
 /// The names after the first two keys (the schedule and the messages), in the order
-/// of lib.lua's KEYS; native keys put them after the hash tag, the seed layout after
+/// of `scripts::ROLES`; native keys put them after the hash tag, the seed layout after
 /// the recipe's ZSET name.
 const SUFFIXES: [&str; 21] = [
     "inflight",
@@ -223,26 +232,24 @@ mod tests {
         }
     }
 
-    /// lib.lua's header names each KEYS[i]; the benches build keys from those names, so
-    /// they must be the ones the crate writes.
+    /// The scripts receive keys by role (scripts::ROLES); each role must be the key
+    /// the crate writes at its index.
     #[test]
-    fn lib_lua_names_the_keys_the_crate_writes() {
-        let header: Vec<(usize, String)> = include_str!("lua/lib.lua")
-            .lines()
-            .filter_map(|line| {
-                let rest = line.strip_prefix("--")?.trim_start().strip_prefix("KEYS[")?;
-                let (index, name) = rest.split_once(']')?;
-                Some((index.parse().ok()?, name.split_whitespace().next()?.to_owned()))
-            })
-            .collect();
+    fn the_script_roles_are_the_keys_the_crate_writes() {
         let keys = Keys::new("dq:orders", "orders", &Layout::Native).expect("valid names");
-        let written: Vec<(usize, String)> = keys
-            .all
-            .iter()
-            .enumerate()
-            .map(|(i, key)| (i + 1, key.trim_start_matches("{dq:orders}:").to_owned()))
-            .collect();
-        assert_eq!(header, written);
+        let written: Vec<&str> = keys.all.iter().map(|k| k.trim_start_matches("{dq:orders}:")).collect();
+        let roles: Vec<&str> = crate::scripts::ROLES.iter().map(|r| r.name).collect();
+        assert_eq!(written, roles);
+    }
+
+    #[test]
+    fn names_that_could_be_a_partition_tag_are_refused() {
+        let tags = partition_tags("dq", "orders", 3);
+        let plain = tags[0].trim_start_matches("dq:");
+        let err = validate_name("queue name", plain).expect_err("refused").to_string();
+        assert!(err.contains("contains '~'") && err.contains("queue name"), "{err}");
+        assert!(validate_name("prefix", "dq~x").is_err());
+        assert!(validate_name("queue name", "orders:payouts").is_ok());
     }
 
     #[test]

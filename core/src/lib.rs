@@ -24,6 +24,7 @@
 // A library users read on docs.rs: every public item says what it is.
 #![warn(missing_docs)]
 
+mod acl;
 mod backoff;
 mod conn;
 mod envelope;
@@ -34,7 +35,7 @@ mod logs;
 mod queue;
 pub mod repeat;
 pub mod scale;
-mod scripts;
+pub mod scripts;
 mod time;
 mod worker;
 

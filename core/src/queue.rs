@@ -14,7 +14,7 @@ use crate::envelope;
 use crate::error::{Error, Result};
 use crate::keys::{Keys, Layout, MAX_PARTITIONS, partition_of, partition_tags, validate_name};
 use crate::repeat::{self, RepeatInfo, RepeatOptions, Schedule};
-use crate::scripts::{self, MAX_BATCH};
+use crate::scripts::{self, LuaScript, MAX_BATCH};
 use crate::time::{Due, MAX_DELAY, ceil_ms, seconds_text};
 
 /// Settings of one queue. The defaults are the same in every binding, so PHP and
@@ -441,7 +441,7 @@ pub(crate) struct Inner {
     pub(crate) parts: Vec<Keys>,
     pub(crate) endpoint: Endpoint,
     pub(crate) opts: QueueOptions,
-    conn: Mutex<ConnSlot>,
+    pub(crate) conn: Mutex<ConnSlot>,
 }
 
 /// A handle on one queue. Cheap to clone; safe to share between threads; usable on
@@ -712,7 +712,7 @@ impl Queue {
         part: usize,
         operation: &str,
         replay: Replay,
-        script: &redis::Script,
+        script: &LuaScript,
         build: impl Fn(&mut redis::ScriptInvocation<'_>),
     ) -> Result<Value> {
         let inner = &*self.inner;
@@ -730,7 +730,7 @@ impl Queue {
         id: &str,
         operation: &str,
         replay: Replay,
-        script: &redis::Script,
+        script: &LuaScript,
         build: impl Fn(&mut redis::ScriptInvocation<'_>),
         found: impl Fn(&Value) -> bool,
     ) -> Result<Value> {
@@ -746,11 +746,13 @@ impl Queue {
         Ok(last)
     }
 
-    pub(crate) fn invocation<'a>(&'a self, part: usize, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+    /// A call of `script` on partition `part`: the keys its header declares, then the
+    /// layout and the wake-up channel.
+    pub(crate) fn invocation<'a>(&'a self, part: usize, script: &'a LuaScript) -> redis::ScriptInvocation<'a> {
         let keys = &self.inner.parts[part];
-        let mut inv = script.prepare_invoke();
-        for k in &keys.all {
-            inv.key(k);
+        let mut inv = script.script.prepare_invoke();
+        for &k in &script.keys {
+            inv.key(&keys.all[k]);
         }
         inv.arg(self.inner.opts.layout.script_name()).arg(&keys.wake_channel);
         inv
@@ -934,7 +936,7 @@ impl Queue {
                 .lock()
                 .run_conn(&inner.endpoint, "push_many", Replay::Safe, |con| {
                     let mut pipe = redis::pipe();
-                    pipe.load_script(&scripts::PUSH).ignore();
+                    pipe.load_script(&scripts::PUSH.script).ignore();
                     for &(part, members) in &chunks {
                         let mut inv = self.invocation(part, &scripts::PUSH);
                         add_chunk(&mut inv, members);
@@ -1456,7 +1458,7 @@ impl Queue {
         Ok(found)
     }
 
-    fn on_dead(&self, operation: &'static str, script: &redis::Script, id: Option<&str>) -> Result<u64> {
+    fn on_dead(&self, operation: &'static str, script: &LuaScript, id: Option<&str>) -> Result<u64> {
         if let Some(id) = id {
             validate_id(id)?;
             let v = self.call_by_id(

@@ -1,42 +1,505 @@
-//! The Lua scripts, one file each, loaded with EVALSHA and reloaded on NOSCRIPT.
+//! The Lua scripts, one file each under `lua/`, loaded with EVALSHA and reloaded on
+//! NOSCRIPT. Each script's header says what it needs:
+//!
+//! - `-- @include NAME` pulls in `lua/include/NAME.lua` (which may name its own);
+//! - `-- KEYS: role ...` lists the queue's keys it touches, by role ([`ROLES`]); it is
+//!   sent exactly those, in that order.
+//!
+//! From the composed text this module also reads every command the script can run,
+//! so that (1) each script starts with a preflight that checks, before its first
+//! write, that the user may run each of them and that no key holds a stray type, and
+//! (2) `Queue::acl_rule` grants exactly what the scripts run.
 
+use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
-use redis::Script;
+/// One kind of key a queue has, in the order of `Keys::all`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Role {
+    /// Its name, as the key's suffix (`{dq:orders}:inflight`) and in script headers.
+    pub name: &'static str,
+    /// The Lua local the script reads it from.
+    pub(crate) var: &'static str,
+    /// What `TYPE` answers for it.
+    pub kind: &'static str,
+}
 
-macro_rules! script {
-    ($name:ident, $file:literal) => {
-        pub(crate) static $name: LazyLock<Script> =
-            LazyLock::new(|| Script::new(concat!(include_str!("lua/lib.lua"), include_str!($file))));
+const fn role(name: &'static str, var: &'static str, kind: &'static str) -> Role {
+    Role { name, var, kind }
+}
+
+/// Every key role, in `Keys::all` order (documented in `lua/include/base.lua`).
+pub const ROLES: [Role; 23] = [
+    role("scheduled", "K_SCHED", "zset"),
+    role("messages", "K_MSG", "hash"),
+    role("inflight", "K_INFLIGHT", "zset"),
+    role("leases", "K_LEASE", "hash"),
+    role("attempts", "K_ATT", "hash"),
+    role("errors", "K_ERR", "hash"),
+    role("dead", "K_DEAD", "zset"),
+    role("stats", "K_STATS", "hash"),
+    role("seq", "K_SEQ", "string"),
+    role("workers", "K_WORKERS", "hash"),
+    role("paused", "K_PAUSED", "hash"),
+    role("repeats", "K_REPEATS", "hash"),
+    role("repeat_marks", "K_MARKS", "hash"),
+    role("limit", "K_LIMIT", "hash"),
+    role("limit_log", "K_LIMIT_LOG", "zset"),
+    role("control", "K_CONTROL", "hash"),
+    role("completed", "K_DONE", "zset"),
+    role("completed_messages", "K_DONE_MSG", "hash"),
+    role("traces", "K_TRACE", "hash"),
+    role("serial_keys", "K_SERIAL", "hash"),
+    role("serial_holders", "K_SERIAL_HOLD", "hash"),
+    role("serial_line", "K_SERIAL_LINE", "zset"),
+    role("serial_lined", "K_SERIAL_LINED", "hash"),
+];
+
+/// The command the preflight's type check runs, where the user may: rules written
+/// before delayq asked for it go on working, without that check.
+pub const TYPE_CHECK: &str = "TYPE";
+
+/// One script, composed and ready to run.
+#[derive(Debug)]
+pub struct LuaScript {
+    /// Its file name without `.lua`.
+    pub name: &'static str,
+    pub(crate) script: redis::Script,
+    /// Indexes into [`ROLES`] of the keys it receives, in KEYS order.
+    pub(crate) keys: Vec<usize>,
+    /// Every command it can run (upper case, sorted), its includes' too. A user
+    /// without one of them gets an auth error before the script writes anything,
+    /// except for [`TYPE_CHECK`], which the script then goes without.
+    pub commands: Vec<String>,
+}
+
+impl LuaScript {
+    /// The roles of the keys it receives, in KEYS order.
+    pub fn key_roles(&self) -> impl Iterator<Item = &'static Role> + '_ {
+        self.keys.iter().map(|&i| &ROLES[i])
+    }
+}
+
+/// A script as the composer makes it: its text, the roles it declares, the K_ names
+/// it uses and the commands it runs.
+#[derive(Debug)]
+pub(crate) struct Composed {
+    pub(crate) text: String,
+    pub(crate) keys: Vec<usize>,
+    /// The K_ names it and its includes use (the unit tests hold `keys` to them).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) used: BTreeSet<String>,
+    pub(crate) commands: Vec<String>,
+}
+
+/// `-- @include` and `-- KEYS:` lines of a file's leading comment block.
+fn header(text: &str) -> (Vec<&str>, Option<Vec<&str>>) {
+    let mut includes = Vec::new();
+    let mut keys = None;
+    for line in text.lines().take_while(|l| l.starts_with("--")) {
+        let rest = line.trim_start_matches('-').trim();
+        if let Some(name) = rest.strip_prefix("@include ") {
+            includes.push(name.trim());
+        } else if let Some(list) = rest.strip_prefix("KEYS:") {
+            keys = Some(list.split_whitespace().collect());
+        }
+    }
+    (includes, keys)
+}
+
+/// The text with comments cut, for reading the names and commands it uses (no string
+/// literal in the scripts holds "--").
+fn code_of(text: &str) -> String {
+    text.lines()
+        .map(|l| l.find("--").map_or(l, |i| &l[..i]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `(COMMAND, first argument)` of every `redis.call(`/`redis.pcall(` whose command is
+/// a string literal.
+fn calls_in(code: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (start, _) in code.match_indices("redis.") {
+        let rest = &code[start + 6..];
+        let Some(rest) = rest.strip_prefix("call(").or_else(|| rest.strip_prefix("pcall(")) else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        let Some(rest) = rest.strip_prefix('\'') else { continue };
+        let Some(end) = rest.find('\'') else { continue };
+        let command = rest[..end].to_ascii_uppercase();
+        let after = rest[end + 1..].trim_start();
+        let first = after
+            .strip_prefix(',')
+            .map(|a| {
+                a.trim_start()
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<String>()
+            })
+            .unwrap_or_default();
+        out.push((command, first));
+    }
+    out
+}
+
+fn words(code: &str, prefix: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (start, _) in code.match_indices(prefix) {
+        let before_ok = code[..start]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+        if before_ok {
+            let word: String = code[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            out.insert(word);
+        }
+    }
+    out
+}
+
+/// Compose script `name` from files that `load` reads (`"claim.lua"`,
+/// `"include/serial.lua"`), as the crate does at start and `examples/scripts.rs` does
+/// for the benches' copies.
+pub(crate) fn compose(name: &str, load: &dyn Fn(&str) -> Option<String>) -> Result<Composed, String> {
+    let body = load(&format!("{name}.lua")).ok_or_else(|| format!("no script {name}.lua"))?;
+    let (includes, declared) = header(&body);
+    let declared = declared.ok_or_else(|| format!("{name}.lua: its header has no `-- KEYS:` line"))?;
+    let mut keys = Vec::new();
+    for role in &declared {
+        let i = ROLES
+            .iter()
+            .position(|r| r.name == *role)
+            .ok_or_else(|| format!("{name}.lua: KEYS names {role:?}, which is no key role"))?;
+        keys.push(i);
+    }
+
+    // Includes before what names them, each once; base first.
+    let mut order: Vec<String> = Vec::new();
+    let mut texts: Vec<String> = Vec::new();
+    fn visit(
+        inc: &str,
+        load: &dyn Fn(&str) -> Option<String>,
+        order: &mut Vec<String>,
+        texts: &mut Vec<String>,
+        path: &mut Vec<String>,
+    ) -> Result<(), String> {
+        if order.iter().any(|o| o == inc) {
+            return Ok(());
+        }
+        if path.iter().any(|p| p == inc) {
+            return Err(format!("include cycle: {} -> {inc}", path.join(" -> ")));
+        }
+        let text = load(&format!("include/{inc}.lua")).ok_or_else(|| format!("no include/{inc}.lua"))?;
+        path.push(inc.to_owned());
+        for dep in header(&text).0 {
+            visit(dep, load, order, texts, path)?;
+        }
+        path.pop();
+        order.push(inc.to_owned());
+        texts.push(text);
+        Ok(())
+    }
+    for inc in std::iter::once("base").chain(includes) {
+        visit(inc, load, &mut order, &mut texts, &mut Vec::new()).map_err(|e| format!("{name}.lua: {e}"))?;
+    }
+
+    let mut code = String::new();
+    for t in &texts {
+        code.push_str(&code_of(t));
+        code.push('\n');
+    }
+    code.push_str(&code_of(&body));
+    let used: BTreeSet<String> = words(&code, "K_");
+    let calls = calls_in(&code);
+    let commands: BTreeSet<String> = calls.iter().map(|(c, _)| c.clone()).collect();
+
+    // The preflight's arguments: each key with its type, and each command once with a
+    // key (or the channel) to check it on.
+    let vars: Vec<&str> = keys.iter().map(|&i| ROLES[i].var).collect();
+    let typed: Vec<String> = keys
+        .iter()
+        .map(|&i| format!("{}, '{}'", ROLES[i].var, ROLES[i].kind))
+        .collect();
+    let any_key = vars.first().copied();
+    let mut checks = Vec::new();
+    for command in commands.iter().filter(|c| *c != TYPE_CHECK) {
+        let firsts: BTreeSet<&str> = calls
+            .iter()
+            .filter(|(c, _)| c == command)
+            .map(|(_, f)| f.as_str())
+            .collect();
+        let check = if firsts.iter().all(|f| f.is_empty()) {
+            format!("{{'{command}'}}")
+        } else if let Some(ch) = firsts.iter().find(|f| **f == "CHANNEL") {
+            format!("{{'{command}', {ch}, ''}}")
+        } else if let Some(k) = firsts.iter().find(|f| vars.contains(f)) {
+            format!("{{'{command}', {k}}}")
+        } else if let Some(k) = any_key {
+            format!("{{'{command}', {k}}}")
+        } else {
+            format!("{{'{command}'}}")
+        };
+        checks.push(check);
+    }
+
+    let mut text = String::new();
+    if !vars.is_empty() {
+        let slots: Vec<String> = (1..=vars.len()).map(|i| format!("KEYS[{i}]")).collect();
+        text.push_str(&format!("local {} = {}\n", vars.join(", "), slots.join(", ")));
+    }
+    text.push_str("local LAYOUT, CHANNEL = ARGV[1], ARGV[2]\nlocal SEED = LAYOUT == 'seed'\n");
+    for t in &texts {
+        text.push_str(t);
+        text.push('\n');
+    }
+    text.push_str(&format!(
+        "preflight('{name}', {{{}}}, {{{}}})\n",
+        typed.join(", "),
+        checks.join(", ")
+    ));
+    text.push_str(&body);
+    Ok(Composed {
+        text,
+        keys,
+        used,
+        commands: commands.into_iter().collect(),
+    })
+}
+
+macro_rules! lua_files {
+    ($($file:literal),* $(,)?) => {
+        /// The crate's own Lua files, by their path under `lua/`.
+        pub(crate) fn builtin(path: &str) -> Option<String> {
+            match path {
+                $($file => Some(include_str!(concat!("lua/", $file)).to_owned()),)*
+                _ => None,
+            }
+        }
     };
 }
 
-script!(PUSH, "lua/push.lua");
-script!(CLAIM, "lua/claim.lua");
-script!(ACK, "lua/ack.lua");
-script!(NACK, "lua/nack.lua");
-script!(RELEASE, "lua/release.lua");
-script!(EXTEND, "lua/extend.lua");
-script!(CANCEL, "lua/cancel.lua");
-script!(RESCHEDULE, "lua/reschedule.lua");
-script!(GET, "lua/get.lua");
-script!(STATS, "lua/stats.lua");
-script!(DEAD, "lua/dead.lua");
-script!(REQUEUE, "lua/requeue.lua");
-script!(DELETE_DEAD, "lua/delete_dead.lua");
-script!(DEAD_MATCHING, "lua/dead_matching.lua");
-script!(PURGE, "lua/purge.lua");
-script!(BEAT, "lua/beat.lua");
-script!(WORKERS, "lua/workers.lua");
-script!(PAUSE, "lua/pause.lua");
-script!(LIMIT, "lua/limit.lua");
-script!(RESTART, "lua/restart.lua");
-script!(LIST, "lua/list.lua");
-script!(REPEAT_SET, "lua/repeat_set.lua");
-script!(REPEAT_NEXT, "lua/repeat_next.lua");
-script!(REPEAT_DEL, "lua/repeat_del.lua");
-script!(REPEATS, "lua/repeats.lua");
-script!(FIND, "lua/find.lua");
+lua_files!(
+    "include/base.lua",
+    "include/completed.lua",
+    "include/dead.lua",
+    "include/forget.lua",
+    "include/hashtable.lua",
+    "include/hdel_if_any.lua",
+    "include/oom.lua",
+    "include/pools.lua",
+    "include/repeat.lua",
+    "include/schedule.lua",
+    "include/seq.lua",
+    "include/serial.lua",
+    "ack.lua",
+    "beat.lua",
+    "cancel.lua",
+    "claim.lua",
+    "dead.lua",
+    "dead_matching.lua",
+    "delete_dead.lua",
+    "extend.lua",
+    "find.lua",
+    "get.lua",
+    "limit.lua",
+    "list.lua",
+    "nack.lua",
+    "pause.lua",
+    "purge.lua",
+    "push.lua",
+    "release.lua",
+    "repeat_del.lua",
+    "repeat_next.lua",
+    "repeat_set.lua",
+    "repeats.lua",
+    "requeue.lua",
+    "reschedule.lua",
+    "restart.lua",
+    "stats.lua",
+    "workers.lua",
+);
+
+fn load(name: &'static str) -> LuaScript {
+    match compose(name, &builtin) {
+        Ok(c) => LuaScript {
+            name,
+            script: redis::Script::new(&c.text),
+            keys: c.keys,
+            commands: c.commands,
+        },
+        // The files are compiled in and the unit tests compose each one.
+        Err(e) => panic!("delayq's Lua script {name} does not compose: {e}"),
+    }
+}
+
+macro_rules! scripts {
+    ($($static:ident = $name:literal),* $(,)?) => {
+        $(pub(crate) static $static: LazyLock<LuaScript> = LazyLock::new(|| load($name));)*
+        /// Every script, for tools (the ACL rule, the fault tests).
+        pub fn all() -> Vec<&'static LuaScript> {
+            vec![$(&*$static),*]
+        }
+    };
+}
+
+scripts!(
+    PUSH = "push",
+    CLAIM = "claim",
+    ACK = "ack",
+    NACK = "nack",
+    RELEASE = "release",
+    EXTEND = "extend",
+    CANCEL = "cancel",
+    RESCHEDULE = "reschedule",
+    GET = "get",
+    STATS = "stats",
+    DEAD = "dead",
+    REQUEUE = "requeue",
+    DELETE_DEAD = "delete_dead",
+    DEAD_MATCHING = "dead_matching",
+    PURGE = "purge",
+    BEAT = "beat",
+    WORKERS = "workers",
+    PAUSE = "pause",
+    LIMIT = "limit",
+    RESTART = "restart",
+    LIST = "list",
+    REPEAT_SET = "repeat_set",
+    REPEAT_NEXT = "repeat_next",
+    REPEAT_DEL = "repeat_del",
+    REPEATS = "repeats",
+    FIND = "find",
+);
+
+/// One script as [`compose_from_dir`] makes it.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct ComposedScript {
+    /// Its file name without `.lua`.
+    pub name: String,
+    /// The text sent to Redis.
+    pub text: String,
+    /// The roles of the keys it receives, in KEYS order.
+    pub keys: Vec<&'static str>,
+    /// Every command it can run.
+    pub commands: Vec<String>,
+}
+
+/// Compose the scripts from the files under `dir` (a changed copy of `lua/`, for the
+/// benches).
+#[doc(hidden)]
+pub fn compose_from_dir(dir: &std::path::Path) -> Result<Vec<ComposedScript>, String> {
+    let load = |p: &str| std::fs::read_to_string(dir.join(p)).ok();
+    all()
+        .into_iter()
+        .map(|s| {
+            let c = compose(s.name, &load)?;
+            Ok(ComposedScript {
+                name: s.name.to_owned(),
+                text: c.text,
+                keys: c.keys.iter().map(|&i| ROLES[i].name).collect(),
+                commands: c.commands,
+            })
+        })
+        .collect()
+}
 
 /// Most ids one script call handles; bounds how long any call blocks Redis.
 pub const MAX_BATCH: usize = 1000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_script_declares_exactly_the_keys_it_uses() {
+        for s in all() {
+            let c = compose(s.name, &builtin).expect("composes");
+            let declared: BTreeSet<String> = c.keys.iter().map(|&i| ROLES[i].var.to_owned()).collect();
+            assert_eq!(
+                declared, c.used,
+                "{}.lua: its `-- KEYS:` line must list exactly the roles of the K_ names it and its includes use",
+                s.name
+            );
+            assert_eq!(c.keys.len(), declared.len(), "{}.lua names a key twice", s.name);
+        }
+    }
+
+    #[test]
+    fn base_lua_documents_every_role_with_its_type() {
+        let doc: Vec<(String, String)> = builtin("include/base.lua")
+            .expect("base")
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("--   ")?;
+                let mut w = rest.split_whitespace();
+                let (name, kind) = (w.next()?, w.next()?);
+                ["ZSET", "HASH", "STRING"]
+                    .contains(&kind)
+                    .then(|| (name.to_owned(), kind.to_ascii_lowercase()))
+            })
+            .collect();
+        let roles: Vec<(String, String)> = ROLES.iter().map(|r| (r.name.to_owned(), r.kind.to_owned())).collect();
+        assert_eq!(doc, roles);
+    }
+
+    #[test]
+    fn commands_are_read_from_the_calls() {
+        let calls =
+            calls_in("redis.call('zadd', K_SCHED, 1, 'a') redis.pcall( 'TIME') redis.call('PUBLISH', CHANNEL, x)");
+        assert_eq!(
+            calls,
+            vec![
+                ("ZADD".to_owned(), "K_SCHED".to_owned()),
+                ("TIME".to_owned(), String::new()),
+                ("PUBLISH".to_owned(), "CHANNEL".to_owned()),
+            ]
+        );
+        let claim = &*CLAIM;
+        for c in ["ZADD", "ZREM", "HSET", "INCRBY", "TIME", "TYPE", "HMGET"] {
+            assert!(
+                claim.commands.iter().any(|x| x == c),
+                "claim runs {c}: {:?}",
+                claim.commands
+            );
+        }
+    }
+
+    #[test]
+    fn the_preflight_comes_before_the_scripts_own_code() {
+        for s in all() {
+            let c = compose(s.name, &builtin).expect("composes");
+            let body = builtin(&format!("{}.lua", s.name)).expect("body");
+            let pre = c
+                .text
+                .find(&format!("preflight('{}'", s.name))
+                .expect("a preflight call");
+            assert!(pre < c.text.rfind(&body).expect("the body"), "{}", s.name);
+        }
+    }
+
+    #[test]
+    fn bad_headers_are_refused_with_the_file_named() {
+        let files = |p: &str| match p {
+            "x.lua" => Some("-- KEYS: scheduled nonsense\nreturn 1".to_owned()),
+            "y.lua" => Some("-- no keys line\nreturn 1".to_owned()),
+            "z.lua" => Some("-- @include a\n-- KEYS:\nreturn 1".to_owned()),
+            "include/base.lua" => Some(String::new()),
+            "include/a.lua" => Some("-- @include b\n".to_owned()),
+            "include/b.lua" => Some("-- @include a\n".to_owned()),
+            _ => None,
+        };
+        assert!(compose("x", &files).expect_err("refused").contains("\"nonsense\""));
+        assert!(
+            compose("y", &files)
+                .expect_err("refused")
+                .contains("no `-- KEYS:` line")
+        );
+        assert!(compose("z", &files).expect_err("refused").contains("include cycle"));
+    }
+}

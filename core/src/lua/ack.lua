@@ -1,11 +1,15 @@
 -- ack.lua: complete deliveries; only the delivery holding the lease may do so
 -- (fencing: a worker whose lease expired cannot complete the re-delivery).
--- KEYS: see lib.lua.
 -- ARGV[3] completed messages to keep (0: none)   ARGV[4] for how long (ms)
 -- ARGV[5..] pairs: id, lease (as claim returned it).
 -- Returns one status per pair: 1 acked, 0 lease lost (the message lives on under
 --   another delivery), -1 gone (already completed, cancelled or purged).
 -- Counters rather than the # operator, which costs a search of the table per use.
+-- @include completed
+-- @include forget
+-- @include oom
+-- @include serial
+-- KEYS: scheduled messages inflight leases attempts errors stats seq completed completed_messages traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local keep = tonumber(ARGV[3])
 local ids, tokens, n = {}, {}, 0

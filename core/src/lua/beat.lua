@@ -1,9 +1,11 @@
 -- beat.lua: a consumer pool's heartbeat in the list of live pools, when no claim
 -- carried it (claim.lua takes it along when it can: an idle pool then sends Redis
 -- nothing more), and its goodbye when it stops.
--- KEYS: see lib.lua.
 -- ARGV[3] pool id   ARGV[4] ttl_ms, 0 when the pool has stopped   ARGV[5] info JSON
 --   (opaque to Lua)
 -- Returns the number of pools alive after this call.
+-- @include oom
+-- @include pools
+-- KEYS: stats workers
 run_even_out_of_memory()
 return register_pool(now_ms(), ARGV[3], tonumber(ARGV[4]), ARGV[5])

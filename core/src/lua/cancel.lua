@@ -1,8 +1,9 @@
 -- cancel.lua: delete messages that still wait (scheduled or due, unclaimed).
--- KEYS: see lib.lua.
 -- ARGV[3] the counter that counts them: "cancelled", or "moved" when move_waiting
 --   took them to another queue.   ARGV[4..] ids.
 -- Returns the ids deleted; the others do not wait here (unknown, running or dead).
+-- @include forget
+-- KEYS: scheduled messages inflight leases attempts errors stats seq traces serial_keys serial_holders serial_line serial_lined
 local removed = {}
 for i = 4, #ARGV do
   if redis.call('ZREM', K_SCHED, ARGV[i]) == 1 then

@@ -1,6 +1,5 @@
 -- claim.lua: hand up to ARGV[3] due messages to one consumer under a lease, after
 -- re-scheduling deliveries whose lease expired (their worker died or hung).
--- KEYS: see lib.lua.
 -- ARGV[3] batch (1..1000)   ARGV[4] lease_ms   ARGV[5] dead_max   ARGV[6] dead_ttl_ms
 -- ARGV[7] "1" to look for repeating messages with no occurrence pending (see below)
 -- ARGV[8..10], when present: the claiming pool's heartbeat (pool id, ttl_ms, info JSON;
@@ -19,8 +18,8 @@
 --   n messages were claimed; the pairs after them (i, attempt) say which of them are
 --   on a later attempt; every other one is on its first (nearly all are, so the
 --   reply does not repeat it). The last k pairs (j, key) give the serial key of the
---   claimed messages pushed with one (see lib.lua).
---   lease: "<token>:<score>" (see lib.lua); the caller reads the due time from it and
+--   claimed messages pushed with one (see include/serial.lua).
+--   lease: "<token>:<score>" (see include/base.lua); the caller reads the due time from it and
 --   sends it back whole to complete the delivery.
 --   The last r triples: repeating messages whose chain of occurrences broke (none
 --   waits or runs: the pool that ran the last one failed to push the next, or purge
@@ -29,6 +28,17 @@
 -- This script runs once per batch of up to 1000 messages and is the drain's hot path:
 -- every per-message step below is one element of a variadic call, and the only
 -- per-message Lua work is one string concatenation.
+-- @include dead
+-- @include forget
+-- @include oom
+-- @include pools
+-- @include repeat
+-- @include schedule
+-- @include seq
+-- @include serial
+-- @include hashtable
+-- @include hdel_if_any
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local batch = tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[4])

@@ -1,7 +1,8 @@
 -- dead.lua: list dead letters, newest first.
--- KEYS: see lib.lua.   ARGV[3] limit.
+-- ARGV[3] limit.
 -- Returns groups of 6: id, dead_at_ms, envelope, attempts, last_error, error_trace
 -- ("" when none).
+-- KEYS: messages attempts errors dead traces
 local ids = redis.call('ZREVRANGE', K_DEAD, 0, tonumber(ARGV[3]) - 1, 'WITHSCORES')
 local result = {}
 for i = 1, #ids, 2 do

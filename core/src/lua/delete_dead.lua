@@ -1,8 +1,10 @@
 -- delete_dead.lua: discard dead letters for good, envelope and all (someone has seen
 -- them and decided that they must not run).
--- KEYS: see lib.lua.
 -- ARGV[3] id, or "" for the oldest ARGV[4] dead letters.
 -- Returns the number deleted; the caller repeats "" calls until fewer than ARGV[4].
+-- @include dead
+-- @include forget
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq traces serial_keys serial_holders serial_line serial_lined
 local ids = chosen_dead()
 if #ids == 0 then
   return 0

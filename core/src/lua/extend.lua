@@ -1,9 +1,10 @@
 -- extend.lua: heartbeat: push the lease deadline of running deliveries forward.
--- KEYS: see lib.lua.
 -- ARGV[3] lease_ms   ARGV[4..] pairs: id, lease (as claim returned it).
 -- Returns one status per pair: 1 extended; 0 lease lost (another delivery holds the
 --   message, or its lease expired and it waits to be delivered again); -1 the message
 --   is gone (its completion was written while the heartbeat was on its way: no loss).
+-- @include oom
+-- KEYS: messages inflight leases stats
 run_even_out_of_memory()
 local now = now_ms()
 local deadline = now + tonumber(ARGV[3])

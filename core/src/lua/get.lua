@@ -1,5 +1,5 @@
 -- get.lua: everything known about one message.
--- KEYS: see lib.lua.   ARGV[3] id.
+-- ARGV[3] id.
 -- Returns nil for an unknown id, else {state, envelope, due_ms, attempts, last_error,
 --   dead_at_ms, lease_until_ms, completed_at_ms, error_trace, serial_key}; state is scheduled | ready | inflight
 --   | dead | completed (kept after its acknowledgement, see keep_completed); due_ms is
@@ -8,6 +8,7 @@
 --   is none, and so is error_trace; serial_key is false for a message pushed without one.
 --   A message in its serial key's line is ready, due when it was due (not when its
 --   safety net would bring it back, see serial_gate).
+-- KEYS: scheduled messages inflight leases attempts errors dead completed completed_messages traces serial_keys serial_lined
 local id = ARGV[3]
 local envelope = redis.call('HGET', K_MSG, id)
 if not envelope then

@@ -2,10 +2,11 @@
 -- consumers (claimed) in any window of `per` ms, for every pool on every host. The
 -- claim keeps a log of its grants (see claim.lua), so the cap holds for every window,
 -- not only for windows aligned to the clock.
--- KEYS: see lib.lua.
 -- ARGV[3] this partition's share of max ("" to clear the limit), ARGV[4] per (ms),
 -- ARGV[5] the queue's max (the sum of the shares, reported by stats).
 -- Returns 1 if a limit was in force before, 0 if not.
+-- @include schedule
+-- KEYS: scheduled limit limit_log
 local before = redis.call('EXISTS', K_LIMIT)
 if ARGV[3] == '' then
   redis.call('UNLINK', K_LIMIT, K_LIMIT_LOG)

@@ -1,5 +1,4 @@
 -- list.lua: the first messages of one state, in the order consumers will meet them.
--- KEYS: see lib.lua.
 -- ARGV[3] "waiting" (scheduled and ready, earliest due first), "inflight" (running,
 --   earliest lease deadline first) or "completed" (kept after completion, latest
 --   first)   ARGV[4] limit (1..1000)
@@ -9,6 +8,7 @@
 --   error_trace or false, serial_key or false}. A message in its serial key's line
 --   shows when it was due (see get.lua).
 -- Read-only; one call reads at most 1000 messages, so Redis is never blocked for long.
+-- KEYS: scheduled messages inflight leases attempts errors completed completed_messages traces serial_keys serial_lined
 local now = now_ms()
 local limit = tonumber(ARGV[4])
 if ARGV[3] == 'completed' then

@@ -1,9 +1,14 @@
 -- nack.lua: fail deliveries: retry later, or bury them in the dead-letter set.
--- KEYS: see lib.lua.
 -- ARGV[3] dead_max   ARGV[4] dead_ttl_ms
 -- ARGV[5..] groups of 5: id, lease (as claim returned it), retry delay in ms (-1 = dead
 --   letter now), error, stack trace ("" = none: an earlier attempt's is dropped).
 -- Returns one status per group: 1 retried, 2 buried, 0 lease lost, -1 gone.
+-- @include dead
+-- @include oom
+-- @include schedule
+-- @include seq
+-- @include serial
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local now = now_ms()
 local old_head = head_score()

@@ -1,11 +1,12 @@
 -- pause.lua: pause or resume consumption. While paused, claims hand out nothing
 -- (pushes, cancels and the running handlers' completions go on as usual); on resume
 -- the consumers sleeping until then are woken at once.
--- KEYS: see lib.lua.
 -- ARGV[3] "1" to pause, "0" to resume.
 -- Returns 1 if the state changed, 0 if the queue already was in it.
 -- The pause is a hash, not a string, so that the commands of the least-privilege ACL
 -- rule (docs/RELIABILITY.md) cover it.
+-- @include schedule
+-- KEYS: scheduled paused
 if ARGV[3] == '1' then
   if redis.call('EXISTS', K_PAUSED) == 1 then
     return 0

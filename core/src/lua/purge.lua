@@ -2,9 +2,9 @@
 -- limit (with its window: what was handed out still counts) and repeat definitions are
 -- kept (a repeat whose occurrence went gets its next one from the next claim that
 -- looks, see claim.lua).
--- KEYS: see lib.lua.
 -- Kept completed messages go too, uncounted (they are no longer messages of the queue).
 -- Returns the number of messages deleted.
+-- KEYS: scheduled messages inflight leases attempts errors dead stats completed completed_messages traces serial_keys serial_holders serial_line serial_lined
 local count = redis.call('HLEN', K_MSG)
 redis.call('UNLINK', K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_DONE, K_DONE_MSG, K_TRACE,
   K_SERIAL, K_SERIAL_HOLD, K_SERIAL_LINE, K_SERIAL_LINED)

@@ -1,5 +1,4 @@
 -- push.lua: schedule one or many messages in one call; idempotent per id.
--- KEYS: see lib.lua.
 -- ARGV[3] "check": an id may exist already (the caller chose it, or this is a resend
 --   of a call that may have run), so each is looked up and an existing one is left
 --   as it is; "new": every id is one that delayq generated for this send, so none can
@@ -9,9 +8,14 @@
 --   id that waits or is dead: new envelope and due time, attempts and last error
 --   reset; one that runs is left as it is; "de", "ae", "De", "Ae": the same for an
 --   envelope with an expiry, whose deadline counts from the due time), ms, envelope,
---   serial key ("" = none; see serial_gate in lib.lua).
+--   serial key ("" = none; see serial_gate in include/serial.lua).
 -- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
 --   (the others existed already and were left).
+-- @include schedule
+-- @include seq
+-- @include serial
+-- @include hdel_if_any
+-- KEYS: scheduled messages inflight attempts errors dead stats seq traces serial_keys serial_holders serial_line serial_lined
 local now = now_ms()
 local old_head = head_score()
 local FIRST = 4

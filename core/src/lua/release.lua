@@ -1,8 +1,11 @@
 -- release.lua: give back deliveries that a stopping worker prefetched but never
 -- started: due again at once, at their old place, and the attempt does not count.
--- KEYS: see lib.lua.
 -- ARGV[3..] pairs: id, lease (as claim returned it).
 -- Returns the number released (pairs whose lease was lost are skipped).
+-- @include oom
+-- @include schedule
+-- @include serial
+-- KEYS: scheduled inflight leases stats seq serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local old_head = head_score()
 local released = 0

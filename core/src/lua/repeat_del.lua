@@ -1,7 +1,9 @@
 -- repeat_del.lua: stop a repeating message; its occurrence that still waits is
 -- cancelled (one that runs finishes).
--- KEYS: see lib.lua.   ARGV[3] name.
+-- ARGV[3] name.
 -- Returns 1 if it existed, 0 if not.
+-- @include repeat
+-- KEYS: scheduled messages inflight leases attempts errors stats seq repeats repeat_marks traces serial_keys serial_holders serial_line serial_lined
 local name = ARGV[3]
 if redis.call('HDEL', K_REPEATS, name) == 0 then
   return 0

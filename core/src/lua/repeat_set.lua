@@ -1,10 +1,11 @@
 -- repeat_set.lua: define or change a repeating message and push its first occurrence.
--- KEYS: see lib.lua.
 -- ARGV[3] name   ARGV[4] definition (compared whole: the same text changes nothing)
 -- ARGV[5] first due time (absolute ms, after now)   ARGV[6] envelope of that occurrence
 --   (an expire_after deadline in it is set from the due time)
 -- Returns the due time (ms) of the repeat's next occurrence: the one pending for an
 -- unchanged definition, else the one just pushed.
+-- @include repeat
+-- KEYS: scheduled messages inflight leases attempts errors stats seq repeats repeat_marks traces serial_keys serial_holders serial_line serial_lined
 local name, definition, first = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if redis.call('HGET', K_REPEATS, name) == definition then
   local mark = tonumber(redis.call('HGET', K_MARKS, name))

@@ -1,7 +1,8 @@
 -- repeats.lua: the repeating messages of this partition.
--- KEYS: see lib.lua.   ARGV[3] a name, or "" for all.
+-- ARGV[3] a name, or "" for all.
 -- Returns groups of 3: name, definition, due time (ms) of the latest occurrence pushed
 --   (-1 if none).
+-- KEYS: repeats repeat_marks
 local result = {}
 local function add(name, definition)
   result[#result + 1] = name

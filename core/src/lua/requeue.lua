@@ -1,9 +1,12 @@
 -- requeue.lua: send dead letters back to the queue, due now, with a fresh attempt
 -- budget (the last error stays visible until the next attempt ends) and, for an
 -- expiring message, a fresh deadline (it may have died of the old one).
--- KEYS: see lib.lua.
 -- ARGV[3] id, or "" for the oldest ARGV[4] dead letters.
 -- Returns the number requeued; the caller repeats "" calls until fewer than ARGV[4].
+-- @include dead
+-- @include schedule
+-- @include seq
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq traces serial_keys serial_holders serial_line serial_lined
 local ids = chosen_dead()
 if #ids == 0 then
   return 0

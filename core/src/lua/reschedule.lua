@@ -1,8 +1,11 @@
 -- reschedule.lua: move a waiting message to a new due time (an expiring message's
 -- deadline moves with it).
--- KEYS: see lib.lua.
 -- ARGV[3] id   ARGV[4] kind ("d" delay from the server clock, "a" absolute)   ARGV[5] ms
 -- Returns the new due time in ms, or -1 when the message is not waiting.
+-- @include schedule
+-- @include seq
+-- @include serial
+-- KEYS: scheduled messages inflight seq serial_keys serial_holders serial_line serial_lined
 local id, kind, ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if not redis.call('ZSCORE', K_SCHED, id) then
   return -1

@@ -3,10 +3,10 @@
 -- after a deploy, so that the process manager starts the new code, as Laravel's
 -- queue:restart does. Workers made after the request are not affected: a claim
 -- reports the request's time, and each pool compares it with when its worker was made.
--- KEYS: see lib.lua.
 -- Returns the ids of the pools alive when asked: read here, in the same script, since
 --   an idle pool woken by the request may have stopped and said goodbye before the
 --   caller could read the list on its own.
+-- KEYS: workers control
 local now = now_ms()
 redis.call('HSET', K_CONTROL, 'restart_at', fmt(now))
 -- Idle pools sleep until their next due time; a wake-up for now makes them claim at

@@ -1,10 +1,11 @@
 -- stats.lua: queue depth by state plus the lifetime counters.
--- KEYS: see lib.lua.
 -- Returns {now_ms, waiting, ready, inflight, dead, next_due_ms or -1, paused_at_ms or
 --   -1, rate limit's max or -1, its per (ms) or -1, completed messages kept, held, k1,
 --   v1, k2, v2, ...} where waiting counts every scheduled entry, ready those already
---   due, held those in a serial key's line (see lib.lua): scheduled entries, due
+--   due, held those in a serial key's line (see include/serial.lua): scheduled entries, due
 --   already, that wait for another message of their key to finish.
+-- @include schedule
+-- KEYS: scheduled inflight dead stats paused limit completed serial_line
 local now = now_ms()
 local waiting = redis.call('ZCARD', K_SCHED)
 local ready = redis.call('ZCOUNT', K_SCHED, '-inf', fmt(due_bound(now)))

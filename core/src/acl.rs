@@ -1,0 +1,157 @@
+//! The exact Redis ACL rule for one queue: its keys by their exact hash tags, its
+//! wake-up channels, and the commands delayq sends, those of the scripts read from the
+//! scripts themselves (see scripts.rs), so the rule cannot fall behind them.
+
+use std::collections::BTreeSet;
+
+use crate::conn::Replay;
+use crate::keys::Layout;
+use crate::queue::Queue;
+use crate::scripts;
+
+/// What delayq sends outside its scripts: the script calls themselves and the pool's
+/// wake-up subscription. `PING` answers `Queue::ping`.
+const CLIENT_COMMANDS: [&str; 5] = ["EVALSHA", "SCRIPT|LOAD", "SUBSCRIBE", "UNSUBSCRIBE", "PING"];
+
+/// An ACL pattern matching exactly `literal` (ACL patterns are globs).
+fn exact(literal: &str) -> String {
+    let mut out = String::with_capacity(literal.len());
+    for c in literal.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The rule's words after `ACL SETUSER <user>`: `channels` false leaves out the
+/// channel rules (Redis before 6.2 has none).
+pub(crate) fn rule_words(
+    user: &str,
+    layout: &Layout,
+    tags: &[String],
+    channels: &[String],
+    extra: &[&str],
+    with_channels: bool,
+) -> Vec<String> {
+    let mut words = vec![user.to_owned(), "on".into(), ">PASSWORD".into(), "resetkeys".into()];
+    match layout {
+        Layout::Native => words.extend(tags.iter().map(|t| format!("~{}:*", exact(t)))),
+        Layout::Seed { zset_key, payload_key } => {
+            words.push(format!("~{}", exact(zset_key)));
+            words.push(format!("~{}", exact(payload_key)));
+            words.push(format!("~{}:*", exact(zset_key)));
+        }
+    }
+    if with_channels {
+        words.push("resetchannels".into());
+        words.extend(channels.iter().map(|c| format!("&{}", exact(c))));
+    }
+    words.push("-@all".into());
+    let commands: BTreeSet<String> = scripts::all()
+        .iter()
+        .flat_map(|s| s.commands.iter().cloned())
+        .chain(CLIENT_COMMANDS.iter().map(|c| (*c).to_owned()))
+        .chain(extra.iter().map(|c| (*c).to_owned()))
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    words.extend(commands.into_iter().map(|c| format!("+{c}")));
+    words
+}
+
+impl Queue {
+    /// The `ACL SETUSER` line that grants `user` exactly this queue: each partition's
+    /// keys by their exact hash tag, its wake-up channels, and the commands delayq
+    /// sends (those its scripts run included). Replace `PASSWORD` with the user's
+    /// password. Channel rules are left out when the server is older than 6.2 (it has
+    /// none); when the server cannot be asked, they are kept. With `wait_replicas`,
+    /// `WAIT` is granted; behind Sentinel, `ROLE` (a new connection checks that the
+    /// master it was named is one).
+    pub fn acl_rule(&self, user: &str) -> String {
+        let inner = &*self.inner;
+        let tags: Vec<String> = (0..self.partitions()).filter_map(|p| self.hash_tag(p)).collect();
+        let channels: Vec<String> = inner.parts.iter().map(|k| k.wake_channel.clone()).collect();
+        let mut extra = Vec::new();
+        if inner.opts.wait_replicas > 0 {
+            extra.push("WAIT");
+        }
+        if inner.endpoint.sentinel_service().is_some() {
+            extra.push("ROLE");
+        }
+        let with_channels = self.server_version().is_none_or(|v| v >= (6, 2));
+        let words = rule_words(user, &inner.opts.layout, &tags, &channels, &extra, with_channels);
+        format!("ACL SETUSER {}", words.join(" "))
+    }
+
+    /// The server's (major, minor) version, if it answers.
+    fn server_version(&self) -> Option<(u32, u32)> {
+        let inner = &*self.inner;
+        let info: String = inner
+            .conn
+            .lock()
+            .run(&inner.endpoint, "acl_rule", Replay::Safe, |con| {
+                redis::cmd("INFO").arg("server").query::<String>(con)
+            })
+            .ok()?;
+        let version = info.lines().find_map(|l| l.strip_prefix("redis_version:"))?;
+        let mut parts = version.trim().split('.').map(|p| p.parse::<u32>().ok());
+        Some((parts.next()??, parts.next()??))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_only_the_literal() {
+        assert_eq!(exact("{dq:a*b?[c]}"), "{dq:a\\*b\\?\\[c\\]}");
+    }
+
+    #[test]
+    fn the_rule_names_each_partition_and_every_script_command() {
+        let tags = vec!["{dq:orders:p0of2~3}".to_owned(), "{dq:orders:p1of2~0}".to_owned()];
+        let channels: Vec<String> = tags.iter().map(|t| format!("{t}:wake")).collect();
+        let words = rule_words("app", &Layout::Native, &tags, &channels, &[], true);
+        let line = words.join(" ");
+        assert!(
+            line.starts_with(
+                "app on >PASSWORD resetkeys ~{dq:orders:p0of2~3}:* ~{dq:orders:p1of2~0}:* resetchannels \
+                 &{dq:orders:p0of2~3}:wake &{dq:orders:p1of2~0}:wake -@all "
+            ),
+            "{line}"
+        );
+        for s in scripts::all() {
+            for c in &s.commands {
+                assert!(
+                    words.contains(&format!("+{}", c.to_ascii_lowercase())),
+                    "{c} of {}",
+                    s.name
+                );
+            }
+        }
+        assert!(words.contains(&"+evalsha".to_owned()) && words.contains(&"+script|load".to_owned()));
+        let old = rule_words("app", &Layout::Native, &tags, &channels, &[], false).join(" ");
+        assert!(!old.contains("channels") && !old.contains('&'), "{old}");
+    }
+
+    #[test]
+    fn the_seed_layout_grants_the_recipes_keys() {
+        let words = rule_words(
+            "app",
+            &Layout::seed(),
+            &[],
+            &["delay_queue:zset:wake".into()],
+            &[],
+            true,
+        );
+        let line = words.join(" ");
+        assert!(
+            line.contains(
+                "~delay_queue:zset ~delay_queue:payload ~delay_queue:zset:* resetchannels &delay_queue:zset:wake"
+            ),
+            "{line}"
+        );
+    }
+}

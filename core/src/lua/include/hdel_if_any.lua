@@ -1,0 +1,8 @@
+-- hdel_if_any.lua: deletes skipped while a per-message hash does not exist.
+-- Attempts and errors exist only for messages that failed before; while none has,
+-- their hashes do not exist and the per-message deletes are skipped.
+local function hdel_if_any(key, ids)
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('HDEL', key, unpack(ids))
+  end
+end
