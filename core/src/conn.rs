@@ -62,6 +62,8 @@ pub(crate) struct Endpoint {
     client: ClientKind,
     /// The URL without its password, for messages.
     pub(crate) display: String,
+    /// The ACL user the URL names ("default" when it names none), for messages.
+    pub(crate) user: String,
     pub(crate) opts: ConnectOptions,
     /// Raised when a sentinel announces a new master: connections made before it are
     /// to the old one, which may still accept writes until Sentinel demotes it.
@@ -73,6 +75,21 @@ impl std::fmt::Debug for Endpoint {
         f.debug_struct("Endpoint")
             .field("url", &self.display)
             .finish_non_exhaustive()
+    }
+}
+
+/// The user of `scheme://[user[:password]@]host...`: "default" without one, as Redis
+/// names the user of a connection that gives only a password.
+fn url_user(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let user = authority
+        .rsplit_once('@')
+        .map_or("", |(info, _)| info.split(':').next().unwrap_or(""));
+    if user.is_empty() {
+        "default".to_owned()
+    } else {
+        user.to_owned()
     }
 }
 
@@ -289,6 +306,7 @@ impl Endpoint {
         Ok(Self {
             client,
             display,
+            user: url_user(url),
             opts,
             master_epoch: AtomicU64::new(0),
         })
@@ -448,7 +466,7 @@ impl Endpoint {
 
     pub(crate) fn error(&self, err: &redis::RedisError, operation: &str) -> Error {
         let timeout = u64::try_from(self.opts.read_timeout.as_millis()).unwrap_or(u64::MAX);
-        Error::from_redis(err, &self.display, operation, timeout)
+        Error::from_redis(err, &self.display, &self.user, operation, timeout)
     }
 
     /// A new connection, and under Sentinel the master's address it goes to.

@@ -102,6 +102,11 @@ pub enum Error {
     )]
     OutOfMemory(String),
 
+    /// A key of the queue holds another type than delayq keeps there (another program
+    /// wrote it, or two queues share keys); the script stopped before writing.
+    #[error("{0}")]
+    WrongType(String),
+
     /// A delayq Lua script or Redis returned an error that is not one of the above.
     #[error("Redis error: {0}")]
     Redis(String),
@@ -148,7 +153,7 @@ impl Error {
             Self::AuthFailed(_) => Category::Auth,
             Self::LeaseLost { .. } => Category::LeaseLost,
             Self::OutOfMemory(_) => Category::OutOfMemory,
-            Self::UnknownId(_) | Self::Redis(_) | Self::State(_) => Category::Other,
+            Self::UnknownId(_) | Self::Redis(_) | Self::WrongType(_) | Self::State(_) => Category::Other,
         }
     }
 
@@ -191,8 +196,15 @@ impl Error {
         }
     }
 
-    /// Classify a redis-rs error raised while talking to `addr` during `operation`.
-    pub(crate) fn from_redis(err: &redis::RedisError, addr: &str, operation: &str, timeout_ms: u64) -> Self {
+    /// Classify a redis-rs error raised while talking to `addr`, as `user`, during
+    /// `operation`.
+    pub(crate) fn from_redis(
+        err: &redis::RedisError,
+        addr: &str,
+        user: &str,
+        operation: &str,
+        timeout_ms: u64,
+    ) -> Self {
         use redis::{ErrorKind, ServerErrorKind};
         if err.is_timeout() {
             return Self::Timeout {
@@ -219,9 +231,8 @@ impl Error {
                 | ServerErrorKind::MasterDown
                 | ServerErrorKind::ReadOnly,
             ) => Self::ConnectionLost(format!("Redis is not ready: {err}")),
-            ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
-                Self::AuthFailed(err.to_string())
-            }
+            ErrorKind::Server(ServerErrorKind::NoPerm) => Self::AuthFailed(auth_text(&err.to_string(), user, true)),
+            ErrorKind::AuthenticationFailed => Self::AuthFailed(auth_text(&err.to_string(), user, false)),
             ErrorKind::InvalidClientConfig => Self::InvalidUrl {
                 url: addr.to_owned(),
                 reason: err.to_string(),
@@ -229,9 +240,24 @@ impl Error {
             _ if err.code() == Some("OOM") => Self::OutOfMemory(err.to_string()),
             _ => {
                 let text = err.to_string();
-                // Redis answers NOAUTH/WRONGPASS/NOPERM as plain error codes on some paths.
-                if ["NOAUTH", "WRONGPASS", "NOPERM"].iter().any(|c| text.contains(c)) {
-                    Self::AuthFailed(text)
+                // Redis answers NOAUTH/WRONGPASS/NOPERM as plain error codes on some paths;
+                // a connection without a password that sends a long command first is
+                // refused as a protocol error ("unauthenticated multibulk length").
+                if ["NOAUTH", "WRONGPASS", "NOPERM"]
+                    .iter()
+                    .any(|c| text.to_ascii_uppercase().contains(c))
+                    || ["unauthenticated", "can't run this command"]
+                        .iter()
+                        .any(|c| text.contains(c))
+                {
+                    Self::AuthFailed(auth_text(&text, user, false))
+                } else if let Some(rest) = text
+                    .to_ascii_uppercase()
+                    .contains("WRONGTYPE")
+                    .then(|| text.split_once("delayq script ").map(|(_, r)| r))
+                    .flatten()
+                {
+                    Self::WrongType(wrong_type_text(rest))
                 } else if text.contains("-OOM command not allowed") {
                     // Before 7.0 a script's refused write comes back wrapped in the script's
                     // error ("Error running script …: -OOM command not allowed …").
@@ -244,6 +270,52 @@ impl Error {
     }
 }
 
+/// How to get the exact ACL rule, for every permission error.
+fn acl_hint(user: &str) -> String {
+    format!("`delayq acl --user {user}` (Queue::acl_rule) prints the queue's exact ACL rule")
+}
+
+/// An auth or permission error in words that say what to do.
+fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
+    // Redis appends the script's sha and line to errors a script raises.
+    let text = text.split(" script: ").next().unwrap_or(text).trim();
+    let upper = text.to_ascii_uppercase();
+    let no_perm = no_perm || upper.contains("NOPERM") || text.contains("can't run this command");
+    if let Some(rest) = text.split_once("delayq script ").map(|(_, r)| r).filter(|_| no_perm) {
+        // "<script> runs <COMMAND>[ on <key or channel>]", from the scripts' preflight.
+        let (script, what) = rest.split_once(" runs ").unwrap_or((rest, ""));
+        return format!(
+            "user {user:?} may not run {what} (delayq's {script} script needs it); nothing was written. {}",
+            acl_hint(user)
+        );
+    }
+    if no_perm {
+        return format!(
+            "user {user:?} lacks a permission delayq needs: {text}. {}",
+            acl_hint(user)
+        );
+    }
+    if upper.contains("WRONGPASS") {
+        return format!("wrong password for user {user:?} (or no such user, or it is disabled): {text}");
+    }
+    if upper.contains("NOAUTH") || text.contains("unauthenticated") {
+        return format!(
+            "Redis needs a password: give it in the URL (redis://:PASSWORD@host or redis://USER:PASSWORD@host) ({text})"
+        );
+    }
+    text.to_owned()
+}
+
+/// "<script>: key K holds a T, delayq keeps a U there", from the scripts' preflight.
+fn wrong_type_text(rest: &str) -> String {
+    let rest = rest.split(" script: ").next().unwrap_or(rest).trim();
+    let (script, what) = rest.split_once(": ").unwrap_or(("", rest));
+    format!(
+        "{what} (another program wrote that key, or two queues share it); delayq's {script} script stopped before \
+         writing anything: rename or delete that key"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,7 +323,7 @@ mod tests {
 
     fn server_error(kind: ServerErrorKind, text: &'static str) -> Error {
         let err = redis::RedisError::from((ErrorKind::Server(kind), text));
-        Error::from_redis(&err, "redis://127.0.0.1:6379", "push", 5000)
+        Error::from_redis(&err, "redis://127.0.0.1:6379", "default", "push", 5000)
     }
 
     #[test]
@@ -272,6 +344,56 @@ mod tests {
     fn permission_errors_are_auth_errors_and_final() {
         let err = server_error(ServerErrorKind::NoPerm, "NOPERM this user has no permissions");
         assert_eq!(err.category(), Category::Auth);
+        assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn auth_errors_say_what_is_missing_and_how_to_fix_it() {
+        let preflight = server_error(
+            ServerErrorKind::NoPerm,
+            "delayq script claim runs ZADD on {dq:orders}:inflight script: 1f2e, on @user_script:80.",
+        );
+        assert_eq!(preflight.category(), Category::Auth);
+        let text = preflight.to_string();
+        for part in [
+            "\"default\" may not run ZADD on {dq:orders}:inflight",
+            "claim script",
+            "delayq acl --user default",
+        ] {
+            assert!(text.contains(part), "{text}");
+        }
+        assert!(!text.contains("1f2e"), "{text}");
+        let unauthenticated = server_error(
+            ServerErrorKind::ResponseError,
+            "Protocol error: unauthenticated multibulk length",
+        );
+        assert_eq!(unauthenticated.category(), Category::Auth);
+        assert!(
+            unauthenticated.to_string().contains("Redis needs a password"),
+            "{unauthenticated}"
+        );
+        let wrongpass = server_error(
+            ServerErrorKind::ResponseError,
+            "WRONGPASS invalid username-password pair",
+        );
+        assert!(
+            wrongpass.to_string().contains("wrong password for user \"default\""),
+            "{wrongpass}"
+        );
+    }
+
+    #[test]
+    fn a_key_of_the_wrong_type_is_named_with_what_it_holds() {
+        let err = server_error(
+            ServerErrorKind::ResponseError,
+            "WRONGTYPE delayq script claim: key {dq:orders}:attempts holds a string, delayq keeps a hash there script: 1f2e, on @user_script:90.",
+        );
+        let text = err.to_string();
+        assert!(matches!(err, Error::WrongType(_)), "{err:?}");
+        assert!(
+            text.starts_with("key {dq:orders}:attempts holds a string, delayq keeps a hash there"),
+            "{text}"
+        );
         assert!(!err.is_retryable());
     }
 

@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use crate::backoff::retry_delay;
 use crate::conn::{ConnSlot, Replay};
 use crate::envelope;
-use crate::error::{Error, Result};
+use crate::error::{Category, Error, Result};
 use crate::keys;
 use crate::queue::{Queue, int, text};
 use crate::repeat;
@@ -1158,6 +1158,7 @@ impl Worker {
                 .spawn(f)
                 .map_err(|e| Error::State(format!("cannot start a pool thread: {e}")))
         };
+        check_access(&pool)?;
         let result = (|| -> Result<()> {
             for index in 0..self.opts.threads {
                 let (pool, tx, otx) = (Arc::clone(&pool), deliver_tx.clone(), outcome_tx.clone());
@@ -1668,6 +1669,38 @@ struct ClaimedItem {
     serial_key: Option<String>,
 }
 
+/// A fault that retrying cannot mend: the user may not run the scripts, or a key of
+/// the queue holds a stray type. The scripts stop before their first write on it.
+fn is_setup_fault(e: &Error) -> bool {
+    e.category() == Category::Auth || matches!(e, Error::WrongType(_))
+}
+
+/// Before a pool starts: a claim of nothing on each partition, so that a user who
+/// may not run the scripts, or a stray key, fails the start with that error instead
+/// of a retry loop. Other errors (Redis unreachable) are left to the fetchers, which
+/// retry.
+fn check_access(pool: &Pool) -> Result<()> {
+    let q = &pool.queue;
+    let qo = q.options();
+    let mut slot = ConnSlot::new();
+    for part in 0..q.partitions() {
+        let res = slot.run_once(&q.inner.endpoint, "claim", |con| {
+            let mut inv = q.invocation(part, &scripts::CLAIM);
+            inv.arg(0)
+                .arg(pool.opts.lease.as_millis() as u64)
+                .arg(qo.dead_max)
+                .arg(qo.dead_ttl.as_millis() as u64)
+                .arg(0);
+            inv.invoke::<Value>(con)
+        });
+        match res {
+            Err(e) if is_setup_fault(&e) => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<Claimed> {
     let q = &pool.queue;
     let o = &pool.opts;
@@ -1863,12 +1896,23 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
             Err(e) => {
                 control.slots.release(room);
                 pool.claims_failing.store(true, Ordering::Release);
-                log::warn!(
-                    "delayq[{}]: claim failed: {e}; retrying in {error_pause:?}",
-                    pool.queue_name
-                );
+                // A permission taken away or a stray key: nothing was written, and only
+                // an operator can mend it, so it is an error and the pool asks less often.
+                let most = if is_setup_fault(&e) {
+                    log::error!(
+                        "delayq[{}]: claim failed: {e}; retrying in {error_pause:?}",
+                        pool.queue_name
+                    );
+                    Duration::from_secs(30)
+                } else {
+                    log::warn!(
+                        "delayq[{}]: claim failed: {e}; retrying in {error_pause:?}",
+                        pool.queue_name
+                    );
+                    Duration::from_secs(2)
+                };
                 pause_unless_stopped(pool, error_pause);
-                error_pause = (error_pause * 2).min(Duration::from_secs(2));
+                error_pause = (error_pause * 2).min(most);
                 wake.retry_claim(part);
                 continue;
             }

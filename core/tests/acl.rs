@@ -1,7 +1,7 @@
 //! Least privilege: a Redis ACL user that may touch only one queue's keys and
 //! channel, and run only the commands delayq needs, works end to end; the same user
-//! is refused on another queue. The ACL rule below is the one docs/RELIABILITY.md and
-//! the README recommend: keep them in step.
+//! is refused on another queue. The rule is the one `Queue::acl_rule` prints (and
+//! `delayq acl`), which the docs recommend.
 
 mod common;
 
@@ -11,30 +11,39 @@ use common::{RedisServer, StopOnDrop, wait_for};
 use delayq::{Error, NewMessage, Queue, QueueOptions, Worker, WorkerOptions};
 use serde_json::json;
 
-/// Everything delayq sends, including the commands its Lua scripts run (ACLs apply
-/// inside scripts too). `{dq:orders}` is the queue's hash tag: prefix "dq", queue
-/// "orders".
-const ACL_RULE: &str = "on >s3cret resetkeys ~{dq:orders}:* resetchannels &{dq:orders}:* -@all \
-     +evalsha +script|load \
-     +time +incrby +publish +subscribe +unsubscribe +unlink \
-     +zadd +zrem +zrange +zrevrange +zrangebyscore +zrangebylex +zcard +zcount +zscore \
-     +hset +hget +hmget +hdel +hincrby +hgetall +hlen +hscan +exists";
+/// Runs `rule` (as `Queue::acl_rule` prints it) with PASSWORD replaced.
+fn set_user(admin: &mut redis::Connection, rule: &str, password: &str) {
+    let words: Vec<String> = rule
+        .split_whitespace()
+        .map(|w| {
+            if w == ">PASSWORD" {
+                format!(">{password}")
+            } else {
+                w.to_owned()
+            }
+        })
+        .collect();
+    assert_eq!(words[..2], ["ACL".to_owned(), "SETUSER".to_owned()], "{rule}");
+    let mut cmd = redis::cmd("ACL");
+    for w in &words[1..] {
+        cmd.arg(w);
+    }
+    let _: () = cmd.query(admin).expect("ACL SETUSER");
+}
 
 #[test]
 fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
     let server = RedisServer::start();
     let mut admin = server.con();
-    let mut cmd = redis::cmd("ACL");
-    cmd.arg("SETUSER").arg("orders-app");
-    // Channel rules came with Redis 6.2; before it every user may use every channel,
-    // and the rule goes without them (as docs/RELIABILITY.md says).
-    let channel_rules = server.version() >= (6, 2);
-    for word in ACL_RULE.split_whitespace() {
-        if channel_rules || !(word == "resetchannels" || word.starts_with('&')) {
-            cmd.arg(word);
-        }
-    }
-    let _: () = cmd.query(&mut admin).expect("ACL SETUSER");
+    // The rule the queue prints for itself, as `delayq acl` does.
+    let rule = server.queue("orders").acl_rule("orders-app");
+    // Channel rules came with Redis 6.2; before it the rule goes without them.
+    assert_eq!(
+        rule.contains("resetchannels &{dq:orders}:wake"),
+        server.version() >= (6, 2),
+        "{rule}"
+    );
+    set_user(&mut admin, &rule, "s3cret");
     let url = format!("redis://orders-app:s3cret@127.0.0.1:{}", server.port);
     let q = Queue::new(&url, "orders", QueueOptions::default()).expect("queue");
 
@@ -130,4 +139,46 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
         .query(&mut admin)
         .expect("KEYS");
     assert!(keys.is_empty(), "{keys:?}");
+}
+
+/// A partitioned queue's rule names each partition's exact tag: a queue whose name
+/// starts the same (`orders:payouts`) stays out of reach, and a name that could be a
+/// partition tag is refused.
+#[test]
+fn a_partitioned_queues_rule_grants_no_other_queue() {
+    let server = RedisServer::start();
+    let mut admin = server.con();
+    let opts = QueueOptions {
+        partitions: 3,
+        ..QueueOptions::default()
+    };
+    let rule = Queue::new(&server.url(), "orders", opts.clone())
+        .expect("queue")
+        .acl_rule("orders-app");
+    assert!(!rule.contains("p*"), "{rule}");
+    set_user(&mut admin, &rule, "s3cret");
+    let url = format!("redis://orders-app:s3cret@127.0.0.1:{}", server.port);
+    let orders = Queue::new(&url, "orders", opts.clone()).expect("queue");
+    for i in 0..30 {
+        orders
+            .push(&json!({"i": i}), Duration::ZERO)
+            .expect("push to every partition");
+    }
+    assert_eq!(orders.stats().expect("stats").ready, 30);
+
+    let payouts_admin = Queue::new(&server.url(), "orders:payouts", QueueOptions::default()).expect("queue");
+    payouts_admin.push(&json!({"amount": 1}), Duration::ZERO).expect("push");
+    let payouts = Queue::new(&url, "orders:payouts", QueueOptions::default()).expect("queue");
+    let err = payouts.stats().expect_err("another queue's keys");
+    assert!(matches!(err, Error::AuthFailed(_)), "{err:?}");
+    let err = payouts.purge().expect_err("another queue's keys");
+    assert!(err.to_string().contains("orders-app"), "{err}");
+    assert_eq!(payouts_admin.stats().expect("stats").ready, 1);
+
+    let tag = orders.hash_tag(0).expect("tag");
+    let plain = tag.trim_start_matches("{dq:").trim_end_matches('}');
+    let Err(err) = Queue::new(&url, plain, QueueOptions::default()) else {
+        panic!("a name like a partition tag was accepted");
+    };
+    assert!(err.to_string().contains("contains '~'"), "{err}");
 }
