@@ -342,6 +342,17 @@ final class DelayQueue
     public function restartWorkers(): int {}
 
     /**
+     * The `ACL SETUSER` line that grants `$user` exactly this queue: each partition's
+     * keys by their exact hash tag, its wake-up channels and the commands delayq sends,
+     * e.g. `ACL SETUSER app on >PASSWORD resetkeys ~{dq:orders}:* resetchannels
+     * &{dq:orders}:wake -@all +evalsha ...`. Replace `PASSWORD` with the user's password
+     * before running it.
+     *
+     * @throws DelayQueueInvalidArgumentException if $user is empty
+     */
+    public function aclRule(string $user): string {}
+
+    /**
      * Moves every waiting message (scheduled or due, not yet claimed) to the queue $to,
      * which may differ in name, layout, partitions or Redis: the last step of leaving
      * the seed layout, once every consumer runs delayq. Each keeps its id, payload,

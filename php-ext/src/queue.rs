@@ -591,6 +591,16 @@ impl PhpDelayQueue {
         Ok(i64::try_from(self.queue.restart_workers().or_throw()?).unwrap_or(i64::MAX))
     }
 
+    /// The `ACL SETUSER` line that grants `$user` exactly this queue: its keys, its
+    /// wake-up channels and the commands delayq sends. Replace `PASSWORD` with the
+    /// user's password before running it.
+    pub fn acl_rule(&self, user: String) -> PhpResult<String> {
+        if user.is_empty() {
+            return Err(errors::invalid("user must not be empty"));
+        }
+        Ok(self.queue.acl_rule(&user))
+    }
+
     /// Move every waiting message to the queue `to` (another name, layout, partition
     /// count or Redis): the last step of leaving the seed layout. Returns how many.
     pub fn move_waiting(&self, to: &PhpDelayQueue) -> PhpResult<i64> {

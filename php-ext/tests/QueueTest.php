@@ -469,4 +469,28 @@ final class QueueTest extends TestCase
         $this->expectException(DelayQueueInvalidArgumentException::class);
         $this->q->find('');
     }
+
+    public function testAclRuleGrantsAUserExactlyThisQueue(): void
+    {
+        $rule = $this->q->aclRule('app');
+        $this->assertStringStartsWith('ACL SETUSER app on >PASSWORD resetkeys ~{dq:orders}:*', $rule);
+        $words = preg_split('/\s+/', str_replace('>PASSWORD', '>s3cret', $rule));
+        $this->assertSame('ACL', array_shift($words));
+        try {
+            $this->assertSame(true, $this->redis->rawCommand('ACL', ...$words));
+            $port = $GLOBALS['DELAYQ_REDIS']->port;
+            $q = new DelayQueue("redis://app:s3cret@127.0.0.1:$port", 'orders');
+            $id = $q->push(['order_id' => 1], 60);
+            $this->assertSame('scheduled', $q->get($id)['state']);
+            $this->assertSame(1, $q->stats()['scheduled']);
+        } finally {
+            $this->redis->rawCommand('ACL', 'DELUSER', 'app');
+        }
+        try {
+            $this->q->aclRule('');
+            $this->fail('an empty user was accepted');
+        } catch (DelayQueueInvalidArgumentException $e) {
+            $this->assertStringContainsString('user', $e->getMessage());
+        }
+    }
 }

@@ -16,6 +16,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders resume
     delayq --queue orders rate-limit 100 --per 60   # at most 100 a minute, over every pool
     delayq --queue orders restart-workers   # after a deploy: running pools stop, to be started anew
+    delayq --queue orders acl --user app    # the ACL SETUSER line for it; replace PASSWORD
     delayq serve-metrics orders payments --listen :9808   # for Prometheus to scrape
     delayq dashboard orders payments            # a web page for people: http://127.0.0.1:9809/
     delayq --url redis://10.0.0.5:6379 --queue orders --json get close-order-10086
@@ -418,6 +419,12 @@ def _restart_workers(q: DelayQueue, out: _Output, args: argparse.Namespace) -> i
     return 0
 
 
+def _acl(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    rule = q.acl_rule(args.user)
+    out.emit({"rule": rule}, lambda: [rule])
+    return 0
+
+
 def _metrics_queues(q: DelayQueue, args: argparse.Namespace) -> list[DelayQueue]:
     return [args.make_queue(name) for name in args.queues] if args.queues else [q]
 
@@ -692,6 +699,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--per", type=float, help="the window in seconds (default: 1)")
     c.add_argument("--clear", action="store_true", help="lift the limit; held-back workers start at once")
     c.set_defaults(run=_rate_limit)
+    c = sub.add_parser("acl", help="the ACL SETUSER line granting --user exactly this queue (replace PASSWORD "
+                                   "with the user's password before running it)")
+    c.add_argument("--user", required=True, help="the Redis ACL user name")
+    c.set_defaults(run=_acl)
     m = sub.add_parser("metrics", help="Prometheus text format, once (cron, node_exporter's textfile collector)")
     m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to report (default: --queue)")
     m.set_defaults(run=_metrics)

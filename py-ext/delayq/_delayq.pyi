@@ -232,6 +232,12 @@ class DelayQueue:
         with ``stopped_by`` ``"restart"``. Idle pools are woken at once; workers made
         after the request are not affected. Returns how many pools were alive when
         asked."""
+    def acl_rule(self, user: str) -> str:
+        """The ``ACL SETUSER`` line that grants ``user`` exactly this queue: each
+        partition's keys, its wake-up channels and the commands delayq sends, e.g.
+        ``ACL SETUSER app on >PASSWORD resetkeys ~{dq:orders}:* resetchannels
+        &{dq:orders}:wake -@all +evalsha ...``. Replace ``PASSWORD`` with the user's
+        password before running it. Raises InvalidArgumentError for an empty ``user``."""
     def move_waiting(self, to: DelayQueue) -> int:
         """Move every waiting message (scheduled or due, not yet claimed) to the queue
         ``to``, which may differ in name, layout, partitions or Redis: the last step of

@@ -523,6 +523,14 @@ impl PyQueue {
         py.detach(|| self.queue.restart_workers()).or_raise(py)
     }
 
+    /// The `ACL SETUSER` line that grants `user` exactly this queue (see the stub).
+    fn acl_rule(&self, py: Python<'_>, user: &str) -> PyResult<String> {
+        if user.is_empty() {
+            return Err(errors::invalid(py, "user must not be empty"));
+        }
+        Ok(py.detach(|| self.queue.acl_rule(user)))
+    }
+
     /// Move every waiting message to the queue `to` (see the stub); returns how many.
     fn move_waiting(&self, py: Python<'_>, to: &Bound<'_, PyQueue>) -> PyResult<u64> {
         let to = to.get().queue.clone();

@@ -645,3 +645,25 @@ def test_the_dashboard_command_serves_the_page(queue: delayq.DelayQueue, redis_u
             assert getattr(e, "code", None) == 404
     bad = cli(redis_url, "dashboard", "--refresh", "-1")
     assert bad.returncode == 2 and "--refresh" in bad.stderr
+
+
+def test_acl_rule_grants_a_user_exactly_the_queue(server: RedisServer, redis_url: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "orders", "acl",
+                           "--user", "app"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ACL SETUSER app on >PASSWORD resetkeys ~{dq:orders}:*")
+    assert done.stdout.count("\n") == 1
+    rule = delayq.DelayQueue(redis_url, "orders").acl_rule("app")
+    assert done.stdout == rule + "\n"
+    words = rule.replace(">PASSWORD", ">s3cret").split()
+    assert words[0] == "ACL"
+    try:
+        assert server.cli("ACL", *words[1:]) == "OK"
+        q = delayq.DelayQueue(f"redis://app:s3cret@127.0.0.1:{server.port}", "orders")
+        msg_id = q.push({"order_id": 1}, 60)
+        assert q.get(msg_id)["state"] == "scheduled"  # type: ignore[index]
+        assert q.stats()["scheduled"] == 1
+    finally:
+        server.cli("ACL", "DELUSER", "app")
+    with pytest.raises(delayq.InvalidArgumentError, match="user"):
+        delayq.DelayQueue(redis_url, "orders").acl_rule("")
