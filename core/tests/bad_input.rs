@@ -189,6 +189,38 @@ fn a_wrong_password_and_a_user_without_permissions_are_auth_errors() {
     .expect("valid");
     let err = wrong.push(&1, Duration::ZERO).expect_err("wrong password");
     assert!(matches!(err, Error::AuthFailed(_)), "{err:?}");
+    assert!(err.to_string().contains("wrong password for user \"default\""), "{err}");
+
+    // No password at all: every call, a push of many arguments included (Redis refuses
+    // those as "unauthenticated multibulk length"), says that Redis needs one.
+    let none = Queue::new(&server.url(), "q", QueueOptions::default()).expect("valid");
+    let many: Vec<NewMessage> = (0..20)
+        .map(|i| NewMessage::new(&i, Duration::ZERO).expect("message"))
+        .collect();
+    for err in [
+        none.push(&1, Duration::ZERO).expect_err("no password"),
+        none.push_many(&many).expect_err("no password"),
+        none.stats().expect_err("no password"),
+    ] {
+        assert!(matches!(err, Error::AuthFailed(_)), "{err:?}");
+        assert!(err.to_string().contains("Redis needs a password"), "{err}");
+    }
+    // A worker fails at its start with that error, stop_when_empty or not.
+    for stop_when_empty in [false, true] {
+        for q in [&wrong, &none] {
+            let opts = WorkerOptions {
+                stop_when_empty,
+                ..WorkerOptions::default()
+            };
+            let started = std::time::Instant::now();
+            let err = Worker::new(q.clone(), opts)
+                .expect("worker")
+                .run(1, |_| Ok(()))
+                .expect_err("no access");
+            assert!(matches!(err, Error::AuthFailed(_)), "{err:?}");
+            assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        }
+    }
 
     let mut con = server.con();
     let _: () = redis::cmd("ACL")
