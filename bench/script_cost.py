@@ -76,13 +76,14 @@ def claim_and_ack(client: Any, lua_dir: Path) -> tuple[int, int]:
     head = ["native", f"{TAG}:wake"]
     handed = acked = 0
     while True:
-        # {now, next, reaped, n, limited, restart_at, k, id1, lease1, envelope1, …}
+        # {header, {id1, lease1, envelope1, …}, later, keyed, repeats}: see claim.lua
         reply = claim(keys=claim_keys, args=[*head, BATCH, LEASE_MS, DEAD_MAX, DEAD_TTL_MS, "0"])
-        count = int(reply[3])
+        deliveries = reply[1]
+        count = len(deliveries) // 3
         if count == 0:
             return handed, acked
         handed += count
-        pairs = [v for j in range(count) for v in (reply[7 + 3 * j], reply[8 + 3 * j])]
+        pairs = [v for j in range(count) for v in (deliveries[3 * j], deliveries[3 * j + 1])]
         half = count // 2 * 2
         for part in (pairs[:half], pairs[half:]):
             if part:

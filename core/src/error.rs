@@ -107,6 +107,19 @@ pub enum Error {
     #[error("{0}")]
     WrongType(String),
 
+    /// A script's reply did not have the shape this version of delayq reads: a bug, or
+    /// a script of another version answering under the same name.
+    #[error(
+        "delayq's {script} script gave a reply this version cannot read ({reason}); nothing is lost, \
+             the call can be retried once every process runs one delayq version"
+    )]
+    Protocol {
+        /// The script.
+        script: String,
+        /// What did not fit.
+        reason: String,
+    },
+
     /// A delayq Lua script or Redis returned an error that is not one of the above.
     #[error("Redis error: {0}")]
     Redis(String),
@@ -153,7 +166,9 @@ impl Error {
             Self::AuthFailed(_) => Category::Auth,
             Self::LeaseLost { .. } => Category::LeaseLost,
             Self::OutOfMemory(_) => Category::OutOfMemory,
-            Self::UnknownId(_) | Self::Redis(_) | Self::WrongType(_) | Self::State(_) => Category::Other,
+            Self::UnknownId(_) | Self::Redis(_) | Self::WrongType(_) | Self::Protocol { .. } | Self::State(_) => {
+                Category::Other
+            }
         }
     }
 
@@ -289,6 +304,12 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
             acl_hint(user)
         );
     }
+    if text.contains("permissions to access one of the keys") {
+        return format!(
+            "user {user:?} may not use this queue's keys ({text}): the rule grants another queue, or none. {}",
+            acl_hint(user)
+        );
+    }
     if no_perm {
         return format!(
             "user {user:?} lacks a permission delayq needs: {text}. {}",
@@ -371,6 +392,15 @@ mod tests {
         assert!(
             unauthenticated.to_string().contains("Redis needs a password"),
             "{unauthenticated}"
+        );
+        let keys = server_error(
+            ServerErrorKind::NoPerm,
+            "this user has no permissions to access one of the keys used as arguments",
+        );
+        assert!(
+            keys.to_string()
+                .contains("user \"default\" may not use this queue's keys"),
+            "{keys}"
         );
         let wrongpass = server_error(
             ServerErrorKind::ResponseError,

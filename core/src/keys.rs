@@ -46,14 +46,14 @@ impl Layout {
     }
 }
 
-/// The due time in a lease string "<token>:<score>" (see include/base.lua): the score the
-/// message was claimed at. `None` when it is malformed.
-pub(crate) fn due_ms_of_lease(layout: &Layout, lease: &str) -> Option<i64> {
+/// The schedule score in a lease string "<token>:<score>" (see include/base.lua): the
+/// score the message was claimed at, which gives its due time. `None` when malformed.
+pub(crate) fn lease_score(lease: &str) -> Option<f64> {
     let (token, score) = lease.split_once(':')?;
     if token.is_empty() || score.contains(':') {
         return None;
     }
-    Some(layout.due_ms_of_score(score.parse().ok()?))
+    score.parse().ok()
 }
 
 /// The key names of one queue, in the order of `scripts::ROLES`.
@@ -262,6 +262,7 @@ mod tests {
 
     #[test]
     fn leases_give_the_due_time_per_layout() {
+        let due_ms_of_lease = |layout: &Layout, lease: &str| lease_score(lease).map(|s| layout.due_ms_of_score(s));
         // 1_764_460_800_123 ms with sequence 7 in the low 12 bits.
         let native = format!("42:{}", 1_764_460_800_123_f64 * 4096.0 + 7.0);
         assert_eq!(due_ms_of_lease(&Layout::Native, &native), Some(1_764_460_800_123));

@@ -30,10 +30,9 @@ use crate::backoff::retry_delay;
 use crate::conn::{ConnSlot, Replay};
 use crate::envelope;
 use crate::error::{Category, Error, Result};
-use crate::keys;
-use crate::queue::{Queue, int, text};
+use crate::queue::{Queue, int};
 use crate::repeat;
-use crate::scripts::{self, MAX_BATCH};
+use crate::scripts::{self, MAX_BATCH, claim};
 use crate::time::MAX_DELAY;
 
 /// Settings of a consumer pool.
@@ -1650,25 +1649,6 @@ fn pause_unless_stopped(pool: &Pool, pause: Duration) {
     w.wait(Some(Instant::now() + pause), w.epoch(), &pool.control.stop);
 }
 
-struct Claimed {
-    server_now_ms: i64,
-    next_ms: i64,
-    rate_limited: bool,
-    restart_at: i64,
-    items: Vec<ClaimedItem>,
-    /// Repeats with no occurrence waiting or running: (name, definition, mark).
-    broken_repeats: Vec<(String, String, Option<i64>)>,
-}
-
-struct ClaimedItem {
-    id: String,
-    lease: String,
-    due_ms: i64,
-    attempt: u32,
-    envelope: String,
-    serial_key: Option<String>,
-}
-
 /// A fault that retrying cannot mend: the user may not run the scripts, or a key of
 /// the queue holds a stray type. The scripts stop before their first write on it.
 fn is_setup_fault(e: &Error) -> bool {
@@ -1684,13 +1664,17 @@ fn check_access(pool: &Pool) -> Result<()> {
     let qo = q.options();
     let mut slot = ConnSlot::new();
     for part in 0..q.partitions() {
+        let args = claim::Args {
+            batch: 0,
+            lease_ms: pool.opts.lease.as_millis() as u64,
+            dead_max: qo.dead_max,
+            dead_ttl_ms: qo.dead_ttl.as_millis() as u64,
+            check_repeats: false,
+            heartbeat: None,
+        };
         let res = slot.run_once(&q.inner.endpoint, "claim", |con| {
-            let mut inv = q.invocation(part, &scripts::CLAIM);
-            inv.arg(0)
-                .arg(pool.opts.lease.as_millis() as u64)
-                .arg(qo.dead_max)
-                .arg(qo.dead_ttl.as_millis() as u64)
-                .arg(0);
+            let mut inv = q.invocation(part, claim::script());
+            args.add_to(&mut inv);
             inv.invoke::<Value>(con)
         });
         match res {
@@ -1701,23 +1685,22 @@ fn check_access(pool: &Pool) -> Result<()> {
     Ok(())
 }
 
-fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<Claimed> {
+/// One claim of up to `want` messages on partition `part`, its heartbeat carried.
+fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<claim::Reply> {
     let q = &pool.queue;
-    let o = &pool.opts;
     let qo = q.options();
-    let ep = &q.inner.endpoint;
     let beat = pool.registration.take_pending(pool);
-    let check_repeats = pool.repeat_check_due(part);
-    let res = slot.run_once(ep, "claim", |con| {
-        let mut inv = q.invocation(part, &scripts::CLAIM);
-        inv.arg(want)
-            .arg(o.lease.as_millis() as u64)
-            .arg(qo.dead_max)
-            .arg(qo.dead_ttl.as_millis() as u64)
-            .arg(u8::from(check_repeats));
-        if let Some((id, ttl_ms, info)) = &beat {
-            inv.arg(*id).arg(*ttl_ms).arg(info);
-        }
+    let args = claim::Args {
+        batch: want,
+        lease_ms: pool.opts.lease.as_millis() as u64,
+        dead_max: qo.dead_max,
+        dead_ttl_ms: qo.dead_ttl.as_millis() as u64,
+        check_repeats: pool.repeat_check_due(part),
+        heartbeat: beat.as_ref().map(|(id, ttl, info)| (*id, *ttl, info.as_str())),
+    };
+    let res = slot.run_once(&q.inner.endpoint, "claim", |con| {
+        let mut inv = q.invocation(part, claim::script());
+        args.add_to(&mut inv);
         inv.invoke::<Value>(con)
     });
     let v = match res {
@@ -1729,71 +1712,7 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<C
             return Err(e);
         }
     };
-    let Value::Array(items) = v else {
-        return Err(Error::Redis("claim returned no array".into()));
-    };
-    let malformed = || Error::Redis("claim returned a malformed reply".into());
-    let (header, rest) = items.split_first_chunk::<7>().ok_or_else(malformed)?;
-    let claimed = usize::try_from(int(&header[3])).map_err(|_| malformed())?;
-    let keyed = usize::try_from(int(&header[6])).map_err(|_| malformed())?;
-    let (broken, rest) = rest.split_last().ok_or_else(malformed)?;
-    let broken = usize::try_from(int(broken)).map_err(|_| malformed())?;
-    let (rest, broken) = rest
-        .split_at_checked(rest.len().checked_sub(3 * broken).ok_or_else(malformed)?)
-        .ok_or_else(malformed)?;
-    let broken_repeats = broken
-        .chunks_exact(3)
-        .filter_map(|c| {
-            let mark = int(&c[2]);
-            Some((text(&c[0])?, text(&c[1])?, (mark >= 0).then_some(mark)))
-        })
-        .collect();
-    let (rest, keyed) = rest
-        .split_at_checked(rest.len().checked_sub(2 * keyed).ok_or_else(malformed)?)
-        .ok_or_else(malformed)?;
-    if rest.len() < 3 * claimed || (rest.len() - 3 * claimed) % 2 != 0 {
-        return Err(malformed());
-    }
-    let (deliveries, later) = rest.split_at(3 * claimed);
-    // Pairs (1-based index of the claimed message, value) for the few that differ.
-    let index_of = |pair: &[Value]| usize::try_from(int(&pair[0]) - 1).ok().filter(|&i| i < claimed);
-    let mut attempts = vec![1u32; claimed];
-    for pair in later.chunks_exact(2) {
-        match (index_of(pair), u32::try_from(int(&pair[1]))) {
-            (Some(i), Ok(attempt)) => attempts[i] = attempt,
-            _ => return Err(malformed()),
-        }
-    }
-    let mut serial_keys: Vec<Option<String>> = vec![None; claimed];
-    for pair in keyed.chunks_exact(2) {
-        match (index_of(pair), text(&pair[1])) {
-            (Some(i), Some(key)) => serial_keys[i] = Some(key),
-            _ => return Err(malformed()),
-        }
-    }
-    let layout = &qo.layout;
-    let mut out = Claimed {
-        server_now_ms: int(&header[0]),
-        next_ms: int(&header[1]),
-        rate_limited: int(&header[4]) == 1,
-        restart_at: int(&header[5]),
-        items: Vec::with_capacity(claimed),
-        broken_repeats,
-    };
-    for ((c, attempt), serial_key) in deliveries.chunks_exact(3).zip(attempts).zip(serial_keys) {
-        let lease = text(&c[1]).unwrap_or_default();
-        let due_ms = keys::due_ms_of_lease(layout, &lease)
-            .ok_or_else(|| Error::Redis(format!("claim returned a malformed lease {lease:?}")))?;
-        out.items.push(ClaimedItem {
-            id: text(&c[0]).unwrap_or_default(),
-            lease,
-            due_ms,
-            attempt,
-            envelope: text(&c[2]).unwrap_or_default(),
-            serial_key,
-        });
-    }
-    Ok(out)
+    scripts::read(claim::script(), v)
 }
 
 /// Claims due messages into the prefetch buffer. Partitions are taken in rotation
@@ -1962,12 +1881,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
 /// Keep repeating messages going: the occurrences just claimed get their successor
 /// now, and repeats whose chain broke (see claim.lua) get theirs. A failure is logged
 /// and retried at the partition's next check.
-fn push_next_occurrences(
-    pool: &Pool,
-    part: usize,
-    occurrences: &[(String, i64)],
-    broken: &[(String, String, Option<i64>)],
-) {
+fn push_next_occurrences(pool: &Pool, part: usize, occurrences: &[(String, i64)], broken: &[claim::BrokenRepeat]) {
     let q = &pool.queue;
     let mut failed = false;
     for (name, due) in occurrences {
@@ -1984,7 +1898,7 @@ fn push_next_occurrences(
             );
         }
     }
-    for (name, definition, mark) in broken {
+    for claim::BrokenRepeat { name, definition, mark } in broken {
         match q.push_next_occurrence(part, name, definition, *mark) {
             Ok(_) => {}
             Err(e) => {
@@ -2008,7 +1922,7 @@ fn hand_out(
     pool: &Pool,
     part: usize,
     server_now_ms: i64,
-    items: Vec<ClaimedItem>,
+    items: Vec<claim::Claimed>,
     deliveries: &Sender<Delivery>,
     outcomes: &Sender<Outcome>,
 ) {
@@ -2027,14 +1941,15 @@ fn hand_out(
         });
     };
     for item in items {
-        let ClaimedItem {
+        let claim::Claimed {
             id,
             lease: token,
-            due_ms: due_at_ms,
+            score,
             attempt,
             envelope: stored,
             serial_key,
         } = item;
+        let due_at_ms = layout.due_ms_of_score(score);
         let decoded = envelope::decode(layout, &stored);
         let max_attempts = decoded
             .as_ref()

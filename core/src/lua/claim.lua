@@ -4,27 +4,28 @@
 -- ARGV[7] "1" to look for repeating messages with no occurrence pending (see below)
 -- ARGV[8..10], when present: the claiming pool's heartbeat (pool id, ttl_ms, info JSON;
 --   see beat.lua), carried by a claim so that it costs no command of its own.
--- Returns {now_ms, next_ms, reaped, n, limited, restart_at, k, id1, lease1, envelope1,
---          ..., idn, leasen, envelopen, i1, attempt1, i2, attempt2, ..., j1, key1, ...,
---          jk, keyk, name1, definition1, mark1, ..., r}
---   limited: 1 if a rate limit is in force (the caller then claims only for idle
---   handlers, so that a message starts as it is handed out, see limit.lua), else 0.
---   restart_at: time of the latest request that running pools stop, -1 if none (see
---   restart.lua); a pool started before it stops gracefully.
---   next_ms: earliest due time or lease deadline still ahead (for due messages the
---   rate limit held back: when its window frees), -1 if none, -2 if the queue is
---   paused; the caller sleeps until then unless a producer publishes an earlier due
---   time.
---   n messages were claimed; the pairs after them (i, attempt) say which of them are
---   on a later attempt; every other one is on its first (nearly all are, so the
---   reply does not repeat it). The last k pairs (j, key) give the serial key of the
---   claimed messages pushed with one (see include/serial.lua).
---   lease: "<token>:<score>" (see include/base.lua); the caller reads the due time from it and
---   sends it back whole to complete the delivery.
---   The last r triples: repeating messages whose chain of occurrences broke (none
---   waits or runs: the pool that ran the last one failed to push the next, or purge
---   or cancel took it); the caller computes and pushes their next occurrence
---   (repeat_next.lua). mark: the due time of the latest occurrence, -1 if none.
+-- Returns {header, deliveries, later, keyed, repeats} (decoded by scripts/claim.rs):
+--   header {now_ms, next_ms, reaped, limited, restart_at}:
+--     limited: 1 if a rate limit is in force (the caller then claims only for idle
+--     handlers, so that a message starts as it is handed out, see limit.lua), else 0.
+--     restart_at: time of the latest request that running pools stop, -1 if none (see
+--     restart.lua); a pool started before it stops gracefully.
+--     next_ms: earliest due time or lease deadline still ahead (for due messages the
+--     rate limit held back: when its window frees), -1 if none, -2 if the queue is
+--     paused; the caller sleeps until then unless a producer publishes an earlier due
+--     time.
+--   deliveries {id1, lease1, envelope1, ..., idn, leasen, envelopen}: the n messages
+--     claimed. lease: "<token>:<score>" (see include/base.lua); the caller reads the
+--     due time from it and sends it back whole to complete the delivery.
+--   later {i1, attempt1, ...}: which of them are on a later attempt; every other one
+--     is on its first (nearly all are, so the reply does not repeat it).
+--   keyed {j1, key1, ...}: the serial key of the claimed messages pushed with one (see
+--     include/serial.lua).
+--   repeats {name1, definition1, mark1, ...}: repeating messages whose chain of
+--     occurrences broke (none waits or runs: the pool that ran the last one failed to
+--     push the next, or purge or cancel took it); the caller computes and pushes their
+--     next occurrence (repeat_next.lua). mark: the due time of the latest occurrence,
+--     -1 if none.
 -- This script runs once per batch of up to 1000 messages and is the drain's hot path:
 -- every per-message step below is one element of a variadic call, and the only
 -- per-message Lua work is one string concatenation.
@@ -90,25 +91,21 @@ if ARGV[7] == '1' then
     end
   end
 end
-local function with_repeats(result)
-  for _, v in ipairs(broken) do
-    result[#result + 1] = v
-  end
-  result[#result + 1] = #broken / 3
-  return result
+local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_at')) or -1}
+local deliveries, later, keyed = {}, {}, {}
+local function reply()
+  return {header, deliveries, later, keyed, broken}
 end
-
-local result = {now, -1, #expired, 0, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_at')) or -1, 0}
 if redis.call('EXISTS', K_PAUSED) == 1 then
   -- Nothing to wake for: resuming publishes the schedule's head (see pause.lua).
-  result[2] = -2
-  return with_repeats(result)
+  header[2] = -2
+  return reply()
 end
 -- The rate limit (see limit.lua) caps this claim at what the window has left.
 local limit = redis.call('HMGET', K_LIMIT, 'max', 'per', 'used')
 local limited_until = nil
 if limit[1] then
-  result[5] = 1
+  header[4] = 1
   local max, per, used = tonumber(limit[1]), tonumber(limit[2]), tonumber(limit[3]) or 0
   -- Grants leave the window `per` ms after they were made; at most 1000 at a time
   -- (the rest count a little longer, which only errs on the side of the limit).
@@ -155,7 +152,7 @@ if n > 0 then
   -- A string once, not a number that each of the n ZADD arguments would format again.
   local deadline = fmt(now + lease_ms)
   local token = fmt(next_seq()) .. ':'
-  local leases, deadlines, later, keyed, orphans = {}, {}, {}, {}, {}
+  local leases, deadlines, orphans = {}, {}, {}
   local claimed = 0
   for i = 1, n do
     local id = ids[i]
@@ -169,9 +166,9 @@ if n > 0 then
       leases[2 * claimed] = lease
       deadlines[2 * claimed - 1] = deadline
       deadlines[2 * claimed] = id
-      result[3 * claimed + 5] = id
-      result[3 * claimed + 6] = lease
-      result[3 * claimed + 7] = envelope
+      deliveries[3 * claimed - 2] = id
+      deliveries[3 * claimed - 1] = lease
+      deliveries[3 * claimed] = envelope
       local finished = previous and tonumber(previous[i])
       if finished then
         later[#later + 1] = claimed
@@ -186,14 +183,6 @@ if n > 0 then
       orphans[#orphans + 1] = id
     end
   end
-  result[4] = claimed
-  for _, v in ipairs(later) do
-    result[#result + 1] = v
-  end
-  for _, v in ipairs(keyed) do
-    result[#result + 1] = v
-  end
-  result[7] = #keyed / 2
   if claimed > 0 then
     redis.call('ZADD', K_INFLIGHT, unpack(deadlines))
     hset_as_hashtable(K_LEASE, leases)
@@ -226,5 +215,5 @@ if lease_head[2] then
     next_ms = expiry
   end
 end
-result[2] = next_ms
-return with_repeats(result)
+header[2] = next_ms
+return reply()

@@ -13,6 +13,26 @@
 use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
+use redis::{FromRedisValue, ParsingError, Value};
+
+use crate::error::Error;
+
+pub(crate) mod claim;
+
+/// One part of a reply as `T`, or why not: never a default.
+pub(crate) fn decode<T: FromRedisValue>(v: &Value) -> Result<T, ParsingError> {
+    T::from_redis_value_ref(v)
+}
+
+/// A script's whole reply as its reply type; one that does not decode is a
+/// protocol error naming the script.
+pub(crate) fn read<T: FromRedisValue>(script: &LuaScript, v: Value) -> Result<T, Error> {
+    T::from_redis_value(v).map_err(|e| Error::Protocol {
+        script: script.name.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
 /// One kind of key a queue has, in the order of `Keys::all`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Role {
@@ -276,7 +296,7 @@ macro_rules! lua_files {
         /// The crate's own Lua files, by their path under `lua/`.
         pub(crate) fn builtin(path: &str) -> Option<String> {
             match path {
-                $($file => Some(include_str!(concat!("lua/", $file)).to_owned()),)*
+                $($file => Some(include_str!(concat!("../lua/", $file)).to_owned()),)*
                 _ => None,
             }
         }

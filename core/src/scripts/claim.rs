@@ -1,0 +1,238 @@
+//! claim.lua's contract: what a pool sends to take due messages under a lease, and
+//! the reply it reads (the Lua's header says what each part means).
+
+use redis::{FromRedisValue, ParsingError, Value};
+
+use super::{LuaScript, decode};
+use crate::keys::lease_score;
+
+/// One claim.
+#[derive(Debug, Clone)]
+pub(crate) struct Args<'a> {
+    /// Most messages to take (0: only reap expired leases and report).
+    pub(crate) batch: usize,
+    pub(crate) lease_ms: u64,
+    pub(crate) dead_max: usize,
+    pub(crate) dead_ttl_ms: u64,
+    /// Look for repeating messages whose chain of occurrences broke.
+    pub(crate) check_repeats: bool,
+    /// The pool's heartbeat, carried by the claim: (pool id, ttl ms, info JSON).
+    pub(crate) heartbeat: Option<(&'a str, u64, &'a str)>,
+}
+
+impl Args<'_> {
+    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+        inv.arg(self.batch)
+            .arg(self.lease_ms)
+            .arg(self.dead_max)
+            .arg(self.dead_ttl_ms)
+            .arg(u8::from(self.check_repeats));
+        if let Some((id, ttl_ms, info)) = self.heartbeat {
+            inv.arg(id).arg(ttl_ms).arg(info);
+        }
+    }
+}
+
+/// One claimed message.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Claimed {
+    pub(crate) id: String,
+    /// "<token>:<score>": sent back whole to complete the delivery.
+    pub(crate) lease: String,
+    /// The schedule score it was claimed at (the lease's second part): its due time.
+    pub(crate) score: f64,
+    pub(crate) envelope: String,
+    /// Which delivery of the message this is (1 = its first).
+    pub(crate) attempt: u32,
+    pub(crate) serial_key: Option<String>,
+}
+
+/// A repeating message with no occurrence waiting or running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BrokenRepeat {
+    pub(crate) name: String,
+    pub(crate) definition: String,
+    /// Due time (ms) of its latest occurrence, if any.
+    pub(crate) mark: Option<i64>,
+}
+
+/// What a claim returns.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Reply {
+    pub(crate) server_now_ms: i64,
+    /// Earliest due time or lease deadline ahead; -1 none, -2 paused.
+    pub(crate) next_ms: i64,
+    pub(crate) reaped: u64,
+    pub(crate) rate_limited: bool,
+    /// Time of the latest restart request, -1 if none.
+    pub(crate) restart_at: i64,
+    pub(crate) items: Vec<Claimed>,
+    pub(crate) broken_repeats: Vec<BrokenRepeat>,
+}
+
+/// The (1-based) index into the claimed messages of a `later` or `keyed` pair.
+fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
+    let i: usize = decode(v)?;
+    if i == 0 || i > n {
+        return Err(format!("index {i} outside the {n} messages claimed").into());
+    }
+    Ok(i - 1)
+}
+
+impl FromRedisValue for Reply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let [header, deliveries, later, keyed, repeats]: [Vec<Value>; 5] = decode(&v)?;
+        let [now, next, reaped, limited, restart_at]: [i64; 5] =
+            FromRedisValue::from_redis_value(Value::Array(header))?;
+        if deliveries.len() % 3 != 0 || later.len() % 2 != 0 || keyed.len() % 2 != 0 || repeats.len() % 3 != 0 {
+            return Err("a part of the reply has a length that is not a multiple of its group".into());
+        }
+        let mut items = deliveries
+            .chunks_exact(3)
+            .map(|c| {
+                let lease: String = decode(&c[1])?;
+                let score = lease_score(&lease).ok_or_else(|| format!("malformed lease {lease:?}"))?;
+                Ok(Claimed {
+                    id: decode(&c[0])?,
+                    lease,
+                    score,
+                    envelope: decode(&c[2])?,
+                    attempt: 1,
+                    serial_key: None,
+                })
+            })
+            .collect::<Result<Vec<_>, ParsingError>>()?;
+        let n = items.len();
+        for pair in later.chunks_exact(2) {
+            items[index(&pair[0], n)?].attempt = decode(&pair[1])?;
+        }
+        for pair in keyed.chunks_exact(2) {
+            items[index(&pair[0], n)?].serial_key = Some(decode(&pair[1])?);
+        }
+        let broken_repeats = repeats
+            .chunks_exact(3)
+            .map(|c| {
+                let mark: i64 = decode(&c[2])?;
+                Ok(BrokenRepeat {
+                    name: decode(&c[0])?,
+                    definition: decode(&c[1])?,
+                    mark: (mark >= 0).then_some(mark),
+                })
+            })
+            .collect::<Result<_, ParsingError>>()?;
+        Ok(Self {
+            server_now_ms: now,
+            next_ms: next,
+            reaped: u64::try_from(reaped).map_err(|_| "a negative count of reaped leases")?,
+            rate_limited: limited == 1,
+            restart_at,
+            items,
+            broken_repeats,
+        })
+    }
+}
+
+/// The script.
+pub(crate) fn script() -> &'static LuaScript {
+    &super::CLAIM
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(x: &str) -> Value {
+        Value::BulkString(x.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_reply_decodes_into_its_parts() {
+        let v = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(1000),
+                Value::Int(-1),
+                Value::Int(2),
+                Value::Int(1),
+                Value::Int(-1),
+            ]),
+            Value::Array(vec![s("a"), s("7:4096"), s("{}"), s("b"), s("7:8192"), s("[]")]),
+            Value::Array(vec![Value::Int(2), Value::Int(3)]),
+            Value::Array(vec![Value::Int(1), s("customer-7")]),
+            Value::Array(vec![s("hourly"), s("{\"every\":1}"), Value::Int(-1)]),
+        ]);
+        let r = Reply::from_redis_value(v).expect("decodes");
+        assert_eq!(
+            (r.server_now_ms, r.next_ms, r.reaped, r.rate_limited, r.restart_at),
+            (1000, -1, 2, true, -1)
+        );
+        assert_eq!(r.items.len(), 2);
+        assert_eq!(
+            (r.items[0].attempt, r.items[0].serial_key.as_deref()),
+            (1, Some("customer-7"))
+        );
+        assert_eq!(
+            (r.items[1].id.as_str(), r.items[1].attempt, r.items[1].lease.as_str()),
+            ("b", 3, "7:8192")
+        );
+        assert_eq!(r.items[1].score, 8192.0);
+        assert_eq!(r.broken_repeats[0].mark, None);
+    }
+
+    #[test]
+    fn a_reply_that_does_not_fit_is_refused_not_defaulted() {
+        let header = || {
+            Value::Array(vec![
+                Value::Int(1000),
+                Value::Int(-1),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(-1),
+            ])
+        };
+        let empty = || Value::Array(vec![]);
+        for bad in [
+            // The flat reply of an older claim.lua.
+            Value::Array(vec![
+                Value::Int(1000),
+                Value::Int(-1),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(-1),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+            Value::Array(vec![
+                header(),
+                Value::Array(vec![s("a"), s("1:2")]),
+                empty(),
+                empty(),
+                empty(),
+            ]),
+            Value::Array(vec![
+                header(),
+                empty(),
+                Value::Array(vec![Value::Int(1), Value::Int(2)]),
+                empty(),
+                empty(),
+            ]),
+            Value::Array(vec![
+                header(),
+                Value::Array(vec![s("a"), Value::Nil, s("{}")]),
+                empty(),
+                empty(),
+                empty(),
+            ]),
+            Value::Array(vec![
+                header(),
+                Value::Array(vec![s("a"), s("7"), s("{}")]),
+                empty(),
+                empty(),
+                empty(),
+            ]),
+            Value::Nil,
+        ] {
+            assert!(Reply::from_redis_value(bad.clone()).is_err(), "{bad:?}");
+        }
+    }
+}
