@@ -14,7 +14,7 @@ use crate::envelope;
 use crate::error::{Error, Result};
 use crate::keys::{Keys, Layout, MAX_PARTITIONS, partition_of, partition_tags, validate_name};
 use crate::repeat::{self, RepeatInfo, RepeatOptions, Schedule};
-use crate::scripts::{self, LuaScript, MAX_BATCH};
+use crate::scripts::{self, LuaScript, MAX_BATCH, push};
 use crate::time::{Due, MAX_DELAY, ceil_ms, seconds_text};
 
 /// Settings of one queue. The defaults are the same in every binding, so PHP and
@@ -885,23 +885,22 @@ impl Queue {
         // caller chose are looked up. The cluster client resends on its own, so there
         // every send looks up.
         let sent = Cell::new(inner.endpoint.is_cluster());
+        let args_of = |members: &[usize]| push::Args {
+            check_existing: sent.get() || members.iter().any(|&i| batch[i].options.id.is_some()),
+            messages: members
+                .iter()
+                .map(|&i| push::Message {
+                    id: &ids[i],
+                    due: batch[i].due,
+                    replace: batch[i].options.replace,
+                    expires: batch[i].options.expire_after.is_some(),
+                    envelope: &envelopes[i],
+                    serial_key: batch[i].options.serial_key.as_deref(),
+                })
+                .collect(),
+        };
         let add_chunk = |inv: &mut redis::ScriptInvocation<'_>, members: &[usize]| {
-            let fresh = !sent.get() && members.iter().all(|&i| batch[i].options.id.is_none());
-            inv.arg(if fresh { "new" } else { "check" });
-            for &i in members {
-                let (kind, ms) = batch[i].due.script_args();
-                let kind = match (kind, batch[i].options.replace, batch[i].options.expire_after.is_some()) {
-                    ("d", true, false) => "D",
-                    ("a", true, false) => "A",
-                    ("d", true, true) => "De",
-                    ("a", true, true) => "Ae",
-                    ("d", false, true) => "de",
-                    ("a", false, true) => "ae",
-                    (kind, ..) => kind,
-                };
-                let serial = batch[i].options.serial_key.as_deref().unwrap_or("");
-                inv.arg(&ids[i]).arg(kind).arg(ms).arg(&envelopes[i]).arg(serial);
-            }
+            args_of(members).add_to(inv);
         };
         let waits = inner.opts.wait_replicas > 0;
         if inner.endpoint.is_cluster() {
@@ -912,9 +911,9 @@ impl Queue {
                     .conn
                     .lock()
                     .run_conn(&inner.endpoint, "push", Replay::Safe, |con| {
-                        let mut inv = self.invocation(part, &scripts::PUSH);
+                        let mut inv = self.invocation(part, push::script());
                         add_chunk(&mut inv, members);
-                        inv.invoke::<Value>(con.as_dyn())?;
+                        inv.invoke::<push::Reply>(con.as_dyn())?;
                         if waits {
                             self.confirm_replicated(con, part)
                         } else {
@@ -925,10 +924,11 @@ impl Queue {
             }
         } else if chunks.len() == 1 && !waits {
             let (part, members) = chunks[0];
-            self.call(part, "push", Replay::Safe, &scripts::PUSH, |inv| {
+            let reply = self.call(part, "push", Replay::Safe, push::script(), |inv| {
                 add_chunk(inv, members);
                 sent.set(true);
             })?;
+            scripts::read::<push::Reply>(push::script(), reply)?;
         } else {
             // One round trip for the whole batch, the WAIT included.
             let confirmed = inner
@@ -936,9 +936,9 @@ impl Queue {
                 .lock()
                 .run_conn(&inner.endpoint, "push_many", Replay::Safe, |con| {
                     let mut pipe = redis::pipe();
-                    pipe.load_script(&scripts::PUSH.script).ignore();
+                    pipe.load_script(&push::script().script).ignore();
                     for &(part, members) in &chunks {
-                        let mut inv = self.invocation(part, &scripts::PUSH);
+                        let mut inv = self.invocation(part, push::script());
                         add_chunk(&mut inv, members);
                         pipe.invoke_script(&inv).ignore();
                     }

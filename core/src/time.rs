@@ -49,11 +49,12 @@ impl Due {
         Ok(Self::AtUnixMs((seconds * 1000.0).ceil() as i64))
     }
 
-    /// (kind, ms) as the scripts take them: "d" = delay, "a" = absolute.
+    /// (timing, ms) as the scripts take them: "delay" from the server's clock, or
+    /// "at" a Unix time.
     pub(crate) fn script_args(self) -> (&'static str, i64) {
         match self {
-            Self::In(d) => ("d", i64::try_from(ceil_ms(d)).unwrap_or(i64::MAX)),
-            Self::AtUnixMs(ms) => ("a", ms.max(0)),
+            Self::In(d) => ("delay", i64::try_from(ceil_ms(d)).unwrap_or(i64::MAX)),
+            Self::AtUnixMs(ms) => ("at", ms.max(0)),
         }
     }
 
@@ -159,14 +160,14 @@ mod tests {
 
     #[test]
     fn sub_millisecond_delays_round_up() {
-        assert_eq!(Due::In(Duration::from_micros(1)).script_args(), ("d", 1));
-        assert_eq!(Due::In(Duration::from_micros(1500)).script_args(), ("d", 2));
-        assert_eq!(Due::from_delay_secs(0.25).expect("valid").script_args(), ("d", 250));
+        assert_eq!(Due::In(Duration::from_micros(1)).script_args(), ("delay", 1));
+        assert_eq!(Due::In(Duration::from_micros(1500)).script_args(), ("delay", 2));
+        assert_eq!(Due::from_delay_secs(0.25).expect("valid").script_args(), ("delay", 250));
     }
 
     #[test]
     fn absolute_times() {
-        assert_eq!(Due::from_unix_secs(1.5).expect("valid").script_args(), ("a", 1500));
+        assert_eq!(Due::from_unix_secs(1.5).expect("valid").script_args(), ("at", 1500));
         assert!(Due::from_unix_secs(f64::NAN).is_err());
         assert!(Due::from_unix_secs(-1.0).is_err());
     }

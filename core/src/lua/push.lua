@@ -3,12 +3,12 @@
 --   of a call that may have run), so each is looked up and an existing one is left
 --   as it is; "new": every id is one that delayq generated for this send, so none can
 --   exist and the lookup is skipped.
--- ARGV[4..] groups of 5: id, kind ("d" = delay in ms from the server clock,
---   "a" = absolute Unix time in ms; "D" and "A" the same, replacing a message of that
---   id that waits or is dead: new envelope and due time, attempts and last error
---   reset; one that runs is left as it is; "de", "ae", "De", "Ae": the same for an
---   envelope with an expiry, whose deadline counts from the due time), ms, envelope,
---   serial key ("" = none; see serial_gate in include/serial.lua).
+-- ARGV[4..] groups of 6 (written by scripts/push.rs): id; "delay" (ms from the
+--   server clock) or "at" (Unix time in ms); the ms; options, words of: "replace" (a
+--   message of that id that waits or is dead is replaced: new envelope and due time,
+--   attempts and last error reset; one that runs is left as it is), "expires" (the
+--   envelope has an expiry, whose deadline counts from the due time); the envelope;
+--   the serial key ("" = none; see serial_gate in include/serial.lua).
 -- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
 --   (the others existed already and were left).
 -- @include schedule
@@ -19,7 +19,7 @@
 local now = now_ms()
 local old_head = head_score()
 local FIRST = 4
-local GROUP = 5
+local GROUP = 6
 local count = (#ARGV - FIRST + 1) / GROUP
 local seq = next_seq(count)
 local check = ARGV[3] == 'check'
@@ -49,16 +49,16 @@ local serial_of, any_serial = {}, false
 for i = 1, count do
   local base = FIRST + (i - 1) * GROUP
   local id = ARGV[base]
-  local kind = ARGV[base + 1]
-  local envelope = ARGV[base + 3]
-  local serial = ARGV[base + 4]
-  local expiring = #kind == 2
-  if expiring then
-    kind = string.sub(kind, 1, 1)
+  local options = ARGV[base + 3]
+  local envelope = ARGV[base + 4]
+  local serial = ARGV[base + 5]
+  local replace, expiring = false, false
+  if options ~= '' then
+    replace = string.find(options, 'replace', 1, true) ~= nil
+    expiring = string.find(options, 'expires', 1, true) ~= nil
   end
-  local replace = kind == 'D' or kind == 'A'
   local due = tonumber(ARGV[base + 2])
-  if kind == 'd' or kind == 'D' then
+  if ARGV[base + 1] == 'delay' then
     due = now + due
   end
   if expiring then

@@ -1,6 +1,6 @@
 -- reschedule.lua: move a waiting message to a new due time (an expiring message's
 -- deadline moves with it).
--- ARGV[3] id   ARGV[4] kind ("d" delay from the server clock, "a" absolute)   ARGV[5] ms
+-- ARGV[3] id   ARGV[4] "delay" (from the server clock) or "at" (Unix time)   ARGV[5] ms
 -- Returns the new due time in ms, or -1 when the message is not waiting.
 -- @include schedule
 -- @include seq
@@ -12,7 +12,7 @@ if not redis.call('ZSCORE', K_SCHED, id) then
 end
 local old_head = head_score()
 local due = ms
-if kind == 'd' then
+if kind == 'delay' then
   due = now_ms() + ms
 end
 local score = score_of(due, next_seq())

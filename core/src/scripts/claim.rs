@@ -3,7 +3,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{LuaScript, decode};
+use super::{LuaScript, decode, decode_unsigned};
 use crate::keys::lease_score;
 
 /// One claim.
@@ -72,7 +72,7 @@ pub(crate) struct Reply {
 
 /// The (1-based) index into the claimed messages of a `later` or `keyed` pair.
 fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
-    let i: usize = decode(v)?;
+    let i: usize = decode_unsigned(v)?;
     if i == 0 || i > n {
         return Err(format!("index {i} outside the {n} messages claimed").into());
     }
@@ -104,7 +104,7 @@ impl FromRedisValue for Reply {
             .collect::<Result<Vec<_>, ParsingError>>()?;
         let n = items.len();
         for pair in later.chunks_exact(2) {
-            items[index(&pair[0], n)?].attempt = decode(&pair[1])?;
+            items[index(&pair[0], n)?].attempt = decode_unsigned(&pair[1])?;
         }
         for pair in keyed.chunks_exact(2) {
             items[index(&pair[0], n)?].serial_key = Some(decode(&pair[1])?);

@@ -18,10 +18,18 @@ use redis::{FromRedisValue, ParsingError, Value};
 use crate::error::Error;
 
 pub(crate) mod claim;
+pub(crate) mod push;
 
 /// One part of a reply as `T`, or why not: never a default.
 pub(crate) fn decode<T: FromRedisValue>(v: &Value) -> Result<T, ParsingError> {
     T::from_redis_value_ref(v)
+}
+
+/// A count or index, which the scripts send as an integer: refused when negative or
+/// past `T` (redis-rs would wrap it).
+pub(crate) fn decode_unsigned<T: TryFrom<i64>>(v: &Value) -> Result<T, ParsingError> {
+    let n: i64 = decode(v)?;
+    T::try_from(n).map_err(|_| format!("{n} where a count or index was due").into())
 }
 
 /// A script's whole reply as its reply type; one that does not decode is a
