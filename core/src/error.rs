@@ -247,7 +247,8 @@ impl Error {
                 | ServerErrorKind::ReadOnly,
             ) => Self::ConnectionLost(format!("Redis is not ready: {err}")),
             ErrorKind::Server(ServerErrorKind::NoPerm) => Self::AuthFailed(auth_text(&err.to_string(), user, true)),
-            ErrorKind::AuthenticationFailed => Self::AuthFailed(auth_text(&err.to_string(), user, false)),
+            // redis-rs's own kind for a refused AUTH (Redis said WRONGPASS).
+            ErrorKind::AuthenticationFailed => Self::AuthFailed(auth_text(&format!("WRONGPASS {err}"), user, false)),
             ErrorKind::InvalidClientConfig => Self::InvalidUrl {
                 url: addr.to_owned(),
                 reason: err.to_string(),
@@ -316,8 +317,8 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
             acl_hint(user)
         );
     }
-    if upper.contains("WRONGPASS") {
-        return format!("wrong password for user {user:?} (or no such user, or it is disabled): {text}");
+    if let Some(rest) = text.split_once("WRONGPASS").map(|(_, r)| r.trim()) {
+        return format!("wrong password for user {user:?} (or no such user, or it is disabled): {rest}");
     }
     if upper.contains("NOAUTH") || text.contains("unauthenticated") {
         return format!(

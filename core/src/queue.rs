@@ -14,7 +14,9 @@ use crate::envelope;
 use crate::error::{Error, Result};
 use crate::keys::{Keys, Layout, MAX_PARTITIONS, partition_of, partition_tags, validate_name};
 use crate::repeat::{self, RepeatInfo, RepeatOptions, Schedule};
-use crate::scripts::{self, LuaScript, MAX_BATCH, push};
+use crate::scripts::repeat as repeat_script;
+use crate::scripts::replies::{Count, Flag, Ids};
+use crate::scripts::{self, LuaScript, MAX_BATCH, admin, dead, inspect, push};
 use crate::time::{Due, MAX_DELAY, ceil_ms, seconds_text};
 
 /// Settings of one queue. The defaults are the same in every binding, so PHP and
@@ -540,22 +542,9 @@ fn expire_after_ms(layout: &Layout, expire_after: Option<Duration>) -> Result<Op
     Ok(Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
 }
 
-fn ids_reply(v: Value) -> RedisResult<Vec<Value>> {
-    match v {
-        Value::Array(items) => Ok(items),
-        Value::Nil => Ok(Vec::new()),
-        other => Err(redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "script reply is not an array",
-            format!("{other:?}"),
-        ))),
-    }
-}
-
 /// A pool's entry as beat.lua stored it ("<expires_ms>|<seen_ms>|<info JSON>"), unless
 /// it has expired (or was written by a version that this one cannot read).
-fn live_pool(entry: &Value, now_ms: i64) -> Option<WorkerInfo> {
-    let entry = text(entry)?;
+fn live_pool(entry: &str, now_ms: i64) -> Option<WorkerInfo> {
     let mut parts = entry.splitn(3, '|');
     let expires: i64 = parts.next()?.parse().ok()?;
     let seen: i64 = parts.next()?.parse().ok()?;
@@ -565,17 +554,6 @@ fn live_pool(entry: &Value, now_ms: i64) -> Option<WorkerInfo> {
     let mut info: WorkerInfo = serde_json::from_str(parts.next()?).ok()?;
     info.last_seen_ms = seen;
     Some(info)
-}
-
-pub(crate) fn int(v: &Value) -> i64 {
-    i64::from_redis_value(v.clone()).unwrap_or(-1)
-}
-
-pub(crate) fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::Nil | Value::Boolean(false) => None,
-        other => String::from_redis_value(other.clone()).ok(),
-    }
 }
 
 /// Queues kept by `Queue::shared`, oldest first.
@@ -706,42 +684,44 @@ impl Queue {
     }
 
     /// Run `build` to add arguments, then the script on partition `part`, on the
-    /// producer connection.
-    pub(crate) fn call(
+    /// producer connection; its reply decoded as `R` (a reply that does not decode is
+    /// `Error::Protocol`, naming the script).
+    pub(crate) fn call<R: FromRedisValue>(
         &self,
         part: usize,
         operation: &str,
         replay: Replay,
         script: &LuaScript,
         build: impl Fn(&mut redis::ScriptInvocation<'_>),
-    ) -> Result<Value> {
+    ) -> Result<R> {
         let inner = &*self.inner;
-        inner.conn.lock().run(&inner.endpoint, operation, replay, |con| {
+        let v: Value = inner.conn.lock().run(&inner.endpoint, operation, replay, |con| {
             let mut inv = self.invocation(part, script);
             build(&mut inv);
             inv.invoke(con)
-        })
+        })?;
+        scripts::read(script, v)
     }
 
     /// Run a by-id script on the id's own partition first, then on the others, until
     /// `found` accepts a reply (a message pushed with a partition key may live on any).
-    fn call_by_id(
+    fn call_by_id<R: FromRedisValue>(
         &self,
         id: &str,
         operation: &str,
         replay: Replay,
         script: &LuaScript,
         build: impl Fn(&mut redis::ScriptInvocation<'_>),
-        found: impl Fn(&Value) -> bool,
-    ) -> Result<Value> {
+        found: impl Fn(&R) -> bool,
+    ) -> Result<R> {
         let n = self.partitions();
         let home = partition_of(id, n);
-        let mut last = Value::Nil;
-        for part in std::iter::once(home).chain((0..n).filter(|&p| p != home)) {
-            last = self.call(part, operation, replay, script, &build)?;
+        let mut last = self.call(home, operation, replay, script, &build)?;
+        for part in (0..n).filter(|&p| p != home) {
             if found(&last) {
                 break;
             }
+            last = self.call(part, operation, replay, script, &build)?;
         }
         Ok(last)
     }
@@ -924,11 +904,10 @@ impl Queue {
             }
         } else if chunks.len() == 1 && !waits {
             let (part, members) = chunks[0];
-            let reply = self.call(part, "push", Replay::Safe, push::script(), |inv| {
+            let _: push::Reply = self.call(part, "push", Replay::Safe, push::script(), |inv| {
                 add_chunk(inv, members);
                 sent.set(true);
             })?;
-            scripts::read::<push::Reply>(push::script(), reply)?;
         } else {
             // One round trip for the whole batch, the WAIT included.
             let confirmed = inner
@@ -963,18 +942,19 @@ impl Queue {
     /// running or dead.
     pub fn cancel(&self, id: &str) -> Result<bool> {
         validate_id(id)?;
-        let removed = |v: &Value| matches!(v, Value::Array(ids) if !ids.is_empty());
-        let v = self.call_by_id(
+        let args = admin::Cancel {
+            counter: "cancelled",
+            ids: vec![id],
+        };
+        let Ids(removed) = self.call_by_id(
             id,
             "cancel",
             Replay::IfNotSent,
-            &scripts::CANCEL,
-            |inv| {
-                inv.arg("cancelled").arg(id);
-            },
-            removed,
+            admin::cancel(),
+            |inv| args.add_to(inv),
+            |Ids(removed): &Ids| !removed.is_empty(),
         )?;
-        Ok(removed(&v))
+        Ok(!removed.is_empty())
     }
 
     /// Delete those of `ids` that still wait, counted under `counter`; returns them.
@@ -984,11 +964,14 @@ impl Queue {
             if ids.is_empty() {
                 return Ok(Vec::new());
             }
-            let v = self.call(part, "move_waiting", Replay::IfNotSent, &scripts::CANCEL, |inv| {
-                inv.arg(counter).arg(ids);
+            let args = admin::Cancel {
+                counter,
+                ids: ids.iter().map(|id| id.as_str()).collect(),
+            };
+            let Ids(removed) = self.call(part, "move_waiting", Replay::IfNotSent, admin::cancel(), |inv| {
+                args.add_to(inv);
             })?;
-            let removed = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "move_waiting"))?;
-            Ok(removed.iter().filter_map(text).collect())
+            Ok(removed)
         };
         // Each id in its home partition first: only one pushed with a partition key
         // lives elsewhere.
@@ -1096,57 +1079,34 @@ impl Queue {
     /// Move a waiting message to a new due time. `false` when it is not waiting.
     pub fn reschedule(&self, id: &str, due: impl Into<Due>) -> Result<bool> {
         validate_id(id)?;
-        let due = due.into().validate()?;
-        let (kind, ms) = due.script_args();
-        let v = self.call_by_id(
+        let args = admin::Reschedule {
+            id,
+            due: due.into().validate()?,
+        };
+        let admin::Moved(due) = self.call_by_id(
             id,
             "reschedule",
             Replay::Safe,
-            &scripts::RESCHEDULE,
-            |inv| {
-                inv.arg(id).arg(kind).arg(ms);
-            },
-            |v| int(v) >= 0,
+            admin::reschedule(),
+            |inv| args.add_to(inv),
+            |admin::Moved(due): &admin::Moved| due.is_some(),
         )?;
-        Ok(int(&v) >= 0)
+        Ok(due.is_some())
     }
 
     /// Everything known about one message, or `None` when the id is unknown.
     pub fn get(&self, id: &str) -> Result<Option<MessageInfo>> {
         validate_id(id)?;
-        let v = self.call_by_id(
+        let args = inspect::Get { id };
+        let inspect::Found(record) = self.call_by_id(
             id,
             "get",
             Replay::Safe,
-            &scripts::GET,
-            |inv| {
-                inv.arg(id);
-            },
-            |v| matches!(v, Value::Array(items) if items.len() >= 6),
+            inspect::get(),
+            |inv| args.add_to(inv),
+            |inspect::Found(record): &inspect::Found| record.is_some(),
         )?;
-        let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "get"))?;
-        let [
-            state,
-            stored,
-            due,
-            attempts,
-            error,
-            dead,
-            lease_until,
-            completed,
-            trace,
-            serial,
-        ] = items.as_slice()
-        else {
-            return Ok(None);
-        };
-        Ok(Some(self.message_info(
-            id.to_owned(),
-            state,
-            stored,
-            [due, attempts, dead, lease_until, completed],
-            [error, trace, serial],
-        )))
+        Ok(record.map(|r| self.message_info(id.to_owned(), r)))
     }
 
     /// The first `limit` (1 to 1000) messages of one state, from every partition, in
@@ -1165,30 +1125,14 @@ impl Queue {
         }
         let mut all = Vec::new();
         for part in 0..self.partitions() {
-            let v = self.call(part, "list", Replay::Safe, &scripts::LIST, |inv| {
-                inv.arg(which.as_str()).arg(limit);
+            let args = inspect::List {
+                which: which.as_str(),
+                limit,
+            };
+            let inspect::Listed(listed) = self.call(part, "list", Replay::Safe, inspect::list(), |inv| {
+                args.add_to(inv);
             })?;
-            let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "list"))?;
-            for group in items.get(1..).unwrap_or_default().chunks_exact(10) {
-                let [
-                    id,
-                    state,
-                    stored,
-                    due,
-                    attempts,
-                    error,
-                    lease_until,
-                    completed,
-                    trace,
-                    serial,
-                ] = group
-                else {
-                    continue;
-                };
-                let Some(id) = text(id) else { continue };
-                let times = [due, attempts, &Value::Int(-1), lease_until, completed];
-                all.push(self.message_info(id, state, stored, times, [error, trace, serial]));
-            }
+            all.extend(listed.into_iter().map(|(id, r)| self.message_info(id, r)));
         }
         // Each partition's list is in order already; merge them the same way.
         match which {
@@ -1229,13 +1173,17 @@ impl Queue {
                     if found.len() >= limit {
                         return Ok(found);
                     }
-                    let v = self.call(part, "find", Replay::Safe, &scripts::FIND, |inv| {
-                        inv.arg(which).arg(&cursor).arg(text).arg(MAX_BATCH);
+                    let args = inspect::Find {
+                        which,
+                        cursor: &cursor,
+                        text,
+                        count: MAX_BATCH,
+                    };
+                    let step: inspect::FindStep = self.call(part, "find", Replay::Safe, inspect::find(), |inv| {
+                        args.add_to(inv);
                     })?;
-                    let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "find"))?;
-                    let mut items = items.iter().filter_map(self::text);
-                    cursor = items.next().unwrap_or_else(|| "0".to_owned());
-                    for id in items {
+                    cursor = step.cursor;
+                    for id in step.ids {
                         // What matched may be the envelope's metadata rather than the
                         // payload, the id among it: a generated id is random hex, where
                         // an order number turns up by chance. A re-pushed completed id
@@ -1257,43 +1205,27 @@ impl Queue {
         Ok(found)
     }
 
-    fn message_info(
-        &self,
-        id: String,
-        state: &Value,
-        stored: &Value,
-        [due, attempts, dead, lease_until, completed]: [&Value; 5],
-        [error, trace, serial]: [&Value; 3],
-    ) -> MessageInfo {
-        let state = match text(state).as_deref() {
-            Some("scheduled") => State::Scheduled,
-            Some("ready") => State::Ready,
-            Some("inflight") => State::Inflight,
-            Some("completed") => State::Completed,
-            _ => State::Dead,
-        };
-        let stored = text(stored).unwrap_or_default();
+    fn message_info(&self, id: String, r: inspect::Record) -> MessageInfo {
         let (payload_json, max_attempts, created_at_ms, expiry) =
-            match envelope::decode(&self.inner.opts.layout, &stored) {
+            match envelope::decode(&self.inner.opts.layout, &r.stored) {
                 Ok(d) => (d.payload_json, d.max_attempts, d.created_ms, d.expiry),
-                Err(_) => (stored, None, None, None),
+                Err(_) => (r.stored, None, None, None),
             };
-        let known = |v: &Value| Some(int(v)).filter(|&ms| ms >= 0);
         MessageInfo {
             id,
-            state,
+            state: r.state,
             payload_json,
-            due_at_ms: known(due),
-            attempts: u32::try_from(int(attempts)).unwrap_or(0),
+            due_at_ms: r.due_ms,
+            attempts: r.attempts,
             max_attempts,
-            last_error: text(error),
-            error_trace: text(trace),
-            dead_at_ms: known(dead),
+            last_error: r.last_error,
+            error_trace: r.error_trace,
+            dead_at_ms: r.dead_at_ms,
             created_at_ms,
-            lease_until_ms: known(lease_until),
+            lease_until_ms: r.lease_until_ms,
             expires_at_ms: expiry.map(|(_, deadline)| deadline),
-            completed_at_ms: known(completed),
-            serial_key: text(serial),
+            completed_at_ms: r.completed_at_ms,
+            serial_key: r.serial_key,
         }
     }
 
@@ -1335,38 +1267,22 @@ impl Queue {
                 format!("this queue has partitions 0 to {}, not {part}", self.partitions() - 1),
             ));
         }
-        let v = self.call(part, "stats", replay, &scripts::STATS, |_| {})?;
-        let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "stats"))?;
-        let n = |i: usize| u64::try_from(items.get(i).map(int).unwrap_or(0)).unwrap_or(0);
-        let waiting = n(1);
-        let ready = n(2);
-        let next = items.get(5).map(int).unwrap_or(-1);
-        let paused = items.get(6).map(int).unwrap_or(-1);
-        let limit_max = items.get(7).map(int).unwrap_or(-1);
-        let limit_per = items.get(8).map(int).unwrap_or(-1);
-        let rate_limit = (limit_max > 0 && limit_per > 0).then(|| RateLimit {
-            max: u32::try_from(limit_max).unwrap_or(u32::MAX),
-            per: Duration::from_millis(limit_per.unsigned_abs()),
+        let d: inspect::Depth = self.call(part, "stats", replay, inspect::stats(), |_| {})?;
+        let rate_limit = d.rate_limit.map(|(max, per_ms)| RateLimit {
+            max: u32::try_from(max).unwrap_or(u32::MAX),
+            per: Duration::from_millis(per_ms),
         });
-        let mut totals = BTreeMap::new();
-        for pair in items.get(11..).unwrap_or_default().chunks(2) {
-            if let [k, v] = pair
-                && let Some(k) = text(k)
-            {
-                totals.insert(k, text(v).and_then(|v| v.parse().ok()).unwrap_or(0));
-            }
-        }
         Ok(Stats {
-            scheduled: waiting.saturating_sub(ready),
-            ready,
-            inflight: n(3),
-            dead: n(4),
-            completed: n(9),
-            held: n(10),
-            next_due_ms: (next >= 0).then_some(next),
-            paused_at_ms: (paused >= 0).then_some(paused),
+            scheduled: d.waiting.saturating_sub(d.ready),
+            ready: d.ready,
+            inflight: d.inflight,
+            dead: d.dead,
+            completed: d.completed,
+            held: d.held,
+            next_due_ms: d.next_due_ms,
+            paused_at_ms: d.paused_at_ms,
             rate_limit,
-            totals,
+            totals: d.counters.into_iter().collect(),
         })
     }
 
@@ -1378,23 +1294,21 @@ impl Queue {
         let limit = limit.min(self.inner.opts.dead_max.max(1));
         let mut all = Vec::new();
         for part in 0..self.partitions() {
-            let v = self.call(part, "dead_letters", Replay::Safe, &scripts::DEAD, |inv| {
-                inv.arg(limit);
+            let args = dead::List { limit };
+            let dead::Rows(rows) = self.call(part, "dead_letters", Replay::Safe, dead::list(), |inv| {
+                args.add_to(inv);
             })?;
-            let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "dead_letters"))?;
-            all.extend(items.chunks(6).filter_map(|c| {
-                let [id, at, env, att, err, trace] = c else { return None };
-                let stored = text(env).unwrap_or_default();
-                Some(DeadLetter {
-                    id: text(id)?,
-                    payload_json: envelope::decode(&self.inner.opts.layout, &stored)
+            all.extend(rows.into_iter().map(|r| {
+                DeadLetter {
+                    id: r.id,
+                    payload_json: envelope::decode(&self.inner.opts.layout, &r.stored)
                         .map(|d| d.payload_json)
-                        .unwrap_or(stored),
-                    attempts: u32::try_from(int(att)).unwrap_or(0),
-                    last_error: text(err).unwrap_or_default(),
-                    error_trace: text(trace).filter(|t| !t.is_empty()),
-                    dead_at_ms: int(at),
-                })
+                        .unwrap_or(r.stored),
+                    attempts: r.attempts,
+                    last_error: r.last_error.unwrap_or_default(),
+                    error_trace: r.error_trace,
+                    dead_at_ms: r.dead_at_ms,
+                }
             }));
         }
         // Each partition's list is newest first already; merge them the same way.
@@ -1406,14 +1320,14 @@ impl Queue {
     /// Send dead letters back to the queue, due now, with a fresh attempt budget: one
     /// (`Some(id)`) or all. Returns how many were requeued.
     pub fn requeue_dead(&self, id: Option<&str>) -> Result<u64> {
-        self.on_dead("requeue_dead", &scripts::REQUEUE, id)
+        self.on_dead("requeue_dead", dead::requeue(), id)
     }
 
     /// Delete dead letters for good, payload and all: one (`Some(id)`) or all. Returns
     /// how many were deleted. Waiting and running messages are not touched (see
     /// `cancel` and `purge`).
     pub fn delete_dead(&self, id: Option<&str>) -> Result<u64> {
-        self.on_dead("delete_dead", &scripts::DELETE_DEAD, id)
+        self.on_dead("delete_dead", dead::delete(), id)
     }
 
     /// Requeue the dead letters whose last error contains `text` (plain text, not a
@@ -1445,14 +1359,19 @@ impl Queue {
         }
         let mut found = Vec::new();
         for part in 0..self.partitions() {
-            let mut first = 0i64;
-            while first >= 0 {
-                let v = self.call(part, "dead_with_error", Replay::Safe, &scripts::DEAD_MATCHING, |inv| {
-                    inv.arg(first).arg(MAX_BATCH).arg(text);
-                })?;
-                let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "dead_with_error"))?;
-                first = items.first().map_or(-1, int);
-                found.extend(items.iter().skip(1).filter_map(self::text));
+            let mut first = Some(0);
+            while let Some(from) = first {
+                let args = dead::Matching {
+                    first: from,
+                    count: MAX_BATCH,
+                    text,
+                };
+                let step: dead::MatchStep =
+                    self.call(part, "dead_with_error", Replay::Safe, dead::matching(), |inv| {
+                        args.add_to(inv);
+                    })?;
+                first = step.next;
+                found.extend(step.ids);
             }
         }
         Ok(found)
@@ -1461,26 +1380,23 @@ impl Queue {
     fn on_dead(&self, operation: &'static str, script: &LuaScript, id: Option<&str>) -> Result<u64> {
         if let Some(id) = id {
             validate_id(id)?;
-            let v = self.call_by_id(
+            let Count(n) = self.call_by_id(
                 id,
                 operation,
                 Replay::Safe,
                 script,
-                |inv| {
-                    inv.arg(id).arg(1);
-                },
-                |v| int(v) > 0,
+                |inv| dead::Selection::One(id).add_to(inv),
+                |Count(n): &Count| *n > 0,
             )?;
-            return Ok(u64::try_from(int(&v)).unwrap_or(0));
+            return Ok(n);
         }
         let mut total = 0;
         for part in 0..self.partitions() {
             loop {
                 // Batches keep each call short; a crash between batches leaves the rest as they were.
-                let v = self.call(part, operation, Replay::Safe, script, |inv| {
-                    inv.arg("").arg(MAX_BATCH);
+                let Count(n) = self.call(part, operation, Replay::Safe, script, |inv| {
+                    dead::Selection::Oldest(MAX_BATCH).add_to(inv);
                 })?;
-                let n = u64::try_from(int(&v)).unwrap_or(0);
                 total += n;
                 if n < MAX_BATCH as u64 {
                     break;
@@ -1496,13 +1412,9 @@ impl Queue {
     pub fn workers(&self) -> Result<Vec<WorkerInfo>> {
         let mut latest: BTreeMap<String, WorkerInfo> = BTreeMap::new();
         for part in 0..self.partitions() {
-            let v = self.call(part, "workers", Replay::Safe, &scripts::WORKERS, |_| {})?;
-            let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "workers"))?;
-            let Some((now, entries)) = items.split_first() else {
-                continue;
-            };
-            let now = int(now);
-            for info in entries.chunks_exact(2).filter_map(|pair| live_pool(&pair[1], now)) {
+            let pools: inspect::Pools = self.call(part, "workers", Replay::Safe, inspect::workers(), |_| {})?;
+            let now = pools.now_ms;
+            for info in pools.entries.iter().filter_map(|(_, entry)| live_pool(entry, now)) {
                 if latest
                     .get(&info.id)
                     .is_none_or(|seen| seen.last_seen_ms < info.last_seen_ms)
@@ -1552,39 +1464,40 @@ impl Queue {
             expire_after,
             now,
         );
-        let v = self.call(
+        let args = repeat_script::Occurrence {
+            name,
+            definition: &definition,
+            due_ms: first,
+            envelope: &envelope,
+        };
+        self.call(
             self.repeat_partition(name),
             "repeat",
             Replay::Safe,
-            &scripts::REPEAT_SET,
-            |inv| {
-                inv.arg(name).arg(&definition).arg(first).arg(&envelope);
-            },
-        )?;
-        Ok(int(&v))
+            repeat_script::set(),
+            |inv| args.add_to(inv),
+        )
     }
 
     /// Stop a repeating message; its occurrence that still waits is cancelled (one
     /// that runs finishes). Returns whether it existed.
     pub fn unrepeat(&self, name: &str) -> Result<bool> {
         validate_repeat_name(name)?;
-        let v = self.call(
+        let Flag(existed) = self.call(
             self.repeat_partition(name),
             "unrepeat",
             Replay::Safe,
-            &scripts::REPEAT_DEL,
-            |inv| {
-                inv.arg(name);
-            },
+            repeat_script::delete(),
+            |inv| repeat_script::Named { name }.add_to(inv),
         )?;
-        Ok(int(&v) == 1)
+        Ok(existed)
     }
 
     /// Every repeating message of the queue, by name.
     pub fn repeats(&self) -> Result<Vec<RepeatInfo>> {
         let mut all = Vec::new();
         for part in 0..self.partitions() {
-            for (name, definition, mark) in self.repeat_definitions(part, "")? {
+            for repeat_script::Definition { name, definition, mark } in self.repeat_definitions(part, "")? {
                 let (schedule, payload_json, options) = repeat::parse_definition(&name, &definition)?;
                 all.push(RepeatInfo {
                     name,
@@ -1605,18 +1518,12 @@ impl Queue {
     }
 
     /// (name, definition text, mark) of one repeat (`name`) or all (`""`).
-    pub(crate) fn repeat_definitions(&self, part: usize, name: &str) -> Result<Vec<(String, String, Option<i64>)>> {
-        let v = self.call(part, "repeats", Replay::Safe, &scripts::REPEATS, |inv| {
-            inv.arg(name);
-        })?;
-        let items = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "repeats"))?;
-        Ok(items
-            .chunks_exact(3)
-            .filter_map(|c| {
-                let mark = int(&c[2]);
-                Some((text(&c[0])?, text(&c[1])?, (mark >= 0).then_some(mark)))
-            })
-            .collect())
+    pub(crate) fn repeat_definitions(&self, part: usize, name: &str) -> Result<Vec<repeat_script::Definition>> {
+        let repeat_script::Definitions(all) =
+            self.call(part, "repeats", Replay::Safe, repeat_script::list(), |inv| {
+                repeat_script::Named { name }.add_to(inv);
+            })?;
+        Ok(all)
     }
 
     /// Push the occurrence of a repeat that follows the one due at `previous_ms` (and
@@ -1646,10 +1553,16 @@ impl Queue {
             expire_after,
             now,
         );
-        let v = self.call(part, "repeat_next", Replay::Safe, &scripts::REPEAT_NEXT, |inv| {
-            inv.arg(name).arg(definition).arg(due).arg(&envelope);
+        let args = repeat_script::Occurrence {
+            name,
+            definition,
+            due_ms: due,
+            envelope: &envelope,
+        };
+        let Flag(pushed) = self.call(part, "repeat_next", Replay::Safe, repeat_script::next(), |inv| {
+            args.add_to(inv);
         })?;
-        Ok(int(&v) == 1)
+        Ok(pushed)
     }
 
     /// Stop consumption on every partition, for every consumer pool on any host, until
@@ -1677,10 +1590,10 @@ impl Queue {
         let operation = if paused { "pause" } else { "resume" };
         let mut changed = false;
         for part in 0..self.partitions() {
-            let v = self.call(part, operation, Replay::Safe, &scripts::PAUSE, |inv| {
-                inv.arg(u8::from(paused));
+            let Flag(changed_here) = self.call(part, operation, Replay::Safe, admin::pause(), |inv| {
+                admin::Pause { paused }.add_to(inv);
             })?;
-            changed |= int(&v) == 1;
+            changed |= changed_here;
         }
         Ok(changed)
     }
@@ -1698,8 +1611,11 @@ impl Queue {
         limit.validate(parts)?;
         let per_ms = u64::try_from(limit.per.as_millis()).unwrap_or(u64::MAX);
         for (part, share) in limit.shares(parts).enumerate() {
-            self.call(part, "set_rate_limit", Replay::Safe, &scripts::LIMIT, |inv| {
-                inv.arg(share).arg(per_ms).arg(limit.max);
+            let Flag(_) = self.call(part, "set_rate_limit", Replay::Safe, admin::limit(), |inv| {
+                admin::Limit {
+                    set: Some((share, per_ms, limit.max)),
+                }
+                .add_to(inv);
             })?;
         }
         Ok(())
@@ -1710,10 +1626,10 @@ impl Queue {
     pub fn clear_rate_limit(&self) -> Result<bool> {
         let mut had = false;
         for part in 0..self.partitions() {
-            let v = self.call(part, "clear_rate_limit", Replay::Safe, &scripts::LIMIT, |inv| {
-                inv.arg("").arg("").arg("");
+            let Flag(had_here) = self.call(part, "clear_rate_limit", Replay::Safe, admin::limit(), |inv| {
+                admin::Limit { set: None }.add_to(inv);
             })?;
-            had |= int(&v) == 1;
+            had |= had_here;
         }
         Ok(had)
     }
@@ -1733,9 +1649,8 @@ impl Queue {
         // A pool registers in every partition it serves: count each once.
         let mut asked = BTreeSet::new();
         for part in 0..self.partitions() {
-            let v = self.call(part, "restart_workers", Replay::Safe, &scripts::RESTART, |_| {})?;
-            let ids = ids_reply(v).map_err(|e| self.inner.endpoint.error(&e, "restart_workers"))?;
-            asked.extend(ids.iter().filter_map(text));
+            let Ids(pools) = self.call(part, "restart_workers", Replay::Safe, admin::restart(), |_| {})?;
+            asked.extend(pools);
         }
         Ok(asked.len())
     }
@@ -1747,8 +1662,8 @@ impl Queue {
     pub fn purge(&self) -> Result<u64> {
         let mut total = 0;
         for part in 0..self.partitions() {
-            let v = self.call(part, "purge", Replay::IfNotSent, &scripts::PURGE, |_| {})?;
-            total += u64::try_from(int(&v)).unwrap_or(0);
+            let Count(n) = self.call(part, "purge", Replay::IfNotSent, admin::purge(), |_| {})?;
+            total += n;
         }
         Ok(total)
     }

@@ -23,16 +23,17 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TryRecvError};
 use parking_lot::{Condvar, Mutex};
-use redis::Value;
+use redis::{FromRedisValue, Value};
 use serde::de::DeserializeOwned;
 
 use crate::backoff::retry_delay;
 use crate::conn::{ConnSlot, Replay};
 use crate::envelope;
 use crate::error::{Category, Error, Result};
-use crate::queue::{Queue, int};
+use crate::queue::Queue;
 use crate::repeat;
-use crate::scripts::{self, MAX_BATCH, claim};
+use crate::scripts::complete::{self, Status};
+use crate::scripts::{self, LuaScript, MAX_BATCH, beat, claim, extend};
 use crate::time::MAX_DELAY;
 
 /// Settings of a consumer pool.
@@ -625,6 +626,15 @@ enum Outcome {
 }
 
 impl Outcome {
+    /// The delivery it completes, as the scripts take it.
+    fn delivery(&self) -> complete::Delivery<'_> {
+        match self {
+            Self::Ack { id, token, .. } | Self::Nack { id, token, .. } | Self::Release { id, token, .. } => {
+                complete::Delivery { id, lease: token }
+            }
+        }
+    }
+
     fn token(&self) -> &str {
         match self {
             Self::Ack { token, .. } | Self::Nack { token, .. } | Self::Release { token, .. } => token,
@@ -1339,15 +1349,24 @@ impl Releaser {
             for part in 0..q.partitions() {
                 let mine: Vec<&(String, Outstanding)> = held.iter().filter(|(_, o)| o.part == part).collect();
                 for chunk in mine.chunks(MAX_BATCH) {
-                    let res = slot.run(&q.inner.endpoint, "release", Replay::Safe, |con| {
-                        let mut inv = q.invocation(part, &scripts::RELEASE);
-                        for (token, o) in chunk {
-                            inv.arg(&o.id).arg(token);
-                        }
-                        inv.invoke::<i64>(con)
-                    });
+                    let args = complete::Release {
+                        deliveries: chunk
+                            .iter()
+                            .map(|(token, o)| complete::Delivery {
+                                id: &o.id,
+                                lease: token,
+                            })
+                            .collect(),
+                    };
+                    let res = slot
+                        .run(&q.inner.endpoint, "release", Replay::Safe, |con| {
+                            let mut inv = q.invocation(part, complete::release());
+                            args.add_to(&mut inv);
+                            inv.invoke::<Value>(con)
+                        })
+                        .and_then(|v| scripts::read::<complete::Released>(complete::release(), v));
                     match res {
-                        Ok(n) => released += usize::try_from(n).unwrap_or(0),
+                        Ok(complete::Released(n)) => released += usize::try_from(n).unwrap_or(usize::MAX),
                         Err(e) => log::warn!(
                             "delayq[{}]: could not give {} deliveries back; they run again after their lease: {e}",
                             pool.queue_name,
@@ -1886,7 +1905,7 @@ fn push_next_occurrences(pool: &Pool, part: usize, occurrences: &[(String, i64)]
     let mut failed = false;
     for (name, due) in occurrences {
         let result = q.repeat_definitions(part, name).and_then(|found| match found.first() {
-            Some((_, definition, _)) => q.push_next_occurrence(part, name, definition, Some(*due)),
+            Some(found) => q.push_next_occurrence(part, name, &found.definition, Some(*due)),
             // Stopped with unrepeat(): this occurrence was the last.
             None => Ok(false),
         });
@@ -2019,13 +2038,6 @@ fn hand_out(
     }
 }
 
-fn script_statuses(v: &Value) -> Vec<i64> {
-    match v {
-        Value::Array(items) => items.iter().map(int).collect(),
-        _ => Vec::new(),
-    }
-}
-
 fn complete_loop(pool: &Pool, outcomes: &Receiver<Outcome>) {
     let mut slot = ConnSlot::new();
     while let Ok(first) = outcomes.recv() {
@@ -2068,20 +2080,20 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
     let qo = q.options();
     let c = &pool.counters;
     if !acks.is_empty() {
-        if let Some((statuses, retried)) = write_with_retry(pool, slot, part, "ack", &acks, |inv| {
-            inv.arg(qo.keep_completed).arg(qo.keep_completed_for.as_millis() as u64);
-            for o in &acks {
-                if let Outcome::Ack { id, token, .. } = o {
-                    inv.arg(id).arg(token);
-                }
-            }
-        }) {
+        let args = complete::Ack {
+            keep: qo.keep_completed,
+            keep_ms: qo.keep_completed_for.as_millis() as u64,
+            deliveries: acks.iter().map(Outcome::delivery).collect(),
+        };
+        if let Some((complete::Statuses(statuses), retried)) =
+            write_with_retry(pool, slot, part, complete::ack(), acks.len(), |inv| args.add_to(inv))
+        {
             for (o, s) in acks.iter().zip(statuses) {
                 match s {
-                    1 => Counters::add(&c.acked, 1),
+                    Status::Done => Counters::add(&c.acked, 1),
                     // After a retried write, "gone" means the first try went through
                     // before the connection broke.
-                    -1 if retried => Counters::add(&c.acked, 1),
+                    Status::Gone if retried => Counters::add(&c.acked, 1),
                     _ => lease_lost(pool, o),
                 }
             }
@@ -2089,27 +2101,32 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
         forget(pool, &acks);
     }
     if !nacks.is_empty() {
-        if let Some((statuses, _)) = write_with_retry(pool, slot, part, "nack", &nacks, |inv| {
-            inv.arg(qo.dead_max).arg(qo.dead_ttl.as_millis() as u64);
-            for o in &nacks {
-                if let Outcome::Nack {
-                    id,
-                    token,
-                    delay_ms,
-                    error,
-                    trace,
-                    ..
-                } = o
-                {
-                    inv.arg(id).arg(token).arg(*delay_ms).arg(error).arg(trace);
-                }
-            }
-        }) {
+        let args = complete::Nack {
+            dead_max: qo.dead_max,
+            dead_ttl_ms: qo.dead_ttl.as_millis() as u64,
+            failures: nacks
+                .iter()
+                .filter_map(|o| match o {
+                    Outcome::Nack {
+                        delay_ms, error, trace, ..
+                    } => Some(complete::Failure {
+                        delivery: o.delivery(),
+                        retry_in_ms: u64::try_from(*delay_ms).ok(),
+                        error,
+                        trace,
+                    }),
+                    _ => None,
+                })
+                .collect(),
+        };
+        if let Some((complete::Statuses(statuses), _)) =
+            write_with_retry(pool, slot, part, complete::nack(), nacks.len(), |inv| args.add_to(inv))
+        {
             for (o, s) in nacks.iter().zip(statuses) {
                 let counted = matches!(o, Outcome::Nack { counted: true, .. });
                 match s {
-                    1 => Counters::add(&c.retried, 1),
-                    2 if counted => {
+                    Status::Done => Counters::add(&c.retried, 1),
+                    Status::Buried if counted => {
                         Counters::add(&c.dead, 1);
                         if let Outcome::Nack { id, error, .. } = o {
                             log::warn!(
@@ -2118,7 +2135,7 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
                             );
                         }
                     }
-                    2 => {}
+                    Status::Buried => {}
                     _ => lease_lost(pool, o),
                 }
             }
@@ -2126,15 +2143,15 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
         forget(pool, &nacks);
     }
     if !releases.is_empty() {
-        if let Some((statuses, _)) = write_with_retry(pool, slot, part, "release", &releases, |inv| {
-            for o in &releases {
-                if let Outcome::Release { id, token, .. } = o {
-                    inv.arg(id).arg(token);
-                }
-            }
-        }) {
-            let n = statuses.first().copied().unwrap_or(0);
-            Counters::add(&c.released, u64::try_from(n).unwrap_or(0));
+        let args = complete::Release {
+            deliveries: releases.iter().map(Outcome::delivery).collect(),
+        };
+        if let Some((complete::Released(n), _)) =
+            write_with_retry(pool, slot, part, complete::release(), releases.len(), |inv| {
+                args.add_to(inv)
+            })
+        {
+            Counters::add(&c.released, n);
         }
         forget(pool, &releases);
     }
@@ -2168,33 +2185,30 @@ fn forget(pool: &Pool, done: &[Outcome]) {
 
 /// Write one script call, reconnecting with backoff. Gives up once the lease has run
 /// out: by then the message is due for another delivery and the write is moot.
-/// Returns the script's statuses and whether the call had to be sent again.
-fn write_with_retry(
+/// Returns the script's reply and whether the call had to be sent again.
+fn write_with_retry<R: FromRedisValue>(
     pool: &Pool,
     slot: &mut ConnSlot,
     part: usize,
-    operation: &str,
-    batch: &[Outcome],
+    script: &LuaScript,
+    count: usize,
     add_args: impl Fn(&mut redis::ScriptInvocation<'_>),
-) -> Option<(Vec<i64>, bool)> {
-    let script = match operation {
-        "ack" => &*scripts::ACK,
-        "nack" => &*scripts::NACK,
-        _ => &*scripts::RELEASE,
-    };
+) -> Option<(R, bool)> {
+    let operation = script.name;
     let q = &pool.queue;
     let give_up = Instant::now() + pool.opts.lease;
     let mut pause = Duration::from_millis(20);
     let mut retried = false;
     loop {
-        let res = slot.run_once(&q.inner.endpoint, operation, |con| {
-            let mut inv = q.invocation(part, script);
-            add_args(&mut inv);
-            inv.invoke::<Value>(con)
-        });
+        let res = slot
+            .run_once(&q.inner.endpoint, operation, |con| {
+                let mut inv = q.invocation(part, script);
+                add_args(&mut inv);
+                inv.invoke::<Value>(con)
+            })
+            .and_then(|v| scripts::read::<R>(script, v));
         match res {
-            Ok(Value::Int(n)) => return Some((vec![n], retried)),
-            Ok(v) => return Some((script_statuses(&v), retried)),
+            Ok(reply) => return Some((reply, retried)),
             Err(e) if e.is_retryable() && Instant::now() + pause < give_up => {
                 retried = true;
                 log::warn!(
@@ -2206,11 +2220,10 @@ fn write_with_retry(
             }
             Err(e) => {
                 log::error!(
-                    "delayq[{}]: could not write {} {operation}(s): {e}; they will be delivered again",
-                    pool.queue_name,
-                    batch.len()
+                    "delayq[{}]: could not write {count} {operation}(s): {e}; they will be delivered again",
+                    pool.queue_name
                 );
-                Counters::add(&pool.counters.unwritten, batch.len() as u64);
+                Counters::add(&pool.counters.unwritten, count as u64);
                 return None;
             }
         }
@@ -2243,18 +2256,26 @@ fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot, why: GiveBack) {
         .enumerate()
         .filter(|(_, ds)| !ds.is_empty())
         .try_fold(0, |total, (part, ds)| {
+            let args = complete::Release {
+                deliveries: ds
+                    .iter()
+                    .map(|d| complete::Delivery {
+                        id: &d.id,
+                        lease: &d.token,
+                    })
+                    .collect(),
+            };
             slot.run_once(&q.inner.endpoint, "release", |con| {
-                let mut inv = q.invocation(part, &scripts::RELEASE);
-                for d in ds {
-                    inv.arg(&d.id).arg(&d.token);
-                }
-                inv.invoke::<i64>(con)
+                let mut inv = q.invocation(part, complete::release());
+                args.add_to(&mut inv);
+                inv.invoke::<Value>(con)
             })
-            .map(|n| total + n)
+            .and_then(|v| scripts::read::<complete::Released>(complete::release(), v))
+            .map(|complete::Released(n)| total + n)
         });
     match res {
         Ok(n) => {
-            Counters::add(&pool.counters.released, u64::try_from(n).unwrap_or(0));
+            Counters::add(&pool.counters.released, n);
             match why {
                 GiveBack::Stalled => log::warn!(
                     "delayq[{}]: every handler is past its timeout; gave {n} waiting deliveries back to the queue",
@@ -2415,13 +2436,18 @@ impl Registration {
 
     fn send(&self, pool: &Pool, slot: &mut ConnSlot, part: usize, ttl_ms: u64, info: &str) {
         let q = &pool.queue;
-        let res = slot.run_once(&q.inner.endpoint, "beat", |con| {
-            q.invocation(part, &scripts::BEAT)
-                .arg(&self.id)
-                .arg(ttl_ms)
-                .arg(info)
-                .invoke::<i64>(con)
-        });
+        let args = beat::Args {
+            pool_id: &self.id,
+            ttl_ms,
+            info,
+        };
+        let res = slot
+            .run_once(&q.inner.endpoint, "beat", |con| {
+                let mut inv = q.invocation(part, beat::script());
+                args.add_to(&mut inv);
+                inv.invoke::<Value>(con)
+            })
+            .and_then(|v| scripts::read::<beat::Alive>(beat::script(), v));
         // Only the list of pools misses this beat; the queue works on.
         if let Err(e) = res {
             log::debug!(
@@ -2492,20 +2518,26 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
             .flat_map(|same_part| same_part.chunks(MAX_BATCH))
         {
             let part = chunk[0].0;
-            let res = slot.run_once(&q.inner.endpoint, "extend", |con| {
-                let mut inv = q.invocation(part, &scripts::EXTEND);
-                inv.arg(pool.opts.lease.as_millis() as u64);
-                for (_, id, token) in chunk {
-                    inv.arg(id).arg(token);
-                }
-                inv.invoke::<Value>(con)
-            });
+            let args = extend::Args {
+                lease_ms: pool.opts.lease.as_millis() as u64,
+                deliveries: chunk
+                    .iter()
+                    .map(|(_, id, token)| complete::Delivery { id, lease: token })
+                    .collect(),
+            };
+            let res = slot
+                .run_once(&q.inner.endpoint, "extend", |con| {
+                    let mut inv = q.invocation(part, extend::script());
+                    args.add_to(&mut inv);
+                    inv.invoke::<Value>(con)
+                })
+                .and_then(|v| scripts::read::<complete::Statuses>(extend::script(), v));
             match res {
-                Ok(v) => {
-                    for ((_, id, token), s) in chunk.iter().zip(script_statuses(&v)) {
+                Ok(complete::Statuses(statuses)) => {
+                    for ((_, id, token), s) in chunk.iter().zip(statuses) {
                         // A completion written since the snapshot above is no loss: its
-                        // message is gone (-1) or it has left `outstanding` by now.
-                        if s == 0 && pool.outstanding.lock().contains_key(token) {
+                        // message is gone or it has left `outstanding` by now.
+                        if s == Status::LeaseLost && pool.outstanding.lock().contains_key(token) {
                             log::warn!(
                                 "delayq[{}]: lease of {id} was lost before the handler finished",
                                 pool.queue_name

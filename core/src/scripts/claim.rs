@@ -84,7 +84,11 @@ impl FromRedisValue for Reply {
         let [header, deliveries, later, keyed, repeats]: [Vec<Value>; 5] = decode(&v)?;
         let [now, next, reaped, limited, restart_at]: [i64; 5] =
             FromRedisValue::from_redis_value(Value::Array(header))?;
-        if deliveries.len() % 3 != 0 || later.len() % 2 != 0 || keyed.len() % 2 != 0 || repeats.len() % 3 != 0 {
+        if !deliveries.len().is_multiple_of(3)
+            || !later.len().is_multiple_of(2)
+            || !keyed.len().is_multiple_of(2)
+            || !repeats.len().is_multiple_of(3)
+        {
             return Err("a part of the reply has a length that is not a multiple of its group".into());
         }
         let mut items = deliveries

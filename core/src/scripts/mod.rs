@@ -17,8 +17,16 @@ use redis::{FromRedisValue, ParsingError, Value};
 
 use crate::error::Error;
 
+pub(crate) mod admin;
+pub(crate) mod beat;
 pub(crate) mod claim;
+pub(crate) mod complete;
+pub(crate) mod dead;
+pub(crate) mod extend;
+pub(crate) mod inspect;
 pub(crate) mod push;
+pub(crate) mod repeat;
+pub(crate) mod replies;
 
 /// One part of a reply as `T`, or why not: never a default.
 pub(crate) fn decode<T: FromRedisValue>(v: &Value) -> Result<T, ParsingError> {

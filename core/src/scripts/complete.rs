@@ -1,0 +1,152 @@
+//! The completions of deliveries: ack.lua, nack.lua and release.lua. Each names a
+//! delivery by its id and the lease its claim returned; only the delivery holding the
+//! lease may complete it (the fence).
+
+use redis::{FromRedisValue, ParsingError, Value};
+
+use super::{LuaScript, decode, decode_unsigned};
+
+/// A delivery, as its claim returned it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Delivery<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) lease: &'a str,
+}
+
+/// Acknowledge deliveries: the messages are done.
+#[derive(Debug, Clone)]
+pub(crate) struct Ack<'a> {
+    /// Completed messages to keep (`keep_completed`; 0: none) and for how long.
+    pub(crate) keep: usize,
+    pub(crate) keep_ms: u64,
+    pub(crate) deliveries: Vec<Delivery<'a>>,
+}
+
+/// One failed delivery.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Failure<'a> {
+    pub(crate) delivery: Delivery<'a>,
+    /// Run again after this many ms; `None`: to the dead letters now.
+    pub(crate) retry_in_ms: Option<u64>,
+    pub(crate) error: &'a str,
+    /// "" for none (an earlier attempt's is dropped).
+    pub(crate) trace: &'a str,
+}
+
+/// Fail deliveries: retry later, or bury.
+#[derive(Debug, Clone)]
+pub(crate) struct Nack<'a> {
+    pub(crate) dead_max: usize,
+    pub(crate) dead_ttl_ms: u64,
+    pub(crate) failures: Vec<Failure<'a>>,
+}
+
+/// Give back deliveries that never started: due again at once, not counted.
+#[derive(Debug, Clone)]
+pub(crate) struct Release<'a> {
+    pub(crate) deliveries: Vec<Delivery<'a>>,
+}
+
+impl Ack<'_> {
+    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+        inv.arg(self.keep).arg(self.keep_ms);
+        for d in &self.deliveries {
+            inv.arg(d.id).arg(d.lease);
+        }
+    }
+}
+
+impl Nack<'_> {
+    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+        inv.arg(self.dead_max).arg(self.dead_ttl_ms);
+        for f in &self.failures {
+            let delay = f.retry_in_ms.map_or(-1, |ms| i64::try_from(ms).unwrap_or(i64::MAX));
+            inv.arg(f.delivery.id)
+                .arg(f.delivery.lease)
+                .arg(delay)
+                .arg(f.error)
+                .arg(f.trace);
+        }
+    }
+}
+
+impl Release<'_> {
+    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+        for d in &self.deliveries {
+            inv.arg(d.id).arg(d.lease);
+        }
+    }
+}
+
+/// What became of one acknowledged or failed delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// Acknowledged (ack), or to run again later (nack).
+    Done,
+    /// In the dead letters (nack).
+    Buried,
+    /// The lease had passed to another delivery: the message lives on there.
+    LeaseLost,
+    /// No such message any more: completed already, cancelled, purged or flushed.
+    Gone,
+}
+
+/// One status per delivery, in the order sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Statuses(pub(crate) Vec<Status>);
+
+impl FromRedisValue for Statuses {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let codes: Vec<Value> = decode(&v)?;
+        codes
+            .iter()
+            .map(|c| match decode::<i64>(c)? {
+                1 => Ok(Status::Done),
+                2 => Ok(Status::Buried),
+                0 => Ok(Status::LeaseLost),
+                -1 => Ok(Status::Gone),
+                other => Err(format!("status {other}").into()),
+            })
+            .collect::<Result<_, ParsingError>>()
+            .map(Self)
+    }
+}
+
+/// How many deliveries a release gave back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Released(pub(crate) u64);
+
+impl FromRedisValue for Released {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        decode_unsigned(&v).map(Self)
+    }
+}
+
+/// The scripts.
+pub(crate) fn ack() -> &'static LuaScript {
+    &super::ACK
+}
+pub(crate) fn nack() -> &'static LuaScript {
+    &super::NACK
+}
+pub(crate) fn release() -> &'static LuaScript {
+    &super::RELEASE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_decode_each_code_and_refuse_others() {
+        let v = Value::Array(vec![Value::Int(1), Value::Int(2), Value::Int(0), Value::Int(-1)]);
+        assert_eq!(
+            Statuses::from_redis_value(v).expect("decodes").0,
+            [Status::Done, Status::Buried, Status::LeaseLost, Status::Gone]
+        );
+        assert!(Statuses::from_redis_value(Value::Array(vec![Value::Int(7)])).is_err());
+        assert!(Statuses::from_redis_value(Value::Int(1)).is_err());
+        assert_eq!(Released::from_redis_value(Value::Int(3)).expect("decodes"), Released(3));
+        assert!(Released::from_redis_value(Value::Int(-3)).is_err());
+    }
+}
