@@ -374,14 +374,23 @@ final class QueueTest extends TestCase
         }
         $this->redis->rawCommand('ACL', 'SETUSER', 'reader', 'on', '>pw', '~*', '+ping');
         $port = $GLOBALS['DELAYQ_REDIS']->port;
-        foreach (["redis://reader:pw@127.0.0.1:$port" => 'no permissions', "redis://reader:wrong@127.0.0.1:$port" => ''] as $url => $text) {
+        $guess = 'guess-0f-mine';
+        foreach (["redis://reader:pw@127.0.0.1:$port" => 'no permissions', "redis://reader:$guess@127.0.0.1:$port" => 'wrong password for user "reader"'] as $url => $text) {
             try {
                 (new DelayQueue($url, 'q'))->push(1);
                 $this->fail("$url: no DelayQueueAuthException");
             } catch (DelayQueueAuthException $e) {
                 $this->assertStringContainsString($text, $e->getMessage());
-                $this->assertStringNotContainsString('wrong', $e->getMessage(), 'the password is not echoed');
+                $this->assertStringNotContainsString($guess, $e->getMessage(), 'the password is not echoed');
             }
+        }
+        // A worker fails at its start with the same error, instead of retrying.
+        $worker = new DelayQueueWorker(new DelayQueue("redis://reader:$guess@127.0.0.1:$port", 'q'), ['stop_when_empty' => true]);
+        try {
+            $worker->run(fn ($payload, $msg) => null);
+            $this->fail('a worker ran with a wrong password');
+        } catch (DelayQueueAuthException $e) {
+            $this->assertStringContainsString('wrong password for user "reader"', $e->getMessage());
         }
         $this->assertSame([], $this->redis->keys('*'), 'refused calls write nothing');
     }

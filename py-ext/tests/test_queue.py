@@ -157,10 +157,13 @@ def test_connection_and_auth_errors(redis_url: str, server: RedisServer) -> None
     weak = delayq.DelayQueue(f"redis://reader:pw@127.0.0.1:{server.port}")
     with pytest.raises(delayq.AuthError, match="no permissions"):
         weak.push(1)
-    wrong = delayq.DelayQueue(f"redis://reader:wrong@127.0.0.1:{server.port}")
-    with pytest.raises(delayq.AuthError) as auth:
+    wrong = delayq.DelayQueue(f"redis://reader:guess-0f-mine@127.0.0.1:{server.port}")
+    with pytest.raises(delayq.AuthError, match='wrong password for user "reader"') as auth:
         wrong.push(1)
-    assert "wrong" not in str(auth.value), "the password is not echoed"
+    assert "guess-0f-mine" not in str(auth.value), "the password is not echoed"
+    # A worker fails at its start with the same error, instead of retrying.
+    with pytest.raises(delayq.AuthError, match='wrong password for user "reader"'):
+        delayq.Worker(wrong, stop_when_empty=True).run(lambda payload, msg: None)
     assert server.keys() == []
 
 
