@@ -9,7 +9,7 @@
 -- @include forget
 -- @include oom
 -- @include serial
--- KEYS: scheduled messages inflight leases attempts errors stats seq completed completed_messages traces serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors stats completed completed_messages traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local keep = tonumber(ARGV[3])
 local ids, tokens, n = {}, {}, 0

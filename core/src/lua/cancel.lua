@@ -3,7 +3,7 @@
 --   took them to another queue.   ARGV[4..] ids.
 -- Returns the ids deleted; the others do not wait here (unknown, running or dead).
 -- @include forget
--- KEYS: scheduled messages inflight leases attempts errors stats seq traces serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors stats traces serial_keys serial_holders serial_line serial_lined
 local removed = {}
 for i = 4, #ARGV do
   if redis.call('ZREM', K_SCHED, ARGV[i]) == 1 then

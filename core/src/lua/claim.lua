@@ -32,6 +32,7 @@
 -- @include dead
 -- @include forget
 -- @include oom
+-- @include order
 -- @include pools
 -- @include repeat
 -- @include schedule
@@ -50,10 +51,9 @@ local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', now, 'LIMIT', 0, batch)
 if #expired > 0 then
   local readd, counted, errors = {}, {}, {}
-  local seq = next_seq(#expired)
   local before = redis.call('HMGET', K_ATT, unpack(expired))
   for i, id in ipairs(expired) do
-    readd[#readd + 1] = score_of(now, seq - #expired + i)
+    readd[#readd + 1] = score_at(now)
     readd[#readd + 1] = id
     local attempt = (tonumber(before[i]) or 0) + 1
     counted[#counted + 1] = id

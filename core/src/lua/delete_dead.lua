@@ -4,7 +4,7 @@
 -- Returns the number deleted; the caller repeats "" calls until fewer than ARGV[4].
 -- @include dead
 -- @include forget
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq traces serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors dead stats traces serial_keys serial_holders serial_line serial_lined
 local ids = chosen_dead()
 if #ids == 0 then
   return 0

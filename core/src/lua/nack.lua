@@ -6,9 +6,9 @@
 -- @include dead
 -- @include oom
 -- @include schedule
--- @include seq
+-- @include order
 -- @include serial
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq traces serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors dead stats traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local now = now_ms()
 local old_head = head_score()
@@ -36,7 +36,7 @@ for i = 5, #ARGV, 5 do
       buried = buried + 1
       result[#result + 1] = 2
     else
-      redis.call('ZADD', K_SCHED, score_of(now + delay, next_seq()), id)
+      redis.call('ZADD', K_SCHED, score_at(now + delay), id)
       retried = retried + 1
       result[#result + 1] = 1
     end

@@ -12,16 +12,15 @@
 -- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
 --   (the others existed already and were left).
 -- @include schedule
--- @include seq
+-- @include order
 -- @include serial
 -- @include hdel_if_any
--- KEYS: scheduled messages inflight attempts errors dead stats seq traces serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight attempts errors dead stats traces serial_keys serial_holders serial_line serial_lined
 local now = now_ms()
 local old_head = head_score()
 local FIRST = 4
 local GROUP = 6
 local count = (#ARGV - FIRST + 1) / GROUP
-local seq = next_seq(count)
 local check = ARGV[3] == 'check'
 local existing, seen = {}, {}
 if check then
@@ -64,7 +63,7 @@ for i = 1, count do
   if expiring then
     envelope = with_deadline(envelope, due)
   end
-  local score = score_of(due, seq - count + i)
+  local score = score_at(due)
   local earlier = seen[id]
   if earlier then
     -- The same id earlier in this batch: a replacing push takes its place.

@@ -5,7 +5,7 @@
 -- @include oom
 -- @include schedule
 -- @include serial
--- KEYS: scheduled inflight leases stats seq serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled inflight leases stats serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local old_head = head_score()
 local released = 0

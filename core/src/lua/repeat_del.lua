@@ -3,7 +3,7 @@
 -- ARGV[3] name.
 -- Returns 1 if it existed, 0 if not.
 -- @include repeat
--- KEYS: scheduled messages inflight leases attempts errors stats seq repeats repeat_marks traces serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors stats repeats repeat_marks traces serial_keys serial_holders serial_line serial_lined
 local name = ARGV[3]
 if redis.call('HDEL', K_REPEATS, name) == 0 then
   return 0

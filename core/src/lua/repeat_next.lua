@@ -4,7 +4,7 @@
 -- Returns 1 if pushed; 0 if the definition changed or went meanwhile, or an occurrence
 -- at or after that time was pushed already (by another pool, or an earlier call).
 -- @include repeat
--- KEYS: scheduled messages inflight leases attempts errors stats seq repeats repeat_marks traces serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors stats repeats repeat_marks traces serial_keys serial_holders serial_line serial_lined
 local name = ARGV[3]
 if redis.call('HGET', K_REPEATS, name) ~= ARGV[4] then
   return 0

@@ -5,18 +5,17 @@
 -- Returns the number requeued; the caller repeats "" calls until fewer than ARGV[4].
 -- @include dead
 -- @include schedule
--- @include seq
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq traces serial_keys serial_holders serial_line serial_lined
+-- @include order
+-- KEYS: scheduled messages inflight leases attempts errors dead stats traces serial_keys serial_holders serial_line serial_lined
 local ids = chosen_dead()
 if #ids == 0 then
   return 0
 end
 local old_head = head_score()
 local now = now_ms()
-local seq = next_seq(#ids)
 local adds = {}
 for i, id in ipairs(ids) do
-  adds[#adds + 1] = score_of(now, seq - #ids + i)
+  adds[#adds + 1] = score_at(now)
   adds[#adds + 1] = id
 end
 if not SEED then

@@ -3,9 +3,9 @@
 -- ARGV[3] id   ARGV[4] "delay" (from the server clock) or "at" (Unix time)   ARGV[5] ms
 -- Returns the new due time in ms, or -1 when the message is not waiting.
 -- @include schedule
--- @include seq
+-- @include order
 -- @include serial
--- KEYS: scheduled messages inflight seq serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight serial_keys serial_holders serial_line serial_lined
 local id, kind, ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if not redis.call('ZSCORE', K_SCHED, id) then
   return -1
@@ -15,7 +15,7 @@ local due = ms
 if kind == 'delay' then
   due = now_ms() + ms
 end
-local score = score_of(due, next_seq())
+local score = score_at(due)
 redis.call('ZADD', K_SCHED, score, id)
 -- Its new due time stands: no holder's end may move it back to its old place in line.
 unline({id})

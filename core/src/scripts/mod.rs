@@ -327,6 +327,7 @@ lua_files!(
     "include/hashtable.lua",
     "include/hdel_if_any.lua",
     "include/oom.lua",
+    "include/order.lua",
     "include/pools.lua",
     "include/repeat.lua",
     "include/schedule.lua",

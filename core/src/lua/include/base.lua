@@ -7,7 +7,7 @@
 --   ARGV[1] is the layout ("native" or "seed"), ARGV[2] the wake-up channel.
 -- The roles, each with the type its key must hold (every key carries the queue's hash
 -- tag, so a script touches a single slot and runs unchanged on a cluster):
---   scheduled  ZSET  id -> score (due time, see score_of)
+--   scheduled  ZSET  id -> score (due time, see include/order.lua)
 --   messages   HASH  id -> envelope (opaque to Lua: payload bytes never pass
 --                            through cjson, so 64-bit integers and key order survive)
 --   inflight   ZSET  id -> lease deadline (ms, server clock)
@@ -75,13 +75,12 @@ local function preflight(script, typed, calls)
   end
 end
 
--- Native scores pack a sequence number into the low 12 bits so that messages due in
--- the same millisecond keep push order (BullMQ does the same). due_ms * 4096 stays
--- below 2^53, where doubles hold every integer, for due times until September 2039;
--- a later due time is rounded to a multiple of 2 (8 by the year 2150), which can
--- reorder messages due in the same millisecond and make one up to 1 ms late, never
--- early. The seed layout keeps the recipe's whole-second scores so the recipe's own
--- consumers keep working.
+-- Native scores are due_ms * SEQ_SPAN plus the message's place among those due in
+-- the same millisecond (see include/order.lua). due_ms * 4096 stays below 2^53, where
+-- doubles hold every integer, for due times until September 2039; a later due time
+-- is rounded to a multiple of 2 (8 by the year 2150), which can reorder messages due
+-- in the same millisecond and make one up to 1 ms late, never early. The seed layout
+-- keeps the recipe's whole-second scores so the recipe's own consumers keep working.
 local SEQ_SPAN = 4096
 
 local function now_ms()
@@ -93,14 +92,6 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
-
-local function score_of(due_ms, seq)
-  if SEED then
-    -- Rounded up: a message may be late by the recipe's one-second grain, never early.
-    return math.ceil(due_ms / 1000)
-  end
-  return due_ms * SEQ_SPAN + (seq % SEQ_SPAN)
-end
 
 local function due_of(score)
   if SEED then

@@ -1,5 +1,5 @@
 -- repeat.lua: occurrences of repeating messages.
--- @include seq
+-- @include order
 -- @include schedule
 -- @include forget
 -- Repeating messages (see repeat_set.lua). Occurrence ids are "repeat:<name>:<due_ms>",
@@ -14,7 +14,7 @@ local function push_occurrence(name, due, envelope)
   local id = occurrence_id(name, due)
   if not redis.call('HGET', K_MSG, id) then
     local old_head = head_score()
-    local score = score_of(due, next_seq())
+    local score = score_at(due)
     redis.call('HSET', K_MSG, id, with_deadline(envelope, due))
     redis.call('ZADD', K_SCHED, score, id)
     redis.call('HINCRBY', K_STATS, 'pushed', 1)

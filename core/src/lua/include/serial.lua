@@ -1,5 +1,5 @@
 -- serial.lua: serial keys (messages sharing a key never run at the same time).
--- @include seq
+-- @include order
 -- @include schedule
 -- Serial keys. A claimed message whose key another delivery holds does not run: it
 -- goes back to the schedule, due when the holder's lease would end (a safety net: the
@@ -98,9 +98,8 @@ local function serial_gate(ids, envelopes, scores, now, lease_ms)
     end
   end
   if #back > 0 then
-    local seq = next_seq(#back / 2)
     for j = 1, #back, 2 do
-      back[j] = score_of(back[j], seq - #back / 2 + (j + 1) / 2)
+      back[j] = score_at(back[j])
     end
     redis.call('ZADD', K_SCHED, unpack(back))
   end
