@@ -450,7 +450,7 @@ final class DelayQueueWorker
      * at once and the process ends by that signal (run() does not return).
      *
      * @param callable(mixed, DelayQueueMessage): void $handler
-     * @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int,
+     * @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int, gone: int,
      *   released: int, unwritten: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int,
      *   scaled_up: int, scaled_down: int}
      *   processes is the most that ran at once (the option); scaled_up and scaled_down count

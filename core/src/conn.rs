@@ -547,28 +547,58 @@ impl Conn {
     }
 }
 
-/// Servers whose eviction policy this process has looked at: each once, not on every
-/// new connection, which would cost a PHP-FPM request that connects to push once a
-/// second round trip.
-static EVICTION_CHECKED: std::sync::Mutex<std::collections::BTreeSet<String>> =
-    std::sync::Mutex::new(std::collections::BTreeSet::new());
+/// What this process last saw of each server's eviction policy: when, and whether
+/// it evicts. A new connection looks once per server (not on every connection, which
+/// would cost a PHP-FPM request that connects to push a second round trip); a running
+/// pool looks again at its heartbeat, at most every `eviction_recheck()`, so that a
+/// policy changed under it is reported too.
+static EVICTION_SEEN: std::sync::Mutex<std::collections::BTreeMap<String, (Instant, bool)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
 
-fn warn_if_evicting(conn: &mut Conn, server: &str) {
-    let first_look = EVICTION_CHECKED
-        .lock()
-        .is_ok_and(|mut checked| checked.insert(server.to_owned()));
-    if !first_look {
-        return;
-    }
+/// Milliseconds between a pool's looks at the eviction policy (5 minutes).
+static EVICTION_RECHECK_MS: AtomicU64 = AtomicU64::new(300_000);
+
+/// How often a running pool looks at the server's eviction policy again; for tests,
+/// which cannot wait the default 5 minutes.
+#[doc(hidden)]
+pub fn set_eviction_recheck(every: Duration) {
+    EVICTION_RECHECK_MS.store(u64::try_from(every.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+/// Look at `server`'s maxmemory-policy unless this process did within `again` (`None`:
+/// ever), and warn when it evicts and did not at the last look.
+fn warn_if_evicting(conn: &mut Conn, server: &str, again: Option<Duration>) {
+    let was_evicting = {
+        let Ok(mut seen) = EVICTION_SEEN.lock() else { return };
+        let now = Instant::now();
+        match seen.get_mut(server) {
+            Some((at, evicting)) => {
+                if again.is_none_or(|every| now.duration_since(*at) < every) {
+                    return;
+                }
+                *at = now;
+                *evicting
+            }
+            None => {
+                seen.insert(server.to_owned(), (now, false));
+                false
+            }
+        }
+    };
     // Managed Redis often forbids CONFIG: then there is nothing to check.
     let policy: RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
         .query(conn.as_dyn());
-    if let Ok(reply) = policy
-        && let Some(policy) = reply.get(1)
-        && policy.starts_with("allkeys-")
+    let Ok(reply) = policy else { return };
+    let Some(policy) = reply.get(1) else { return };
+    let evicting = policy.starts_with("allkeys-");
+    if let Ok(mut seen) = EVICTION_SEEN.lock()
+        && let Some((_, last)) = seen.get_mut(server)
     {
+        *last = evicting;
+    }
+    if evicting && !was_evicting {
         log::warn!(
             "Redis at {server}: maxmemory-policy is {policy}: under memory pressure Redis may evict delayq's \
              keys, and an evicted message is lost; use noeviction (or a volatile-* policy) for queues"
@@ -659,7 +689,7 @@ impl ConnSlot {
 
     fn connected(&mut self, ep: &Endpoint) -> Result<&mut Conn> {
         let (mut conn, master) = ep.connect()?;
-        warn_if_evicting(&mut conn, master.as_deref().unwrap_or(&ep.display));
+        warn_if_evicting(&mut conn, master.as_deref().unwrap_or(&ep.display), None);
         self.master = master.map(|m| (m, Instant::now()));
         Ok(self.conn.insert(conn))
     }
@@ -772,5 +802,18 @@ impl ConnSlot {
             }
             err
         })
+    }
+
+    /// At a pool's heartbeat: look at the eviction policy again when the last look is
+    /// older than `eviction_recheck` (over the connection this slot holds, if any).
+    pub(crate) fn recheck_eviction(&mut self, ep: &Endpoint) {
+        let every = Duration::from_millis(EVICTION_RECHECK_MS.load(Ordering::Relaxed));
+        let server = self
+            .master
+            .as_ref()
+            .map_or_else(|| ep.display.clone(), |(m, _)| m.clone());
+        if let Some(conn) = self.conn.as_mut() {
+            warn_if_evicting(conn, &server, Some(every));
+        }
     }
 }

@@ -40,6 +40,8 @@ mod time;
 mod worker;
 
 pub use conn::ConnectOptions;
+#[doc(hidden)]
+pub use conn::set_eviction_recheck;
 pub use envelope::MAX_DEPTH;
 pub use error::{Category, Error, Result};
 pub use keys::{Layout, MAX_PARTITIONS};

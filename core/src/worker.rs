@@ -243,6 +243,9 @@ pub struct Summary {
     pub dead: u64,
     /// Completions refused because the lease had passed to another delivery.
     pub lease_lost: u64,
+    /// Completions of messages deleted while they ran (`cancel`, `purge`, a flush of
+    /// Redis): nothing was left to complete.
+    pub gone: u64,
     /// Prefetched, never-started deliveries given back at stop.
     pub released: u64,
     /// Completions that could not be written before their lease ran out (Redis
@@ -258,8 +261,50 @@ struct Counters {
     retried: AtomicU64,
     dead: AtomicU64,
     lease_lost: AtomicU64,
+    gone: AtomicU64,
     released: AtomicU64,
     unwritten: AtomicU64,
+}
+
+impl Summary {
+    /// Every count by name, in one order: what the bindings report (PHP's summary
+    /// array, Python's dict) and what a supervised process sends its parent.
+    pub fn counts(&self) -> [(&'static str, u64); 9] {
+        [
+            ("handled", self.handled),
+            ("acked", self.acked),
+            ("failed", self.failed),
+            ("retried", self.retried),
+            ("dead", self.dead),
+            ("lease_lost", self.lease_lost),
+            ("gone", self.gone),
+            ("released", self.released),
+            ("unwritten", self.unwritten),
+        ]
+    }
+
+    /// A summary from counts by name, as `counts` gives them (a count named twice is
+    /// summed); a name it does not know is an error naming it (a process of another
+    /// version reporting).
+    pub fn from_counts<'a>(counts: impl IntoIterator<Item = (&'a str, u64)>) -> Result<Self> {
+        let mut s = Self::default();
+        for (name, n) in counts {
+            let field = match name {
+                "handled" => &mut s.handled,
+                "acked" => &mut s.acked,
+                "failed" => &mut s.failed,
+                "retried" => &mut s.retried,
+                "dead" => &mut s.dead,
+                "lease_lost" => &mut s.lease_lost,
+                "gone" => &mut s.gone,
+                "released" => &mut s.released,
+                "unwritten" => &mut s.unwritten,
+                other => return Err(Error::invalid("summary", format!("no count is named {other:?}"))),
+            };
+            *field += n;
+        }
+        Ok(s)
+    }
 }
 
 /// Sums runs: a worker's queues, or the processes of a supervised pool.
@@ -271,6 +316,7 @@ impl std::ops::AddAssign<&Summary> for Summary {
         self.retried += other.retried;
         self.dead += other.dead;
         self.lease_lost += other.lease_lost;
+        self.gone += other.gone;
         self.released += other.released;
         self.unwritten += other.unwritten;
     }
@@ -290,6 +336,7 @@ impl Counters {
             retried: g(&self.retried),
             dead: g(&self.dead),
             lease_lost: g(&self.lease_lost),
+            gone: g(&self.gone),
             released: g(&self.released),
             unwritten: g(&self.unwritten),
         }
@@ -2094,6 +2141,7 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
                     // After a retried write, "gone" means the first try went through
                     // before the connection broke.
                     Status::Gone if retried => Counters::add(&c.acked, 1),
+                    Status::Gone => gone(pool, o),
                     _ => lease_lost(pool, o),
                 }
             }
@@ -2136,6 +2184,7 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
                         }
                     }
                     Status::Buried => {}
+                    Status::Gone => gone(pool, o),
                     _ => lease_lost(pool, o),
                 }
             }
@@ -2155,6 +2204,17 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
         }
         forget(pool, &releases);
     }
+}
+
+/// The message of a completion was deleted while it ran: no lease was lost, and no
+/// setting of the pool's would change it.
+fn gone(pool: &Pool, o: &Outcome) {
+    Counters::add(&pool.counters.gone, 1);
+    log::info!(
+        "delayq[{}]: message {} was deleted while it ran (cancel, purge or a flush of Redis); nothing to complete",
+        pool.queue_name,
+        o.delivery().id
+    );
 }
 
 fn lease_lost(pool: &Pool, o: &Outcome) {
@@ -2471,6 +2531,7 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
             }
         }
         pool.registration.on_heartbeat(pool, &mut slot);
+        slot.recheck_eviction(&pool.queue.inner.endpoint);
         let now = Instant::now();
         let overdue_count = pool
             .outstanding

@@ -43,6 +43,15 @@ fn a_user_limited_to_one_queue_and_the_needed_commands_works_end_to_end() {
         server.version() >= (6, 2),
         "{rule}"
     );
+    if server.version() >= (6, 2) {
+        let docs = include_str!("../../docs/RELIABILITY.md");
+        let documented = docs.lines().find(|l| l.starts_with("ACL SETUSER orders-app "));
+        assert_eq!(
+            documented,
+            Some(rule.as_str()),
+            "docs/RELIABILITY.md shows another rule"
+        );
+    }
     set_user(&mut admin, &rule, "s3cret");
     let url = format!("redis://orders-app:s3cret@127.0.0.1:{}", server.port);
     let q = Queue::new(&url, "orders", QueueOptions::default()).expect("queue");

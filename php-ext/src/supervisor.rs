@@ -120,18 +120,8 @@ fn encode(report: &Report) -> String {
     match report {
         Report::Done(s) => {
             let c = &s.core;
-            format!(
-                "done {} {} {} {} {} {} {} {} {}\n",
-                c.handled,
-                c.acked,
-                c.failed,
-                c.retried,
-                c.dead,
-                c.lease_lost,
-                c.released,
-                c.unwritten,
-                s.ended.map_or("none", Ended::as_str)
-            )
+            let counts: Vec<String> = c.counts().iter().map(|(name, n)| format!("{name}={n}")).collect();
+            format!("done {} {}\n", counts.join(" "), s.ended.map_or("none", Ended::as_str))
         }
         Report::Fatal(text) => format!("fatal {}\n", text.replace('\n', " ")),
     }
@@ -142,27 +132,26 @@ fn decode(text: &str) -> Option<Report> {
     if let Some(msg) = line.strip_prefix("fatal ") {
         return Some(Report::Fatal(msg.to_owned()));
     }
-    let mut parts = line.strip_prefix("done ")?.split(' ');
-    let mut n = || parts.next().and_then(|p| p.parse::<u64>().ok()).unwrap_or(0);
-    let core = delayq::Summary {
-        handled: n(),
-        acked: n(),
-        failed: n(),
-        retried: n(),
-        dead: n(),
-        lease_lost: n(),
-        released: n(),
-        unwritten: n(),
-    };
-    let ended = match parts.next() {
-        Some("stop") => Some(Ended::Stop),
-        Some("signal") => Some(Ended::Signal),
-        Some("max_jobs") => Some(Ended::MaxJobs),
-        Some("max_memory") => Some(Ended::MaxMemory),
-        Some("max_time") => Some(Ended::MaxTime),
-        Some("exit") => Some(Ended::Exit),
-        Some("restart") => Some(Ended::Restart),
-        Some("empty") => Some(Ended::Empty),
+    // "done name=n ... <ended>"
+    let mut parts: Vec<&str> = line.strip_prefix("done ")?.split(' ').collect();
+    let ended = parts.pop()?;
+    let counts = parts
+        .iter()
+        .map(|p| {
+            let (name, n) = p.split_once('=')?;
+            Some((name, n.parse::<u64>().ok()?))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let core = delayq::Summary::from_counts(counts).ok()?;
+    let ended = match ended {
+        "stop" => Some(Ended::Stop),
+        "signal" => Some(Ended::Signal),
+        "max_jobs" => Some(Ended::MaxJobs),
+        "max_memory" => Some(Ended::MaxMemory),
+        "max_time" => Some(Ended::MaxTime),
+        "exit" => Some(Ended::Exit),
+        "restart" => Some(Ended::Restart),
+        "empty" => Some(Ended::Empty),
         _ => None,
     };
     Some(Report::Done(RunSummary { core, ended }))

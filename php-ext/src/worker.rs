@@ -495,17 +495,8 @@ fn call_hook(callable: Option<&Zval>, name: &str) -> PhpResult<()> {
 pub(crate) fn summary_array(s: &RunSummary, extra: Vec<(&str, Zval)>) -> PhpResult<ZBox<ZendHashTable>> {
     let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
     let c = &s.core;
-    let mut entries = vec![
-        ("handled", n(c.handled)),
-        ("acked", n(c.acked)),
-        ("failed", n(c.failed)),
-        ("retried", n(c.retried)),
-        ("dead", n(c.dead)),
-        ("lease_lost", n(c.lease_lost)),
-        ("released", n(c.released)),
-        ("unwritten", n(c.unwritten)),
-        ("stopped_by", zv(s.ended.map(Ended::as_str))),
-    ];
+    let mut entries: Vec<(&str, Zval)> = c.counts().into_iter().map(|(name, v)| (name, n(v))).collect();
+    entries.push(("stopped_by", zv(s.ended.map(Ended::as_str))));
     entries.extend(extra);
     assoc(entries)
 }
@@ -684,7 +675,7 @@ impl PhpWorker {
     /// ends the process by that signal (see `signals`).
     ///
     /// @param callable(mixed, DelayQueueMessage): void $handler
-    /// @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int,
+    /// @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int, gone: int,
     ///   released: int, unwritten: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int,
     ///   scaled_up: int, scaled_down: int}
     pub fn run(&self, handler: ZendCallable) -> PhpResult<ZBox<ZendHashTable>> {

@@ -110,7 +110,7 @@ class Worker:
     def run(self, handler: Handler) -> dict[str, Any]:
         """Consume until ``stop()``, SIGTERM or SIGINT (which stop it gracefully) or
         ``DelayQueue.restart_workers()``; return the counts (handled, acked, failed,
-        retried, dead, lease_lost, released, unwritten, stopped_by: ``"stop"``,
+        retried, dead, lease_lost, gone, released, unwritten, stopped_by: ``"stop"``,
         ``"signal"``, ``"restart"``, ``"empty"``, ``"max_jobs"``, ``"max_time"`` or
         ``"max_memory"``) once every acknowledgement is written."""
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:

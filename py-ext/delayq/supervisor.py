@@ -44,7 +44,7 @@ SLOT = struct.Struct("d")
 #: Why a process ends a run so that a fresh one takes its place (see ``Worker``).
 RECYCLED = ("max_jobs", "max_time", "max_memory")
 #: Counts summed over the processes of a pool.
-COUNTS = ("handled", "acked", "failed", "retried", "dead", "lease_lost", "released", "unwritten")
+COUNTS = ("handled", "acked", "failed", "retried", "dead", "lease_lost", "gone", "released", "unwritten")
 #: Seconds between an auto-balanced pool's looks at the backlog (the scaler's cooldown
 #: bounds how often the pool changes).
 LOOK_EVERY = 0.5

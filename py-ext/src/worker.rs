@@ -204,16 +204,7 @@ pub(crate) struct PyWorker {
 
 fn summary<'py>(py: Python<'py>, s: &delayq::Summary, stopped_by: Option<String>) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    for (k, v) in [
-        ("handled", s.handled),
-        ("acked", s.acked),
-        ("failed", s.failed),
-        ("retried", s.retried),
-        ("dead", s.dead),
-        ("lease_lost", s.lease_lost),
-        ("released", s.released),
-        ("unwritten", s.unwritten),
-    ] {
+    for (k, v) in s.counts() {
         d.set_item(k, v)?;
     }
     d.set_item("stopped_by", stopped_by)?;
