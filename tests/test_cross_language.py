@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import delayq
+import pytest
 from harness import drained, wait_for
 from phpcli import php, php_cmd
 
@@ -370,3 +371,48 @@ def test_a_serial_key_held_by_a_php_worker_holds_a_python_worker_back(
     assert sorted(rows) == [0, 1, 2] and rows[0][3] == "php" and rows[2][3] == "python", rows
     assert float(rows[1][1]) >= float(rows[0][2]), "the second started once the first ended"
     assert summary["acked"] >= 1 and drained(queue)
+
+
+def test_a_payload_at_the_depth_limit_crosses_both_ways_and_one_past_it_is_refused_in_both(
+    queue: delayq.DelayQueue, redis_url: str
+) -> None:
+    depth = 128  # delayq::MAX_DEPTH, the same in every language
+
+    def nested(levels: int) -> Any:
+        value: Any = 1
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    # PHP pushes at the limit, Python's worker receives it; Python pushes, PHP's worker.
+    php("""
+        $v = 1;
+        for ($i = 0; $i < (int) $argv[2]; $i++) { $v = [$v]; }
+        (new DelayQueue($argv[1], 'jobs'))->push($v, 0, ['id' => 'from-php']);
+    """, redis_url, str(depth))
+    got: list[Any] = []
+    delayq.Worker(queue, stop_when_empty=True).run(lambda payload, msg: got.append(payload))
+    assert got == [nested(depth)]
+    queue.push(nested(depth), id="from-python")
+    out = php("""
+        $got = null;
+        $w = new DelayQueueWorker(new DelayQueue($argv[1], 'jobs'), ['stop_when_empty' => true]);
+        $w->run(function ($payload) use (&$got) { $got = $payload; });
+        $d = 0;
+        while (is_array($got)) { $got = $got[0]; $d++; }
+        echo $d;
+    """, redis_url)
+    assert out == str(depth)
+    assert queue.stats()["dead"] == 0
+
+    # One level deeper: refused at push in both languages, nothing written.
+    with pytest.raises(delayq.PayloadError, match="deeper than 128|the limit is 128"):
+        queue.push(nested(depth + 1))
+    refused = php("""
+        $v = 1;
+        for ($i = 0; $i < (int) $argv[2]; $i++) { $v = [$v]; }
+        try { (new DelayQueue($argv[1], 'jobs'))->push($v); echo 'pushed'; }
+        catch (DelayQueuePayloadException $e) { echo 'refused: ', $e->getMessage(); }
+    """, redis_url, str(depth + 1))
+    assert refused.startswith("refused: ") and "128" in refused, refused
+    assert queue.stats()["scheduled"] + queue.stats()["ready"] == 0

@@ -96,7 +96,7 @@ def test_an_acl_user_limited_to_one_queue_works_from_php_and_python(
         assert proc.wait(30) == 0
     assert handled(log) == Counter(range(51))
     # Another queue's keys stay out of reach, from both languages.
-    with pytest.raises(delayq.AuthError, match='user "jobs-app" may not run .* on \\{dq:payments\\}'):
+    with pytest.raises(delayq.AuthError, match='user "jobs-app" may not use this queue\'s keys'):
         delayq.DelayQueue(url, "payments").push(1)
     refused = php('try { (new DelayQueue($argv[1], "payments"))->push(1); } '
                   'catch (DelayQueueAuthException $e) { echo "refused"; }', url)

@@ -7,8 +7,39 @@ use serde_json::value::RawValue;
 use crate::error::{Error, Result};
 use crate::keys::Layout;
 
-/// Deepest JSON nesting accepted; serde_json refuses deeper documents while parsing.
+/// Deepest JSON nesting (arrays and objects within each other) a payload may have:
+/// push refuses deeper ones in every language, and every consumer decodes any payload
+/// within it (`parse_payload`, `decode_payload`).
 pub const MAX_DEPTH: usize = 128;
+
+fn check_depth(json: &str) -> Result<()> {
+    let depth = nesting_depth(json);
+    if depth > MAX_DEPTH {
+        return Err(Error::PayloadNotSerializable(format!(
+            "nested {depth} levels deep, the limit is {MAX_DEPTH} (every consumer language must be able to decode it)"
+        )));
+    }
+    Ok(())
+}
+
+/// Decode payload JSON into `T` as every consumer does: any payload push accepted
+/// decodes (serde_json's own limit, 128 levels with the envelope around it, is one
+/// level short), and a deeper one is refused by the same rule as at push.
+pub fn decode_payload<T: serde::de::DeserializeOwned>(json: &str) -> Result<T> {
+    check_depth(json)?;
+    let mut de = serde_json::Deserializer::from_str(json);
+    // The depth is bounded above, so recursion is too.
+    de.disable_recursion_limit();
+    let value = T::deserialize(&mut de).map_err(|e| Error::PayloadNotSerializable(format!("not valid JSON: {e}")))?;
+    de.end()
+        .map_err(|e| Error::PayloadNotSerializable(format!("not valid JSON: {e}")))?;
+    Ok(value)
+}
+
+/// Payload JSON as a tree, for the bindings to convert: `decode_payload` into a value.
+pub fn parse_payload(json: &str) -> Result<serde_json::Value> {
+    decode_payload(json)
+}
 
 /// Check that `json` is one JSON value within the size limit.
 pub(crate) fn validate_payload(json: &str, max_bytes: usize) -> Result<()> {
@@ -21,13 +52,7 @@ pub(crate) fn validate_payload(json: &str, max_bytes: usize) -> Result<()> {
     // RawValue checks the syntax without building a tree, but it does not limit depth.
     serde_json::from_str::<&RawValue>(json)
         .map_err(|e| Error::PayloadNotSerializable(format!("not valid JSON: {e}")))?;
-    let depth = nesting_depth(json);
-    if depth > MAX_DEPTH {
-        return Err(Error::PayloadNotSerializable(format!(
-            "nested {depth} levels deep, the limit is {MAX_DEPTH} (every consumer language must be able to decode it)"
-        )));
-    }
-    Ok(())
+    check_depth(json)
 }
 
 /// Deepest array/object nesting of syntactically valid JSON text.
@@ -114,6 +139,16 @@ pub(crate) struct Decoded {
 }
 
 pub(crate) fn decode(layout: &Layout, stored: &str) -> Result<Decoded, String> {
+    let decoded = decode_envelope(layout, stored)?;
+    // A payload no consumer could decode goes to the dead letters at its claim.
+    check_depth(&decoded.payload_json).map_err(|e| match e {
+        Error::PayloadNotSerializable(reason) => format!("payload cannot be decoded: {reason}"),
+        other => other.to_string(),
+    })?;
+    Ok(decoded)
+}
+
+fn decode_envelope(layout: &Layout, stored: &str) -> Result<Decoded, String> {
     match layout {
         Layout::Seed { .. } => match serde_json::from_str::<&RawValue>(stored) {
             Ok(raw) => Ok(Decoded {
@@ -199,6 +234,14 @@ mod tests {
         let deep = |n| format!("{}{}", "[".repeat(n), "]".repeat(n));
         assert!(validate_payload(&deep(MAX_DEPTH), 1 << 20).is_ok());
         assert!(validate_payload(&deep(MAX_DEPTH + 1), 1 << 20).is_err());
+        // What push accepts, a consumer decodes; what it refuses, so does the consumer.
+        assert!(parse_payload(&deep(MAX_DEPTH)).is_ok());
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&deep(MAX_DEPTH)).is_err(),
+            "serde_json's own limit"
+        );
+        let err = parse_payload(&deep(MAX_DEPTH + 1)).expect_err("too deep");
+        assert!(err.to_string().contains("the limit is 128"), "{err}");
         assert_eq!(nesting_depth(r#"{"a":"[[[{{\"]]","b":[{}]}"#), 3);
         assert!(decode(&Layout::Native, "not json").is_err());
         assert!(decode(&Layout::Native, r#"[{"x":1},2,3]"#).is_err());

@@ -202,7 +202,7 @@ impl Delivery {
 
     /// The payload decoded into `T`.
     pub fn payload<T: DeserializeOwned>(&self) -> Result<T> {
-        serde_json::from_str(&self.payload_json).map_err(|e| Error::PayloadNotSerializable(e.to_string()))
+        envelope::decode_payload(&self.payload_json)
     }
 
     /// The fencing token of this delivery: a later delivery of the same message has
@@ -664,6 +664,10 @@ enum Outcome {
         /// Empty when there is none.
         trace: String,
         counted: bool,
+        /// Buried at its claim because earlier deliveries used up `max_attempts`: this
+        /// one did not run (no attempt is counted) and the stored last error is kept
+        /// beside `error`.
+        past_max_attempts: bool,
     },
     Release {
         part: usize,
@@ -1628,6 +1632,7 @@ impl Consumer {
             error,
             trace: cut_trace(trace, owner.pool.opts.max_trace_bytes),
             counted: true,
+            past_max_attempts: false,
         });
         fate
     }
@@ -1995,7 +2000,7 @@ fn hand_out(
     let layout = &pool.queue.options().layout;
     let mut expired = 0;
     // Straight to the dead letters, without counting as a failed handler call.
-    let bury = |id, token, error| {
+    let bury = |id, token, error, past_max_attempts| {
         let _ = outcomes.send(Outcome::Nack {
             part,
             id,
@@ -2004,6 +2009,7 @@ fn hand_out(
             error,
             trace: String::new(),
             counted: false,
+            past_max_attempts,
         });
     };
     for item in items {
@@ -2028,20 +2034,23 @@ fn hand_out(
                     "delayq[{}]: message {id} is unreadable, dead-lettered: {reason}",
                     pool.queue_name
                 );
-                bury(id, token, format!("poison message: {reason}"));
+                bury(id, token, format!("poison message: {reason}"), false);
             }
-            // Its earlier deliveries ended with an expired lease (the worker died or
-            // hung): running it again would exceed the limit.
+            // Its earlier deliveries failed or ended with an expired lease (the worker
+            // died or hung), or this pool allows fewer than the one before: running it
+            // again would exceed the limit. The last error stays in the dead letter.
             Ok(_) if attempt > max_attempts => {
                 log::warn!(
-                    "delayq[{}]: message {id} moved to the dead-letter set: its last {max_attempts} deliveries \
-                     ended with an expired lease (the worker died or hung)",
-                    pool.queue_name
+                    "delayq[{}]: message {id} moved to the dead-letter set: {} deliveries ended unfinished, \
+                     max_attempts is {max_attempts}",
+                    pool.queue_name,
+                    attempt - 1
                 );
                 bury(
                     id,
                     token,
-                    format!("gave up after {max_attempts} attempts: the lease of the last one expired"),
+                    format!("gave up after {} attempts (max_attempts {max_attempts})", attempt - 1),
+                    true,
                 );
             }
             Ok(d) if d.expiry.is_some_and(|(_, deadline)| server_now_ms > deadline) => {
@@ -2055,6 +2064,7 @@ fn hand_out(
                         crate::time::human_ms(i64::try_from(after_ms).unwrap_or(i64::MAX)),
                         crate::time::human_ms(server_now_ms - deadline)
                     ),
+                    false,
                 );
             }
             Ok(d) => {
@@ -2156,12 +2166,18 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
                 .iter()
                 .filter_map(|o| match o {
                     Outcome::Nack {
-                        delay_ms, error, trace, ..
+                        delay_ms,
+                        error,
+                        trace,
+                        past_max_attempts,
+                        ..
                     } => Some(complete::Failure {
                         delivery: o.delivery(),
                         retry_in_ms: u64::try_from(*delay_ms).ok(),
                         error,
                         trace,
+                        keep_last_error: *past_max_attempts,
+                        unrun: *past_max_attempts,
                     }),
                     _ => None,
                 })

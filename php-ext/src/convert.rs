@@ -138,12 +138,12 @@ fn write_object(object: &ZendObject, out: &mut String, depth: usize, path: &mut 
 
 /// JSON text to a PHP value, as `json_decode($json, true)` returns it.
 pub(crate) fn json_to_zval(json: &str) -> PhpResult<Zval> {
-    let value: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| errors::payload(format!("stored payload is not valid JSON: {e}")))?;
+    let value =
+        delayq::parse_payload(json).map_err(|e| errors::payload(format!("stored payload cannot be decoded: {e}")))?;
     value_to_zval(&value)
 }
 
-fn value_to_zval(value: &serde_json::Value) -> PhpResult<Zval> {
+pub(crate) fn value_to_zval(value: &serde_json::Value) -> PhpResult<Zval> {
     use serde_json::Value as V;
     let mut z = Zval::new();
     match value {

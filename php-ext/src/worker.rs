@@ -313,10 +313,12 @@ impl PhpWorker {
                 delayq::Received::Idle => continue,
                 delayq::Received::Stopped => break,
             };
-            let payload = match convert::json_to_zval(delivery.payload_json()) {
-                Ok(p) => p,
-                Err(_) => {
-                    consumer.fail(delivery, "payload is not valid JSON");
+            let payload = match delayq::parse_payload(delivery.payload_json()) {
+                Ok(value) => convert::value_to_zval(&value)?,
+                Err(e) => {
+                    // The same text decodes no better next time: to the dead letters now.
+                    let error = format!("stored payload cannot be decoded: {e}");
+                    consumer.fail_with(delivery, &error, delayq::Retry::Never);
                     continue;
                 }
             };

@@ -124,11 +124,11 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
 
 /// JSON text to Python objects, as `json.loads` would return them.
 pub(crate) fn json_to_py<'py>(py: Python<'py>, json: &str) -> PyResult<Bound<'py, PyAny>> {
-    let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
+    let value = delayq::parse_payload(json).map_err(|e| {
         errors::new_err(
             py,
             errors::Kind::Payload,
-            format!("stored payload is not valid JSON: {e}"),
+            format!("stored payload cannot be decoded: {e}"),
         )
     })?;
     value_to_py(py, &value)

@@ -322,7 +322,8 @@ impl PyWorker {
             let payload = match json_to_py(py, d.payload_json()) {
                 Ok(p) => p,
                 Err(e) => {
-                    consumer.fail(d, &describe(py, &e));
+                    // The same text decodes no better next time.
+                    consumer.fail_with(d, &describe(py, &e), delayq::Retry::Never);
                     continue;
                 }
             };
@@ -520,7 +521,7 @@ impl PyConsumer {
             Err(e) => {
                 let text = describe(py, &e);
                 self.with(py, |c| {
-                    c.fail(d, &text);
+                    c.fail_with(d, &text, delayq::Retry::Never);
                 })?;
                 return Ok(None);
             }

@@ -1,7 +1,9 @@
 -- nack.lua: fail deliveries: retry later, or bury them in the dead-letter set.
 -- ARGV[3] dead_max   ARGV[4] dead_ttl_ms
--- ARGV[5..] groups of 5: id, lease (as claim returned it), retry delay in ms (-1 = dead
---   letter now), error, stack trace ("" = none: an earlier attempt's is dropped).
+-- ARGV[5..] groups of 6: id, lease (as claim returned it), retry delay in ms (-1 = dead
+--   letter now), error, stack trace ("" = none: an earlier attempt's is dropped),
+--   options, words of: "keep_last_error" (the stored last error is added to the new
+--   one), "unrun" (the handler never ran this delivery: no attempt is counted).
 -- Returns one status per group: 1 retried, 2 buried, 0 lease lost, -1 gone.
 -- @include dead
 -- @include oom
@@ -15,11 +17,23 @@ local old_head = head_score()
 local result = {}
 local retried, buried = 0, 0
 local traces_kept = redis.call('EXISTS', K_TRACE) == 1
-for i = 5, #ARGV, 5 do
+for i = 5, #ARGV, 6 do
   local id, token, delay, err, trace = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
+  local options = ARGV[i + 5]
+  local keep_last_error = string.find(options, 'keep_last_error', 1, true) ~= nil
+  local unrun = string.find(options, 'unrun', 1, true) ~= nil
   local held = redis.call('HGET', K_LEASE, id)
   if held and held == token then
-    local attempt = tonumber(redis.call('HGET', K_ATT, id) or '0') + 1
+    local attempt = tonumber(redis.call('HGET', K_ATT, id) or '0')
+    if not unrun then
+      attempt = attempt + 1
+    end
+    if keep_last_error then
+      local last = redis.call('HGET', K_ERR, id)
+      if last then
+        err = err .. '; the last error: ' .. last
+      end
+    end
     redis.call('ZREM', K_INFLIGHT, id)
     redis.call('HDEL', K_LEASE, id)
     free_serial_keys({id})

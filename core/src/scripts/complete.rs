@@ -31,6 +31,22 @@ pub(crate) struct Failure<'a> {
     pub(crate) error: &'a str,
     /// "" for none (an earlier attempt's is dropped).
     pub(crate) trace: &'a str,
+    /// Add the stored last error to `error` instead of replacing it.
+    pub(crate) keep_last_error: bool,
+    /// The handler never ran it (buried at its claim: unreadable, expired, or past
+    /// max_attempts already): no attempt is counted.
+    pub(crate) unrun: bool,
+}
+
+impl Failure<'_> {
+    fn options(&self) -> &'static str {
+        match (self.keep_last_error, self.unrun) {
+            (false, false) => "",
+            (true, false) => "keep_last_error",
+            (false, true) => "unrun",
+            (true, true) => "keep_last_error unrun",
+        }
+    }
 }
 
 /// Fail deliveries: retry later, or bury.
@@ -65,7 +81,8 @@ impl Nack<'_> {
                 .arg(f.delivery.lease)
                 .arg(delay)
                 .arg(f.error)
-                .arg(f.trace);
+                .arg(f.trace)
+                .arg(f.options());
         }
     }
 }
