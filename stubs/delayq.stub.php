@@ -335,7 +335,7 @@ final class DelayQueue
      * autorestart=true) starts the new code. Each pool finishes its running handlers,
      * gives back what it had prefetched, and run() returns with stopped_by 'restart'
      * (with processes => N, the whole supervisor returns). Idle pools are woken at
-     * once; workers made after the request (the new code's) are not affected.
+     * once; workers started after the request (the new code's) are not affected.
      *
      * @return int how many pools were alive when asked
      */

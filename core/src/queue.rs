@@ -1643,7 +1643,7 @@ impl Queue {
     /// language, to stop gracefully, e.g. after a deploy: each finishes its running
     /// handlers, gives back what it had prefetched and returns from `run` with
     /// `Stopper::restart_requested`, so that its process manager starts the new code
-    /// (Laravel's `queue:restart`). Idle pools are woken at once; workers made after
+    /// (Laravel's `queue:restart`). Idle pools are woken at once; workers started after
     /// the request are not affected. Returns how many pools were alive when asked.
     pub fn restart_workers(&self) -> Result<usize> {
         // A pool registers in every partition it serves: count each once.

@@ -577,6 +577,9 @@ struct Control {
     empty: AtomicBool,
     wake: Wake,
     slots: Slots,
+    /// Each partition's restart generation when this worker started (see restart.lua):
+    /// set once, by the first start, and inherited by processes forked after it.
+    restart_baseline: Vec<std::sync::OnceLock<u64>>,
 }
 
 impl Control {
@@ -744,8 +747,7 @@ struct Pool {
     rate_limited: Vec<AtomicBool>,
     /// When its `Worker` was made, locally and on the server's clock (learnt from the
     /// first claim): restart requests before it are not meant for it.
-    started: Instant,
-    started_server_ms: std::sync::OnceLock<i64>,
+
     /// Deliveries that claims under way may bring (see `reserve_room`).
     reserved: Mutex<usize>,
     /// Claims sent and not yet counted as outstanding (for `stop_when_empty`).
@@ -813,13 +815,15 @@ const REPEAT_CHECK: Duration = Duration::from_secs(60);
 const REPEAT_RETRY: Duration = Duration::from_secs(5);
 
 impl Pool {
-    /// A claim reported the latest restart request (`restart_at`, server ms, -1 for
-    /// none) at server time `server_now_ms`: one made since this pool started stops it.
-    fn note_restart_request(&self, server_now_ms: i64, restart_at: i64) {
-        let started = *self
-            .started_server_ms
-            .get_or_init(|| server_now_ms - i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX));
-        if restart_at >= started && !self.control.restart.swap(true, Ordering::AcqRel) {
+    /// A claim on `part` reported its restart generation: one past what the pool saw
+    /// at its start means a restart was requested since, and stops it. A generation,
+    /// not a time: a step of the Redis clock can neither fake nor hide a request.
+    fn note_restart_request(&self, part: usize, generation: u64) {
+        let Some(baseline) = self.control.restart_baseline.get(part) else {
+            return;
+        };
+        let started = *baseline.get_or_init(|| generation);
+        if generation > started && !self.control.restart.swap(true, Ordering::AcqRel) {
             log::info!(
                 "delayq[{}]: a restart of the workers was requested; finishing the running handlers and stopping",
                 self.queue_name
@@ -1011,7 +1015,7 @@ pub struct Worker {
     /// What a restart request compares with: a worker made before it runs old code.
     /// (PHP makes the worker before forking its processes, so a process forked later
     /// by an old supervisor is old too; the monotonic clock is shared across fork.)
-    created: Instant,
+
     /// Queues consumed only when the ones before them have nothing for the handlers,
     /// in priority order; each runs its own pool (never nested further).
     lower: Vec<Worker>,
@@ -1038,7 +1042,6 @@ impl Worker {
         Ok(Self {
             queue,
             opts,
-            created: Instant::now(),
             control: Arc::new(Control {
                 stop: AtomicBool::new(false),
                 restart: AtomicBool::new(false),
@@ -1048,6 +1051,7 @@ impl Worker {
                     free: Mutex::new(0),
                     cv: Condvar::new(),
                 },
+                restart_baseline: (0..partitions).map(|_| std::sync::OnceLock::new()).collect(),
             }),
             running: Arc::new(AtomicBool::new(false)),
             lower: Vec::new(),
@@ -1102,6 +1106,17 @@ impl Worker {
 
     fn members(&self) -> impl Iterator<Item = &Worker> {
         std::iter::once(self).chain(&self.lower)
+    }
+
+    /// Record which restart requests (`Queue::restart_workers`) came before now, as a
+    /// start of `run` does: a supervisor calls it before it forks its processes, so
+    /// that a process forked later stops for a request made after this call. Fails
+    /// as a start would on an auth or permission error, or a stray key.
+    pub fn mark_start(&self) -> Result<()> {
+        for w in self.members() {
+            check_access(&w.queue, w.opts.lease, &w.control)?;
+        }
+        Ok(())
     }
 
     /// A handle that stops this worker's current or next run.
@@ -1189,8 +1204,6 @@ impl Worker {
             paused: AtomicBool::new(false),
             repeat_checks: Mutex::new(vec![Instant::now(); self.queue.partitions()]),
             rate_limited: (0..self.queue.partitions()).map(|_| AtomicBool::new(false)).collect(),
-            started: self.created,
-            started_server_ms: std::sync::OnceLock::new(),
             reserved: Mutex::new(0),
             claiming: AtomicUsize::new(0),
             member,
@@ -1218,7 +1231,7 @@ impl Worker {
                 .spawn(f)
                 .map_err(|e| Error::State(format!("cannot start a pool thread: {e}")))
         };
-        check_access(&pool)?;
+        check_access(&pool.queue, pool.opts.lease, &pool.control)?;
         let result = (|| -> Result<()> {
             for index in 0..self.opts.threads {
                 let (pool, tx, otx) = (Arc::clone(&pool), deliver_tx.clone(), outcome_tx.clone());
@@ -1728,29 +1741,34 @@ fn is_setup_fault(e: &Error) -> bool {
 
 /// Before a pool starts: a claim of nothing on each partition, so that a user who
 /// may not run the scripts, or a stray key, fails the start with that error instead
-/// of a retry loop. Other errors (Redis unreachable) are left to the fetchers, which
-/// retry.
-fn check_access(pool: &Pool) -> Result<()> {
-    let q = &pool.queue;
-    let qo = q.options();
+/// of a retry loop, and the worker learns which restart requests came before it
+/// (unless an earlier start, `Worker::mark_start`, did). Other errors (Redis
+/// unreachable) are left to the fetchers, which retry.
+fn check_access(queue: &Queue, lease: Duration, control: &Control) -> Result<()> {
+    let qo = queue.options();
     let mut slot = ConnSlot::new();
-    for part in 0..q.partitions() {
+    for part in 0..queue.partitions() {
         let args = claim::Args {
             batch: 0,
-            lease_ms: pool.opts.lease.as_millis() as u64,
+            lease_ms: lease.as_millis() as u64,
             dead_max: qo.dead_max,
             dead_ttl_ms: qo.dead_ttl.as_millis() as u64,
             check_repeats: false,
             heartbeat: None,
         };
-        let res = slot.run_once(&q.inner.endpoint, "claim", |con| {
-            let mut inv = q.invocation(part, claim::script());
-            args.add_to(&mut inv);
-            inv.invoke::<Value>(con)
-        });
+        let res = slot
+            .run_once(&queue.inner.endpoint, "claim", |con| {
+                let mut inv = queue.invocation(part, claim::script());
+                args.add_to(&mut inv);
+                inv.invoke::<Value>(con)
+            })
+            .and_then(|v| scripts::read::<claim::Reply>(claim::script(), v));
         match res {
+            Ok(reply) => {
+                let _ = control.restart_baseline[part].set(reply.restart_generation);
+            }
             Err(e) if is_setup_fault(&e) => return Err(e),
-            _ => {}
+            Err(_) => {}
         }
     }
     Ok(())
@@ -1915,7 +1933,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
         let paused = claimed.next_ms == PAUSED;
         pool.note_paused(paused);
         pool.rate_limited[part].store(claimed.rate_limited, Ordering::Relaxed);
-        pool.note_restart_request(claimed.server_now_ms, claimed.restart_at);
+        pool.note_restart_request(part, claimed.restart_generation);
         let got = claimed.items.len();
         control.slots.release(room - got);
         {

@@ -278,6 +278,9 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
     let mut wanted: Vec<bool> = (0..n).map(|i| i < scaler.initial()).collect();
     let mut next_look = Instant::now() + LOOK_EVERY;
     let (mut scaled_up, mut scaled_down) = (0i64, 0i64);
+    // Before any fork: processes forked later belong to this start (a restart request
+    // made after it stops them too), and a user without access fails here, once.
+    worker.mark_start()?;
     let slots = SharedSlots::new(n)?;
     let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
     let mut children: Vec<Option<Child>> = (0..n).map(|_| None).collect();

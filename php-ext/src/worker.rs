@@ -455,6 +455,12 @@ impl PhpWorker {
         call_hook(self.hooks.on_stop.as_ref(), "on_stop")
     }
 
+    /// Record the restart requests made before this start (see
+    /// `delayq::Worker::mark_start`); fails at once on an auth error or stray key.
+    pub(crate) fn mark_start(&self) -> PhpResult<()> {
+        self.worker.mark_start().or_throw()
+    }
+
     pub(crate) fn limits(&self) -> &Limits {
         &self.limits
     }

@@ -5,11 +5,11 @@
 -- ARGV[8..10], when present: the claiming pool's heartbeat (pool id, ttl_ms, info JSON;
 --   see beat.lua), carried by a claim so that it costs no command of its own.
 -- Returns {header, deliveries, later, keyed, repeats} (decoded by scripts/claim.rs):
---   header {now_ms, next_ms, reaped, limited, restart_at}:
+--   header {now_ms, next_ms, reaped, limited, restart_generation}:
 --     limited: 1 if a rate limit is in force (the caller then claims only for idle
 --     handlers, so that a message starts as it is handed out, see limit.lua), else 0.
---     restart_at: time of the latest request that running pools stop, -1 if none (see
---     restart.lua); a pool started before it stops gracefully.
+--     restart_generation: how many requests that running pools stop were made (see
+--     restart.lua); a pool that saw a lower one at its start stops gracefully.
 --     next_ms: earliest due time or lease deadline still ahead (for due messages the
 --     rate limit held back: when its window frees), -1 if none, -2 if the queue is
 --     paused; the caller sleeps until then unless a producer publishes an earlier due
@@ -91,7 +91,7 @@ if ARGV[7] == '1' then
     end
   end
 end
-local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_at')) or -1}
+local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_gen')) or 0}
 local deliveries, later, keyed = {}, {}, {}
 local function reply()
   return {header, deliveries, later, keyed, broken}

@@ -64,8 +64,8 @@ pub(crate) struct Reply {
     pub(crate) next_ms: i64,
     pub(crate) reaped: u64,
     pub(crate) rate_limited: bool,
-    /// Time of the latest restart request, -1 if none.
-    pub(crate) restart_at: i64,
+    /// How many restart requests were made on this partition.
+    pub(crate) restart_generation: u64,
     pub(crate) items: Vec<Claimed>,
     pub(crate) broken_repeats: Vec<BrokenRepeat>,
 }
@@ -82,7 +82,7 @@ fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
 impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let [header, deliveries, later, keyed, repeats]: [Vec<Value>; 5] = decode(&v)?;
-        let [now, next, reaped, limited, restart_at]: [i64; 5] =
+        let [now, next, reaped, limited, generation]: [i64; 5] =
             FromRedisValue::from_redis_value(Value::Array(header))?;
         if !deliveries.len().is_multiple_of(3)
             || !later.len().is_multiple_of(2)
@@ -129,7 +129,7 @@ impl FromRedisValue for Reply {
             next_ms: next,
             reaped: u64::try_from(reaped).map_err(|_| "a negative count of reaped leases")?,
             rate_limited: limited == 1,
-            restart_at,
+            restart_generation: u64::try_from(generation).map_err(|_| "a negative restart generation")?,
             items,
             broken_repeats,
         })
@@ -157,7 +157,7 @@ mod tests {
                 Value::Int(-1),
                 Value::Int(2),
                 Value::Int(1),
-                Value::Int(-1),
+                Value::Int(3),
             ]),
             Value::Array(vec![s("a"), s("7:4096"), s("{}"), s("b"), s("7:8192"), s("[]")]),
             Value::Array(vec![Value::Int(2), Value::Int(3)]),
@@ -166,8 +166,14 @@ mod tests {
         ]);
         let r = Reply::from_redis_value(v).expect("decodes");
         assert_eq!(
-            (r.server_now_ms, r.next_ms, r.reaped, r.rate_limited, r.restart_at),
-            (1000, -1, 2, true, -1)
+            (
+                r.server_now_ms,
+                r.next_ms,
+                r.reaped,
+                r.rate_limited,
+                r.restart_generation
+            ),
+            (1000, -1, 2, true, 3)
         );
         assert_eq!(r.items.len(), 2);
         assert_eq!(
