@@ -7,29 +7,18 @@ mod common;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::RedisServer;
-use delayq::{Due, NewMessage, Queue, QueueOptions, Worker, WorkerOptions};
+use common::{RedisServer, run_until_empty};
+use delayq::{Due, NewMessage, Queue, QueueOptions, WorkerOptions};
 use serde_json::json;
 
 /// The order one handler meets the queue's due messages in.
 fn drained_order(q: &Queue) -> Vec<i64> {
     let seen = Mutex::new(Vec::new());
-    let worker = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            threads: 1,
-            stop_when_empty: true,
-            ..WorkerOptions::default()
-        },
-    )
-    .expect("worker");
-    worker
-        .run(1, |d| {
-            let v: serde_json::Value = d.payload().map_err(|e| e.to_string())?;
-            seen.lock().expect("lock").push(v["n"].as_i64().expect("n"));
-            Ok(())
-        })
-        .expect("run");
+    run_until_empty(q, WorkerOptions::default(), |d| {
+        let v: serde_json::Value = d.payload().map_err(|e| e.to_string())?;
+        seen.lock().expect("lock").push(v["n"].as_i64().expect("n"));
+        Ok(())
+    });
     seen.into_inner().expect("lock")
 }
 
@@ -120,17 +109,11 @@ fn requeued_dead_letters_keep_the_order_they_are_requeued_in() {
         m.options.id = Some(format!("m{n}"));
         q.push_many(&[m]).expect("push");
     }
-    let worker = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            threads: 1,
-            max_attempts: 1,
-            stop_when_empty: true,
-            ..WorkerOptions::default()
-        },
-    )
-    .expect("worker");
-    worker.run(1, |_| Err("declined".into())).expect("run");
+    let opts = WorkerOptions {
+        max_attempts: 1,
+        ..WorkerOptions::default()
+    };
+    run_until_empty(&q, opts, |_| Err("declined".into()));
     assert_eq!(q.stats().expect("stats").dead, 6);
     // All requeued in one call, due in the same millisecond: oldest death first.
     assert_eq!(q.requeue_dead(None).expect("requeue"), 6);

@@ -9,7 +9,7 @@ mod common;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::RedisServer;
+use common::{RedisServer, run_until_empty};
 use delayq::{Error, MAX_DEPTH, NewMessage, Worker, WorkerOptions};
 
 fn deep(levels: usize) -> String {
@@ -18,21 +18,11 @@ fn deep(levels: usize) -> String {
 
 fn drain(q: &delayq::Queue, opts: WorkerOptions) -> Vec<String> {
     let seen = Mutex::new(Vec::new());
-    let worker = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            stop_when_empty: true,
-            ..opts
-        },
-    )
-    .expect("worker");
-    worker
-        .run(1, |d| {
-            let v: serde_json::Value = d.payload().map_err(|e| e.to_string())?;
-            seen.lock().expect("lock").push(v.to_string());
-            Ok(())
-        })
-        .expect("run");
+    run_until_empty(q, opts, |d| {
+        let v: serde_json::Value = d.payload().map_err(|e| e.to_string())?;
+        seen.lock().expect("lock").push(v.to_string());
+        Ok(())
+    });
     seen.into_inner().expect("lock")
 }
 

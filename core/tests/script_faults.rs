@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{RedisServer, StopOnDrop, assert_no_leak};
+use common::{RedisServer, StopOnDrop, assert_no_leak, run_until_empty};
 use delayq::{
     Category, Error, Listing, NewMessage, PushOptions, Queue, QueueOptions, RateLimit, Worker, WorkerOptions,
 };
@@ -140,16 +140,7 @@ fn fill(q: &Queue) {
         };
         q.push_many(&[m]).expect("push");
     }
-    let worker = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            threads: 1,
-            stop_when_empty: true,
-            ..WorkerOptions::default()
-        },
-    )
-    .expect("worker");
-    let summary = worker.run(1, |d| Err(format!("declined ({})", d.id))).expect("run");
+    let summary = run_until_empty(q, WorkerOptions::default(), |d| Err(format!("declined ({})", d.id)));
     assert_eq!(summary.dead, 2);
     let mut batch = Vec::new();
     for i in 1..=3 {

@@ -713,3 +713,22 @@ pub fn one_dead_one_running(q: &Queue, doomed: &str) -> (delayq::Consumer, delay
     });
     (consumer, held.expect("the other message, running"))
 }
+
+/// Run one handler thread over `q` until it is empty (`stop_when_empty`, one fetcher,
+/// the rest of `opts` as given) and return the run's counts.
+pub fn run_until_empty(
+    q: &Queue,
+    opts: delayq::WorkerOptions,
+    handler: impl Fn(&delayq::Delivery) -> Result<(), String> + Sync,
+) -> delayq::Summary {
+    let worker = delayq::Worker::new(
+        q.clone(),
+        delayq::WorkerOptions {
+            threads: 1,
+            stop_when_empty: true,
+            ..opts
+        },
+    )
+    .expect("worker");
+    worker.run(1, handler).expect("run")
+}
