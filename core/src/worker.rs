@@ -716,6 +716,8 @@ struct Outstanding {
     claimed: Instant,
     started: Option<Instant>,
     timed_out: bool,
+    /// When its lease was last known live: the claim, then each renewal.
+    renewed: Instant,
 }
 
 struct Pool {
@@ -1948,6 +1950,7 @@ fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes
                         claimed: now,
                         started: None,
                         timed_out: false,
+                        renewed: now,
                     },
                 );
             }
@@ -2169,7 +2172,7 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
                     // After a retried write, "gone" means the first try went through
                     // before the connection broke.
                     Status::Gone if retried => Counters::add(&c.acked, 1),
-                    Status::Gone => gone(pool, o),
+                    Status::Gone if lease_was_live(pool, o) => gone(pool, o),
                     _ => lease_lost(pool, o),
                 }
             }
@@ -2218,7 +2221,7 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
                         }
                     }
                     Status::Buried => {}
-                    Status::Gone => gone(pool, o),
+                    Status::Gone if lease_was_live(pool, o) => gone(pool, o),
                     _ => lease_lost(pool, o),
                 }
             }
@@ -2238,6 +2241,17 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
         }
         forget(pool, &releases);
     }
+}
+
+/// Whether the lease of a completion whose message is gone was still live as far as
+/// the pool knows (claimed or renewed within a lease): then the message was deleted
+/// under it (cancel, purge, a flush). Otherwise the lease may have expired, and
+/// another delivery completed the message: a lost lease.
+fn lease_was_live(pool: &Pool, o: &Outcome) -> bool {
+    pool.outstanding
+        .lock()
+        .get(o.token())
+        .is_some_and(|held| !held.timed_out && held.renewed.elapsed() < pool.opts.lease)
 }
 
 /// The message of a completion was deleted while it ran: no lease was lost, and no
@@ -2629,6 +2643,16 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                 .and_then(|v| scripts::read::<complete::Statuses>(extend::script(), v));
             match res {
                 Ok(complete::Statuses(statuses)) => {
+                    let renewed_at = Instant::now();
+                    let mut outstanding = pool.outstanding.lock();
+                    for ((_, _, token), s) in chunk.iter().zip(&statuses) {
+                        if *s == Status::Done
+                            && let Some(o) = outstanding.get_mut(token)
+                        {
+                            o.renewed = renewed_at;
+                        }
+                    }
+                    drop(outstanding);
                     for ((_, id, token), s) in chunk.iter().zip(statuses) {
                         // A completion written since the snapshot above is no loss: its
                         // message is gone or it has left `outstanding` by now.

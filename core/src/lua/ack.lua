@@ -5,12 +5,16 @@
 -- Returns one status per pair: 1 acked, 0 lease lost (the message lives on under
 --   another delivery), -1 gone (already completed, cancelled or purged).
 -- Counters rather than the # operator, which costs a search of the table per use.
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include completed
 -- @include forget
 -- @include oom
 -- @include serial
--- KEYS: scheduled messages inflight leases attempts errors stats completed completed_messages traces serial_keys serial_holders serial_line serial_lined
+-- @include stall
+-- KEYS: scheduled messages inflight leases attempts errors stats control completed completed_messages traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
+absorb_stall(now_ms())
 local keep = tonumber(ARGV[3])
 local ids, tokens, n = {}, {}, 0
 for i = 5, #ARGV, 2 do

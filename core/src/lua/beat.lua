@@ -4,8 +4,13 @@
 -- ARGV[3] pool id   ARGV[4] ttl_ms, 0 when the pool has stopped   ARGV[5] info JSON
 --   (opaque to Lua)
 -- Returns the number of pools alive after this call.
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include oom
 -- @include pools
--- KEYS: stats workers
+-- @include stall
+-- KEYS: inflight stats workers control
 run_even_out_of_memory()
-return register_pool(now_ms(), ARGV[3], tonumber(ARGV[4]), ARGV[5])
+local now = now_ms()
+absorb_stall(now)
+return register_pool(now, ARGV[3], tonumber(ARGV[4]), ARGV[5])

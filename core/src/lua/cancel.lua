@@ -2,6 +2,8 @@
 -- ARGV[3] the counter that counts them: "cancelled", or "moved" when move_waiting
 --   took them to another queue.   ARGV[4..] ids.
 -- Returns the ids deleted; the others do not wait here (unknown, running or dead).
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include forget
 -- KEYS: scheduled messages inflight leases attempts errors stats traces serial_keys serial_holders serial_line serial_lined
 local removed = {}

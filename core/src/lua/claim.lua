@@ -29,6 +29,8 @@
 -- This script runs once per batch of up to 1000 messages and is the drain's hot path:
 -- every per-message step below is one element of a variadic call, and the only
 -- per-message Lua work is one string concatenation.
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include dead
 -- @include forget
 -- @include oom
@@ -40,11 +42,13 @@
 -- @include serial
 -- @include hashtable
 -- @include hdel_if_any
+-- @include stall
 -- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local batch = tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[4])
 local now = now_ms()
+absorb_stall(now, lease_ms)
 
 -- Expired leases go back to the front of the schedule: the message is due already.
 -- Their delivery counts as an attempt, with the expiry as its error.
@@ -61,13 +65,14 @@ if #expired > 0 then
     errors[#errors + 1] = id
     errors[#errors + 1] = 'lease expired during attempt ' .. attempt .. ' (worker stopped or hung)'
   end
+  -- In the schedule before out of the in-flight set: no message is ever in neither.
+  redis.call('ZADD', K_SCHED, unpack(readd))
   redis.call('ZREM', K_INFLIGHT, unpack(expired))
   redis.call('HDEL', K_LEASE, unpack(expired))
   redis.call('HSET', K_ATT, unpack(counted))
   redis.call('HSET', K_ERR, unpack(errors))
   -- A trace from an earlier attempt would not belong to this error.
   hdel_if_any(K_TRACE, expired)
-  redis.call('ZADD', K_SCHED, unpack(readd))
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
   free_serial_keys(expired)
 end
@@ -135,7 +140,6 @@ if n > 0 then
   for i = 1, n do
     ids[i] = due[2 * i - 1]
   end
-  redis.call('ZREM', K_SCHED, unpack(ids))
   local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
   local previous = nil
   if redis.call('EXISTS', K_ATT) == 1 then
@@ -152,7 +156,7 @@ if n > 0 then
   -- A string once, not a number that each of the n ZADD arguments would format again.
   local deadline = fmt(now + lease_ms)
   local token = fmt(next_seq()) .. ':'
-  local leases, deadlines, orphans = {}, {}, {}
+  local leases, deadlines, orphans, taken = {}, {}, {}, {}
   local claimed = 0
   for i = 1, n do
     local id = ids[i]
@@ -161,6 +165,7 @@ if n > 0 then
       -- Back in the schedule: its serial key is held (see serial_gate).
     elseif envelope then
       claimed = claimed + 1
+      taken[#taken + 1] = id
       local lease = token .. due[2 * i]
       leases[2 * claimed - 1] = id
       leases[2 * claimed] = lease
@@ -181,11 +186,19 @@ if n > 0 then
     else
       -- A scheduled id without an envelope was written by hand or by a foreign tool.
       orphans[#orphans + 1] = id
+      taken[#taken + 1] = id
     end
   end
+  -- In flight under a lease before out of the schedule: no message is ever in
+  -- neither (the ones the serial gate held back stay, at their new score).
   if claimed > 0 then
     redis.call('ZADD', K_INFLIGHT, unpack(deadlines))
     hset_as_hashtable(K_LEASE, leases)
+  end
+  if #taken > 0 then
+    redis.call('ZREM', K_SCHED, unpack(taken))
+  end
+  if claimed > 0 then
     redis.call('HINCRBY', K_STATS, 'delivered', claimed)
     if limit[1] then
       redis.call('ZADD', K_LIMIT_LOG, now, token .. claimed)

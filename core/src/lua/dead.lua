@@ -2,6 +2,7 @@
 -- ARGV[3] limit.
 -- Returns groups of 6: id, dead_at_ms, envelope, attempts, last_error, error_trace
 -- ("" when none).
+-- Faults: it writes nothing.
 -- KEYS: messages attempts errors dead traces
 local ids = redis.call('ZREVRANGE', K_DEAD, 0, tonumber(ARGV[3]) - 1, 'WITHSCORES')
 local result = {}

@@ -4,6 +4,7 @@
 --   a pattern)
 -- Returns {the next rank to look at, or -1 once the set is done, then the ids that
 --   match}. Read-only: the caller collects every match before it acts on them.
+-- Faults: it writes nothing.
 -- KEYS: errors dead
 local first, count, text = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local ids = redis.call('ZRANGE', K_DEAD, first, first + count - 1)

@@ -3,10 +3,14 @@
 -- Returns one status per pair: 1 extended; 0 lease lost (another delivery holds the
 --   message, or its lease expired and it waits to be delivered again); -1 the message
 --   is gone (its completion was written while the heartbeat was on its way: no loss).
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include oom
--- KEYS: messages inflight leases stats
+-- @include stall
+-- KEYS: messages inflight leases stats control
 run_even_out_of_memory()
 local now = now_ms()
+absorb_stall(now, tonumber(ARGV[3]))
 local deadline = now + tonumber(ARGV[3])
 local result = {}
 for i = 4, #ARGV, 2 do

@@ -7,6 +7,7 @@
 --   ARGV[5] the text (compared plainly, no patterns)   ARGV[6] fields to look at (COUNT)
 -- Returns {next cursor ("0" when the scan is done), matching id, ...}. A message
 -- written or deleted during the scan may be missed or seen twice (HSCAN's guarantee).
+-- Faults: it writes nothing.
 -- KEYS: messages completed_messages
 local hash = ARGV[3] == 'completed' and K_DONE_MSG or K_MSG
 local step = redis.call('HSCAN', hash, ARGV[4], 'COUNT', ARGV[6])

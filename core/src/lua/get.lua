@@ -8,6 +8,7 @@
 --   is none, and so is error_trace; serial_key is false for a message pushed without one.
 --   A message in its serial key's line is ready, due when it was due (not when its
 --   safety net would bring it back, see serial_gate).
+-- Faults: it writes nothing.
 -- KEYS: scheduled messages inflight leases attempts errors dead completed completed_messages traces serial_keys serial_lined
 local id = ARGV[3]
 local envelope = redis.call('HGET', K_MSG, id)

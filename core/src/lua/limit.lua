@@ -5,6 +5,8 @@
 -- ARGV[3] this partition's share of max ("" to clear the limit), ARGV[4] per (ms),
 -- ARGV[5] the queue's max (the sum of the shares, reported by stats).
 -- Returns 1 if a limit was in force before, 0 if not.
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include schedule
 -- KEYS: scheduled limit limit_log
 local before = redis.call('EXISTS', K_LIMIT)

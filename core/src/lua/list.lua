@@ -8,6 +8,7 @@
 --   error_trace or false, serial_key or false}. A message in its serial key's line
 --   shows when it was due (see get.lua).
 -- Read-only; one call reads at most 1000 messages, so Redis is never blocked for long.
+-- Faults: it writes nothing.
 -- KEYS: scheduled messages inflight leases attempts errors completed completed_messages traces serial_keys serial_lined
 local now = now_ms()
 local limit = tonumber(ARGV[4])

@@ -5,14 +5,18 @@
 --   options, words of: "keep_last_error" (the stored last error is added to the new
 --   one), "unrun" (the handler never ran this delivery: no attempt is counted).
 -- Returns one status per group: 1 retried, 2 buried, 0 lease lost, -1 gone.
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include dead
 -- @include oom
 -- @include schedule
 -- @include order
 -- @include serial
--- KEYS: scheduled messages inflight leases attempts errors dead stats traces serial_keys serial_holders serial_line serial_lined
+-- @include stall
+-- KEYS: scheduled messages inflight leases attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local now = now_ms()
+absorb_stall(now)
 local old_head = head_score()
 local result = {}
 local retried, buried = 0, 0
@@ -34,17 +38,8 @@ for i = 5, #ARGV, 6 do
         err = err .. '; the last error: ' .. last
       end
     end
-    redis.call('ZREM', K_INFLIGHT, id)
-    redis.call('HDEL', K_LEASE, id)
-    free_serial_keys({id})
-    redis.call('HSET', K_ATT, id, attempt)
-    redis.call('HSET', K_ERR, id, err)
-    if trace ~= '' then
-      redis.call('HSET', K_TRACE, id, trace)
-      traces_kept = true
-    elseif traces_kept then
-      redis.call('HDEL', K_TRACE, id)
-    end
+    -- Its next state first (the dead letters or the schedule), then out of flight:
+    -- no message is ever in neither.
     if delay < 0 then
       redis.call('ZADD', K_DEAD, now, id)
       buried = buried + 1
@@ -54,6 +49,17 @@ for i = 5, #ARGV, 6 do
       retried = retried + 1
       result[#result + 1] = 1
     end
+    redis.call('HSET', K_ATT, id, attempt)
+    redis.call('HSET', K_ERR, id, err)
+    if trace ~= '' then
+      redis.call('HSET', K_TRACE, id, trace)
+      traces_kept = true
+    elseif traces_kept then
+      redis.call('HDEL', K_TRACE, id)
+    end
+    redis.call('ZREM', K_INFLIGHT, id)
+    redis.call('HDEL', K_LEASE, id)
+    free_serial_keys({id})
   elseif redis.call('HEXISTS', K_MSG, id) == 1 then
     result[#result + 1] = 0
   else

@@ -5,6 +5,8 @@
 -- Returns 1 if the state changed, 0 if the queue already was in it.
 -- The pause is a hash, not a string, so that the commands of the least-privilege ACL
 -- rule (docs/RELIABILITY.md) cover it.
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include schedule
 -- KEYS: scheduled paused
 if ARGV[3] == '1' then

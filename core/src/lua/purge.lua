@@ -4,6 +4,8 @@
 -- looks, see claim.lua).
 -- Kept completed messages go too, uncounted (they are no longer messages of the queue).
 -- Returns the number of messages deleted.
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); a full Redis refuses that write, before anything is written.
 -- KEYS: scheduled messages inflight leases attempts errors dead stats completed completed_messages traces serial_keys serial_holders serial_line serial_lined
 local count = redis.call('HLEN', K_MSG)
 redis.call('UNLINK', K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_DONE, K_DONE_MSG, K_TRACE,

@@ -11,6 +11,8 @@
 --   the serial key ("" = none; see serial_gate in include/serial.lua).
 -- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
 --   (the others existed already and were left).
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include schedule
 -- @include order
 -- @include serial

@@ -2,11 +2,15 @@
 -- started: due again at once, at their old place, and the attempt does not count.
 -- ARGV[3..] pairs: id, lease (as claim returned it).
 -- Returns the number released (pairs whose lease was lost are skipped).
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include oom
 -- @include schedule
 -- @include serial
--- KEYS: scheduled inflight leases stats serial_keys serial_holders serial_line serial_lined
+-- @include stall
+-- KEYS: scheduled inflight leases stats control serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
+absorb_stall(now_ms())
 local old_head = head_score()
 local released = 0
 for i = 3, #ARGV, 2 do

@@ -2,6 +2,8 @@
 -- cancelled (one that runs finishes).
 -- ARGV[3] name.
 -- Returns 1 if it existed, 0 if not.
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include repeat
 -- KEYS: scheduled messages inflight leases attempts errors stats repeats repeat_marks traces serial_keys serial_holders serial_line serial_lined
 local name = ARGV[3]

@@ -3,6 +3,8 @@
 --   (absolute ms)   ARGV[6] envelope
 -- Returns 1 if pushed; 0 if the definition changed or went meanwhile, or an occurrence
 -- at or after that time was pushed already (by another pool, or an earlier call).
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include repeat
 -- KEYS: scheduled messages inflight leases attempts errors stats repeats repeat_marks traces serial_keys serial_holders serial_line serial_lined
 local name = ARGV[3]

@@ -4,6 +4,8 @@
 --   (an expire_after deadline in it is set from the due time)
 -- Returns the due time (ms) of the repeat's next occurrence: the one pending for an
 -- unchanged definition, else the one just pushed.
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include repeat
 -- KEYS: scheduled messages inflight leases attempts errors stats repeats repeat_marks traces serial_keys serial_holders serial_line serial_lined
 local name, definition, first = ARGV[3], ARGV[4], tonumber(ARGV[5])

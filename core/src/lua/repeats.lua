@@ -2,6 +2,7 @@
 -- ARGV[3] a name, or "" for all.
 -- Returns groups of 3: name, definition, due time (ms) of the latest occurrence pushed
 --   (-1 if none).
+-- Faults: it writes nothing.
 -- KEYS: repeats repeat_marks
 local result = {}
 local function add(name, definition)

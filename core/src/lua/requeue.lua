@@ -3,6 +3,8 @@
 -- expiring message, a fresh deadline (it may have died of the old one).
 -- ARGV[3] id, or "" for the oldest ARGV[4] dead letters.
 -- Returns the number requeued; the caller repeats "" calls until fewer than ARGV[4].
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include dead
 -- @include schedule
 -- @include order

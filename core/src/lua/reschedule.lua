@@ -2,6 +2,8 @@
 -- deadline moves with it).
 -- ARGV[3] id   ARGV[4] "delay" (from the server clock) or "at" (Unix time)   ARGV[5] ms
 -- Returns the new due time in ms, or -1 when the message is not waiting.
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include schedule
 -- @include order
 -- @include serial

@@ -7,6 +7,8 @@
 -- Returns the ids of the pools alive when asked: read here, in the same script, since
 --   an idle pool woken by the request may have stopped and said goodbye before the
 --   caller could read the list on its own.
+-- Faults: permissions and key types are checked before its first write (preflight,
+--   include/base.lua); a full Redis refuses that write, before anything is written.
 -- KEYS: workers control
 local now = now_ms()
 -- Pools compare the generation, which a step of the Redis clock cannot move; the

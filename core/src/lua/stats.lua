@@ -4,6 +4,7 @@
 --   v1, k2, v2, ...} where waiting counts every scheduled entry, ready those already
 --   due, held those in a serial key's line (see include/serial.lua): scheduled entries, due
 --   already, that wait for another message of their key to finish.
+-- Faults: it writes nothing.
 -- @include schedule
 -- KEYS: scheduled inflight dead stats paused limit completed serial_line
 local now = now_ms()

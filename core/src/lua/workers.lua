@@ -2,6 +2,7 @@
 -- Returns {now_ms, id1, entry1, id2, entry2, ...}, every entry as beat.lua stored it
 --   ("<expires_ms>|<seen_ms>|<info JSON>"), expired ones included: the caller drops
 --   those (a read writes nothing).
+-- Faults: it writes nothing.
 -- KEYS: workers
 local result = {now_ms()}
 for _, v in ipairs(redis.call('HGETALL', K_WORKERS)) do

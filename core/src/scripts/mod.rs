@@ -332,6 +332,7 @@ lua_files!(
     "include/repeat.lua",
     "include/schedule.lua",
     "include/seq.lua",
+    "include/stall.lua",
     "include/serial.lua",
     "ack.lua",
     "beat.lua",

@@ -55,7 +55,10 @@
 -- stops the script at that command), and no key holds another type than its role's
 -- (checked only where the user may run TYPE: rules written before delayq asked for
 -- it go on working). A fault found here leaves every key as it was; one found later
--- would have kept the writes made before it (Redis does not roll a script back).
+-- would have kept the writes made before it (Redis does not roll a script back), so
+-- a script that moves a message between states writes the new state before it leaves
+-- the old one (claim, nack): even an error past the preflight leaves no message
+-- without a state.
 -- `calls` holds each command once, with a key or channel of this queue to check.
 local function preflight(script, typed, calls)
   if redis.acl_check_cmd then
