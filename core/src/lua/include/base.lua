@@ -31,8 +31,10 @@
 --                            still in the window)
 --   limit_log ZSET  "<seq>:<count>" -> time (ms) of each claim's grant under
 --                            the rate limit, for as long as it is in the window
---   control   HASH  restart_at -> time (ms) of the latest request that running
---                            consumer pools stop (see restart.lua)
+--   control   HASH  restart_gen -> how many requests that running consumer pools
+--                            stop were made, restart_at -> time (ms) of the latest
+--                            (see restart.lua); seen_ms, stall_ms -> when a pool
+--                            script last ran, half a lease (see stall.lua)
 --   completed ZSET  id -> time (ms) it was acknowledged, for the messages kept
 --                            after completion (QueueOptions::keep_completed)
 --   completed_messages HASH id -> "<attempts>|<due_ms>|<envelope>" of each
