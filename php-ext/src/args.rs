@@ -8,7 +8,17 @@
 //! does not match its declaration, or throws PHP's TypeError, before the method runs.
 //! Null is never coerced: a null for a parameter that does not accept it is refused
 //! (PHP 8.1 deprecated that coercion for internal functions and PHP 9 refuses it).
+//! A string that is not valid UTF-8, for a parameter declared `string` or `?string`,
+//! is refused here too, with `DelayQueueInvalidArgumentException` naming the parameter
+//! (ext-php-rs would throw "Invalid value given for argument").
+//!
+//! The wrapper also keeps Rust panics away from PHP users: ext-php-rs turns a panic in a
+//! method into `\Error("Rust panic: …")` after the panic hook printed it (with a
+//! backtrace under RUST_BACKTRACE) to stderr. Inside a wrapped method the hook installed
+//! by `install_panic_hook` stays silent, and the wrapper throws a `DelayQueueException`
+//! naming the method in place of the `\Error`.
 
+use std::cell::{Cell, RefCell};
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -16,11 +26,12 @@ use ext_php_rs::ffi;
 use ext_php_rs::types::Zval;
 use ext_php_rs::zend::{ClassEntry, ExecutorGlobals};
 
-use crate::convert;
+use crate::{convert, errors};
 
 unsafe extern "C" {
     fn zend_verify_scalar_type_hint(type_mask: u32, arg: *mut ffi::zval, strict: bool, is_internal_arg: bool) -> bool;
     fn zend_argument_type_error(arg_num: u32, format: *const c_char, ...);
+    fn zend_argument_error(error_ce: *mut ffi::zend_class_entry, arg_num: u32, format: *const c_char, ...);
     fn zend_get_resource_handle(module_name: *const c_char) -> c_int;
 }
 
@@ -100,9 +111,113 @@ unsafe extern "C" fn checked_call(execute_data: *mut ffi::zend_execute_data, ret
         let original: unsafe extern "C" fn(*mut ffi::zend_execute_data, *mut ffi::zval) =
             std::mem::transmute(internal.reserved[slot]);
         if arguments_pass(execute_data, internal) {
+            // A panic recorded before this call was reported by its own call.
+            let _ = PANIC.try_with(|p| p.borrow_mut().take());
+            let _ = DEPTH.try_with(|d| d.set(d.get() + 1));
             original(execute_data, return_value);
+            let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+            if let Some(message) = PANIC.try_with(|p| p.borrow_mut().take()).ok().flatten() {
+                report_panic(internal, &message);
+            }
         }
     }
+}
+
+thread_local! {
+    /// How many wrapped methods run on this thread (more than one when a worker's
+    /// handler calls the queue).
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// The last panic inside a wrapped method on this thread, until its wrapper reports it.
+    static PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// At module start: a panic hook that is silent inside the wrapped methods (the
+/// wrapper reports the panic as an exception) and leaves every other panic (the core's
+/// threads) to the hook it replaces.
+pub(crate) fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if DEPTH.try_with(Cell::get).unwrap_or(0) == 0 {
+                return previous(info);
+            }
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            let message = match info.location() {
+                Some(at) => {
+                    let file = at.file().rsplit('/').next().unwrap_or_default();
+                    format!("{message} ({file}:{})", at.line())
+                }
+                None => message,
+            };
+            let _ = PANIC.try_with(|p| *p.borrow_mut() = Some(message));
+        }));
+    });
+}
+
+/// At each request start: a bailout (exit(), a fatal error) in a wrapped method jumps
+/// over its wrapper's bookkeeping.
+pub(crate) fn request_started() {
+    let _ = DEPTH.try_with(|d| d.set(0));
+    let _ = PANIC.try_with(|p| p.borrow_mut().take());
+}
+
+/// Replaces the `\Error("Rust panic: …")` that ext-php-rs threw for a panic in
+/// `internal` with a `DelayQueueException`.
+fn report_panic(internal: &ffi::zend_internal_function, message: &str) {
+    if ExecutorGlobals::pending_exception_class().as_deref() != Some("Error") {
+        return;
+    }
+    let Some(mut thrown) = ExecutorGlobals::take_exception() else {
+        return;
+    };
+    let from_panic = thrown
+        .try_call_method("getMessage", vec![])
+        .ok()
+        .and_then(|m| m.str().map(|m| m.starts_with("Rust panic: ")))
+        .unwrap_or(false);
+    if !from_panic {
+        // Not the panic's: thrown again as it was.
+        let mut again = Zval::new();
+        again.set_object(&mut thrown);
+        let _ = ext_php_rs::exception::throw_object(again);
+        return;
+    }
+    drop(thrown);
+    errors::internal(format!(
+        "{}(): internal error in the delayq extension, please report it: {message}",
+        method_name(internal)
+    ))
+    .throw();
+}
+
+/// `Class::method` for messages.
+fn method_name(internal: &ffi::zend_internal_function) -> String {
+    // SAFETY: a registered function's name and class are zend_strings the engine owns
+    // for the life of the module.
+    unsafe {
+        let method = zend_string_lossy(internal.function_name);
+        if internal.scope.is_null() {
+            return method;
+        }
+        format!("{}::{method}", zend_string_lossy((*internal.scope).name))
+    }
+}
+
+/// # Safety
+/// `s` is null or a live zend_string.
+unsafe fn zend_string_lossy(s: *const ffi::zend_string) -> String {
+    if s.is_null() {
+        return String::new();
+    }
+    // SAFETY: per the contract; a zend_string's `val` holds `len` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts((*s).val.as_ptr().cast::<u8>(), (*s).len) };
+    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// Coerces the passed arguments to their declared types where PHP would; false (with a
@@ -124,7 +239,7 @@ unsafe fn arguments_pass(execute_data: *mut ffi::zend_execute_data, internal: &f
         for i in 0..declared {
             let info = &*internal.arg_info.add(i as usize);
             let arg = first.add(i as usize);
-            if !argument_passes(i + 1, info.type_, arg, strict) {
+            if !argument_passes(i + 1, info.type_, arg, strict) || !utf8_passes(i + 1, info.type_, arg) {
                 return false;
             }
         }
@@ -162,6 +277,36 @@ unsafe fn argument_passes(number: u32, declared: ffi::zend_type, arg: *mut ffi::
         // SAFETY: a "%s" format with one C string; the engine names the method and the
         // parameter from the current frame.
         unsafe { zend_argument_type_error(number, c"%s".as_ptr(), message.as_ptr()) };
+    }
+    false
+}
+
+/// False (with `DelayQueueInvalidArgumentException` thrown) for a string that is not
+/// valid UTF-8 given to a parameter declared `string` or `?string`. Parameters of wider
+/// types (a payload, a schedule) are checked where they are read, with the path of the
+/// culprit.
+///
+/// # Safety
+/// `arg` is a live argument of the current call.
+unsafe fn utf8_passes(number: u32, declared: ffi::zend_type, arg: *mut ffi::zval) -> bool {
+    let mask = declared.type_mask & MAY_BE_MASK;
+    let has_class = declared.type_mask & ffi::_ZEND_TYPE_NAME_BIT != 0;
+    if has_class || mask & MAY_BE_STRING == 0 || mask & !(MAY_BE_STRING | MAY_BE_NULL) != 0 {
+        return true;
+    }
+    // SAFETY: per the contract.
+    let Some(text) = (unsafe { &*arg.cast::<Zval>() }).zend_str() else {
+        return true;
+    };
+    let Err(e) = convert::utf8(text.as_bytes()) else {
+        return true;
+    };
+    let message = format!("is not valid UTF-8 (byte {}): \"{}\"", e.at, e.shown);
+    if let Ok(message) = CString::new(message) {
+        let class = std::ptr::from_ref(errors::invalid_class()).cast_mut();
+        // SAFETY: a "%s" format with one C string; the engine names the method and the
+        // parameter from the current frame ("DelayQueue::get(): Argument #1 ($id) …").
+        unsafe { zend_argument_error(class, number, c"%s".as_ptr(), message.as_ptr()) };
     }
     false
 }

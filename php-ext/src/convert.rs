@@ -8,7 +8,8 @@ use ext_php_rs::boxed::ZBox;
 use ext_php_rs::convert::IntoZval;
 use ext_php_rs::exception::PhpException;
 use ext_php_rs::flags::DataType;
-use ext_php_rs::types::{ArrayKey, ZendHashTable, ZendObject, Zval};
+use ext_php_rs::types::array::Iter;
+use ext_php_rs::types::{ZendHashTable, ZendObject, Zval};
 use ext_php_rs::zend::ClassEntry;
 
 use crate::{args, errors};
@@ -53,7 +54,7 @@ fn write_json(value: &Zval, out: &mut String, depth: usize, path: &mut String) -
             let table = value
                 .array()
                 .ok_or_else(|| errors::payload(format!("{path} is an unreadable array")))?;
-            write_table(table, out, depth, path, table.has_sequential_keys())?;
+            write_table(table, out, depth, path, is_list(table))?;
         }
         DataType::Object(_) => {
             let object = value
@@ -84,21 +85,19 @@ fn write_str(bytes: &[u8], out: &mut String, path: &str) -> PhpResult<()> {
 
 fn write_table(table: &ZendHashTable, out: &mut String, depth: usize, path: &mut String, list: bool) -> PhpResult<()> {
     out.push(if list { '[' } else { '{' });
-    for (i, (key, item)) in table.iter().enumerate() {
+    for (i, (key, item)) in entries(table).enumerate() {
         if i > 0 {
             out.push(',');
         }
         let mark = path.len();
-        let key_text = match &key {
-            ArrayKey::Long(n) => n.to_string(),
-            ArrayKey::String(s) => s.clone(),
-            ArrayKey::Str(s) => (*s).to_owned(),
-            ArrayKey::ZendString(s) => match s.as_str() {
-                Ok(s) => s.to_owned(),
-                Err(_) => {
-                    return Err(errors::payload(format!("{path} has a key that is not valid UTF-8")));
-                }
-            },
+        let key_text = match key {
+            Key::Index(n) => n.to_string(),
+            Key::Name(s) => s,
+            Key::Invalid { shown, at } => {
+                return Err(errors::payload(format!(
+                    "{path}[\"{shown}\"]: the array key is not valid UTF-8 (byte {at})"
+                )));
+            }
         };
         let _ = write!(path, "[{key_text:?}]");
         if !list {
@@ -110,6 +109,81 @@ fn write_table(table: &ZendHashTable, out: &mut String, depth: usize, path: &mut
     }
     out.push(if list { ']' } else { '}' });
     Ok(())
+}
+
+/// An array key as PHP holds it, read without ext-php-rs's `ArrayKey` conversion (its
+/// iterators panic on a string key that is not valid UTF-8).
+pub(crate) enum Key {
+    Index(i64),
+    Name(String),
+    /// A string key that is not valid UTF-8: its bytes, escaped as in a PHP
+    /// double-quoted string, and the offset of the first invalid one.
+    Invalid {
+        shown: String,
+        at: usize,
+    },
+}
+
+/// A string's bytes as UTF-8, or the error naming it.
+pub(crate) fn utf8(bytes: &[u8]) -> Result<&str, Invalid> {
+    std::str::from_utf8(bytes).map_err(|e| Invalid {
+        shown: escaped(bytes),
+        at: e.valid_up_to(),
+    })
+}
+
+/// Bytes that are not valid UTF-8, shown for a message.
+pub(crate) struct Invalid {
+    pub(crate) shown: String,
+    pub(crate) at: usize,
+}
+
+/// `bytes` for a message: valid text as is (escaped like Rust's `{:?}`), every invalid
+/// byte as `\xNN`.
+fn escaped(bytes: &[u8]) -> String {
+    let mut shown = String::with_capacity(bytes.len() + 8);
+    for chunk in bytes.utf8_chunks() {
+        shown.extend(chunk.valid().chars().flat_map(char::escape_debug));
+        for b in chunk.invalid() {
+            let _ = write!(shown, "\\x{b:02x}");
+        }
+    }
+    shown
+}
+
+fn key_of(key: &Zval) -> Key {
+    if let Some(n) = key.long() {
+        return Key::Index(n);
+    }
+    let bytes = key.zend_str().map(|s| s.as_bytes()).unwrap_or_default();
+    match utf8(bytes) {
+        Ok(s) => Key::Name(s.to_owned()),
+        Err(Invalid { shown, at }) => Key::Invalid { shown, at },
+    }
+}
+
+/// The entries of a PHP array, in order, keys read as [`Key`]: unlike
+/// `ZendHashTable::iter()` and `values()`, never panics.
+pub(crate) struct Entries<'a>(Iter<'a>);
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = (Key, &'a Zval);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next_zval().map(|(key, value)| (key_of(&key), value))
+    }
+}
+
+pub(crate) fn entries(table: &ZendHashTable) -> Entries<'_> {
+    Entries(Iter::new(table))
+}
+
+/// Whether the keys are 0, 1, 2…: a JSON list (`has_sequential_keys`, which panics on
+/// a key that is not UTF-8).
+fn is_list(table: &ZendHashTable) -> bool {
+    entries(table)
+        .enumerate()
+        .all(|(i, (key, _))| matches!(key, Key::Index(n) if usize::try_from(n) == Ok(i)))
 }
 
 fn write_object(object: &ZendObject, out: &mut String, depth: usize, path: &mut String) -> PhpResult<()> {
@@ -232,6 +306,14 @@ impl<'a> Options<'a> {
         self.get(key)
             .map(|v| {
                 let v = v.dereference();
+                if let Some(s) = v.zend_str() {
+                    return utf8(s.as_bytes()).map(str::to_owned).map_err(|e| {
+                        errors::invalid(format!(
+                            "{what} '{key}' is not valid UTF-8 (byte {}): \"{}\"",
+                            e.at, e.shown
+                        ))
+                    });
+                }
                 v.string()
                     .or_else(|| args::coerced(v, args::MAY_BE_STRING).and_then(|c| c.string()))
                     .ok_or_else(|| {
@@ -295,16 +377,21 @@ impl<'a> Options<'a> {
     /// Fails on any key that was not read, naming it and the accepted ones.
     pub(crate) fn finish(self) -> PhpResult<()> {
         let Some(table) = self.table else { return Ok(()) };
-        for (key, _) in table.iter() {
-            let name = match &key {
-                ArrayKey::Long(n) => n.to_string(),
-                ArrayKey::String(s) => s.clone(),
-                ArrayKey::Str(s) => (*s).to_owned(),
-                ArrayKey::ZendString(s) => s.as_str().unwrap_or("?").to_owned(),
+        let mut known = self.known.clone();
+        known.sort_unstable();
+        for (key, _) in entries(table) {
+            let name = match key {
+                Key::Index(n) => n.to_string(),
+                Key::Name(s) => s,
+                Key::Invalid { shown, at } => {
+                    return Err(errors::invalid(format!(
+                        "unknown {} \"{shown}\": not valid UTF-8 (byte {at}) (known: {})",
+                        self.what,
+                        known.join(", ")
+                    )));
+                }
             };
             if !self.known.contains(&name.as_str()) {
-                let mut known = self.known.clone();
-                known.sort_unstable();
                 return Err(errors::invalid(format!(
                     "unknown {} '{name}' (known: {})",
                     self.what,

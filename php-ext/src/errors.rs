@@ -128,6 +128,16 @@ pub(crate) fn invalid(message: impl Into<String>) -> PhpException {
     PhpException::new(message.into(), 0, class(Kind::InvalidArgument))
 }
 
+/// The class of [`invalid`], for the engine's own argument errors.
+pub(crate) fn invalid_class() -> &'static ClassEntry {
+    class(Kind::InvalidArgument)
+}
+
+/// A Rust panic inside a method: a bug of the extension, reported without a backtrace.
+pub(crate) fn internal(message: impl Into<String>) -> PhpException {
+    PhpException::new(message.into(), 0, class(Kind::Root))
+}
+
 /// A payload that cannot become JSON.
 pub(crate) fn payload(message: impl Into<String>) -> PhpException {
     PhpException::new(message.into(), 0, class(Kind::Payload))

@@ -22,6 +22,7 @@ static DECLARATIONS_PENDING: AtomicBool = AtomicBool::new(false);
 extern "C" fn startup(_type: i32, module_number: i32) -> i32 {
     logs::install(module_number);
     args::reserve_slot();
+    args::install_panic_hook();
     DECLARATIONS_PENDING.store(true, Ordering::SeqCst);
     match errors::register() {
         Ok(()) => 0,
@@ -34,6 +35,7 @@ extern "C" fn startup(_type: i32, module_number: i32) -> i32 {
 }
 
 extern "C" fn request_startup(_type: i32, _module_number: i32) -> i32 {
+    args::request_started();
     if DECLARATIONS_PENDING.swap(false, Ordering::SeqCst) {
         queue::declare_union_types();
         args::wrap_methods();

@@ -271,7 +271,7 @@ impl PhpDelayQueue {
     /// @return list<string>
     pub fn push_many(&self, items: &ZendHashTable) -> PhpResult<Vec<String>> {
         let mut batch = Vec::with_capacity(items.len());
-        for (i, (_, item)) in items.iter().enumerate() {
+        for (i, (_, item)) in convert::entries(items).enumerate() {
             let table = item.dereference().array().ok_or_else(|| {
                 errors::type_error(format!(
                     "pushMany item {i} must be an array, {} given",
@@ -647,7 +647,9 @@ fn message_list(infos: Vec<MessageInfo>) -> PhpResult<ZBox<ZendHashTable>> {
 /// A cron pattern (string) or an interval in seconds (int or float).
 fn schedule_of(value: &Zval, tz: Option<&str>) -> PhpResult<Schedule> {
     let value = value.dereference();
-    if let Some(pattern) = value.str() {
+    if let Some(pattern) = value.zend_str() {
+        let pattern = convert::utf8(pattern.as_bytes())
+            .map_err(|e| errors::invalid(format!("$schedule is not valid UTF-8 (byte {}): \"{}\"", e.at, e.shown)))?;
         return Schedule::cron(pattern, tz).or_throw();
     }
     if value.is_long() || value.is_double() {

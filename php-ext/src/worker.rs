@@ -519,7 +519,7 @@ fn lower_queues(value: Option<&Zval>) -> PhpResult<Vec<delayq::Queue>> {
             convert::type_name(value)
         ))
     })?;
-    list.iter()
+    convert::entries(list)
         .enumerate()
         .map(|(i, (_, item))| {
             item.dereference()
@@ -549,9 +549,17 @@ fn no_retry_classes(value: Option<&Zval>) -> PhpResult<Vec<String>> {
             convert::type_name(value)
         ))
     })?;
-    list.iter()
+    convert::entries(list)
         .enumerate()
         .map(|(i, (_, item))| {
+            if let Some(bytes) = item.dereference().zend_str() {
+                convert::utf8(bytes.as_bytes()).map_err(|e| {
+                    errors::invalid(format!(
+                        "{WHAT}: item {i} is not valid UTF-8 (byte {}): \"{}\"",
+                        e.at, e.shown
+                    ))
+                })?;
+            }
             let name = item.dereference().string().ok_or_else(|| {
                 errors::type_error(format!(
                     "{WHAT} must hold class names, item {i} is {}",

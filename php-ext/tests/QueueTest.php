@@ -348,6 +348,117 @@ final class QueueTest extends TestCase
         $this->assertSame([], $this->redis->keys('*'), 'bad input must write nothing');
     }
 
+    /** @return array<string, array{0: callable, 1: class-string, 2: string}> */
+    public static function invalidUtf8Inputs(): array
+    {
+        $bad = "\xff";
+        $url = 'redis://127.0.0.1:1';
+        $payload = DelayQueuePayloadException::class;
+        $invalid = DelayQueueInvalidArgumentException::class;
+        return [
+            'payload key' => [fn (DelayQueue $q) => $q->push([$bad => 1]), $payload, '$payload["\xff"]: the array key is not valid UTF-8'],
+            'nested payload key' => [fn (DelayQueue $q) => $q->push(['a' => [1, [$bad => 1]]]), $payload, '$payload["a"]["1"]["\xff"]: the array key is not valid UTF-8'],
+            'key after text' => [fn (DelayQueue $q) => $q->push(["ok-\u{e9}-$bad" => 1]), $payload, '$payload["ok-é-\xff"]: the array key is not valid UTF-8 (byte 6)'],
+            'stdClass property' => [fn (DelayQueue $q) => $q->push(['o' => (object) [$bad => 1]]), $payload, '$payload["o"]["\xff"]: the array key is not valid UTF-8'],
+            'payload value' => [fn (DelayQueue $q) => $q->push(['k' => [$bad]]), $payload, '$payload["k"]["0"] is not valid UTF-8'],
+            'payload string' => [fn (DelayQueue $q) => $q->push($bad), $payload, '$payload is not valid UTF-8'],
+            'option id' => [fn (DelayQueue $q) => $q->push(1, 0, ['id' => $bad]), $invalid, "push option 'id' is not valid UTF-8"],
+            'option serial_key' => [fn (DelayQueue $q) => $q->push(1, 0, ['serial_key' => $bad]), $invalid, "push option 'serial_key' is not valid UTF-8"],
+            'option partition_key' => [fn (DelayQueue $q) => $q->push(1, 0, ['partition_key' => $bad]), $invalid, "push option 'partition_key' is not valid UTF-8"],
+            'option name' => [fn (DelayQueue $q) => $q->push(1, 0, [$bad => 1]), $invalid, 'unknown push option "\xff": not valid UTF-8'],
+            'pushAt payload key' => [fn (DelayQueue $q) => $q->pushAt([$bad => 1], 4102444800.0), $payload, '$payload["\xff"]: the array key is not valid UTF-8'],
+            'pushAt id' => [fn (DelayQueue $q) => $q->pushAt(1, 4102444800.0, ['id' => $bad]), $invalid, "pushAt option 'id' is not valid UTF-8"],
+            'pushMany payload key' => [fn (DelayQueue $q) => $q->pushMany([['payload' => 1], ['payload' => [$bad => 1]]]), $payload, '$payload["\xff"]: the array key is not valid UTF-8'],
+            'pushMany item key' => [fn (DelayQueue $q) => $q->pushMany([['payload' => 1, $bad => 1]]), $invalid, 'unknown pushMany item 0 key "\xff": not valid UTF-8'],
+            'pushMany id' => [fn (DelayQueue $q) => $q->pushMany([['payload' => 1, 'id' => $bad]]), $invalid, "pushMany item 0 key 'id' is not valid UTF-8"],
+            'pushMany serial_key' => [fn (DelayQueue $q) => $q->pushMany([['payload' => 1, 'serial_key' => $bad]]), $invalid, "pushMany item 0 key 'serial_key' is not valid UTF-8"],
+            'repeat name' => [fn (DelayQueue $q) => $q->repeat($bad, 60, 1), $invalid, 'DelayQueue::repeat(): Argument #1 ($name) is not valid UTF-8'],
+            'repeat schedule' => [fn (DelayQueue $q) => $q->repeat('r', "* * * * $bad", 1), $invalid, '$schedule is not valid UTF-8 (byte 8)'],
+            'repeat payload key' => [fn (DelayQueue $q) => $q->repeat('r', 60, ['a' => [$bad => 1]]), $payload, '$payload["a"]["\xff"]: the array key is not valid UTF-8'],
+            'repeat tz' => [fn (DelayQueue $q) => $q->repeat('r', '0 2 * * *', 1, ['tz' => $bad]), $invalid, "repeat option 'tz' is not valid UTF-8"],
+            'repeat option name' => [fn (DelayQueue $q) => $q->repeat('r', 60, 1, [$bad => 1]), $invalid, 'unknown repeat option "\xff"'],
+            'unrepeat' => [fn (DelayQueue $q) => $q->unrepeat($bad), $invalid, 'DelayQueue::unrepeat(): Argument #1 ($name) is not valid UTF-8'],
+            'get' => [fn (DelayQueue $q) => $q->get($bad), $invalid, 'DelayQueue::get(): Argument #1 ($id) is not valid UTF-8 (byte 0): "\xff"'],
+            'cancel' => [fn (DelayQueue $q) => $q->cancel($bad), $invalid, 'DelayQueue::cancel(): Argument #1 ($id) is not valid UTF-8'],
+            'reschedule' => [fn (DelayQueue $q) => $q->reschedule($bad, 1.0), $invalid, 'DelayQueue::reschedule(): Argument #1 ($id) is not valid UTF-8'],
+            'find' => [fn (DelayQueue $q) => $q->find("order-$bad"), $invalid, 'DelayQueue::find(): Argument #1 ($text) is not valid UTF-8 (byte 6)'],
+            'requeueDead' => [fn (DelayQueue $q) => $q->requeueDead($bad), $invalid, 'DelayQueue::requeueDead(): Argument #1 ($id) is not valid UTF-8'],
+            'deleteDead' => [fn (DelayQueue $q) => $q->deleteDead($bad), $invalid, 'DelayQueue::deleteDead(): Argument #1 ($id) is not valid UTF-8'],
+            'requeueDeadWithError' => [fn (DelayQueue $q) => $q->requeueDeadWithError($bad), $invalid, 'Argument #1 ($text) is not valid UTF-8'],
+            'deleteDeadWithError' => [fn (DelayQueue $q) => $q->deleteDeadWithError($bad), $invalid, 'Argument #1 ($text) is not valid UTF-8'],
+            'aclRule' => [fn (DelayQueue $q) => $q->aclRule($bad), $invalid, 'DelayQueue::aclRule(): Argument #1 ($user) is not valid UTF-8'],
+            'constructor url' => [fn () => new DelayQueue($bad), $invalid, 'DelayQueue::__construct(): Argument #1 ($url) is not valid UTF-8'],
+            'constructor queue name' => [fn () => new DelayQueue($url, $bad), $invalid, 'DelayQueue::__construct(): Argument #2 ($queue) is not valid UTF-8'],
+            'constructor prefix' => [fn () => new DelayQueue($url, 'q', ['prefix' => $bad]), $invalid, "DelayQueue option 'prefix' is not valid UTF-8"],
+            'constructor layout' => [fn () => new DelayQueue($url, 'q', ['layout' => $bad]), $invalid, "DelayQueue option 'layout' is not valid UTF-8"],
+            'constructor option name' => [fn () => new DelayQueue($url, 'q', [$bad => 1]), $invalid, 'unknown DelayQueue option "\xff": not valid UTF-8'],
+            'worker option name' => [fn (DelayQueue $q) => new DelayQueueWorker($q, [$bad => 1]), $invalid, 'unknown DelayQueueWorker option "\xff"'],
+            'worker no_retry' => [fn (DelayQueue $q) => new DelayQueueWorker($q, ['no_retry' => [$bad => $bad]]), $invalid, "DelayQueueWorker option 'no_retry': item 0 is not valid UTF-8"],
+            'worker lower_queues key' => [fn (DelayQueue $q) => new DelayQueueWorker($q, ['lower_queues' => [$bad => 1]]), TypeError::class, 'item 0 is int'],
+        ];
+    }
+
+    /** @dataProvider invalidUtf8Inputs */
+    #[PHPUnit\Framework\Attributes\DataProvider('invalidUtf8Inputs')]
+    public function testInvalidUtf8IsRefusedWithADelayQueueExceptionNamingTheCulprit(callable $call, string $class, string $text): void
+    {
+        try {
+            $call($this->q);
+            $this->fail("no $class thrown");
+        } catch (Throwable $e) {
+            $this->assertInstanceOf($class, $e, get_class($e) . ': ' . $e->getMessage());
+            $this->assertStringContainsString($text, $e->getMessage());
+            $this->assertStringNotContainsString('Rust panic', $e->getMessage());
+        }
+        $this->assertSame([], $this->redis->keys('*'), 'bad input must write nothing');
+    }
+
+    public function testNoRustPanicOrBacktraceReachesStderr(): void
+    {
+        // The calls that made ext-php-rs panic ("Invalid array key!"), in a child with
+        // RUST_BACKTRACE=1: each must end in a DelayQueue exception, and stderr stay empty.
+        $code = <<<'PHP'
+            $q = new DelayQueue($argv[1], 'orders');
+            $bad = "\xff";
+            $calls = [
+                fn () => $q->push([$bad => 1]),
+                fn () => $q->push(['list' => [0 => 1, $bad => 2]]),
+                fn () => $q->push(1, 0, [$bad => 1]),
+                fn () => $q->pushAt([$bad => 1], 1.0),
+                fn () => $q->pushMany([['payload' => [$bad => 1]]]),
+                fn () => $q->pushMany([[$bad => 1]]),
+                fn () => $q->repeat('r', 60, [$bad => 1]),
+                fn () => $q->repeat($bad, 60, 1),
+                fn () => $q->get($bad),
+                fn () => new DelayQueue($argv[1], 'q', [$bad => 1]),
+                fn () => new DelayQueueWorker($q, ['no_retry' => [$bad => $bad]]),
+            ];
+            foreach ($calls as $call) {
+                try {
+                    $call();
+                    echo "no exception\n";
+                } catch (Throwable $e) {
+                    echo get_class($e), "\n";
+                }
+            }
+            PHP;
+        $cmd = array_merge(delayq_php_command(), ['-r', $code, $GLOBALS['DELAYQ_REDIS']->url()]);
+        $env = getenv() + ['RUST_BACKTRACE' => '1'];
+        $env['RUST_BACKTRACE'] = '1';
+        $proc = proc_open($cmd, [0 => ['file', '/dev/null', 'r'], 1 => ['pipe', 'w'], 2 => ['pipe', 'w']], $pipes, null, $env);
+        $out = stream_get_contents($pipes[1]);
+        $err = stream_get_contents($pipes[2]);
+        fclose($pipes[1]);
+        fclose($pipes[2]);
+        $this->assertSame(0, proc_close($proc), $out . $err);
+        $this->assertSame('', $err, 'nothing on stderr: no panic message, no backtrace');
+        $classes = explode("\n", trim($out));
+        $this->assertCount(11, $classes, $out);
+        foreach ($classes as $class) {
+            $this->assertMatchesRegularExpression('/^DelayQueue(Payload|InvalidArgument)Exception$/', $class, $out);
+        }
+    }
+
     public function testPayloadLimit(): void
     {
         $q = new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'small', ['max_payload_bytes' => 16]);

@@ -1,5 +1,5 @@
 //! Python values to and from JSON text. Strict: only JSON's own types (dict with str
-//! keys, list, tuple, str, int within 64 bits, finite float, bool, None) are accepted,
+//! keys, list, tuple, str, int within signed 64 bits, finite float, bool, None) are accepted,
 //! naming the path of anything else; dict key order and 64-bit integers survive.
 
 use std::fmt::Write as _;
@@ -45,22 +45,15 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
     } else if let Ok(b) = value.cast::<PyBool>() {
         out.push_str(if b.is_true() { "true" } else { "false" });
     } else if let Ok(i) = value.cast::<PyInt>() {
-        match i.extract::<i64>() {
-            Ok(n) => {
-                let _ = write!(out, "{n}");
-            }
-            Err(_) => match i.extract::<u64>() {
-                Ok(n) => {
-                    let _ = write!(out, "{n}");
-                }
-                Err(_) => {
-                    return Err(payload_error(
-                        value.py(),
-                        format!("{path} is an int outside the 64-bit range, which other languages cannot read back"),
-                    ));
-                }
-            },
-        }
+        // Signed 64 bits only: PHP (and most JSON readers) would turn 2**63 and beyond
+        // into a float, silently rounded.
+        let n = i.extract::<i64>().map_err(|_| {
+            payload_error(
+                value.py(),
+                format!("{path} is {i}, outside the signed 64-bit range (-2**63 to 2**63-1)"),
+            )
+        })?;
+        let _ = write!(out, "{n}");
     } else if let Ok(f) = value.cast::<PyFloat>() {
         let f = f.value();
         if !f.is_finite() {

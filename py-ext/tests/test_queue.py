@@ -139,6 +139,29 @@ def test_bad_input_raises_a_named_error_and_writes_nothing(
     assert server.keys() == []
 
 
+def test_ints_outside_the_signed_64_bit_range_are_refused_with_their_path(queue: delayq.DelayQueue) -> None:
+    # PHP and most JSON readers would get 2**63 and beyond as a rounded float.
+    cases: list[tuple[object, str]] = [
+        ({"n": 2**63}, 'payload["n"] is 9223372036854775808, outside the signed 64-bit range'),
+        ({"n": 2**64 - 1}, 'payload["n"] is 18446744073709551615, outside the signed 64-bit range'),
+        ([-(2**63) - 1], "payload[0] is -9223372036854775809, outside the signed 64-bit range"),
+        ({"a": [1, {"b": 2**100}]}, 'payload["a"][1]["b"] is 1267650600228229401496703205376, outside'),
+    ]
+    for payload, text in cases:
+        with pytest.raises(delayq.PayloadError) as caught:
+            queue.push(payload)
+        assert text in str(caught.value)
+        with pytest.raises(delayq.PayloadError, match="outside the signed 64-bit range"):
+            queue.push_many([{"payload": payload}])
+        with pytest.raises(delayq.PayloadError, match="outside the signed 64-bit range"):
+            queue.repeat("r", 60, payload)
+    assert queue.stats()["pushed"] == 0
+    edges = {"max": 2**63 - 1, "min": -(2**63), "list": [2**63 - 1, -(2**63)]}
+    info = queue.get(queue.push(edges))
+    assert info is not None and info["payload"] == edges
+    assert type(info["payload"]["max"]) is int and info["payload"]["max"] == 9223372036854775807
+
+
 def test_payload_limit(redis_url: str, server: RedisServer) -> None:
     q = delayq.DelayQueue(redis_url, "small", max_payload_bytes=16)
     with pytest.raises(delayq.PayloadError, match="over the limit of 16 bytes"):
