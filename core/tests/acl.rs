@@ -191,3 +191,69 @@ fn a_partitioned_queues_rule_grants_no_other_queue() {
     };
     assert!(err.to_string().contains("contains '~'"), "{err}");
 }
+
+/// A permission taken away from a running pool: its claims fail, logged at error
+/// level with the command named, nothing is written or lost; once the permission is
+/// back the pool goes on by itself.
+#[test]
+fn a_permission_taken_away_under_a_running_pool_is_an_error_and_loses_nothing() {
+    assert!(
+        delayq::capture_logs(log::LevelFilter::Warn),
+        "the only logger of this test binary"
+    );
+    let server = RedisServer::start();
+    let mut admin = server.con();
+    let rule = server.queue("orders").acl_rule("orders-app");
+    set_user(&mut admin, &rule, "s3cret");
+    let url = format!("redis://orders-app:s3cret@127.0.0.1:{}", server.port);
+    let q = Queue::new(&url, "orders", QueueOptions::default()).expect("queue");
+    let worker = Worker::new(q.clone(), WorkerOptions::default()).expect("worker");
+    let stopper = worker.stopper();
+    let handled = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _stop = StopOnDrop(stopper.clone());
+            wait_for(Duration::from_secs(10), "the pool listed", || {
+                q.workers().is_ok_and(|w| w.len() == 1)
+            });
+            // ZRANGEBYSCORE, which the claim needs, is taken away.
+            let _: () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("orders-app")
+                .arg("-zrangebyscore")
+                .query(&mut admin)
+                .expect("ACL SETUSER");
+            let admin_q = server.queue("orders");
+            for i in 0..20 {
+                admin_q.push(&json!({"i": i}), Duration::ZERO).expect("push as admin");
+            }
+            wait_for(Duration::from_secs(10), "the failing claim logged", || {
+                delayq::take_logs().iter().any(|r| {
+                    r.level == log::Level::Error
+                        && r.message.contains("claim failed")
+                        && r.message.contains("may not run ZRANGEBYSCORE")
+                })
+            });
+            assert_eq!(handled.load(std::sync::atomic::Ordering::SeqCst), 0);
+            assert_eq!(
+                admin_q.stats().expect("stats").ready,
+                20,
+                "nothing claimed, nothing lost"
+            );
+            set_user(&mut admin, &rule, "s3cret");
+            wait_for(
+                Duration::from_secs(20),
+                "all handled once the permission is back",
+                || handled.load(std::sync::atomic::Ordering::SeqCst) == 20,
+            );
+            stopper.stop();
+        });
+        worker
+            .run(1, |_| {
+                handled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            })
+            .expect("run");
+    });
+    assert_eq!(handled.into_inner(), 20);
+}
