@@ -6,10 +6,20 @@ set -euo pipefail
 shopt -s inherit_errexit
 
 chroots=${DELAYQ_CHROOTS:-/var/cache/delayq-php}
-debian=http://deb.debian.org/debian
-ubuntu=http://archive.ubuntu.com/ubuntu
 [ "$(id -u)" = 0 ] || { echo "$(basename "$0") needs root (debootstrap, chroot, mount)" >&2; exit 1; }
 command -v debootstrap >/dev/null || apt-get install -y -q debootstrap >/dev/null
+
+# The Debian archive this machine's apt uses: its own sources name the host, this
+# repository names none.
+apt_mirror() {
+  local found
+  found=$({
+    sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
+    sed -n 's/^deb \(\[[^]]*\] *\)\{0,1\}\([^ ]*\).*/\2/p' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null
+  } | grep -v -- '-security' | grep -m1 . || true)
+  [ -n "$found" ] || { echo "no Debian archive in this machine's apt sources" >&2; return 1; }
+  echo "${found%/}"
+}
 
 # Ubuntu's archive key, from Debian's own ubuntu-keyring package: the trixie release
 # file is checked against Debian's keyring, the package list against the release file
@@ -17,7 +27,8 @@ command -v debootstrap >/dev/null || apt-get install -y -q debootstrap >/dev/nul
 ubuntu_keyring() {
   local out=$chroots/ubuntu-archive-keyring.gpg
   [ -s "$out" ] && { echo "$out"; return; }
-  local tmp
+  local tmp debian
+  debian=$(apt_mirror)
   tmp=$(mktemp -d)
   curl -fsS -o "$tmp/InRelease" "$debian/dists/trixie/InRelease"
   gpgv --keyring /usr/share/keyrings/debian-archive-keyring.gpg --output "$tmp/Release" "$tmp/InRelease" 2>/dev/null
@@ -56,12 +67,13 @@ unmount_under() {
 
 # The chroot of one release (jammy, noble, trixie, sid) holding at least the packages
 # given (comma-separated); made once, and given the packages it lacks when reused.
+# debootstrap fetches from its own default mirror for the suite.
 chroot_with() {
-  local suite=$1 packages=$2 mirror=$debian keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+  local suite=$1 packages=$2 ubuntu= keyring=/usr/share/keyrings/debian-archive-keyring.gpg
   local components=main script=
   case $suite in
     jammy | noble)
-      mirror=$ubuntu
+      ubuntu=1
       components=main,universe
       # Debian 12's debootstrap predates noble; every Ubuntu release since gutsy
       # takes that script.
@@ -75,10 +87,11 @@ chroot_with() {
   if [ ! -e "$dir/.delayq-complete" ]; then
     rm -rf --one-file-system "$dir"
     mkdir -p "$chroots"
-    [ "$mirror" = "$ubuntu" ] && keyring=$(ubuntu_keyring)
+    [ -n "$ubuntu" ] && keyring=$(ubuntu_keyring)
     echo "== debootstrap $suite into $dir" >&2
+    # With a script (Ubuntu's) the mirror argument comes before it: "" is the default.
     debootstrap --variant=minbase --components="$components" --keyring="$keyring" --include="$packages" \
-      "$suite" "$dir" "$mirror" $script >"$chroots/$suite.log" 2>&1 \
+      "$suite" "$dir" ${script:+""} $script >"$chroots/$suite.log" 2>&1 \
       || { tail -20 "$chroots/$suite.log" >&2; return 1; }
     touch "$dir/.delayq-complete"
   else
