@@ -2210,7 +2210,23 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
             for (o, s) in nacks.iter().zip(statuses) {
                 let counted = matches!(o, Outcome::Nack { counted: true, .. });
                 match s {
-                    Status::Done => Counters::add(&c.retried, 1),
+                    Status::Done => {
+                        Counters::add(&c.retried, 1);
+                        if let Outcome::Nack {
+                            id,
+                            error,
+                            delay_ms,
+                            counted: true,
+                            ..
+                        } = o
+                        {
+                            log::warn!(
+                                "delayq[{}]: message {id} failed, retrying in {}: {error}",
+                                pool.queue_name,
+                                crate::time::human_ms(*delay_ms)
+                            );
+                        }
+                    }
                     Status::Buried if counted => {
                         Counters::add(&c.dead, 1);
                         if let Outcome::Nack { id, error, .. } = o {

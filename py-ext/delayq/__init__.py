@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -124,6 +125,72 @@ def _resident_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _two_arguments(handler: Any) -> Any:
+    """The handler called with (payload, message): one that takes the payload alone is
+    called with it alone; one that needs more than the two is refused here, at start,
+    not at its first message."""
+    if not callable(handler):
+        raise TypeError(f"the handler must be callable, got {type(handler).__name__}")
+    try:
+        params = list(inspect.signature(handler).parameters.values())
+    except (TypeError, ValueError):
+        return handler  # no signature to read (some builtins): called as documented
+    name = getattr(handler, "__qualname__", None) or type(handler).__name__
+    keyword = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if keyword:
+        raise TypeError(
+            f"handler {name} needs the keyword argument(s) {', '.join(keyword)}; "
+            "a worker calls it with (payload, message)"
+        )
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    needed = sum(1 for p in positional if p.default is p.empty)
+    if needed > 2:
+        raise TypeError(f"handler {name} needs {needed} arguments; a worker calls it with (payload, message)")
+    if any(p.kind is p.VAR_POSITIONAL for p in params) or len(positional) >= 2:
+        return handler
+    if not positional:
+        raise TypeError(f"handler {name} takes no arguments; a worker calls it with (payload, message)")
+    one = handler
+    if _is_async(handler):
+
+        async def payload_only_async(payload: Any, message: Message) -> Any:
+            return await one(payload)
+
+        return payload_only_async
+
+    def payload_only(payload: Any, message: Message) -> Any:
+        return one(payload)
+
+    return payload_only
+
+
+def _is_async(handler: Any) -> bool:
+    """A coroutine function, an object with an ``async def __call__``, or a partial of one."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)
+    )
+
+
+def _awaited(handler: Callable[[Any, Message], Any]) -> Callable[[Any, Message], Any]:
+    """On the sync path: an awaitable a handler returns (a lambda around an async
+    function, say) is run to its end on a loop of its own, so that nothing is
+    acknowledged whose body did not run."""
+
+    def run(payload: Any, message: Message) -> Any:
+        result = handler(payload, message)
+        if inspect.isawaitable(result):
+
+            async def wait() -> Any:
+                return await result
+
+            return asyncio.run(wait())
+        return result
+
+    return run
+
+
 class Worker:
     """A pool of consumers that calls ``handler(payload, message)`` for each due message.
 
@@ -225,11 +292,14 @@ class Worker:
         return the run's counts once every acknowledgement is written, with
         ``stopped_by`` saying why (``"stop"``, ``"signal"``, ``"restart"``, ``"empty"``,
         ``"max_jobs"``, ``"max_time"``, ``"max_memory"``)."""
+        handler = _two_arguments(handler)
         with _graceful_signals(self._worker), self._limits():
-            if inspect.iscoroutinefunction(handler):
+            if _is_async(handler):
                 return asyncio.run(self._run_async(handler))
             try:
-                self._last_summary = self._worker.run(self._counted(handler), self._on_dead, self._on_failure)
+                self._last_summary = self._worker.run(
+                    self._counted(_awaited(handler)), self._on_dead, self._on_failure
+                )
             except (KeyboardInterrupt, SystemExit) as cut:
                 self._last_summary = getattr(cut, "_delayq_summary", None)
                 raise
@@ -237,6 +307,7 @@ class Worker:
 
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
+        handler = _two_arguments(handler)
         with self._limits():
             return await self._run_async(handler)
 

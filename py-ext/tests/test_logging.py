@@ -151,3 +151,21 @@ def test_a_pool_on_a_paused_queue_says_so_once_and_again_when_resumed(
     [paused] = delayq_records(caplog, logging.WARNING)
     assert "paused" in paused.getMessage() and "resume()" in paused.getMessage()
     assert any("resumed" in r.getMessage() for r in delayq_records(caplog, logging.INFO))
+
+
+def test_a_failed_attempt_that_will_be_retried_is_logged_once_as_a_warning(
+    queue: delayq.DelayQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    msg_id = queue.push({"n": 1}, max_attempts=3)
+    caplog.set_level(logging.WARNING, logger="delayq")
+    worker = delayq.Worker(queue, backoff_base=60)
+
+    def fail(payload: object, msg: delayq.Message) -> None:
+        worker.stop()
+        raise LookupError("order 7 not found")
+
+    worker.run(fail)
+    [record] = delayq_records(caplog, logging.WARNING)
+    message = record.getMessage()
+    assert message.startswith(f"delayq[jobs]: message {msg_id} failed, retrying in "), message
+    assert message.endswith(": LookupError: order 7 not found"), message

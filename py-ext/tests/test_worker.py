@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import json
 import os
 import signal
@@ -976,3 +977,41 @@ def test_a_bad_expire_after_is_refused_and_writes_nothing(queue: delayq.DelayQue
     with pytest.raises(ValueError, match="expire_after of item 1"):
         queue.push_many([("a", 0), {"payload": "b", "expire_after": 0}])
     assert queue.stats()["pushed"] == 0
+
+
+def test_a_handler_of_one_parameter_gets_the_payload_and_one_that_needs_more_is_refused_at_start(
+    queue: delayq.DelayQueue,
+) -> None:
+    queue.push({"n": 1})
+    seen: list[Any] = []
+    summary = delayq.Worker(queue, stop_when_empty=True).run(lambda payload: seen.append(payload))
+    assert seen == [{"n": 1}] and summary["acked"] == 1
+
+    def three(payload: Any, message: delayq.Message, extra: Any) -> None: ...
+
+    queue.push({"n": 2})
+    with pytest.raises(TypeError, match="handler .*three needs 3 arguments"):
+        delayq.Worker(queue, stop_when_empty=True).run(three)
+    assert queue.stats()["ready"] == 1, "refused before anything was claimed"
+
+
+def test_awaitables_a_sync_looking_handler_returns_are_awaited(queue: delayq.DelayQueue) -> None:
+    ran: list[str] = []
+
+    class Handler:
+        async def __call__(self, payload: Any, message: delayq.Message) -> None:
+            await asyncio.sleep(0)
+            ran.append(f"call {payload['n']}")
+
+    async def body(payload: Any) -> None:
+        await asyncio.sleep(0)
+        ran.append(f"lambda {payload['n']}")
+
+    async def two(payload: Any, message: delayq.Message) -> None:
+        ran.append(f"partial {payload['n']}")
+
+    for n, handler in enumerate([Handler(), lambda payload, msg: body(payload), functools.partial(two)]):
+        queue.push({"n": n})
+        summary = delayq.Worker(queue, stop_when_empty=True).run(handler)
+        assert summary["acked"] == 1
+    assert ran == ["call 0", "lambda 1", "partial 2"]
