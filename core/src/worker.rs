@@ -1770,6 +1770,8 @@ fn check_access(queue: &Queue, lease: Duration, control: &Control) -> Result<()>
                 let _ = control.restart_baseline[part].set(reply.restart_generation);
             }
             Err(e) if is_setup_fault(&e) => return Err(e),
+            // Unreachable: the other partitions would each wait out the same timeout.
+            Err(e) if e.is_connection() || e.is_timeout() => break,
             Err(_) => {}
         }
     }

@@ -349,6 +349,19 @@ impl PhpWorker {
             // (but not over exit(), which stops the pool).
             let decided = decision.borrow_mut().take();
             let fate = match result {
+                // A generator function's body runs only when iterated: acknowledging
+                // it would mark done a message whose handler never ran.
+                Ok(returned)
+                    if returned
+                        .object()
+                        .is_some_and(|o| o.get_class_name().is_ok_and(|c| c == "Generator")) =>
+                {
+                    Some(consumer.fail(
+                        delivery,
+                        "the handler returned a Generator (it contains `yield`): its body never ran; \
+                         a handler must do its work and return",
+                    ))
+                }
                 Ok(_) => match decided {
                     Some((retry, reason)) => Some(consumer.fail_with(delivery, &reason, retry)),
                     None => {

@@ -122,6 +122,22 @@ final class WorkerTest extends TestCase
         $this->assertSame('ready', $this->q->get($bad)['state']);
     }
 
+    public function testAHandlerThatReturnsAGeneratorFailsItsDeliveryInsteadOfAcknowledgingIt(): void
+    {
+        $id = $this->q->push(['n' => 1], 0, ['max_attempts' => 1]);
+        $ran = false;
+        $w = new DelayQueueWorker($this->q, ['stop_when_empty' => true]);
+        $summary = $w->run(function ($payload) use (&$ran) {
+            $ran = true;
+            yield $payload;
+        });
+        $this->assertFalse($ran, 'a generator body runs only when iterated');
+        $this->assertSame([0, 1], [$summary['acked'], $summary['dead']]);
+        $info = $this->q->get($id);
+        $this->assertSame('dead', $info['state']);
+        $this->assertStringContainsString('the handler returned a Generator', $info['last_error']);
+    }
+
     public function testAFailureKeepsTheExceptionWithItsStackTraceAndPreviousOnes(): void
     {
         $id = $this->q->push(['order' => 10086]);
