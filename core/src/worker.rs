@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TryRecvError};
 use parking_lot::{Condvar, Mutex};
-use redis::{FromRedisValue, Value};
+use redis::Value;
 use serde::de::DeserializeOwned;
 
 use crate::backoff::retry_delay;
@@ -33,7 +33,7 @@ use crate::error::{Category, Error, Result};
 use crate::queue::Queue;
 use crate::repeat;
 use crate::scripts::complete::{self, Status};
-use crate::scripts::{self, LuaScript, MAX_BATCH, beat, claim, extend};
+use crate::scripts::{self, Call, MAX_BATCH, beat, claim, extend};
 use crate::time::MAX_DELAY;
 
 /// Settings of a consumer pool.
@@ -1735,6 +1735,17 @@ fn pause_unless_stopped(pool: &Pool, pause: Duration) {
     w.wait(Some(Instant::now() + pause), w.epoch(), &pool.control.stop);
 }
 
+/// Send one script call over `slot` (no retry) and decode its reply.
+fn run_call<C: Call>(slot: &mut ConnSlot, queue: &Queue, part: usize, call: &C) -> Result<C::Reply> {
+    let script = call.script();
+    let v = slot.run_once(&queue.inner.endpoint, script.name, |con| {
+        let mut inv = queue.invocation(part, script);
+        call.add_to(&mut inv);
+        inv.invoke::<Value>(con)
+    })?;
+    scripts::read(script, v)
+}
+
 /// A fault that retrying cannot mend: the user may not run the scripts, or a key of
 /// the queue holds a stray type. The scripts stop before their first write on it.
 fn is_setup_fault(e: &Error) -> bool {
@@ -1758,14 +1769,7 @@ fn check_access(queue: &Queue, lease: Duration, control: &Control) -> Result<()>
             check_repeats: false,
             heartbeat: None,
         };
-        let res = slot
-            .run_once(&queue.inner.endpoint, "claim", |con| {
-                let mut inv = queue.invocation(part, claim::script());
-                args.add_to(&mut inv);
-                inv.invoke::<Value>(con)
-            })
-            .and_then(|v| scripts::read::<claim::Reply>(claim::script(), v));
-        match res {
+        match run_call(&mut slot, queue, part, &args) {
             Ok(reply) => {
                 let _ = control.restart_baseline[part].set(reply.restart_generation);
             }
@@ -1791,21 +1795,13 @@ fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<c
         check_repeats: pool.repeat_check_due(part),
         heartbeat: beat.as_ref().map(|(id, ttl, info)| (*id, *ttl, info.as_str())),
     };
-    let res = slot.run_once(&q.inner.endpoint, "claim", |con| {
-        let mut inv = q.invocation(part, claim::script());
-        args.add_to(&mut inv);
-        inv.invoke::<Value>(con)
-    });
-    let v = match res {
-        Ok(v) => v,
-        Err(e) => {
-            if let Some((_, _, info)) = beat {
-                pool.registration.put_back(info);
-            }
-            return Err(e);
-        }
-    };
-    scripts::read(claim::script(), v)
+    let res = run_call(slot, q, part, &args);
+    if res.is_err()
+        && let Some((_, _, info)) = beat
+    {
+        pool.registration.put_back(info);
+    }
+    res
 }
 
 /// Claims due messages into the prefetch buffer. Partitions are taken in rotation
@@ -2165,9 +2161,7 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
             keep_ms: qo.keep_completed_for.as_millis() as u64,
             deliveries: acks.iter().map(Outcome::delivery).collect(),
         };
-        if let Some((complete::Statuses(statuses), retried)) =
-            write_with_retry(pool, slot, part, complete::ack(), acks.len(), |inv| args.add_to(inv))
-        {
+        if let Some((complete::Statuses(statuses), retried)) = write_with_retry(pool, slot, part, acks.len(), &args) {
             for (o, s) in acks.iter().zip(statuses) {
                 match s {
                     Status::Done => Counters::add(&c.acked, 1),
@@ -2206,9 +2200,7 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
                 })
                 .collect(),
         };
-        if let Some((complete::Statuses(statuses), _)) =
-            write_with_retry(pool, slot, part, complete::nack(), nacks.len(), |inv| args.add_to(inv))
-        {
+        if let Some((complete::Statuses(statuses), _)) = write_with_retry(pool, slot, part, nacks.len(), &args) {
             for (o, s) in nacks.iter().zip(statuses) {
                 let counted = matches!(o, Outcome::Nack { counted: true, .. });
                 match s {
@@ -2250,11 +2242,7 @@ fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec
         let args = complete::Release {
             deliveries: releases.iter().map(Outcome::delivery).collect(),
         };
-        if let Some((complete::Released(n), _)) =
-            write_with_retry(pool, slot, part, complete::release(), releases.len(), |inv| {
-                args.add_to(inv)
-            })
-        {
+        if let Some((complete::Released(n), _)) = write_with_retry(pool, slot, part, releases.len(), &args) {
             Counters::add(&c.released, n);
         }
         forget(pool, &releases);
@@ -2312,27 +2300,20 @@ fn forget(pool: &Pool, done: &[Outcome]) {
 /// Write one script call, reconnecting with backoff. Gives up once the lease has run
 /// out: by then the message is due for another delivery and the write is moot.
 /// Returns the script's reply and whether the call had to be sent again.
-fn write_with_retry<R: FromRedisValue>(
+fn write_with_retry<C: Call>(
     pool: &Pool,
     slot: &mut ConnSlot,
     part: usize,
-    script: &LuaScript,
     count: usize,
-    add_args: impl Fn(&mut redis::ScriptInvocation<'_>),
-) -> Option<(R, bool)> {
-    let operation = script.name;
+    call: &C,
+) -> Option<(C::Reply, bool)> {
+    let operation = call.script().name;
     let q = &pool.queue;
     let give_up = Instant::now() + pool.opts.lease;
     let mut pause = Duration::from_millis(20);
     let mut retried = false;
     loop {
-        let res = slot
-            .run_once(&q.inner.endpoint, operation, |con| {
-                let mut inv = q.invocation(part, script);
-                add_args(&mut inv);
-                inv.invoke::<Value>(con)
-            })
-            .and_then(|v| scripts::read::<R>(script, v));
+        let res = run_call(slot, q, part, call);
         match res {
             Ok(reply) => return Some((reply, retried)),
             Err(e) if e.is_retryable() && Instant::now() + pause < give_up => {
@@ -2391,13 +2372,7 @@ fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot, why: GiveBack) {
                     })
                     .collect(),
             };
-            slot.run_once(&q.inner.endpoint, "release", |con| {
-                let mut inv = q.invocation(part, complete::release());
-                args.add_to(&mut inv);
-                inv.invoke::<Value>(con)
-            })
-            .and_then(|v| scripts::read::<complete::Released>(complete::release(), v))
-            .map(|complete::Released(n)| total + n)
+            run_call(slot, q, part, &args).map(|complete::Released(n)| total + n)
         });
     match res {
         Ok(n) => {
@@ -2567,13 +2542,7 @@ impl Registration {
             ttl_ms,
             info,
         };
-        let res = slot
-            .run_once(&q.inner.endpoint, "beat", |con| {
-                let mut inv = q.invocation(part, beat::script());
-                args.add_to(&mut inv);
-                inv.invoke::<Value>(con)
-            })
-            .and_then(|v| scripts::read::<beat::Alive>(beat::script(), v));
+        let res = run_call(slot, q, part, &args);
         // Only the list of pools misses this beat; the queue works on.
         if let Err(e) = res {
             log::debug!(
@@ -2652,14 +2621,7 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                     .map(|(_, id, token)| complete::Delivery { id, lease: token })
                     .collect(),
             };
-            let res = slot
-                .run_once(&q.inner.endpoint, "extend", |con| {
-                    let mut inv = q.invocation(part, extend::script());
-                    args.add_to(&mut inv);
-                    inv.invoke::<Value>(con)
-                })
-                .and_then(|v| scripts::read::<complete::Statuses>(extend::script(), v));
-            match res {
+            match run_call(&mut slot, q, part, &args) {
                 Ok(complete::Statuses(statuses)) => {
                     let renewed_at = Instant::now();
                     let mut outstanding = pool.outstanding.lock();

@@ -3,7 +3,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{LuaScript, decode_unsigned};
+use super::{Call, LuaScript, decode_unsigned};
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Args<'a> {
@@ -13,8 +13,14 @@ pub(crate) struct Args<'a> {
     pub(crate) info: &'a str,
 }
 
-impl Args<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+impl Call for Args<'_> {
+    type Reply = Alive;
+
+    fn script(&self) -> &'static LuaScript {
+        script()
+    }
+
+    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
         inv.arg(self.pool_id).arg(self.ttl_ms).arg(self.info);
     }
 }

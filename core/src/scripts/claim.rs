@@ -3,7 +3,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{LuaScript, decode, decode_unsigned};
+use super::{Call, LuaScript, decode, decode_unsigned};
 use crate::keys::lease_score;
 
 /// One claim.
@@ -20,8 +20,14 @@ pub(crate) struct Args<'a> {
     pub(crate) heartbeat: Option<(&'a str, u64, &'a str)>,
 }
 
-impl Args<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+impl Call for Args<'_> {
+    type Reply = Reply;
+
+    fn script(&self) -> &'static LuaScript {
+        script()
+    }
+
+    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
         inv.arg(self.batch)
             .arg(self.lease_ms)
             .arg(self.dead_max)

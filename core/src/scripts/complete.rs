@@ -4,7 +4,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{LuaScript, decode, decode_unsigned};
+use super::{Call, LuaScript, decode, decode_unsigned};
 
 /// A delivery, as its claim returned it.
 #[derive(Debug, Clone, Copy)]
@@ -63,8 +63,14 @@ pub(crate) struct Release<'a> {
     pub(crate) deliveries: Vec<Delivery<'a>>,
 }
 
-impl Ack<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+impl Call for Ack<'_> {
+    type Reply = Statuses;
+
+    fn script(&self) -> &'static LuaScript {
+        ack()
+    }
+
+    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
         inv.arg(self.keep).arg(self.keep_ms);
         for d in &self.deliveries {
             inv.arg(d.id).arg(d.lease);
@@ -72,8 +78,14 @@ impl Ack<'_> {
     }
 }
 
-impl Nack<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+impl Call for Nack<'_> {
+    type Reply = Statuses;
+
+    fn script(&self) -> &'static LuaScript {
+        nack()
+    }
+
+    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
         inv.arg(self.dead_max).arg(self.dead_ttl_ms);
         for f in &self.failures {
             let delay = f.retry_in_ms.map_or(-1, |ms| i64::try_from(ms).unwrap_or(i64::MAX));
@@ -87,8 +99,14 @@ impl Nack<'_> {
     }
 }
 
-impl Release<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+impl Call for Release<'_> {
+    type Reply = Released;
+
+    fn script(&self) -> &'static LuaScript {
+        release()
+    }
+
+    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
         for d in &self.deliveries {
             inv.arg(d.id).arg(d.lease);
         }

@@ -28,6 +28,17 @@ pub(crate) mod push;
 pub(crate) mod repeat;
 pub(crate) mod replies;
 
+/// A script call's arguments: they know their script and the type of its reply, so
+/// one contract lives in one place.
+pub(crate) trait Call {
+    /// What the script replies.
+    type Reply: FromRedisValue;
+    /// The script the arguments are for.
+    fn script(&self) -> &'static LuaScript;
+    /// Add the arguments after the layout and the wake-up channel.
+    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>);
+}
+
 /// One part of a reply as `T`, or why not: never a default.
 pub(crate) fn decode<T: FromRedisValue>(v: &Value) -> Result<T, ParsingError> {
     T::from_redis_value_ref(v)
