@@ -305,7 +305,8 @@ pub(crate) fn compose(name: &str, load: &dyn Fn(&str) -> Option<String>) -> Resu
         text.push('\n');
     }
     text.push_str(&format!(
-        "preflight('{name}', {{{}}}, {{{}}})\n",
+        "local preflight_fault = preflight('{name}', {{{}}}, {{{}}})\n\
+         if preflight_fault then\n  return redis.error_reply(preflight_fault)\nend\n",
         typed.join(", "),
         checks.join(", ")
     ));

@@ -62,20 +62,22 @@
 -- the old one (claim, nack): even an error past the preflight leaves no message
 -- without a state.
 -- `calls` holds each command once, with a key or channel of this queue to check.
+-- Returns the fault, or nil; the script then returns it as its error reply (Redis
+-- before 7.0 cannot raise a table from a nested function).
 local function preflight(script, typed, calls)
   if redis.acl_check_cmd then
     for i = 1, #calls do
       local call = calls[i]
       if not redis.acl_check_cmd(unpack(call)) then
-        error({err = 'NOPERM delayq script ' .. script .. ' runs ' .. call[1] .. (call[2] and (' on ' .. call[2]) or '')})
+        return 'NOPERM delayq script ' .. script .. ' runs ' .. call[1] .. (call[2] and (' on ' .. call[2]) or '')
       end
     end
   end
   for i = 1, #typed, 2 do
     local held = redis.pcall('TYPE', typed[i])
     if held.ok and held.ok ~= 'none' and held.ok ~= typed[i + 1] then
-      error({err = 'WRONGTYPE delayq script ' .. script .. ': key ' .. typed[i] .. ' holds a ' .. held.ok
-        .. ', delayq keeps a ' .. typed[i + 1] .. ' there'})
+      return 'WRONGTYPE delayq script ' .. script .. ': key ' .. typed[i] .. ' holds a ' .. held.ok
+        .. ', delayq keeps a ' .. typed[i + 1] .. ' there'
     end
   end
 end
