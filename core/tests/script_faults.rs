@@ -478,3 +478,22 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
     assert_eq!(stats.inflight + stats.ready, 0, "{what}: {stats:?}");
     assert_one_state_each(server, &tag);
 }
+
+/// The arities the preflight pads its permission checks to are the server's.
+#[test]
+fn the_preflights_arities_are_the_servers() {
+    let server = RedisServer::start();
+    let mut con = server.con();
+    for &(command, arity) in delayq::scripts::ARITIES {
+        let info: Vec<redis::Value> = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(command)
+            .query(&mut con)
+            .expect("COMMAND INFO");
+        let Some(redis::Value::Array(fields)) = info.first() else {
+            panic!("COMMAND INFO {command}: {info:?}");
+        };
+        let served: i64 = redis::FromRedisValue::from_redis_value(fields[1].clone()).expect("arity");
+        assert_eq!(served, i64::from(arity), "{command}");
+    }
+}

@@ -102,6 +102,38 @@ pub const ROLES: [Role; 23] = [
     role("serial_lined", "K_SERIAL_LINED", "hash"),
 ];
 
+/// Redis's arity of each command the scripts run (COMMAND INFO: `n` exactly n words,
+/// `-n` at least n, the command's name included). The preflight's permission check
+/// passes that many words: Redis 8 refuses a `redis.acl_check_cmd` call whose count
+/// does not fit. A script that runs a command missing here does not compose, and a
+/// test holds the table to the server's COMMAND INFO.
+pub const ARITIES: &[(&str, i32)] = &[
+    ("EXISTS", -2),
+    ("HDEL", -3),
+    ("HEXISTS", 3),
+    ("HGET", 3),
+    ("HGETALL", 2),
+    ("HINCRBY", 4),
+    ("HLEN", 2),
+    ("HMGET", -3),
+    ("HSCAN", -3),
+    ("HSET", -4),
+    ("INCRBY", 3),
+    ("PUBLISH", 3),
+    ("TIME", 1),
+    ("TYPE", 2),
+    ("UNLINK", -2),
+    ("ZADD", -4),
+    ("ZCARD", 2),
+    ("ZCOUNT", 4),
+    ("ZRANGE", -4),
+    ("ZRANGEBYLEX", -4),
+    ("ZRANGEBYSCORE", -4),
+    ("ZREM", -3),
+    ("ZREVRANGE", -4),
+    ("ZSCORE", 3),
+];
+
 /// The command the preflight's type check runs, where the user may: rules written
 /// before delayq asked for it go on working, without that check.
 pub const TYPE_CHECK: &str = "TYPE";
@@ -275,23 +307,30 @@ pub(crate) fn compose(name: &str, load: &dyn Fn(&str) -> Option<String>) -> Resu
     let any_key = vars.first().copied();
     let mut checks = Vec::new();
     for command in commands.iter().filter(|c| *c != TYPE_CHECK) {
+        let arity = ARITIES
+            .iter()
+            .find(|(c, _)| c == command)
+            .map(|&(_, a)| a.unsigned_abs() as usize)
+            .ok_or_else(|| format!("{name}.lua runs {command}, which scripts::ARITIES does not list"))?;
         let firsts: BTreeSet<&str> = calls
             .iter()
             .filter(|(c, _)| c == command)
             .map(|(_, f)| f.as_str())
             .collect();
-        let check = if firsts.iter().all(|f| f.is_empty()) {
-            format!("{{'{command}'}}")
-        } else if let Some(ch) = firsts.iter().find(|f| **f == "CHANNEL") {
-            format!("{{'{command}', {ch}, ''}}")
-        } else if let Some(k) = firsts.iter().find(|f| vars.contains(f)) {
-            format!("{{'{command}', {k}}}")
-        } else if let Some(k) = any_key {
-            format!("{{'{command}', {k}}}")
-        } else {
-            format!("{{'{command}'}}")
-        };
-        checks.push(check);
+        let mut words = vec![format!("'{command}'")];
+        if arity > 1 {
+            if let Some(ch) = firsts.iter().find(|f| **f == "CHANNEL") {
+                words.push((*ch).to_owned());
+            } else if let Some(k) = firsts.iter().find(|f| vars.contains(f)) {
+                words.push((*k).to_owned());
+            } else if let Some(k) = any_key {
+                words.push(k.to_owned());
+            }
+        }
+        while words.len() < arity {
+            words.push("'0'".to_owned());
+        }
+        checks.push(format!("{{{}}}", words.join(", ")));
     }
 
     let mut text = String::new();
