@@ -7,6 +7,7 @@
 -- Counters rather than the # operator, which costs a search of the table per use.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
+-- @include clock
 -- @include completed
 -- @include forget
 -- @include oom
@@ -14,7 +15,8 @@
 -- @include stall
 -- KEYS: scheduled messages inflight leases attempts errors stats control completed completed_messages traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
-absorb_stall(now_ms())
+local now = queue_now(true)
+absorb_stall(now)
 local keep = tonumber(ARGV[3])
 local ids, tokens, n = {}, {}, 0
 for i = 5, #ARGV, 2 do
@@ -46,7 +48,6 @@ if n_others > 0 then
 end
 if n_done > 0 and keep > 0 then
   -- Kept as they were at their end: envelope, attempts, the due time they ran for.
-  local now = now_ms()
   local envelopes = redis.call('HMGET', K_MSG, unpack(done))
   local now_text = fmt(now)
   local finished = redis.call('HMGET', K_ATT, unpack(done))
@@ -62,7 +63,7 @@ if n_done > 0 and keep > 0 then
   redis.call('HSET', K_DONE_MSG, unpack(records))
   trim_completed(now, keep, tonumber(ARGV[4]))
 elseif redis.call('EXISTS', K_DONE) == 1 then
-  trim_completed(now_ms(), keep, tonumber(ARGV[4]))
+  trim_completed(now, keep, tonumber(ARGV[4]))
 end
 if n_done > 0 then
   redis.call('ZREM', K_INFLIGHT, unpack(done))

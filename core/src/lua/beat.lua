@@ -6,11 +6,12 @@
 -- Returns the number of pools alive after this call.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
+-- @include clock
 -- @include oom
 -- @include pools
 -- @include stall
 -- KEYS: inflight stats workers control
 run_even_out_of_memory()
-local now = now_ms()
+local now = queue_now(true)
 absorb_stall(now)
 return register_pool(now, ARGV[3], tonumber(ARGV[4]), ARGV[5])

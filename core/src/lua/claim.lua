@@ -31,8 +31,11 @@
 -- per-message Lua work is one string concatenation.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
+-- @include clock
 -- @include dead
 -- @include forget
+-- @include hashtable
+-- @include hdel_if_any
 -- @include oom
 -- @include order
 -- @include pools
@@ -40,14 +43,12 @@
 -- @include schedule
 -- @include seq
 -- @include serial
--- @include hashtable
--- @include hdel_if_any
 -- @include stall
 -- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local batch = tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[4])
-local now = now_ms()
+local now = queue_now(true)
 absorb_stall(now, lease_ms)
 
 -- Expired leases go back to the front of the schedule: the message is due already.

@@ -5,11 +5,12 @@
 --   is gone (its completion was written while the heartbeat was on its way: no loss).
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
+-- @include clock
 -- @include oom
 -- @include stall
 -- KEYS: messages inflight leases stats control
 run_even_out_of_memory()
-local now = now_ms()
+local now = queue_now(true)
 absorb_stall(now, tonumber(ARGV[3]))
 local deadline = now + tonumber(ARGV[3])
 local result = {}

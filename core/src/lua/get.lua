@@ -9,7 +9,8 @@
 --   A message in its serial key's line is ready, due when it was due (not when its
 --   safety net would bring it back, see serial_gate).
 -- Faults: it writes nothing.
--- KEYS: scheduled messages inflight leases attempts errors dead completed completed_messages traces serial_keys serial_lined
+-- @include clock
+-- KEYS: scheduled messages inflight leases attempts errors dead control completed completed_messages traces serial_keys serial_lined
 local id = ARGV[3]
 local envelope = redis.call('HGET', K_MSG, id)
 if not envelope then
@@ -33,7 +34,7 @@ if score then
   end
   local due = due_of(tonumber(score))
   local state = 'scheduled'
-  if tonumber(score) <= due_bound(now_ms()) then
+  if tonumber(score) <= due_bound(queue_now(false)) then
     state = 'ready'
   end
   return {state, envelope, due, attempts, err, -1, -1, -1, trace, serial}

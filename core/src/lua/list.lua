@@ -9,8 +9,9 @@
 --   shows when it was due (see get.lua).
 -- Read-only; one call reads at most 1000 messages, so Redis is never blocked for long.
 -- Faults: it writes nothing.
--- KEYS: scheduled messages inflight leases attempts errors completed completed_messages traces serial_keys serial_lined
-local now = now_ms()
+-- @include clock
+-- KEYS: scheduled messages inflight leases attempts errors control completed completed_messages traces serial_keys serial_lined
+local now = queue_now(false)
 local limit = tonumber(ARGV[4])
 if ARGV[3] == 'completed' then
   local listed = redis.call('ZREVRANGE', K_DONE, 0, limit - 1, 'WITHSCORES')

@@ -7,15 +7,16 @@
 -- Returns one status per group: 1 retried, 2 buried, 0 lease lost, -1 gone.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
+-- @include clock
 -- @include dead
 -- @include oom
--- @include schedule
 -- @include order
+-- @include schedule
 -- @include serial
 -- @include stall
 -- KEYS: scheduled messages inflight leases attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
-local now = now_ms()
+local now = queue_now(true)
 absorb_stall(now)
 local old_head = head_score()
 local result = {}

@@ -7,13 +7,14 @@
 -- rule (docs/RELIABILITY.md) cover it.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
+-- @include clock
 -- @include schedule
--- KEYS: scheduled paused
+-- KEYS: scheduled paused control
 if ARGV[3] == '1' then
   if redis.call('EXISTS', K_PAUSED) == 1 then
     return 0
   end
-  redis.call('HSET', K_PAUSED, 'since', fmt(now_ms()))
+  redis.call('HSET', K_PAUSED, 'since', fmt(queue_now(true)))
   return 1
 end
 local changed = redis.call('HDEL', K_PAUSED, 'since')

@@ -13,12 +13,13 @@
 --   (the others existed already and were left).
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
--- @include schedule
--- @include order
--- @include serial
+-- @include clock
 -- @include hdel_if_any
--- KEYS: scheduled messages inflight attempts errors dead stats traces serial_keys serial_holders serial_line serial_lined
-local now = now_ms()
+-- @include order
+-- @include schedule
+-- @include serial
+-- KEYS: scheduled messages inflight attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined
+local now = queue_now(true)
 local old_head = head_score()
 local FIRST = 4
 local GROUP = 6

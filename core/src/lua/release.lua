@@ -4,13 +4,14 @@
 -- Returns the number released (pairs whose lease was lost are skipped).
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
+-- @include clock
 -- @include oom
 -- @include schedule
 -- @include serial
 -- @include stall
 -- KEYS: scheduled inflight leases stats control serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
-absorb_stall(now_ms())
+absorb_stall(queue_now(true))
 local old_head = head_score()
 local released = 0
 for i = 3, #ARGV, 2 do

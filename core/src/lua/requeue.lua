@@ -5,16 +5,17 @@
 -- Returns the number requeued; the caller repeats "" calls until fewer than ARGV[4].
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
+-- @include clock
 -- @include dead
--- @include schedule
 -- @include order
--- KEYS: scheduled messages inflight leases attempts errors dead stats traces serial_keys serial_holders serial_line serial_lined
+-- @include schedule
+-- KEYS: scheduled messages inflight leases attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined
 local ids = chosen_dead()
 if #ids == 0 then
   return 0
 end
 local old_head = head_score()
-local now = now_ms()
+local now = queue_now(true)
 local adds = {}
 for i, id in ipairs(ids) do
   adds[#adds + 1] = score_at(now)

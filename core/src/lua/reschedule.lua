@@ -4,10 +4,11 @@
 -- Returns the new due time in ms, or -1 when the message is not waiting.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
--- @include schedule
+-- @include clock
 -- @include order
+-- @include schedule
 -- @include serial
--- KEYS: scheduled messages inflight serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight control serial_keys serial_holders serial_line serial_lined
 local id, kind, ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if not redis.call('ZSCORE', K_SCHED, id) then
   return -1
@@ -15,7 +16,7 @@ end
 local old_head = head_score()
 local due = ms
 if kind == 'delay' then
-  due = now_ms() + ms
+  due = queue_now(true) + ms
 end
 local score = score_at(due)
 redis.call('ZADD', K_SCHED, score, id)

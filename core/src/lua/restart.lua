@@ -9,8 +9,9 @@
 --   caller could read the list on its own.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
+-- @include clock
 -- KEYS: workers control
-local now = now_ms()
+local now = queue_now(true)
 -- Pools compare the generation, which a step of the Redis clock cannot move; the
 -- time stays for the record (and for pools of older versions during a deploy).
 redis.call('HINCRBY', K_CONTROL, 'restart_gen', 1)

@@ -5,9 +5,10 @@
 --   due, held those in a serial key's line (see include/serial.lua): scheduled entries, due
 --   already, that wait for another message of their key to finish.
 -- Faults: it writes nothing.
+-- @include clock
 -- @include schedule
--- KEYS: scheduled inflight dead stats paused limit completed serial_line
-local now = now_ms()
+-- KEYS: scheduled inflight dead stats paused limit control completed serial_line
+local now = queue_now(false)
 local waiting = redis.call('ZCARD', K_SCHED)
 local ready = redis.call('ZCOUNT', K_SCHED, '-inf', fmt(due_bound(now)))
 local head = head_score()

@@ -3,8 +3,9 @@
 --   ("<expires_ms>|<seen_ms>|<info JSON>"), expired ones included: the caller drops
 --   those (a read writes nothing).
 -- Faults: it writes nothing.
--- KEYS: workers
-local result = {now_ms()}
+-- @include clock
+-- KEYS: workers control
+local result = {queue_now(false)}
 for _, v in ipairs(redis.call('HGETALL', K_WORKERS)) do
   result[#result + 1] = v
 end

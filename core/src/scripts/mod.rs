@@ -372,6 +372,7 @@ macro_rules! lua_files {
 
 lua_files!(
     "include/base.lua",
+    "include/clock.lua",
     "include/completed.lua",
     "include/dead.lua",
     "include/forget.lua",

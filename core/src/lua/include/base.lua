@@ -34,7 +34,9 @@
 --   control   HASH  restart_gen -> how many requests that running consumer pools
 --                            stop were made, restart_at -> time (ms) of the latest
 --                            (see restart.lua); seen_ms, stall_ms -> when a pool
---                            script last ran, half a lease (see stall.lua)
+--                            script last ran, half a lease (see stall.lua);
+--                            clock_ms, step_ms, step_at -> the queue's clock
+--                            (see clock.lua)
 --   completed ZSET  id -> time (ms) it was acknowledged, for the messages kept
 --                            after completion (QueueOptions::keep_completed)
 --   completed_messages HASH id -> "<attempts>|<due_ms>|<envelope>" of each
@@ -89,11 +91,6 @@ end
 -- in the same millisecond and make one up to 1 ms late, never early. The seed layout
 -- keeps the recipe's whole-second scores so the recipe's own consumers keep working.
 local SEQ_SPAN = 4096
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 
 local function fmt(n)
   return string.format('%.0f', n)

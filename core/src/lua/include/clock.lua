@@ -1,0 +1,44 @@
+-- clock.lua: the queue's clock: Redis's clock, made never to run backward. Read as
+-- is, a step back of Redis's clock by S (an NTP step, a failover to a replica whose
+-- clock is behind) would hold every message that was due before it for S, and let
+-- messages pushed after it run first. So every script reads time through queue_now():
+-- Redis time plus an offset kept in :control:
+--   clock_ms  the latest Redis time a writing script saw;
+--   step_ms, step_at  the offset learned at the last step back, and the Redis time
+--             it was learned at.
+-- Redis time below clock_ms is a step back: the offset grows by its size, so queue
+-- time goes on from where it stood, and is then phased out at PHASE_OUT of the time
+-- that passes (the queue clock runs at 1 - PHASE_OUT of Redis's speed until they
+-- meet, S / PHASE_OUT later): delays in that time run up to PHASE_OUT long, and a
+-- message pushed for an absolute time can run up to the remaining offset early.
+-- A step forward is not undone (a queue clock behind a clock that was set right
+-- would stay wrong): messages due within it run early, and include/stall.lua keeps
+-- it from expiring live leases.
+local PHASE_OUT = 0.1
+
+-- The offset still in force at Redis time `r`.
+local function offset_at(step, step_at, r)
+  if not step or step <= 0 then
+    return 0
+  end
+  return math.max(0, step - math.floor((r - step_at) * PHASE_OUT))
+end
+
+-- `learn`: whether this script may write what it finds; scripts that only read tell
+-- the time a write would have given.
+local function queue_now(learn)
+  local t = redis.call('TIME')
+  local r = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local c = redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at')
+  local last, step, step_at = tonumber(c[1]), tonumber(c[2]), tonumber(c[3])
+  if last and r < last then
+    step = offset_at(step, step_at, last) + (last - r)
+    step_at = r
+    if learn then
+      redis.call('HSET', K_CONTROL, 'clock_ms', fmt(r), 'step_ms', fmt(step), 'step_at', fmt(r))
+    end
+  elseif learn then
+    redis.call('HSET', K_CONTROL, 'clock_ms', fmt(r))
+  end
+  return r + offset_at(step, step_at, r)
+end
