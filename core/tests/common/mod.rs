@@ -14,6 +14,7 @@ pub struct RedisServer {
     pub port: u16,
     pub dir: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -51,16 +52,22 @@ impl RedisServer {
 
     /// Extra redis-server arguments, e.g. `["--appendonly", "yes"]`.
     pub fn start_with(args: &[&str]) -> Self {
-        Self::start_on(free_port(), args)
+        Self::start_on(free_port(), args, &[])
     }
 
-    fn start_on(port: u16, args: &[&str]) -> Self {
+    /// With extra environment variables, e.g. an `LD_PRELOAD`.
+    pub fn start_with_env(env: &[(&str, &str)]) -> Self {
+        Self::start_on(free_port(), &[], env)
+    }
+
+    fn start_on(port: u16, args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = std::env::temp_dir().join(format!("delayq-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let mut server = Self {
             port,
             dir,
             args: args.iter().map(|s| (*s).to_owned()).collect(),
+            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
             child: None,
         };
         server.launch();
@@ -73,6 +80,7 @@ impl RedisServer {
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -374,6 +382,7 @@ impl Cluster {
                         "--appendonly",
                         "no",
                     ],
+                    &[],
                 )
             })
             .collect();

@@ -1,0 +1,265 @@
+//! Steps of the Redis server's clock, made while it runs by an `LD_PRELOAD` shim on
+//! its wall clock (tests/common/clock_shift.c, built here with the system's `cc`).
+//! A step back must not hold messages that were due before it, nor let messages pushed
+//! after it overtake them; a step forward must not expire live leases; a restart
+//! request made before a step back must not stop the pools started after it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{RedisServer, StopOnDrop, wait_for};
+use delayq::{Received, Worker, WorkerOptions};
+use serde_json::json;
+
+/// Per message id, each handler run's start and end.
+type Runs = Mutex<HashMap<String, Vec<(Instant, Option<Instant>)>>>;
+
+/// A redis-server whose wall clock the test can step.
+struct ShiftedRedis {
+    server: RedisServer,
+    shift_file: PathBuf,
+    shift_ms: i64,
+}
+
+impl ShiftedRedis {
+    fn start(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("delayq-clock-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let shim = dir.join("clock_shift.so");
+        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/common/clock_shift.c");
+        let built = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o"])
+            .arg(&shim)
+            .arg(&source)
+            .arg("-ldl")
+            .status()
+            .expect("cc must be installed (apt-get install gcc)");
+        assert!(built.success(), "building {}", source.display());
+        let shift_file = dir.join("shift");
+        std::fs::write(&shift_file, 0_i64.to_ne_bytes()).expect("shift file");
+        let server = RedisServer::start_with_env(&[
+            ("LD_PRELOAD", shim.to_str().expect("path")),
+            ("DELAYQ_CLOCK_SHIFT_FILE", shift_file.to_str().expect("path")),
+        ]);
+        let mut shifted = Self {
+            server,
+            shift_file,
+            shift_ms: 0,
+        };
+        // The shim is in force: a step shows in TIME at once.
+        let before = shifted.server.now_ms();
+        shifted.step(-3_600_000);
+        let after = shifted.server.now_ms();
+        shifted.step(3_600_000);
+        assert!(
+            after < before - 3_000_000,
+            "the clock shim is not in force: {before} then {after}"
+        );
+        shifted
+    }
+
+    /// Steps the server's clock by `ms` (back when negative).
+    fn step(&mut self, ms: i64) {
+        use std::os::unix::fs::FileExt;
+        self.shift_ms += ms;
+        // Written in place, never truncated: the shim maps this file, and a read past
+        // its end would kill the server.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.shift_file)
+            .expect("shift file");
+        file.write_all_at(&self.shift_ms.to_ne_bytes(), 0).expect("shift file");
+    }
+}
+
+fn opts() -> WorkerOptions {
+    WorkerOptions {
+        threads: 1,
+        ..WorkerOptions::default()
+    }
+}
+
+#[test]
+fn a_step_back_neither_holds_due_messages_nor_lets_later_ones_overtake() {
+    let mut redis = ShiftedRedis::start("back");
+    let q = redis.server.queue("steps");
+    // Due now, with no pool running yet.
+    for n in 0..20 {
+        q.push(&json!({"n": n}), Duration::ZERO).expect("push");
+    }
+    redis.step(-300_000);
+    for n in 100..105 {
+        q.push(&json!({"n": n}), Duration::ZERO).expect("push");
+    }
+    let delayed_at = Instant::now();
+    q.push(&json!({"n": 200}), Duration::from_secs(2)).expect("push");
+
+    let handled: Mutex<Vec<(i64, Instant)>> = Mutex::new(Vec::new());
+    let worker = Worker::new(q.clone(), opts()).expect("worker");
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(worker.stopper());
+        s.spawn(|| {
+            worker
+                .run(1, |d| {
+                    let n = d.payload::<serde_json::Value>().expect("payload")["n"]
+                        .as_i64()
+                        .expect("n");
+                    handled.lock().expect("lock").push((n, Instant::now()));
+                    Ok(())
+                })
+                .expect("run")
+        });
+        // Held for the step, they would wait 300 s.
+        wait_for(Duration::from_secs(30), "every message handled", || {
+            handled.lock().expect("lock").len() == 26
+        });
+        worker.stop();
+    });
+    let handled = handled.into_inner().expect("lock");
+    let order: Vec<i64> = handled.iter().map(|(n, _)| *n).collect();
+    let expected: Vec<i64> = (0..20).chain(100..105).chain([200]).collect();
+    assert_eq!(order, expected, "due order across the step");
+    // Time goes on from where it stood: a delay pushed after the step is not cut short.
+    let ran_after = handled[25].1 - delayed_at;
+    assert!(
+        ran_after >= Duration::from_secs(2),
+        "a 2 s delay ran after {ran_after:?}"
+    );
+}
+
+#[test]
+fn a_step_forward_expires_no_live_lease() {
+    let mut redis = ShiftedRedis::start("forward");
+    let q = redis.server.queue("steps");
+    let lease = WorkerOptions {
+        lease: Duration::from_millis(1200),
+        ..opts()
+    };
+    let busy: Vec<Worker> = (0..2)
+        .map(|_| Worker::new(q.clone(), lease.clone()).expect("worker"))
+        .collect();
+    let idle = Worker::new(q.clone(), lease).expect("worker");
+    let runs: Runs = Mutex::new(HashMap::new());
+    let handler = |d: &delayq::Delivery| {
+        let index = {
+            let mut r = runs.lock().expect("lock");
+            let list = r.entry(d.id.clone()).or_default();
+            list.push((Instant::now(), None));
+            list.len() - 1
+        };
+        if d.payload::<serde_json::Value>().expect("payload")["busy"] == json!(true) {
+            std::thread::sleep(Duration::from_millis(4000));
+        }
+        runs.lock().expect("lock").get_mut(&d.id).expect("run")[index].1 = Some(Instant::now());
+        Ok(())
+    };
+    std::thread::scope(|s| {
+        let _stops: Vec<StopOnDrop> = busy.iter().chain([&idle]).map(|w| StopOnDrop(w.stopper())).collect();
+        for w in &busy {
+            s.spawn(|| w.run(1, handler).expect("run"));
+        }
+        wait_for(Duration::from_secs(10), "the busy pools listed", || {
+            q.workers().is_ok_and(|w| w.len() == 2)
+        });
+        for _ in 0..2 {
+            q.push(&json!({"busy": true}), Duration::ZERO).expect("push");
+        }
+        wait_for(Duration::from_secs(10), "both messages running", || {
+            runs.lock().expect("lock").len() == 2
+        });
+        // Due in a minute: the step makes it due at once (the documented cost of a step
+        // forward; it is not undone).
+        q.push(&json!({"busy": false}), Duration::from_secs(60)).expect("push");
+        s.spawn(|| idle.run(1, handler).expect("run"));
+        wait_for(Duration::from_secs(10), "the idle pool listed", || {
+            q.workers().is_ok_and(|w| w.len() == 3)
+        });
+        redis.step(300_000);
+        wait_for(Duration::from_secs(30), "all three messages handled", || {
+            q.stats().is_ok_and(|st| st.inflight + st.ready + st.scheduled == 0)
+        });
+        for w in busy.iter().chain([&idle]) {
+            w.stop();
+        }
+    });
+    let runs = runs.into_inner().expect("lock");
+    assert_eq!(runs.len(), 3);
+    for (id, list) in &runs {
+        assert_eq!(list.len(), 1, "{id} ran {} times: {list:?}", list.len());
+    }
+    let stats = q.stats().expect("stats");
+    assert_eq!((stats.total("acked"), stats.total("expired")), (3, 0), "{stats:?}");
+}
+
+#[test]
+fn a_restart_request_before_a_step_back_stops_no_later_pool() {
+    let mut redis = ShiftedRedis::start("restart");
+    let q = redis.server.queue("steps");
+    let first = Worker::new(q.clone(), opts()).expect("worker");
+    let consumer = first.start().expect("start");
+    wait_for(Duration::from_secs(10), "the pool listed", || {
+        q.workers().is_ok_and(|w| w.len() == 1)
+    });
+    assert_eq!(q.restart_workers().expect("restart_workers"), 1);
+    wait_for(Duration::from_secs(10), "the pool asked to stop", || {
+        consumer.stopper().restart_requested()
+    });
+    consumer.finish();
+    redis.step(-300_000);
+
+    let later = Worker::new(q.clone(), opts()).expect("worker");
+    let consumer = later.start().expect("start");
+    q.push(&json!({"n": 1}), Duration::ZERO).expect("push");
+    match consumer.recv_timeout(Duration::from_secs(10)) {
+        Received::Message(d) => consumer.ack(d),
+        other => panic!("a pool started after the restart request and the step stopped: {other:?}"),
+    }
+    assert!(!consumer.stopper().restart_requested());
+    assert_eq!(consumer.finish().acked, 1);
+}
+
+/// include/clock.lua on its own, as every script runs it: the queue time and the Redis
+/// time it was read at.
+fn queue_and_redis_time(server: &RedisServer) -> (i64, i64) {
+    let clock = include_str!("../src/lua/include/clock.lua");
+    let script = format!(
+        "local K_CONTROL = KEYS[1]\nlocal function fmt(n) return string.format('%.0f', n) end\n{clock}\n\
+         local q = queue_now(true)\nlocal t = redis.call('TIME')\n\
+         return {{q, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}}"
+    );
+    redis::Script::new(&script)
+        .key("{dq:steps}:control")
+        .invoke(&mut server.con())
+        .expect("clock.lua")
+}
+
+#[test]
+fn after_a_step_back_the_queue_clock_goes_on_and_meets_redis_time_again() {
+    let mut redis = ShiftedRedis::start("phase-out");
+    let (before, raw_before) = queue_and_redis_time(&redis.server);
+    assert!((before - raw_before).abs() <= 1, "no offset before any step");
+    redis.step(-1_000);
+    let (at_step, raw_at_step) = queue_and_redis_time(&redis.server);
+    assert!(at_step >= before, "queue time went back: {before} then {at_step}");
+    assert!(
+        (900..=1_000).contains(&(at_step - raw_at_step)),
+        "the step is learned as the offset: {}",
+        at_step - raw_at_step
+    );
+    // The offset is phased out while both clocks go on: queue time never goes back,
+    // and ends where Redis time is.
+    let mut last = at_step;
+    wait_for(Duration::from_secs(60), "the offset phased out", || {
+        let (now, raw) = queue_and_redis_time(&redis.server);
+        assert!(now >= last, "queue time went back: {last} then {now}");
+        assert!(now - raw <= at_step - raw_at_step, "the offset grew without a step");
+        last = now;
+        std::thread::sleep(Duration::from_millis(200));
+        now - raw <= 1
+    });
+}
