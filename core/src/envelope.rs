@@ -12,11 +12,23 @@ use crate::keys::Layout;
 /// within it (`parse_payload`, `decode_payload`).
 pub const MAX_DEPTH: usize = 128;
 
-fn check_depth(json: &str) -> Result<()> {
-    let depth = nesting_depth(json);
-    if depth > MAX_DEPTH {
+/// The depth limit, and with `integers` the 64-bit range: a push refuses what PHP and
+/// most JSON readers would round, while a delivery decodes what its producer stored
+/// (the recipe's own producers, for one, are not held to it).
+fn check_shape(json: &str, integers: bool) -> Result<()> {
+    let shape = scan(json);
+    if shape.depth > MAX_DEPTH {
         return Err(Error::PayloadNotSerializable(format!(
-            "nested {depth} levels deep, the limit is {MAX_DEPTH} (every consumer language must be able to decode it)"
+            "nested {} levels deep, the limit is {MAX_DEPTH} (every consumer language must be able to decode it)",
+            shape.depth
+        )));
+    }
+    if integers
+        && shape.long_digits
+        && let Some((path, literal)) = integer_out_of_range(json)
+    {
+        return Err(Error::PayloadNotSerializable(format!(
+            "{path} is {literal}, outside the signed 64-bit range"
         )));
     }
     Ok(())
@@ -26,7 +38,7 @@ fn check_depth(json: &str) -> Result<()> {
 /// decodes (serde_json's own limit, 128 levels with the envelope around it, is one
 /// level short), and a deeper one is refused by the same rule as at push.
 pub fn decode_payload<T: serde::de::DeserializeOwned>(json: &str) -> Result<T> {
-    check_depth(json)?;
+    check_shape(json, false)?;
     let mut de = serde_json::Deserializer::from_str(json);
     // The depth is bounded above, so recursion is too.
     de.disable_recursion_limit();
@@ -52,12 +64,21 @@ pub(crate) fn validate_payload(json: &str, max_bytes: usize) -> Result<()> {
     // RawValue checks the syntax without building a tree, but it does not limit depth.
     serde_json::from_str::<&RawValue>(json)
         .map_err(|e| Error::PayloadNotSerializable(format!("not valid JSON: {e}")))?;
-    check_depth(json)
+    check_shape(json, true)
 }
 
-/// Deepest array/object nesting of syntactically valid JSON text.
-fn nesting_depth(json: &str) -> usize {
+struct Shape {
+    /// Deepest array/object nesting.
+    depth: usize,
+    /// Whether a run of 19 or more digits stands outside strings: only then can an
+    /// integer be outside the signed 64-bit range.
+    long_digits: bool,
+}
+
+/// One pass over syntactically valid JSON text.
+fn scan(json: &str) -> Shape {
     let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    let (mut digits, mut long_digits) = (0usize, false);
     for b in json.bytes() {
         if in_string {
             match (escaped, b) {
@@ -68,6 +89,12 @@ fn nesting_depth(json: &str) -> usize {
             }
             continue;
         }
+        if b.is_ascii_digit() {
+            digits += 1;
+            long_digits |= digits >= 19;
+            continue;
+        }
+        digits = 0;
         match b {
             b'"' => in_string = true,
             b'[' | b'{' => {
@@ -78,7 +105,77 @@ fn nesting_depth(json: &str) -> usize {
             _ => {}
         }
     }
-    max
+    Shape {
+        depth: max,
+        long_digits,
+    }
+}
+
+/// The first integer literal outside the signed 64-bit range in valid JSON text of
+/// bounded depth: its path (`payload["a"][0]`) and its text.
+fn integer_out_of_range(json: &str) -> Option<(String, String)> {
+    fn skip_ws(b: &[u8], mut i: usize) -> usize {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    }
+    /// End of the string starting at `i` (its opening quote), past its closing quote.
+    fn string_end(b: &[u8], mut i: usize) -> usize {
+        i += 1;
+        while b[i] != b'"' {
+            i += if b[i] == b'\\' { 2 } else { 1 };
+        }
+        i + 1
+    }
+    /// Walks the value at `i`; returns its end, or the literal found.
+    fn value(json: &str, i: usize, path: &mut String) -> std::result::Result<usize, String> {
+        let b = json.as_bytes();
+        let i = skip_ws(b, i);
+        match b[i] {
+            b'{' | b'[' => {
+                let object = b[i] == b'{';
+                let mut at = skip_ws(b, i + 1);
+                let mut index = 0usize;
+                while b[at] != b'}' && b[at] != b']' {
+                    let len = path.len();
+                    if object {
+                        let end = string_end(b, at);
+                        let key: String = serde_json::from_str(&json[at..end]).unwrap_or_default();
+                        path.push_str(&format!("[{}]", serde_json::Value::String(key)));
+                        at = skip_ws(b, end) + 1; // the colon
+                    } else {
+                        path.push_str(&format!("[{index}]"));
+                    }
+                    at = skip_ws(b, value(json, at, path)?);
+                    path.truncate(len);
+                    if b[at] == b',' {
+                        at = skip_ws(b, at + 1);
+                    }
+                    index += 1;
+                }
+                Ok(at + 1)
+            }
+            b'"' => Ok(string_end(b, i)),
+            _ => {
+                let end = b[i..]
+                    .iter()
+                    .position(|c| !(c.is_ascii_alphanumeric() || matches!(c, b'-' | b'+' | b'.')))
+                    .map_or(b.len(), |n| i + n);
+                let literal = &json[i..end];
+                let integer = literal.bytes().all(|c| c.is_ascii_digit() || c == b'-');
+                if integer && literal.parse::<i64>().is_err() {
+                    return Err(literal.to_owned());
+                }
+                Ok(end)
+            }
+        }
+    }
+    let mut path = String::from("payload");
+    match value(json, 0, &mut path) {
+        Err(literal) => Some((path, literal)),
+        Ok(_) => None,
+    }
 }
 
 /// `created_ms` is the producer's clock (informational; due times use Redis's).
@@ -141,7 +238,7 @@ pub(crate) struct Decoded {
 pub(crate) fn decode(layout: &Layout, stored: &str) -> Result<Decoded, String> {
     let decoded = decode_envelope(layout, stored)?;
     // A payload no consumer could decode goes to the dead letters at its claim.
-    check_depth(&decoded.payload_json).map_err(|e| match e {
+    check_shape(&decoded.payload_json, false).map_err(|e| match e {
         Error::PayloadNotSerializable(reason) => format!("payload cannot be decoded: {reason}"),
         other => other.to_string(),
     })?;
@@ -242,7 +339,32 @@ mod tests {
         );
         let err = parse_payload(&deep(MAX_DEPTH + 1)).expect_err("too deep");
         assert!(err.to_string().contains("the limit is 128"), "{err}");
-        assert_eq!(nesting_depth(r#"{"a":"[[[{{\"]]","b":[{}]}"#), 3);
+        assert_eq!(scan(r#"{"a":"[[[{{\"]]","b":[{}]}"#).depth, 3);
+        // Integers past the signed 64-bit range, named by their path.
+        for (json, error) in [
+            (r#"{"n":9223372036854775808}"#, r#"payload["n"] is 9223372036854775808"#),
+            (
+                "[1, [2, -9223372036854775809]]",
+                "payload[1][1] is -9223372036854775809",
+            ),
+            (
+                r#"{"a\"b" : [18446744073709551616]}"#,
+                r#"payload["a\"b"][0] is 18446744073709551616"#,
+            ),
+            (
+                "123456789012345678901234567890",
+                "payload is 123456789012345678901234567890",
+            ),
+        ] {
+            let err = validate_payload(json, 1 << 20).expect_err(json).to_string();
+            assert!(
+                err.contains(&format!("{error}, outside the signed 64-bit range")),
+                "{json}: {err}"
+            );
+        }
+        let edges = r#"{"max":9223372036854775807,"min":-9223372036854775808,"f":1.00000000000000000000001,
+            "e":12345678901234567890e3,"s":"99999999999999999999","k":{"99999999999999999999":true}}"#;
+        assert!(validate_payload(edges, 1 << 20).is_ok());
         assert!(decode(&Layout::Native, "not json").is_err());
         assert!(decode(&Layout::Native, r#"[{"x":1},2,3]"#).is_err());
         assert!(decode(&Layout::Native, r#"{"v":1}"#).is_err());

@@ -139,3 +139,34 @@ fn a_batch_that_names_a_too_deep_item_writes_nothing() {
     assert!(err.to_string().contains("item 1"), "{err}");
     assert!(server.dump_keys().is_empty());
 }
+
+#[test]
+fn integers_past_the_signed_64_bit_range_are_refused_by_path_and_write_nothing() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    // PHP would receive these as rounded floats.
+    let err = q
+        .push(&serde_json::json!({"order": {"ids": [1, u64::MAX]}}), Duration::ZERO)
+        .expect_err("u64::MAX");
+    assert!(matches!(err, Error::PayloadNotSerializable(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains(r#"payload["order"]["ids"][1] is 18446744073709551615, outside the signed 64-bit range"#),
+        "{err}"
+    );
+    let batch = [
+        NewMessage::new(&serde_json::json!({"n": 1}), Duration::ZERO).expect("payload"),
+        NewMessage::new(&serde_json::json!({"n": i64::MAX as u64 + 1}), Duration::ZERO).expect("payload"),
+    ];
+    let err = q.push_many(&batch).expect_err("one item past the range");
+    assert!(err.to_string().contains("9223372036854775808"), "{err}");
+    assert!(
+        server.dump_keys().is_empty(),
+        "nothing written: {:?}",
+        server.dump_keys()
+    );
+    // The edges themselves go through, exactly.
+    let edges = serde_json::json!({"max": i64::MAX, "min": i64::MIN});
+    q.push(&edges, Duration::ZERO).expect("the edges");
+    assert_eq!(drain(&q, WorkerOptions::default()), [edges.to_string()]);
+}
