@@ -23,8 +23,10 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders worker myapp.tasks:close_order --processes 4   # run a handler
 
 Exit status: 0 done, 1 nothing matched (an unknown id, a message that is not in the
-state the command needs), 2 bad usage, 3 Redis could not be reached or refused (for
-`worker`: its processes kept dying at their start).
+state the command needs), 2 bad usage or input (a payload JSON cannot hold, a bad
+option), 3 Redis could not be reached or refused (for `worker`: its processes kept
+dying at their start), 141 the output was closed before it was all written (as for a
+program that SIGPIPE ends).
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ import sys
 import time
 from typing import Any, Callable, Optional, Sequence, TextIO, Union
 
-from . import DelayQueue, DelayQueueError, InvalidArgumentError, __version__
+from . import DelayQueue, DelayQueueError, InvalidArgumentError, PayloadError, __version__
 from ._delayq import _Scaler
 
 NOT_FOUND = 1
 FAILED = 3
+# As a program killed by SIGPIPE, which Python turns into BrokenPipeError.
+CLOSED = 128 + signal.SIGPIPE
 
 
 def _when(seconds: Optional[float]) -> str:
@@ -294,9 +298,13 @@ class _BadUsage(Exception):
     """Bad command-line input that argparse cannot see: exit status 2."""
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON (Python's json module reads it, JSON does not)")
+
+
 def _json_payload(text: str) -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except ValueError as e:
         raise _BadUsage(f"the payload is not JSON: {e}") from e
 
@@ -809,13 +817,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         q = make_queue(args.queue)
         code: int = args.run(q, _Output(args.json, sys.stdout), args)
+        # Here, where a closed pipe is caught, not at exit.
+        sys.stdout.flush()
         return code
-    except (InvalidArgumentError, _BadUsage) as e:
+    except (InvalidArgumentError, PayloadError, _BadUsage) as e:
         sys.stderr.write(f"delayq: {e}\n")
         return 2
     except DelayQueueError as e:
         sys.stderr.write(f"delayq: {e}\n")
         return FAILED
+    except BrokenPipeError:
+        # The reader went away (`delayq stats | head -1`): no traceback, and nothing
+        # more to write; the flush at exit must not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLOSED
 
 
 if __name__ == "__main__":

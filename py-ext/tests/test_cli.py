@@ -667,3 +667,28 @@ def test_acl_rule_grants_a_user_exactly_the_queue(server: RedisServer, redis_url
         server.cli("ACL", "DELUSER", "app")
     with pytest.raises(delayq.InvalidArgumentError, match="user"):
         delayq.DelayQueue(redis_url, "orders").acl_rule("")
+
+
+def test_a_payload_json_cannot_hold_is_bad_input_and_writes_nothing(server: RedisServer, redis_url: str) -> None:
+    for payload, reason in [('{"a":NaN}', "NaN is not JSON"), ("[Infinity]", "Infinity is not JSON"),
+                            ("{", "the payload is not JSON")]:
+        done = cli(redis_url, "push", payload)
+        assert done.returncode == 2, (payload, done.returncode, done.stderr)
+        assert reason in done.stderr and "Traceback" not in done.stderr, done.stderr
+    # Refused by push itself (nested past the limit): bad input too.
+    deep = cli(redis_url, "push", "[" * 129 + "]" * 129)
+    assert deep.returncode == 2 and "the limit is 128" in deep.stderr, deep.stderr
+    assert server.keys() == []
+
+
+def test_output_closed_early_ends_quietly(redis_url: str) -> None:
+    # More than a pipe holds, so that the writer is still writing when the reader leaves.
+    delayq.DelayQueue(redis_url, "jobs").push_many([{"payload": {"n": i, "text": "x" * 200}, "delay": 60}
+                                                   for i in range(2000)])
+    # `delayq waiting | head -1`: the reader leaves after one line.
+    shell = (f"{sys.executable} -m delayq --url {redis_url} --queue jobs waiting --limit 1000 | head -1; "
+             "echo \"status ${PIPESTATUS[0]}\" >&2")
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60, check=False)
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+    assert done.stdout.count("\n") == 1
+    assert "status 0" in done.stderr or "status 141" in done.stderr, done.stderr
