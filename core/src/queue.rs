@@ -517,8 +517,15 @@ fn validate_repeat_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn validate_max_attempts(n: Option<u32>) -> Result<()> {
+/// A message's own `max_attempts` lives in its envelope: the seed layout stores the
+/// bare payload, so it would be dropped without a word.
+fn validate_max_attempts(layout: &Layout, n: Option<u32>) -> Result<()> {
     match n {
+        Some(_) if matches!(layout, Layout::Seed { .. }) => Err(Error::invalid(
+            "max_attempts",
+            "needs the native layout: the seed layout stores the bare payload, with no room for it \
+             (the worker's max_attempts applies)",
+        )),
         Some(0) => Err(Error::invalid("max_attempts", "must be at least 1")),
         _ => Ok(()),
     }
@@ -814,7 +821,7 @@ impl Queue {
                 }
             };
             envelope::validate_payload(&m.payload_json, inner.opts.max_payload_bytes).map_err(at)?;
-            validate_max_attempts(m.options.max_attempts).map_err(at)?;
+            validate_max_attempts(&inner.opts.layout, m.options.max_attempts).map_err(at)?;
             let expire_after = expire_after_ms(&inner.opts.layout, m.options.expire_after).map_err(at)?;
             m.due.validate().map_err(at)?;
             if let Some(key) = &m.options.partition_key {
@@ -1449,7 +1456,7 @@ impl Queue {
     ) -> Result<i64> {
         validate_repeat_name(name)?;
         envelope::validate_payload(payload_json, self.inner.opts.max_payload_bytes)?;
-        validate_max_attempts(options.max_attempts)?;
+        validate_max_attempts(&self.inner.opts.layout, options.max_attempts)?;
         let expire_after = expire_after_ms(&self.inner.opts.layout, options.expire_after)?;
         let now = crate::time::now_unix_ms();
         let first = schedule

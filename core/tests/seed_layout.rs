@@ -171,3 +171,39 @@ fn in_the_seed_layout_failures_retry_and_dead_letter_in_side_keys() {
         .expect("ZCARD");
     assert_eq!(zcard, 0);
 }
+
+#[test]
+fn a_messages_own_max_attempts_is_refused_in_the_seed_layout_not_dropped() {
+    let server = RedisServer::start();
+    let q = seed_queue(&server);
+    let own = delayq::PushOptions {
+        max_attempts: Some(3),
+        ..Default::default()
+    };
+    let err = q
+        .push_json("1", delayq::Due::In(Duration::ZERO), &own)
+        .expect_err("refused");
+    assert!(matches!(err, delayq::Error::InvalidArgument { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("max_attempts") && err.to_string().contains("native layout"),
+        "{err}"
+    );
+    let mut batch = vec![delayq::NewMessage::new(&1, Duration::ZERO).expect("msg"); 2];
+    batch[1].options.max_attempts = Some(3);
+    let err = q.push_many(&batch).expect_err("refused");
+    assert!(err.to_string().contains("max_attempts of item 1"), "{err}");
+    let every = delayq::Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let err = q
+        .repeat_json(
+            "nightly",
+            &every,
+            "{}",
+            &delayq::RepeatOptions::default().max_attempts(3),
+        )
+        .expect_err("refused");
+    assert!(err.to_string().contains("max_attempts"), "{err}");
+    assert!(server.dump_keys().is_empty(), "written: {:?}", server.dump_keys());
+    // Without one, the worker's max_attempts applies, as before.
+    q.push_json("1", delayq::Due::In(Duration::ZERO), &Default::default())
+        .expect("push");
+}
