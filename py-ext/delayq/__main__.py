@@ -50,6 +50,14 @@ FAILED = 3
 CLOSED = 128 + signal.SIGPIPE
 
 
+def _label(name: str, layout: str, zset_key: Optional[str], payload_key: Optional[str]) -> str:
+    """How messages name a queue: a seed-layout queue by the recipe's keys, which is
+    what its users know it by (its name is not in them)."""
+    if layout == "seed":
+        return f"seed queue {zset_key or 'delay_queue:zset'} + {payload_key or 'delay_queue:payload'}"
+    return f"queue {name}"
+
+
 def _when(seconds: Optional[float]) -> str:
     if seconds is None:
         return "-"
@@ -98,7 +106,7 @@ def _stats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             depth += f" ({s['held']} of the scheduled held for their serial key)"
         counters = "  ".join(f"{k} {v}" for k, v in s.items() if k not in NOT_COUNTERS)
         return [
-            f"queue {q.name}: {depth}",
+            f"{args.label}: {depth}",
             f"next due: {_when(s['next_due_at'])}",
             "consumption: " + ("running" if s["paused_at"] is None else f"paused since {_when(s['paused_at'])}"),
             f"rate limit: {_rate(s['rate_limit'])}",
@@ -113,7 +121,7 @@ def _stats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     info = q.get(args.id)
     if info is None:
-        sys.stderr.write(f"delayq: no message {args.id!r} in queue {q.name!r}\n")
+        sys.stderr.write(f"delayq: no message {args.id!r} in {args.label}\n")
         return NOT_FOUND
 
     def human() -> list[str]:
@@ -148,9 +156,9 @@ def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     def human() -> list[str]:
         if not messages:
             if args.command == "find":
-                return [f"queue {q.name}: no message holds {args.text!r}"]
+                return [f"{args.label}: no message holds {args.text!r}"]
             kind = {"inflight": "running", "waiting": "waiting", "completed": "kept completed"}[args.command]
-            return [f"queue {q.name}: no {kind} messages"]
+            return [f"{args.label}: no {kind} messages"]
         now = time.time()
         lines = []
         for m in messages:
@@ -185,7 +193,7 @@ def _dead(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
     def human() -> list[str]:
         if not letters:
-            return [f"queue {q.name}: no dead letters"]
+            return [f"{args.label}: no dead letters"]
         lines = []
         for d in letters:
             lines.append(f"{d['id']}  died {_when(d['dead_at'])}  after {d['attempts']} attempts")
@@ -203,7 +211,7 @@ def _on_dead(verb: str, act: Callable[[DelayQueue, Optional[str]], int],
         n = act_matching(q, args.error) if args.error is not None else act(q, None if args.all else args.id)
         out.emit({verb: n}, lambda: [f"{verb} {n} dead letter{'' if n == 1 else 's'}"])
         if args.id is not None and n == 0:
-            sys.stderr.write(f"delayq: {args.id!r} is not a dead letter of queue {q.name!r}\n")
+            sys.stderr.write(f"delayq: {args.id!r} is not a dead letter of {args.label}\n")
             return NOT_FOUND
         return 0
 
@@ -268,7 +276,7 @@ def _workers(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
     def human() -> list[str]:
         now = time.time()
-        lines = [f"queue {q.name}: {len(pools)} pool{'' if len(pools) == 1 else 's'} alive"]
+        lines = [f"{args.label}: {len(pools)} pool{'' if len(pools) == 1 else 's'} alive"]
         for w in pools:
             lines.append(
                 f"{w['id']}  up {_age(now - w['started_at'])}  seen {_age(now - w['last_seen'])} ago  "
@@ -285,7 +293,7 @@ def _cancel(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     cancelled = q.cancel(args.id)
     out.emit({"cancelled": cancelled}, lambda: [f"cancelled {args.id}" if cancelled else f"{args.id} not cancelled"])
     if not cancelled:
-        sys.stderr.write(f"delayq: {args.id!r} is not waiting in queue {q.name!r} (unknown, running or dead)\n")
+        sys.stderr.write(f"delayq: {args.id!r} is not waiting in {args.label} (unknown, running or dead)\n")
         return NOT_FOUND
     return 0
 
@@ -323,7 +331,7 @@ def _reschedule(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     out.emit({"rescheduled": moved},
              lambda: [f"{args.id} due in {args.delay:g} s" if moved else f"{args.id} not rescheduled"])
     if not moved:
-        sys.stderr.write(f"delayq: {args.id!r} is not waiting in queue {q.name!r} (unknown, running or dead)\n")
+        sys.stderr.write(f"delayq: {args.id!r} is not waiting in {args.label} (unknown, running or dead)\n")
         return NOT_FOUND
     return 0
 
@@ -333,7 +341,7 @@ def _repeats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
     def human() -> list[str]:
         if not repeats:
-            return [f"queue {q.name}: no repeating messages"]
+            return [f"{args.label}: no repeating messages"]
         lines = []
         for r in repeats:
             every = (f"every {r['schedule']:g} s" if r["tz"] is None
@@ -363,17 +371,17 @@ def _unrepeat(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     removed = q.unrepeat(args.name)
     out.emit({"removed": removed}, lambda: [f"{args.name} stopped" if removed else f"no repeat {args.name}"])
     if not removed:
-        sys.stderr.write(f"delayq: queue {q.name!r} has no repeating message {args.name!r}\n")
+        sys.stderr.write(f"delayq: {args.label} has no repeating message {args.name!r}\n")
         return NOT_FOUND
     return 0
 
 
 def _purge(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     if not args.yes:
-        sys.stderr.write(f"delayq: purge deletes every message of queue {q.name!r}; add --yes to do it\n")
+        sys.stderr.write(f"delayq: purge deletes every message of {args.label}; add --yes to do it\n")
         return 2
     n = q.purge()
-    out.emit({"purged": n}, lambda: [f"purged {n} messages from queue {q.name}"])
+    out.emit({"purged": n}, lambda: [f"purged {n} messages from {args.label}"])
     return 0
 
 
@@ -384,21 +392,22 @@ def _move_waiting(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
                     partitions=args.to_partitions or 1, layout=args.to_layout,
                     zset_key=args.to_zset_key, payload_key=args.to_payload_key)
     n = q.move_waiting(to)
-    out.emit({"moved": n}, lambda: [f"moved {n} waiting messages from queue {q.name} to {to.name}"])
+    to_label = _label(to.name, args.to_layout, args.to_zset_key, args.to_payload_key)
+    out.emit({"moved": n}, lambda: [f"moved {n} waiting messages from {args.label} to {to_label}"])
     return 0
 
 
 def _pause(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     changed = q.pause()
     out.emit({"paused": True, "changed": changed},
-             lambda: [f"queue {q.name} paused" if changed else f"queue {q.name} was paused already"])
+             lambda: [f"{args.label} paused" if changed else f"{args.label} was paused already"])
     return 0
 
 
 def _resume(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     changed = q.resume()
     out.emit({"paused": False, "changed": changed},
-             lambda: [f"queue {q.name} resumed" if changed else f"queue {q.name} was not paused"])
+             lambda: [f"{args.label} resumed" if changed else f"{args.label} was not paused"])
     return 0
 
 
@@ -408,21 +417,21 @@ def _rate_limit(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             raise _BadUsage("give a MAX or --clear, not both")
         changed = q.clear_rate_limit()
         out.emit({"rate_limit": None, "changed": changed},
-                 lambda: [f"queue {q.name}: rate limit lifted" if changed else f"queue {q.name} had no rate limit"])
+                 lambda: [f"{args.label}: rate limit lifted" if changed else f"{args.label} had no rate limit"])
         return 0
     if args.max is not None:
         q.set_rate_limit(args.max, 1.0 if args.per is None else args.per)
     elif args.per is not None:
         raise _BadUsage("--per goes with a MAX, e.g. rate-limit 100 --per 60")
     limit = q.rate_limit()
-    out.emit({"rate_limit": limit}, lambda: [f"queue {q.name}: rate limit: {_rate(limit)}"])
+    out.emit({"rate_limit": limit}, lambda: [f"{args.label}: rate limit: {_rate(limit)}"])
     return 0
 
 
 def _restart_workers(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     n = q.restart_workers()
     out.emit({"pools": n}, lambda: [
-        f"queue {q.name}: asked {n} worker pool{'' if n == 1 else 's'} to stop after their running handlers "
+        f"{args.label}: asked {n} worker pool{'' if n == 1 else 's'} to stop after their running handlers "
         "(their process manager starts them anew)"])
     return 0
 
@@ -814,6 +823,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           keep_completed_for=getattr(args, "keep_completed_for", 86400.0))
 
     args.make_queue = make_queue
+    args.label = _label(args.queue, args.layout, args.zset_key, args.payload_key)
     try:
         q = make_queue(args.queue)
         code: int = args.run(q, _Output(args.json, sys.stdout), args)

@@ -173,8 +173,11 @@ def test_move_waiting_takes_the_recipes_messages_to_the_native_layout(server: Re
     native = delayq.DelayQueue(redis_url, "orders")
     later = native.get("msg_1")
     assert later is not None and (later["payload"], later["due_at"]) == ({"order_id": 1}, float(now + 3600))
+    # Named by its keys: its name ("jobs") is in none of them.
     assert cli(redis_url, *seed, "move-waiting", "--to", "orders").stdout == (
-        "moved 0 waiting messages from queue jobs to orders\n")
+        "moved 0 waiting messages from seed queue delay_queue:zset + delay_queue:payload to queue orders\n")
+    assert cli(redis_url, *seed, "--zset-key", "z", "--payload-key", "h", "stats").stdout.startswith(
+        "seed queue z + h: 0 scheduled")
 
     native.push("remind", delay=60, expire_after=30, id="reminder-1")
     refused = cli(redis_url, "--queue", "orders", "move-waiting", "--to", "x", "--to-layout", "seed")
