@@ -98,7 +98,10 @@ class DelayQueue:
         expire_after: Optional[float] = None,
         serial_key: Optional[str] = None,
     ) -> str:
-        """Schedule ``payload`` at ``at``: Unix seconds or a datetime."""
+        """Schedule ``payload`` at ``at``: Unix seconds or a datetime. A naive datetime
+        (no ``tzinfo``) is this process's local time, as ``datetime.timestamp()`` reads
+        it; give an aware one (``tzinfo=timezone.utc``) when producers' time zones may
+        differ."""
     def push_many(self, items: Iterable[Union[tuple[Any, float], Mapping[str, Any]]]) -> list[str]:
         """Schedule many messages in one round trip: ``(payload, delay)`` tuples or dicts
         with ``payload`` and optional ``delay`` or ``at``, ``id``, ``max_attempts``,

@@ -4,6 +4,8 @@ import asyncio
 import datetime
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -349,3 +351,19 @@ def test_keep_completed_shows_what_ran_when_and_in_how_many_attempts(redis_url: 
         delayq.DelayQueue(redis_url, "kept", keep_completed=1_000_001)
     with pytest.raises(delayq.InvalidArgumentError, match="keep_completed_for"):
         delayq.DelayQueue(redis_url, "kept", keep_completed=10, keep_completed_for=0.5)
+
+
+def test_a_naive_datetime_is_local_time_and_an_aware_one_its_own(redis_url: str) -> None:
+    # In a process whose local time is UTC+8 (no daylight saving there), as documented.
+    code = (
+        "import datetime, sys, delayq\n"
+        "q = delayq.DelayQueue(sys.argv[1], 'jobs')\n"
+        "naive = datetime.datetime(2030, 1, 1, 8, 0)\n"
+        "aware = datetime.datetime(2030, 1, 1, 8, 0, tzinfo=datetime.timezone.utc)\n"
+        "print(q.get(q.push_at(1, naive))['due_at'], q.get(q.push_at(2, aware))['due_at'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, redis_url], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TZ": "Asia/Shanghai"}, timeout=60)
+    naive_due, aware_due = (float(x) for x in done.stdout.split())
+    assert naive_due == 1893456000.0  # 2030-01-01 00:00 UTC
+    assert aware_due == 1893484800.0  # 2030-01-01 08:00 UTC
