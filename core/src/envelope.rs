@@ -28,10 +28,38 @@ fn check_shape(json: &str, integers: bool) -> Result<()> {
         && let Some((path, literal)) = integer_out_of_range(json)
     {
         return Err(Error::PayloadNotSerializable(format!(
-            "{path} is {literal}, outside the signed 64-bit range"
+            "{} is {literal}, outside the signed 64-bit range",
+            path_for_error(&path)
         )));
     }
     Ok(())
+}
+
+/// A payload path as errors show it (`payload["a"][0]`): a path longer than a line keeps
+/// its start and its end, where the culprit is, so that a payload nested 128 levels
+/// deep (or one that contains itself) does not print a kilobyte of `[0]`.
+pub fn path_for_error(path: &str) -> std::borrow::Cow<'_, str> {
+    const KEEP: usize = 48;
+    if path.len() <= 2 * KEEP + 8 {
+        return path.into();
+    }
+    // Cut between segments ("][") where there is one near the mark, else at a character.
+    let bytes = path.as_bytes();
+    let mut head = KEEP;
+    while !path.is_char_boundary(head) {
+        head -= 1;
+    }
+    if let Some(end) = bytes[..head].iter().rposition(|&b| b == b']') {
+        head = end + 1;
+    }
+    let mut tail = path.len() - KEEP;
+    while !path.is_char_boundary(tail) {
+        tail += 1;
+    }
+    if let Some(start) = bytes[tail..].iter().position(|&b| b == b'[') {
+        tail += start;
+    }
+    format!("{}…{}", &path[..head], &path[tail..]).into()
 }
 
 /// Decode payload JSON into `T` as every consumer does: any payload push accepted
@@ -362,6 +390,12 @@ mod tests {
                 "{json}: {err}"
             );
         }
+        let deep_path = format!("payload{}", "[0]".repeat(128));
+        let shown = path_for_error(&deep_path);
+        assert_eq!(shown, format!("payload{}…{}", "[0]".repeat(13), "[0]".repeat(16)));
+        assert!(shown.len() < 110, "{shown}");
+        assert_eq!(path_for_error(r#"payload["a"]"#), r#"payload["a"]"#);
+        assert!(path_for_error(&format!("payload[\"{}\"]", "é".repeat(60))).is_char_boundary(0));
         let edges = r#"{"max":9223372036854775807,"min":-9223372036854775808,"f":1.00000000000000000000001,
             "e":12345678901234567890e3,"s":"99999999999999999999","k":{"99999999999999999999":true}}"#;
         assert!(validate_payload(edges, 1 << 20).is_ok());

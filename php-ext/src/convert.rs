@@ -18,15 +18,21 @@ type PhpResult<T> = Result<T, PhpException>;
 
 /// A PHP payload as JSON text.
 pub(crate) fn payload_to_json(value: &Zval) -> PhpResult<String> {
+    payload_to_json_named(value, "$payload".into())
+}
+
+/// The same, with errors naming the payload `name` (e.g. "pushMany item 3 payload").
+pub(crate) fn payload_to_json_named(value: &Zval, mut name: String) -> PhpResult<String> {
     let mut out = String::with_capacity(64);
-    write_json(value, &mut out, 0, &mut String::from("$payload"))?;
+    write_json(value, &mut out, 0, &mut name)?;
     Ok(out)
 }
 
 fn write_json(value: &Zval, out: &mut String, depth: usize, path: &mut String) -> PhpResult<()> {
     if depth > delayq::MAX_DEPTH {
         return Err(errors::payload(format!(
-            "{path} is nested deeper than {} levels (or refers to itself)",
+            "{} is nested deeper than {} levels (or refers to itself)",
+            delayq::path_for_error(path),
             delayq::MAX_DEPTH
         )));
     }
@@ -42,7 +48,10 @@ fn write_json(value: &Zval, out: &mut String, depth: usize, path: &mut String) -
         DataType::Double => {
             let f = value.double().unwrap_or(0.0);
             if !f.is_finite() {
-                return Err(errors::payload(format!("{path} is {f}, which JSON cannot represent")));
+                return Err(errors::payload(format!(
+                    "{} is {f}, which JSON cannot represent",
+                    delayq::path_for_error(path)
+                )));
             }
             out.push_str(&serde_json::to_string(&f).map_err(|e| errors::payload(e.to_string()))?);
         }
@@ -53,23 +62,25 @@ fn write_json(value: &Zval, out: &mut String, depth: usize, path: &mut String) -
         DataType::Array => {
             let table = value
                 .array()
-                .ok_or_else(|| errors::payload(format!("{path} is an unreadable array")))?;
+                .ok_or_else(|| errors::payload(format!("{} is an unreadable array", delayq::path_for_error(path))))?;
             write_table(table, out, depth, path, is_list(table))?;
         }
         DataType::Object(_) => {
             let object = value
                 .object()
-                .ok_or_else(|| errors::payload(format!("{path} is an unreadable object")))?;
+                .ok_or_else(|| errors::payload(format!("{} is an unreadable object", delayq::path_for_error(path))))?;
             write_object(object, out, depth, path)?;
         }
         DataType::Resource => {
             return Err(errors::payload(format!(
-                "{path} is a resource, which cannot be a payload"
+                "{} is a resource, which cannot be a payload",
+                delayq::path_for_error(path)
             )));
         }
         other => {
             return Err(errors::payload(format!(
-                "{path} has the type {other}, which cannot be a payload"
+                "{} has the type {other}, which cannot be a payload",
+                delayq::path_for_error(path)
             )));
         }
     }
@@ -77,8 +88,13 @@ fn write_json(value: &Zval, out: &mut String, depth: usize, path: &mut String) -
 }
 
 fn write_str(bytes: &[u8], out: &mut String, path: &str) -> PhpResult<()> {
-    let text = std::str::from_utf8(bytes)
-        .map_err(|e| errors::payload(format!("{path} is not valid UTF-8 (byte {})", e.valid_up_to())))?;
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        errors::payload(format!(
+            "{} is not valid UTF-8 (byte {})",
+            delayq::path_for_error(path),
+            e.valid_up_to()
+        ))
+    })?;
     out.push_str(&serde_json::to_string(text).map_err(|e| errors::payload(e.to_string()))?);
     Ok(())
 }
@@ -90,16 +106,22 @@ fn write_table(table: &ZendHashTable, out: &mut String, depth: usize, path: &mut
             out.push(',');
         }
         let mark = path.len();
-        let key_text = match key {
-            Key::Index(n) => n.to_string(),
-            Key::Name(s) => s,
+        let (key_text, quoted) = match key {
+            Key::Index(n) => (n.to_string(), false),
+            Key::Name(s) => (s, true),
             Key::Invalid { shown, at } => {
                 return Err(errors::payload(format!(
-                    "{path}[\"{shown}\"]: the array key is not valid UTF-8 (byte {at})"
+                    "{}[\"{shown}\"]: the array key is not valid UTF-8 (byte {at})",
+                    delayq::path_for_error(path)
                 )));
             }
         };
-        let _ = write!(path, "[{key_text:?}]");
+        // As PHP reads the element back: $payload[0], $payload["a"].
+        let _ = if quoted {
+            write!(path, "[{key_text:?}]")
+        } else {
+            write!(path, "[{key_text}]")
+        };
         if !list {
             write_str(key_text.as_bytes(), out, path)?;
             out.push(':');
@@ -191,15 +213,21 @@ fn write_object(object: &ZendObject, out: &mut String, depth: usize, path: &mut 
     if let Some(json_serializable) = ClassEntry::try_find("JsonSerializable")
         && object.instance_of(json_serializable)
     {
-        let data = object
-            .try_call_method("jsonSerialize", vec![])
-            .map_err(|e| errors::payload(format!("{path}: {class}::jsonSerialize() failed: {e}")))?;
+        let data = object.try_call_method("jsonSerialize", vec![]).map_err(|e| {
+            errors::payload(format!(
+                "{}: {class}::jsonSerialize() failed: {e}",
+                delayq::path_for_error(path)
+            ))
+        })?;
         return write_json(&data, out, depth + 1, path);
     }
     if class == "stdClass" {
-        let props = object
-            .get_properties()
-            .map_err(|e| errors::payload(format!("{path}: cannot read the properties of stdClass: {e}")))?;
+        let props = object.get_properties().map_err(|e| {
+            errors::payload(format!(
+                "{}: cannot read the properties of stdClass: {e}",
+                delayq::path_for_error(path)
+            ))
+        })?;
         return write_table(props, out, depth, path, false);
     }
     let hint = if class == "Closure" {
@@ -207,7 +235,10 @@ fn write_object(object: &ZendObject, out: &mut String, depth: usize, path: &mut 
     } else {
         format!("objects of class {class} are not payloads: implement JsonSerializable or pass an array")
     };
-    Err(errors::payload(format!("{path} is an object: {hint}")))
+    Err(errors::payload(format!(
+        "{} is an object: {hint}",
+        delayq::path_for_error(path)
+    )))
 }
 
 /// JSON text to a PHP value, as `json_decode($json, true)` returns it.

@@ -296,7 +296,8 @@ impl PhpDelayQueue {
                 (None, None) => delayq::Due::NOW,
             };
             let null = Zval::new();
-            let payload_json = convert::payload_to_json(payload.unwrap_or(&null))?;
+            let payload_json =
+                convert::payload_to_json_named(payload.unwrap_or(&null), format!("pushMany item {i} payload"))?;
             batch.push(delayq::NewMessage {
                 payload_json,
                 due,

@@ -10,8 +10,13 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use crate::errors;
 
 pub(crate) fn payload_to_json(value: &Bound<'_, PyAny>) -> PyResult<String> {
+    payload_to_json_named(value, "payload".into())
+}
+
+/// The same, with errors naming the payload `name` (e.g. "push_many item 3 payload").
+pub(crate) fn payload_to_json_named(value: &Bound<'_, PyAny>, mut name: String) -> PyResult<String> {
     let mut out = String::with_capacity(64);
-    write_json(value, &mut out, 0, &mut String::from("payload"))?;
+    write_json(value, &mut out, 0, &mut name)?;
     Ok(out)
 }
 
@@ -35,7 +40,8 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
             value.py(),
             errors::Kind::Payload,
             format!(
-                "{path} is nested deeper than {} levels (or contains itself)",
+                "{} is nested deeper than {} levels (or contains itself)",
+                delayq::path_for_error(path),
                 delayq::MAX_DEPTH
             ),
         ));
@@ -50,7 +56,10 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
         let n = i.extract::<i64>().map_err(|_| {
             payload_error(
                 value.py(),
-                format!("{path} is {i}, outside the signed 64-bit range (-2**63 to 2**63-1)"),
+                format!(
+                    "{} is {i}, outside the signed 64-bit range (-2**63 to 2**63-1)",
+                    delayq::path_for_error(path)
+                ),
             )
         })?;
         let _ = write!(out, "{n}");
@@ -59,7 +68,7 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
         if !f.is_finite() {
             return Err(payload_error(
                 value.py(),
-                format!("{path} is {f}, which JSON cannot represent"),
+                format!("{} is {f}, which JSON cannot represent", delayq::path_for_error(path)),
             ));
         }
         out.push_str(&serde_json::to_string(&f).map_err(|e| payload_error(value.py(), e.to_string()))?);
@@ -67,7 +76,10 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
         let text = s.to_cow().map_err(|_| {
             payload_error(
                 value.py(),
-                format!("{path} is a str that is not valid unicode (lone surrogate)"),
+                format!(
+                    "{} is a str that is not valid unicode (lone surrogate)",
+                    delayq::path_for_error(path)
+                ),
             )
         })?;
         out.push_str(&serde_json::to_string(&*text).map_err(|e| payload_error(value.py(), e.to_string()))?);
@@ -76,13 +88,17 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
         for (i, (k, v)) in d.iter().enumerate() {
             let key = k.cast::<PyString>().map_err(|_| {
                 errors::type_error(format!(
-                    "{path} has a key of type {}; JSON object keys must be str",
+                    "{} has a key of type {}; JSON object keys must be str",
+                    delayq::path_for_error(path),
                     type_name(&k)
                 ))
             })?;
-            let key = key
-                .to_cow()
-                .map_err(|_| payload_error(value.py(), format!("{path} has a key that is not valid unicode")))?;
+            let key = key.to_cow().map_err(|_| {
+                payload_error(
+                    value.py(),
+                    format!("{} has a key that is not valid unicode", delayq::path_for_error(path)),
+                )
+            })?;
             if i > 0 {
                 out.push(',');
             }
@@ -108,7 +124,8 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
         out.push(']');
     } else {
         return Err(errors::type_error(format!(
-            "{path} is of type {}, which is not a JSON value (dict, list, str, int, float, bool, None)",
+            "{} is of type {}, which is not a JSON value (dict, list, str, int, float, bool, None)",
+            delayq::path_for_error(path),
             type_name(value)
         )));
     }

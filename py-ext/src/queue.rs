@@ -195,7 +195,10 @@ impl PyQueue {
                     )));
                 }
                 delayq::NewMessage {
-                    payload_json: payload_to_json(&t.get_item(0)?)?,
+                    payload_json: convert::payload_to_json_named(
+                        &t.get_item(0)?,
+                        format!("push_many item {i} payload"),
+                    )?,
                     due: delay_due(py, &t.get_item(1)?, &format!("push_many item {i} delay"))?,
                     options: delayq::PushOptions::default(),
                 }
@@ -239,7 +242,7 @@ impl PyQueue {
                     (None, None) => delayq::Due::NOW,
                 };
                 delayq::NewMessage {
-                    payload_json: payload_to_json(&payload)?,
+                    payload_json: convert::payload_to_json_named(&payload, format!("push_many item {i} payload"))?,
                     due,
                     options: delayq::PushOptions {
                         id: d.get_item("id")?.map(|v| v.extract()).transpose()?,

@@ -121,6 +121,11 @@ BAD = [
     (lambda q: q.push_many([{"payload": 1}, {"payload": 2, "dleay": 1}]), delayq.InvalidArgumentError, "unknown key 'dleay'"),
     (lambda q: q.push_many([{"delay": 1}]), delayq.InvalidArgumentError, "has no 'payload'"),
     (lambda q: q.push_many([(1, 2, 3)]), TypeError, "pair"),
+    (lambda q: q.push_many([{"payload": 1}, {"payload": {"a": float("nan")}}]), delayq.PayloadError,
+     'push_many item 1 payload["a"] is NaN'),
+    (lambda q: q.push_many([(1, 0), ([set()], 0)]), TypeError, "push_many item 1 payload[0] is of type set"),
+    # Cut to its start and its end, not 200 segments.
+    (lambda q: q.push(nested(200)), delayq.PayloadError, "payload" + "[0]" * 13 + "…" + "[0]" * 16 + " is nested"),
     (lambda q: q.push_at(1, "tomorrow"), TypeError, "at must be"),
     (lambda q: delayq.DelayQueue("http://127.0.0.1"), delayq.InvalidArgumentError, "invalid Redis URL"),
     (lambda q: delayq.DelayQueue("redis://127.0.0.1:1", "a{b"), delayq.InvalidArgumentError, "queue name"),
