@@ -197,3 +197,104 @@ pub(crate) fn unix_seconds(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult
     }
     seconds(py, value, "at")
 }
+
+// Arguments read with their name in the error, as PHP's are ("argument 'id' must be
+// str, not int"): pyo3's own extraction names only the type (it adds the name as a
+// note, which `str(error)` and most logs leave out). Each reader is a
+// `#[pyo3(from_py_with = ...)]` of the argument it names.
+
+fn wrong_type(name: &str, expected: &str, value: &Bound<'_, PyAny>) -> PyErr {
+    errors::type_error(format!(
+        "argument '{name}' must be {expected}, not {}",
+        type_name(value)
+    ))
+}
+
+fn text(value: &Bound<'_, PyAny>, name: &str) -> PyResult<String> {
+    if value.is_instance_of::<PyString>() {
+        value.extract()
+    } else {
+        Err(wrong_type(name, "str", value))
+    }
+}
+
+fn opt_text(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<String>> {
+    if value.is_none() {
+        Ok(None)
+    } else {
+        text(value, name).map(Some)
+    }
+}
+
+fn number(value: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+    if value.is_instance_of::<PyFloat>() || (value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>()) {
+        value.extract()
+    } else {
+        Err(wrong_type(name, "a number of seconds (int or float)", value))
+    }
+}
+
+fn opt_number(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<f64>> {
+    if value.is_none() {
+        Ok(None)
+    } else {
+        number(value, name).map(Some)
+    }
+}
+
+fn flag(value: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
+    match value.cast::<PyBool>() {
+        Ok(b) => Ok(b.is_true()),
+        Err(_) => Err(wrong_type(name, "bool", value)),
+    }
+}
+
+fn whole<T: TryFrom<i64> + Into<u64>>(value: &Bound<'_, PyAny>, name: &str, max: T) -> PyResult<T> {
+    if !value.is_instance_of::<PyInt>() || value.is_instance_of::<PyBool>() {
+        return Err(wrong_type(name, "int", value));
+    }
+    let n = value.extract::<i64>().ok().and_then(|n| T::try_from(n).ok());
+    n.ok_or_else(|| {
+        errors::invalid(
+            value.py(),
+            format!("argument '{name}' must be from 0 to {}, got {value}", max.into()),
+        )
+    })
+}
+
+fn opt_whole_u32(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<u32>> {
+    if value.is_none() {
+        Ok(None)
+    } else {
+        whole(value, name, u32::MAX).map(Some)
+    }
+}
+
+fn whole_usize(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    whole::<u64>(value, name, u64::from(u32::MAX)).map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+macro_rules! argument_readers {
+    ($($reader:ident -> $ty:ty = $read:ident($name:literal);)*) => {$(
+        pub(crate) fn $reader(value: &Bound<'_, PyAny>) -> PyResult<$ty> {
+            $read(value, $name)
+        }
+    )*};
+}
+
+argument_readers! {
+    id_arg -> String = text("id");
+    opt_id_arg -> Option<String> = opt_text("id");
+    partition_key_arg -> Option<String> = opt_text("partition_key");
+    serial_key_arg -> Option<String> = opt_text("serial_key");
+    name_arg -> String = text("name");
+    text_arg -> String = text("text");
+    user_arg -> String = text("user");
+    tz_arg -> Option<String> = opt_text("tz");
+    delay_arg -> f64 = number("delay");
+    per_arg -> f64 = number("per");
+    expire_after_arg -> Option<f64> = opt_number("expire_after");
+    max_attempts_arg -> Option<u32> = opt_whole_u32("max_attempts");
+    replace_arg -> bool = flag("replace");
+    limit_arg -> usize = whole_usize("limit");
+}

@@ -127,13 +127,13 @@ impl PyQueue {
         &self,
         py: Python<'_>,
         payload: &Bound<'_, PyAny>,
-        delay: f64,
-        id: Option<String>,
-        max_attempts: Option<u32>,
-        partition_key: Option<String>,
-        replace: bool,
-        expire_after: Option<f64>,
-        serial_key: Option<String>,
+        #[pyo3(from_py_with = convert::delay_arg)] delay: f64,
+        #[pyo3(from_py_with = convert::opt_id_arg)] id: Option<String>,
+        #[pyo3(from_py_with = convert::max_attempts_arg)] max_attempts: Option<u32>,
+        #[pyo3(from_py_with = convert::partition_key_arg)] partition_key: Option<String>,
+        #[pyo3(from_py_with = convert::replace_arg)] replace: bool,
+        #[pyo3(from_py_with = convert::expire_after_arg)] expire_after: Option<f64>,
+        #[pyo3(from_py_with = convert::serial_key_arg)] serial_key: Option<String>,
     ) -> PyResult<String> {
         let due = delayq::delay_from_secs("delay", delay)
             .map(delayq::Due::In)
@@ -159,12 +159,12 @@ impl PyQueue {
         py: Python<'_>,
         payload: &Bound<'_, PyAny>,
         at: &Bound<'_, PyAny>,
-        id: Option<String>,
-        max_attempts: Option<u32>,
-        partition_key: Option<String>,
-        replace: bool,
-        expire_after: Option<f64>,
-        serial_key: Option<String>,
+        #[pyo3(from_py_with = convert::opt_id_arg)] id: Option<String>,
+        #[pyo3(from_py_with = convert::max_attempts_arg)] max_attempts: Option<u32>,
+        #[pyo3(from_py_with = convert::partition_key_arg)] partition_key: Option<String>,
+        #[pyo3(from_py_with = convert::replace_arg)] replace: bool,
+        #[pyo3(from_py_with = convert::expire_after_arg)] expire_after: Option<f64>,
+        #[pyo3(from_py_with = convert::serial_key_arg)] serial_key: Option<String>,
     ) -> PyResult<String> {
         let due = at_due(py, at)?;
         let json = payload_to_json(payload)?;
@@ -274,21 +274,30 @@ impl PyQueue {
 
     /// Delete a message that has not been claimed yet; False when it is unknown,
     /// running or dead.
-    fn cancel(&self, py: Python<'_>, id: &str) -> PyResult<bool> {
-        py.detach(|| self.queue.cancel(id)).or_raise(py)
+    fn cancel(&self, py: Python<'_>, #[pyo3(from_py_with = convert::id_arg)] id: String) -> PyResult<bool> {
+        py.detach(|| self.queue.cancel(&id)).or_raise(py)
     }
 
     /// Move a waiting message to `delay` seconds from now; False when not waiting.
-    fn reschedule(&self, py: Python<'_>, id: &str, delay: f64) -> PyResult<bool> {
+    fn reschedule(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::id_arg)] id: String,
+        #[pyo3(from_py_with = convert::delay_arg)] delay: f64,
+    ) -> PyResult<bool> {
         let due = delayq::delay_from_secs("delay", delay)
             .map(delayq::Due::In)
             .or_raise(py)?;
-        py.detach(|| self.queue.reschedule(id, due)).or_raise(py)
+        py.detach(|| self.queue.reschedule(&id, due)).or_raise(py)
     }
 
     /// Everything known about a message, or None for an unknown id.
-    fn get<'py>(&self, py: Python<'py>, id: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
-        match py.detach(|| self.queue.get(id)).or_raise(py)? {
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::id_arg)] id: String,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match py.detach(|| self.queue.get(&id)).or_raise(py)? {
             Some(info) => Ok(Some(message_info(py, info)?)),
             None => Ok(None),
         }
@@ -297,7 +306,11 @@ impl PyQueue {
     /// The next `limit` (at most 1000) messages waiting, scheduled or ready, earliest
     /// due first, each as `get()` shows it.
     #[pyo3(signature = (limit = 100))]
-    fn waiting<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
+    fn waiting<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
         self.listing(py, Listing::Waiting, limit)
     }
 
@@ -305,22 +318,35 @@ impl PyQueue {
     /// each as `get()` shows it; a `lease_until` in the past is a delivery whose worker
     /// died or hung (it runs again at the next claim).
     #[pyo3(signature = (limit = 100))]
-    fn inflight<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
+    fn inflight<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
         self.listing(py, Listing::Inflight, limit)
     }
 
     /// Up to `limit` (at most 1000) messages whose payload contains `text` (or whose id it is), in
     /// any state (see the stub).
     #[pyo3(signature = (text, limit = 20))]
-    fn find<'py>(&self, py: Python<'py>, text: &str, limit: usize) -> PyResult<Bound<'py, PyList>> {
-        let found = py.detach(|| self.queue.find(text, limit)).or_raise(py)?;
+    fn find<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::text_arg)] text: String,
+        #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let found = py.detach(|| self.queue.find(&text, limit)).or_raise(py)?;
         message_list(py, found)
     }
 
     /// Up to `limit` (at most 1000) completed messages kept by `keep_completed`, latest
     /// first, each as `get()` shows it.
     #[pyo3(signature = (limit = 100))]
-    fn completed<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
+    fn completed<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
         self.listing(py, Listing::Completed, limit)
     }
 
@@ -346,7 +372,11 @@ impl PyQueue {
 
     /// Up to `limit` dead letters, newest first.
     #[pyo3(signature = (limit = 100))]
-    fn dead_letters<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
+    fn dead_letters<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
         let dead = py.detach(|| self.queue.dead_letters(limit)).or_raise(py)?;
         let list = PyList::empty(py);
         for x in dead {
@@ -391,27 +421,43 @@ impl PyQueue {
     /// Send dead letters back, due now, with a fresh attempt budget: one, or all when
     /// `id` is None. Returns how many.
     #[pyo3(signature = (id = None))]
-    fn requeue_dead(&self, py: Python<'_>, id: Option<String>) -> PyResult<u64> {
+    fn requeue_dead(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::opt_id_arg)] id: Option<String>,
+    ) -> PyResult<u64> {
         py.detach(|| self.queue.requeue_dead(id.as_deref())).or_raise(py)
     }
 
     /// Delete dead letters for good, payload and all: one, or all when `id` is None.
     /// Returns how many; waiting and running messages are not touched.
     #[pyo3(signature = (id = None))]
-    fn delete_dead(&self, py: Python<'_>, id: Option<String>) -> PyResult<u64> {
+    fn delete_dead(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::opt_id_arg)] id: Option<String>,
+    ) -> PyResult<u64> {
         py.detach(|| self.queue.delete_dead(id.as_deref())).or_raise(py)
     }
 
     /// Requeue the dead letters whose last error contains `text` (plain text). Returns
     /// how many.
-    fn requeue_dead_with_error(&self, py: Python<'_>, text: &str) -> PyResult<u64> {
-        py.detach(|| self.queue.requeue_dead_with_error(text)).or_raise(py)
+    fn requeue_dead_with_error(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::text_arg)] text: String,
+    ) -> PyResult<u64> {
+        py.detach(|| self.queue.requeue_dead_with_error(&text)).or_raise(py)
     }
 
     /// Delete the dead letters whose last error contains `text` (plain text). Returns
     /// how many.
-    fn delete_dead_with_error(&self, py: Python<'_>, text: &str) -> PyResult<u64> {
-        py.detach(|| self.queue.delete_dead_with_error(text)).or_raise(py)
+    fn delete_dead_with_error(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::text_arg)] text: String,
+    ) -> PyResult<u64> {
+        py.detach(|| self.queue.delete_dead_with_error(&text)).or_raise(py)
     }
 
     /// Define or change a repeating message: `payload` is pushed once per occurrence
@@ -422,33 +468,33 @@ impl PyQueue {
     fn repeat(
         &self,
         py: Python<'_>,
-        name: &str,
+        #[pyo3(from_py_with = convert::name_arg)] name: String,
         schedule: &Bound<'_, PyAny>,
         payload: &Bound<'_, PyAny>,
-        tz: Option<&str>,
-        max_attempts: Option<u32>,
-        expire_after: Option<f64>,
+        #[pyo3(from_py_with = convert::tz_arg)] tz: Option<String>,
+        #[pyo3(from_py_with = convert::max_attempts_arg)] max_attempts: Option<u32>,
+        #[pyo3(from_py_with = convert::expire_after_arg)] expire_after: Option<f64>,
     ) -> PyResult<f64> {
         let mut options = RepeatOptions::default();
         options.max_attempts = max_attempts;
         options.expire_after = duration(py, "expire_after", expire_after)?;
         let schedule = if let Ok(pattern) = schedule.extract::<String>() {
-            Schedule::cron(&pattern, tz)
+            Schedule::cron(&pattern, tz.as_deref())
         } else {
-            Schedule::every_secs(convert::seconds(py, schedule, "schedule")?, tz)
+            Schedule::every_secs(convert::seconds(py, schedule, "schedule")?, tz.as_deref())
         }
         .or_raise(py)?;
         let json = payload_to_json(payload)?;
         let due = py
-            .detach(|| self.queue.repeat_json(name, &schedule, &json, &options))
+            .detach(|| self.queue.repeat_json(&name, &schedule, &json, &options))
             .or_raise(py)?;
         Ok(ms_to_secs(due))
     }
 
     /// Stop a repeating message; its waiting occurrence is cancelled. False if there
     /// was none of that name.
-    fn unrepeat(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
-        py.detach(|| self.queue.unrepeat(name)).or_raise(py)
+    fn unrepeat(&self, py: Python<'_>, #[pyo3(from_py_with = convert::name_arg)] name: String) -> PyResult<bool> {
+        py.detach(|| self.queue.unrepeat(&name)).or_raise(py)
     }
 
     /// The repeating messages, by name.
@@ -503,7 +549,12 @@ impl PyQueue {
     /// Hand out at most `max` messages in any window of `per` seconds, over every
     /// worker pool on every host and in every language (see the stub for more).
     #[pyo3(signature = (max, per = 1.0))]
-    fn set_rate_limit(&self, py: Python<'_>, max: i64, per: f64) -> PyResult<()> {
+    fn set_rate_limit(
+        &self,
+        py: Python<'_>,
+        max: i64,
+        #[pyo3(from_py_with = convert::per_arg)] per: f64,
+    ) -> PyResult<()> {
         let max = u32::try_from(max)
             .map_err(|_| errors::invalid(py, format!("max must be from 1 to {}, got {max}", u32::MAX)))?;
         let limit = RateLimit::new(max, per).or_raise(py)?;
@@ -527,11 +578,11 @@ impl PyQueue {
     }
 
     /// The `ACL SETUSER` line that grants `user` exactly this queue (see the stub).
-    fn acl_rule(&self, py: Python<'_>, user: &str) -> PyResult<String> {
+    fn acl_rule(&self, py: Python<'_>, #[pyo3(from_py_with = convert::user_arg)] user: String) -> PyResult<String> {
         if user.is_empty() {
             return Err(errors::invalid(py, "user must not be empty"));
         }
-        Ok(py.detach(|| self.queue.acl_rule(user)))
+        Ok(py.detach(|| self.queue.acl_rule(&user)))
     }
 
     /// Move every waiting message to the queue `to` (see the stub); returns how many.

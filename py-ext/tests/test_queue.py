@@ -372,3 +372,25 @@ def test_a_naive_datetime_is_local_time_and_an_aware_one_its_own(redis_url: str)
     naive_due, aware_due = (float(x) for x in done.stdout.split())
     assert naive_due == 1893456000.0  # 2030-01-01 00:00 UTC
     assert aware_due == 1893484800.0  # 2030-01-01 08:00 UTC
+
+
+@pytest.mark.parametrize("call,text", [
+    (lambda q: q.push(1, id=42), "argument 'id' must be str, not int"),
+    (lambda q: q.push(1, delay="5"), "argument 'delay' must be a number of seconds (int or float), not str"),
+    (lambda q: q.push(1, max_attempts="3"), "argument 'max_attempts' must be int, not str"),
+    (lambda q: q.push(1, partition_key=7), "argument 'partition_key' must be str, not int"),
+    (lambda q: q.push(1, replace="yes"), "argument 'replace' must be bool, not str"),
+    (lambda q: q.push(1, expire_after="1"), "argument 'expire_after' must be a number of seconds"),
+    (lambda q: q.push_at(1, 0.0, serial_key=1), "argument 'serial_key' must be str, not int"),
+    (lambda q: q.reschedule(5, 1), "argument 'id' must be str, not int"),
+    (lambda q: q.get(None), "argument 'id' must be str, not NoneType"),
+    (lambda q: q.find(10086), "argument 'text' must be str, not int"),
+    (lambda q: q.waiting("10"), "argument 'limit' must be int, not str"),
+    (lambda q: q.repeat("r", 60, {}, tz=8), "argument 'tz' must be str, not int"),
+    (lambda q: q.set_rate_limit(1, per="1"), "argument 'per' must be a number of seconds"),
+])
+def test_a_wrong_argument_type_is_named(queue: delayq.DelayQueue, server: RedisServer, call, text) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TypeError) as info:
+        call(queue)
+    assert text in str(info.value)
+    assert server.keys() == []
