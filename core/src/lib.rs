@@ -30,6 +30,7 @@ mod conn;
 mod envelope;
 mod error;
 mod fork;
+pub mod host;
 mod keys;
 mod logs;
 mod queue;

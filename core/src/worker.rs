@@ -215,6 +215,77 @@ impl Delivery {
     pub fn partition(&self) -> usize {
         self.part
     }
+
+    /// Which of its worker's queues it came from (0: the worker's own).
+    pub(crate) fn member(&self) -> usize {
+        self.member
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test(id: &str, lease: &str, attempt: u32, max_attempts: u32, part: usize, member: usize) -> Self {
+        Self {
+            id: id.to_owned(),
+            attempt,
+            due_at_ms: 0,
+            queue: Arc::from("test"),
+            max_attempts,
+            expires_at_ms: None,
+            serial_key: None,
+            payload_json: "null".to_owned(),
+            token: lease.to_owned(),
+            part,
+            member,
+            handed_out: None,
+        }
+    }
+}
+
+/// Fail a delivery that its own process can no longer complete (the supervisor killed
+/// it): counted as an attempt, due again after `delay`, or to the dead letters once its
+/// attempts are used up, as `Consumer::fail_with` would. The lease fences it: a
+/// delivery completed meanwhile is left alone (`Ok(None)`).
+pub(crate) fn fail_lease(
+    queue: &Queue,
+    part: usize,
+    id: &str,
+    lease: &str,
+    attempt: u32,
+    max_attempts: u32,
+    error: &str,
+    delay: Duration,
+) -> Result<Option<Fate>> {
+    let qo = queue.options();
+    let retry = attempt < max_attempts;
+    let error = if !retry && max_attempts > 1 {
+        format!("{error} (gave up after {attempt} attempts)")
+    } else {
+        error.to_owned()
+    };
+    let args = complete::Nack {
+        dead_max: qo.dead_max,
+        dead_ttl_ms: qo.dead_ttl.as_millis() as u64,
+        failures: vec![complete::Failure {
+            delivery: complete::Delivery { id, lease },
+            retry_in_ms: retry.then(|| u64::try_from(delay.min(MAX_DELAY).as_millis()).unwrap_or(u64::MAX)),
+            error: &error,
+            trace: "",
+            keep_last_error: false,
+            unrun: false,
+        }],
+    };
+    let mut slot = ConnSlot::new();
+    let res = slot
+        .run(&queue.inner.endpoint, "nack", Replay::Safe, |con| {
+            let mut inv = queue.invocation(part, complete::nack());
+            args.add_to(&mut inv);
+            inv.invoke::<Value>(con)
+        })
+        .and_then(|v| scripts::read::<complete::Statuses>(complete::nack(), v))?;
+    Ok(match res.0.first() {
+        Some(Status::Done) if retry => Some(Fate::Retry(delay)),
+        Some(Status::Done | Status::Buried) => Some(Fate::Dead(error)),
+        _ => None,
+    })
 }
 
 /// What a consumer's `recv_timeout` returns.
@@ -1447,6 +1518,22 @@ impl Releaser {
         total
     }
 
+    /// Stop claiming and give the prefetched deliveries that no handler started back
+    /// to the queue at once (the running ones stay held): for a process whose handler
+    /// is past its timeout and is about to be killed by its supervisor, so that only
+    /// the hung message waits on it. Returns how many went back.
+    pub fn stop_and_give_back_waiting(&self) -> usize {
+        let mut total = 0;
+        for pool in &self.0 {
+            pool.control.stop();
+            let before = pool.counters.released.load(Ordering::Relaxed);
+            let mut slot = ConnSlot::new();
+            give_back_buffered(pool, &mut slot, GiveBack::Killing);
+            total += pool.counters.released.load(Ordering::Relaxed).saturating_sub(before) as usize;
+        }
+        total
+    }
+
     /// The counts so far, summed over the worker's queues, as `Consumer::finish` would
     /// return them: for a process that ends at once to report what it did.
     pub fn summary(&self) -> Summary {
@@ -2346,6 +2433,8 @@ enum GiveBack {
     Stalled,
     /// A lower queue's deliveries wait behind higher queues' work.
     Outranked,
+    /// The process's supervisor is about to kill it for a hung handler.
+    Killing,
 }
 
 fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot, why: GiveBack) {
@@ -2380,6 +2469,11 @@ fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot, why: GiveBack) {
             match why {
                 GiveBack::Stalled => log::warn!(
                     "delayq[{}]: every handler is past its timeout; gave {n} waiting deliveries back to the queue",
+                    pool.queue_name
+                ),
+                GiveBack::Killing => log::info!(
+                    "delayq[{}]: a handler is past its timeout and its process is about to be killed; gave {n} \
+                     waiting deliveries back to the queue",
                     pool.queue_name
                 ),
                 GiveBack::Outranked => log::info!(

@@ -19,7 +19,8 @@ use crate::convert::{self, Options, OptionsArg, Seconds, assoc, zv};
 use crate::errors::{self, OrThrow};
 use crate::queue::PhpDelayQueue;
 use crate::signals;
-use crate::supervisor::{self, Slot};
+use crate::supervisor;
+use delayq::host::{Slot, StopReason};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -27,6 +28,9 @@ unsafe extern "C" {
     // ZEND_API since PHP 8.0: the pending "exception" is exit()/die() unwinding.
     fn zend_is_unwind_exit(ex: *const ext_php_rs::ffi::zend_object) -> bool;
 }
+
+/// The error of a delivery whose handler called exit() or die().
+const EXIT_ERROR: &str = "the handler called exit() or die(), which stopped the worker";
 
 /// What a handler asked for with retryLater() or deadLetter(); shared with the loop
 /// that reads it once the handler is done (both on the PHP thread).
@@ -182,44 +186,11 @@ impl std::fmt::Debug for PhpWorker {
     }
 }
 
-/// Why a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ended {
-    /// `stop()` was called.
-    Stop,
-    /// SIGTERM or SIGINT.
-    Signal,
-    MaxJobs,
-    MaxMemory,
-    MaxTime,
-    /// The handler called exit() or die().
-    Exit,
-    /// `DelayQueue::restartWorkers()` asked the pools running then to stop.
-    Restart,
-    /// `stop_when_empty`: nothing was due and nothing ran.
-    Empty,
-}
-
-impl Ended {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Stop => "stop",
-            Self::Signal => "signal",
-            Self::MaxJobs => "max_jobs",
-            Self::MaxMemory => "max_memory",
-            Self::MaxTime => "max_time",
-            Self::Exit => "exit",
-            Self::Restart => "restart",
-            Self::Empty => "empty",
-        }
-    }
-}
-
 /// The counts of one process's run.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RunSummary {
     pub(crate) core: delayq::Summary,
-    pub(crate) ended: Option<Ended>,
+    pub(crate) ended: Option<StopReason>,
 }
 
 /// The exception as PHP prints it: class, message, file and line, the stack trace,
@@ -280,27 +251,30 @@ impl PhpWorker {
             }
             given
         });
+        // A supervised process keeps its counts in its slot, for a supervisor that
+        // kills it before it can report.
+        let publisher = slot.map(|s| s.publish_while(consumer.releaser(), self.limits.timeout));
         let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
         let mut jobs: u64 = 0;
         let mut ended = None;
         let started = Instant::now();
         loop {
             if ended.is_none() && signals::take() {
-                ended = Some(Ended::Signal);
+                ended = Some(StopReason::Signal);
                 stopper.stop();
             }
             if ended.is_none() && self.limits.max_time.is_some_and(|t| started.elapsed() >= t) {
-                ended = Some(Ended::MaxTime);
+                ended = Some(StopReason::MaxTime);
                 stopper.stop();
             }
             if ended.is_none() && stopper.restart_requested() {
-                ended = Some(Ended::Restart);
+                ended = Some(StopReason::Restart);
             }
             if ended.is_none() && stopper.found_empty() {
-                ended = Some(Ended::Empty);
+                ended = Some(StopReason::Empty);
             }
             if ended.is_none() && stopper.is_stopped() {
-                ended = Some(Ended::Stop);
+                ended = Some(StopReason::Stop);
             }
             if let Some(f) = &dispatch {
                 // Lets the script's own pcntl_signal() handlers run (they may call stop()).
@@ -338,7 +312,7 @@ impl PhpWorker {
             };
             let message = ZendClassObject::new(message).into_zval(false).unwrap_or_default();
             if let Some(s) = slot {
-                s.started();
+                s.started(Some(&delivery), Duration::ZERO);
             }
             let result = handler.try_call(vec![&payload, &message]);
             if let Some(s) = slot {
@@ -375,10 +349,13 @@ impl PhpWorker {
                         // SAFETY: the pointer is the engine's pending exception, alive
                         // until taken or the request ends.
                         Some(ex) if unsafe { zend_is_unwind_exit(ex.cast()) } => {
-                            // exit() in the handler: the message goes back at once, the
-                            // pool stops, and the exit continues once run() returns.
-                            consumer.release(delivery);
-                            ended = Some(Ended::Exit);
+                            // exit() in the handler: the message is due again at once,
+                            // counted as an attempt (a handler that always exits ends in
+                            // the dead letters instead of stopping every worker for
+                            // ever), the pool stops, and the exit continues once run()
+                            // returns. No hook runs: PHP code cannot run while it exits.
+                            consumer.fail_with(delivery, EXIT_ERROR, delayq::Retry::After(Duration::ZERO));
+                            ended = Some(StopReason::Exit);
                             stopper.stop();
                             break;
                         }
@@ -412,24 +389,25 @@ impl PhpWorker {
                 self.call_on_dead(&payload, &message, &error, &queue_name);
             }
             if ended.is_none() && self.limits.max_jobs.is_some_and(|m| jobs >= m) {
-                ended = Some(Ended::MaxJobs);
+                ended = Some(StopReason::MaxJobs);
                 stopper.stop();
             }
             if ended.is_none() && self.limits.max_memory_bytes.is_some_and(|m| memory_usage() >= m) {
-                ended = Some(Ended::MaxMemory);
+                ended = Some(StopReason::MaxMemory);
                 stopper.stop();
             }
         }
         // A restart request stops the pool from its own threads, possibly while this
         // thread waited in recv_timeout: the loop then ends without having seen it.
         if ended.is_none() && stopper.restart_requested() {
-            ended = Some(Ended::Restart);
+            ended = Some(StopReason::Restart);
         }
         if ended.is_none() && stopper.found_empty() {
-            ended = Some(Ended::Empty);
+            ended = Some(StopReason::Empty);
         }
         let consumer = BailoutGuard::into_inner(consumer);
         let core = consumer.finish();
+        drop(publisher);
         crate::logs::flush();
         Ok(RunSummary { core, ended })
     }
@@ -517,7 +495,7 @@ pub(crate) fn summary_array(s: &RunSummary, extra: Vec<(&str, Zval)>) -> PhpResu
     let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
     let c = &s.core;
     let mut entries: Vec<(&str, Zval)> = c.counts().into_iter().map(|(name, v)| (name, n(v))).collect();
-    entries.push(("stopped_by", zv(s.ended.map(Ended::as_str))));
+    entries.push(("stopped_by", zv(s.ended.map(StopReason::as_str))));
     entries.extend(extra);
     assoc(entries)
 }

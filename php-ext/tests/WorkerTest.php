@@ -1120,7 +1120,96 @@ final class WorkerTest extends TestCase
         $stats = $this->q->stats();
         $this->assertSame(0, $stats['inflight'], 'nothing left waiting for a lease');
         $this->assertSame(5, $stats['ready']);
-        $this->assertSame(0, $this->q->get($this->redis->zRange('{dq:jobs}:scheduled', 0, 0)[0])['attempts']);
+        $exited = array_values(array_filter(array_map(fn ($id) => $this->q->get($id),
+            $this->redis->zRange('{dq:jobs}:scheduled', 0, -1)), fn ($m) => $m['payload']['exit'] ?? false))[0];
+        $this->assertSame(1, $exited['attempts'], 'counted: a handler that always exits ends in the dead letters');
+        $this->assertStringContainsString('exit()', $exited['last_error']);
+    }
+
+    /** Issue 28 (a): with processes as with one, exit() stops the pool and the attempt counts. */
+    public function testExitInAHandlerUnderProcessesStopsThePoolAndEndsInTheDeadLetters(): void
+    {
+        $exiting = $this->q->push(['n' => 0, 'exit' => true]);
+        foreach ([1, 2, 3, 4] as $n) {
+            $this->q->push(['n' => $n]);
+        }
+        $options = ['processes' => 2, 'max_attempts' => 2, 'stop_when_empty' => true, 'lease' => 60.0];
+        // Each run ends by the exit; the other process may take the message too before
+        // it is told to stop (then it exits as well, and that counts too).
+        $runs = 0;
+        do {
+            $runs++;
+            $proc = $this->startWorker($options);
+            $this->assertSame(0, $this->waitForExit($proc, "the pool stopped by exit() (run $runs)"),
+                'run() returned to the script');
+            $summary = $this->summary();
+            $this->assertSame('exit', $summary['stopped_by'], "run $runs");
+            $this->assertSame(0, $summary['restarts'], 'the exited process was not replaced');
+            $this->assertGreaterThanOrEqual(1, $summary['failed'], 'the exit counts as a failure');
+            $info = $this->q->get($exiting);
+            $this->assertContains($info['state'], ['ready', 'dead'], 'due again at once, not after the lease');
+            if ($info['state'] === 'ready') {
+                $this->assertSame(1, $info['attempts']);
+            }
+            $this->assertStringContainsString('exit()', $info['last_error']);
+        } while ($info['state'] !== 'dead' && $runs < 3);
+        $this->assertSame(['dead', 2], [$info['state'], $info['attempts']], 'in the dead letters after max_attempts');
+        $this->assertStringContainsString('gave up after 2 attempts', $this->q->get($exiting)['last_error']);
+        $proc = $this->startWorker($options);
+        $this->assertSame(0, $this->waitForExit($proc, 'the rest handled'));
+        $this->assertSame('empty', $this->summary()['stopped_by']);
+        $this->assertEqualsCanonicalizing([1, 2, 3, 4], array_column($this->handled(), 0));
+        $this->assertEquals(['dead' => 1, 'ready' => 0, 'inflight' => 0],
+            array_intersect_key($this->q->stats(), array_flip(['dead', 'ready', 'inflight'])));
+    }
+
+    /** Issue 28 (d): a handler killed at its timeout fails its message at once, counted. */
+    public function testAHandlerKilledAtItsTimeoutFailsItsMessageAtOnceAndKeepsTheCounts(): void
+    {
+        // Hangs on every attempt: killed twice, then dead; hangs once: acked on its second.
+        $always = $this->q->push(['n' => 0, 'hang' => true, 'hang_attempts' => 99]);
+        $once = $this->q->push(['n' => 1, 'hang' => true]);
+        foreach ([2, 3, 4] as $n) {
+            $this->q->push(['n' => $n]);
+        }
+        // A lease far past waitForExit's patience: what comes back in time was failed
+        // by the supervisor, not left to expire. stop_when_empty must wait for it.
+        $proc = $this->startWorker(['processes' => 2, 'timeout' => 1.0, 'lease' => 60.0, 'max_attempts' => 2,
+            'stop_when_empty' => true, 'backoff_base' => 30.0]);
+        $this->assertSame(0, $this->waitForExit($proc, 'the pool to end by itself'));
+        $summary = $this->summary();
+        $this->assertSame('empty', $summary['stopped_by']);
+        $this->assertSame(3, $summary['killed_hung']);
+        $this->assertSame(
+            ['handled' => 7, 'acked' => 4, 'failed' => 3, 'retried' => 2, 'dead' => 1],
+            array_intersect_key($summary, array_flip(['handled', 'acked', 'failed', 'retried', 'dead'])),
+            'the killed processes\' counts are in the summary');
+        $info = $this->q->get($always);
+        $this->assertSame(['dead', 2], [$info['state'], $info['attempts']]);
+        $this->assertSame('handler exceeded its 1 s timeout; process killed (gave up after 2 attempts)',
+            $info['last_error']);
+        $this->assertNull($this->q->get($once), 'acked');
+        $this->assertSame([[1, 2]], array_values(array_map(fn ($h) => [$h[0], $h[1]],
+            array_filter($this->handled(), fn ($h) => $h[0] === 1))), 'ran again at once, on its second attempt');
+        $this->assertEqualsCanonicalizing([1, 2, 3, 4], array_column($this->handled(), 0));
+        $stderr = (string) file_get_contents("{$this->log}.stderr");
+        $this->assertSame(3, substr_count($stderr, 'its handler ran past the 1 s timeout and was killed'), $stderr);
+    }
+
+    /** Issue 28 (d): the error names the timeout, and get() counts the attempts it says. */
+    public function testTheTimeoutErrorAndTheAttemptsAgree(): void
+    {
+        $id = $this->q->push(['n' => 0, 'hang' => true]);
+        $proc = $this->startWorker(['processes' => 2, 'timeout' => 2.0, 'lease' => 60.0, 'max_attempts' => 1,
+            'stop_when_empty' => true]);
+        $this->assertSame(0, $this->waitForExit($proc, 'the pool to end by itself'));
+        $info = $this->q->get($id);
+        $this->assertSame(['dead', 1, 'handler exceeded its 2 s timeout; process killed'],
+            [$info['state'], $info['attempts'], $info['last_error']]);
+        $summary = $this->summary();
+        $this->assertSame(['empty', 1, 1, 1, 1], [$summary['stopped_by'], $summary['killed_hung'], $summary['handled'],
+            $summary['failed'], $summary['dead']]);
+        $this->assertSame([], $this->handled());
     }
 
     public function testKeepCompletedShowsWhatRanWhenAndInHowManyAttempts(): void

@@ -30,7 +30,7 @@ $summary = $worker->run(function ($payload, DelayQueueMessage $m) use ($log, $sl
             usleep(50000);
         }
     }
-    if (($payload['hang'] ?? false) && $m->attempt === 1) {
+    if (($payload['hang'] ?? false) && $m->attempt <= ($payload['hang_attempts'] ?? 1)) {
         sleep(3600);
     }
     if ($payload['exit'] ?? false) {

@@ -1,0 +1,21 @@
+//! The worker host: what runs around a binding's handlers, the same for every language.
+//!
+//! - `stop.rs`: why a run ended ([`StopReason`]), one enum shown as `stopped_by`;
+//! - `slot.rs`: memory shared between a supervised process and its supervisor (the
+//!   running handler, the delivery it holds, the process's counts);
+//! - `report.rs`: what a supervised process tells its supervisor when it ends;
+//! - `supervisor.rs`: the process supervisor (spawn through the binding, respawn,
+//!   back-off and give-up, the hung-handler kill, scaling, one summary).
+
+mod report;
+mod slot;
+mod stop;
+mod supervisor;
+
+pub use report::Report;
+pub use slot::{Held, Publisher, Slot, SlotTable, SlotView};
+pub use stop::StopReason;
+pub use supervisor::{
+    Asked, HungClock, LOOK_EVERY, PoolSummary, Respawn, RespawnPolicy, Respawns, Spawner, StopSignals,
+    SupervisorOptions, URGENT_AFTER, supervise, timeout_error,
+};

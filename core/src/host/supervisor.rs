@@ -1,0 +1,784 @@
+//! The process supervisor of a worker run with `processes` (or a `timeout`), the same
+//! for every binding; the binding only spawns a process (PHP forks and runs the worker
+//! in the child, Python starts its worker command) and passes its signals on.
+//!
+//! Tasks:
+//! - start a process per slot through the binding ([`Spawner`]), each with a report
+//!   pipe and a slot (see `slot.rs`);
+//! - reap the processes that end, read their reports ([`Report`]) and sum their counts
+//!   (from the slot for a process that died before it could report);
+//! - respawn: a recycled process (max_jobs, max_time, max_memory) is replaced at once;
+//!   one that died is too, unless it died within [`RespawnPolicy::quick_death`] of its
+//!   start: then after a back-off, and after [`RespawnPolicy::give_up_after`] such deaths
+//!   in a row the pool gives up ([`Respawns`]);
+//! - stop the whole pool when a process says so: `stop()` in a handler, a restart
+//!   request, a handler that ended its process (exit); under `stop_when_empty`, end
+//!   once every process found the queue empty, not while one still runs a message;
+//! - kill a process whose handler runs past `timeout`, measured on a monotonic clock
+//!   ([`HungClock`]), and fail the message it held at once, counted as an attempt;
+//! - scale between `min_processes` and `processes` (the decision is `scale.rs`'s);
+//! - pass stop signals on (a second one at once), and return one [`PoolSummary`].
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use super::report::Report;
+use super::slot::{Held, SlotTable, SlotView};
+use super::stop::StopReason;
+use crate::queue::Queue;
+use crate::scale::Scaler;
+use crate::worker::{Fate, Summary, fail_lease};
+
+/// How often an auto-balanced pool reads the backlog (the scaler's cooldown bounds how
+/// often it changes).
+pub const LOOK_EVERY: Duration = Duration::from_millis(500);
+/// A stop signal this long after the first stops at once; closer ones are one stop
+/// arriving twice (a terminal's Ctrl+C reaches every process of its group).
+pub const URGENT_AFTER: Duration = Duration::from_millis(500);
+/// One turn of the supervisor's loop: the delay in noticing a death or a hung handler.
+const TURN: Duration = Duration::from_millis(50);
+/// How long a hung handler's process is given to hand its waiting deliveries back
+/// before it is killed all the same (a process too stuck to do it, a Redis that hangs).
+const GIVE_BACK_WAIT: Duration = Duration::from_secs(2);
+
+/// When processes that die are started again, and when the pool gives up on them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RespawnPolicy {
+    /// A process that ends this soon after its start, unasked, died at its start.
+    pub quick_death: Duration,
+    /// The pause before replacing the first of such deaths; it doubles with each more.
+    pub first_backoff: Duration,
+    /// The longest pause.
+    pub max_backoff: Duration,
+    /// Deaths at the start in a row after which the pool stops: a handler module that
+    /// fails on import, or a Redis that refuses every process, would otherwise loop.
+    pub give_up_after: u32,
+}
+
+impl Default for RespawnPolicy {
+    fn default() -> Self {
+        Self {
+            quick_death: Duration::from_secs(2),
+            first_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(5),
+            give_up_after: 5,
+        }
+    }
+}
+
+/// What to do about a process that died.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Respawn {
+    /// Start another now.
+    Now,
+    /// Start another after this pause.
+    After(Duration),
+    /// Stop the pool.
+    GiveUp,
+}
+
+/// The deaths of a pool's processes, counted against its [`RespawnPolicy`].
+#[derive(Debug, Clone, Default)]
+pub struct Respawns {
+    policy: RespawnPolicy,
+    in_a_row: u32,
+}
+
+impl Respawns {
+    /// Deaths counted against `policy`.
+    pub fn new(policy: RespawnPolicy) -> Self {
+        Self { policy, in_a_row: 0 }
+    }
+
+    /// A process ended unasked (a crash, an exit without report, a stop of its own)
+    /// after it lived `lived`.
+    pub fn died(&mut self, lived: Duration) -> Respawn {
+        if lived >= self.policy.quick_death {
+            self.in_a_row = 0;
+            return Respawn::Now;
+        }
+        self.in_a_row += 1;
+        if self.in_a_row >= self.policy.give_up_after {
+            return Respawn::GiveUp;
+        }
+        let doublings = (self.in_a_row - 1).min(16);
+        Respawn::After(
+            self.policy
+                .first_backoff
+                .saturating_mul(1 << doublings)
+                .min(self.policy.max_backoff),
+        )
+    }
+
+    /// Deaths at the start in a row so far.
+    pub fn in_a_row(&self) -> u32 {
+        self.in_a_row
+    }
+
+    /// Why the pool gave up, for the log and the error.
+    pub fn give_up_text(&self) -> String {
+        format!(
+            "{} worker processes in a row ended within {} s of their start; giving up (their errors are above)",
+            self.in_a_row,
+            secs(self.policy.quick_death)
+        )
+    }
+}
+
+/// How long one process's handler has run, on the supervisor's monotonic clock: a busy
+/// period is timed from the first look that saw it, so a clock step changes nothing
+/// and no process's clock needs to be trusted (a look comes at most a turn late, which
+/// only delays a kill).
+#[derive(Debug, Clone, Default)]
+pub struct HungClock {
+    seen: Option<(u64, Instant)>,
+}
+
+impl HungClock {
+    /// Look at a slot at `now`; returns how long its handler has run, None if idle.
+    pub fn observe(&mut self, starts: u64, busy: bool, now: Instant) -> Option<Duration> {
+        if !busy {
+            self.seen = None;
+            return None;
+        }
+        match self.seen {
+            Some((seen, since)) if seen == starts => Some(now.saturating_duration_since(since)),
+            _ => {
+                self.seen = Some((starts, now));
+                Some(Duration::ZERO)
+            }
+        }
+    }
+
+    /// Whether a handler that ran `ran` with `grace` is past `timeout`.
+    pub fn is_hung(ran: Duration, timeout: Duration, grace: Duration) -> bool {
+        ran > timeout + grace
+    }
+}
+
+/// The stop signals a supervisor got: the first stops gracefully, one at least
+/// [`URGENT_AFTER`] later stops at once (for a binding whose signal handler runs in
+/// its own language, Python's; PHP's runs in signal context and keeps its own atomics).
+#[derive(Debug, Clone, Default)]
+pub struct StopSignals {
+    first: Option<Instant>,
+    urgent: bool,
+}
+
+impl StopSignals {
+    /// A signal came at `now`; returns true if it made the stop urgent just now.
+    pub fn received(&mut self, now: Instant) -> bool {
+        match self.first {
+            None => {
+                self.first = Some(now);
+                false
+            }
+            Some(first) if !self.urgent && now.saturating_duration_since(first) >= URGENT_AFTER => {
+                self.urgent = true;
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    /// Whether a signal came.
+    pub fn stopping(&self) -> bool {
+        self.first.is_some()
+    }
+
+    /// Whether a second signal came.
+    pub fn urgent(&self) -> bool {
+        self.urgent
+    }
+}
+
+/// What the binding says at each turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Asked {
+    /// A stop asked for (`stop()`, a signal).
+    pub stop: Option<StopReason>,
+    /// A second stop signal came: every process is to stop at once.
+    pub urgent: bool,
+}
+
+/// What a binding does for its supervisor.
+pub trait Spawner {
+    /// Start the process of slot `index` of `slots`, which writes its report to
+    /// `report` (close it in the supervisor, keep it open in the process); returns its
+    /// pid. PHP forks and runs the worker in the child; Python starts its command.
+    fn spawn(&mut self, index: usize, slots: &SlotTable, report: OwnedFd) -> std::io::Result<libc::pid_t>;
+
+    /// Called at every turn: run the binding's own signal handling and flush its logs;
+    /// returns what was asked for.
+    fn poll(&mut self) -> Asked;
+}
+
+/// Settings of a supervised pool.
+#[derive(Debug, Clone)]
+pub struct SupervisorOptions {
+    /// Slots (the most processes at once).
+    pub processes: usize,
+    /// Longest a handler may run before its process is killed.
+    pub timeout: Option<Duration>,
+    /// Balances the number of processes between its minimum and `processes`.
+    pub scaler: Scaler,
+    /// The worker's queues, its own first, then its lower ones (the backlog the scaler
+    /// reads; where a killed process's message is failed).
+    pub queues: Vec<Queue>,
+    /// When dead processes are replaced.
+    pub respawn: RespawnPolicy,
+}
+
+/// What a supervised pool did: the summary of `run()` with `processes`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolSummary {
+    /// The processes' counts, summed.
+    pub counts: Summary,
+    /// Why the pool stopped.
+    pub stopped_by: Option<StopReason>,
+    /// Slots.
+    pub processes: u64,
+    /// Processes started in place of ended ones.
+    pub restarts: u64,
+    /// Processes killed for running a handler past `timeout`.
+    pub killed_hung: u64,
+    /// Processes added by the scaler.
+    pub scaled_up: u64,
+    /// Processes let go by the scaler.
+    pub scaled_down: u64,
+    /// A process could not run (its report): the binding raises it.
+    pub fatal: Option<String>,
+    /// Why the pool gave up on processes that kept dying (`stopped_by` is `error`).
+    pub gave_up: Option<String>,
+}
+
+impl PoolSummary {
+    /// The supervisor's own counts by name, in the order the summary shows them.
+    pub fn pool_counts(&self) -> [(&'static str, u64); 5] {
+        [
+            ("processes", self.processes),
+            ("restarts", self.restarts),
+            ("killed_hung", self.killed_hung),
+            ("scaled_up", self.scaled_up),
+            ("scaled_down", self.scaled_down),
+        ]
+    }
+}
+
+struct Child {
+    pid: libc::pid_t,
+    report: File,
+    born: Instant,
+    clock: HungClock,
+    /// Killed for running past the timeout: the busy period it was killed in.
+    killed_in: Option<u64>,
+}
+
+/// The seconds of `d` as people write them: "2", "0.5".
+fn secs(d: Duration) -> String {
+    format!("{}", d.as_secs_f64())
+}
+
+/// The error a message gets when its handler's process was killed at the timeout.
+pub fn timeout_error(timeout: Duration) -> String {
+    format!("handler exceeded its {} s timeout; process killed", secs(timeout))
+}
+
+fn kill(pid: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: signals a child of ours.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+/// How a process that sent no report ended, from its `waitpid` status.
+fn describe_death(status: libc::c_int) -> String {
+    if libc::WIFSIGNALED(status) {
+        let signal = libc::WTERMSIG(status);
+        let name = match signal {
+            libc::SIGKILL => " (SIGKILL: the OOM killer, or kill -9)",
+            libc::SIGSEGV => " (SIGSEGV: a crash)",
+            libc::SIGABRT => " (SIGABRT: an abort)",
+            libc::SIGBUS => " (SIGBUS: a crash)",
+            _ => "",
+        };
+        format!("was killed by signal {signal}{name}")
+    } else if libc::WIFEXITED(status) {
+        format!("exited with status {}", libc::WEXITSTATUS(status))
+    } else {
+        format!("ended (wait status {status})")
+    }
+}
+
+fn report_pipe() -> std::io::Result<(File, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two descriptors; checked. Close-on-exec: a process started
+    // later must not hold another's write end (its report would never end).
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: each descriptor is owned by exactly one value from here on.
+    Ok(unsafe { (File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Add one failure, as the process would have counted it, to `counts`.
+fn count_failure(counts: &mut Summary, fate: Option<&Fate>) {
+    match fate {
+        Some(Fate::Retry(_)) => {
+            counts.failed += 1;
+            counts.retried += 1;
+        }
+        Some(Fate::Dead(_)) => {
+            counts.failed += 1;
+            counts.dead += 1;
+        }
+        None => {}
+    }
+}
+
+struct Pool<'a, S: Spawner> {
+    spawner: &'a mut S,
+    opts: SupervisorOptions,
+    slots: SlotTable,
+    children: Vec<Option<Child>>,
+    /// The slots that should hold a running process (the scaler's choice).
+    wanted: Vec<bool>,
+    /// Under `stop_when_empty`: the slots whose process found the queue empty.
+    found_empty: Vec<bool>,
+    spawn_at: Vec<Instant>,
+    respawns: Respawns,
+    summary: PoolSummary,
+    stopping: bool,
+    told_children: bool,
+    next_urgent_relay: Instant,
+}
+
+impl<S: Spawner> Pool<'_, S> {
+    fn stop(&mut self, why: StopReason) {
+        if !self.stopping {
+            self.stopping = true;
+            self.summary.stopped_by = Some(why);
+        }
+    }
+
+    fn start(&mut self, i: usize) {
+        self.slots.reset(i);
+        let spawned = report_pipe().and_then(|(read, write)| {
+            let pid = self.spawner.spawn(i, &self.slots, write)?;
+            Ok((pid, read))
+        });
+        match spawned {
+            Ok((pid, report)) => {
+                log::info!("worker process {pid} started");
+                self.children[i] = Some(Child {
+                    pid,
+                    report,
+                    born: Instant::now(),
+                    clock: HungClock::default(),
+                    killed_in: None,
+                });
+            }
+            Err(e) => {
+                log::error!("cannot start a worker process: {e}");
+                self.respawn(i, Some(Duration::ZERO));
+            }
+        }
+    }
+
+    /// Plan slot `i`'s next process: `died_after` is the life of a process that
+    /// ended unasked (None: as planned, replaced at once).
+    fn respawn(&mut self, i: usize, died_after: Option<Duration>) {
+        if self.stopping || !self.wanted[i] || self.found_empty[i] {
+            return;
+        }
+        let pause = match died_after.map(|lived| self.respawns.died(lived)) {
+            None | Some(Respawn::Now) => Duration::ZERO,
+            Some(Respawn::After(pause)) => {
+                log::warn!(
+                    "a worker process ended within {} s of its start ({} in a row); the next starts in {:.1} s",
+                    secs(self.opts.respawn.quick_death),
+                    self.respawns.in_a_row(),
+                    pause.as_secs_f64()
+                );
+                pause
+            }
+            Some(Respawn::GiveUp) => {
+                let text = self.respawns.give_up_text();
+                log::error!("{text}");
+                self.summary.gave_up = Some(text);
+                self.stop(StopReason::Error);
+                return;
+            }
+        };
+        self.summary.restarts += 1;
+        self.spawn_at[i] = Instant::now() + pause;
+    }
+
+    /// Fail the message a dead process's handler held, if the slot still shows that
+    /// handler running (one that ended completed its message itself, or its completion
+    /// waits in vain and the lease brings it back).
+    fn fail_held(&self, view: &SlotView, since: Option<u64>, error: &str) -> Option<Fate> {
+        if !view.busy || since.is_some_and(|s| s != view.starts) {
+            return None;
+        }
+        let held: &Held = view.held.as_ref()?;
+        let queue = self.opts.queues.get(held.member)?;
+        match fail_lease(
+            queue,
+            held.part,
+            &held.id,
+            &held.lease,
+            held.attempt,
+            held.max_attempts,
+            error,
+            Duration::ZERO,
+        ) {
+            Ok(fate) => fate,
+            Err(e) => {
+                log::warn!(
+                    "could not fail message {} at once; it runs again after its lease: {e}",
+                    held.id
+                );
+                None
+            }
+        }
+    }
+
+    fn reaped(&mut self, i: usize, mut child: Child, status: libc::c_int) {
+        let pid = child.pid;
+        let mut text = String::new();
+        let _ = child.report.read_to_string(&mut text);
+        let lived = child.born.elapsed();
+        let view = self.slots.view(i);
+        if let Some(starts) = child.killed_in {
+            let timeout = self.opts.timeout.unwrap_or_default();
+            let fate = self.fail_held(&view, Some(starts), &timeout_error(timeout));
+            let mut counts = view.counts.clone();
+            count_failure(&mut counts, fate.as_ref());
+            self.summary.counts += &counts;
+            log::warn!(
+                "worker process {pid}: its handler ran past the {} s timeout and was killed; {}",
+                secs(timeout),
+                match fate {
+                    Some(Fate::Retry(_)) => "its message is due again at once",
+                    Some(Fate::Dead(_)) => "its message used its last attempt and went to the dead letters",
+                    None => "its message is delivered again when its lease ends",
+                }
+            );
+            self.respawn(i, None);
+            return;
+        }
+        match Report::decode(&text) {
+            Some(Report::Fatal(msg)) => {
+                self.summary.fatal.get_or_insert(msg);
+                self.stop(StopReason::Error);
+            }
+            Some(Report::Done { counts, stopped_by }) => {
+                self.summary.counts += &counts;
+                match stopped_by {
+                    Some(why) if why.recycles() => {
+                        if !self.stopping && self.wanted[i] {
+                            log::info!("worker process {pid} recycled ({why}); starting another");
+                        }
+                        self.respawn(i, None);
+                    }
+                    // Under stop_when_empty the others go on until each finds the
+                    // queue empty itself: one may still run a message, or get back one
+                    // that a killed process held.
+                    Some(StopReason::Empty) => self.found_empty[i] = true,
+                    // stop() in a handler stops the whole pool; so do a restart request
+                    // (the other processes have it too) and a handler that ended its
+                    // process, as it does without processes.
+                    Some(why @ (StopReason::Stop | StopReason::Restart | StopReason::Exit)) => {
+                        if why == StopReason::Exit && !self.stopping {
+                            log::warn!("worker process {pid}: a handler ended its process (exit); stopping the pool");
+                        }
+                        self.stop(why);
+                    }
+                    other => {
+                        if !self.stopping && self.wanted[i] {
+                            log::warn!(
+                                "worker process {pid} stopped ({}); starting another",
+                                other.map_or("without a reason", StopReason::as_str)
+                            );
+                        }
+                        self.respawn(i, Some(lived));
+                    }
+                }
+            }
+            None => {
+                let death = describe_death(status);
+                let fate = self.fail_held(
+                    &view,
+                    None,
+                    &format!("the worker process {death} while its handler ran"),
+                );
+                let mut counts = view.counts.clone();
+                count_failure(&mut counts, fate.as_ref());
+                self.summary.counts += &counts;
+                let held = match fate {
+                    Some(Fate::Retry(_)) => "; the message its handler held is due again at once",
+                    Some(Fate::Dead(_)) => "; the message its handler held went to the dead letters",
+                    None => "",
+                };
+                let replaced = !self.stopping && self.wanted[i];
+                log::warn!(
+                    "worker process {pid} {death}{}{held}",
+                    if replaced { "; starting another" } else { "" }
+                );
+                self.respawn(i, Some(lived));
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        loop {
+            let mut status = 0;
+            // SAFETY: waits for any child of ours without blocking.
+            let pid = unsafe { libc::waitpid(-1, &raw mut status, libc::WNOHANG) };
+            if pid <= 0 {
+                return;
+            }
+            let Some(i) = self
+                .children
+                .iter()
+                .position(|c| c.as_ref().is_some_and(|c| c.pid == pid))
+            else {
+                continue;
+            };
+            if let Some(child) = self.children[i].take() {
+                self.reaped(i, child, status);
+            }
+        }
+    }
+
+    fn kill_hung(&mut self) {
+        let Some(timeout) = self.opts.timeout else { return };
+        let now = Instant::now();
+        for i in 0..self.children.len() {
+            let view = self.slots.view(i);
+            let Some(c) = self.children[i].as_mut() else { continue };
+            if c.killed_in.is_some() {
+                continue;
+            }
+            // Once past the timeout, the process gives its waiting deliveries back
+            // itself (see `Slot::publish_while`); it is killed when it did, or when
+            // it was given the time to.
+            if let Some(ran) = c.clock.observe(view.starts, view.busy, now)
+                && HungClock::is_hung(ran, timeout, view.grace)
+                && (view.gave_back == view.starts || HungClock::is_hung(ran, timeout, view.grace + GIVE_BACK_WAIT))
+            {
+                kill(c.pid, libc::SIGKILL);
+                c.killed_in = Some(view.starts);
+                self.summary.killed_hung += 1;
+            }
+        }
+    }
+
+    fn scale(&mut self, scaler: &mut Scaler) {
+        let n = self.children.len();
+        let running = self.wanted.iter().filter(|&&w| w).count();
+        let busy = (0..n)
+            .filter(|&i| self.wanted[i] && self.children[i].is_some() && self.slots.view(i).busy)
+            .count();
+        let target = scaler.look(&self.opts.queues, running, busy);
+        if target > running
+            && let Some(i) = (0..n).find(|&i| !self.wanted[i] && self.children[i].is_none())
+        {
+            self.wanted[i] = true;
+            self.spawn_at[i] = Instant::now();
+            self.summary.scaled_up += 1;
+            log::info!("messages are waiting: {target} worker processes (at most {n})");
+        } else if target < running
+            && let Some(i) = (0..n)
+                .rev()
+                .find(|&i| self.wanted[i] && self.children[i].is_some() && !self.slots.view(i).busy)
+        {
+            self.wanted[i] = false;
+            if let Some(c) = &self.children[i] {
+                kill(c.pid, libc::SIGTERM);
+            }
+            self.summary.scaled_down += 1;
+            log::info!("nothing waiting: {target} worker processes (at least {})", scaler.min());
+        }
+    }
+
+    /// Every process found the queue empty and none is left to start.
+    fn drained(&self) -> bool {
+        self.found_empty.iter().any(|&e| e)
+            && self.children.iter().all(Option::is_none)
+            && (0..self.children.len()).all(|i| !self.wanted[i] || self.found_empty[i])
+    }
+}
+
+/// Run a supervised pool until it stops; see the module's header for what it does.
+pub fn supervise(spawner: &mut impl Spawner, opts: SupervisorOptions, slots: SlotTable) -> PoolSummary {
+    let n = opts.processes.min(slots.len()).max(1);
+    let mut scaler = opts.scaler.clone();
+    let initial = scaler.initial();
+    let mut pool = Pool {
+        spawner,
+        respawns: Respawns::new(opts.respawn.clone()),
+        opts,
+        slots,
+        children: (0..n).map(|_| None).collect(),
+        wanted: (0..n).map(|i| i < initial).collect(),
+        found_empty: vec![false; n],
+        spawn_at: vec![Instant::now(); n],
+        summary: PoolSummary {
+            processes: n as u64,
+            ..PoolSummary::default()
+        },
+        stopping: false,
+        told_children: false,
+        next_urgent_relay: Instant::now(),
+    };
+    let mut next_look = Instant::now() + LOOK_EVERY;
+    loop {
+        let asked = pool.spawner.poll();
+        if let Some(why) = asked.stop {
+            pool.stop(why);
+        }
+        if pool.stopping {
+            if !pool.told_children {
+                pool.told_children = true;
+                for c in pool.children.iter().flatten() {
+                    kill(c.pid, libc::SIGTERM);
+                }
+            }
+            // Told again until it ended: its own first signal may have come a little
+            // after ours, and a second one stops it at once.
+            if asked.urgent && Instant::now() >= pool.next_urgent_relay {
+                pool.next_urgent_relay = Instant::now() + URGENT_AFTER;
+                for c in pool.children.iter().flatten() {
+                    kill(c.pid, libc::SIGTERM);
+                }
+            }
+        } else {
+            let now = Instant::now();
+            let draining = pool.found_empty.iter().any(|&e| e);
+            if scaler.is_auto() && !draining && now >= next_look {
+                next_look = now + LOOK_EVERY;
+                pool.scale(&mut scaler);
+            }
+            for i in 0..n {
+                if pool.wanted[i]
+                    && !pool.found_empty[i]
+                    && pool.children[i].is_none()
+                    && pool.spawn_at[i] <= now
+                    && !pool.stopping
+                {
+                    pool.start(i);
+                }
+            }
+        }
+        pool.reap();
+        pool.kill_hung();
+        if !pool.stopping && pool.drained() {
+            pool.stop(StopReason::Empty);
+        }
+        if pool.stopping && pool.children.iter().all(Option::is_none) {
+            break;
+        }
+        std::thread::sleep(TURN);
+    }
+    pool.summary
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> RespawnPolicy {
+        RespawnPolicy {
+            quick_death: Duration::from_secs(2),
+            first_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(500),
+            give_up_after: 5,
+        }
+    }
+
+    #[test]
+    fn quick_deaths_back_off_doubling_up_to_the_cap_then_give_up() {
+        let mut r = Respawns::new(policy());
+        let quick = Duration::from_millis(300);
+        let pauses: Vec<Respawn> = (0..5).map(|_| r.died(quick)).collect();
+        assert_eq!(
+            pauses,
+            [
+                Respawn::After(Duration::from_millis(100)),
+                Respawn::After(Duration::from_millis(200)),
+                Respawn::After(Duration::from_millis(400)),
+                Respawn::After(Duration::from_millis(500)),
+                Respawn::GiveUp,
+            ]
+        );
+        assert!(
+            r.give_up_text()
+                .starts_with("5 worker processes in a row ended within 2 s of their start; giving up")
+        );
+    }
+
+    #[test]
+    fn a_process_that_lived_resets_the_count_and_is_replaced_at_once() {
+        let mut r = Respawns::new(policy());
+        let quick = Duration::from_millis(10);
+        for _ in 0..4 {
+            assert_ne!(r.died(quick), Respawn::GiveUp);
+        }
+        assert_eq!(r.died(Duration::from_secs(3)), Respawn::Now);
+        assert_eq!(r.in_a_row(), 0);
+        assert_eq!(
+            r.died(quick),
+            Respawn::After(Duration::from_millis(100)),
+            "counted afresh"
+        );
+    }
+
+    #[test]
+    fn the_hung_clock_times_each_busy_period_from_when_it_was_first_seen() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut clock = HungClock::default();
+        assert_eq!(clock.observe(0, false, at(0)), None);
+        assert_eq!(clock.observe(1, true, at(100)), Some(Duration::ZERO));
+        assert_eq!(clock.observe(1, true, at(600)), Some(Duration::from_millis(500)));
+        // Another handler started between two looks: a new period, timed afresh.
+        assert_eq!(clock.observe(3, true, at(700)), Some(Duration::ZERO));
+        assert_eq!(clock.observe(3, false, at(800)), None);
+        assert_eq!(clock.observe(3, true, at(900)), Some(Duration::ZERO), "idle in between");
+        let t = Duration::from_secs(2);
+        assert!(!HungClock::is_hung(Duration::from_secs(2), t, Duration::ZERO));
+        assert!(HungClock::is_hung(Duration::from_millis(2001), t, Duration::ZERO));
+        assert!(
+            !HungClock::is_hung(Duration::from_millis(2001), t, Duration::from_secs(1)),
+            "grace"
+        );
+    }
+
+    #[test]
+    fn a_second_signal_is_urgent_only_after_a_pause() {
+        let t0 = Instant::now();
+        let mut s = StopSignals::default();
+        assert!(!s.received(t0));
+        assert!(!s.received(t0 + Duration::from_millis(100)), "the same stop, twice");
+        assert!(!s.urgent());
+        assert!(s.received(t0 + URGENT_AFTER));
+        assert!(!s.received(t0 + URGENT_AFTER * 3), "urgent once");
+        assert!(s.stopping() && s.urgent());
+    }
+
+    #[test]
+    fn the_timeout_error_names_the_configured_seconds() {
+        assert_eq!(
+            timeout_error(Duration::from_secs(2)),
+            "handler exceeded its 2 s timeout; process killed"
+        );
+        assert_eq!(
+            timeout_error(Duration::from_millis(500)),
+            "handler exceeded its 0.5 s timeout; process killed"
+        );
+    }
+}
