@@ -444,7 +444,10 @@ final class DelayQueueWorker
      * throwing retries it with backoff, and after max_attempts moves it to the
      * dead-letter set with the exception as its last error. Returns once every
      * acknowledgement is written; 'stopped_by' says why: 'stop', 'signal', 'max_jobs',
-     * 'max_memory', 'max_time', 'exit' (exit() in a handler), 'restart' or 'empty'.
+     * 'max_memory', 'max_time', 'exit' (exit() in a handler: the whole pool stops, with
+     * processes as without, and the message is due again at once, counted as an attempt),
+     * 'restart' or 'empty'. With a timeout, a handler past it has its process killed and
+     * its message failed at once with "handler exceeded its N s timeout; process killed".
      * A second SIGTERM or SIGINT, half a second or more after the first, does not wait
      * for the running handler: every message the process holds goes back to the queue
      * at once and the process ends by that signal (run() does not return).

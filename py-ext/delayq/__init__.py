@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any, Callable, Optional, Union
 
 from . import errors
-from ._delayq import DEFAULT_MAX_PAYLOAD_BYTES, DelayQueue, Message, _Worker, __version__
+from ._delayq import DEFAULT_MAX_PAYLOAD_BYTES, DelayQueue, Message, _Slot, _Worker, __version__
 from .aio import AsyncDelayQueue
 from .errors import (
     AuthError,
@@ -75,7 +75,10 @@ def _urgent_signal(signum: int) -> BaseException:
     logging.getLogger("delayq.worker").warning(
         "delayq: %s again: stopping now; the running and prefetched messages go back to the queue",
         signal.Signals(signum).name)
-    return KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
+    cut = KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
+    # Not a handler's own sys.exit(): its message is given back, not failed.
+    cut._delayq_urgent = True  # type: ignore[attr-defined]
+    return cut
 
 
 @contextlib.contextmanager
@@ -281,8 +284,9 @@ class Worker:
         self._max_time = max_time
         self._max_memory_bytes = None if max_memory_mb is None else max_memory_mb << 20
         self._jobs = 0
-        # Set by `delayq worker --processes`: told when coroutine handlers start and end.
-        self._busy_slot: Optional[Callable[[float], None]] = None
+        # Set by `delayq worker --processes`: the process's slot, told when handlers start
+        # and end and which message they hold.
+        self._slot: Optional[_Slot] = None
         # The counts of the latest run, also of one that a second stop signal cut short
         # (it raised instead of returning them): `delayq worker` reports them.
         self._last_summary: Optional[dict[str, Any]] = None
@@ -298,7 +302,7 @@ class Worker:
                 return asyncio.run(self._run_async(handler))
             try:
                 self._last_summary = self._worker.run(
-                    self._counted(_awaited(handler)), self._on_dead, self._on_failure
+                    self._counted(_awaited(handler)), self._on_dead, self._on_failure, self._slot
                 )
             except (KeyboardInterrupt, SystemExit) as cut:
                 self._last_summary = getattr(cut, "_delayq_summary", None)
@@ -348,12 +352,12 @@ class Worker:
         return counted
 
     async def _run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
-        consumer = self._worker.start(self._concurrency)
+        consumer = self._worker.start(self._concurrency, self._slot)
         loop = asyncio.get_running_loop()
         slots = asyncio.Semaphore(self._concurrency)
         running: set[asyncio.Task[None]] = set()
-        # Start times of the running handlers, oldest first.
-        started: dict[int, float] = {}
+        # The running handlers' deliveries, oldest first.
+        started: dict[int, Any] = {}
         # Received and not yet acknowledged, failed or given back: a run cut short (a
         # second stop signal) cancels tasks that never started and a receive under way,
         # and those deliveries must go back too.
@@ -378,17 +382,28 @@ class Worker:
                 # run itself: retrieved here so that asyncio does not log it as lost.
                 task.exception()
 
+        # The delivery the slot names (its key), None while idle.
+        announced: list[Optional[int]] = [None]
+
         def tell_supervisor() -> None:
-            if self._busy_slot is not None:
-                # A coroutine past its timeout is cancelled and ends within the grace, so
-                # only a blocked event loop keeps the oldest one longer: that is what the
-                # supervisor's timeout should see as a hung process, not a slow handler.
-                oldest = next(iter(started.values()), None)
-                self._busy_slot(0.0 if oldest is None else oldest + _CANCEL_GRACE + 1.0)
+            if self._slot is None:
+                return
+            # The oldest running handler is the one the supervisor times. A coroutine past
+            # its timeout is cancelled and ends within the grace, so only a blocked event
+            # loop keeps it longer: that is what the supervisor's timeout should see as a
+            # hung process, not a slow handler.
+            oldest = next(iter(started), None)
+            if oldest == announced[0]:
+                return
+            announced[0] = oldest
+            if oldest is None:
+                self._slot.finished()
+            else:
+                self._slot.started(started[oldest], _CANCEL_GRACE + 1.0)
 
         async def handle(delivery: Any) -> None:
             key = id(delivery)
-            started[key] = time.monotonic()
+            started[key] = delivery
             if len(started) == 1:
                 tell_supervisor()
             try:
@@ -406,7 +421,15 @@ class Worker:
                 finally:
                     if self._max_jobs is not None or self._max_memory_bytes is not None:
                         self._after_job()
-            except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
+            except SystemExit as exc:
+                if getattr(exc, "_delayq_urgent", False):
+                    consumer.release(delivery)
+                else:
+                    # The handler ended its process: due again at once, counted.
+                    consumer.exited(delivery, f"the handler raised SystemExit: {exc}, which stopped the worker")
+                    self._worker.stop("exit")
+                raise
+            except (KeyboardInterrupt, asyncio.CancelledError):
                 consumer.release(delivery)
                 raise
             except _HandlerTimedOut as exc:

@@ -8,6 +8,7 @@ from . import errors as errors
 from ._delayq import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES
 from ._delayq import DelayQueue as DelayQueue
 from ._delayq import Message as Message
+from ._delayq import _Slot
 from ._delayq import __version__ as __version__
 from .aio import AsyncDelayQueue as AsyncDelayQueue
 from .errors import AuthError as AuthError
@@ -80,7 +81,7 @@ class Worker:
     """
 
     # Set by `delayq worker`'s process: told when coroutine handlers start and end.
-    _busy_slot: Optional[Callable[[float], None]]
+    _slot: Optional[_Slot]
     _last_summary: Optional[dict[str, Any]]
 
     def __init__(
@@ -112,7 +113,9 @@ class Worker:
         ``DelayQueue.restart_workers()``; return the counts (handled, acked, failed,
         retried, dead, lease_lost, gone, released, unwritten, stopped_by: ``"stop"``,
         ``"signal"``, ``"restart"``, ``"empty"``, ``"max_jobs"``, ``"max_time"`` or
-        ``"max_memory"``) once every acknowledgement is written."""
+        ``"max_memory"``) once every acknowledgement is written. A handler's ``sys.exit()``
+        ends the run by raising ``SystemExit``: its message is due again at once, counted
+        as an attempt (a handler that always exits ends in the dead letters)."""
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
     def stop(self) -> None:

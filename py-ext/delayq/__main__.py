@@ -506,7 +506,8 @@ def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
 
 def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
-    from . import supervisor
+    from . import _command as supervisor
+    from ._delayq import _Slot, _Supervisor
 
     if args.processes < 1:
         raise _BadUsage(f"--processes must be at least 1, got {args.processes}")
@@ -549,7 +550,8 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             signal.signal(s, stop)
         status = 0
         try:
-            summary = supervisor.run_one(worker, handler, args.slot_file, on_start, on_stop)
+            slot = None if args.slot_file is None else _Slot(args.slot_file, args.slot_index)
+            summary = supervisor.run_one(worker, handler, slot, on_start, on_stop)
         except (KeyboardInterrupt, SystemExit) as cut:
             # A second stop signal, or a handler's sys.exit(): what the process did until
             # then still counts.
@@ -571,7 +573,17 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             return 128 + signal.SIGINT
     else:
         command = [sys.executable, "-m", "delayq", *args.argv, "--processes", "1"]
-        summary, ran_as_asked = supervisor.supervise(command, args.processes, args.timeout, scaler, [q, *lower])
+        pool = _Supervisor(command, args.processes, args.timeout, scaler, [q, *lower])
+
+        def passed_on(signum: int, frame: object) -> None:
+            pool.signal(signum)
+
+        previous = {s: signal.signal(s, passed_on) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            summary, ran_as_asked = pool.run()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
     def human() -> list[str]:
         line = (f"pool stopped ({summary['stopped_by']}): {summary['handled']} handled, {summary['acked']} acked, "
@@ -806,6 +818,7 @@ def _parser() -> argparse.ArgumentParser:
     # Set by the supervisor for its worker processes.
     w.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)
     w.add_argument("--slot-file", help=argparse.SUPPRESS)
+    w.add_argument("--slot-index", type=int, default=0, help=argparse.SUPPRESS)
     w.set_defaults(run=_worker)
     return p
 

@@ -1,5 +1,5 @@
 //! Python module for delayq (pyo3): value conversion, error mapping, and the handler
-//! loop. The queue logic lives in the `delayq` crate; each file here mirrors one part
+//! loop, and the spawn of supervised worker processes. The queue logic lives in the `delayq` crate; each file here mirrors one part
 //! of its API, and the Python package in `delayq/` adds the idioms (signals, asyncio,
 //! context managers).
 
@@ -8,6 +8,7 @@ mod errors;
 mod logs;
 mod queue;
 mod scale;
+mod supervisor;
 mod worker;
 
 use pyo3::prelude::*;
@@ -21,6 +22,9 @@ fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyConsumer>()?;
     m.add_class::<worker::PyDelivery>()?;
     m.add_class::<scale::PyScaler>()?;
+    m.add_class::<supervisor::PySlot>()?;
+    m.add_class::<supervisor::PySlotTable>()?;
+    m.add_class::<supervisor::PySupervisor>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_MAX_PAYLOAD_BYTES", delayq::DEFAULT_MAX_PAYLOAD_BYTES)?;
     Ok(())

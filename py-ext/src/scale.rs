@@ -8,7 +8,7 @@ use crate::queue::PyQueue;
 
 #[pyclass(name = "_Scaler", module = "delayq._delayq")]
 pub(crate) struct PyScaler {
-    scaler: delayq::scale::Scaler,
+    pub(crate) scaler: delayq::scale::Scaler,
 }
 
 #[pymethods]

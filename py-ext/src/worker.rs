@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use delayq::host::{Publisher, StopReason};
 use pyo3::exceptions::{PyKeyboardInterrupt, PySystemExit};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
@@ -13,6 +14,18 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::convert::json_to_py;
 use crate::errors::{self, OrRaise};
 use crate::queue::PyQueue;
+use crate::supervisor::PySlot;
+
+/// The error of a delivery whose handler raised SystemExit (`sys.exit()`).
+fn exit_error(py: Python<'_>, e: &PyErr) -> String {
+    format!("the handler raised {}, which stopped the worker", describe(py, e))
+}
+
+/// A SystemExit that a second stop signal raised (see `delayq._urgent_signal`), not the
+/// handler's own.
+fn is_urgent_stop(py: Python<'_>, e: &PyErr) -> bool {
+    e.value(py).hasattr("_delayq_urgent").unwrap_or(false)
+}
 
 /// One delivery, the handler's second argument.
 #[pyclass(name = "Message", module = "delayq", frozen)]
@@ -199,34 +212,45 @@ pub(crate) struct PyWorker {
     /// Exception classes that go to the dead-letter set at once (a tuple, as
     /// `isinstance` takes it).
     no_retry: Py<PyTuple>,
-    stopped_by: std::sync::Mutex<Option<String>>,
+    stopped_by: std::sync::Mutex<Option<StopReason>>,
 }
 
-fn summary<'py>(py: Python<'py>, s: &delayq::Summary, stopped_by: Option<String>) -> PyResult<Bound<'py, PyDict>> {
+fn summary<'py>(py: Python<'py>, s: &delayq::Summary, stopped_by: Option<StopReason>) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     for (k, v) in s.counts() {
         d.set_item(k, v)?;
     }
-    d.set_item("stopped_by", stopped_by)?;
+    d.set_item("stopped_by", stopped_by.map(StopReason::as_str))?;
     Ok(d)
+}
+
+/// A `stopped_by` text from Python code, as the core's reason.
+fn reason(py: Python<'_>, text: &str) -> PyResult<StopReason> {
+    StopReason::parse(text).ok_or_else(|| errors::invalid(py, format!("no stop reason is named {text:?}")))
 }
 
 /// A restart request or an empty queue (`stop_when_empty`) stopped the pool before
 /// anything else could.
-fn stop_reason(consumer: &delayq::Consumer, asked: Option<String>) -> Option<String> {
+fn stop_reason(consumer: &delayq::Consumer, asked: Option<StopReason>) -> Option<StopReason> {
     let stopper = consumer.stopper();
     if stopper.restart_requested() {
-        Some("restart".to_owned())
+        Some(StopReason::Restart)
     } else if stopper.found_empty() {
-        Some("empty".to_owned())
+        Some(StopReason::Empty)
     } else {
         asked
     }
 }
 
 impl PyWorker {
-    fn take_reason(&self, py: Python<'_>) -> Option<String> {
+    fn take_reason(&self, py: Python<'_>) -> Option<StopReason> {
         self.stopped_by.lock_py_attached(py).ok().and_then(|mut r| r.take())
+    }
+
+    fn set_reason(&self, py: Python<'_>, why: StopReason) {
+        if let Ok(mut r) = self.stopped_by.lock_py_attached(py) {
+            r.get_or_insert(why);
+        }
     }
 }
 
@@ -289,20 +313,30 @@ impl PyWorker {
         })
     }
 
-    /// Run a synchronous handler until stopped.
-    #[pyo3(signature = (handler, on_dead = None, on_failure = None))]
+    /// Run a synchronous handler until stopped. `slot`: a supervised process's slot,
+    /// told of each handler call and the delivery it holds.
+    #[pyo3(signature = (handler, on_dead = None, on_failure = None, slot = None))]
     fn run<'py>(
         &self,
         py: Python<'py>,
         handler: Bound<'py, PyAny>,
         on_dead: Option<Bound<'py, PyAny>>,
         on_failure: Option<Bound<'py, PyAny>>,
+        slot: Option<PyRef<'py, PySlot>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         crate::logs::sync_level(py);
         let consumer = py.detach(|| self.worker.start()).or_raise(py)?;
-        let finish = |py: Python<'py>, consumer: delayq::Consumer| {
+        let slot = slot.map(|s| s.slot.clone());
+        let publisher = slot
+            .as_ref()
+            .map(|s| s.publish_while(consumer.releaser(), self.worker.options().timeout));
+        let finish = |py: Python<'py>, consumer: delayq::Consumer, publisher: Option<Publisher>| {
             let reason = stop_reason(&consumer, self.take_reason(py));
-            let s = py.detach(|| consumer.finish());
+            let s = py.detach(|| {
+                let s = consumer.finish();
+                drop(publisher);
+                s
+            });
             crate::logs::flush(py);
             summary(py, &s, reason)
         };
@@ -310,7 +344,7 @@ impl PyWorker {
             // Runs Python signal handlers (delayq's own call stop()).
             if let Err(e) = py.check_signals() {
                 consumer.stop();
-                return Err(with_summary(py, e, finish(py, consumer)?));
+                return Err(with_summary(py, e, finish(py, consumer, publisher)?));
             }
             let received = py.detach(|| consumer.recv_timeout(Duration::from_millis(100)));
             crate::logs::flush(py);
@@ -328,16 +362,32 @@ impl PyWorker {
                 }
             };
             let msg = Bound::new(py, message(&d))?;
-            match handler.call1((&payload, &msg)) {
+            if let Some(s) = &slot {
+                s.started(Some(&d), Duration::ZERO);
+            }
+            let result = handler.call1((&payload, &msg));
+            if let Some(s) = &slot {
+                s.finished();
+            }
+            match result {
                 Ok(_) => {
                     let dead = complete(py, &consumer, d, msg.get(), None);
                     call_on_dead(py, on_dead.as_ref(), &payload, &msg, dead);
+                }
+                Err(e) if e.is_instance_of::<PySystemExit>(py) && !is_urgent_stop(py, &e) => {
+                    // The handler ended its process: the message is due again at once,
+                    // counted as an attempt (a handler that always exits ends in the
+                    // dead letters), and the pool stops, as PHP's exit() does.
+                    consumer.fail_with(d, &exit_error(py, &e), delayq::Retry::After(Duration::ZERO));
+                    self.set_reason(py, StopReason::Exit);
+                    consumer.stop();
+                    return Err(with_summary(py, e, finish(py, consumer, publisher)?));
                 }
                 Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) || e.is_instance_of::<PySystemExit>(py) => {
                     // The process is being asked to end: give the message back now.
                     consumer.release(d);
                     consumer.stop();
-                    return Err(with_summary(py, e, finish(py, consumer)?));
+                    return Err(with_summary(py, e, finish(py, consumer, publisher)?));
                 }
                 Err(e) => {
                     let raised = Raised {
@@ -356,29 +406,31 @@ impl PyWorker {
                 }
             }
         }
-        finish(py, consumer)
+        finish(py, consumer, publisher)
     }
 
     /// Start the pool for a caller-driven loop (the asyncio runner) that runs up to
-    /// `handlers` deliveries at once.
-    fn start(&self, py: Python<'_>, handlers: usize) -> PyResult<PyConsumer> {
+    /// `handlers` deliveries at once; `slot` as for `run`.
+    #[pyo3(signature = (handlers, slot = None))]
+    fn start(&self, py: Python<'_>, handlers: usize, slot: Option<PyRef<'_, PySlot>>) -> PyResult<PyConsumer> {
         crate::logs::sync_level(py);
         let consumer = py.detach(|| self.worker.start_with(handlers)).or_raise(py)?;
-        Ok(PyConsumer::new(consumer))
+        let publisher = slot.map(|s| s.slot.publish_while(consumer.releaser(), self.worker.options().timeout));
+        Ok(PyConsumer::new(consumer, publisher))
     }
 
     /// Why the pool was stopped ("stop", "signal"), once; for the asyncio runner.
-    fn take_stop_reason(&self, py: Python<'_>) -> Option<String> {
-        self.take_reason(py)
+    fn take_stop_reason(&self, py: Python<'_>) -> Option<&'static str> {
+        self.take_reason(py).map(StopReason::as_str)
     }
 
     /// Stop gracefully; `reason` ends up in the summary's "stopped_by".
     #[pyo3(signature = (reason = "stop"))]
-    fn stop(&self, py: Python<'_>, reason: &str) {
-        if let Ok(mut r) = self.stopped_by.lock_py_attached(py) {
-            r.get_or_insert_with(|| reason.to_owned());
-        }
+    fn stop(&self, py: Python<'_>, reason: &str) -> PyResult<()> {
+        let why = self::reason(py, reason)?;
+        self.set_reason(py, why);
         self.worker.stop();
+        Ok(())
     }
 }
 
@@ -388,6 +440,16 @@ fn with_summary<'py>(py: Python<'py>, e: PyErr, summary: Bound<'py, PyDict>) -> 
     // Only fails for an exception object without attributes, which Python's are not.
     let _ = e.value(py).setattr("_delayq_summary", summary);
     e
+}
+
+impl PyDelivery {
+    /// `f` with the delivery, or with None once it was completed.
+    pub(crate) fn with_delivery<T>(&self, py: Python<'_>, f: impl FnOnce(Option<&delayq::Delivery>) -> T) -> T {
+        match self.delivery.lock_py_attached(py) {
+            Ok(d) => f(d.as_ref()),
+            Err(_) => f(None),
+        }
+    }
 }
 
 /// A delivery handed to Python code by `_Consumer.recv`.
@@ -413,6 +475,8 @@ pub(crate) struct PyConsumer {
     /// may be given back by a thread that holds the GIL.
     returns: std::sync::Mutex<()>,
     returned: std::sync::Condvar,
+    /// A supervised process's counts, copied into its slot until `finish`.
+    publisher: std::sync::Mutex<Option<Publisher>>,
 }
 
 /// A call's share of the consumer, given back when the call ends.
@@ -444,11 +508,12 @@ impl Drop for Share<'_> {
 }
 
 impl PyConsumer {
-    fn new(consumer: delayq::Consumer) -> Self {
+    fn new(consumer: delayq::Consumer, publisher: Option<Publisher>) -> Self {
         Self {
             consumer: std::sync::Mutex::new(Some(Arc::new(consumer))),
             returns: std::sync::Mutex::new(()),
             returned: std::sync::Condvar::new(),
+            publisher: std::sync::Mutex::new(publisher),
         }
     }
 
@@ -573,18 +638,32 @@ impl PyConsumer {
         self.with(py, |c| c.release(d))
     }
 
+    /// The handler raised SystemExit with `error`: due again at once, counted.
+    fn exited(&self, py: Python<'_>, delivery: &PyDelivery, error: &str) -> PyResult<()> {
+        let d = Self::take(py, delivery)?;
+        self.with(py, |c| {
+            c.fail_with(d, error, delayq::Retry::After(Duration::ZERO));
+        })
+    }
+
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |c| c.stop())
     }
 
     /// Give back prefetched deliveries, write every completion, join the threads.
-    fn finish<'py>(&self, py: Python<'py>, stopped_by: Option<String>) -> PyResult<Bound<'py, PyDict>> {
+    fn finish<'py>(&self, py: Python<'py>, stopped_by: Option<&str>) -> PyResult<Bound<'py, PyDict>> {
+        let stopped_by = stopped_by.map(|t| reason(py, t)).transpose()?;
         let stopped_by = match self.current(py)? {
             Some(c) => stop_reason(&c, stopped_by),
             None => stopped_by,
         };
+        let publisher = self.publisher.lock_py_attached(py).ok().and_then(|mut p| p.take());
         let s = py
-            .detach(|| self.take_whole().map(delayq::Consumer::finish))
+            .detach(|| {
+                let s = self.take_whole().map(delayq::Consumer::finish);
+                drop(publisher);
+                s
+            })
             .unwrap_or_default();
         crate::logs::flush(py);
         summary(py, &s, stopped_by)

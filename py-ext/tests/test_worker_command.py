@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 import delayq
-from delayq import supervisor
+from delayq import _command
+from delayq._delayq import _Slot, _SlotTable
 from harness import wait_for
 
 TASKS = '''
@@ -29,6 +30,10 @@ LOG = os.environ["TASKS_LOG"]
 def handle(payload, msg):
     # Once each, on whichever delivery comes first (an earlier one may have been in a
     # process that the other one ended).
+    if payload.get("hang_always"):
+        time.sleep(3600)
+    if payload.get("exit_always"):
+        raise SystemExit(3)
     if payload.get("hang") and not os.path.exists(LOG + ".hung"):
         open(LOG + ".hung", "w").close()
         time.sleep(3600)
@@ -426,45 +431,114 @@ def test_a_second_stop_signal_stops_at_once_and_gives_the_running_message_back(
     assert 1 not in {n for n, _, _ in handled(tasks)}
 
 
-def test_a_handler_that_calls_sys_exit_ends_its_process_which_reports_and_is_replaced(
-    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+def test_a_handler_that_calls_sys_exit_stops_the_pool_and_its_message_ends_in_the_dead_letters(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
 ) -> None:
-    push_numbered(queue, 10)
-    queue.push({"n": 99, "exit": True})
-    pool = start(started, redis_url, tasks, "tasks:handle", "--processes", "2", "--lease", "60")
-    wait_for(30, "every message handled", lambda: len({n for n, _, _ in handled(tasks)}) == 11 and drained(queue))
-    out, err = finish(pool, tasks)
-    assert pool.returncode == 0, err
-    summary = json.loads(out)
-    # The message it held went back at once (not after the 60 s lease) and ran again;
-    # the exited process's counts are in the summary.
-    assert (summary["handled"], summary["acked"]) == (12, 11), summary
-    assert summary["released"] >= 1, summary
+    # Issue 28 (a): with processes as with one, sys.exit() in a handler stops the whole
+    # pool; its message is due again at once, counted, so it ends in the dead letters.
+    exiting = queue.push({"n": 99, "exit_always": True})
+    for n in range(1, 5):
+        queue.push({"n": n})
+    options = ("--processes", "2", "--max-attempts", "2", "--stop-when-empty", "--lease", "60")
+    info: Any = None
+    for _ in range(3):
+        done = run(redis_url, tasks, "tasks:handle", *options)
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        assert (summary["stopped_by"], summary["restarts"]) == ("exit", 0), summary
+        assert summary["failed"] >= 1, summary
+        info = queue.get(exiting)
+        # The other process may take it too before it is told to stop (and exit too).
+        assert info["state"] in ("ready", "dead"), "due again at once, not after the 60 s lease"
+        if info["state"] == "ready":
+            assert info["attempts"] == 1, info
+        assert "SystemExit: 3" in info["last_error"], info
+        if info["state"] == "dead":
+            break
+    assert (info["state"], info["attempts"]) == ("dead", 2), info
+    assert "gave up after 2 attempts" in info["last_error"]
+    done = run(redis_url, tasks, "tasks:handle", *options)
+    assert json.loads(done.stdout)["stopped_by"] == "empty", done.stderr
+    assert sorted(n for n, _, _ in handled(tasks)) == [1, 2, 3, 4]
+    stats = queue.stats()
+    assert (stats["dead"], stats["ready"], stats["inflight"]) == (1, 0, 0), stats
 
 
-def test_a_process_of_coroutine_handlers_tells_its_supervisor_while_one_runs(
-    queue: delayq.DelayQueue, tmp_path: Path
+def test_a_handler_that_calls_sys_exit_in_one_process_counts_the_attempt(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
 ) -> None:
-    # What the supervisor reads to keep a busy process when it balances, and to find
-    # a hung one (see the test above).
-    slot = tmp_path / "slot"
-    slot.write_bytes(supervisor.SLOT.pack(0.0))
+    exiting = queue.push({"n": 99, "exit_always": True})
+    done = run(redis_url, tasks, "tasks:handle", "--lease", "60")
+    assert done.returncode == 3, done.stderr
+    info = queue.get(exiting)
+    assert (info["state"], info["attempts"]) == ("ready", 1), info
 
-    def read_slot() -> float:
-        return float(supervisor.SLOT.unpack(slot.read_bytes())[0])
 
-    seen: list[float] = []
+def test_a_handler_killed_at_its_timeout_fails_its_message_at_once_and_keeps_the_counts(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    # Issue 28 (d). Hangs on every attempt: killed twice, then dead; hangs once: acked
+    # on its second. A lease far past the run's patience: what comes back in time was
+    # failed by the supervisor, not left to expire; stop_when_empty must wait for it.
+    always = queue.push({"n": 0, "hang_always": True})
+    once = queue.push({"n": 1, "hang": True})
+    for n in range(2, 5):
+        queue.push({"n": n})
+    done = run(redis_url, tasks, "tasks:handle", "--processes", "2", "--timeout", "1", "--lease", "60",
+               "--max-attempts", "2", "--stop-when-empty", "--backoff-base", "30", "--log-level", "info")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert (summary["stopped_by"], summary["killed_hung"]) == ("empty", 3), summary
+    counts = {k: summary[k] for k in ("handled", "acked", "failed", "retried", "dead")}
+    assert counts == {"handled": 7, "acked": 4, "failed": 3, "retried": 2, "dead": 1}, \
+        "the killed processes' counts are in the summary"
+    info = queue.get(always)
+    assert (info["state"], info["attempts"], info["last_error"]) == (
+        "dead", 2, "handler exceeded its 1 s timeout; process killed (gave up after 2 attempts)")
+    assert queue.get(once) is None
+    assert [(n, attempt) for n, attempt, _ in handled(tasks) if n == 1] == [(1, 2)], "ran again at once"
+    assert sorted(n for n, _, _ in handled(tasks)) == [1, 2, 3, 4]
+    assert done.stderr.count("its handler ran past the 1 s timeout and was killed") == 3, done.stderr
 
-    async def handle(payload: Any, msg: delayq.Message) -> None:
-        seen.append(read_slot())
+
+def test_the_timeout_error_and_the_attempts_agree(queue: delayq.DelayQueue, redis_url: str, tasks: Path) -> None:
+    hung = queue.push({"n": 0, "hang_always": True})
+    done = run(redis_url, tasks, "tasks:handle", "--processes", "2", "--timeout", "2", "--lease", "60",
+               "--max-attempts", "1", "--stop-when-empty")
+    assert done.returncode == 0, done.stderr
+    info = queue.get(hung)
+    assert (info["state"], info["attempts"], info["last_error"]) == (
+        "dead", 1, "handler exceeded its 2 s timeout; process killed")
+    summary = json.loads(done.stdout)
+    assert [summary[k] for k in ("stopped_by", "killed_hung", "handled", "failed", "dead")] == ["empty", 1, 1, 1, 1]
+
+
+def test_a_process_tells_its_supervisor_which_message_its_handler_holds(queue: delayq.DelayQueue) -> None:
+    # What the supervisor reads to keep a busy process when it balances, to find a hung
+    # one, and to fail the message of one it killed.
+    table = _SlotTable(2)
+    seen: list[dict[str, Any]] = []
+
+    def handle(payload: Any, msg: delayq.Message) -> None:
+        seen.append({**table.view(1), "id": msg.id, "attempt": msg.attempt})
+
+    async def handle_async(payload: Any, msg: delayq.Message) -> None:
+        handle(payload, msg)
         await asyncio.sleep(0.05)
 
-    push_numbered(queue, 6)
-    before = time.monotonic()
-    summary = supervisor.run_one(delayq.Worker(queue, stop_when_empty=True, concurrency=3), handle, str(slot))
-    assert summary["acked"] == 6
-    assert len(seen) == 6 and all(started > before for started in seen), seen
-    assert read_slot() == 0.0, "idle again once the last one ended"
+    for handler, concurrency in ((handle, 1), (handle_async, 1), (handle_async, 3)):
+        seen.clear()
+        push_numbered(queue, 6)
+        worker = delayq.Worker(queue, stop_when_empty=True, concurrency=concurrency)
+        summary = _command.run_one(worker, handler, _Slot(table.path, 1))
+        assert summary["acked"] == 6
+        assert len(seen) == 6 and all(v["busy"] for v in seen), seen
+        if concurrency == 1:
+            assert all(v["held_id"] == v["id"] and v["held_attempt"] == v["attempt"] for v in seen), seen
+        view = table.view(1)
+        assert not view["busy"], "idle again once the last one ended"
+        assert view["handled"] == 6, "the run's counts are published"
+        assert table.view(0)["starts"] == 0, "the other slot untouched"
 
 
 def test_keep_completed_lets_the_commands_show_what_ran(

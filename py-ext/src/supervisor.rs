@@ -1,0 +1,232 @@
+//! `delayq worker --processes N` (or `--timeout`), Python's part of it: start a worker
+//! process (this module's command, exec'd: no thread or connection of the supervisor
+//! is copied into it) for the core's supervisor (`delayq::host::supervise`, which
+//! respawns, backs off, gives up, kills hung handlers, scales and sums), pass Python's
+//! signals on, and open a worker process's slot. No decision about processes or
+//! messages is made here.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use delayq::host::{self, Asked, SlotTable, StopReason, StopSignals};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{self, OrRaise};
+use crate::queue::PyQueue;
+use crate::scale::PyScaler;
+use crate::worker::PyDelivery;
+
+/// A worker process's slot (see the core's `host::Slot`), opened by path.
+#[pyclass(name = "_Slot", module = "delayq._delayq", frozen)]
+pub(crate) struct PySlot {
+    pub(crate) slot: host::Slot,
+}
+
+#[pymethods]
+impl PySlot {
+    #[new]
+    fn new(py: Python<'_>, path: &str, index: usize) -> PyResult<Self> {
+        let slot = host::Slot::open(path.as_ref(), index)
+            .map_err(|e| errors::invalid(py, format!("cannot open the slot file {path}: {e}")))?;
+        Ok(Self { slot })
+    }
+
+    /// A handler started on `delivery` (None: unknown), allowed `grace` seconds past
+    /// the timeout.
+    #[pyo3(signature = (delivery, grace = 0.0))]
+    fn started(&self, py: Python<'_>, delivery: Option<&PyDelivery>, grace: f64) {
+        let grace = Duration::from_secs_f64(grace.clamp(0.0, 86_400.0));
+        match delivery {
+            Some(d) => d.with_delivery(py, |d| self.slot.started(d, grace)),
+            None => self.slot.started(None, grace),
+        }
+    }
+
+    /// The handler ended.
+    fn finished(&self) {
+        self.slot.finished();
+    }
+}
+
+/// Slots in a file, as a supervisor makes them: for tests of what a worker process
+/// tells its supervisor.
+#[pyclass(name = "_SlotTable", module = "delayq._delayq", frozen)]
+pub(crate) struct PySlotTable {
+    table: SlotTable,
+}
+
+#[pymethods]
+impl PySlotTable {
+    #[new]
+    fn new(py: Python<'_>, len: usize) -> PyResult<Self> {
+        let table = SlotTable::in_file(len).map_err(|e| errors::invalid(py, format!("cannot make slots: {e}")))?;
+        Ok(Self { table })
+    }
+
+    #[getter]
+    fn path(&self) -> String {
+        self.table.path().map(|p| p.display().to_string()).unwrap_or_default()
+    }
+
+    /// What slot `index` says: starts, busy, the held message's id and attempt.
+    fn view<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyDict>> {
+        let v = self.table.view(index);
+        let d = PyDict::new(py);
+        d.set_item("starts", v.starts)?;
+        d.set_item("busy", v.busy)?;
+        d.set_item("held_id", v.held.as_ref().map(|h| h.id.clone()))?;
+        d.set_item("held_attempt", v.held.as_ref().map(|h| h.attempt))?;
+        d.set_item("handled", v.counts.handled)?;
+        Ok(d)
+    }
+}
+
+/// The core's supervisor over copies of a command.
+#[pyclass(name = "_Supervisor", module = "delayq._delayq", frozen)]
+pub(crate) struct PySupervisor {
+    command: Vec<String>,
+    opts: Mutex<Option<host::SupervisorOptions>>,
+    signals: Mutex<StopSignals>,
+}
+
+struct PySpawner<'a> {
+    command: &'a [String],
+    signals: &'a Mutex<StopSignals>,
+}
+
+impl host::Spawner for PySpawner<'_> {
+    fn spawn(&mut self, index: usize, slots: &SlotTable, report: OwnedFd) -> std::io::Result<libc::pid_t> {
+        let (program, args) = self
+            .command
+            .split_first()
+            .ok_or_else(|| std::io::Error::other("no command"))?;
+        let fd = report.as_raw_fd();
+        let path = slots
+            .path()
+            .ok_or_else(|| std::io::Error::other("slots without a file"))?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .arg("--report-fd")
+            .arg(fd.to_string())
+            .arg("--slot-file")
+            .arg(path)
+            .arg("--slot-index")
+            .arg(index.to_string());
+        // SAFETY: between fork and exec only fcntl, which is async-signal-safe. The
+        // report pipe is close-on-exec (no other process may hold it): this process
+        // keeps its own end open.
+        unsafe {
+            command.pre_exec(move || {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn()?;
+        drop(report);
+        // The core reaps it (waitpid); the handle is only dropped.
+        libc::pid_t::try_from(child.id()).map_err(std::io::Error::other)
+    }
+
+    fn poll(&mut self) -> Asked {
+        Python::attach(|py| {
+            // Runs the Python signal handlers, which call `signal()`.
+            if let Err(e) = py.check_signals() {
+                log::warn!("a signal handler raised {e}");
+                self.signals
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .received(Instant::now());
+            }
+            crate::logs::flush(py);
+        });
+        let signals = self.signals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Asked {
+            stop: signals.stopping().then_some(StopReason::Signal),
+            urgent: signals.urgent(),
+        }
+    }
+}
+
+#[pymethods]
+impl PySupervisor {
+    #[new]
+    #[pyo3(signature = (command, processes, timeout, scaler, queues))]
+    fn new(
+        py: Python<'_>,
+        command: Vec<String>,
+        processes: usize,
+        timeout: Option<f64>,
+        scaler: &PyScaler,
+        queues: Vec<PyRef<'_, PyQueue>>,
+    ) -> PyResult<Self> {
+        if command.is_empty() {
+            return Err(errors::invalid(py, "the worker command is empty"));
+        }
+        let timeout = timeout
+            .map(|t| delayq::delay_from_secs("timeout", t))
+            .transpose()
+            .or_raise(py)?;
+        Ok(Self {
+            command,
+            opts: Mutex::new(Some(host::SupervisorOptions {
+                processes,
+                timeout,
+                scaler: scaler.scaler.clone(),
+                queues: queues.iter().map(|q| q.queue.clone()).collect(),
+                respawn: host::RespawnPolicy::default(),
+            })),
+            signals: Mutex::new(StopSignals::default()),
+        })
+    }
+
+    /// SIGTERM or SIGINT came (from the Python handler): the pool stops gracefully, and
+    /// at once on a second one.
+    fn signal(&self, signum: i32) {
+        let mut signals = self.signals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if signals.received(Instant::now()) {
+            let name = if signum == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
+            log::warn!("{name} again: stopping every worker process now");
+        }
+    }
+
+    /// Run the pool until it stops; returns its summary and whether it ran as asked
+    /// (False: it gave up on processes that kept dying, or one could not run).
+    fn run<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyDict>, bool)> {
+        crate::logs::sync_level(py);
+        let opts = self
+            .opts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| errors::invalid(py, "this supervisor ran already"))?;
+        let slots = SlotTable::in_file(opts.processes)
+            .map_err(|e| errors::invalid(py, format!("cannot make the slot file: {e}")))?;
+        let mut spawner = PySpawner {
+            command: &self.command,
+            signals: &self.signals,
+        };
+        let pool = py.detach(|| host::supervise(&mut spawner, opts, slots));
+        crate::logs::flush(py);
+        if let Some(fatal) = &pool.fatal {
+            log::error!("a worker process failed: {fatal}");
+            crate::logs::flush(py);
+        }
+        let d = PyDict::new(py);
+        for (k, v) in pool.counts.counts() {
+            d.set_item(k, v)?;
+        }
+        d.set_item("stopped_by", pool.stopped_by.map(StopReason::as_str))?;
+        for (k, v) in pool.pool_counts() {
+            d.set_item(k, v)?;
+        }
+        Ok((d, pool.gave_up.is_none() && pool.fatal.is_none()))
+    }
+}
