@@ -246,14 +246,19 @@ impl Delivery {
 /// delivery completed meanwhile is left alone (`Ok(None)`).
 pub(crate) fn fail_lease(
     queue: &Queue,
-    part: usize,
-    id: &str,
-    lease: &str,
-    attempt: u32,
-    max_attempts: u32,
+    held: &crate::host::Held,
     error: &str,
     delay: Duration,
 ) -> Result<Option<Fate>> {
+    let crate::host::Held {
+        part,
+        id,
+        lease,
+        attempt,
+        max_attempts,
+        ..
+    } = held;
+    let (part, attempt, max_attempts) = (*part, *attempt, *max_attempts);
     let qo = queue.options();
     let retry = attempt < max_attempts;
     let error = if !retry && max_attempts > 1 {

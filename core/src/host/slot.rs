@@ -371,7 +371,7 @@ impl Slot {
     pub fn started(&self, held: Option<&Delivery>, grace: Duration) {
         let c = self.cells();
         let seq = c.held_seq.fetch_add(1, Ordering::AcqRel);
-        debug_assert!(seq % 2 == 0, "one writer per slot");
+        debug_assert!(seq.is_multiple_of(2), "one writer per slot");
         fence(Ordering::Release);
         match held {
             Some(d) => {
@@ -473,6 +473,39 @@ mod tests {
             assert_eq!(load_bytes(&words, n), text.as_bytes());
         }
         assert_eq!(store_bytes(&words, &[7u8; 40]), 32, "cut to what fits");
+    }
+
+    #[test]
+    fn a_slot_names_the_delivery_its_handler_holds_until_the_next_one() {
+        let table = SlotTable::anonymous(2).expect("table");
+        let slot = table.slot(1);
+        let first = Delivery::for_test("order-10086", "17:1700000000000", 2, 5, 3, 1);
+        slot.started(Some(&first), Duration::ZERO);
+        let seen = table.view(1);
+        assert_eq!((seen.starts, seen.busy), (1, true));
+        assert_eq!(
+            seen.held,
+            Some(Held {
+                member: 1,
+                part: 3,
+                id: "order-10086".into(),
+                lease: "17:1700000000000".into(),
+                attempt: 2,
+                max_attempts: 5,
+            })
+        );
+        slot.finished();
+        let long_id = "x".repeat(MAX_ID_BYTES);
+        let second = Delivery::for_test(&long_id, "18:1", 1, 1, 0, 0);
+        slot.started(Some(&second), Duration::ZERO);
+        let seen = table.view(1);
+        assert_eq!(seen.starts, 2, "a new busy period");
+        assert_eq!(seen.held.map(|h| (h.id, h.member)), Some((long_id, 0)));
+        let unkeepable = Delivery::for_test("y", &"9".repeat(LEASE_WORDS * 8 + 1), 1, 1, 0, 0);
+        slot.started(Some(&unkeepable), Duration::ZERO);
+        assert_eq!(table.view(1).held, None, "a lease cut short would fence nothing");
+        slot.started(None, Duration::ZERO);
+        assert_eq!(table.view(1).held, None);
     }
 
     #[test]

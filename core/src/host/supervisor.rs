@@ -425,16 +425,7 @@ impl<S: Spawner> Pool<'_, S> {
         }
         let held: &Held = view.held.as_ref()?;
         let queue = self.opts.queues.get(held.member)?;
-        match fail_lease(
-            queue,
-            held.part,
-            &held.id,
-            &held.lease,
-            held.attempt,
-            held.max_attempts,
-            error,
-            Duration::ZERO,
-        ) {
+        match fail_lease(queue, held, error, Duration::ZERO) {
             Ok(fate) => fate,
             Err(e) => {
                 log::warn!(
@@ -477,7 +468,14 @@ impl<S: Spawner> Pool<'_, S> {
             }
             Some(Report::Done { counts, stopped_by }) => {
                 self.summary.counts += &counts;
+                // It stopped its pool to be killed, and its handler returned before the
+                // kill: that stop was its own, not the pool's.
+                let readied_for_kill = view.gave_back != 0 && view.gave_back == view.starts;
                 match stopped_by {
+                    Some(StopReason::Stop) | None if readied_for_kill => {
+                        log::info!("worker process {pid}: its handler ended past the timeout; starting another");
+                        self.respawn(i, None);
+                    }
                     Some(why) if why.recycles() => {
                         if !self.stopping && self.wanted[i] {
                             log::info!("worker process {pid} recycled ({why}); starting another");
