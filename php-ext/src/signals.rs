@@ -19,7 +19,8 @@ static FIRST_MS: AtomicU64 = AtomicU64::new(0);
 static URGENT: AtomicI32 = AtomicI32::new(0);
 /// The write end of this process's watcher pipe, -1 without a watcher.
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
-const URGENT_AFTER_MS: u64 = 500;
+/// The core's `URGENT_AFTER`, in the unit of this module's clock.
+const URGENT_AFTER_MS: u64 = delayq::host::URGENT_AFTER.as_millis() as u64;
 
 fn monotonic_ms() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

@@ -691,7 +691,7 @@ impl PhpWorker {
         }
         self.stop_requested.store(false, Ordering::Release);
         let guard = signals::install();
-        let result = if self.limits.processes > 1 || self.limits.timeout.is_some() {
+        let result = if delayq::host::is_supervised(self.limits.processes, self.limits.timeout) {
             supervisor::supervise(self, &handler)
         } else {
             self.call_on_start().and_then(|()| {

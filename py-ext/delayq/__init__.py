@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any, Callable, Optional, Union
 
 from . import errors
-from ._delayq import DEFAULT_MAX_PAYLOAD_BYTES, DelayQueue, Message, _Slot, _Worker, __version__
+from ._delayq import _URGENT_AFTER, DEFAULT_MAX_PAYLOAD_BYTES, DelayQueue, Message, _Slot, _Worker, __version__
 from .aio import AsyncDelayQueue
 from .errors import (
     AuthError,
@@ -62,10 +62,9 @@ __all__ = [
 Handler = Callable[[Any, Message], Union[None, Awaitable[None]]]
 
 
-#: A stop signal this long after the first stops at once; closer ones are the same stop
-#: arriving twice (a terminal's Ctrl+C reaches every process of its group, and a
-#: supervisor passes it on as SIGTERM).
-_URGENT_AFTER = 0.5
+# _URGENT_AFTER (the core's): a stop signal this long after the first stops at once;
+# closer ones are the same stop arriving twice (a terminal's Ctrl+C reaches every
+# process of its group, and a supervisor passes it on as SIGTERM).
 
 
 def _urgent_signal(signum: int) -> BaseException:

@@ -565,8 +565,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         return status
     # A thread cannot be stopped, nor a coroutine that blocks its event loop cancelled; a
     # process can: a handler with a timeout runs supervised even alone, as PHP's does.
-    supervised = args.processes > 1 or args.timeout is not None
-    if not supervised:
+    if not _Supervisor.needed(args.processes, args.timeout):
         try:
             summary, ran_as_asked = supervisor.run_one(worker, handler, None, on_start, on_stop), True
         except KeyboardInterrupt:  # a second Ctrl+C: stopped at once, logged
@@ -582,8 +581,8 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         try:
             summary, ran_as_asked = pool.run()
         finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            for s, before in previous.items():
+                signal.signal(s, before)
 
     def human() -> list[str]:
         line = (f"pool stopped ({summary['stopped_by']}): {summary['handled']} handled, {summary['acked']} acked, "

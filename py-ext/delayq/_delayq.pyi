@@ -5,7 +5,7 @@ from os import PathLike
 from typing import Any, Iterable, Mapping, Optional, Union, final
 
 __all__ = ["DelayQueue", "Message", "_Worker", "_Consumer", "_Delivery", "_Scaler", "_Slot", "_SlotTable", "_Supervisor",
-           "__version__", "DEFAULT_MAX_PAYLOAD_BYTES"]
+           "__version__", "DEFAULT_MAX_PAYLOAD_BYTES", "_URGENT_AFTER"]
 
 __version__: str
 DEFAULT_MAX_PAYLOAD_BYTES: int
@@ -372,5 +372,9 @@ class _Supervisor:
     def __new__(
         cls, command: list[str], processes: int, timeout: Optional[float], scaler: _Scaler, queues: list[DelayQueue]
     ) -> _Supervisor: ...
+    @staticmethod
+    def needed(processes: int, timeout: Optional[float]) -> bool: ...
     def signal(self, signum: int) -> None: ...
     def run(self) -> tuple[dict[str, Any], bool]: ...
+
+_URGENT_AFTER: float

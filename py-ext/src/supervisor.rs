@@ -187,6 +187,13 @@ impl PySupervisor {
         })
     }
 
+    /// Whether a run of `processes` with `timeout` runs under a supervisor.
+    #[staticmethod]
+    #[pyo3(signature = (processes, timeout))]
+    fn needed(processes: usize, timeout: Option<f64>) -> bool {
+        host::is_supervised(processes, timeout.map(|_| Duration::ZERO))
+    }
+
     /// SIGTERM or SIGINT came (from the Python handler): the pool stops gracefully, and
     /// at once on a second one.
     fn signal(&self, signum: i32) {

@@ -17,5 +17,5 @@ pub use slot::{Held, Publisher, Slot, SlotTable, SlotView};
 pub use stop::StopReason;
 pub use supervisor::{
     Asked, HungClock, LOOK_EVERY, PoolSummary, Respawn, RespawnPolicy, Respawns, Spawner, StopSignals,
-    SupervisorOptions, URGENT_AFTER, supervise, timeout_error,
+    SupervisorOptions, URGENT_AFTER, is_supervised, supervise, timeout_error,
 };

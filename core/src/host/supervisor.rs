@@ -43,6 +43,12 @@ const TURN: Duration = Duration::from_millis(50);
 /// before it is killed all the same (a process too stuck to do it, a Redis that hangs).
 const GIVE_BACK_WAIT: Duration = Duration::from_secs(2);
 
+/// Whether a worker run needs a supervisor: several processes, or a timeout (a thread
+/// cannot be stopped, nor a coroutine that blocks its loop; a process can be killed).
+pub fn is_supervised(processes: usize, timeout: Option<Duration>) -> bool {
+    processes > 1 || timeout.is_some()
+}
+
 /// When processes that die are started again, and when the pool gives up on them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RespawnPolicy {
@@ -766,6 +772,13 @@ mod tests {
         assert!(s.received(t0 + URGENT_AFTER));
         assert!(!s.received(t0 + URGENT_AFTER * 3), "urgent once");
         assert!(s.stopping() && s.urgent());
+    }
+
+    #[test]
+    fn several_processes_or_a_timeout_run_supervised() {
+        assert!(!is_supervised(1, None));
+        assert!(is_supervised(2, None));
+        assert!(is_supervised(1, Some(Duration::from_secs(1))));
     }
 
     #[test]
