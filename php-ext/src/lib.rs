@@ -1,5 +1,6 @@
 //! PHP extension for delayq (ext-php-rs): value conversion, error mapping, running
-//! the handler on the PHP thread, and process supervision. The queue logic lives in
+//! the handler on the PHP thread, and the fork of supervised processes (the supervisor
+//! itself is the core's `host` module). The queue logic lives in
 //! the `delayq` crate; each file here mirrors one part of its API.
 
 mod args;
