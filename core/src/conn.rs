@@ -648,6 +648,14 @@ impl Default for ConnSlot {
     }
 }
 
+impl Drop for ConnSlot {
+    /// A child process that drops a queue or a pool it inherited leaves the parent's
+    /// connection alone, as a call would.
+    fn drop(&mut self) {
+        self.take_over_after_fork();
+    }
+}
+
 impl ConnSlot {
     pub(crate) fn new() -> Self {
         Self {

@@ -43,6 +43,14 @@ pub(crate) fn generation() -> u64 {
     FORKS.load(Ordering::Relaxed)
 }
 
+/// Ends this process at once with `status`: `_exit`, so that no destructor, atexit
+/// hook or flush runs, for a child forked from a process whose pool's threads (and
+/// the locks they held at the fork) did not come along.
+pub(crate) fn exit_child(status: i32) -> ! {
+    // SAFETY: _exit(2) ends the process; it touches no state of ours.
+    unsafe { libc::_exit(status) }
+}
+
 thread_local! {
     static IDS: RefCell<Option<(u64, StdRng)>> = const { RefCell::new(None) };
 }

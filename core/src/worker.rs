@@ -656,14 +656,29 @@ struct Control {
     /// Each partition's restart generation when this worker started (see restart.lua):
     /// set once, by the first start, and inherited by processes forked after it.
     restart_baseline: Vec<std::sync::OnceLock<u64>>,
+    /// `fork::generation() + 1` of the process whose threads run the pool, 0 while
+    /// none runs: a process forked meanwhile (by a handler) tells itself apart by it.
+    pool_process: AtomicU64,
 }
 
 impl Control {
     fn stop(&self) {
         self.stop.store(true, Ordering::Release);
+        if self.in_forked_child() {
+            // Nobody here waits on these, and a lock that a pool thread held at the
+            // fork stays held in this process for ever.
+            return;
+        }
         self.wake.interrupt();
         let _free = self.slots.free.lock();
         self.slots.cv.notify_all();
+    }
+
+    /// Whether this process was forked while the pool ran: the pool's threads stayed
+    /// in the parent, and what this process holds of it is a copy frozen at the fork.
+    fn in_forked_child(&self) -> bool {
+        let owner = self.pool_process.load(Ordering::Acquire);
+        owner != 0 && owner != crate::fork::generation() + 1
     }
 
     fn stopped(&self) -> bool {
@@ -1130,6 +1145,7 @@ impl Worker {
                     cv: Condvar::new(),
                 },
                 restart_baseline: (0..partitions).map(|_| std::sync::OnceLock::new()).collect(),
+                pool_process: AtomicU64::new(0),
             }),
             running: Arc::new(AtomicBool::new(false)),
             lower: Vec::new(),
@@ -1262,6 +1278,9 @@ impl Worker {
     /// yet.
     fn prepare(&self, handlers: usize, member: usize) -> (Arc<Pool>, Sender<Delivery>, Receiver<Delivery>) {
         self.running.store(true, Ordering::Release);
+        // Also registers the fork counter, before a handler can fork.
+        let process = crate::fork::generation() + 1;
+        self.control.pool_process.store(process, Ordering::Release);
         *self.control.slots.free.lock() = self.opts.prefetch_limit();
         // Look at every partition at once, whatever an earlier run left behind.
         self.control.wake.kick();
@@ -1378,6 +1397,9 @@ impl Worker {
                                 IN_HANDLER.set(true);
                                 let result = catch_unwind(AssertUnwindSafe(|| handler(&d)));
                                 IN_HANDLER.set(false);
+                                if consumer.in_forked_child() {
+                                    end_forked_child(&result);
+                                }
                                 match result {
                                     Ok(Ok(())) => consumer.ack(d),
                                     Ok(Err(e)) => {
@@ -1399,6 +1421,24 @@ impl Worker {
         });
         Ok(consumer.finish())
     }
+}
+
+/// A process that a handler forked came back from it: it ends here, before it could
+/// run, wait on or write through the pool it inherited (whose threads stayed in the
+/// parent), with 0 for `Ok`, 1 for `Err` and 101 (Rust's) for a panic.
+fn end_forked_child(result: &std::thread::Result<std::result::Result<(), String>>) -> ! {
+    let (status, error) = match result {
+        Ok(Ok(())) => (0, None),
+        Ok(Err(e)) => (1, Some(e.clone())),
+        Err(panic) => (101, Some(format!("handler panicked: {}", panic_text(panic)))),
+    };
+    if let Some(error) = error {
+        // write(2), not eprintln!: a pool thread may have held stderr's lock at the fork.
+        let line = format!("delayq: a process forked by a handler ended with an error: {error}\n");
+        // SAFETY: writes our own buffer to fd 2.
+        unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+    }
+    crate::fork::exit_child(status)
 }
 
 /// `trace` within `max` bytes: its start and its end around a note of what was left
@@ -1580,6 +1620,9 @@ impl Consumer {
     /// asked for, even if prefetched deliveries remain (`finish` gives them back).
     /// With lower queues: the waiting delivery of the highest queue that has one.
     pub fn recv_timeout(&self, timeout: Duration) -> Received {
+        if self.in_forked_child() {
+            return Received::Stopped;
+        }
         if !self.lower.is_empty() {
             return self.recv_by_priority(timeout);
         }
@@ -1749,7 +1792,19 @@ impl Consumer {
         self.owner(&d).send(Outcome::release(d));
     }
 
+    /// Whether this process is a child forked while the pool ran, by a handler: its
+    /// copy of the pool has no threads, so it delivers nothing, writes nothing (the
+    /// parent completes the delivery) and `finish` returns at once. A binding ends such
+    /// a child when it returns from the handler, before it runs anything else of the
+    /// worker's.
+    pub fn in_forked_child(&self) -> bool {
+        self.pool.control.in_forked_child()
+    }
+
     fn send(&self, outcome: Outcome) {
+        if self.in_forked_child() {
+            return;
+        }
         if let Some(tx) = &self.outcomes {
             // The completer lives until `finish` drops this sender, so this cannot fail.
             let _ = tx.send(outcome);
@@ -1788,6 +1843,10 @@ impl Consumer {
             return;
         }
         self.finished = true;
+        if self.in_forked_child() {
+            self.leave_to_parent();
+            return;
+        }
         // Every queue's pool winds down at once, then each is joined.
         self.stop();
         for m in &mut self.lower {
@@ -1812,7 +1871,25 @@ impl Consumer {
             let _ = t.join();
         }
         self.pool.control.stop.store(false, Ordering::Release);
+        self.pool.control.pool_process.store(0, Ordering::Release);
         self.running.store(false, Ordering::Release);
+    }
+}
+
+impl Consumer {
+    /// Shutdown in a forked child: no thread of the pool runs here to be joined (a
+    /// join waits for ever), and dropping the last end of a channel takes a lock that
+    /// a pool thread may have held at the fork. Leaked instead, for the process's end.
+    fn leave_to_parent(&mut self) {
+        self.fetchers.drain(..).for_each(std::mem::forget);
+        self.others.drain(..).for_each(std::mem::forget);
+        std::mem::forget(self.outcomes.take());
+        std::mem::forget(self.done.take());
+        std::mem::forget(std::mem::replace(&mut self.deliveries, crossbeam_channel::never()));
+        for m in &mut self.lower {
+            m.finished = true;
+            m.leave_to_parent();
+        }
     }
 }
 
