@@ -27,6 +27,8 @@ type PhpResult<T> = Result<T, PhpException>;
 unsafe extern "C" {
     // ZEND_API since PHP 8.0: the pending "exception" is exit()/die() unwinding.
     fn zend_is_unwind_exit(ex: *const ext_php_rs::ffi::zend_object) -> bool;
+    // PHPAPI: flushes and closes every output buffer, as the end of a request does.
+    fn php_output_end_all();
 }
 
 /// The error of a delivery whose handler called exit() or die().
@@ -193,6 +195,48 @@ pub(crate) struct RunSummary {
     pub(crate) ended: Option<StopReason>,
 }
 
+/// A process that a handler (or a hook) forked with `pcntl_fork()` came back into the
+/// worker: it returned, called exit(), or threw. It ends here, before it could run,
+/// wait on or write through the pool it inherited (whose threads stayed in the parent,
+/// with the locks they held at the fork) or its supervisor's slot, with the status
+/// PHP would give it: exit()'s, 255 after an uncaught exception, else 0. Output
+/// buffers are flushed as at any exit; shutdown functions and destructors do not run
+/// (they belong to the parent's objects, the worker among them).
+fn end_forked_child(call: Option<&ext_php_rs::error::Result<Zval>>) -> ! {
+    let status = match call {
+        Some(Err(_)) => {
+            let pending = ExecutorGlobals::get().exception().map(std::ptr::from_ref);
+            match pending {
+                // SAFETY: the engine's pending exception, alive until taken.
+                Some(ex) if unsafe { zend_is_unwind_exit(ex.cast()) } => ExecutorGlobals::get().exit_status,
+                Some(_) => {
+                    let trace = ExecutorGlobals::take_exception()
+                        .map(|ex| exception_trace(&ex))
+                        .unwrap_or_default();
+                    write_stderr(&format!(
+                        "delayq: a process forked by a handler ended with an uncaught {trace}\n"
+                    ));
+                    255
+                }
+                None => 255,
+            }
+        }
+        _ => 0,
+    };
+    // SAFETY: PHP's own end-of-request flush, on the PHP thread; then _exit(2), which
+    // runs nothing of this process's.
+    unsafe {
+        php_output_end_all();
+        libc::_exit(status)
+    }
+}
+
+/// write(2) to stderr: a pool thread may have held Rust's stderr lock at a fork.
+fn write_stderr(text: &str) {
+    // SAFETY: writes our own buffer to fd 2.
+    unsafe { libc::write(2, text.as_ptr().cast(), text.len()) };
+}
+
 /// The exception as PHP prints it: class, message, file and line, the stack trace,
 /// and each previous exception ("Next ...").
 fn exception_trace(ex: &ZendObject) -> String {
@@ -280,6 +324,10 @@ impl PhpWorker {
                 // Lets the script's own pcntl_signal() handlers run (they may call stop()).
                 let _ = f.try_call(vec![]);
             }
+            if consumer.in_forked_child() {
+                // Forked by a hook or a signal handler, which returned.
+                end_forked_child(None);
+            }
             let received = consumer.recv_timeout(Duration::from_millis(100));
             crate::logs::flush();
             let delivery = match received {
@@ -315,6 +363,9 @@ impl PhpWorker {
                 s.started(Some(&delivery), Duration::ZERO);
             }
             let result = handler.try_call(vec![&payload, &message]);
+            if consumer.in_forked_child() {
+                end_forked_child(Some(&result));
+            }
             if let Some(s) = slot {
                 s.finished();
             }

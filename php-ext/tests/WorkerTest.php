@@ -1212,6 +1212,62 @@ final class WorkerTest extends TestCase
         $this->assertSame([], $this->handled());
     }
 
+    /** @return array<string, array{0: array}> */
+    public static function forkingWorkerOptions(): array
+    {
+        return ['one process' => [[]], 'supervised processes' => [['processes' => 2, 'timeout' => 30]]];
+    }
+
+    /**
+     * A handler that forks (side work in a child) leaves no hung child: returning from the
+     * handler, exit() or an uncaught exception ends the child there, before it touches
+     * the pool it inherited, and only the parent acknowledges the message.
+     *
+     * @dataProvider forkingWorkerOptions
+     */
+    public function testAChildForkedByAHandlerEndsWhenItReturnsOrExitsAndTheParentGoesOn(array $options): void
+    {
+        $this->assertTrue(function_exists('pcntl_fork'), 'the test needs pcntl');
+        $this->q->pushMany([
+            ['payload' => ['n' => 0, 'child' => 'return']],
+            ['payload' => ['n' => 1, 'child' => 'exit']],
+            ['payload' => ['n' => 2]],
+            ['payload' => ['n' => 3, 'child' => 'throw']],
+            ['payload' => ['n' => 4, 'child' => 'return']],
+            ['payload' => ['n' => 5]],
+        ]);
+        $cmd = array_merge(delayq_php_command(), [__DIR__ . '/forking_handler.php', $GLOBALS['DELAYQ_REDIS']->url(),
+            'jobs', $this->log, json_encode((object) $options)]);
+        $proc = proc_open($cmd, [0 => ['file', '/dev/null', 'r'], 1 => ['file', '/dev/null', 'w'],
+            2 => ['file', "{$this->log}.stderr", 'w']], $pipes);
+        $this->assertIsResource($proc);
+        $stderr = fn () => (string) @file_get_contents("{$this->log}.stderr");
+        $this->assertSame(0, $this->waitForExit($proc, 'the forking worker to drain the queue'), $stderr());
+
+        $lines = file($this->log, FILE_IGNORE_NEW_LINES | FILE_SKIP_EMPTY_LINES);
+        $ended = [];
+        foreach ($lines as $line) {
+            [$n, , $how] = explode(' ', $line, 3);
+            $this->assertArrayNotHasKey((int) $n, $ended, "message $n ran once");
+            $ended[(int) $n] = $how;
+        }
+        ksort($ended);
+        $this->assertSame([0 => 'exit 0', 1 => 'exit 7', 2 => 'plain', 3 => 'exit 255', 4 => 'exit 0', 5 => 'plain'],
+            $ended, 'each child ended by itself, with the status PHP gives its ending: ' . $stderr());
+        $this->assertSame(1, substr_count($stderr(), 'a process forked by a handler ended with an uncaught '
+            . 'DomainException: the side work of 3 failed'), $stderr());
+        $summary = $this->summary();
+        $expected = ['handled' => 6, 'acked' => 6, 'failed' => 0, 'lease_lost' => 0, 'gone' => 0,
+            'released' => 0, 'unwritten' => 0, 'stopped_by' => 'empty'];
+        $this->assertSame($expected, array_intersect_key($summary, $expected));
+        $stats = $this->q->stats();
+        $this->assertSame([6, 6, 0, 0], [$stats['delivered'], $stats['acked'], $stats['released'] ?? 0,
+            $stats['inflight']], 'acknowledged once each, by the parent');
+        $side = (new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'side'))->stats();
+        $this->assertSame(4, $side['ready'], 'each child did its side work with a queue of its own');
+        $this->assertStringNotContainsString('panic', $stderr());
+    }
+
     public function testKeepCompletedShowsWhatRanWhenAndInHowManyAttempts(): void
     {
         $q = new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'kept', ['keep_completed' => 2, 'keep_completed_for' => 3600]);
