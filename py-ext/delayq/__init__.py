@@ -20,12 +20,13 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Awaitable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NoReturn, Optional, Union
 
 from . import errors
 from ._delayq import _URGENT_AFTER, DEFAULT_MAX_PAYLOAD_BYTES, DelayQueue, Message, _Slot, _Worker, __version__
@@ -164,6 +165,37 @@ def _two_arguments(handler: Any) -> Any:
         return one(payload)
 
     return payload_only
+
+
+def _end_forked_child(raised: Optional[BaseException]) -> NoReturn:
+    """A process that a handler forked (``os.fork()``) came back into the worker, by
+    returning or raising: it ends here, before it could run, wait on or write through
+    the pool it inherited (whose threads stayed in the parent, with the locks they held
+    at the fork), with the status Python gives that ending: ``sys.exit()``'s, 1 after
+    an uncaught exception (its traceback goes to stderr), else 0. stdout and stderr are
+    flushed; atexit hooks and finalizers, which belong to the parent's objects, do not
+    run."""
+    status = 0
+    if isinstance(raised, SystemExit):
+        if isinstance(raised.code, int):
+            status = raised.code
+        elif raised.code is not None:
+            print(raised.code, file=sys.stderr)
+            status = 1
+    elif raised is not None:
+        print("delayq: a process forked by a handler ended with an uncaught exception:", file=sys.stderr)
+        traceback.print_exception(type(raised), raised, raised.__traceback__)
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def _leave_if_forked(pool_pid: int, raised: Optional[BaseException]) -> None:
+    """End this process if it is not the pool's but a child a handler forked."""
+    if os.getpid() != pool_pid:
+        _end_forked_child(raised)
 
 
 def _is_async(handler: Any) -> bool:
@@ -352,6 +384,7 @@ class Worker:
 
     async def _run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         consumer = self._worker.start(self._concurrency, self._slot)
+        pool_pid = os.getpid()
         loop = asyncio.get_running_loop()
         slots = asyncio.Semaphore(self._concurrency)
         running: set[asyncio.Task[None]] = set()
@@ -417,6 +450,11 @@ class Worker:
             try:
                 try:
                     await self._bounded(handler(delivery.payload, delivery.message))
+                except BaseException as exc:
+                    _leave_if_forked(pool_pid, exc)
+                    raise
+                else:
+                    _leave_if_forked(pool_pid, None)
                 finally:
                     if self._max_jobs is not None or self._max_memory_bytes is not None:
                         self._after_job()

@@ -346,6 +346,10 @@ impl PyWorker {
                 consumer.stop();
                 return Err(with_summary(py, e, finish(py, consumer, publisher)?));
             }
+            if consumer.in_forked_child() {
+                // Forked by a hook or a signal handler, which returned.
+                return Err(end_forked_child(py, None));
+            }
             let received = py.detach(|| consumer.recv_timeout(Duration::from_millis(100)));
             crate::logs::flush(py);
             let d = match received {
@@ -366,6 +370,11 @@ impl PyWorker {
                 s.started(Some(&d), Duration::ZERO);
             }
             let result = handler.call1((&payload, &msg));
+            if consumer.in_forked_child() {
+                // Before the slot hears of it: the slot is shared with the parent, whose
+                // handler the supervisor times.
+                return Err(end_forked_child(py, result.err()));
+            }
             if let Some(s) = &slot {
                 s.finished();
             }
@@ -432,6 +441,23 @@ impl PyWorker {
         self.worker.stop();
         Ok(())
     }
+}
+
+/// A process that a handler forked (`os.fork()`) came back into the worker: ends it
+/// with `delayq._end_forked_child`, which says why. Returns only if that could not be
+/// called, with what it raised, after `os._exit(1)` failed too.
+fn end_forked_child(py: Python<'_>, raised: Option<PyErr>) -> PyErr {
+    let raised = raised.map(|e| e.into_value(py));
+    let failed = match py
+        .import("delayq")
+        .and_then(|m| m.getattr("_end_forked_child"))
+        .and_then(|f| f.call1((raised,)))
+    {
+        Ok(_) => errors::new_err(py, errors::Kind::Root, "a forked child did not end".into()),
+        Err(e) => e,
+    };
+    let _ = py.import("os").and_then(|os| os.call_method1("_exit", (1,)));
+    failed
 }
 
 /// A run ended by an exception (a second stop signal) still has counts: they go with

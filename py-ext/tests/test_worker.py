@@ -1015,3 +1015,56 @@ def test_awaitables_a_sync_looking_handler_returns_are_awaited(queue: delayq.Del
         summary = delayq.Worker(queue, stop_when_empty=True).run(handler)
         assert summary["acked"] == 1
     assert ran == ["call 0", "lambda 1", "partial 2"]
+
+
+def wait_child(pid: int, limit: float) -> str:
+    """How `pid` ended ("exit N", "signal N"), or "alive" if it still ran after `limit`
+    seconds (then it is killed): a child that hangs fails the test, not the suite."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return f"exit {os.WEXITSTATUS(status)}" if os.WIFEXITED(status) else f"signal {os.WTERMSIG(status)}"
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return "alive"
+
+
+def test_a_child_forked_by_a_handler_ends_when_it_returns_or_exits_and_the_parent_goes_on(
+    queue: delayq.DelayQueue, redis_url: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    children = {0: "return", 1: "exit", 3: "raise", 4: "return"}
+    queue.push_many([{"payload": {"n": n, "child": children.get(n)}} for n in range(6)])
+    ended: dict[int, str] = {}
+
+    def handler(payload: Any, message: delayq.Message) -> None:
+        n, child = payload["n"], payload["child"]
+        if child is None:
+            ended[n] = "plain"
+            return
+        pid = os.fork()
+        if pid == 0:
+            # Side work with a queue of its own, then back into the worker.
+            delayq.DelayQueue(redis_url, "side").push({"from_child": n})
+            if child == "exit":
+                sys.exit(7)
+            if child == "raise":
+                raise LookupError(f"the side work of {n} failed")
+            return
+        ended[n] = wait_child(pid, 5)
+
+    summary = delayq.Worker(queue, stop_when_empty=True).run(handler)
+    assert ended == {0: "exit 0", 1: "exit 7", 2: "plain", 3: "exit 1", 4: "exit 0", 5: "plain"}, \
+        "each child ended by itself, with the status Python gives its ending"
+    err = capfd.readouterr().err
+    assert err.count("a process forked by a handler ended with an uncaught exception") == 1, err
+    assert "LookupError: the side work of 3 failed" in err, err
+    counts = {k: summary[k] for k in ("handled", "acked", "failed", "released", "lease_lost", "gone", "unwritten")}
+    assert counts == {"handled": 6, "acked": 6, "failed": 0, "released": 0, "lease_lost": 0, "gone": 0,
+                      "unwritten": 0}, summary
+    assert summary["stopped_by"] == "empty"
+    stats = queue.stats()
+    assert (stats["delivered"], stats["acked"], stats.get("released", 0), stats["inflight"]) == (6, 6, 0, 0), \
+        "acknowledged once each, by the parent"
+    assert delayq.DelayQueue(redis_url, "side").stats()["ready"] == 4, "each child did its side work"

@@ -23,7 +23,7 @@ from delayq._delayq import _Slot, _SlotTable
 from harness import wait_for
 
 TASKS = '''
-import json, os, time
+import json, os, sys, time
 
 LOG = os.environ["TASKS_LOG"]
 
@@ -76,6 +76,27 @@ def chatty(payload, msg):
 
 def fail(payload, msg):
     raise ValueError(f"cannot close order {payload['n']}")
+
+def fork_then_handle(payload, msg):
+    # Side work in a child, which returns from the handler or exits; the parent waits
+    # for it (at most 5 s, then kills it), notes how it ended, and handles the message.
+    pid = os.fork()
+    if pid == 0:
+        if payload.get("child") == "exit":
+            sys.exit(7)
+        return
+    deadline = time.monotonic() + 5
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == pid:
+        ended = os.waitstatus_to_exitcode(done[1])
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        ended = "alive"
+    with open(LOG + ".children", "a") as f:
+        f.write(json.dumps([payload["n"], ended]) + "\\n")
+    handle(payload, msg)
 
 not_callable = 42
 '''
@@ -462,6 +483,24 @@ def test_a_handler_that_calls_sys_exit_stops_the_pool_and_its_message_ends_in_th
     assert sorted(n for n, _, _ in handled(tasks)) == [1, 2, 3, 4]
     stats = queue.stats()
     assert (stats["dead"], stats["ready"], stats["inflight"]) == (1, 0, 0), stats
+
+
+def test_a_child_forked_by_a_supervised_handler_ends_and_leaves_the_hung_handler_clock_alone(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    # The parent of the first child hangs after its child returned: only the clock the
+    # supervisor reads finds it, and a child that cleared it would hide the hang.
+    queue.push({"n": 99, "hang": True, "child": "return"})
+    push_numbered(queue, 4, child="exit")
+    pool = start(started, redis_url, tasks, "tasks:fork_then_handle", "--timeout", "0.5", "--lease", "5")
+    wait_for(30, "every message handled", lambda: len({n for n, _, _ in handled(tasks)}) == 5 and drained(queue))
+    out, err = finish(pool, tasks)
+    assert pool.returncode == 0, err
+    summary = json.loads(out)
+    assert (summary["killed_hung"], summary["acked"]) == (1, 5), summary
+    children = sorted(json.loads(line) for line in (tasks / "handled.log.children").read_text().splitlines())
+    assert children == [[0, 7], [1, 7], [2, 7], [3, 7], [99, 0], [99, 0]], "each child ended by itself"
+    assert "panic" not in err, err
 
 
 def test_a_handler_that_calls_sys_exit_in_one_process_counts_the_attempt(
