@@ -451,6 +451,16 @@ final class DelayQueueWorker
      * A second SIGTERM or SIGINT, half a second or more after the first, does not wait
      * for the running handler: every message the process holds goes back to the queue
      * at once and the process ends by that signal (run() does not return).
+     * A handler that requires more parameters than the two it is given ($payload,
+     * $message) is refused before anything is claimed, with a
+     * DelayQueueInvalidArgumentException naming it ("handler Foo::handle needs 3
+     * arguments; a worker calls it with ($payload, $message)"); fewer are fine.
+     * A handler may pcntl_fork() for side work: the child may use a DelayQueue of its
+     * own, and when it returns from the handler, calls exit() or throws, it ends there
+     * at once with the status PHP gives that ending (0, exit()'s, 255 after an uncaught
+     * exception, printed to stderr), its output buffers flushed and no shutdown
+     * function or destructor run; it sends no acknowledgement, and the parent's
+     * delivery goes on as usual.
      *
      * @param callable(mixed, DelayQueueMessage): void $handler
      * @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int, gone: int,

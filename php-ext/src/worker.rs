@@ -29,6 +29,90 @@ unsafe extern "C" {
     fn zend_is_unwind_exit(ex: *const ext_php_rs::ffi::zend_object) -> bool;
     // PHPAPI: flushes and closes every output buffer, as the end of a request does.
     fn php_output_end_all();
+    // ZEND_API since PHP 8.2: frees what zend_is_callable_ex() made for a __call().
+    fn zend_release_fcall_info_cache(fcc: *mut ext_php_rs::ffi::zend_fcall_info_cache);
+}
+
+/// The handler argument of `run()`: a callable, kept as its zval so that its
+/// signature can be read (a `ZendCallable` does not show it).
+#[derive(Debug)]
+pub struct HandlerArg<'a>(&'a Zval);
+
+impl<'a> ext_php_rs::convert::FromZval<'a> for HandlerArg<'a> {
+    const TYPE: ext_php_rs::flags::DataType = ext_php_rs::flags::DataType::Callable;
+
+    fn from_zval(zval: &'a Zval) -> Option<Self> {
+        zval.is_callable().then_some(Self(zval))
+    }
+}
+
+/// What a worker passes a handler: `($payload, $message)`.
+const HANDLER_ARGUMENTS: u32 = 2;
+
+/// Refuses, before anything is claimed, a handler that requires more parameters than
+/// the worker passes: every message would fail with an ArgumentCountError, be
+/// retried and end in the dead letters. Fewer are fine (PHP drops extra arguments to
+/// a user function), as is a handler whose signature cannot be read.
+fn check_handler_signature(handler: &Zval) -> PhpResult<()> {
+    // SAFETY: zeroed is a valid empty cache; zend_is_callable_ex fills it (it does
+    // not change the zval, whatever its signature says) and the cache is released
+    // below; the function it points to lives at least as long as the handler.
+    let (required, name) = unsafe {
+        let mut fcc: ext_php_rs::ffi::zend_fcall_info_cache = std::mem::zeroed();
+        let callable = std::ptr::from_ref(handler).cast_mut().cast::<ext_php_rs::ffi::zval>();
+        let found = ext_php_rs::ffi::zend_is_callable_ex(
+            callable,
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+            &raw mut fcc,
+            std::ptr::null_mut(),
+        );
+        let seen = match fcc.function_handler.as_ref() {
+            Some(function) if found => Some((function.common.required_num_args, function_name(function))),
+            _ => None,
+        };
+        zend_release_fcall_info_cache(&raw mut fcc);
+        match seen {
+            Some(seen) => seen,
+            None => return Ok(()),
+        }
+    };
+    if required > HANDLER_ARGUMENTS {
+        return Err(errors::invalid(format!(
+            "handler {name} needs {required} arguments; a worker calls it with ($payload, $message)"
+        )));
+    }
+    Ok(())
+}
+
+/// A function as an error names it: `name`, `Class::method`, or for a closure
+/// `{closure}` and where it is defined.
+///
+/// # Safety
+/// `function` is a live engine function.
+unsafe fn function_name(function: &ext_php_rs::ffi::zend_function) -> String {
+    let text = |s: *mut ext_php_rs::ffi::zend_string| {
+        // SAFETY: the engine's interned or refcounted name, alive with the function.
+        unsafe { s.cast::<ext_php_rs::types::ZendStr>().as_ref() }
+            .and_then(|s| s.as_str().ok())
+            .unwrap_or("?")
+            .to_owned()
+    };
+    // SAFETY: `common` is the part that every kind of function shares.
+    let common = unsafe { &function.common };
+    let mut name = text(common.function_name);
+    if common.fn_flags & ext_php_rs::ffi::ZEND_ACC_CLOSURE != 0 {
+        if u32::from(common.type_) == ext_php_rs::ffi::ZEND_USER_FUNCTION {
+            // SAFETY: a user function's op_array.
+            let op_array = unsafe { &function.op_array };
+            name = format!("{name} at {}:{}", text(op_array.filename), op_array.line_start);
+        }
+    // SAFETY: a method's class, registered for the life of the request.
+    } else if let Some(class) = unsafe { common.scope.cast::<ClassEntry>().as_ref() } {
+        name = format!("{}::{name}", class.name().unwrap_or("?"));
+    }
+    name
 }
 
 /// The error of a delivery whose handler called exit() or die().
@@ -730,13 +814,17 @@ impl PhpWorker {
     /// max_attempts moves it to the dead-letter set with the exception as its error.
     /// Returns once every acknowledgement is written. A second SIGTERM or SIGINT, half
     /// a second or more after the first, gives every held message back at once and
-    /// ends the process by that signal (see `signals`).
+    /// ends the process by that signal (see `signals`). A handler that requires more
+    /// than the two arguments is refused before anything is claimed; a child that a
+    /// handler forks ends when it comes back (see `end_forked_child`).
     ///
     /// @param callable(mixed, DelayQueueMessage): void $handler
     /// @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int, gone: int,
     ///   released: int, unwritten: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int,
     ///   scaled_up: int, scaled_down: int}
-    pub fn run(&self, handler: ZendCallable) -> PhpResult<ZBox<ZendHashTable>> {
+    pub fn run(&self, handler: HandlerArg<'_>) -> PhpResult<ZBox<ZendHashTable>> {
+        check_handler_signature(handler.0)?;
+        let handler = ZendCallable::new(handler.0).map_err(|e| errors::type_error(format!("handler: {e}")))?;
         if self.running.swap(true, Ordering::AcqRel) {
             return Err(errors::invalid("this DelayQueueWorker is already running"));
         }

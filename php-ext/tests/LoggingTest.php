@@ -64,6 +64,30 @@ final class LoggingTest extends TestCase
         $this->assertSame(1, $q->stats()['dead']);
     }
 
+    public function testEachFailedAttemptThatWillBeRetriedIsLoggedOnceAsAWarning(): void
+    {
+        $server = $GLOBALS['DELAYQ_REDIS'];
+        $server->redis()->flushAll();
+        $q = new DelayQueue($server->url(), 'jobs');
+        $ids = [$q->push(['n' => 1]), $q->push(['n' => 2])];
+        $worker = new DelayQueueWorker($q, ['backoff_base' => 60]);
+        $failed = 0;
+        $worker->run(function (array $payload) use ($worker, &$failed) {
+            if (++$failed === 2) {
+                $worker->stop();
+            }
+            throw new DomainException("order {$payload['n']} not found");
+        });
+        $warnings = $this->logged('warning');
+        $this->assertCount(2, $warnings, implode("\n", $warnings));
+        foreach ([0, 1] as $i) {
+            $mine = array_values(array_filter($warnings, fn ($l) => str_contains($l, "message {$ids[$i]} failed")));
+            $this->assertCount(1, $mine, implode("\n", $warnings));
+            $this->assertMatchesRegularExpression('/\[delayq warning\] delayq\[jobs\]: message ' . $ids[$i]
+                . ' failed, retrying in [^:]+: DomainException: order ' . ($i + 1) . ' not found/', $mine[0]);
+        }
+    }
+
     public function testAnEvictingRedisIsReportedOnceAsAWarning(): void
     {
         $evicting = new RedisServer(['--maxmemory-policy', 'allkeys-lru']);

@@ -1268,6 +1268,44 @@ final class WorkerTest extends TestCase
         $this->assertStringNotContainsString('panic', $stderr());
     }
 
+    public function testAHandlerThatNeedsMoreThanPayloadAndMessageIsRefusedAtStart(): void
+    {
+        $this->q->push(['n' => 1]);
+        $line = __LINE__ + 2;
+        $refused = [
+            'closure' => [fn ($payload, $message, $extra) => null, "{closure} at " . __FILE__ . ":$line"],
+            'function name' => ['delayq_test_handler_of_three', 'delayq_test_handler_of_three'],
+            'invokable object' => [new HandlerOfThree(), 'HandlerOfThree::__invoke'],
+            '[object, method]' => [[new HandlerOfThree(), 'handle'], 'HandlerOfThree::handle'],
+            '[class, static method]' => [[HandlerOfThree::class, 'handleStatic'], 'HandlerOfThree::handleStatic'],
+        ];
+        foreach ($refused as $kind => [$handler, $name]) {
+            $worker = new DelayQueueWorker($this->q, ['stop_when_empty' => true]);
+            try {
+                $worker->run($handler);
+                $this->fail("$kind: ran");
+            } catch (DelayQueueInvalidArgumentException $e) {
+                $this->assertSame("handler $name needs 3 arguments; a worker calls it with (\$payload, \$message)",
+                    $e->getMessage(), $kind);
+            }
+        }
+        $stats = $this->q->stats();
+        $this->assertSame([1, 0], [$stats['ready'], $stats['delivered']], 'refused before anything was claimed');
+
+        // Fewer parameters, optional ones and variadics take what the worker passes.
+        $seen = [];
+        foreach ([function ($payload) use (&$seen) { $seen[] = $payload; },
+            function ($payload, $message = null, $extra = null) use (&$seen) { $seen[] = $payload; },
+            function (...$arguments) use (&$seen) { $seen[] = $arguments[0]; }] as $n => $handler) {
+            if ($n > 0) {
+                $this->q->push(['n' => 1]);
+            }
+            $summary = (new DelayQueueWorker($this->q, ['stop_when_empty' => true]))->run($handler);
+            $this->assertSame(1, $summary['acked']);
+        }
+        $this->assertSame([['n' => 1], ['n' => 1], ['n' => 1]], $seen);
+    }
+
     public function testKeepCompletedShowsWhatRanWhenAndInHowManyAttempts(): void
     {
         $q = new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'kept', ['keep_completed' => 2, 'keep_completed_for' => 3600]);
@@ -1300,4 +1338,23 @@ final class WorkerTest extends TestCase
         $this->expectExceptionMessage('keep_completed');
         new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'kept', ['keep_completed' => 1_000_001]);
     }
+}
+
+final class HandlerOfThree
+{
+    public function __invoke(mixed $payload, DelayQueueMessage $message, mixed $extra): void
+    {
+    }
+
+    public function handle(mixed $payload, DelayQueueMessage $message, mixed $extra): void
+    {
+    }
+
+    public static function handleStatic(mixed $payload, DelayQueueMessage $message, mixed $extra): void
+    {
+    }
+}
+
+function delayq_test_handler_of_three(mixed $payload, DelayQueueMessage $message, mixed $extra): void
+{
 }
