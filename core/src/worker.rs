@@ -1378,7 +1378,10 @@ impl Worker {
 
     /// Run `handler` on `handler_threads` threads of the pool until stopped. A handler
     /// that returns `Err` or panics fails the delivery (retry, then dead letter); a
-    /// panic's place and backtrace are kept as the message's `error_trace`.
+    /// panic's place and backtrace are kept as the message's `error_trace`. A child
+    /// process that a handler forks ends (`_exit`) as soon as the handler returns in
+    /// it, with status 0, 1 for `Err` or 101 for a panic; only the parent completes
+    /// the delivery.
     pub fn run<F>(&self, handler_threads: usize, handler: F) -> Result<Summary>
     where
         F: Fn(&Delivery) -> std::result::Result<(), String> + Sync,

@@ -115,7 +115,17 @@ class Worker:
         ``"signal"``, ``"restart"``, ``"empty"``, ``"max_jobs"``, ``"max_time"`` or
         ``"max_memory"``) once every acknowledgement is written. A handler's ``sys.exit()``
         ends the run by raising ``SystemExit``: its message is due again at once, counted
-        as an attempt (a handler that always exits ends in the dead letters)."""
+        as an attempt (a handler that always exits ends in the dead letters).
+
+        ``handler(payload, message)``, or ``handler(payload)``: one that needs more
+        arguments is refused here, with a ``TypeError`` naming it, before anything is
+        claimed. A plain function handler may ``os.fork()`` for side work: the child
+        may use a ``DelayQueue`` of its own, and when it returns from the handler or
+        raises (``sys.exit()`` too) it ends there (``os._exit``, stdout and stderr
+        flushed, no atexit hook run) with the status Python gives that ending (0,
+        ``sys.exit()``'s, 1 after an uncaught exception, whose traceback it prints); it
+        sends no acknowledgement, and the parent's delivery goes on as usual. (A
+        coroutine handler should not fork: asyncio does not support it.)"""
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
     def stop(self) -> None:
