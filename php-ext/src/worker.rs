@@ -29,7 +29,7 @@ unsafe extern "C" {
     fn zend_is_unwind_exit(ex: *const ext_php_rs::ffi::zend_object) -> bool;
     // PHPAPI: flushes and closes every output buffer, as the end of a request does.
     fn php_output_end_all();
-    // ZEND_API since PHP 8.2: frees what zend_is_callable_ex() made for a __call().
+    // ZEND_API since PHP 8.0: frees what zend_is_callable_ex() made for a __call().
     fn zend_release_fcall_info_cache(fcc: *mut ext_php_rs::ffi::zend_fcall_info_cache);
 }
 
