@@ -1268,6 +1268,45 @@ final class WorkerTest extends TestCase
         $this->assertStringNotContainsString('panic', $stderr());
     }
 
+    /**
+     * The supervisor finds a hung handler by the start time its process writes in a
+     * shared slot: a child that returned from the handler must not clear it, or the
+     * parent's hang would go unnoticed.
+     */
+    public function testAChildForkedByAHandlerLeavesTheHungHandlerClockToItsParent(): void
+    {
+        $this->q->push(['n' => 0, 'child' => 'return', 'hang' => true]);
+        $cmd = array_merge(delayq_php_command(), [__DIR__ . '/forking_handler.php', $GLOBALS['DELAYQ_REDIS']->url(),
+            'jobs', $this->log, json_encode(['timeout' => 0.5, 'lease' => 2, 'stop_when_empty' => false])]);
+        $proc = proc_open($cmd, [0 => ['file', '/dev/null', 'r'], 1 => ['file', '/dev/null', 'w'],
+            2 => ['file', "{$this->log}.stderr", 'w']], $pipes);
+        $this->assertIsResource($proc);
+        $lines = fn () => @file($this->log, FILE_IGNORE_NEW_LINES | FILE_SKIP_EMPTY_LINES) ?: [];
+        try {
+            delayq_wait_for(20, 'the message to run again after its hung handler was killed',
+                fn () => count($lines()) === 2 && $this->drained());
+        } catch (RuntimeException $e) {
+            // Its handler process sleeps for an hour: end the pool, not just the test.
+            $supervisor = proc_get_status($proc)['pid'];
+            foreach (glob('/proc/[0-9]*/stat') ?: [] as $stat) {
+                $fields = explode(' ', substr((string) strrchr((string) @file_get_contents($stat), ')'), 2));
+                if ((int) ($fields[1] ?? 0) === $supervisor) {
+                    posix_kill((int) basename(dirname($stat)), SIGKILL);
+                }
+            }
+            proc_terminate($proc, SIGKILL);
+            proc_close($proc);
+            throw $e;
+        }
+        proc_terminate($proc, SIGTERM);
+        $stderr = (string) file_get_contents("{$this->log}.stderr");
+        $this->assertSame(0, $this->waitForExit($proc, 'the pool to stop'), $stderr);
+        $this->assertSame(['exit 0', 'exit 0'], array_map(fn ($l) => explode(' ', $l, 3)[2], $lines()),
+            'each child ended by itself');
+        $summary = $this->summary();
+        $this->assertSame([1, 1], [$summary['killed_hung'], $summary['acked']], json_encode($summary));
+    }
+
     public function testAHandlerThatNeedsMoreThanPayloadAndMessageIsRefusedAtStart(): void
     {
         $this->q->push(['n' => 1]);

@@ -5,14 +5,15 @@
 // ['from_child' => n] to the queue "side", then returns from the handler, calls
 // exit(7) or throws. The parent waits for the child (at most 5 s, then kills it) and appends
 // "<n> <child pid> <how the child ended>" to LOG: "exit <code>", "signal <number>" or
-// "alive" (it had not ended). Other payloads append "<n> - plain". The worker stops
-// once the queue is empty and writes run()'s summary to LOG.summary.
+// "alive" (it had not ended); with "hang" it then sleeps for an hour on its first
+// attempt. Other payloads append "<n> - plain". The worker stops once the queue is
+// empty (unless OPTIONS_JSON says otherwise) and writes run()'s summary to LOG.summary.
 declare(strict_types=1);
 
 [, $url, $queue, $log] = $argv;
 $options = json_decode($argv[4] ?? '{}', true, 512, JSON_THROW_ON_ERROR);
-$worker = new DelayQueueWorker(new DelayQueue($url, $queue), ['stop_when_empty' => true] + $options);
-$summary = $worker->run(function (array $payload) use ($url, $log) {
+$worker = new DelayQueueWorker(new DelayQueue($url, $queue), $options + ['stop_when_empty' => true]);
+$summary = $worker->run(function (array $payload, DelayQueueMessage $m) use ($url, $log) {
     if (!isset($payload['child'])) {
         file_put_contents($log, "{$payload['n']} - plain\n", FILE_APPEND);
         return;
@@ -45,5 +46,8 @@ $summary = $worker->run(function (array $payload) use ($url, $log) {
         $how = 'signal ' . pcntl_wtermsig($status);
     }
     file_put_contents($log, "{$payload['n']} $pid $how\n", FILE_APPEND);
+    if (($payload['hang'] ?? false) && $m->attempt === 1) {
+        sleep(3600);
+    }
 });
 file_put_contents("$log.summary", json_encode($summary));
