@@ -21,7 +21,7 @@ final class WorkerTest extends TestCase
 
     protected function tearDown(): void
     {
-        foreach (['', '.starts', '.stops', '.summary', '.stderr'] as $suffix) {
+        foreach (['', '.starts', '.stops', '.summary', '.stderr', '.shutdown-ran'] as $suffix) {
             @unlink($this->log . $suffix);
         }
     }
@@ -1266,6 +1266,7 @@ final class WorkerTest extends TestCase
         $side = (new DelayQueue($GLOBALS['DELAYQ_REDIS']->url(), 'side'))->stats();
         $this->assertSame(4, $side['ready'], 'each child did its side work with a queue of its own');
         $this->assertStringNotContainsString('panic', $stderr());
+        $this->assertFileDoesNotExist("{$this->log}.shutdown-ran", 'a child runs no shutdown function');
     }
 
     /**

@@ -2,12 +2,13 @@
 // A worker run as a child process by WorkerTest, whose handler forks for side work:
 //   php forking_handler.php URL QUEUE LOG [OPTIONS_JSON]
 // A payload with "child" => "return", "exit" or "throw" forks: the child pushes
-// ['from_child' => n] to the queue "side", then returns from the handler, calls
-// exit(7) or throws. The parent waits for the child (at most 5 s, then kills it) and appends
-// "<n> <child pid> <how the child ended>" to LOG: "exit <code>", "signal <number>" or
-// "alive" (it had not ended); with "hang" it then sleeps for an hour on its first
-// attempt. Other payloads append "<n> - plain". The worker stops once the queue is
-// empty (unless OPTIONS_JSON says otherwise) and writes run()'s summary to LOG.summary.
+// ['from_child' => n] to the queue "side", registers a shutdown function that would
+// touch LOG.shutdown-ran, then returns from the handler, calls exit(7) or throws. The
+// parent waits for the child (at most 5 s, then kills it), appends "<n> <child pid>
+// <how the child ended>" to LOG ("exit <code>", "signal <number>", or "alive": it had
+// not ended) and, with "hang", then sleeps for an hour on its first attempt. Other
+// payloads append "<n> - plain". The worker stops once the queue is empty (unless
+// OPTIONS_JSON says otherwise) and writes run()'s summary to LOG.summary.
 declare(strict_types=1);
 
 [, $url, $queue, $log] = $argv;
@@ -24,6 +25,7 @@ $summary = $worker->run(function (array $payload, DelayQueueMessage $m) use ($ur
     }
     if ($pid === 0) {
         (new DelayQueue($url, 'side'))->push(['from_child' => $payload['n']]);
+        register_shutdown_function(fn () => touch("$log.shutdown-ran"));
         if ($payload['child'] === 'exit') {
             exit(7);
         }

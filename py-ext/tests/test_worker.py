@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import datetime
 import functools
 import json
@@ -1032,9 +1033,11 @@ def wait_child(pid: int, limit: float) -> str:
 
 
 def test_a_child_forked_by_a_handler_ends_when_it_returns_or_exits_and_the_parent_goes_on(
-    queue: delayq.DelayQueue, redis_url: str, capfd: pytest.CaptureFixture[str]
+    queue: delayq.DelayQueue, redis_url: str, capfd: pytest.CaptureFixture[str], tmp_path: Any
 ) -> None:
     children = {0: "return", 1: "exit", 3: "raise", 4: "return"}
+    pool_pid = os.getpid()
+    atexit_ran = tmp_path / "atexit-ran"
     queue.push_many([{"payload": {"n": n, "child": children.get(n)}} for n in range(6)])
     ended: dict[int, str] = {}
 
@@ -1047,6 +1050,7 @@ def test_a_child_forked_by_a_handler_ends_when_it_returns_or_exits_and_the_paren
         if pid == 0:
             # Side work with a queue of its own, then back into the worker.
             delayq.DelayQueue(redis_url, "side").push({"from_child": n})
+            atexit.register(atexit_ran.touch)
             if child == "exit":
                 sys.exit(7)
             if child == "raise":
@@ -1055,6 +1059,9 @@ def test_a_child_forked_by_a_handler_ends_when_it_returns_or_exits_and_the_paren
         ended[n] = wait_child(pid, 5)
 
     summary = delayq.Worker(queue, stop_when_empty=True).run(handler)
+    if os.getpid() != pool_pid:
+        os._exit(99)  # a child that got this far must not run the rest of the suite
+    assert not atexit_ran.exists(), "a child runs no atexit hook"
     assert ended == {0: "exit 0", 1: "exit 7", 2: "plain", 3: "exit 1", 4: "exit 0", 5: "plain"}, \
         "each child ended by itself, with the status Python gives its ending"
     err = capfd.readouterr().err
