@@ -1,0 +1,92 @@
+<?php
+
+declare(strict_types=1);
+
+namespace Delayq;
+
+use DelayQueueMessage;
+use Fiber;
+use LogicException;
+
+/**
+ * One message taken by Claimer (or handed to a DelayQueueWorker handler), leased until
+ * ack(), retryLater() or deadLetter().
+ */
+final class Claim
+{
+    private bool $finished = false;
+
+    /**
+     * @param Fiber|null $fiber the suspended one-message pool, or null inside a handler
+     *   of DelayQueueWorker::run(), whose return acknowledges
+     */
+    public function __construct(
+        public readonly mixed $payload,
+        public readonly DelayQueueMessage $message,
+        private ?Fiber $fiber = null,
+        private ?StopSignals $signals = null,
+    ) {
+    }
+
+    public function ack(): void
+    {
+        $this->finish();
+    }
+
+    /** Runs it again after $delay seconds; counts as an attempt. */
+    public function retryLater(float $delay, string $reason): void
+    {
+        $this->assertOpen();
+        $this->message->retryLater(max(0.0, $delay), $reason);
+        $this->finish();
+    }
+
+    /** To the dead-letter set now, with $reason as its last error. */
+    public function deadLetter(string $reason): void
+    {
+        $this->assertOpen();
+        $this->message->deadLetter($reason);
+        $this->finish();
+    }
+
+    public function isFinished(): bool
+    {
+        return $this->finished;
+    }
+
+    /**
+     * Undecided (the framework dropped it): destroying the suspended fiber ends the
+     * handler with an error, so the message is retried after a backoff, not lost.
+     */
+    public function __destruct()
+    {
+        $this->fiber = null;
+        $this->signals?->release();
+    }
+
+    private function assertOpen(): void
+    {
+        if ($this->finished) {
+            throw new LogicException("delayq message {$this->message->id} was decided already");
+        }
+    }
+
+    private function finish(): void
+    {
+        $this->assertOpen();
+        $this->finished = true;
+        $fiber = $this->fiber;
+        $this->fiber = null;
+        if ($fiber === null) {
+            return;
+        }
+        try {
+            $fiber->resume();
+        } finally {
+            $this->signals?->release();
+        }
+        if ($fiber->isTerminated()) {
+            Claimer::afterRun($fiber->getReturn());
+        }
+    }
+}
