@@ -25,6 +25,9 @@ else
 fi
 (cd php-ext && "${php_cmd[@]}" /usr/bin/phpunit)
 
+echo "== PHP frameworks: the Laravel driver and the Symfony Messenger transport (php/)"
+(cd php && "${php_cmd[@]}" /usr/bin/phpunit)
+
 echo "== Python module: pytest, stubtest, mypy --strict"
 scripts/py-install.sh >/dev/null
 python3 -m pytest -q py-ext/tests

@@ -1,0 +1,19 @@
+<?php
+
+return [
+    'default' => env('QUEUE_CONNECTION', 'delayq'),
+    'connections' => [
+        'delayq' => [
+            'driver' => 'delayq',
+            'url' => env('DELAYQ_URL'),
+            'queue' => 'default',
+            'retry_after' => (int) env('DELAYQ_RETRY_AFTER', 90),
+            'options' => json_decode(env('DELAYQ_OPTIONS', '{}'), true),
+        ] + json_decode(env('DELAYQ_EXTRA_CONFIG', '{}'), true),
+    ],
+    'failed' => [
+        'driver' => 'database-uuids',
+        'database' => 'sqlite',
+        'table' => 'failed_jobs',
+    ],
+];
