@@ -41,6 +41,19 @@ final class Claim
         $this->finish();
     }
 
+    /**
+     * Fails this delivery as a handler's exception would: delayq retries it with its
+     * backoff, and past max_attempts it goes to the dead-letter set.
+     */
+    public function fail(string $reason): void
+    {
+        $this->assertOpen();
+        if ($this->fiber === null) {
+            throw new LogicException('inside a DelayQueueWorker handler, fail by throwing');
+        }
+        $this->finish($reason);
+    }
+
     /** To the dead-letter set now, with $reason as its last error. */
     public function deadLetter(string $reason): void
     {
@@ -71,7 +84,7 @@ final class Claim
         }
     }
 
-    private function finish(): void
+    private function finish(?string $failure = null): void
     {
         $this->assertOpen();
         $this->finished = true;
@@ -81,7 +94,7 @@ final class Claim
             return;
         }
         try {
-            $fiber->resume();
+            $fiber->resume($failure);
         } finally {
             $this->signals?->release();
         }

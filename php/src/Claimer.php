@@ -52,8 +52,12 @@ final class Claimer
         $fiber = new Fiber(static function () use ($worker): array {
             return $worker->run(static function (mixed $payload, \DelayQueueMessage $message): void {
                 // Returns once the framework decided: the pool then acknowledges, or
-                // applies the decision that Claim made on $message.
-                Fiber::suspend([$payload, $message]);
+                // applies the decision that Claim made on $message; a failure comes back
+                // as its reason, thrown so that delayq's backoff and dead letters apply.
+                $failure = Fiber::suspend([$payload, $message]);
+                if (is_string($failure)) {
+                    throw new ClaimFailedException($failure);
+                }
             });
         });
         $signals = StopSignals::hold();
