@@ -51,11 +51,12 @@ final class LaravelApp
      * Runs artisan to its end.
      *
      * @param list<string> $args
+     * @param list<string>|null $php the php command, if not php_command()
      * @return array{int, string, string} exit code, stdout, stderr
      */
-    public function artisan(array $args, array $env = []): array
+    public function artisan(array $args, array $env = [], ?array $php = null): array
     {
-        $proc = $this->open($args, $env, $pipes);
+        $proc = $this->open($args, $env, $pipes, $php);
         $stdout = stream_get_contents($pipes[1]);
         $stderr = stream_get_contents($pipes[2]);
         fclose($pipes[1]);
@@ -157,9 +158,9 @@ final class LaravelApp
     }
 
     /** @return resource */
-    private function open(array $args, array $env, ?array &$pipes)
+    private function open(array $args, array $env, ?array &$pipes, ?array $php)
     {
-        return proc_open(array_merge(php_command(), ["{$this->dir}/artisan"], $args),
+        return proc_open(array_merge($php ?? php_command(), ["{$this->dir}/artisan"], $args),
             [0 => ['file', '/dev/null', 'r'], 1 => ['pipe', 'w'], 2 => ['pipe', 'w']],
             $pipes, $this->dir, $this->environment($env));
     }

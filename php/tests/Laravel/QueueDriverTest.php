@@ -139,6 +139,23 @@ final class QueueDriverTest extends TestCase
         $this->assertSame(1, $this->queue()->stats()['acked']);
     }
 
+    public function testSigtermDuringAJobLetsItFinishThenStopsQueueWork(): void
+    {
+        $this->dispatch(['WaitingJob', 'ship-5']);
+        $worker = $this->app->start(['queue:work', '--sleep=1']);
+        wait_for(30, 'the job to start', fn () => count($this->app->runs()) === 1);
+        // While the job runs, the one-message pool's run() is under way: the signal
+        // must still reach Laravel's worker, after the job.
+        posix_kill($worker, SIGTERM);
+        touch($this->app->log . '.go');
+        $this->assertSame(0, $this->app->waitFor($worker, 30), $this->app->output());
+
+        $this->assertSame(['started', 'ran'], array_column($this->app->runs(), 'event'));
+        $stats = $this->queue()->stats();
+        $this->assertSame(1, $stats['acked'], 'the job finished and was acknowledged before the worker stopped');
+        $this->assertSame(0, $stats['scheduled'] + $stats['ready'] + $stats['inflight']);
+    }
+
     public function testBadConfigurationFailsAtBootNamingIt(): void
     {
         [$code, $out, $err] = $this->app->artisan(['list'], ['DELAYQ_URL' => 'http://127.0.0.1:1']);
@@ -153,6 +170,11 @@ final class QueueDriverTest extends TestCase
         [$code, $out, $err] = $this->app->artisan(['list'], ['DELAYQ_OPTIONS' => '{"prefixx": "dq"}']);
         $this->assertNotSame(0, $code);
         $this->assertStringContainsString('prefixx', $out . $err);
+
+        // PHP without its ini files, so without delayq (mbstring is Laravel's own need).
+        [$code, $out, $err] = $this->app->artisan(['list'], [], [PHP_BINARY, '-n', '-d', 'extension=mbstring']);
+        $this->assertNotSame(0, $code);
+        $this->assertStringContainsString('needs the delayq PHP extension, which is not loaded', $out . $err);
 
         $this->assertSame(0, $this->app->artisan(['list'])[0], 'the same application boots with a good configuration');
     }
