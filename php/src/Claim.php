@@ -68,12 +68,17 @@ final class Claim
     }
 
     /**
-     * Undecided (the framework dropped it): destroying the suspended fiber ends the
-     * handler with an error, so the message is retried after a backoff, not lost.
+     * Undecided (the framework dropped it): PHP cannot switch fibers in a destructor, and
+     * destroying a Fiber suspended inside run() crashes the extension, so the pool's
+     * fiber is handed to Claimer, which fails the delivery at its next claim or at
+     * shutdown (it then runs again after a backoff).
      */
     public function __destruct()
     {
-        $this->fiber = null;
+        if (!$this->finished && $this->fiber !== null && $this->fiber->isSuspended()) {
+            Claimer::adoptUndecided($this->fiber, $this->signals);
+            return;
+        }
         $this->signals?->release();
     }
 
@@ -90,16 +95,8 @@ final class Claim
         $this->finished = true;
         $fiber = $this->fiber;
         $this->fiber = null;
-        if ($fiber === null) {
-            return;
-        }
-        try {
-            $fiber->resume($failure);
-        } finally {
-            $this->signals?->release();
-        }
-        if ($fiber->isTerminated()) {
-            Claimer::afterRun($fiber->getReturn());
+        if ($fiber !== null) {
+            Claimer::resume($fiber, $this->signals, $failure);
         }
     }
 }

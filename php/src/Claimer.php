@@ -24,6 +24,11 @@ final class Claimer
 {
     /** @var array<string, mixed> */
     private array $workerOptions;
+    /** @var array<int, array{Fiber, ?StopSignals}> claims under way, by fiber */
+    private static array $suspended = [];
+    /** @var array<int, array{Fiber, ?StopSignals}> claims dropped undecided */
+    private static array $undecided = [];
+    private static bool $shutdownRegistered = false;
 
     /**
      * @param array<string, mixed> $workerOptions DelayQueueWorker options (lease, max_attempts, ...)
@@ -48,6 +53,11 @@ final class Claimer
     /** The next due message, or null if none came within the wait. */
     public function claim(): ?Claim
     {
+        self::failUndecided();
+        if (!self::$shutdownRegistered) {
+            self::$shutdownRegistered = true;
+            register_shutdown_function(static fn () => self::failUndecided(true));
+        }
         $worker = new DelayQueueWorker($this->queue, $this->workerOptions);
         $fiber = new Fiber(static function () use ($worker): array {
             return $worker->run(static function (mixed $payload, \DelayQueueMessage $message): void {
@@ -73,7 +83,54 @@ final class Claimer
             return null;
         }
         [$payload, $message] = $claimed;
+        self::$suspended[spl_object_id($fiber)] = [$fiber, $signals];
         return new Claim($payload, $message, $fiber, $signals);
+    }
+
+    /**
+     * Lets a claimed message's handler return: its pool then acknowledges the message,
+     * applies the decision made on it, or, with $failure, fails it.
+     */
+    public static function resume(Fiber $fiber, ?StopSignals $signals, ?string $failure): void
+    {
+        unset(self::$suspended[spl_object_id($fiber)]);
+        try {
+            $fiber->resume($failure);
+        } finally {
+            $signals?->release();
+        }
+        if ($fiber->isTerminated()) {
+            self::afterRun($fiber->getReturn());
+        }
+    }
+
+    /** @internal for Claim::__destruct() */
+    public static function adoptUndecided(Fiber $fiber, ?StopSignals $signals): void
+    {
+        self::$undecided[spl_object_id($fiber)] = [$fiber, $signals];
+    }
+
+    /**
+     * Fails the deliveries dropped undecided, and at shutdown every one still held: a
+     * suspended pool must return before PHP destroys its fiber.
+     */
+    public static function failUndecided(bool $all = false): void
+    {
+        $pending = self::$undecided;
+        if ($all) {
+            $pending += self::$suspended;
+        }
+        self::$undecided = [];
+        foreach ($pending as [$fiber, $signals]) {
+            if ($fiber->isSuspended()) {
+                try {
+                    self::resume($fiber, $signals, $all ? 'the process ended with the delivery undecided'
+                        : 'the delivery was dropped undecided');
+                } catch (Throwable) {
+                    // The lease brings the message back anyway.
+                }
+            }
+        }
     }
 
     /**
