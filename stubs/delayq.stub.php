@@ -192,7 +192,8 @@ final class DelayQueue
 
     /**
      * The consumer pools alive on this queue, from every host and language, oldest
-     * first. A pool renews its entry every lease / 3 and drops out after three missed
+     * first. A pool renews its entry every lease / 3 (and, while it works, every second,
+     * so its counts are at most about 2 s old) and drops out after three missed
      * renewals; a pool that stops leaves at once. Each renewal reports the handlers it
      * started since the one before (started_recently) and how late they started after
      * their due time, in seconds on the Redis server's clock (lateness_avg,

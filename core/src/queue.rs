@@ -229,7 +229,7 @@ impl Listing {
 }
 
 /// A consumer pool that is alive: it registered when it started and renews its entry
-/// every heartbeat (`lease / 3`); one that dies unannounced drops out after three
+/// every heartbeat (`lease / 3`), and every second while it works; one that dies unannounced drops out after three
 /// missed heartbeats.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[non_exhaustive]

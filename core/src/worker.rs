@@ -2702,6 +2702,14 @@ impl Registration {
         }
     }
 
+    /// Send the renewal that waits for a claim, if one does: a pool that stopped
+    /// working may claim nothing for a while.
+    fn send_pending(&self, pool: &Pool, slot: &mut ConnSlot) {
+        if let Some((_, ttl_ms, info)) = self.take_pending(pool) {
+            self.send(pool, slot, 0, ttl_ms, &info);
+        }
+    }
+
     /// Register now (the pool starts).
     fn join(&self, pool: &Pool, slot: &mut ConnSlot) {
         self.send(pool, slot, 0, self.ttl_ms(), &self.info(pool));
@@ -2732,18 +2740,42 @@ impl Registration {
     }
 }
 
+/// How old a working pool's counters in the list of pools may grow (`workers()`,
+/// `delayq workers`): between heartbeats, its entry is refreshed this often while it
+/// holds deliveries or has handled one since; an idle pool's stays as it is.
+const COUNTS_FRESH: Duration = Duration::from_secs(1);
+
 fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
     let mut slot = ConnSlot::new();
     let every = pool.opts.heartbeat();
     pool.registration.join(pool, &mut slot);
+    let mut beat_at = Instant::now();
+    let (mut handled_seen, mut was_working) = (0, false);
     loop {
-        match done.recv_timeout(every) {
+        match done.recv_timeout(every.min(COUNTS_FRESH)) {
             Err(RecvTimeoutError::Timeout) => {}
             Ok(()) | Err(RecvTimeoutError::Disconnected) => {
                 pool.registration.leave(pool, &mut slot);
                 return;
             }
         }
+        let handled = pool.counters.handled.load(Ordering::Relaxed);
+        let working = handled != handled_seen || !pool.outstanding.lock().is_empty();
+        handled_seen = handled;
+        if beat_at.elapsed() < every {
+            if working {
+                // A claim carries it, as a heartbeat's; sent by itself only when no
+                // claim took the last one.
+                pool.registration.on_heartbeat(pool, &mut slot);
+            } else if was_working {
+                pool.registration.on_heartbeat(pool, &mut slot);
+                pool.registration.send_pending(pool, &mut slot);
+            }
+            was_working = working;
+            continue;
+        }
+        was_working = working;
+        beat_at = Instant::now();
         pool.registration.on_heartbeat(pool, &mut slot);
         slot.recheck_eviction(&pool.queue.inner.endpoint);
         let now = Instant::now();

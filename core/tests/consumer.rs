@@ -1389,3 +1389,42 @@ fn a_releaser_gives_running_and_prefetched_deliveries_back_at_once() {
     assert_eq!((summary.acked, summary.lease_lost), (0, 1));
     assert_eq!(q.stats().expect("stats").ready, 5);
 }
+
+#[test]
+fn a_working_pools_counts_in_the_list_of_pools_stay_fresh_between_heartbeats() {
+    let server = RedisServer::start();
+    let q = server.queue("fresh");
+    // Heartbeats every 10 s: counts refreshed only then would read 0 for the whole test.
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            lease: Duration::from_secs(30),
+            threads: 1,
+            ..opts()
+        },
+    )
+    .expect("worker");
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(worker.stopper());
+        s.spawn(|| {
+            worker
+                .run(1, |_| {
+                    std::thread::sleep(Duration::from_millis(100));
+                    Ok(())
+                })
+                .expect("run")
+        });
+        wait_for(Duration::from_secs(10), "the pool listed", || {
+            q.workers().is_ok_and(|w| w.len() == 1)
+        });
+        for n in 0..10 {
+            q.push(&json!({"n": n}), Duration::ZERO).expect("push");
+        }
+        wait_for(Duration::from_secs(5), "the list to show every message handled", || {
+            q.workers()
+                .is_ok_and(|w| w.len() == 1 && w[0].handled == 10 && w[0].acked == 10)
+        });
+        // Idle again: its entry goes on being renewed at heartbeats only.
+        worker.stop();
+    });
+}

@@ -156,7 +156,8 @@ class DelayQueue:
         """The consumer pools alive on this queue, from every host and language, oldest
         first: ``{id, host, pid, started_at, last_seen, threads, handlers, handled,
         acked, failed, holding, started_recently, lateness_avg, lateness_max,
-        handler_avg}``. A pool renews its entry every ``lease / 3`` and drops out after
+        handler_avg}``. A pool renews its entry every ``lease / 3`` (and, while it works,
+        every second, so its counts are at most about 2 s old) and drops out after
         three missed renewals. Each renewal reports the handlers started since the one
         before and how late they started after their due time (seconds, server clock;
         None when none started), and the moving average of one handler call (seconds;
