@@ -346,7 +346,7 @@ impl Run {
         };
         if self.seed_layout {
             // The recipe's keys have no room for these (refused there).
-            (m.options.serial_key, m.options.expire_after) = (None, None);
+            (m.options.serial_key, m.options.expire_after, m.options.max_attempts) = (None, None, None);
         }
         if rng.random_bool(0.2) {
             // A small pool of ids: idempotent pushes, and replacing ones.
