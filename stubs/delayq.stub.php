@@ -334,7 +334,7 @@ final class DelayQueue
      * language, to stop gracefully, as Laravel's queue:restart does: after a deploy,
      * so that the process manager (systemd Restart=always, supervisord
      * autorestart=true) starts the new code. Each pool finishes its running handlers,
-     * gives back what it had prefetched, and run() returns with stopped_by 'restart'
+     * releases what it had prefetched, and run() returns with stopped_by 'restart'
      * (with processes => N, the whole supervisor returns). Idle pools are woken at
      * once; workers started after the request (the new code's) are not affected.
      *

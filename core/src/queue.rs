@@ -108,7 +108,7 @@ pub struct PushOptions {
     /// order (Laravel's `WithoutOverlapping`, BullMQ's groups with concurrency 1): the
     /// payment callback and the timeout close of one order, say. While one runs, the
     /// next waits in its key's line and starts as soon as the running one's lease ends
-    /// (acknowledged, failed, given back or expired); a failure frees the key, so its
+    /// (acknowledged, failed, released or expired); a failure frees the key, so its
     /// retry may start after a later message of the key. It also picks the partition
     /// of a partitioned queue. Native layout only.
     pub serial_key: Option<String>,
@@ -1648,7 +1648,7 @@ impl Queue {
 
     /// Ask every consumer pool running on this queue, on every host and in every
     /// language, to stop gracefully, e.g. after a deploy: each finishes its running
-    /// handlers, gives back what it had prefetched and returns from `run` with
+    /// handlers, releases what it had prefetched and returns from `run` with
     /// `Stopper::restart_requested`, so that its process manager starts the new code
     /// (Laravel's `queue:restart`). Idle pools are woken at once; workers started after
     /// the request are not affected. Returns how many pools were alive when asked.

@@ -322,7 +322,7 @@ pub struct Summary {
     /// Completions of messages deleted while they ran (`cancel`, `purge`, a flush of
     /// Redis): nothing was left to complete.
     pub gone: u64,
-    /// Prefetched, never-started deliveries given back at stop.
+    /// Prefetched, never-started deliveries released at stop.
     pub released: u64,
     /// Completions that could not be written before their lease ran out (Redis
     /// unreachable); those messages will be delivered again.
@@ -1517,13 +1517,13 @@ impl std::fmt::Debug for Releaser {
 }
 
 impl Releaser {
-    /// Stop the pool and give every delivery it holds, running ones included, back to
+    /// Stop the pool and release every delivery it holds, running ones included, to
     /// the queue at once (due where it was, its attempt uncounted): another consumer
     /// runs it now instead of after its lease. A handler still running finds its
     /// completion refused as lease lost. For a stop that cannot wait for the handlers
     /// (a second signal): the process is expected to end right after. Returns how many
     /// went back.
-    pub fn give_back_all(&self) -> usize {
+    pub fn release_all(&self) -> usize {
         let mut total = 0;
         for pool in &self.0 {
             pool.control.stop();
@@ -1566,17 +1566,17 @@ impl Releaser {
         total
     }
 
-    /// Stop claiming and give the prefetched deliveries that no handler started back
+    /// Stop claiming and release the prefetched deliveries that no handler started
     /// to the queue at once (the running ones stay held): for a process whose handler
     /// is past its timeout and is about to be killed by its supervisor, so that only
     /// the hung message waits on it. Returns how many went back.
-    pub fn stop_and_give_back_waiting(&self) -> usize {
+    pub fn stop_and_release_waiting(&self) -> usize {
         let mut total = 0;
         for pool in &self.0 {
             pool.control.stop();
             let before = pool.counters.released.load(Ordering::Relaxed);
             let mut slot = ConnSlot::new();
-            give_back_buffered(pool, &mut slot, GiveBack::Killing);
+            release_buffered(pool, &mut slot, ReleaseReason::Killing);
             total += pool.counters.released.load(Ordering::Relaxed).saturating_sub(before) as usize;
         }
         total
@@ -1830,7 +1830,7 @@ impl Consumer {
         self.members().for_each(|m| m.pool.control.stop());
     }
 
-    /// Stop, give back prefetched deliveries, write every pending completion, join
+    /// Stop, release prefetched deliveries, write every pending completion, join
     /// the threads, and return the counts (summed over the worker's queues).
     pub fn finish(mut self) -> Summary {
         self.shutdown();
@@ -2511,9 +2511,9 @@ fn write_with_retry<C: Call>(
 
 /// While every handler is stuck, prefetched deliveries would only wait behind them
 /// (their leases renewed): release them so that other consumers run them now.
-/// Why a pool gives its prefetched deliveries back (see `give_back_buffered`).
+/// Why a pool releases its prefetched deliveries (see `release_buffered`).
 #[derive(Clone, Copy)]
-enum GiveBack {
+enum ReleaseReason {
     /// Every handler is past its timeout.
     Stalled,
     /// A lower queue's deliveries wait behind higher queues' work.
@@ -2522,7 +2522,7 @@ enum GiveBack {
     Killing,
 }
 
-fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot, why: GiveBack) {
+fn release_buffered(pool: &Pool, slot: &mut ConnSlot, why: ReleaseReason) {
     let waiting: Vec<Delivery> = pool.buffered.try_iter().collect();
     if waiting.is_empty() {
         return;
@@ -2552,16 +2552,16 @@ fn give_back_buffered(pool: &Pool, slot: &mut ConnSlot, why: GiveBack) {
         Ok(n) => {
             Counters::add(&pool.counters.released, n);
             match why {
-                GiveBack::Stalled => log::warn!(
+                ReleaseReason::Stalled => log::warn!(
                     "delayq[{}]: every handler is past its timeout; gave {n} waiting deliveries back to the queue",
                     pool.queue_name
                 ),
-                GiveBack::Killing => log::info!(
+                ReleaseReason::Killing => log::info!(
                     "delayq[{}]: a handler is past its timeout and its process is about to be killed; gave {n} \
                      waiting deliveries back to the queue",
                     pool.queue_name
                 ),
-                GiveBack::Outranked => log::info!(
+                ReleaseReason::Outranked => log::info!(
                     "delayq[{}]: higher-priority queues keep the handlers busy; gave {n} prefetched deliveries \
                      back to the queue for other consumers",
                     pool.queue_name
@@ -2789,13 +2789,13 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
         let stalled = pool.overdue_handlers() >= pool.handlers;
         if stalled {
             pool.stalled.store(true, Ordering::Release);
-            give_back_buffered(pool, &mut slot, GiveBack::Stalled);
+            release_buffered(pool, &mut slot, ReleaseReason::Stalled);
         } else if pool.stalled.swap(false, Ordering::AcqRel) {
             pool.control.wake.kick();
         } else if let Some(since) = now.checked_sub(every)
             && pool.kept_waiting_by_higher(since)
         {
-            give_back_buffered(pool, &mut slot, GiveBack::Outranked);
+            release_buffered(pool, &mut slot, ReleaseReason::Outranked);
         }
         let mut running = Vec::new();
         {

@@ -809,7 +809,7 @@ fn a_consumer_whose_handlers_all_hang_gives_its_prefetched_messages_to_others() 
     wait_for(Duration::from_secs(5), "A to hold more than the stuck one", || {
         q.stats().is_ok_and(|s| s.inflight > 1)
     });
-    // B gets every other message: those A gave back, and the stuck one after its lease.
+    // B gets every other message: those A released, and the stuck one after its lease.
     let b = Worker::new(q.clone(), opts()).expect("worker b");
     let seen: Mutex<Vec<(u64, u32)>> = Mutex::new(Vec::new());
     run_until(
@@ -1369,7 +1369,7 @@ fn a_releaser_gives_running_and_prefetched_deliveries_back_at_once() {
     let held = q.stats().expect("stats").inflight;
     // From another thread, while the handler of `running` still runs.
     let releaser = c.releaser();
-    let (given, so_far) = std::thread::spawn(move || (releaser.give_back_all(), releaser.summary()))
+    let (given, so_far) = std::thread::spawn(move || (releaser.release_all(), releaser.summary()))
         .join()
         .expect("thread");
     assert_eq!(given as u64, held, "the running one and the prefetched ones");
@@ -1382,7 +1382,7 @@ fn a_releaser_gives_running_and_prefetched_deliveries_back_at_once() {
         "due again at once, not after the 60 s lease"
     );
     let info = q.get(&running.id).expect("get").expect("exists");
-    assert_eq!(info.attempts, 0, "a delivery given back does not count as an attempt");
+    assert_eq!(info.attempts, 0, "a released delivery does not count as an attempt");
     // The handler finishing late cannot complete the delivery it no longer holds.
     c.ack(running);
     let summary = c.finish();

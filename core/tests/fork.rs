@@ -107,7 +107,7 @@ fn a_child_forked_by_a_run_handler_ends_when_it_returns_and_only_the_parent_ackn
     assert_eq!(
         stats.totals.get("released"),
         None,
-        "nothing given back, by either process"
+        "nothing released, by either process"
     );
 }
 

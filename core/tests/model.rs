@@ -449,7 +449,7 @@ impl Run {
     }
 
     /// Complete one delivery in hand as a handler would: mostly acknowledged, else
-    /// failed, dead-lettered or given back. Returns false for an abandoned one whose
+    /// failed, dead-lettered or released. Returns false for an abandoned one whose
     /// lease has not run out yet.
     fn complete_one(&mut self) -> bool {
         let i = self.rng.random_range(0..self.hand.len());

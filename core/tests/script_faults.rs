@@ -162,7 +162,7 @@ fn fill(q: &Queue) {
 }
 
 /// A pool under the fault: it fails `due-1` once, sleeps past a lease renewal on
-/// `due-3`, and acknowledges the rest; stopped after a second, it gives back what it
+/// `due-3`, and acknowledges the rest; stopped after a second, it releases what it
 /// holds. Returns the ids it handled, or the error that stopped it.
 fn run_pool(q: &Queue) -> Result<BTreeSet<String>, Error> {
     let worker = Worker::new(

@@ -5,7 +5,7 @@
 //!
 //! A second signal, half a second or more after the first, stops at once: the PHP
 //! thread may be inside a handler that nothing can interrupt, so a watcher thread of
-//! the worker process gives back every message the pool holds and ends the process by
+//! the worker process releases every message the pool holds and ends the process by
 //! that signal, as if the extension had installed no handler. Closer signals are one
 //! stop arriving twice: a terminal's Ctrl+C reaches every process of its group, and the
 //! supervisor passes it on as SIGTERM.
@@ -69,10 +69,10 @@ pub(crate) struct Watcher {
     write_fd: libc::c_int,
 }
 
-/// Start this process's watcher: on a second signal it runs `give_back` (which returns
+/// Start this process's watcher: on a second signal it runs `release` (which returns
 /// how many messages went back) and ends the process by that signal. `None` if the
 /// pipe or the thread cannot be made: a second signal is then one more graceful stop.
-pub(crate) fn watch(give_back: impl FnOnce() -> usize + Send + 'static) -> Option<Watcher> {
+pub(crate) fn watch(release: impl FnOnce() -> usize + Send + 'static) -> Option<Watcher> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: pipe2 writes two descriptors into `fds`.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -86,7 +86,7 @@ pub(crate) fn watch(give_back: impl FnOnce() -> usize + Send + 'static) -> Optio
             && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
         {}
         if let Some(signal) = urgent() {
-            let given = give_back();
+            let given = release();
             // Written directly: the process ends before the PHP thread could flush
             // the log.
             eprintln!("[delayq warning] a second stop signal: stopping now; {given} messages went back to the queue");

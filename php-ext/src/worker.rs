@@ -373,7 +373,7 @@ impl PhpWorker {
         let releaser = consumer.releaser();
         // Ended (joined) when this function returns, after the pool has finished.
         let _watcher = signals::watch(move || {
-            let given = releaser.give_back_all();
+            let given = releaser.release_all();
             if let Some(report) = report {
                 crate::supervisor::report_ended_at_once(report, releaser.summary());
             }

@@ -709,7 +709,7 @@ final class WorkerTest extends TestCase
     {
         $held = $this->q->push(['n' => 0, 'hold' => true]);
         $this->fill(20);
-        // A long lease: what comes back at once was given back, not left to expire.
+        // A long lease: what comes back at once was released, not left to expire.
         $proc = $this->startWorker(['lease' => 60.0, 'threads' => 1, '_sleep_ms' => 200] + $options);
         delayq_wait_for(20, 'the handler running', fn () => file_exists("{$this->log}.holding"));
         proc_terminate($proc, SIGTERM);
@@ -734,7 +734,7 @@ final class WorkerTest extends TestCase
     {
         [$ended, $inflight, $ready] = $this->secondSignalStopsAtOnce([]);
         $this->assertSame(['signal', SIGTERM], $ended, 'ended by the signal, as without a handler');
-        $this->assertSame(0, $inflight, 'given back at once, not after the 60 s lease');
+        $this->assertSame(0, $inflight, 'released at once, not after the 60 s lease');
         $this->assertSame(21 - count($this->handled()), $ready);
         $this->assertStringContainsString('a second stop signal: stopping now;',
             file_get_contents("{$this->log}.stderr"));
@@ -744,12 +744,12 @@ final class WorkerTest extends TestCase
     {
         [$ended, $inflight, $ready] = $this->secondSignalStopsAtOnce(['processes' => 2]);
         $this->assertSame(['code', 0], $ended, 'the supervisor returns once its processes ended');
-        $this->assertSame(0, $inflight, 'given back at once, not after the 60 s lease');
+        $this->assertSame(0, $inflight, 'released at once, not after the 60 s lease');
         $this->assertSame(21 - count($this->handled()), $ready);
         $this->assertStringNotContainsString('when their lease ends', file_get_contents("{$this->log}.stderr"),
             'the supervisor does not mistake it for a crash');
         // The summary keeps the counts of the process that ended at once: the held
-        // message was handed to its handler and given back.
+        // message was handed to its handler and released.
         $summary = $this->summary();
         $this->assertSame(count($this->handled()) + 1, $summary['handled']);
         $this->assertGreaterThanOrEqual(1, $summary['released']);

@@ -76,7 +76,7 @@ def _urgent_signal(signum: int) -> BaseException:
         "delayq: %s again: stopping now; the running and prefetched messages go back to the queue",
         signal.Signals(signum).name)
     cut = KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
-    # Not a handler's own sys.exit(): its message is given back, not failed.
+    # Not a handler's own sys.exit(): its message is released, not failed.
     cut._delayq_urgent = True  # type: ignore[attr-defined]
     return cut
 
@@ -390,7 +390,7 @@ class Worker:
         running: set[asyncio.Task[None]] = set()
         # The running handlers' deliveries, oldest first.
         started: dict[int, Any] = {}
-        # Received and not yet acknowledged, failed or given back: a run cut short (a
+        # Received and not yet acknowledged, failed or released: a run cut short (a
         # second stop signal) cancels tasks that never started and a receive under way,
         # and those deliveries must go back too.
         unsettled: dict[int, Any] = {}

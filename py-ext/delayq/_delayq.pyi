@@ -233,7 +233,7 @@ class DelayQueue:
         """Ask every worker pool running on this queue, on every host and in every
         language, to stop gracefully, as Laravel's ``queue:restart`` does: after a
         deploy, so that the process manager starts the new code. Each pool finishes its
-        running handlers, gives back what it had prefetched, and ``Worker.run`` returns
+        running handlers, releases what it had prefetched, and ``Worker.run`` returns
         with ``stopped_by`` ``"restart"``. Idle pools are woken at once; workers made
         after the request are not affected. Returns how many pools were alive when
         asked."""

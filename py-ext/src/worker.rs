@@ -498,14 +498,14 @@ pub(crate) struct PyConsumer {
     /// A call gives its share of the consumer back under `returns` and signals
     /// `returned`, for `finish`, which needs the consumer whole. A lock of its own:
     /// `consumer` is held while waiting for the GIL (`lock_py_attached`), and a share
-    /// may be given back by a thread that holds the GIL.
+    /// may be returned by a thread that holds the GIL.
     returns: std::sync::Mutex<()>,
     returned: std::sync::Condvar,
     /// A supervised process's counts, copied into its slot until `finish`.
     publisher: std::sync::Mutex<Option<Publisher>>,
 }
 
-/// A call's share of the consumer, given back when the call ends.
+/// A call's share of the consumer, returned when the call ends.
 struct Share<'a> {
     consumer: Option<Arc<delayq::Consumer>>,
     owner: &'a PyConsumer,
@@ -676,7 +676,7 @@ impl PyConsumer {
         self.with(py, |c| c.stop())
     }
 
-    /// Give back prefetched deliveries, write every completion, join the threads.
+    /// Release prefetched deliveries, write every completion, join the threads.
     fn finish<'py>(&self, py: Python<'py>, stopped_by: Option<&str>) -> PyResult<Bound<'py, PyDict>> {
         let stopped_by = stopped_by.map(|t| reason(py, t)).transpose()?;
         let stopped_by = match self.current(py)? {

@@ -429,7 +429,7 @@ def test_a_second_stop_signal_stops_at_once_and_gives_the_running_message_back(
 ) -> None:
     held = queue.push({"n": 1, "hold": True})
     later = queue.push({"n": 2})
-    # A long lease: what comes back at once was given back, not left to expire.
+    # A long lease: what comes back at once was released, not left to expire.
     pool = start(started, redis_url, tasks, *how, "--lease", "60", "--batch", "10", "--log-level", "info")
     wait_for(30, "the handler running", lambda: (tasks / "handled.log.holding").exists())
     pool.send_signal(signal.SIGTERM)
@@ -441,14 +441,14 @@ def test_a_second_stop_signal_stops_at_once_and_gives_the_running_message_back(
     assert "SIGTERM again: stopping now" in err, err
     if "--processes" in how:
         # The supervisor's summary keeps the counts of the process that ended at once:
-        # the held message was handed to its handler and given back.
+        # the held message was handed to its handler and released.
         summary = json.loads(out)
         assert summary["handled"] == len(handled(tasks)) + 1, summary
         assert summary["released"] >= 1, summary
     # The other one may have run before the signals (and gone: nothing is kept).
     states = {info["state"] for info in (queue.get(held), queue.get(later)) if info is not None}
     assert queue.get(held) is not None and states == {"ready"}, states
-    assert queue.stats()["inflight"] == 0, "given back at once, not after the lease"
+    assert queue.stats()["inflight"] == 0, "released at once, not after the lease"
     assert 1 not in {n for n, _, _ in handled(tasks)}
 
 

@@ -48,7 +48,7 @@ struct Cells {
     /// Time past the timeout the supervisor allows this busy period, in ms (coroutine
     /// handlers are cancelled by their own loop first).
     grace_ms: AtomicU64,
-    /// The busy period (its `starts`) whose waiting deliveries the process gave back
+    /// The busy period (its `starts`) whose waiting deliveries the process released
     /// before its kill; 0 none.
     gave_back: AtomicU64,
     /// The seqlock over the held delivery: odd while it is being written.
@@ -93,7 +93,7 @@ pub struct SlotView {
     pub busy: bool,
     /// Time allowed past the timeout for this busy period.
     pub grace: Duration,
-    /// The busy period whose waiting deliveries the process gave back (0 none): it is
+    /// The busy period whose waiting deliveries the process released (0 none): it is
     /// ready to be killed.
     pub gave_back: u64,
     /// The delivery the running handler holds, if the process said.
@@ -431,7 +431,7 @@ impl Slot {
                         && HungClock::is_hung(ran, t, Duration::from_millis(c.grace_ms.load(Ordering::Acquire)))
                         && c.gave_back.load(Ordering::Acquire) != starts
                     {
-                        releaser.stop_and_give_back_waiting();
+                        releaser.stop_and_release_waiting();
                         slot.publish(&releaser.summary());
                         c.gave_back.store(starts, Ordering::Release);
                     }

@@ -57,7 +57,7 @@ pub(crate) struct Nack<'a> {
     pub(crate) failures: Vec<Failure<'a>>,
 }
 
-/// Give back deliveries that never started: due again at once, not counted.
+/// Release deliveries that never started: due again at once, not counted.
 #[derive(Debug, Clone)]
 pub(crate) struct Release<'a> {
     pub(crate) deliveries: Vec<Delivery<'a>>,
@@ -147,7 +147,7 @@ impl FromRedisValue for Statuses {
     }
 }
 
-/// How many deliveries a release gave back.
+/// How many deliveries a release returned to the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Released(pub(crate) u64);
 
