@@ -318,12 +318,41 @@ fn describe_death(status: libc::c_int) -> String {
     }
 }
 
+/// What a process wrote to its report pipe before it ended: what is there now, never
+/// waiting for more.
+fn read_report(pipe: &mut File) -> String {
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match pipe.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 fn report_pipe() -> std::io::Result<(File, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills two descriptors; checked. Close-on-exec: a process started
     // later must not hold another's write end (its report would never end).
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(std::io::Error::last_os_error());
+    }
+    // The read end never blocks: a process that the handler forked holds the write end
+    // as long as it lives, so a read to the end could wait for ever. The report is in
+    // the pipe before its process exits.
+    // SAFETY: fcntl on a descriptor just made; checked.
+    if unsafe { libc::fcntl(fds[0], libc::F_SETFL, libc::O_NONBLOCK) } != 0 {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: both are ours and not used again.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        return Err(e);
     }
     // SAFETY: each descriptor is owned by exactly one value from here on.
     Ok(unsafe { (File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
@@ -445,11 +474,15 @@ impl<S: Spawner> Pool<'_, S> {
 
     fn reaped(&mut self, i: usize, mut child: Child, status: libc::c_int) {
         let pid = child.pid;
-        let mut text = String::new();
-        let _ = child.report.read_to_string(&mut text);
+        let text = read_report(&mut child.report);
         let lived = child.born.elapsed();
         let view = self.slots.view(i);
-        if let Some(starts) = child.killed_in {
+        let report = Report::decode(&text);
+        // A process killed at its timeout that reported all the same (its handler
+        // returned just before the kill) ended as its report says.
+        if let Some(starts) = child.killed_in
+            && report.is_none()
+        {
             let timeout = self.opts.timeout.unwrap_or_default();
             let fate = self.fail_held(&view, Some(starts), &timeout_error(timeout));
             let mut counts = view.counts.clone();
@@ -467,7 +500,7 @@ impl<S: Spawner> Pool<'_, S> {
             self.respawn(i, None);
             return;
         }
-        match Report::decode(&text) {
+        match report {
             Some(Report::Fatal(msg)) => {
                 self.summary.fatal.get_or_insert(msg);
                 self.stop(StopReason::Error);
@@ -495,6 +528,8 @@ impl<S: Spawner> Pool<'_, S> {
                     // stop() in a handler stops the whole pool; so do a restart request
                     // (the other processes have it too) and a handler that ended its
                     // process, as it does without processes.
+                    // A process the scaler stopped ends as asked, whatever it reports.
+                    Some(StopReason::Stop) if !self.wanted[i] => self.respawn(i, None),
                     Some(why @ (StopReason::Stop | StopReason::Restart | StopReason::Exit)) => {
                         if why == StopReason::Exit && !self.stopping {
                             log::warn!("worker process {pid}: a handler ended its process (exit); stopping the pool");
