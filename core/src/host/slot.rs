@@ -22,7 +22,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -236,6 +236,7 @@ impl SlotTable {
         Slot {
             mapping: Arc::clone(&self.mapping),
             index,
+            writer: Arc::default(),
         }
     }
 
@@ -265,6 +266,9 @@ impl SlotTable {
         c.grace_ms.store(0, Ordering::Release);
         c.gave_back.store(0, Ordering::Release);
         c.held_member.store(0, Ordering::Release);
+        // Even: a process killed amid `started` left it odd, and no later one could
+        // name its message.
+        c.held_seq.store(0, Ordering::Release);
         for n in &c.counts {
             n.store(0, Ordering::Release);
         }
@@ -331,6 +335,10 @@ fn read_held(c: &Cells) -> Option<Held> {
 pub struct Slot {
     mapping: Arc<Mapping>,
     index: usize,
+    /// The process that writes it: the first one that does. A process its handler
+    /// forks inherits the mapping, and must not tell the supervisor that the
+    /// parent's handler ended.
+    writer: Arc<AtomicU32>,
 }
 
 impl std::fmt::Debug for Slot {
@@ -359,6 +367,7 @@ impl Slot {
                 owned_path: None,
             }),
             index,
+            writer: Arc::default(),
         })
     }
 
@@ -366,9 +375,24 @@ impl Slot {
         self.mapping.cells(self.index)
     }
 
+    /// Whether this process is the slot's writer.
+    fn mine(&self) -> bool {
+        let pid = std::process::id();
+        match self
+            .writer
+            .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(writer) => writer == pid,
+        }
+    }
+
     /// A handler starts on `held` (None: the process cannot name one), allowed `grace`
     /// past the timeout.
     pub fn started(&self, held: Option<&Delivery>, grace: Duration) {
+        if !self.mine() {
+            return;
+        }
         let c = self.cells();
         let seq = c.held_seq.fetch_add(1, Ordering::AcqRel);
         debug_assert!(seq.is_multiple_of(2), "one writer per slot");
@@ -399,11 +423,16 @@ impl Slot {
 
     /// The handler ended.
     pub fn finished(&self) {
-        self.cells().busy.store(0, Ordering::Release);
+        if self.mine() {
+            self.cells().busy.store(0, Ordering::Release);
+        }
     }
 
     /// Copy a run's counts into the slot.
     pub fn publish(&self, counts: &Summary) {
+        if !self.mine() {
+            return;
+        }
         for ((_, n), cell) in counts.counts().iter().zip(&self.cells().counts) {
             cell.store(*n, Ordering::Release);
         }
