@@ -8,7 +8,7 @@ from . import errors as errors
 from ._delayq import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES
 from ._delayq import DelayQueue as DelayQueue
 from ._delayq import Message as Message
-from ._delayq import _Slot
+from ._delayq import _Slot, _Worker
 from ._delayq import __version__ as __version__
 from .aio import AsyncDelayQueue as AsyncDelayQueue
 from .errors import AuthError as AuthError
@@ -82,6 +82,7 @@ class Worker:
 
     # Set by `delayq worker`'s process: told when coroutine handlers start and end.
     _slot: Optional[_Slot]
+    _worker: _Worker
     _last_summary: Optional[dict[str, Any]]
 
     def __init__(

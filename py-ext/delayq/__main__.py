@@ -302,6 +302,10 @@ def _exit_status(cut: SystemExit) -> int:
     return cut.code if isinstance(cut.code, int) else 1
 
 
+class _HookFailed(Exception):
+    """on_start or on_stop raised in a process of a supervised pool."""
+
+
 class _BadUsage(Exception):
     """Bad command-line input that argparse cannot see: exit status 2."""
 
@@ -540,7 +544,10 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         supervisor.stop_with_supervisor()
 
         def stop(signum: int, frame: object) -> None:
-            worker.stop()
+            # A signal, as the run's own handlers say it: the supervisor stops the
+            # whole pool on a handler's stop(), and only this process on a signal (the
+            # scaler's, say, while on_start runs).
+            worker._worker.stop("signal")
 
         # While the pool runs, its own handlers take the signals. Before, a stop makes
         # the run return at once; after, when the run restores these, the stop that a
@@ -549,9 +556,29 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, stop)
         status = 0
+
+        def hook(name: str, call: Optional[Callable[[], Any]]) -> Optional[Callable[[], Any]]:
+            if call is None:
+                return None
+
+            def run() -> Any:
+                try:
+                    return call()
+                except Exception as e:
+                    raise _HookFailed(f"{name} failed: {e!r}") from e
+
+            return run
+
         try:
             slot = None if args.slot_file is None else _Slot(args.slot_file, args.slot_index)
-            summary = supervisor.run_one(worker, handler, slot, on_start, on_stop)
+            summary = supervisor.run_one(worker, handler, slot, hook("on_start", on_start), hook("on_stop", on_stop))
+        except _HookFailed as e:
+            # The pool cannot go on without it (PHP's does the same): a fatal report stops
+            # it, instead of a process that dies and is started again for ever.
+            logging.getLogger("delayq").error("%s", e, exc_info=e.__cause__)
+            with os.fdopen(args.report_fd, "w") as report:
+                json.dump({"fatal": str(e)}, report)
+            return FAILED
         except (KeyboardInterrupt, SystemExit) as cut:
             # A second stop signal, or a handler's sys.exit(): what the process did until
             # then still counts.

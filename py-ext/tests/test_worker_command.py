@@ -98,6 +98,20 @@ def fork_then_handle(payload, msg):
         f.write(json.dumps([payload["n"], ended]) + "\\n")
     handle(payload, msg)
 
+def fork_sleeper_then_handle(payload, msg):
+    # Side work that outlives the handler: a child holding every descriptor its parent
+    # had, the report pipe's write end among them.
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    with open(LOG + ".sleepers", "a") as f:
+        f.write(f"{pid}\\n")
+    handle(payload, msg)
+
+def fail_start():
+    raise RuntimeError("no database")
+
 not_callable = 42
 '''
 
@@ -605,3 +619,34 @@ def test_what_handlers_print_goes_to_stderr_and_leaves_the_json_summary_whole(
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["acked"] == 20
     assert done.stderr.count("closing order") == 20 and "imported" in done.stderr
+
+
+def test_a_child_the_handler_leaves_running_does_not_hold_the_supervisor_up(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    # Each process is recycled after one message while the child it forked lives on:
+    # a supervisor that read a report to its end would wait for each child (30 s).
+    push_numbered(queue, 4)
+    try:
+        done = run(redis_url, tasks, "tasks:fork_sleeper_then_handle", "--processes", "2", "--max-jobs", "1",
+                   "--stop-when-empty")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["stopped_by"] == "empty", done.stdout
+        assert sorted(n for n, _, _ in handled(tasks)) == [0, 1, 2, 3]
+    finally:
+        sleepers = tasks / "handled.log.sleepers"
+        for pid in sleepers.read_text().split() if sleepers.exists() else []:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_an_on_start_that_fails_stops_a_supervised_pool_at_once(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    # As PHP's does: not a process that dies at its start and is started again.
+    done = run(redis_url, tasks, "tasks:handle", "--processes", "2", "--on-start", "tasks:fail_start")
+    assert done.returncode == 3, done.stderr
+    assert "on_start failed: RuntimeError('no database')" in done.stderr, done.stderr
+    assert "starting another" not in done.stderr, done.stderr
