@@ -278,9 +278,12 @@ pub(crate) fn fail_lease(
             unrun: false,
         }],
     };
+    // One try: the supervisor that calls this must not stand still while Redis is away
+    // (processes tend to die then, one after another); the lease brings the message
+    // back all the same.
     let mut slot = ConnSlot::new();
     let res = slot
-        .run(&queue.inner.endpoint, "nack", Replay::Safe, |con| {
+        .run_once(&queue.inner.endpoint, "nack", |con| {
             let mut inv = queue.invocation(part, complete::nack());
             args.add_to(&mut inv);
             inv.invoke::<Value>(con)

@@ -326,7 +326,7 @@ class Worker:
         """Consume until ``stop()``, SIGTERM, SIGINT or ``DelayQueue.restart_workers()``;
         return the run's counts once every acknowledgement is written, with
         ``stopped_by`` saying why (``"stop"``, ``"signal"``, ``"restart"``, ``"empty"``,
-        ``"max_jobs"``, ``"max_time"``, ``"max_memory"``)."""
+        ``"max_jobs"``, ``"max_time"``, ``"max_memory"``, ``"exit"``)."""
         handler = _two_arguments(handler)
         with _graceful_signals(self._worker), self._limits():
             if _is_async(handler):

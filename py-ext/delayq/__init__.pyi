@@ -113,8 +113,8 @@ class Worker:
         """Consume until ``stop()``, SIGTERM or SIGINT (which stop it gracefully) or
         ``DelayQueue.restart_workers()``; return the counts (handled, acked, failed,
         retried, dead, lease_lost, gone, released, unwritten, stopped_by: ``"stop"``,
-        ``"signal"``, ``"restart"``, ``"empty"``, ``"max_jobs"``, ``"max_time"`` or
-        ``"max_memory"``) once every acknowledgement is written. A handler's ``sys.exit()``
+        ``"signal"``, ``"restart"``, ``"empty"``, ``"max_jobs"``, ``"max_time"``,
+        ``"max_memory"`` or ``"exit"``) once every acknowledgement is written. A handler's ``sys.exit()``
         ends the run by raising ``SystemExit``: its message is due again at once, counted
         as an attempt (a handler that always exits ends in the dead letters).
 
