@@ -27,6 +27,9 @@ type PhpResult<T> = Result<T, PhpException>;
 unsafe extern "C" {
     // ZEND_API since PHP 8.0: the pending "exception" is exit()/die() unwinding.
     fn zend_is_unwind_exit(ex: *const ext_php_rs::ffi::zend_object) -> bool;
+    // ZEND_API since PHP 8.1: the pending "exception" unwinds a Fiber being destroyed
+    // while suspended (not a Throwable: it has no methods to call).
+    fn zend_is_graceful_exit(ex: *const ext_php_rs::ffi::zend_object) -> bool;
     // PHPAPI: flushes and closes every output buffer, as the end of a request does.
     fn php_output_end_all();
     // ZEND_API since PHP 8.0: frees what zend_is_callable_ex() made for a __call().
@@ -293,6 +296,8 @@ fn end_forked_child(call: Option<&ext_php_rs::error::Result<Zval>>) -> ! {
             match pending {
                 // SAFETY: the engine's pending exception, alive until taken.
                 Some(ex) if unsafe { zend_is_unwind_exit(ex.cast()) } => ExecutorGlobals::get().exit_status,
+                // SAFETY: as above. A Fiber destroyed while suspended: nothing failed.
+                Some(ex) if unsafe { zend_is_graceful_exit(ex.cast()) } => 0,
                 Some(_) => {
                     let trace = ExecutorGlobals::take_exception()
                         .map(|ex| exception_trace(&ex))
@@ -491,6 +496,17 @@ impl PhpWorker {
                             // returns. No hook runs: PHP code cannot run while it exits.
                             consumer.fail_with(delivery, EXIT_ERROR, delayq::Retry::After(Duration::ZERO));
                             ended = Some(StopReason::Exit);
+                            stopper.stop();
+                            break;
+                        }
+                        // SAFETY: as above.
+                        Some(ex) if unsafe { zend_is_graceful_exit(ex.cast()) } => {
+                            // The handler ran in a Fiber that is being destroyed while
+                            // suspended: nothing decided the message, and no PHP code
+                            // may run. It goes back uncounted; the pool stops, and the
+                            // unwinding goes on once run() returns.
+                            consumer.release(delivery);
+                            ended = Some(StopReason::Stop);
                             stopper.stop();
                             break;
                         }

@@ -138,6 +138,33 @@ final class WorkerTest extends TestCase
         $this->assertStringContainsString('the handler returned a Generator', $info['last_error']);
     }
 
+    public function testAFiberDestroyedWhileItsHandlerIsSuspendedReleasesTheMessage(): void
+    {
+        // A framework adapter runs run() in a Fiber and suspends the handler until the
+        // framework decides; a Fiber dropped undecided unwinds with PHP's graceful exit,
+        // which is no Throwable. In a process of its own: before, this crashed it.
+        $id = $this->q->push(['n' => 1]);
+        $code = <<<'PHP'
+            $q = new DelayQueue($argv[1], 'jobs');
+            $fiber = new Fiber(function () use ($q) {
+                (new DelayQueueWorker($q))->run(function ($payload) {
+                    Fiber::suspend($payload);
+                });
+            });
+            $held = $fiber->start();
+            unset($fiber);
+            gc_collect_cycles();
+            echo json_encode($held), "\n";
+            PHP;
+        $out = [];
+        exec(implode(' ', array_map('escapeshellarg', array_merge(delayq_php_command(),
+            ['-r', $code, $GLOBALS['DELAYQ_REDIS']->url()]))) . ' 2>&1', $out, $status);
+        $this->assertSame(0, $status, implode("\n", $out));
+        $this->assertSame(['{"n":1}'], $out);
+        $info = $this->q->get($id);
+        $this->assertSame(['ready', 0], [$info['state'], $info['attempts']], 'released at once, uncounted');
+    }
+
     public function testAFailureKeepsTheExceptionWithItsStackTraceAndPreviousOnes(): void
     {
         $id = $this->q->push(['order' => 10086]);
