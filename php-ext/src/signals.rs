@@ -13,6 +13,10 @@
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
+/// The last stop signal's number (0 none yet).
+static LAST: AtomicI32 = AtomicI32::new(0);
+/// Whether the run acted on a stop signal (`take` saw one).
+static ACTED: AtomicBool = AtomicBool::new(false);
 /// When the first stop signal came (CLOCK_MONOTONIC ms; 0 none yet).
 static FIRST_MS: AtomicU64 = AtomicU64::new(0);
 /// The second signal's number once one came (0 none).
@@ -42,12 +46,17 @@ extern "C" fn on_signal(signal: libc::c_int) {
             unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) };
         }
     }
+    LAST.store(signal, Ordering::Release);
     SIGNALLED.store(true, Ordering::Release);
 }
 
 /// Whether SIGTERM/SIGINT arrived since the last call; clears the flag.
 pub(crate) fn take() -> bool {
-    SIGNALLED.swap(false, Ordering::AcqRel)
+    let came = SIGNALLED.swap(false, Ordering::AcqRel);
+    if came {
+        ACTED.store(true, Ordering::Release);
+    }
+    came
 }
 
 /// The number of a second stop signal, once one came.
@@ -58,6 +67,8 @@ pub(crate) fn urgent() -> Option<libc::c_int> {
 /// Forget signals that the parent received before a fork.
 pub(crate) fn clear() {
     SIGNALLED.store(false, Ordering::Release);
+    LAST.store(0, Ordering::Release);
+    ACTED.store(false, Ordering::Release);
     FIRST_MS.store(0, Ordering::Release);
     URGENT.store(0, Ordering::Release);
 }
@@ -176,6 +187,15 @@ impl Drop for Installed {
             unsafe {
                 libc::sigaction(*signal, old, std::ptr::null_mut());
             }
+        }
+        // A signal that came as the run ended for another reason (max_jobs, empty)
+        // was not acted on: it goes to the handler that was there before (a script's
+        // pcntl handler, or the default action), as without the extension. One that
+        // the run stopped for, and its echoes, are done with.
+        let signal = LAST.load(Ordering::Acquire);
+        if SIGNALLED.swap(false, Ordering::AcqRel) && !ACTED.load(Ordering::Acquire) && signal != 0 {
+            // SAFETY: sends a signal to this process.
+            unsafe { libc::raise(signal) };
         }
     }
 }

@@ -138,6 +138,27 @@ final class WorkerTest extends TestCase
         $this->assertStringContainsString('the handler returned a Generator', $info['last_error']);
     }
 
+    public function testASignalThatComesAsARunEndsForAnotherReasonIsNotLost(): void
+    {
+        // The run ends for max_jobs with a SIGTERM just in: the script's own handler
+        // (there before run()) gets it, as it would without the extension. Before, it
+        // was dropped, and the next run() forgot it.
+        $this->q->push(['n' => 1]);
+        $code = <<<'PHP'
+            pcntl_async_signals(true);
+            $got = [];
+            pcntl_signal(SIGTERM, function () use (&$got) { $got[] = 'SIGTERM'; });
+            $w = new DelayQueueWorker(new DelayQueue($argv[1], 'jobs'), ['max_jobs' => 1]);
+            $s = $w->run(function () { posix_kill(getmypid(), SIGTERM); });
+            echo json_encode([$s['stopped_by'], $got]), "\n";
+            PHP;
+        $out = [];
+        exec(implode(' ', array_map('escapeshellarg', array_merge(delayq_php_command(),
+            ['-r', $code, $GLOBALS['DELAYQ_REDIS']->url()]))) . ' 2>&1', $out, $status);
+        $this->assertSame(0, $status, implode("\n", $out));
+        $this->assertSame(['["max_jobs",["SIGTERM"]]'], $out);
+    }
+
     public function testAFiberDestroyedWhileItsHandlerIsSuspendedReleasesTheMessage(): void
     {
         // A framework adapter runs run() in a Fiber and suspends the handler until the
