@@ -12,12 +12,9 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{RedisServer, StopOnDrop, wait_for};
+use common::{RedisServer, Runs, StopOnDrop, timed_run, wait_for};
 use delayq::{Received, Worker, WorkerOptions};
 use serde_json::json;
-
-/// Per message id, each handler run's start and end.
-type Runs = Mutex<HashMap<String, Vec<(Instant, Option<Instant>)>>>;
 
 /// A redis-server whose wall clock the test can step.
 struct ShiftedRedis {
@@ -146,16 +143,12 @@ fn a_step_forward_expires_no_live_lease() {
     let idle = Worker::new(q.clone(), lease).expect("worker");
     let runs: Runs = Mutex::new(HashMap::new());
     let handler = |d: &delayq::Delivery| {
-        let index = {
-            let mut r = runs.lock().expect("lock");
-            let list = r.entry(d.id.clone()).or_default();
-            list.push((Instant::now(), None));
-            list.len() - 1
-        };
-        if d.payload::<serde_json::Value>().expect("payload")["busy"] == json!(true) {
-            std::thread::sleep(Duration::from_millis(4000));
-        }
-        runs.lock().expect("lock").get_mut(&d.id).expect("run")[index].1 = Some(Instant::now());
+        let busy = d.payload::<serde_json::Value>().expect("payload")["busy"] == json!(true);
+        timed_run(&runs, &d.id, || {
+            if busy {
+                std::thread::sleep(Duration::from_millis(4000));
+            }
+        });
         Ok(())
     };
     std::thread::scope(|s| {

@@ -9,12 +9,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{RedisServer, StopOnDrop, wait_for};
+use common::{RedisServer, Runs, StopOnDrop, timed_run, wait_for};
 use delayq::{Worker, WorkerOptions};
 use serde_json::json;
-
-/// Per message id, each handler run's start and end.
-type Runs = Mutex<HashMap<String, Vec<(Instant, Option<Instant>)>>>;
 
 fn opts() -> WorkerOptions {
     WorkerOptions {
@@ -36,15 +33,7 @@ fn a_redis_pause_longer_than_the_lease_runs_nothing_twice_at_once() {
     // id -> (starts, ends) of handler runs.
     let runs: Runs = Mutex::new(HashMap::new());
     let handler = |d: &delayq::Delivery| {
-        let start = Instant::now();
-        let index = {
-            let mut r = runs.lock().expect("lock");
-            let list = r.entry(d.id.clone()).or_default();
-            list.push((start, None));
-            list.len() - 1
-        };
-        std::thread::sleep(Duration::from_millis(4000));
-        runs.lock().expect("lock").get_mut(&d.id).expect("run")[index].1 = Some(Instant::now());
+        timed_run(&runs, &d.id, || std::thread::sleep(Duration::from_millis(4000)));
         Ok(())
     };
     std::thread::scope(|s| {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use delayq::{Queue, QueueOptions};
@@ -186,6 +187,21 @@ impl Drop for RedisServer {
 }
 
 /// Wait until `cond` holds, failing the test after `limit`.
+/// Per message id, each handler run's start and end (None while it runs).
+pub type Runs = Mutex<HashMap<String, Vec<(Instant, Option<Instant>)>>>;
+
+/// Runs `work` as a handler run of `id`, noting its start and end in `runs`.
+pub fn timed_run(runs: &Runs, id: &str, work: impl FnOnce()) {
+    let index = {
+        let mut r = runs.lock().expect("lock");
+        let list = r.entry(id.to_owned()).or_default();
+        list.push((Instant::now(), None));
+        list.len() - 1
+    };
+    work();
+    runs.lock().expect("lock").get_mut(id).expect("run")[index].1 = Some(Instant::now());
+}
+
 pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !cond() {
