@@ -159,6 +159,21 @@ final class DelayQueue
     public function find(string $text, int $limit = 20): array {}
 
     /**
+     * Up to $limit messages whose payload is an array with the key $field equal to
+     * $value, in any state, as find() shows them: for an order number that is also part
+     * of other numbers (find('10086') also returns order 100861). The comparison is
+     * exact, type included: 10086 is not '10086'. It scans as find() does.
+     *
+     * @param string|int|float|bool|null $value
+     * @param int $limit 0 to 1000
+     * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
+     *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}>
+     * @throws DelayQueueInvalidArgumentException for an empty $field, an array $value or a limit outside 0 to 1000
+     */
+    public function findField(string $field, mixed $value, int $limit = 20): array {}
+
+    /**
      * The completed messages kept by the 'keep_completed' option, latest first, from
      * every partition; `due_at` is the due time of the delivery that completed it,
      * `attempts` the deliveries it took.

@@ -1165,6 +1165,49 @@ impl Queue {
                 format!("must be 1 to {MAX_ID_BYTES} bytes, got {}", text.len()),
             ));
         }
+        // What matched may be the envelope's metadata rather than the payload, the id
+        // among it: a generated id is random hex, where an order number turns up by
+        // chance.
+        self.scan_for(text, limit, |info| info.id == text || info.payload_json.contains(text))
+    }
+
+    /// Up to `limit` (0 to 1000) messages whose payload is an object with the field
+    /// `field` equal to `value` (a string, number, bool or null; `10086` is not
+    /// `"10086"` nor `100861`), in any state, as [`find`](Self::find) looks: for an
+    /// order number that is also a substring of others. It scans as `find` does, for
+    /// `"field":value` as delayq writes JSON (without spaces), then compares exactly.
+    pub fn find_field(&self, field: &str, value: &serde_json::Value, limit: usize) -> Result<Vec<MessageInfo>> {
+        if field.is_empty() || field.len() > MAX_ID_BYTES {
+            return Err(Error::invalid(
+                "field",
+                format!("must be 1 to {MAX_ID_BYTES} bytes, got {}", field.len()),
+            ));
+        }
+        if value.is_array() || value.is_object() {
+            return Err(Error::invalid(
+                "value",
+                "must be a string, a number, a bool or null (compare whole objects with find)",
+            ));
+        }
+        let needle = format!("{}:{value}", serde_json::Value::String(field.to_owned()));
+        if needle.len() > 2 * MAX_ID_BYTES {
+            return Err(Error::invalid(
+                "value",
+                format!(
+                    "must be at most {MAX_ID_BYTES} bytes as JSON, got {}",
+                    value.to_string().len()
+                ),
+            ));
+        }
+        self.scan_for(&needle, limit, |info| {
+            serde_json::from_str::<serde_json::Value>(&info.payload_json)
+                .is_ok_and(|payload| payload.get(field) == Some(value))
+        })
+    }
+
+    /// The scan behind `find` and `find_field`: messages whose stored text contains
+    /// `text` (compared on the server), kept when `matches` says so.
+    fn scan_for(&self, text: &str, limit: usize, matches: impl Fn(&MessageInfo) -> bool) -> Result<Vec<MessageInfo>> {
         if limit > MAX_BATCH {
             return Err(Error::invalid(
                 "limit",
@@ -1191,14 +1234,11 @@ impl Queue {
                     })?;
                     cursor = step.cursor;
                     for id in step.ids {
-                        // What matched may be the envelope's metadata rather than the
-                        // payload, the id among it: a generated id is random hex, where
-                        // an order number turns up by chance. A re-pushed completed id
-                        // shows its new message.
+                        // A re-pushed completed id shows its new message.
                         if found.len() < limit
                             && seen.insert(id.clone())
                             && let Some(info) = self.get(&id)?
-                            && (info.id == text || info.payload_json.contains(text))
+                            && matches(&info)
                         {
                             found.push(info);
                         }

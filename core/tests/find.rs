@@ -105,3 +105,49 @@ fn find_refuses_an_empty_text_and_a_limit_past_1000() {
     assert!(matches!(q.find("x", 1001), Err(Error::InvalidArgument { name, .. }) if name == "limit"));
     assert!(q.find("x", 0).expect("find").is_empty());
 }
+
+#[test]
+fn find_field_matches_a_payload_field_exactly() {
+    let server = RedisServer::start();
+    let q = server.queue_with(
+        "orders",
+        QueueOptions {
+            partitions: 2,
+            ..Default::default()
+        },
+    );
+    let later = Duration::from_secs(3600);
+    let exact = q
+        .push(&json!({"order_id": 10086, "step": "close"}), later)
+        .expect("push");
+    // Each of these holds "10086" as find() sees it, and none is order 10086.
+    for other in [
+        json!({"order_id": 100861}),
+        json!({"order_id": "10086"}),
+        json!({"order_id": 10086.5}),
+        json!({"sub_order_id": 10086}),
+        json!({"note": "\"order_id\":10086"}),
+        json!({"nested": {"order_id": 10086}}),
+    ] {
+        q.push(&other, later).expect("push");
+    }
+    assert_eq!(q.find("10086", 100).expect("find").len(), 7, "the substring search");
+    let found = q.find_field("order_id", &json!(10086), 100).expect("find_field");
+    assert_eq!(
+        found.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+        [exact.as_str()]
+    );
+    assert_eq!(q.find_field("order_id", &json!("10086"), 100).expect("string").len(), 1);
+    assert!(q.find_field("order_id", &json!(1), 100).expect("none").is_empty());
+    for (field, value, name) in [
+        ("", json!(1), "field"),
+        ("order_id", json!([10086]), "value"),
+        ("order_id", json!({"a": 1}), "value"),
+    ] {
+        let err = q.find_field(field, &value, 10).expect_err("refused");
+        assert!(
+            matches!(&err, Error::InvalidArgument { name: n, .. } if n == name),
+            "{err:?}"
+        );
+    }
+}

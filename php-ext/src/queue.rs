@@ -356,6 +356,16 @@ impl PhpDelayQueue {
         message_list(self.queue.find(&text, list_limit(limit)?).or_throw()?)
     }
 
+    /// Up to `$limit` (at most 1000) messages whose payload has the field `$field`
+    /// equal to `$value` (a scalar or null), in any state (see the stub).
+    #[php(defaults(limit = 20))]
+    pub fn find_field(&self, field: String, value: &Zval, limit: i64) -> PhpResult<ZBox<ZendHashTable>> {
+        let json = convert::payload_to_json_named(value, "$value".into())?;
+        let value: serde_json::Value =
+            serde_json::from_str(&json).map_err(|e| errors::invalid(format!("invalid value: {e}")))?;
+        message_list(self.queue.find_field(&field, &value, list_limit(limit)?).or_throw()?)
+    }
+
     /// Up to `$limit` (at most 1000) completed messages kept by `keep_completed`,
     /// latest first, each as get() shows it.
     #[php(defaults(limit = 100))]

@@ -593,6 +593,21 @@ final class QueueTest extends TestCase
         $this->q->find('');
     }
 
+    public function testFindFieldMatchesAPayloadFieldExactly(): void
+    {
+        $order = $this->q->push(['order_id' => 10086], 600);
+        $asText = $this->q->push(['order_id' => '10086'], 600);
+        foreach ([['order_id' => 100861], ['sub_order_id' => 10086], ['nested' => ['order_id' => 10086]]] as $other) {
+            $this->q->push($other, 600);
+        }
+        $this->assertCount(5, $this->q->find('10086'));
+        $this->assertSame([$order], array_column($this->q->findField('order_id', 10086), 'id'));
+        $this->assertSame([$asText], array_column($this->q->findField('order_id', '10086'), 'id'));
+        $this->assertSame([], $this->q->findField('order_id', 1));
+        $this->expectException(DelayQueueInvalidArgumentException::class);
+        $this->q->findField('order_id', [10086]);
+    }
+
     public function testAclRuleGrantsAUserExactlyThisQueue(): void
     {
         $rule = $this->q->aclRule('app');

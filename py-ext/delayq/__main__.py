@@ -8,6 +8,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders inflight
     delayq --queue orders completed --limit 20   # with keep_completed
     delayq --queue orders find 10086   # the messages whose payload holds it (or whose id it is), in any state
+    delayq --queue orders find 10086 --field order_id   # those whose order_id is 10086 exactly
     delayq --queue orders dead --limit 20
     delayq --queue orders requeue-dead --all
     delayq --queue orders reschedule close-order-10086 --delay 0   # run it now
@@ -147,14 +148,28 @@ def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _field_value(text: str) -> Union[str, int, float, bool, None]:
+    """A value to compare a payload field with: TEXT as JSON when it is a JSON scalar,
+    else the string itself."""
+    try:
+        value = json.loads(text, parse_constant=_not_json)
+    except ValueError:
+        return text
+    return value if isinstance(value, (str, int, float, bool)) or value is None else text
+
+
 def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
-    if args.command == "find":
+    if args.command == "find" and args.field is not None:
+        messages = q.find_field(args.field, _field_value(args.text), args.limit)
+    elif args.command == "find":
         messages = q.find(args.text, args.limit)
     else:
         messages = {"inflight": q.inflight, "waiting": q.waiting, "completed": q.completed}[args.command](args.limit)
 
     def human() -> list[str]:
         if not messages:
+            if args.command == "find" and args.field is not None:
+                return [f"{args.label}: no message has {args.field} = {args.text}"]
             if args.command == "find":
                 return [f"{args.label}: no message holds {args.text!r}"]
             kind = {"inflight": "running", "waiting": "waiting", "completed": "kept completed"}[args.command]
@@ -680,6 +695,8 @@ def _parser() -> argparse.ArgumentParser:
         w.set_defaults(run=_listing)
     f = sub.add_parser("find", help="the messages whose payload holds TEXT (or whose id it is), in any state (scans the queue)")
     f.add_argument("text")
+    f.add_argument("--field", help="only payloads whose FIELD equals TEXT exactly (TEXT read as JSON if it is: "
+                                   "10086 is a number, '\"10086\"' a string), not TEXT anywhere")
     f.add_argument("--limit", type=_count, default=20, help="at most this many, up to 1000 (default: 20)")
     f.set_defaults(run=_listing)
     d = sub.add_parser("dead", help="dead letters, newest first")

@@ -139,6 +139,14 @@ class DelayQueue:
         generated message id. It scans the whole queue on the server, 1000 entries a
         step (Redis is never blocked for long), so its cost grows with the queue: not
         for request paths. Messages written or deleted during the scan may be missed."""
+    def find_field(
+        self, field: str, value: Union[str, int, float, bool, None], limit: int = 20
+    ) -> list[dict[str, Any]]:
+        """Up to ``limit`` (at most 1000) messages whose payload is a dict with ``field``
+        equal to ``value``, in any state, as ``find()`` shows them: for an order number
+        that is also part of other numbers (``find("10086")`` also returns order
+        100861). The comparison is exact, type included: ``10086`` is not ``"10086"``.
+        It scans as ``find()`` does."""
     def completed(self, limit: int = 100) -> list[dict[str, Any]]:
         """Up to ``limit`` (at most 1000) completed messages kept by ``keep_completed``,
         latest first, from every partition, each as ``get()`` shows it: ``due_at`` of

@@ -90,6 +90,12 @@ class AsyncDelayQueue:
         """`DelayQueue.find`."""
         return await asyncio.to_thread(self._queue.find, text, limit)
 
+    async def find_field(
+        self, field: str, value: Union[str, int, float, bool, None], limit: int = 20
+    ) -> list[dict[str, Any]]:
+        """`DelayQueue.find_field`."""
+        return await asyncio.to_thread(self._queue.find_field, field, value, limit)
+
     async def completed(self, limit: int = 100) -> list[dict[str, Any]]:
         """`DelayQueue.completed`."""
         return await asyncio.to_thread(self._queue.completed, limit)

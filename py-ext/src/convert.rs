@@ -289,6 +289,7 @@ argument_readers! {
     serial_key_arg -> Option<String> = opt_text("serial_key");
     name_arg -> String = text("name");
     text_arg -> String = text("text");
+    field_arg -> String = text("field");
     user_arg -> String = text("user");
     tz_arg -> Option<String> = opt_text("tz");
     delay_arg -> f64 = number("delay");

@@ -339,6 +339,25 @@ impl PyQueue {
         message_list(py, found)
     }
 
+    /// Up to `limit` (at most 1000) messages whose payload has `field` equal to `value`
+    /// (see the stub).
+    #[pyo3(signature = (field, value, limit = 20))]
+    fn find_field<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::field_arg)] field: String,
+        value: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let json = convert::payload_to_json_named(value, "value".into())?;
+        let value: serde_json::Value =
+            serde_json::from_str(&json).map_err(|e| errors::invalid(py, format!("invalid value: {e}")))?;
+        let found = py
+            .detach(|| self.queue.find_field(&field, &value, limit))
+            .or_raise(py)?;
+        message_list(py, found)
+    }
+
     /// Up to `limit` (at most 1000) completed messages kept by `keep_completed`, latest
     /// first, each as `get()` shows it.
     #[pyo3(signature = (limit = 100))]

@@ -222,6 +222,29 @@ def test_find_shows_the_messages_holding_a_text_in_any_state(queue: delayq.Delay
         queue.find("")
 
 
+def test_find_field_matches_a_payload_field_exactly(queue: delayq.DelayQueue, redis_url: str) -> None:
+    order = queue.push({"order_id": 10086}, delay=600)
+    as_text = queue.push({"order_id": "10086"}, delay=600)
+    for other in ({"order_id": 100861}, {"sub_order_id": 10086}, {"nested": {"order_id": 10086}}):
+        queue.push(other, delay=600)
+    assert len(queue.find("10086")) == 5
+    assert [m["id"] for m in queue.find_field("order_id", 10086)] == [order]
+    assert [m["id"] for m in queue.find_field("order_id", "10086")] == [as_text]
+
+    async def found() -> list[dict[str, Any]]:
+        return await delayq.AsyncDelayQueue(queue).find_field("order_id", 10086)
+
+    assert [m["id"] for m in asyncio.run(found())] == [order]
+    assert [m["id"] for m in cli_json(redis_url, "find", "10086", "--field", "order_id")] == [order]
+    assert [m["id"] for m in cli_json(redis_url, "find", '"10086"', "--field", "order_id")] == [as_text]
+    nothing = cli(redis_url, "find", "1", "--field", "order_id")
+    assert nothing.returncode == 1 and nothing.stdout == "queue jobs: no message has order_id = 1\n"
+    with pytest.raises(delayq.InvalidArgumentError, match="value"):
+        queue.find_field("order_id", [10086])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="argument 'field' must be str"):
+        queue.find_field(1, 1)  # type: ignore[arg-type]
+
+
 def test_pause_and_resume(queue: delayq.DelayQueue, redis_url: str) -> None:
     assert "consumption: running" in cli(redis_url, "stats").stdout
     assert cli_json(redis_url, "pause") == {"paused": True, "changed": True}
