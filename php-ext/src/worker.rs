@@ -106,6 +106,11 @@ unsafe fn function_name(function: &ext_php_rs::ffi::zend_function) -> String {
     let common = unsafe { &function.common };
     let mut name = text(common.function_name);
     if common.fn_flags & ext_php_rs::ffi::ZEND_ACC_CLOSURE != 0 {
+        // PHP 8.4 names closures `{closure:Class::method():line}`, earlier ones
+        // `{closure}`: one name on every version, the place said after it.
+        if name.starts_with("{closure") {
+            name = "{closure}".to_owned();
+        }
         if u32::from(common.type_) == ext_php_rs::ffi::ZEND_USER_FUNCTION {
             // SAFETY: a user function's op_array.
             let op_array = unsafe { &function.op_array };
