@@ -26,7 +26,7 @@ fi
 # their own servers on free ports and do not depend on it.
 
 if ! command -v cargo >/dev/null; then
-  echo "cargo not found: install a Rust toolchain >= 1.88 (https://rustup.rs) and run again" >&2
+  echo "cargo not found: install a Rust toolchain >= 1.88 (rustup, or your distribution's cargo) and run again" >&2
   exit 1
 fi
 
