@@ -227,10 +227,10 @@ fn opt_text(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<String>> {
 }
 
 fn number(value: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
-    if value.is_instance_of::<PyFloat>() || (value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>()) {
-        value.extract()
-    } else {
-        Err(wrong_type(name, "a number of seconds (int or float)", value))
+    // Anything float() takes as a number (a Decimal, a numpy float), but not a bool.
+    match value.extract::<f64>() {
+        Ok(n) if !value.is_instance_of::<PyBool>() => Ok(n),
+        _ => Err(wrong_type(name, "a number of seconds (int or float)", value)),
     }
 }
 

@@ -394,3 +394,11 @@ def test_a_wrong_argument_type_is_named(queue: delayq.DelayQueue, server: RedisS
         call(queue)
     assert text in str(info.value)
     assert server.keys() == []
+
+
+def test_a_delay_may_be_any_real_number(queue: delayq.DelayQueue) -> None:
+    import decimal
+    import fractions
+    for delay in (decimal.Decimal("60.5"), fractions.Fraction(121, 2)):
+        info = queue.get(queue.push(1, delay))
+        assert info is not None and info["state"] == "scheduled"
