@@ -1273,6 +1273,7 @@ final class WorkerTest extends TestCase
      *
      * @dataProvider forkingWorkerOptions
      */
+    #[PHPUnit\Framework\Attributes\DataProvider('forkingWorkerOptions')]
     public function testAChildForkedByAHandlerEndsWhenItReturnsOrExitsAndTheParentGoesOn(array $options): void
     {
         $this->assertTrue(function_exists('pcntl_fork'), 'the test needs pcntl');
