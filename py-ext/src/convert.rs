@@ -262,6 +262,10 @@ fn whole<T: TryFrom<i64> + Into<u64>>(value: &Bound<'_, PyAny>, name: &str, max:
     })
 }
 
+fn whole_u32(value: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
+    whole(value, name, u32::MAX)
+}
+
 fn opt_whole_u32(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<u32>> {
     if value.is_none() {
         Ok(None)
@@ -298,4 +302,14 @@ argument_readers! {
     max_attempts_arg -> Option<u32> = opt_whole_u32("max_attempts");
     replace_arg -> bool = flag("replace");
     limit_arg -> usize = whole_usize("limit");
+    threads_arg -> usize = whole_usize("threads");
+    batch_arg -> usize = whole_usize("batch");
+    prefetch_arg -> usize = whole_usize("prefetch");
+    worker_max_attempts_arg -> u32 = whole_u32("max_attempts");
+    lease_arg -> f64 = number("lease");
+    backoff_base_arg -> f64 = number("backoff_base");
+    backoff_max_arg -> f64 = number("backoff_max");
+    timeout_arg -> Option<f64> = opt_number("timeout");
+    idle_check_arg -> f64 = number("idle_check");
+    stop_when_empty_arg -> bool = flag("stop_when_empty");
 }

@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::convert::json_to_py;
+use crate::convert::{self, json_to_py};
 use crate::errors::{self, OrRaise};
 use crate::queue::PyQueue;
 use crate::supervisor::PySlot;
@@ -263,16 +263,16 @@ impl PyWorker {
     fn new(
         py: Python<'_>,
         queue: &PyQueue,
-        threads: usize,
-        batch: usize,
-        prefetch: usize,
-        lease: f64,
-        max_attempts: u32,
-        backoff_base: f64,
-        backoff_max: f64,
-        timeout: Option<f64>,
-        idle_check: f64,
-        stop_when_empty: bool,
+        #[pyo3(from_py_with = convert::threads_arg)] threads: usize,
+        #[pyo3(from_py_with = convert::batch_arg)] batch: usize,
+        #[pyo3(from_py_with = convert::prefetch_arg)] prefetch: usize,
+        #[pyo3(from_py_with = convert::lease_arg)] lease: f64,
+        #[pyo3(from_py_with = convert::worker_max_attempts_arg)] max_attempts: u32,
+        #[pyo3(from_py_with = convert::backoff_base_arg)] backoff_base: f64,
+        #[pyo3(from_py_with = convert::backoff_max_arg)] backoff_max: f64,
+        #[pyo3(from_py_with = convert::timeout_arg)] timeout: Option<f64>,
+        #[pyo3(from_py_with = convert::idle_check_arg)] idle_check: f64,
+        #[pyo3(from_py_with = convert::stop_when_empty_arg)] stop_when_empty: bool,
         lower_queues: Vec<PyRef<'_, PyQueue>>,
         max_trace_bytes: i64,
         no_retry: Option<Bound<'_, PyTuple>>,

@@ -388,6 +388,11 @@ def test_a_naive_datetime_is_local_time_and_an_aware_one_its_own(redis_url: str)
     (lambda q: q.waiting("10"), "argument 'limit' must be int, not str"),
     (lambda q: q.repeat("r", 60, {}, tz=8), "argument 'tz' must be str, not int"),
     (lambda q: q.set_rate_limit(1, per="1"), "argument 'per' must be a number of seconds"),
+    (lambda q: delayq.Worker(q, threads="2"), "argument 'threads' must be int, not str"),
+    (lambda q: delayq.Worker(q, lease="30"), "argument 'lease' must be a number of seconds"),
+    (lambda q: delayq.Worker(q, max_attempts=2.5), "argument 'max_attempts' must be int, not float"),
+    (lambda q: delayq.Worker(q, timeout="1"), "argument 'timeout' must be a number of seconds"),
+    (lambda q: delayq.Worker(q, stop_when_empty="yes"), "argument 'stop_when_empty' must be bool, not str"),
 ])
 def test_a_wrong_argument_type_is_named(queue: delayq.DelayQueue, server: RedisServer, call, text) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(TypeError) as info:
