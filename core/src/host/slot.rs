@@ -22,7 +22,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -335,10 +335,10 @@ fn read_held(c: &Cells) -> Option<Held> {
 pub struct Slot {
     mapping: Arc<Mapping>,
     index: usize,
-    /// The process that writes it: the first one that does. A process its handler
+    /// The process that writes it (its `fork::generation() + 1`): the first one that does. A process its handler
     /// forks inherits the mapping, and must not tell the supervisor that the
     /// parent's handler ended.
-    writer: Arc<AtomicU32>,
+    writer: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Slot {
@@ -377,13 +377,15 @@ impl Slot {
 
     /// Whether this process is the slot's writer.
     fn mine(&self) -> bool {
-        let pid = std::process::id();
+        // A fork generation, as the pool tells its own process: an atomic load, where
+        // a pid would cost a system call per handler call.
+        let this = crate::fork::generation() + 1;
         match self
             .writer
-            .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(0, this, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => true,
-            Err(writer) => writer == pid,
+            Err(writer) => writer == this,
         }
     }
 
