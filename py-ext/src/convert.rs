@@ -218,12 +218,21 @@ fn text(value: &Bound<'_, PyAny>, name: &str) -> PyResult<String> {
     }
 }
 
-fn opt_text(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<String>> {
+/// `read`, with None taken as None.
+fn optional<T>(
+    value: &Bound<'_, PyAny>,
+    name: &str,
+    read: fn(&Bound<'_, PyAny>, &str) -> PyResult<T>,
+) -> PyResult<Option<T>> {
     if value.is_none() {
         Ok(None)
     } else {
-        text(value, name).map(Some)
+        read(value, name).map(Some)
     }
+}
+
+fn opt_text(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<String>> {
+    optional(value, name, text)
 }
 
 fn number(value: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
@@ -235,11 +244,7 @@ fn number(value: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
 }
 
 fn opt_number(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<f64>> {
-    if value.is_none() {
-        Ok(None)
-    } else {
-        number(value, name).map(Some)
-    }
+    optional(value, name, number)
 }
 
 fn flag(value: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
@@ -267,11 +272,7 @@ fn whole_u32(value: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
 }
 
 fn opt_whole_u32(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<u32>> {
-    if value.is_none() {
-        Ok(None)
-    } else {
-        whole(value, name, u32::MAX).map(Some)
-    }
+    optional(value, name, whole_u32)
 }
 
 fn whole_usize(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
