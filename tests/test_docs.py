@@ -11,6 +11,7 @@ word after its fence:
   doc tests and `cargo test`, so here a block only has to be Rust.
 - `sh`, `bash`: `bash -n`. `ini` (systemd units): configparser. `json`, `yaml`,
   `toml`: parsed.
+- `dockerfile`: every instruction is one Docker knows (no parser ships here).
 - `text`: output or an error message shown as it prints; nothing to check.
 
 A fence in any other language fails, so that no example goes unchecked. A `run`
@@ -170,6 +171,20 @@ def toml_parses(code: str) -> None:
     tomllib.loads(code)
 
 
+DOCKERFILE_INSTRUCTIONS = {
+    "ADD", "ARG", "CMD", "COPY", "ENTRYPOINT", "ENV", "EXPOSE", "FROM", "HEALTHCHECK", "LABEL",
+    "MAINTAINER", "ONBUILD", "RUN", "SHELL", "STOPSIGNAL", "USER", "VOLUME", "WORKDIR",
+}
+
+
+def dockerfile_parses(code: str) -> None:
+    logical = re.sub(r"\\\n", " ", code)
+    for line in logical.split("\n"):
+        word = line.strip().split(" ", 1)[0]
+        if word and not word.startswith("#"):
+            assert word.upper() in DOCKERFILE_INSTRUCTIONS, f"not a Dockerfile instruction: {line.strip()}"
+
+
 def ini_parses(code: str) -> None:
     configparser.ConfigParser(interpolation=None).read_string(code)
 
@@ -184,6 +199,7 @@ CHECKS = {
     "json": lambda b: json.loads(b.code),
     "yaml": lambda b: yaml.safe_load(b.code),
     "toml": lambda b: toml_parses(b.code),
+    "dockerfile": lambda b: dockerfile_parses(b.code),
     "text": lambda b: None,
 }
 
