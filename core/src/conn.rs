@@ -825,3 +825,66 @@ impl ConnSlot {
         }
     }
 }
+
+impl Endpoint {
+    /// Under Sentinel: listens for `+switch-master` and moves the whole process to the new
+    /// master at once. Until Sentinel demotes it (seconds later, or never while it is cut
+    /// off), the old master still takes writes, which it then throws away: claims there
+    /// would run messages twice and acks there would be lost. Runs until `stopped`;
+    /// `pause_for` waits between tries, `on_switch` follows each switch.
+    pub(crate) fn watch_sentinels(
+        &self,
+        label: &str,
+        stopped: &dyn Fn() -> bool,
+        pause_for: &dyn Fn(Duration),
+        on_switch: &dyn Fn(),
+    ) {
+        let endpoint = self;
+        let Some(service) = endpoint.sentinel_service() else {
+            return;
+        };
+        let mut pause = Duration::from_millis(50);
+        let mut attempt = 0;
+        while !stopped() {
+            let (host, mut conn) = match endpoint.sentinel_connection(attempt) {
+                Some(Ok(c)) => c,
+                Some(Err(e)) => {
+                    log::debug!("delayq[{}]: sentinel watch: {e}", label);
+                    attempt += 1;
+                    pause_for(pause);
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                    continue;
+                }
+                None => return,
+            };
+            let mut pubsub = conn.as_pubsub();
+            if pubsub.subscribe("+switch-master").is_err()
+                || pubsub.set_read_timeout(Some(Duration::from_millis(250))).is_err()
+            {
+                attempt += 1;
+                pause_for(pause);
+                continue;
+            }
+            pause = Duration::from_millis(50);
+            while !stopped() {
+                match pubsub.get_message() {
+                    Ok(msg) => {
+                        // "<name> <old ip> <old port> <new ip> <new port>"
+                        let text = msg.get_payload::<String>().unwrap_or_default();
+                        if text.split(' ').next() == Some(service) {
+                            log::warn!("delayq[{}]: sentinel {host} announced a new master: {text}", label);
+                            endpoint.master_switched();
+                            on_switch();
+                        }
+                    }
+                    Err(e) if e.is_timeout() => {}
+                    Err(e) => {
+                        log::debug!("delayq[{}]: sentinel watch on {host} lost: {e}", label);
+                        attempt += 1;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}

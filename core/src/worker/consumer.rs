@@ -1,0 +1,384 @@
+//! `Consumer`: the caller's side of a running pool. Hands deliveries out in priority
+//! order and takes their acks, failures and releases; shuts the pool down.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TryRecvError};
+
+use crate::backoff::retry_delay;
+use crate::time::MAX_DELAY;
+
+use super::complete::Outcome;
+use super::control::{Control, group_stopped};
+use super::pool::{Pool, YIELD_RECHECK};
+use super::summary::Counters;
+use super::{Delivery, Fate, Received, Releaser, Retry, Stopper, Summary};
+
+/// `trace` within `max` bytes: its start and its end around a note of what was left
+/// out, cut on character boundaries.
+pub(super) fn cut_trace(trace: &str, max: usize) -> String {
+    if trace.len() <= max {
+        return trace.to_owned();
+    }
+    let note = |left_out: usize| format!("\n[... {left_out} bytes left out ...]\n");
+    let room = max.saturating_sub(note(trace.len()).len());
+    if room == 0 {
+        return String::new();
+    }
+    let mut head_end = room / 2;
+    while !trace.is_char_boundary(head_end) {
+        head_end -= 1;
+    }
+    let mut tail_start = trace.len() - (room - room / 2);
+    while !trace.is_char_boundary(tail_start) {
+        tail_start += 1;
+    }
+    format!(
+        "{}{}{}",
+        &trace[..head_end],
+        note(tail_start - head_end),
+        &trace[tail_start..]
+    )
+}
+
+/// The caller's side of a running pool.
+pub struct Consumer {
+    pub(super) pool: Arc<Pool>,
+    pub(super) deliveries: Receiver<Delivery>,
+    pub(super) outcomes: Option<Sender<Outcome>>,
+    pub(super) fetchers: Vec<JoinHandle<()>>,
+    pub(super) others: Vec<JoinHandle<()>>,
+    pub(super) done: Option<Sender<()>>,
+    pub(super) running: Arc<AtomicBool>,
+    pub(super) finished: bool,
+    /// The pools of the worker's lower queues, in priority order.
+    pub(super) lower: Vec<Consumer>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field(
+                "queues",
+                &self.members().map(|m| &*m.pool.queue_name).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Consumer {
+    /// The next delivery, waiting at most `timeout`. Returns `Stopped` once a stop was
+    /// asked for, even if prefetched deliveries remain (`finish` gives them back).
+    /// With lower queues: the waiting delivery of the highest queue that has one.
+    pub fn recv_timeout(&self, timeout: Duration) -> Received {
+        if self.in_forked_child() {
+            return Received::Stopped;
+        }
+        if !self.lower.is_empty() {
+            return self.recv_by_priority(timeout);
+        }
+        if self.pool.control.stopped() {
+            return Received::Stopped;
+        }
+        match self.deliveries.recv_timeout(timeout) {
+            Ok(d) => self.accept(d),
+            Err(RecvTimeoutError::Timeout) => {
+                if self.pool.control.stopped() {
+                    Received::Stopped
+                } else {
+                    Received::Idle
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => Received::Stopped,
+        }
+    }
+
+    pub(super) fn recv_by_priority(&self, timeout: Duration) -> Received {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if group_stopped(&self.controls()) {
+                return Received::Stopped;
+            }
+            let mut select = Select::new();
+            // A higher queue with messages due or a claim under way: its deliveries are
+            // about to come, and lower queues' deliveries wait for them (those kept
+            // waiting a heartbeat long go back to other consumers, see
+            // `kept_waiting_by_higher`). Otherwise the first delivery of a flood would
+            // let every prefetched lower one through while the next claim is under way.
+            let mut higher_coming = false;
+            for m in self.members() {
+                if higher_coming {
+                    break;
+                }
+                if m.pool.control.stopped() {
+                    continue;
+                }
+                match m.deliveries.try_recv() {
+                    Ok(d) => match m.accept(d) {
+                        Received::Message(d) => return Received::Message(d),
+                        // Stopped meanwhile: its delivery went back; look further.
+                        _ => continue,
+                    },
+                    Err(TryRecvError::Empty) => {
+                        select.recv(&m.deliveries);
+                        higher_coming = m.pool.has_work_for_handlers();
+                    }
+                    Err(TryRecvError::Disconnected) => m.pool.control.stop(),
+                }
+            }
+            // Whichever arrives first, the next turn takes the highest waiting one. While
+            // a higher queue's work is coming, look again shortly: its claim may find
+            // nothing after all.
+            let until = if higher_coming {
+                deadline.min(Instant::now() + YIELD_RECHECK)
+            } else {
+                deadline
+            };
+            if select.ready_deadline(until).is_err() && Instant::now() >= deadline {
+                return if group_stopped(&self.controls()) {
+                    Received::Stopped
+                } else {
+                    Received::Idle
+                };
+            }
+        }
+    }
+
+    /// Hand `d`, just taken from this pool's buffer, to the caller.
+    pub(super) fn accept(&self, mut d: Delivery) -> Received {
+        if self.pool.control.stopped() {
+            // Not started: give it back at once rather than after its lease.
+            self.send(Outcome::release(d));
+            return Received::Stopped;
+        }
+        if let Some(o) = self.pool.outstanding.lock().get_mut(&d.token) {
+            o.started = Some(Instant::now());
+        }
+        Counters::add(&self.pool.counters.handled, 1);
+        self.pool.record_start(&d);
+        d.handed_out = Some(Instant::now());
+        Received::Message(d)
+    }
+
+    pub(super) fn members(&self) -> impl Iterator<Item = &Consumer> {
+        std::iter::once(self).chain(&self.lower)
+    }
+
+    pub(super) fn controls(&self) -> Vec<Arc<Control>> {
+        self.members().map(|m| Arc::clone(&m.pool.control)).collect()
+    }
+
+    /// The pool that handed out `d`.
+    pub(super) fn owner(&self, d: &Delivery) -> &Consumer {
+        self.members().nth(d.member).unwrap_or(self)
+    }
+
+    /// The handler succeeded: delete the message (written in the background, batched).
+    pub fn ack(&self, d: Delivery) {
+        let owner = self.owner(&d);
+        owner.pool.record_handler_time(&d);
+        owner.send(Outcome::Ack {
+            part: d.part,
+            id: d.id,
+            token: d.token,
+        });
+    }
+
+    /// The handler failed with `error`: retry after a backoff, or move the message to
+    /// the dead-letter set once its attempts are used up.
+    pub fn fail(&self, d: Delivery, error: &str) -> Fate {
+        self.fail_with(d, error, Retry::Backoff)
+    }
+
+    /// The handler failed with `error` and says how to go on: after the worker's
+    /// backoff, after a delay of its own (a rate limit's "try again in 60 s"), or never
+    /// (the order no longer exists: straight to the dead-letter set). Either way it
+    /// counts as an attempt, and a retry past `max_attempts` goes to the dead letters.
+    pub fn fail_with(&self, d: Delivery, error: &str, retry: Retry) -> Fate {
+        self.fail_traced(d, error, "", retry)
+    }
+
+    /// As [`fail_with`](Self::fail_with), keeping `trace` (a stack trace, a chain of
+    /// causes) beside the error until the message's next failure or its end, cut to
+    /// `max_trace_bytes`: what `Queue::get` and the dead letters show as `error_trace`,
+    /// for whoever looks into a failure after the worker's log is gone.
+    pub fn fail_traced(&self, d: Delivery, error: &str, trace: &str, retry: Retry) -> Fate {
+        let owner = self.owner(&d);
+        owner.pool.record_handler_time(&d);
+        Counters::add(&owner.pool.counters.failed, 1);
+        let delay = match retry {
+            Retry::Never => None,
+            _ if d.attempt >= d.max_attempts => None,
+            Retry::After(delay) => Some(delay.min(MAX_DELAY)),
+            Retry::Backoff => {
+                let o = &owner.pool.opts;
+                Some(retry_delay(d.attempt, o.backoff_base, o.backoff_max))
+            }
+        };
+        let delay_ms = delay.map_or(-1, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let error = if delay.is_none() && retry != Retry::Never && d.max_attempts > 1 {
+            format!("{error} (gave up after {} attempts)", d.attempt)
+        } else {
+            error.to_owned()
+        };
+        let fate = match delay {
+            Some(after) => Fate::Retry(after),
+            None => Fate::Dead(error.clone()),
+        };
+        owner.send(Outcome::Nack {
+            part: d.part,
+            id: d.id,
+            token: d.token,
+            delay_ms,
+            error,
+            trace: cut_trace(trace, owner.pool.opts.max_trace_bytes),
+            counted: true,
+            past_max_attempts: false,
+        });
+        fate
+    }
+
+    /// Give a delivery back unstarted: due again at once, the attempt not counted.
+    pub fn release(&self, d: Delivery) {
+        self.owner(&d).send(Outcome::release(d));
+    }
+
+    /// Whether this process is a child forked while the pool ran, by a handler: its
+    /// copy of the pool has no threads, so it delivers nothing, writes nothing (the
+    /// parent completes the delivery) and `finish` returns at once. A binding ends such
+    /// a child when it returns from the handler, before it runs anything else of the
+    /// worker's.
+    pub fn in_forked_child(&self) -> bool {
+        self.pool.control.in_forked_child()
+    }
+
+    pub(super) fn send(&self, outcome: Outcome) {
+        if self.in_forked_child() {
+            return;
+        }
+        if let Some(tx) = &self.outcomes {
+            // The completer lives until `finish` drops this sender, so this cannot fail.
+            let _ = tx.send(outcome);
+        }
+    }
+
+    /// A handle to stop this pool from another thread.
+    pub fn stopper(&self) -> Stopper {
+        Stopper(self.controls().into())
+    }
+
+    /// A handle that gives everything this pool holds back to the queue from another
+    /// thread, for a process that ends without waiting for its handlers.
+    pub fn releaser(&self) -> Releaser {
+        Releaser(self.members().map(|m| Arc::clone(&m.pool)).collect())
+    }
+
+    /// Ask the pool to stop (same as `Stopper::stop`).
+    pub fn stop(&self) {
+        self.members().for_each(|m| m.pool.control.stop());
+    }
+
+    /// Stop, release prefetched deliveries, write every pending completion, join
+    /// the threads, and return the counts (summed over the worker's queues).
+    pub fn finish(mut self) -> Summary {
+        self.shutdown();
+        let mut summary = self.pool.counters.summary();
+        for m in &self.lower {
+            summary += &m.pool.counters.summary();
+        }
+        summary
+    }
+
+    pub(super) fn shutdown(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        if self.in_forked_child() {
+            self.leave_to_parent();
+            return;
+        }
+        // Every queue's pool winds down at once, then each is joined.
+        self.stop();
+        for m in &mut self.lower {
+            m.shutdown();
+        }
+        for t in self.fetchers.drain(..) {
+            let _ = t.join();
+        }
+        while let Ok(d) = self.deliveries.try_recv() {
+            self.send(Outcome::release(d));
+        }
+        // The completer ends once every sender (ours, the fetchers') is gone and it
+        // has written what they sent; then the heartbeat may end too.
+        self.outcomes = None;
+        let mut others = self.others.drain(..);
+        if let Some(completer) = others.next() {
+            let _ = completer.join();
+        }
+        // Leases were extended until the last completion was written.
+        self.done = None;
+        for t in others {
+            let _ = t.join();
+        }
+        self.pool.control.stop.store(false, Ordering::Release);
+        self.pool.control.pool_process.store(0, Ordering::Release);
+        self.running.store(false, Ordering::Release);
+    }
+}
+
+impl Consumer {
+    /// Shutdown in a forked child: no thread of the pool runs here to be joined (a
+    /// join waits for ever), and dropping the last end of a channel takes a lock that
+    /// a pool thread may have held at the fork. Leaked instead, for the process's end.
+    pub(super) fn leave_to_parent(&mut self) {
+        self.fetchers.drain(..).for_each(std::mem::forget);
+        self.others.drain(..).for_each(std::mem::forget);
+        std::mem::forget(self.outcomes.take());
+        std::mem::forget(self.done.take());
+        std::mem::forget(std::mem::replace(&mut self.deliveries, crossbeam_channel::never()));
+        for m in &mut self.lower {
+            m.finished = true;
+            m.leave_to_parent();
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_trace;
+
+    #[test]
+    fn a_long_trace_keeps_its_start_and_end_within_the_limit() {
+        let trace: String = (0..500).map(|i| format!("#{i} frame ü\n")).collect();
+        let cut = cut_trace(&trace, 1000);
+        assert!(cut.len() <= 1000, "{}", cut.len());
+        assert!(cut.starts_with("#0 frame ü\n#1 "), "{cut}");
+        assert!(cut.ends_with("#499 frame ü\n"), "{cut}");
+        assert!(cut.contains(" bytes left out ...]"), "{cut}");
+        let left_out: usize = cut
+            .split("[... ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .expect("a count");
+        let note = format!("\n[... {left_out} bytes left out ...]\n");
+        assert_eq!(cut.len() - note.len() + left_out, trace.len());
+    }
+
+    #[test]
+    fn a_short_trace_is_kept_whole_and_zero_keeps_none() {
+        assert_eq!(cut_trace("#0 {main}", 9), "#0 {main}");
+        assert_eq!(cut_trace("#0 {main}", 0), "");
+        assert_eq!(cut_trace("#0 {main} and more", 5), "");
+    }
+}

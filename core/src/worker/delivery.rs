@@ -1,0 +1,179 @@
+//! What a handler gets and what its failure leads to: `Delivery`, `Retry`, `Fate`,
+//! `Received`, and `fail_lease` for a delivery whose process was killed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use serde::de::DeserializeOwned;
+
+use crate::conn::ConnSlot;
+use crate::error::Result;
+use crate::queue::Queue;
+use crate::scripts::complete::Status;
+use crate::scripts::{Call, complete};
+use crate::time::MAX_DELAY;
+use crate::{envelope, scripts};
+
+/// How a failed delivery goes on (see [`Consumer::fail_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Retry {
+    /// After the worker's exponential backoff (what a plain failure does).
+    Backoff,
+    /// After this delay, measured on the Redis server's clock (at most `MAX_DELAY`).
+    After(Duration),
+    /// Not at all: to the dead-letter set now.
+    Never,
+}
+
+/// Where a failed delivery sends its message (the write follows at once; it changes
+/// nothing if the lease passed to another delivery meanwhile).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fate {
+    /// Due again after this delay.
+    Retry(Duration),
+    /// To the dead-letter set, with this last error: its attempts are used up, or the
+    /// handler gave up on it. A death handler (Sidekiq's name) alerts on it.
+    Dead(String),
+}
+
+/// One delivery of a message to a handler.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The message id.
+    pub id: String,
+    /// 1 for the first delivery.
+    pub attempt: u32,
+    /// When this delivery was due, Unix ms (the requested time, or the retry's).
+    pub due_at_ms: i64,
+    /// The name of the queue it came from (with lower queues, which one).
+    pub queue: Arc<str>,
+    /// Deliveries allowed in all (the message's own limit, else the worker's).
+    pub max_attempts: u32,
+    /// With `PushOptions::expire_after`: the latest it may start, Unix ms on the Redis
+    /// clock (this delivery started in time; a re-delivery after it would not).
+    pub expires_at_ms: Option<i64>,
+    /// With `PushOptions::serial_key`: no other message of this key runs meanwhile.
+    pub serial_key: Option<String>,
+    pub(super) payload_json: String,
+    pub(super) token: String,
+    pub(super) part: usize,
+    /// Which of its worker's queues (0: the worker's own, then its lower queues).
+    pub(super) member: usize,
+    pub(super) handed_out: Option<Instant>,
+}
+
+impl Delivery {
+    /// The payload as JSON text, byte for byte as pushed.
+    pub fn payload_json(&self) -> &str {
+        &self.payload_json
+    }
+
+    /// The payload decoded into `T`.
+    pub fn payload<T: DeserializeOwned>(&self) -> Result<T> {
+        envelope::decode_payload(&self.payload_json)
+    }
+
+    /// The fencing token of this delivery: a later delivery of the same message has
+    /// another one, and only the current one may complete it.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The partition of the queue it came from (0 on an unpartitioned queue).
+    pub fn partition(&self) -> usize {
+        self.part
+    }
+
+    /// Which of its worker's queues it came from (0: the worker's own).
+    pub(crate) fn member(&self) -> usize {
+        self.member
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test(id: &str, lease: &str, attempt: u32, max_attempts: u32, part: usize, member: usize) -> Self {
+        Self {
+            id: id.to_owned(),
+            attempt,
+            due_at_ms: 0,
+            queue: Arc::from("test"),
+            max_attempts,
+            expires_at_ms: None,
+            serial_key: None,
+            payload_json: "null".to_owned(),
+            token: lease.to_owned(),
+            part,
+            member,
+            handed_out: None,
+        }
+    }
+}
+
+/// Fail a delivery that its own process can no longer complete (the supervisor killed
+/// it): counted as an attempt, due again after `delay`, or to the dead letters once its
+/// attempts are used up, as `Consumer::fail_with` would. The lease fences it: a
+/// delivery completed meanwhile is left alone (`Ok(None)`).
+pub(crate) fn fail_lease(
+    queue: &Queue,
+    held: &crate::host::Held,
+    error: &str,
+    delay: Duration,
+) -> Result<Option<Fate>> {
+    let crate::host::Held {
+        part,
+        id,
+        lease,
+        attempt,
+        max_attempts,
+        ..
+    } = held;
+    let (part, attempt, max_attempts) = (*part, *attempt, *max_attempts);
+    let qo = queue.options();
+    let retry = attempt < max_attempts;
+    let error = if !retry && max_attempts > 1 {
+        format!("{error} (gave up after {attempt} attempts)")
+    } else {
+        error.to_owned()
+    };
+    let args = complete::Nack {
+        dead_max: qo.dead_max,
+        dead_ttl_ms: qo.dead_ttl.as_millis() as u64,
+        failures: vec![complete::Failure {
+            delivery: complete::Delivery { id, lease },
+            retry_in_ms: retry.then(|| u64::try_from(delay.min(MAX_DELAY).as_millis()).unwrap_or(u64::MAX)),
+            error: &error,
+            trace: "",
+            keep_last_error: false,
+            unrun: false,
+        }],
+    };
+    // One try: the supervisor that calls this must not stand still while Redis is away
+    // (processes tend to die then, one after another); the lease brings the message
+    // back all the same.
+    let mut slot = ConnSlot::new();
+    let res = slot
+        .run_once(&queue.inner.endpoint, "nack", |con| {
+            let mut inv = queue.invocation(part, complete::nack());
+            args.add_to(&mut inv);
+            inv.invoke::<Value>(con)
+        })
+        .and_then(|v| scripts::read::<complete::Statuses>(complete::nack(), v))?;
+    Ok(match res.0.first() {
+        Some(Status::Done) if retry => Some(Fate::Retry(delay)),
+        Some(Status::Done | Status::Buried) => Some(Fate::Dead(error)),
+        _ => None,
+    })
+}
+
+/// What a consumer's `recv_timeout` returns.
+#[derive(Debug)]
+pub enum Received {
+    /// A delivery to handle, then `ack` or `fail`.
+    Message(Delivery),
+    /// Nothing arrived within the timeout.
+    Idle,
+    /// The pool is stopping: hand out nothing more, then call `finish`.
+    Stopped,
+}

@@ -1,0 +1,394 @@
+//! The fetcher threads: check access at start, claim due messages into the prefetch
+//! buffer, hand them out (burying the unreadable and expired), push repeats' next
+//! occurrences, and sleep until the next due time.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use crate::conn::ConnSlot;
+use crate::error::{Category, Error, Result};
+use crate::queue::Queue;
+use crate::scripts::claim;
+use crate::{envelope, repeat};
+
+use super::complete::Outcome;
+use super::control::Control;
+use super::pool::{ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, YIELD_RECHECK};
+use super::wake::Pick;
+use super::{Delivery, pause_unless_stopped, run_call};
+
+/// A fault that retrying cannot mend: the user may not run the scripts, or a key of
+/// the queue holds a stray type. The scripts stop before their first write on it.
+pub(super) fn is_setup_fault(e: &Error) -> bool {
+    e.category() == Category::Auth || matches!(e, Error::WrongType(_))
+}
+
+/// Before a pool starts: a claim of nothing on each partition, so that a user who
+/// may not run the scripts, or a stray key, fails the start with that error instead
+/// of a retry loop, and the worker learns which restart requests came before it
+/// (unless an earlier start, `Worker::mark_start`, did). Other errors (Redis
+/// unreachable) are left to the fetchers, which retry.
+pub(super) fn check_access(queue: &Queue, lease: Duration, control: &Control) -> Result<()> {
+    let qo = queue.options();
+    let mut slot = ConnSlot::new();
+    for part in 0..queue.partitions() {
+        let args = claim::Args {
+            batch: 0,
+            lease_ms: lease.as_millis() as u64,
+            dead_max: qo.dead_max,
+            dead_ttl_ms: qo.dead_ttl.as_millis() as u64,
+            check_repeats: false,
+            heartbeat: None,
+        };
+        match run_call(&mut slot, queue, part, &args) {
+            Ok(reply) => {
+                let _ = control.restart_baseline[part].set(reply.restart_generation);
+            }
+            Err(e) if is_setup_fault(&e) => return Err(e),
+            // Unreachable: the other partitions would each wait out the same timeout.
+            Err(e) if e.is_connection() || e.is_timeout() => break,
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// One claim of up to `want` messages on partition `part`, its heartbeat carried.
+pub(super) fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<claim::Reply> {
+    let q = &pool.queue;
+    let qo = q.options();
+    let beat = pool.registration.take_pending(pool);
+    let args = claim::Args {
+        batch: want,
+        lease_ms: pool.opts.lease.as_millis() as u64,
+        dead_max: qo.dead_max,
+        dead_ttl_ms: qo.dead_ttl.as_millis() as u64,
+        check_repeats: pool.repeat_check_due(part),
+        heartbeat: beat.as_ref().map(|(id, ttl, info)| (*id, *ttl, info.as_str())),
+    };
+    let res = run_call(slot, q, part, &args);
+    if res.is_err()
+        && let Some((_, _, info)) = beat
+    {
+        pool.registration.put_back(info);
+    }
+    res
+}
+
+/// Claims due messages into the prefetch buffer. Partitions are taken in rotation
+/// among those due; when none is due the fetcher sleeps until the earliest known due
+/// time or an announcement, so an idle pool sends Redis nothing but the periodic look.
+pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery>, outcomes: &Sender<Outcome>) {
+    let control = &*pool.control;
+    let wake = &control.wake;
+    let parts = pool.queue.partitions();
+    let mut slot = ConnSlot::new();
+    let mut cursor = index % parts;
+    // One fetcher looks periodically for writers that never publish (the recipe's own
+    // producers) and lost wake-ups, one partition per look; the others only rarely.
+    let look_every = if index == 0 {
+        pool.opts.idle_check
+    } else {
+        Duration::from_secs(60)
+    };
+    let mut look_cursor = index % parts;
+    let mut last_look = Instant::now();
+    let mut next_empty_check = Instant::now();
+    let mut error_pause = Duration::from_millis(50);
+    loop {
+        if control.stopped() {
+            return;
+        }
+        if pool.stalled.load(Ordering::Acquire) {
+            // The heartbeat clears the stall and kicks the fetchers.
+            wake.wait(None, wake.epoch(), &control.stop);
+            continue;
+        }
+        // Two statements: one lock at a time (`reserve_room` takes them the other way).
+        let outstanding = pool.outstanding.lock().len();
+        let held = outstanding + *pool.reserved.lock();
+        let want = pool.opts.batch.min(pool.prefetch_now().saturating_sub(held));
+        if want == 0 {
+            // Enough work in hand: wait for a completion (local, no Redis call).
+            control.slots.wait_for_release(Duration::from_millis(100));
+            continue;
+        }
+        let now = Instant::now();
+        let (part, share) = match wake.pick(cursor, now) {
+            // Rotation alone is fair by claims, not by messages: room freed in bursts
+            // would give one partition the big claims and the next the leftovers. An
+            // equal share of the room per due partition keeps it fair by messages.
+            (Pick::Claim { part, due }, _) => (part, want.div_ceil(due)),
+            (Pick::Sleep(_), _) if now >= last_look + look_every => {
+                let part = look_cursor;
+                look_cursor = (look_cursor + 1) % parts;
+                (part, want)
+            }
+            (Pick::Sleep(due), seen) => {
+                let look = last_look + look_every;
+                let mut until = due.map_or(look, |d| d.min(look));
+                if pool.opts.stop_when_empty && index == 0 {
+                    if !pool.holds_nothing() {
+                        // Handlers still run: look again soon (locally) to stop once
+                        // the last one is done.
+                        until = until.min(now + EMPTY_POLL);
+                    } else if now >= next_empty_check {
+                        // Redis decides: a message due now that no wake-up announced
+                        // (or that a pause or rate limit holds back) keeps the pool on.
+                        next_empty_check = now + pool.opts.idle_check;
+                        if pool.stop_if_empty() {
+                            return;
+                        }
+                        wake.kick();
+                        continue;
+                    } else {
+                        until = until.min(next_empty_check);
+                    }
+                }
+                wake.wait(Some(until), seen, &control.stop);
+                continue;
+            }
+        };
+        if pool.yields_to_higher() {
+            // Local only: look again shortly, or at an announcement or a stop.
+            wake.wait(Some(now + YIELD_RECHECK), wake.epoch(), &control.stop);
+            continue;
+        }
+        cursor = (part + 1) % parts;
+        let reservation = pool.reserve_room(share, pool.is_rate_limited());
+        let share = reservation.n;
+        if share == 0 {
+            drop(reservation);
+            control.slots.wait_for_release(Duration::from_millis(100));
+            continue;
+        }
+        let room = control.slots.acquire_up_to(share, &control.stop);
+        if room == 0 {
+            return;
+        }
+        let under_way = ClaimUnderWay::new(&pool.claiming);
+        let started = Instant::now();
+        last_look = started;
+        wake.begin_claim(part, started);
+        let claimed = match claim(pool, &mut slot, part, room) {
+            Ok(c) => c,
+            Err(e) => {
+                control.slots.release(room);
+                pool.claims_failing.store(true, Ordering::Release);
+                // A permission taken away or a stray key: nothing was written, and only
+                // an operator can mend it, so it is an error and the pool asks less often.
+                let most = if is_setup_fault(&e) {
+                    log::error!(
+                        "delayq[{}]: claim failed: {e}; retrying in {error_pause:?}",
+                        pool.queue_name
+                    );
+                    Duration::from_secs(30)
+                } else {
+                    log::warn!(
+                        "delayq[{}]: claim failed: {e}; retrying in {error_pause:?}",
+                        pool.queue_name
+                    );
+                    Duration::from_secs(2)
+                };
+                pause_unless_stopped(pool, error_pause);
+                error_pause = (error_pause * 2).min(most);
+                wake.retry_claim(part);
+                continue;
+            }
+        };
+        error_pause = Duration::from_millis(50);
+        pool.claims_failing.store(false, Ordering::Release);
+        // Halfway through the round trip is the best local estimate of the server's
+        // reading of TIME.
+        wake.set_clock(started + started.elapsed() / 2, claimed.server_now_ms);
+        let paused = claimed.next_ms == PAUSED;
+        pool.note_paused(paused);
+        pool.rate_limited[part].store(claimed.rate_limited, Ordering::Relaxed);
+        pool.note_restart_request(part, claimed.restart_generation);
+        let got = claimed.items.len();
+        control.slots.release(room - got);
+        {
+            let mut outstanding = pool.outstanding.lock();
+            let now = Instant::now();
+            for item in &claimed.items {
+                outstanding.insert(
+                    item.lease.clone(),
+                    Outstanding {
+                        part,
+                        id: item.id.clone(),
+                        claimed: now,
+                        started: None,
+                        timed_out: false,
+                        renewed: now,
+                    },
+                );
+            }
+        }
+        // The claimed deliveries count as held from here on.
+        drop(reservation);
+        drop(under_way);
+        let occurrences: Vec<(String, i64)> = claimed
+            .items
+            .iter()
+            .filter_map(|item| repeat::occurrence_of(&item.id).map(|(name, due)| (name.to_owned(), due)))
+            .collect();
+        hand_out(pool, part, claimed.server_now_ms, claimed.items, deliveries, outcomes);
+        wake.end_claim(part, got == room, if paused { -1 } else { claimed.next_ms });
+        // After the hand-out, so that handlers need not wait for it.
+        push_next_occurrences(pool, part, &occurrences, &claimed.broken_repeats);
+    }
+}
+
+/// Keep repeating messages going: the occurrences just claimed get their successor
+/// now, and repeats whose chain broke (see claim.lua) get theirs. A failure is logged
+/// and retried at the partition's next check.
+pub(super) fn push_next_occurrences(
+    pool: &Pool,
+    part: usize,
+    occurrences: &[(String, i64)],
+    broken: &[claim::BrokenRepeat],
+) {
+    let q = &pool.queue;
+    let mut failed = false;
+    for (name, due) in occurrences {
+        let result = q.repeat_definitions(part, name).and_then(|found| match found.first() {
+            Some(found) => q.push_next_occurrence(part, name, &found.definition, Some(*due)),
+            // Stopped with unrepeat(): this occurrence was the last.
+            None => Ok(false),
+        });
+        if let Err(e) = result {
+            failed = true;
+            log::warn!(
+                "delayq[{}]: the next occurrence of repeat {name:?} could not be pushed: {e}; retrying soon",
+                pool.queue_name
+            );
+        }
+    }
+    for claim::BrokenRepeat { name, definition, mark } in broken {
+        match q.push_next_occurrence(part, name, definition, *mark) {
+            Ok(_) => {}
+            Err(e) => {
+                failed = true;
+                log::warn!(
+                    "delayq[{}]: repeat {name:?} has no occurrence pending and its next could not be pushed: {e}",
+                    pool.queue_name
+                );
+            }
+        }
+    }
+    if failed {
+        pool.recheck_repeats_soon(part);
+    }
+}
+
+/// Pass claimed messages to the handlers; bury the unreadable and the over-tried.
+/// Messages past their `expire_after` deadline (at `server_now_ms`, the claim's reading
+/// of the Redis clock) are buried unrun.
+pub(super) fn hand_out(
+    pool: &Pool,
+    part: usize,
+    server_now_ms: i64,
+    items: Vec<claim::Claimed>,
+    deliveries: &Sender<Delivery>,
+    outcomes: &Sender<Outcome>,
+) {
+    let layout = &pool.queue.options().layout;
+    let mut expired = 0;
+    // Straight to the dead letters, without counting as a failed handler call.
+    let bury = |id, token, error, past_max_attempts| {
+        let _ = outcomes.send(Outcome::Nack {
+            part,
+            id,
+            token,
+            delay_ms: -1,
+            error,
+            trace: String::new(),
+            counted: false,
+            past_max_attempts,
+        });
+    };
+    for item in items {
+        let claim::Claimed {
+            id,
+            lease: token,
+            score,
+            attempt,
+            envelope: stored,
+            serial_key,
+        } = item;
+        let due_at_ms = layout.due_ms_of_score(score);
+        let decoded = envelope::decode(layout, &stored);
+        let max_attempts = decoded
+            .as_ref()
+            .ok()
+            .and_then(|d| d.max_attempts)
+            .unwrap_or(pool.opts.max_attempts);
+        match decoded {
+            Err(reason) => {
+                log::error!(
+                    "delayq[{}]: message {id} is unreadable, dead-lettered: {reason}",
+                    pool.queue_name
+                );
+                bury(id, token, format!("poison message: {reason}"), false);
+            }
+            // Its earlier deliveries failed or ended with an expired lease (the worker
+            // died or hung), or this pool allows fewer than the one before: running it
+            // again would exceed the limit. The last error stays in the dead letter.
+            Ok(_) if attempt > max_attempts => {
+                log::warn!(
+                    "delayq[{}]: message {id} moved to the dead-letter set: {} deliveries ended unfinished, \
+                     max_attempts is {max_attempts}",
+                    pool.queue_name,
+                    attempt - 1
+                );
+                bury(
+                    id,
+                    token,
+                    format!("gave up after {} attempts (max_attempts {max_attempts})", attempt - 1),
+                    true,
+                );
+            }
+            Ok(d) if d.expiry.is_some_and(|(_, deadline)| server_now_ms > deadline) => {
+                let (after_ms, deadline) = d.expiry.unwrap_or_default();
+                expired += 1;
+                bury(
+                    id,
+                    token,
+                    format!(
+                        "expired: not started within {} of its due time (expire_after); the deadline passed {} ago",
+                        crate::time::human_ms(i64::try_from(after_ms).unwrap_or(i64::MAX)),
+                        crate::time::human_ms(server_now_ms - deadline)
+                    ),
+                    false,
+                );
+            }
+            Ok(d) => {
+                let _ = deliveries.send(Delivery {
+                    id,
+                    attempt,
+                    due_at_ms,
+                    queue: Arc::clone(&pool.queue_name),
+                    max_attempts,
+                    expires_at_ms: d.expiry.map(|(_, deadline)| deadline),
+                    serial_key,
+                    payload_json: d.payload_json,
+                    token,
+                    part,
+                    member: pool.member,
+                    handed_out: None,
+                });
+            }
+        }
+    }
+    if expired > 0 {
+        // One line per claim: after an outage, thousands may expire at once.
+        log::warn!(
+            "delayq[{}]: {expired} message(s) passed their expire_after deadline before they could start; \
+             moved to the dead-letter set unrun",
+            pool.queue_name
+        );
+    }
+}

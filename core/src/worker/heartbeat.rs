@@ -1,0 +1,296 @@
+//! The heartbeat thread: renews the leases of what the pool holds, keeps the pool's
+//! entry in the list of live pools (`Queue::workers`) and its counts fresh, and
+//! releases prefetched deliveries when every handler is stuck.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use parking_lot::Mutex;
+
+use crate::conn::ConnSlot;
+use crate::scripts::complete::Status;
+use crate::scripts::{MAX_BATCH, beat, complete, extend};
+
+use super::pool::Pool;
+use super::release::{ReleaseReason, release_buffered};
+use super::{WorkerOptions, run_call};
+
+/// This pool's entry in the queue's list of live pools (`Queue::workers`). The
+/// heartbeat prepares each renewal and the next claim carries it (a claim runs at
+/// least every `idle_check`, so an idle pool sends Redis nothing more); one that no
+/// claim took within a heartbeat is sent on its own.
+pub(super) struct Registration {
+    pub(super) id: String,
+    pub(super) host: String,
+    pub(super) started_at_ms: i64,
+    pub(super) ttl: Duration,
+    /// The renewal waiting for a claim to carry it: its info JSON.
+    pub(super) pending: Mutex<Option<String>>,
+}
+
+/// Handler starts and their lateness (ms).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Lateness {
+    pub(super) started: u64,
+    pub(super) sum_ms: i64,
+    pub(super) max_ms: i64,
+}
+
+impl Lateness {
+    pub(super) fn add(&mut self, ms: i64) {
+        self.started += 1;
+        self.sum_ms = self.sum_ms.saturating_add(ms);
+        self.max_ms = self.max_ms.max(ms);
+    }
+
+    pub(super) fn merge(&mut self, other: Self) {
+        self.started += other.started;
+        self.sum_ms = self.sum_ms.saturating_add(other.sum_ms);
+        self.max_ms = self.max_ms.max(other.max_ms);
+    }
+}
+
+pub(super) static POOLS_STARTED: AtomicU64 = AtomicU64::new(0);
+
+pub(super) fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+impl Registration {
+    pub(super) fn new(opts: &WorkerOptions) -> Self {
+        let host = host_name();
+        let n = POOLS_STARTED.fetch_add(1, Ordering::Relaxed) + 1;
+        Self {
+            id: format!("{host}:{}:{n}", std::process::id()),
+            host,
+            started_at_ms: crate::time::now_unix_ms(),
+            // A renewal can wait up to two heartbeats (one for a claim to carry it);
+            // one more, and a margin for a slow Redis.
+            ttl: opts.heartbeat() * 3 + Duration::from_secs(1),
+            pending: Mutex::new(None),
+        }
+    }
+
+    pub(super) fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The pool's entry in the list of pools; it reports the lateness of the handler
+    /// starts since the last renewal that was sent. A renewal that no claim carried
+    /// is replaced by the next, which reports its starts too.
+    pub(super) fn info(&self, pool: &Pool) -> String {
+        let c = &pool.counters;
+        let late = {
+            let mut windows = pool.lateness.lock();
+            let (current, reported) = &mut *windows;
+            reported.merge(std::mem::take(current));
+            *reported
+        };
+        let handler_us = pool.handler_us.load(Ordering::Relaxed);
+        serde_json::json!({
+            "id": self.id,
+            "host": self.host,
+            "pid": std::process::id(),
+            "started_at_ms": self.started_at_ms,
+            "threads": pool.opts.threads,
+            "handlers": pool.handlers,
+            "handled": c.handled.load(Ordering::Relaxed),
+            "acked": c.acked.load(Ordering::Relaxed),
+            "failed": c.failed.load(Ordering::Relaxed),
+            "holding": pool.outstanding.lock().len(),
+            "started_recently": late.started,
+            "lateness_avg_ms": (late.started > 0).then(|| late.sum_ms as f64 / late.started as f64),
+            "lateness_max_ms": (late.started > 0).then_some(late.max_ms),
+            "handler_avg_ms": (handler_us > 0).then(|| handler_us as f64 / 1000.0),
+        })
+        .to_string()
+    }
+
+    /// The renewal for a claim to carry, if one is waiting: (id, ttl_ms, info).
+    pub(super) fn take_pending(&self, pool: &Pool) -> Option<(&str, u64, String)> {
+        let info = self.pending.lock().take()?;
+        pool.lateness.lock().1 = Lateness::default();
+        Some((&self.id, self.ttl_ms(), info))
+    }
+
+    /// A claim that was to carry `info` failed: the next one carries it.
+    pub(super) fn put_back(&self, info: String) {
+        self.pending.lock().get_or_insert(info);
+    }
+
+    /// On every heartbeat: prepare a renewal, and send the previous one if no claim
+    /// took it.
+    pub(super) fn on_heartbeat(&self, pool: &Pool, slot: &mut ConnSlot) {
+        let info = self.info(pool);
+        let untaken = self.pending.lock().replace(info).is_some();
+        if untaken && let Some((_, ttl_ms, info)) = self.take_pending(pool) {
+            self.send(pool, slot, 0, ttl_ms, &info);
+        }
+    }
+
+    /// Send the renewal that waits for a claim, if one does: a pool that stopped
+    /// working may claim nothing for a while.
+    pub(super) fn send_pending(&self, pool: &Pool, slot: &mut ConnSlot) {
+        if let Some((_, ttl_ms, info)) = self.take_pending(pool) {
+            self.send(pool, slot, 0, ttl_ms, &info);
+        }
+    }
+
+    /// Register now (the pool starts).
+    pub(super) fn join(&self, pool: &Pool, slot: &mut ConnSlot) {
+        self.send(pool, slot, 0, self.ttl_ms(), &self.info(pool));
+    }
+
+    /// Leave the list of every partition a claim may have renewed it in.
+    pub(super) fn leave(&self, pool: &Pool, slot: &mut ConnSlot) {
+        for part in 0..pool.queue.partitions() {
+            self.send(pool, slot, part, 0, "");
+        }
+    }
+
+    pub(super) fn send(&self, pool: &Pool, slot: &mut ConnSlot, part: usize, ttl_ms: u64, info: &str) {
+        let q = &pool.queue;
+        let args = beat::Args {
+            pool_id: &self.id,
+            ttl_ms,
+            info,
+        };
+        let res = run_call(slot, q, part, &args);
+        // Only the list of pools misses this beat; the queue works on.
+        if let Err(e) = res {
+            log::debug!(
+                "delayq[{}]: could not renew the pool's registration: {e}",
+                pool.queue_name
+            );
+        }
+    }
+}
+
+/// How old a working pool's counters in the list of pools may grow (`workers()`,
+/// `delayq workers`): between heartbeats, its entry is refreshed this often while it
+/// holds deliveries or has handled one since; an idle pool's stays as it is.
+pub(super) const COUNTS_FRESH: Duration = Duration::from_secs(1);
+
+pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
+    let mut slot = ConnSlot::new();
+    let every = pool.opts.heartbeat();
+    pool.registration.join(pool, &mut slot);
+    let mut beat_at = Instant::now();
+    let (mut handled_seen, mut was_working) = (0, false);
+    loop {
+        match done.recv_timeout(every.min(COUNTS_FRESH)) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                pool.registration.leave(pool, &mut slot);
+                return;
+            }
+        }
+        let handled = pool.counters.handled.load(Ordering::Relaxed);
+        let working = handled != handled_seen || !pool.outstanding.lock().is_empty();
+        handled_seen = handled;
+        if beat_at.elapsed() < every {
+            if working {
+                // A claim carries it, as a heartbeat's; sent by itself only when no
+                // claim took the last one.
+                pool.registration.on_heartbeat(pool, &mut slot);
+            } else if was_working {
+                pool.registration.on_heartbeat(pool, &mut slot);
+                pool.registration.send_pending(pool, &mut slot);
+            }
+            was_working = working;
+            continue;
+        }
+        was_working = working;
+        beat_at = Instant::now();
+        pool.registration.on_heartbeat(pool, &mut slot);
+        slot.recheck_eviction(&pool.queue.inner.endpoint);
+        let now = Instant::now();
+        let overdue_count = pool
+            .outstanding
+            .lock()
+            .values()
+            .filter(|o| matches!((pool.opts.timeout, o.started), (Some(t), Some(s)) if now.duration_since(s) > t))
+            .count();
+        pool.overdue.store(overdue_count, Ordering::Release);
+        let stalled = pool.overdue_handlers() >= pool.handlers;
+        if stalled {
+            pool.stalled.store(true, Ordering::Release);
+            release_buffered(pool, &mut slot, ReleaseReason::Stalled);
+        } else if pool.stalled.swap(false, Ordering::AcqRel) {
+            pool.control.wake.kick();
+        } else if let Some(since) = now.checked_sub(every)
+            && pool.kept_waiting_by_higher(since)
+        {
+            release_buffered(pool, &mut slot, ReleaseReason::Outranked);
+        }
+        let mut running = Vec::new();
+        {
+            let mut outstanding = pool.outstanding.lock();
+            for (token, o) in outstanding.iter_mut() {
+                let overdue = matches!((pool.opts.timeout, o.started), (Some(t), Some(s)) if now.duration_since(s) > t);
+                if overdue {
+                    if !o.timed_out {
+                        o.timed_out = true;
+                        log::warn!(
+                            "delayq[{}]: handler of {} exceeded its timeout; its lease is left to expire so \
+                             another consumer gets the message",
+                            pool.queue_name,
+                            o.id
+                        );
+                    }
+                    continue;
+                }
+                running.push((o.part, o.id.clone(), token.clone()));
+            }
+        }
+        // By partition, then in scripts of at most MAX_BATCH.
+        running.sort_unstable_by_key(|(part, ..)| *part);
+        let q = &pool.queue;
+        for chunk in running
+            .chunk_by(|a, b| a.0 == b.0)
+            .flat_map(|same_part| same_part.chunks(MAX_BATCH))
+        {
+            let part = chunk[0].0;
+            let args = extend::Args {
+                lease_ms: pool.opts.lease.as_millis() as u64,
+                deliveries: chunk
+                    .iter()
+                    .map(|(_, id, token)| complete::Delivery { id, lease: token })
+                    .collect(),
+            };
+            match run_call(&mut slot, q, part, &args) {
+                Ok(complete::Statuses(statuses)) => {
+                    let renewed_at = Instant::now();
+                    let mut outstanding = pool.outstanding.lock();
+                    for ((_, _, token), s) in chunk.iter().zip(&statuses) {
+                        if *s == Status::Done
+                            && let Some(o) = outstanding.get_mut(token)
+                        {
+                            o.renewed = renewed_at;
+                        }
+                    }
+                    drop(outstanding);
+                    for ((_, id, token), s) in chunk.iter().zip(statuses) {
+                        // A completion written since the snapshot above is no loss: its
+                        // message is gone or it has left `outstanding` by now.
+                        if s == Status::LeaseLost && pool.outstanding.lock().contains_key(token) {
+                            log::warn!(
+                                "delayq[{}]: lease of {id} was lost before the handler finished",
+                                pool.queue_name
+                            );
+                        }
+                    }
+                }
+                Err(e) => log::warn!("delayq[{}]: lease extension failed: {e}", pool.queue_name),
+            }
+        }
+    }
+}

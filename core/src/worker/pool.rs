@@ -1,0 +1,315 @@
+//! The state one running pool shares among its threads: what it holds, its
+//! counters, the prefetch room, and the priority rules between a worker's queues.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use parking_lot::Mutex;
+
+use crate::queue::Queue;
+
+use super::control::Control;
+use super::heartbeat::{Lateness, Registration};
+use super::summary::Counters;
+use super::{Delivery, WorkerOptions};
+
+pub(super) struct Outstanding {
+    pub(super) part: usize,
+    pub(super) id: String,
+    pub(super) claimed: Instant,
+    pub(super) started: Option<Instant>,
+    pub(super) timed_out: bool,
+    /// When its lease was last known live: the claim, then each renewal.
+    pub(super) renewed: Instant,
+}
+
+pub(super) struct Pool {
+    pub(super) queue: Queue,
+    pub(super) queue_name: Arc<str>,
+    pub(super) opts: WorkerOptions,
+    pub(super) control: Arc<Control>,
+    pub(super) counters: Counters,
+    /// Claimed, not yet completed, by token.
+    pub(super) outstanding: Mutex<HashMap<String, Outstanding>>,
+    /// Deliveries the caller works on at once (its handler threads or tasks).
+    pub(super) handlers: usize,
+    /// Every handler is past `timeout`: claim nothing, and give prefetched deliveries
+    /// back so that other consumers run them instead of waiting behind a hung handler.
+    pub(super) stalled: AtomicBool,
+    /// The hand-off buffer, for giving prefetched deliveries back while stalled.
+    pub(super) buffered: Receiver<Delivery>,
+    /// Moving average of one handler call, in microseconds (0 until measured).
+    pub(super) handler_us: AtomicU64,
+    /// Handler starts and how late they were: since the last renewal built, and in
+    /// the renewal waiting to be sent (see `Registration`).
+    pub(super) lateness: Mutex<(Lateness, Lateness)>,
+    pub(super) registration: Registration,
+    /// The last claim found the queue paused (see `note_paused`).
+    pub(super) paused: AtomicBool,
+    /// Per partition: when a claim next asks for broken repeats.
+    pub(super) repeat_checks: Mutex<Vec<Instant>>,
+    /// Per partition: its last claim found a rate limit in force.
+    pub(super) rate_limited: Vec<AtomicBool>,
+    /// When its `Worker` was made, locally and on the server's clock (learnt from the
+    /// first claim): restart requests before it are not meant for it.
+
+    /// Deliveries that claims under way may bring (see `reserve_room`).
+    pub(super) reserved: Mutex<usize>,
+    /// Claims sent and not yet counted as outstanding (for `stop_when_empty`).
+    pub(super) claiming: AtomicUsize,
+    /// Its place among its worker's queues: 0 for the worker's own, then the lower
+    /// queues in priority order.
+    pub(super) member: usize,
+    /// The pools of every queue of its worker, in priority order (itself included),
+    /// set before any thread starts.
+    pub(super) group: OnceLock<Vec<Weak<Pool>>>,
+    /// Handlers of its deliveries past `timeout` at the last heartbeat.
+    pub(super) overdue: AtomicUsize,
+    /// Its last claim failed (see `yields_to_higher`).
+    pub(super) claims_failing: AtomicBool,
+}
+
+/// Room reserved for one claim, released once the claimed deliveries are counted as
+/// outstanding (or the claim failed).
+pub(super) struct Reservation<'a> {
+    pub(super) reserved: &'a Mutex<usize>,
+    pub(super) n: usize,
+}
+
+/// Counts a claim as under way until the deliveries it brought are outstanding.
+pub(super) struct ClaimUnderWay<'a>(&'a AtomicUsize);
+
+impl<'a> ClaimUnderWay<'a> {
+    pub(super) fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count)
+    }
+}
+
+impl Drop for ClaimUnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        *self.reserved.lock() -= self.n;
+    }
+}
+
+/// How much work the prefetch buffer may hold per handler: enough to hide a claim's
+/// round trip, little enough that slow handlers do not hoard due messages that idle
+/// consumers elsewhere could run.
+pub(super) const PREFETCH_WINDOW: Duration = Duration::from_millis(50);
+
+/// How often a `stop_when_empty` pool looks (locally) whether its last handler is done.
+pub(super) const EMPTY_POLL: Duration = Duration::from_millis(20);
+
+/// How often a lower queue's pool looks (locally) whether the higher ones still have
+/// work, while they have.
+pub(super) const YIELD_RECHECK: Duration = Duration::from_millis(5);
+
+/// claim.lua's `next_ms` when the queue is paused.
+pub(super) const PAUSED: i64 = -2;
+
+/// How often a pool's claims ask for repeats with no occurrence pending: the bound on
+/// how long a broken chain stays broken (a pushed occurrence is not affected).
+pub(super) const REPEAT_CHECK: Duration = Duration::from_secs(60);
+/// How soon after a failed push of an occurrence it is tried again.
+pub(super) const REPEAT_RETRY: Duration = Duration::from_secs(5);
+
+impl Pool {
+    /// A claim on `part` reported its restart generation: one past what the pool saw
+    /// at its start means a restart was requested since, and stops it. A generation,
+    /// not a time: a step of the Redis clock can neither fake nor hide a request.
+    pub(super) fn note_restart_request(&self, part: usize, generation: u64) {
+        let Some(baseline) = self.control.restart_baseline.get(part) else {
+            return;
+        };
+        let started = *baseline.get_or_init(|| generation);
+        if generation > started && !self.control.restart.swap(true, Ordering::AcqRel) {
+            log::info!(
+                "delayq[{}]: a restart of the workers was requested; finishing the running handlers and stopping",
+                self.queue_name
+            );
+            self.control.stop();
+        }
+    }
+
+    /// Nothing claimed is running or waiting for a handler, and no claim is under way.
+    pub(super) fn holds_nothing(&self) -> bool {
+        self.claiming.load(Ordering::Acquire) == 0 && self.outstanding.lock().is_empty()
+    }
+
+    /// `stop_when_empty`: the pool holds nothing and Redis has nothing due for it.
+    pub(super) fn stop_if_empty(&self) -> bool {
+        match self.queue.stats() {
+            Ok(s) if s.ready == 0 && self.holds_nothing() => {
+                log::info!(
+                    "delayq[{}]: nothing is due and nothing runs: stopping (stop_when_empty)",
+                    self.queue_name
+                );
+                self.control.empty.store(true, Ordering::Release);
+                self.control.stop();
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                log::warn!(
+                    "delayq[{}]: cannot tell whether the queue is empty: {e}",
+                    self.queue_name
+                );
+                false
+            }
+        }
+    }
+
+    /// The pools of its worker's queues above this one in priority.
+    pub(super) fn higher(&self) -> impl Iterator<Item = Arc<Pool>> + '_ {
+        self.group
+            .get()
+            .map_or(&[][..], |g| &g[..self.member.min(g.len())])
+            .iter()
+            .filter_map(Weak::upgrade)
+    }
+
+    /// A higher queue's pool has work for the handlers: deliveries the caller has not
+    /// taken yet, a claim under way, or messages known to be due. This pool's
+    /// deliveries would wait behind them, so it leaves its due messages to other
+    /// consumers for now. (Those it holds already wait too, and go back to the queue
+    /// for other consumers once kept waiting a heartbeat long: see
+    /// `kept_waiting_by_higher`.) A higher pool whose claims fail (its Redis is down)
+    /// holds nobody back.
+    pub(super) fn yields_to_higher(&self) -> bool {
+        self.higher().any(|p| p.has_work_for_handlers())
+    }
+
+    /// Deliveries the caller has not taken yet, a claim under way, or messages known to
+    /// be due, unless it is stopped or its claims fail (its Redis is down).
+    pub(super) fn has_work_for_handlers(&self) -> bool {
+        !self.control.stopped()
+            && !self.claims_failing.load(Ordering::Acquire)
+            && (!self.buffered.is_empty() || self.claiming.load(Ordering::Acquire) > 0 || self.control.wake.due_now())
+    }
+
+    /// Deliveries it claimed before `since` still wait unstarted while the higher
+    /// queues keep the handlers busy: consumers of this queue elsewhere could run them.
+    pub(super) fn kept_waiting_by_higher(&self, since: Instant) -> bool {
+        self.member > 0
+            && !self.buffered.is_empty()
+            && self
+                .outstanding
+                .lock()
+                .values()
+                .any(|o| o.started.is_none() && o.claimed < since)
+            && self.yields_to_higher()
+    }
+
+    /// Handlers past `timeout`, over every queue of its worker (they share the
+    /// handlers).
+    pub(super) fn overdue_handlers(&self) -> usize {
+        match self.group.get() {
+            Some(group) => group
+                .iter()
+                .filter_map(Weak::upgrade)
+                .map(|p| p.overdue.load(Ordering::Acquire))
+                .sum(),
+            None => self.overdue.load(Ordering::Acquire),
+        }
+    }
+
+    pub(super) fn is_rate_limited(&self) -> bool {
+        self.rate_limited.iter().any(|l| l.load(Ordering::Relaxed))
+    }
+
+    /// Reserve room for a claim of up to `want` deliveries, counting those that other
+    /// fetchers' claims under way may bring: without that, fetchers that look at the
+    /// same moment each claim the whole room, and a pool holds a multiple of its
+    /// prefetch (and hands out, from claims that overlap, messages out of due order).
+    /// Under a rate limit the limit counts hand-outs, so a message should start as it
+    /// is handed out, not wait in the prefetch buffer while the window moves on (the
+    /// next window's messages would then start close behind it): the room is then one
+    /// message per idle handler.
+    pub(super) fn reserve_room(&self, want: usize, limited: bool) -> Reservation<'_> {
+        let room = if limited { self.handlers } else { self.prefetch_now() };
+        let mut reserved = self.reserved.lock();
+        let held = self.outstanding.lock().len();
+        let n = want.min(room.saturating_sub(held + *reserved));
+        *reserved += n;
+        Reservation {
+            reserved: &self.reserved,
+            n,
+        }
+    }
+
+    /// Deliveries to hold (running and waiting) at the measured handler speed, within
+    /// `prefetch`. Until the first measurement, one per handler.
+    pub(super) fn prefetch_now(&self) -> usize {
+        let max = self.opts.prefetch_limit();
+        let us = self.handler_us.load(Ordering::Relaxed);
+        if us == 0 {
+            return self.handlers.min(max).max(1);
+        }
+        let per_handler = PREFETCH_WINDOW.as_micros() as u64 / us + 1;
+        usize::try_from(per_handler.saturating_mul(self.handlers as u64))
+            .unwrap_or(max)
+            .clamp(1, max)
+    }
+
+    /// Whether this claim of `part` should ask for repeats whose chain of occurrences
+    /// broke (see claim.lua): at the pool's first claim of it, then every
+    /// `REPEAT_CHECK`.
+    pub(super) fn repeat_check_due(&self, part: usize) -> bool {
+        let mut checks = self.repeat_checks.lock();
+        let now = Instant::now();
+        match checks.get_mut(part) {
+            Some(next) if *next <= now => {
+                *next = now + REPEAT_CHECK;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub(super) fn recheck_repeats_soon(&self, part: usize) {
+        if let Some(next) = self.repeat_checks.lock().get_mut(part) {
+            *next = (*next).min(Instant::now() + REPEAT_RETRY);
+        }
+    }
+
+    /// Say once that the queue is paused (a pool started on a paused queue seems
+    /// hung otherwise), and once that it goes on again.
+    pub(super) fn note_paused(&self, paused: bool) {
+        if self.paused.swap(paused, Ordering::AcqRel) == paused {
+            return;
+        }
+        if paused {
+            log::warn!(
+                "delayq[{}]: the queue is paused: this pool takes no messages until resume() \
+                 (or `delayq resume`)",
+                self.queue_name
+            );
+        } else {
+            log::info!("delayq[{}]: the queue was resumed", self.queue_name);
+        }
+    }
+
+    /// A handler starts `d`: how late after its due time, on the server's clock.
+    pub(super) fn record_start(&self, d: &Delivery) {
+        if let Some(now) = self.control.wake.server_now_ms() {
+            self.lateness.lock().0.add((now - d.due_at_ms).max(0));
+        }
+    }
+
+    pub(super) fn record_handler_time(&self, d: &Delivery) {
+        let Some(start) = d.handed_out else { return };
+        let sample = (start.elapsed().as_micros() as u64).max(1);
+        let old = self.handler_us.load(Ordering::Relaxed);
+        let new = if old == 0 { sample } else { (old * 4 + sample) / 5 };
+        self.handler_us.store(new, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,173 @@
+//! Releasing deliveries that were claimed but not started: `Releaser` (at a stop or
+//! before a kill) and the pool's own release while stalled or outranked.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use redis::Value;
+
+use crate::conn::{ConnSlot, Replay};
+use crate::scripts::{self, Call, MAX_BATCH, complete};
+
+use super::pool::{Outstanding, Pool};
+use super::summary::Counters;
+use super::{Delivery, Summary, run_call};
+
+/// See [`Consumer::releaser`].
+pub struct Releaser(pub(super) Vec<Arc<Pool>>);
+
+impl std::fmt::Debug for Releaser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Releaser").field(&self.0.len()).finish()
+    }
+}
+
+impl Releaser {
+    /// Stop the pool and release every delivery it holds, running ones included, to
+    /// the queue at once (due where it was, its attempt uncounted): another consumer
+    /// runs it now instead of after its lease. A handler still running finds its
+    /// completion refused as lease lost. For a stop that cannot wait for the handlers
+    /// (a second signal): the process is expected to end right after. Returns how many
+    /// went back.
+    pub fn release_all(&self) -> usize {
+        let mut total = 0;
+        for pool in &self.0 {
+            pool.control.stop();
+            let held: Vec<(String, Outstanding)> = pool.outstanding.lock().drain().collect();
+            let q = &pool.queue;
+            let mut slot = ConnSlot::new();
+            let mut released = 0;
+            for part in 0..q.partitions() {
+                let mine: Vec<&(String, Outstanding)> = held.iter().filter(|(_, o)| o.part == part).collect();
+                for chunk in mine.chunks(MAX_BATCH) {
+                    let args = complete::Release {
+                        deliveries: chunk
+                            .iter()
+                            .map(|(token, o)| complete::Delivery {
+                                id: &o.id,
+                                lease: token,
+                            })
+                            .collect(),
+                    };
+                    let res = slot
+                        .run(&q.inner.endpoint, "release", Replay::Safe, |con| {
+                            let mut inv = q.invocation(part, complete::release());
+                            args.add_to(&mut inv);
+                            inv.invoke::<Value>(con)
+                        })
+                        .and_then(|v| scripts::read::<complete::Released>(complete::release(), v));
+                    match res {
+                        Ok(complete::Released(n)) => released += usize::try_from(n).unwrap_or(usize::MAX),
+                        Err(e) => log::warn!(
+                            "delayq[{}]: could not give {} deliveries back; they run again after their lease: {e}",
+                            pool.queue_name,
+                            chunk.len()
+                        ),
+                    }
+                }
+            }
+            Counters::add(&pool.counters.released, released as u64);
+            total += released;
+        }
+        total
+    }
+
+    /// Stop claiming and release the prefetched deliveries that no handler started
+    /// to the queue at once (the running ones stay held): for a process whose handler
+    /// is past its timeout and is about to be killed by its supervisor, so that only
+    /// the hung message waits on it. Returns how many went back.
+    pub fn stop_and_release_waiting(&self) -> usize {
+        let mut total = 0;
+        for pool in &self.0 {
+            pool.control.stop();
+            let before = pool.counters.released.load(Ordering::Relaxed);
+            let mut slot = ConnSlot::new();
+            release_buffered(pool, &mut slot, ReleaseReason::Killing);
+            total += pool.counters.released.load(Ordering::Relaxed).saturating_sub(before) as usize;
+        }
+        total
+    }
+
+    /// The counts so far, summed over the worker's queues, as `Consumer::finish` would
+    /// return them: for a process that ends at once to report what it did.
+    pub fn summary(&self) -> Summary {
+        let mut summary = Summary::default();
+        for pool in &self.0 {
+            summary += &pool.counters.summary();
+        }
+        summary
+    }
+}
+
+/// While every handler is stuck, prefetched deliveries would only wait behind them
+/// (their leases renewed): release them so that other consumers run them now.
+/// Why a pool releases its prefetched deliveries (see `release_buffered`).
+#[derive(Clone, Copy)]
+pub(super) enum ReleaseReason {
+    /// Every handler is past its timeout.
+    Stalled,
+    /// A lower queue's deliveries wait behind higher queues' work.
+    Outranked,
+    /// The process's supervisor is about to kill it for a hung handler.
+    Killing,
+}
+
+pub(super) fn release_buffered(pool: &Pool, slot: &mut ConnSlot, why: ReleaseReason) {
+    let waiting: Vec<Delivery> = pool.buffered.try_iter().collect();
+    if waiting.is_empty() {
+        return;
+    }
+    let q = &pool.queue;
+    let mut by_part: Vec<Vec<&Delivery>> = vec![Vec::new(); q.partitions()];
+    for d in &waiting {
+        by_part[d.part].push(d);
+    }
+    let res = by_part
+        .iter()
+        .enumerate()
+        .filter(|(_, ds)| !ds.is_empty())
+        .try_fold(0, |total, (part, ds)| {
+            let args = complete::Release {
+                deliveries: ds
+                    .iter()
+                    .map(|d| complete::Delivery {
+                        id: &d.id,
+                        lease: &d.token,
+                    })
+                    .collect(),
+            };
+            run_call(slot, q, part, &args).map(|complete::Released(n)| total + n)
+        });
+    match res {
+        Ok(n) => {
+            Counters::add(&pool.counters.released, n);
+            match why {
+                ReleaseReason::Stalled => log::warn!(
+                    "delayq[{}]: every handler is past its timeout; gave {n} waiting deliveries back to the queue",
+                    pool.queue_name
+                ),
+                ReleaseReason::Killing => log::info!(
+                    "delayq[{}]: a handler is past its timeout and its process is about to be killed; gave {n} \
+                     waiting deliveries back to the queue",
+                    pool.queue_name
+                ),
+                ReleaseReason::Outranked => log::info!(
+                    "delayq[{}]: higher-priority queues keep the handlers busy; gave {n} prefetched deliveries \
+                     back to the queue for other consumers",
+                    pool.queue_name
+                ),
+            }
+        }
+        // Their leases are no longer renewed either way: they expire and are delivered again.
+        Err(e) => log::warn!(
+            "delayq[{}]: could not give waiting deliveries back: {e}",
+            pool.queue_name
+        ),
+    }
+    let mut outstanding = pool.outstanding.lock();
+    for d in &waiting {
+        outstanding.remove(&d.token);
+    }
+    drop(outstanding);
+    pool.control.slots.release(waiting.len());
+}

@@ -1,0 +1,232 @@
+//! The fetchers' wake timer (when each partition is next looked at, woken early by
+//! producers, stops and found work) and the room left in the prefetch buffer.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+/// When each partition should next be looked at, shared by the fetchers; wakes them
+/// on stop, when a producer publishes an earlier due time, and when a fetcher finds
+/// more work than it can take.
+pub(super) struct Wake {
+    pub(super) state: Mutex<WakeState>,
+    pub(super) cv: Condvar,
+}
+
+pub(super) struct WakeState {
+    pub(super) epoch: u64,
+    /// A moment on the local monotonic clock and the Redis clock reading for it, so
+    /// that due times (server ms) become local deadlines.
+    pub(super) clock: Option<(Instant, i64)>,
+    /// Per partition: the earliest due time producers announced, or "now" after a
+    /// kick, as a local deadline. A claim of the partition clears a passed one.
+    pub(super) announced: Vec<Option<Instant>>,
+    /// Per partition: when the last claim said its next message is due; `None` when
+    /// it found the partition empty.
+    pub(super) next_due: Vec<Option<Instant>>,
+}
+
+impl WakeState {
+    pub(super) fn due_at(&self, part: usize) -> Option<Instant> {
+        match (self.announced[part], self.next_due[part]) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// What a fetcher should do next.
+pub(super) enum Pick {
+    /// Claim from this partition now; `due` partitions are due in all.
+    Claim { part: usize, due: usize },
+    /// Nothing is due before this moment (`None`: nothing known to be due at all).
+    Sleep(Option<Instant>),
+}
+
+impl Wake {
+    pub(super) fn new(partitions: usize) -> Self {
+        Self {
+            state: Mutex::new(WakeState {
+                epoch: 0,
+                clock: None,
+                announced: vec![None; partitions],
+                next_due: vec![None; partitions],
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Look at every partition now (start, a new subscription, the end of a stall).
+    pub(super) fn kick(&self) {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        st.announced.iter_mut().for_each(|a| *a = Some(now));
+        st.epoch += 1;
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Wake every waiter without changing what is due (stop).
+    pub(super) fn interrupt(&self) {
+        self.state.lock().epoch += 1;
+        self.cv.notify_all();
+    }
+
+    pub(super) fn epoch(&self) -> u64 {
+        self.state.lock().epoch
+    }
+
+    pub(super) fn set_clock(&self, local: Instant, server_ms: i64) {
+        self.state.lock().clock = Some((local, server_ms));
+    }
+
+    /// The Redis server's clock now, from the last claim's reading.
+    pub(super) fn server_now_ms(&self) -> Option<i64> {
+        let (local, server_ms) = self.state.lock().clock?;
+        Some(server_ms + i64::try_from(local.elapsed().as_millis()).unwrap_or(i64::MAX))
+    }
+
+    pub(super) fn local_deadline(st: &WakeState, server_ms: i64) -> Option<Instant> {
+        let (local, server_now) = st.clock?;
+        let ahead = server_ms - server_now;
+        Some(if ahead <= 0 {
+            local
+        } else {
+            local + Duration::from_millis(u64::try_from(ahead).unwrap_or(0))
+        })
+    }
+
+    /// A producer announced a message due at `server_ms` on partition `part`.
+    pub(super) fn offer_due(&self, part: usize, server_ms: Option<i64>) {
+        let mut st = self.state.lock();
+        if part >= st.announced.len() {
+            return;
+        }
+        let at = server_ms
+            .and_then(|ms| Self::local_deadline(&st, ms))
+            .unwrap_or_else(Instant::now);
+        if st.announced[part].is_none_or(|e| at < e) {
+            st.announced[part] = Some(at);
+            st.epoch += 1;
+            drop(st);
+            self.cv.notify_all();
+        }
+    }
+
+    /// Whether some partition is known to have a message due (announced, or the last
+    /// claim filled its batch), or is to be looked at now.
+    pub(super) fn due_now(&self) -> bool {
+        let st = self.state.lock();
+        let now = Instant::now();
+        (0..st.announced.len()).any(|part| st.due_at(part).is_some_and(|t| t <= now))
+    }
+
+    /// The first partition from `cursor` on that is due now, and the epoch this
+    /// answer was read in (for `wait`).
+    pub(super) fn pick(&self, cursor: usize, now: Instant) -> (Pick, u64) {
+        let st = self.state.lock();
+        let n = st.announced.len();
+        let mut earliest: Option<Instant> = None;
+        let mut first_due = None;
+        let mut due = 0;
+        for part in (cursor..n).chain(0..cursor) {
+            match st.due_at(part) {
+                Some(t) if t <= now => {
+                    first_due.get_or_insert(part);
+                    due += 1;
+                }
+                Some(t) => earliest = Some(earliest.map_or(t, |e| e.min(t))),
+                None => {}
+            }
+        }
+        let pick = match first_due {
+            Some(part) => Pick::Claim { part, due },
+            None => Pick::Sleep(earliest),
+        };
+        (pick, st.epoch)
+    }
+
+    /// A claim of `part` starts: announcements it answers are spent.
+    pub(super) fn begin_claim(&self, part: usize, now: Instant) {
+        let mut st = self.state.lock();
+        if st.announced[part].is_some_and(|a| a <= now) {
+            st.announced[part] = None;
+        }
+    }
+
+    /// A claim of `part` ended: it filled its batch (`more`, so look again now and let
+    /// idle siblings join in), or the partition's next message is due at `next_ms`
+    /// (server clock; negative when it is empty).
+    pub(super) fn end_claim(&self, part: usize, more: bool, next_ms: i64) {
+        let mut st = self.state.lock();
+        st.next_due[part] = if more {
+            Some(Instant::now())
+        } else if next_ms >= 0 {
+            Self::local_deadline(&st, next_ms)
+        } else {
+            None
+        };
+        if more {
+            st.epoch += 1;
+            drop(st);
+            self.cv.notify_all();
+        }
+    }
+
+    /// A claim of `part` failed: look again once the caller's pause is over.
+    pub(super) fn retry_claim(&self, part: usize) {
+        self.state.lock().announced[part] = Some(Instant::now());
+    }
+
+    /// Sleep until `deadline`, a change after `seen` (an announcement, a kick), or
+    /// stop.
+    pub(super) fn wait(&self, deadline: Option<Instant>, seen: u64, stop: &AtomicBool) {
+        let mut st = self.state.lock();
+        loop {
+            if stop.load(Ordering::Acquire) || st.epoch != seen {
+                return;
+            }
+            match deadline {
+                Some(t) if t <= Instant::now() => return,
+                Some(t) => {
+                    self.cv.wait_until(&mut st, t);
+                }
+                None => self.cv.wait(&mut st),
+            }
+        }
+    }
+}
+
+/// Room in the prefetch buffer: claimed but not yet completed deliveries.
+pub(super) struct Slots {
+    pub(super) free: Mutex<usize>,
+    pub(super) cv: Condvar,
+}
+
+impl Slots {
+    pub(super) fn acquire_up_to(&self, want: usize, stop: &AtomicBool) -> usize {
+        let mut free = self.free.lock();
+        while *free == 0 {
+            if stop.load(Ordering::Acquire) {
+                return 0;
+            }
+            self.cv.wait(&mut free);
+        }
+        let got = want.min(*free);
+        *free -= got;
+        got
+    }
+
+    pub(super) fn wait_for_release(&self, limit: Duration) {
+        let mut free = self.free.lock();
+        self.cv.wait_for(&mut free, limit);
+    }
+
+    pub(super) fn release(&self, n: usize) {
+        if n > 0 {
+            *self.free.lock() += n;
+            self.cv.notify_all();
+        }
+    }
+}
