@@ -1,0 +1,282 @@
+//! The producer and admin API of one queue: the `Queue` handle, its connections and
+//! the process-wide cache of shared handles, and how its calls reach Redis. Its
+//! calls live in the files below, one role each.
+
+mod admin;
+mod dead;
+mod inspect;
+mod options;
+mod push;
+mod repeats;
+mod validate;
+mod views;
+mod waiting;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::{FromRedisValue, RedisResult, Value};
+use serde::Serialize;
+
+use crate::conn::{Conn, ConnSlot, Endpoint, Replay};
+use crate::error::{Error, Result};
+use crate::keys::{Keys, Layout, MAX_PARTITIONS, partition_of, partition_tags, validate_name};
+use crate::scripts::{self, LuaScript};
+
+pub use options::{
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEEP_COMPLETED, MAX_RATE_LIMIT_PERIOD, NewMessage, PushOptions, QueueOptions,
+    RateLimit,
+};
+pub use validate::MAX_ID_BYTES;
+pub use views::{COUNTERS, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MessageInfo, State, Stats, WorkerInfo};
+
+pub(super) fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+pub(crate) fn to_json<T: Serialize + ?Sized>(payload: &T) -> Result<String> {
+    serde_json::to_string(payload).map_err(|e| Error::PayloadNotSerializable(e.to_string()))
+}
+
+pub(crate) struct Inner {
+    pub(crate) name: String,
+    /// The keys of each partition.
+    pub(crate) parts: Vec<Keys>,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) opts: QueueOptions,
+    pub(crate) conn: Mutex<ConnSlot>,
+}
+
+/// A handle on one queue. Cheap to clone; safe to share between threads; usable on
+/// both sides of a `fork()` (each process opens its own connection).
+#[derive(Clone)]
+pub struct Queue {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("name", &self.inner.name)
+            .field("url", &self.inner.endpoint.display)
+            .field("layout", &self.inner.opts.layout)
+            .finish()
+    }
+}
+
+/// Queues kept by `Queue::shared`, oldest first.
+pub(super) static SHARED: Mutex<Vec<(String, Queue)>> = Mutex::new(Vec::new());
+
+/// Distinct shared queues kept per process; past it the least recently asked for goes.
+pub const MAX_SHARED_QUEUES: usize = 64;
+
+impl Queue {
+    /// The queue `new` would make, kept for the life of the process together with its
+    /// connection: asking again with the same URL, name and options returns it, still
+    /// connected. For processes that live longer than the code that pushes, such as a
+    /// PHP-FPM worker, which would otherwise connect (and, over TLS, shake hands) once
+    /// per request. At most `MAX_SHARED_QUEUES` are kept.
+    pub fn shared(url: &str, name: &str, opts: QueueOptions) -> Result<Self> {
+        let key = format!("{url}\n{name}\n{opts:?}");
+        let mut shared = SHARED.lock();
+        if let Some(at) = shared.iter().position(|(k, _)| *k == key) {
+            let entry = shared.remove(at);
+            let queue = entry.1.clone();
+            shared.push(entry);
+            return Ok(queue);
+        }
+        let queue = Self::new(url, name, opts)?;
+        if shared.len() >= MAX_SHARED_QUEUES {
+            shared.remove(0);
+        }
+        shared.push((key, queue.clone()));
+        Ok(queue)
+    }
+
+    /// A handle on queue `name` at `url`. Validates everything; connects on first use.
+    pub fn new(url: &str, name: &str, opts: QueueOptions) -> Result<Self> {
+        if opts.max_payload_bytes == 0 {
+            return Err(Error::invalid("max_payload_bytes", "must be greater than zero"));
+        }
+        if opts.dead_max == 0 {
+            return Err(Error::invalid("dead_max", "must be at least 1"));
+        }
+        if opts.keep_completed > MAX_KEEP_COMPLETED {
+            return Err(Error::invalid(
+                "keep_completed",
+                format!("must be at most {MAX_KEEP_COMPLETED}, got {}", opts.keep_completed),
+            ));
+        }
+        if opts.keep_completed_for < Duration::from_secs(1) {
+            return Err(Error::invalid(
+                "keep_completed_for",
+                format!("must be at least 1 s, got {:?}", opts.keep_completed_for),
+            ));
+        }
+        if !(1..=MAX_PARTITIONS).contains(&opts.partitions) {
+            return Err(Error::invalid(
+                "partitions",
+                format!("must be between 1 and {MAX_PARTITIONS}, got {}", opts.partitions),
+            ));
+        }
+        if opts.wait_replicas > 0 && opts.wait_timeout.is_zero() {
+            return Err(Error::invalid(
+                "wait_timeout",
+                "must be greater than zero (Redis would wait forever)",
+            ));
+        }
+        let parts = match &opts.layout {
+            Layout::Native => {
+                validate_name("prefix", &opts.prefix)?;
+                validate_name("queue name", name)?;
+                partition_tags(&opts.prefix, name, opts.partitions)
+                    .iter()
+                    .map(|tag| Keys::new(tag, name, &opts.layout))
+                    .collect::<Result<Vec<_>>>()?
+            }
+            Layout::Seed { .. } if opts.partitions > 1 => {
+                return Err(Error::invalid(
+                    "partitions",
+                    "the seed layout is the recipe's one ZSET and HASH; it cannot be partitioned",
+                ));
+            }
+            Layout::Seed { .. } => vec![Keys::new("", name, &opts.layout)?],
+        };
+        let endpoint = Endpoint::parse(url, opts.connect.clone())?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                name: name.to_owned(),
+                parts,
+                endpoint,
+                opts,
+                conn: Mutex::new(ConnSlot::new()),
+            }),
+        })
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The options it was made with.
+    pub fn options(&self) -> &QueueOptions {
+        &self.inner.opts
+    }
+
+    /// The URL with its password hidden.
+    pub fn url(&self) -> &str {
+        &self.inner.endpoint.display
+    }
+
+    /// How many partitions this queue is spread over.
+    pub fn partitions(&self) -> usize {
+        self.inner.parts.len()
+    }
+
+    /// The partition that holds (or will hold) a message: by its partition key when it
+    /// has one, else by its id.
+    pub fn partition_of(&self, id: &str, partition_key: Option<&str>) -> usize {
+        partition_of(partition_key.unwrap_or(id), self.partitions())
+    }
+
+    /// The hash tag of partition `part` (`{...}` included), e.g. for ACL rules.
+    pub fn hash_tag(&self, part: usize) -> Option<String> {
+        let keys = self.inner.parts.get(part)?;
+        let first = &keys.all[0];
+        Some(
+            first
+                .split_once('}')
+                .map_or_else(|| first.clone(), |(tag, _)| format!("{tag}}}")),
+        )
+    }
+
+    /// Run `build` to add arguments, then the script on partition `part`, on the
+    /// producer connection; its reply decoded as `R` (a reply that does not decode is
+    /// `Error::Protocol`, naming the script).
+    pub(crate) fn call<R: FromRedisValue>(
+        &self,
+        part: usize,
+        operation: &str,
+        replay: Replay,
+        script: &LuaScript,
+        build: impl Fn(&mut redis::ScriptInvocation<'_>),
+    ) -> Result<R> {
+        let inner = &*self.inner;
+        let v: Value = inner.conn.lock().run(&inner.endpoint, operation, replay, |con| {
+            let mut inv = self.invocation(part, script);
+            build(&mut inv);
+            inv.invoke(con)
+        })?;
+        scripts::read(script, v)
+    }
+
+    /// Run a by-id script on the id's own partition first, then on the others, until
+    /// `found` accepts a reply (a message pushed with a partition key may live on any).
+    pub(super) fn call_by_id<R: FromRedisValue>(
+        &self,
+        id: &str,
+        operation: &str,
+        replay: Replay,
+        script: &LuaScript,
+        build: impl Fn(&mut redis::ScriptInvocation<'_>),
+        found: impl Fn(&R) -> bool,
+    ) -> Result<R> {
+        let n = self.partitions();
+        let home = partition_of(id, n);
+        let mut last = self.call(home, operation, replay, script, &build)?;
+        for part in (0..n).filter(|&p| p != home) {
+            if found(&last) {
+                break;
+            }
+            last = self.call(part, operation, replay, script, &build)?;
+        }
+        Ok(last)
+    }
+
+    /// A call of `script` on partition `part`: the keys its header declares, then the
+    /// layout and the wake-up channel.
+    pub(crate) fn invocation<'a>(&'a self, part: usize, script: &'a LuaScript) -> redis::ScriptInvocation<'a> {
+        let keys = &self.inner.parts[part];
+        let mut inv = script.script.prepare_invoke();
+        for &k in &script.keys {
+            inv.key(&keys.all[k]);
+        }
+        inv.arg(self.inner.opts.layout.script_name()).arg(&keys.wake_channel);
+        inv
+    }
+
+    /// Ask Redis to confirm that `wait_replicas` replicas have the writes made so far
+    /// on this connection to partition `part`'s master.
+    pub(super) fn confirm_replicated(&self, con: &mut Conn, part: usize) -> RedisResult<i64> {
+        let o = &self.inner.opts;
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(o.wait_replicas).arg(o.wait_timeout.as_millis() as u64);
+        con.query_on_key_node(&cmd, &self.inner.parts[part].all[0])
+    }
+
+    pub(super) fn check_replicated(&self, confirmed: i64) -> Result<()> {
+        let o = &self.inner.opts;
+        if confirmed < i64::from(o.wait_replicas) {
+            return Err(Error::NotReplicated {
+                wanted: o.wait_replicas,
+                confirmed: u32::try_from(confirmed).unwrap_or(0),
+                timeout_ms: o.wait_timeout.as_millis() as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Check that Redis answers (connecting if needed).
+    pub fn ping(&self) -> Result<()> {
+        let inner = &*self.inner;
+        inner.conn.lock().run(&inner.endpoint, "ping", Replay::Safe, |con| {
+            redis::cmd("PING").query::<String>(con)
+        })?;
+        Ok(())
+    }
+}

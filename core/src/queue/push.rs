@@ -1,0 +1,186 @@
+//! `push`, `push_at`, `push_json` and `push_many`: one script call per partition.
+
+use std::cell::Cell;
+
+use serde::Serialize;
+
+use crate::conn::Replay;
+use crate::error::{Error, Result};
+use crate::scripts::{MAX_BATCH, push};
+use crate::time::Due;
+use crate::{NewMessage, PushOptions, Queue, envelope};
+
+use super::to_json;
+use super::validate::{expire_after_ms, validate_id, validate_key, validate_max_attempts, validate_serial_key};
+
+impl Queue {
+    /// Schedule `payload` (any serialisable value) after `delay`. Returns its id.
+    pub fn push<T: Serialize + ?Sized>(&self, payload: &T, due: impl Into<Due>) -> Result<String> {
+        self.push_json(&to_json(payload)?, due.into(), &PushOptions::default())
+    }
+
+    /// Schedule `payload` at the Unix time `at`.
+    pub fn push_at<T: Serialize + ?Sized>(&self, payload: &T, at: std::time::SystemTime) -> Result<String> {
+        self.push_json(&to_json(payload)?, Due::at(at), &PushOptions::default())
+    }
+
+    /// Schedule a payload given as JSON text. One round trip.
+    pub fn push_json(&self, payload_json: &str, due: Due, options: &PushOptions) -> Result<String> {
+        let mut ids = self.push_many(&[NewMessage {
+            payload_json: payload_json.to_owned(),
+            due,
+            options: options.clone(),
+        }])?;
+        Ok(ids.remove(0))
+    }
+
+    /// Schedule a batch in one round trip (scripts of at most 1000 messages each,
+    /// pipelined). Every message is validated before anything is written.
+    pub fn push_many(&self, batch: &[NewMessage]) -> Result<Vec<String>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let inner = &*self.inner;
+        let created_ms = crate::time::now_unix_ms();
+        let mut ids = Vec::with_capacity(batch.len());
+        let mut envelopes = Vec::with_capacity(batch.len());
+        for (i, m) in batch.iter().enumerate() {
+            let at = |e: Error| -> Error {
+                if batch.len() == 1 {
+                    e
+                } else {
+                    match e {
+                        Error::InvalidArgument { name, reason } => Error::InvalidArgument {
+                            name: format!("{name} of item {i}"),
+                            reason,
+                        },
+                        Error::PayloadNotSerializable(r) => Error::PayloadNotSerializable(format!("item {i}: {r}")),
+                        other => other,
+                    }
+                }
+            };
+            envelope::validate_payload(&m.payload_json, inner.opts.max_payload_bytes).map_err(at)?;
+            validate_max_attempts(&inner.opts.layout, m.options.max_attempts).map_err(at)?;
+            let expire_after = expire_after_ms(&inner.opts.layout, m.options.expire_after).map_err(at)?;
+            m.due.validate().map_err(at)?;
+            if let Some(key) = &m.options.partition_key {
+                validate_key("partition_key", key).map_err(at)?;
+            }
+            if let Some(key) = &m.options.serial_key {
+                validate_serial_key(&inner.opts.layout, key, m.options.partition_key.as_deref()).map_err(at)?;
+            }
+            if m.options.replace && m.options.id.is_none() {
+                return Err(at(Error::invalid(
+                    "replace",
+                    "needs an id: the message of that id is the one replaced",
+                )));
+            }
+            let id = match &m.options.id {
+                Some(id) => {
+                    validate_id(id).map_err(at)?;
+                    id.clone()
+                }
+                // Sortable by creation time and unique without coordination. Having the
+                // id before the first send makes a retried push idempotent.
+                None => crate::fork::new_message_id(),
+            };
+            envelopes.push(envelope::encode(
+                &inner.opts.layout,
+                &id,
+                &m.payload_json,
+                m.options.max_attempts,
+                expire_after,
+                created_ms,
+            ));
+            ids.push(id);
+        }
+        // Per partition, in push order, in scripts of at most MAX_BATCH messages.
+        let n = self.partitions();
+        let mut by_part: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, m) in batch.iter().enumerate() {
+            let key = m.options.partition_key.as_deref().or(m.options.serial_key.as_deref());
+            by_part[self.partition_of(&ids[i], key)].push(i);
+        }
+        let chunks: Vec<(usize, &[usize])> = by_part
+            .iter()
+            .enumerate()
+            .flat_map(|(part, idx)| idx.chunks(MAX_BATCH).map(move |c| (part, c)))
+            .collect();
+        // An id that delayq generated cannot exist before its first send, so the script
+        // skips looking it up; a resend (the first one may have run) and ids that the
+        // caller chose are looked up. The cluster client resends on its own, so there
+        // every send looks up.
+        let sent = Cell::new(inner.endpoint.is_cluster());
+        let args_of = |members: &[usize]| push::Args {
+            check_existing: sent.get() || members.iter().any(|&i| batch[i].options.id.is_some()),
+            messages: members
+                .iter()
+                .map(|&i| push::Message {
+                    id: &ids[i],
+                    due: batch[i].due,
+                    replace: batch[i].options.replace,
+                    expires: batch[i].options.expire_after.is_some(),
+                    envelope: &envelopes[i],
+                    serial_key: batch[i].options.serial_key.as_deref(),
+                })
+                .collect(),
+        };
+        let add_chunk = |inv: &mut redis::ScriptInvocation<'_>, members: &[usize]| {
+            args_of(members).add_to(inv);
+        };
+        let waits = inner.opts.wait_replicas > 0;
+        if inner.endpoint.is_cluster() {
+            // Each partition may live on another master: one call per script, and the
+            // WAIT on the connection to that master.
+            for (part, members) in chunks {
+                let confirmed = inner
+                    .conn
+                    .lock()
+                    .run_conn(&inner.endpoint, "push", Replay::Safe, |con| {
+                        let mut inv = self.invocation(part, push::script());
+                        add_chunk(&mut inv, members);
+                        inv.invoke::<push::Reply>(con.as_dyn())?;
+                        if waits {
+                            self.confirm_replicated(con, part)
+                        } else {
+                            Ok(i64::MAX)
+                        }
+                    })?;
+                self.check_replicated(confirmed)?;
+            }
+        } else if chunks.len() == 1 && !waits {
+            let (part, members) = chunks[0];
+            let _: push::Reply = self.call(part, "push", Replay::Safe, push::script(), |inv| {
+                add_chunk(inv, members);
+                sent.set(true);
+            })?;
+        } else {
+            // One round trip for the whole batch, the WAIT included.
+            let confirmed = inner
+                .conn
+                .lock()
+                .run_conn(&inner.endpoint, "push_many", Replay::Safe, |con| {
+                    let mut pipe = redis::pipe();
+                    pipe.load_script(&push::script().script).ignore();
+                    for &(part, members) in &chunks {
+                        let mut inv = self.invocation(part, push::script());
+                        add_chunk(&mut inv, members);
+                        pipe.invoke_script(&inv).ignore();
+                    }
+                    sent.set(true);
+                    if waits {
+                        pipe.cmd("WAIT")
+                            .arg(inner.opts.wait_replicas)
+                            .arg(inner.opts.wait_timeout.as_millis() as u64);
+                        let (confirmed,): (i64,) = pipe.query(con.as_dyn())?;
+                        Ok(confirmed)
+                    } else {
+                        pipe.query::<()>(con.as_dyn())?;
+                        Ok(i64::MAX)
+                    }
+                })?;
+            self.check_replicated(confirmed)?;
+        }
+        Ok(ids)
+    }
+}

@@ -1,0 +1,240 @@
+//! What the read calls return: `MessageInfo`, `State`, `Listing`, `Stats` and its
+//! counters, `DeadLetter`, `WorkerInfo` (and reading a pool's entry).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::RateLimit;
+
+/// Where a message is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Waiting for its due time.
+    Scheduled,
+    /// Due, not yet claimed by a consumer.
+    Ready,
+    /// Claimed by a consumer under a lease.
+    Inflight,
+    /// Gave up on: in the dead-letter set.
+    Dead,
+    /// Acknowledged, and kept for a while (`QueueOptions::keep_completed`).
+    Completed,
+}
+
+impl State {
+    /// Its name, as the bindings and the `delayq` command show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Scheduled => "scheduled",
+            Self::Ready => "ready",
+            Self::Inflight => "inflight",
+            Self::Dead => "dead",
+            Self::Completed => "completed",
+        }
+    }
+}
+
+/// What `get` knows about a message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessageInfo {
+    /// The message id.
+    pub id: String,
+    /// Where it is now.
+    pub state: State,
+    /// The payload as JSON text (or the raw stored text when it is not valid JSON).
+    pub payload_json: String,
+    /// Due time of the pending or current delivery (of a completed message: of the
+    /// delivery that completed it), Unix ms; `None` once dead.
+    pub due_at_ms: Option<i64>,
+    /// Deliveries so far.
+    pub attempts: u32,
+    /// Its own `PushOptions::max_attempts`, when it was pushed with one (else the
+    /// worker's applies).
+    pub max_attempts: Option<u32>,
+    /// The error of its latest failed delivery.
+    pub last_error: Option<String>,
+    /// The stack trace that came with the last error (a PHP exception as `(string)
+    /// $e` gives it, a Python traceback), cut to the worker's `max_trace_bytes`; `None`
+    /// when the failure gave none.
+    pub error_trace: Option<String>,
+    /// When it went to the dead-letter set (Unix ms, Redis clock), while it is there.
+    pub dead_at_ms: Option<i64>,
+    /// When it was pushed, Unix ms on the producer's clock (`None` in the seed layout).
+    pub created_at_ms: Option<i64>,
+    /// While in flight: when its lease runs out unless the pool's heartbeat extends
+    /// it (Unix ms, Redis clock). A deadline in the past means its worker died or hung,
+    /// and the next claim gives the message to another delivery.
+    pub lease_until_ms: Option<i64>,
+    /// With `PushOptions::expire_after`: the latest it may start (Unix ms, Redis clock).
+    pub expires_at_ms: Option<i64>,
+    /// When it was acknowledged (Unix ms, Redis clock), once completed.
+    pub completed_at_ms: Option<i64>,
+    /// `PushOptions::serial_key`, while the message waits, runs or is dead.
+    pub serial_key: Option<String>,
+}
+
+/// Which messages `Queue::list` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Listing {
+    /// Scheduled and ready, earliest due first: what consumers will take next.
+    Waiting,
+    /// Claimed and running, earliest lease deadline first (a deadline in the past is a
+    /// delivery whose worker died or hung).
+    Inflight,
+    /// Kept after completion (`QueueOptions::keep_completed`), latest first.
+    Completed,
+}
+
+impl Listing {
+    /// Its name, as the `delayq` command takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Waiting => "waiting",
+            Self::Inflight => "inflight",
+            Self::Completed => "completed",
+        }
+    }
+}
+
+/// A consumer pool that is alive: it registered when it started and renews its entry
+/// every heartbeat (`lease / 3`), and every second while it works; one that dies unannounced drops out after three
+/// missed heartbeats.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[non_exhaustive]
+pub struct WorkerInfo {
+    /// `host:pid:n`, n counting the pools of that process.
+    pub id: String,
+    /// The host name of its machine.
+    pub host: String,
+    /// The process id on that host.
+    pub pid: u32,
+    /// Unix ms on the pool's clock.
+    pub started_at_ms: i64,
+    /// Its last heartbeat, Unix ms on the Redis server's clock.
+    #[serde(skip)]
+    pub last_seen_ms: i64,
+    /// I/O threads.
+    pub threads: usize,
+    /// Deliveries it works on at once (handler threads, tasks or processes' share).
+    pub handlers: usize,
+    /// Totals since it started, as of its last heartbeat.
+    pub handled: u64,
+    /// Of those, acknowledged.
+    pub acked: u64,
+    /// Of those, failed (retried or dead-lettered).
+    pub failed: u64,
+    /// Deliveries it held (running or prefetched) at its last heartbeat.
+    pub holding: u64,
+    /// Handlers it started between its last two heartbeats, and how late they
+    /// started after their due time (ms on the server's clock): the figure a delay
+    /// queue is judged by, as its users see it.
+    #[serde(default)]
+    pub started_recently: u64,
+    /// Their average lateness (ms), if any started.
+    #[serde(default)]
+    pub lateness_avg_ms: Option<f64>,
+    /// Their largest lateness (ms), if any started.
+    #[serde(default)]
+    pub lateness_max_ms: Option<i64>,
+    /// Moving average of one handler call (ms), once measured.
+    #[serde(default)]
+    pub handler_avg_ms: Option<f64>,
+}
+
+/// Longest text that `requeue_dead_with_error` and `delete_dead_with_error` look for.
+pub const MAX_ERROR_TEXT_BYTES: usize = 4096;
+
+/// A message in the dead-letter set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// The message id.
+    pub id: String,
+    /// The payload as JSON text, as pushed.
+    pub payload_json: String,
+    /// Deliveries it had.
+    pub attempts: u32,
+    /// The error that sent it here.
+    pub last_error: String,
+    /// The stack trace that came with the last error, if any (see
+    /// [`MessageInfo::error_trace`]).
+    pub error_trace: Option<String>,
+    /// When it died, Unix ms on the Redis clock.
+    pub dead_at_ms: i64,
+}
+
+/// Queue depth and lifetime counters.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Waiting for a future due time.
+    pub scheduled: u64,
+    /// Due and waiting for a consumer.
+    pub ready: u64,
+    /// Claimed by a consumer, under a lease.
+    pub inflight: u64,
+    /// In the dead-letter set.
+    pub dead: u64,
+    /// Of the scheduled (and ready) ones, those due already that wait for another
+    /// message of their serial key to finish (`PushOptions::serial_key`); they run as
+    /// soon as it does.
+    pub held: u64,
+    /// Kept after their completion (`QueueOptions::keep_completed`).
+    pub completed: u64,
+    /// Due time of the earliest waiting message, Unix ms.
+    pub next_due_ms: Option<i64>,
+    /// When consumption was paused (Unix ms), while it is (see `Queue::pause`).
+    pub paused_at_ms: Option<i64>,
+    /// The rate limit in force (see `Queue::set_rate_limit`).
+    pub rate_limit: Option<RateLimit>,
+    /// Lifetime counters: pushed, delivered, acked, retried, dead, expired, released,
+    /// cancelled, requeued, discarded, trimmed, purged, replaced, orphaned (absent ones
+    /// are 0).
+    pub totals: BTreeMap<String, u64>,
+}
+
+/// The lifetime counters under the names the bindings show (`died` is the `dead`
+/// counter, so it does not clash with the dead-letter depth).
+pub const COUNTERS: [(&str, &str); 14] = [
+    ("pushed", "pushed"),
+    ("delivered", "delivered"),
+    ("acked", "acked"),
+    ("retried", "retried"),
+    ("died", "dead"),
+    ("expired", "expired"),
+    ("released", "released"),
+    ("cancelled", "cancelled"),
+    ("requeued", "requeued"),
+    ("discarded", "discarded"),
+    ("trimmed", "trimmed"),
+    ("purged", "purged"),
+    ("replaced", "replaced"),
+    ("moved", "moved"),
+];
+
+impl Stats {
+    /// One lifetime counter by its stored name (`dead`, not `died`), 0 when absent.
+    pub fn total(&self, name: &str) -> u64 {
+        self.totals.get(name).copied().unwrap_or(0)
+    }
+
+    /// Every lifetime counter, named as in `COUNTERS`, in that order.
+    pub fn named_totals(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        COUNTERS.iter().map(|(shown, stored)| (*shown, self.total(stored)))
+    }
+}
+
+/// A pool's entry as beat.lua stored it ("<expires_ms>|<seen_ms>|<info JSON>"), unless
+/// it has expired (or was written by a version that this one cannot read).
+pub(super) fn live_pool(entry: &str, now_ms: i64) -> Option<WorkerInfo> {
+    let mut parts = entry.splitn(3, '|');
+    let expires: i64 = parts.next()?.parse().ok()?;
+    let seen: i64 = parts.next()?.parse().ok()?;
+    if expires <= now_ms {
+        return None;
+    }
+    let mut info: WorkerInfo = serde_json::from_str(parts.next()?).ok()?;
+    info.last_seen_ms = seen;
+    Some(info)
+}
