@@ -330,7 +330,7 @@ impl Run {
 
     /// A random message. On a partitioned queue an id always comes with the same
     /// serial key, which picks its partition (ids are idempotent within a partition,
-    /// see README).
+    /// see docs/cluster.md).
     fn message(&mut self) -> NewMessage {
         self.pushed += 1;
         let rng = &mut self.rng;
