@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python test php-versions redis-versions soak hunt bench bench-cluster bench-redis-cost bench-script-cost bench-model-floor bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed bench-serial-keys lint fmt clippy doc
+.PHONY: help setup demo build php python dist php-dist test php-versions redis-versions soak hunt bench bench-cluster bench-redis-cost bench-script-cost bench-model-floor bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed bench-serial-keys lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-24s %s\n", $$1, $$2}'
@@ -21,6 +21,12 @@ php: ## Build the PHP extension and install it into the system PHP (needs root)
 
 python: ## Build the Python module and install it into the current python3
 	scripts/py-install.sh
+
+dist: ## Python packages in dist/python/: an sdist and an abi3 wheel (CPython 3.9 and later)
+	scripts/dist-python.sh
+
+php-dist: ## delayq.so per installed PHP in dist/php/<version>/, with an ini and install.sh, and a tarball each
+	scripts/dist-php.sh
 
 test: ## Run every test (each suite starts its own redis-server)
 	scripts/test.sh

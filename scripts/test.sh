@@ -34,5 +34,9 @@ python3 -m pytest -q py-ext/tests
 (cd /tmp && python3 -m mypy.stubtest delayq)
 python3 -m mypy --strict examples/python py-ext/delayq
 
-echo "== cross-language: PHP and Python on the same queues"
+echo "== packages: make dist and make php-dist, which tests/test_dist.py installs"
+scripts/dist-python.sh >/dev/null
+scripts/dist-php.sh >/dev/null
+
+echo "== cross-language: PHP and Python on the same queues; the packages"
 python3 -m pytest -q tests
