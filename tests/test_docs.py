@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,6 +201,9 @@ CHECKS = {
     "yaml": lambda b: yaml.safe_load(b.code),
     "toml": lambda b: toml_parses(b.code),
     "dockerfile": lambda b: dockerfile_parses(b.code),
+    # PHPStan's NEON, in the YAML subset the docs use.
+    "neon": lambda b: yaml.safe_load(b.code),
+    "xml": lambda b: xml.etree.ElementTree.fromstring(b.code),
     "text": lambda b: None,
 }
 
