@@ -134,9 +134,16 @@ pub fn take_logs() -> Vec<LogRecord> {
 /// A record's target as a dotted logger name under `delayq`, as Python's `logging`
 /// names loggers: `delayq::worker` is `delayq.worker`, and the crates below the core
 /// (`rustls::client`) come under it too (`delayq.rustls.client`), so that one
-/// `delayq` logger configures them all.
+/// `delayq` logger configures them all. The files of the pool and of the queue log
+/// under the names users configure, `delayq.worker` and `delayq.queue`, whichever
+/// file within them logs.
 pub fn logger_name(target: &str) -> String {
     let dotted = target.replace("::", ".");
+    for area in KEPT_NAMES {
+        if dotted.strip_prefix(area).is_some_and(|rest| rest.starts_with('.')) {
+            return (*area).to_owned();
+        }
+    }
     if dotted == "delayq" || dotted.starts_with("delayq.") {
         dotted
     } else {
@@ -144,9 +151,22 @@ pub fn logger_name(target: &str) -> String {
     }
 }
 
+/// Logger names kept whole (see `logger_name`).
+const KEPT_NAMES: &[&str] = &["delayq.worker", "delayq.queue"];
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pool_and_the_queue_log_under_one_name_each() {
+        assert_eq!(logger_name("delayq::worker::fetch"), "delayq.worker");
+        assert_eq!(logger_name("delayq::worker"), "delayq.worker");
+        assert_eq!(logger_name("delayq::queue::push"), "delayq.queue");
+        assert_eq!(logger_name("delayq::workers"), "delayq.workers");
+        assert_eq!(logger_name("delayq::host::supervisor"), "delayq.host.supervisor");
+        assert_eq!(logger_name("rustls::client"), "delayq.rustls.client");
+    }
 
     // One test: the logger is global to the test binary.
     #[test]
