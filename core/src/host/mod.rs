@@ -1,5 +1,9 @@
 //! The worker host: what runs around a binding's handlers, the same for every language.
 //!
+//! - `options.rs`: the table of worker options (name, kind, range, default, doc line)
+//!   that both bindings read;
+//! - `run.rs`: the handler-run policy: what a handler's outcome does to its message
+//!   ([`settle`]), and when a process's run ends ([`Recycle`], [`ended_by`]);
 //! - `stop.rs`: why a run ended ([`StopReason`]), one enum shown as `stopped_by`;
 //! - `slot.rs`: memory shared between a supervised process and its supervisor (the
 //!   running handler, the delivery it holds, the process's counts);
@@ -7,12 +11,16 @@
 //! - `supervisor.rs`: the process supervisor (spawn through the binding, respawn,
 //!   back-off and give-up, the hung-handler kill, scaling, one summary).
 
+mod options;
 mod report;
+mod run;
 mod slot;
 mod stop;
 mod supervisor;
 
+pub use options::{Default as OptionDefault, Kind as OptionKind, Takers, WORKER_OPTIONS, WorkerOption, worker_option};
 pub use report::Report;
+pub use run::{Outcome, Recycle, Verdict, ended_by, settle};
 pub use slot::{Held, Publisher, Slot, SlotTable, SlotView};
 pub use stop::StopReason;
 pub use supervisor::{

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::scripts::MAX_BATCH;
+use crate::host::worker_option;
 
 /// Settings of a consumer pool.
 #[derive(Debug, Clone)]
@@ -48,19 +48,22 @@ pub struct WorkerOptions {
 pub const MAX_TRACE_BYTES: usize = 1 << 20;
 
 impl Default for WorkerOptions {
+    /// The defaults of the options table (`host::WORKER_OPTIONS`).
     fn default() -> Self {
+        let count = |name| worker_option(name).default_count().unwrap_or_default();
+        let span = |name| worker_option(name).default_duration().unwrap_or_default();
         Self {
-            threads: 2,
-            batch: 50,
-            prefetch: 0,
-            lease: Duration::from_secs(30),
-            max_attempts: 5,
-            backoff_base: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(300),
+            threads: count("threads") as usize,
+            batch: count("batch") as usize,
+            prefetch: count("prefetch") as usize,
+            lease: span("lease"),
+            max_attempts: count("max_attempts") as u32,
+            backoff_base: span("backoff_base"),
+            backoff_max: span("backoff_max"),
             timeout: None,
-            idle_check: Duration::from_secs(1),
+            idle_check: span("idle_check"),
             stop_when_empty: false,
-            max_trace_bytes: 8192,
+            max_trace_bytes: count("max_trace_bytes") as usize,
         }
     }
 }
@@ -68,17 +71,11 @@ impl Default for WorkerOptions {
 impl WorkerOptions {
     /// Refuse values that cannot work, naming the option.
     pub fn validate(&self) -> Result<()> {
-        let range = |name: &str, v: usize, lo: usize, hi: usize| {
-            if v < lo || v > hi {
-                Err(Error::invalid(name, format!("must be between {lo} and {hi}, got {v}")))
-            } else {
-                Ok(())
-            }
-        };
-        range("threads", self.threads, 1, 64)?;
-        range("batch", self.batch, 1, MAX_BATCH)?;
-        range("prefetch", self.prefetch, 0, 100_000)?;
-        range("max_trace_bytes", self.max_trace_bytes, 0, MAX_TRACE_BYTES)?;
+        let range = |name: &str, v: usize| worker_option(name).check_count(v.try_into().unwrap_or(i64::MAX));
+        range("threads", self.threads)?;
+        range("batch", self.batch)?;
+        range("prefetch", self.prefetch)?;
+        range("max_trace_bytes", self.max_trace_bytes)?;
         if self.lease < Duration::from_millis(100) {
             return Err(Error::invalid(
                 "lease",
