@@ -572,21 +572,19 @@ impl<S: Spawner> Pool<'_, S> {
         }
     }
 
+    /// Reap the pool's own processes that ended, each by its pid: other children of
+    /// this process (an application's own `pcntl_fork()` or `subprocess`) stay for
+    /// their owner to wait on.
     fn reap(&mut self) {
-        loop {
-            let mut status = 0;
-            // SAFETY: waits for any child of ours without blocking.
-            let pid = unsafe { libc::waitpid(-1, &raw mut status, libc::WNOHANG) };
-            if pid <= 0 {
-                return;
-            }
-            let Some(i) = self
-                .children
-                .iter()
-                .position(|c| c.as_ref().is_some_and(|c| c.pid == pid))
-            else {
+        for i in 0..self.children.len() {
+            let Some(pid) = self.children[i].as_ref().map(|c| c.pid) else {
                 continue;
             };
+            let mut status = 0;
+            // SAFETY: waits for this child of ours without blocking.
+            if unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) } != pid {
+                continue;
+            }
             if let Some(child) = self.children[i].take() {
                 self.reaped(i, child, status);
             }
