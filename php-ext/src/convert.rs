@@ -393,6 +393,29 @@ impl<'a> Options<'a> {
         }
     }
 
+    /// A count of the worker options table, within its range.
+    pub(crate) fn count(&mut self, option: &'static delayq::host::WorkerOption) -> PhpResult<Option<i64>> {
+        let (min, max) = option.count_range();
+        self.int(option.name, min, max)
+    }
+
+    /// Seconds of the worker options table, within its bounds.
+    pub(crate) fn span(
+        &mut self,
+        option: &'static delayq::host::WorkerOption,
+    ) -> PhpResult<Option<std::time::Duration>> {
+        let what = self.what.clone();
+        match self.seconds(option.name)? {
+            Some(s) => option.check_seconds(s).map(Some).map_err(|e| match e {
+                delayq::Error::InvalidArgument { reason, .. } => {
+                    errors::invalid(format!("{what} '{}' {reason}", option.name))
+                }
+                other => errors::to_php(&other),
+            }),
+            None => Ok(None),
+        }
+    }
+
     /// Only a bool: PHP would coerce any string, and `'false'` would be true.
     pub(crate) fn bool(&mut self, key: &'static str) -> PhpResult<Option<bool>> {
         let what = self.what.clone();

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ext_php_rs::boxed::ZBox;
 use ext_php_rs::convert::{IntoZval, IntoZvalDyn};
@@ -20,7 +20,7 @@ use crate::errors::{self, OrThrow};
 use crate::queue::PhpDelayQueue;
 use crate::signals;
 use crate::supervisor;
-use delayq::host::{Slot, StopReason};
+use delayq::host::{Outcome, Recycle, Slot, StopReason};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -53,9 +53,10 @@ impl<'a> ext_php_rs::convert::FromZval<'a> for HandlerArg<'a> {
 const HANDLER_ARGUMENTS: u32 = 2;
 
 /// Refuses, before anything is claimed, a handler that requires more parameters than
-/// the worker passes: every message would fail with an ArgumentCountError, be
-/// retried and end in the dead letters. Fewer are fine (PHP drops extra arguments to
-/// a user function), as is a handler whose signature cannot be read.
+/// the worker passes, or a built-in function that takes fewer (PHP refuses extra
+/// arguments to those): every message would fail with an ArgumentCountError, be
+/// retried and end in the dead letters. A user function may take fewer (PHP drops
+/// extra arguments to it); a handler whose signature cannot be read is let through.
 fn check_handler_signature(handler: &Zval) -> PhpResult<()> {
     // SAFETY: zeroed is a valid empty cache; zend_is_callable_ex fills it (it does
     // not change the zval, whatever its signature says) and the cache is released
@@ -72,7 +73,13 @@ fn check_handler_signature(handler: &Zval) -> PhpResult<()> {
             std::ptr::null_mut(),
         );
         let seen = match fcc.function_handler.as_ref() {
-            Some(function) if found => Some((function.common.required_num_args, function_name(function))),
+            Some(function) if found => {
+                let common = &function.common;
+                let internal = u32::from(common.type_) == ext_php_rs::ffi::ZEND_INTERNAL_FUNCTION
+                    && common.fn_flags & ext_php_rs::ffi::ZEND_ACC_VARIADIC == 0;
+                let takes_at_most = internal.then_some(common.num_args);
+                Some(((common.required_num_args, takes_at_most), function_name(function)))
+            }
             _ => None,
         };
         zend_release_fcall_info_cache(&raw mut fcc);
@@ -81,9 +88,16 @@ fn check_handler_signature(handler: &Zval) -> PhpResult<()> {
             None => return Ok(()),
         }
     };
+    let (required, takes_at_most) = required;
     if required > HANDLER_ARGUMENTS {
         return Err(errors::invalid(format!(
             "handler {name} needs {required} arguments; a worker calls it with ($payload, $message)"
+        )));
+    }
+    if let Some(most) = takes_at_most.filter(|&n| n < HANDLER_ARGUMENTS) {
+        let noun = if most == 1 { "argument" } else { "arguments" };
+        return Err(errors::invalid(format!(
+            "handler {name} takes at most {most} {noun}; a worker calls it with ($payload, $message)"
         )));
     }
     Ok(())
@@ -393,26 +407,21 @@ impl PhpWorker {
         // kills it before it can report.
         let publisher = slot.map(|s| s.publish_while(consumer.releaser(), self.limits.timeout));
         let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
-        let mut jobs: u64 = 0;
+        let mut recycle = Recycle::new(self.limits.max_jobs, self.limits.max_time, self.limits.max_memory_bytes);
         let mut ended = None;
-        let started = Instant::now();
         loop {
             if ended.is_none() && signals::take() {
                 ended = Some(StopReason::Signal);
                 stopper.stop();
             }
-            if ended.is_none() && self.limits.max_time.is_some_and(|t| started.elapsed() >= t) {
-                ended = Some(StopReason::MaxTime);
+            if ended.is_none()
+                && let Some(why) = recycle.before_next()
+            {
+                ended = Some(why);
                 stopper.stop();
             }
-            if ended.is_none() && stopper.restart_requested() {
-                ended = Some(StopReason::Restart);
-            }
-            if ended.is_none() && stopper.found_empty() {
-                ended = Some(StopReason::Empty);
-            }
             if ended.is_none() && stopper.is_stopped() {
-                ended = Some(StopReason::Stop);
+                ended = delayq::host::ended_by(&stopper, Some(StopReason::Stop));
             }
             if let Some(f) = &dispatch {
                 // Lets the script's own pcntl_signal() handlers run (they may call stop()).
@@ -463,109 +472,93 @@ impl PhpWorker {
             if let Some(s) = slot {
                 s.finished();
             }
-            jobs += 1;
-            // The message's own decision wins over the handler's return or exception
-            // (but not over exit(), which stops the pool).
+            let (outcome, thrown) = self.outcome(result);
             let decided = decision.borrow_mut().take();
-            let fate = match result {
-                // A generator function's body runs only when iterated: acknowledging
-                // it would mark done a message whose handler never ran.
-                Ok(returned)
-                    if returned
-                        .object()
-                        .is_some_and(|o| o.get_class_name().is_ok_and(|c| c == "Generator")) =>
-                {
-                    Some(consumer.fail(
-                        delivery,
-                        "the handler returned a Generator (it contains `yield`): its body never ran; \
-                         a handler must do its work and return",
-                    ))
-                }
-                Ok(_) => match decided {
-                    Some((retry, reason)) => Some(consumer.fail_with(delivery, &reason, retry)),
-                    None => {
-                        consumer.ack(delivery);
-                        None
-                    }
-                },
-                Err(call_error) => {
-                    let pending = ExecutorGlobals::get().exception().map(std::ptr::from_ref);
-                    match pending {
-                        // SAFETY: the pointer is the engine's pending exception, alive
-                        // until taken or the request ends.
-                        Some(ex) if unsafe { zend_is_unwind_exit(ex.cast()) } => {
-                            // exit() in the handler: the message is due again at once,
-                            // counted as an attempt (a handler that always exits ends in
-                            // the dead letters instead of stopping every worker for
-                            // ever), the pool stops, and the exit continues once run()
-                            // returns. No hook runs: PHP code cannot run while it exits.
-                            consumer.fail_with(delivery, EXIT_ERROR, delayq::Retry::After(Duration::ZERO));
-                            ended = Some(StopReason::Exit);
-                            stopper.stop();
-                            break;
-                        }
-                        // SAFETY: as above.
-                        Some(ex) if unsafe { zend_is_graceful_exit(ex.cast()) } => {
-                            // The handler ran in a Fiber that is being destroyed while
-                            // suspended: nothing decided the message, and no PHP code
-                            // may run. It goes back uncounted; the pool stops, and the
-                            // unwinding goes on once run() returns.
-                            consumer.release(delivery);
-                            ended = Some(StopReason::Stop);
-                            stopper.stop();
-                            break;
-                        }
-                        Some(_) => {
-                            let thrown = ExecutorGlobals::take_exception();
-                            let (text, trace, never) = thrown
-                                .as_ref()
-                                .map(|ex| {
-                                    (
-                                        describe_exception(ex),
-                                        exception_trace(ex),
-                                        is_no_retry(ex, &self.no_retry),
-                                    )
-                                })
-                                .unwrap_or_else(|| (call_error.to_string(), String::new(), false));
-                            let fate = match decided {
-                                Some((retry, reason)) => consumer.fail_traced(delivery, &reason, &trace, retry),
-                                None if never => consumer.fail_traced(delivery, &text, &trace, delayq::Retry::Never),
-                                None => consumer.fail_traced(delivery, &text, &trace, delayq::Retry::Backoff),
-                            };
-                            if let Some(ex) = thrown {
-                                self.call_on_failure(&payload, &message, ex, &queue_name);
-                            }
-                            Some(fate)
-                        }
-                        None => Some(consumer.fail(delivery, &format!("handler could not be called: {call_error}"))),
-                    }
-                }
-            };
+            let (fate, stop) = delayq::host::settle(&consumer, delivery, outcome, decided);
+            if let Some(why) = stop {
+                // exit() goes on once run() returns, and a Fiber's teardown once it
+                // unwinds: no PHP code (no hook) may run before.
+                ended.get_or_insert(why);
+                break;
+            }
+            if let Some(ex) = thrown {
+                self.call_on_failure(&payload, &message, ex, &queue_name);
+            }
             if let Some(delayq::Fate::Dead(error)) = fate {
                 self.call_on_dead(&payload, &message, &error, &queue_name);
             }
-            if ended.is_none() && self.limits.max_jobs.is_some_and(|m| jobs >= m) {
-                ended = Some(StopReason::MaxJobs);
+            if ended.is_none()
+                && let Some(why) = recycle.after_job(memory_usage)
+            {
+                ended = Some(why);
                 stopper.stop();
             }
-            if ended.is_none() && self.limits.max_memory_bytes.is_some_and(|m| memory_usage() >= m) {
-                ended = Some(StopReason::MaxMemory);
-                stopper.stop();
-            }
         }
-        // A restart request stops the pool from its own threads, possibly while this
-        // thread waited in recv_timeout: the loop then ends without having seen it.
-        if ended.is_none() && stopper.restart_requested() {
-            ended = Some(StopReason::Restart);
-        }
-        if ended.is_none() && stopper.found_empty() {
-            ended = Some(StopReason::Empty);
-        }
+        // A restart request or an empty queue stops the pool from its own threads,
+        // possibly while this thread waited in recv_timeout.
+        let ended = delayq::host::ended_by(&stopper, ended);
         let consumer = BailoutGuard::into_inner(consumer);
         let core = consumer.finish();
         drop(publisher);
         crate::logs::flush();
         Ok(RunSummary { core, ended })
+    }
+
+    /// What the handler call came to, as the core's run policy takes it, and the
+    /// exception it threw (for `on_failure`).
+    fn outcome(&self, result: ext_php_rs::error::Result<Zval>) -> (Outcome, Option<ZBox<ZendObject>>) {
+        let call_error = match result {
+            // A generator function's body runs only when iterated: acknowledging it
+            // would mark done a message whose handler never ran.
+            Ok(returned)
+                if returned
+                    .object()
+                    .is_some_and(|o| o.get_class_name().is_ok_and(|c| c == "Generator")) =>
+            {
+                return (
+                    Outcome::NotRun(
+                        "the handler returned a Generator (it contains `yield`): its body never ran; \
+                         a handler must do its work and return"
+                            .into(),
+                    ),
+                    None,
+                );
+            }
+            Ok(_) => return (Outcome::Returned, None),
+            Err(e) => e,
+        };
+        let pending = ExecutorGlobals::get().exception().map(std::ptr::from_ref);
+        match pending {
+            // SAFETY: the pointer is the engine's pending exception, alive until taken
+            // or the request ends.
+            Some(ex) if unsafe { zend_is_unwind_exit(ex.cast()) } => (Outcome::Exited(EXIT_ERROR.into()), None),
+            // SAFETY: as above. A Fiber destroyed while its handler was suspended.
+            Some(ex) if unsafe { zend_is_graceful_exit(ex.cast()) } => (Outcome::Abandoned, None),
+            Some(_) => {
+                let thrown = ExecutorGlobals::take_exception();
+                let outcome = match &thrown {
+                    Some(ex) => Outcome::Raised {
+                        error: describe_exception(ex),
+                        trace: exception_trace(ex),
+                        no_retry: is_no_retry(ex, &self.no_retry),
+                    },
+                    None => Outcome::Raised {
+                        error: call_error.to_string(),
+                        trace: String::new(),
+                        no_retry: false,
+                    },
+                };
+                (outcome, thrown)
+            }
+            None => (
+                Outcome::Raised {
+                    error: format!("handler could not be called: {call_error}"),
+                    trace: String::new(),
+                    no_retry: false,
+                },
+                None,
+            ),
+        }
     }
 
     /// The death handler.
@@ -734,51 +727,51 @@ fn is_no_retry(ex: &ZendObject, no_retry: &[String]) -> bool {
 
 fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
     let mut o = Options::new(options, "DelayQueueWorker option");
+    let opt = delayq::host::worker_option;
     let mut w = delayq::WorkerOptions::default();
-    if let Some(n) = o.int("threads", 1, 64)? {
+    if let Some(n) = o.count(opt("threads"))? {
         w.threads = n as usize;
     }
-    let processes = o.int("processes", 1, delayq::scale::MAX_PROCESSES as i64)?.unwrap_or(1) as usize;
-    let min_processes = o
-        .int("min_processes", 1, delayq::scale::MAX_PROCESSES as i64)?
-        .map(|n| n as usize);
-    let scale_cooldown = o.duration("scale_cooldown")?.unwrap_or(Duration::from_secs(3));
+    let processes = o
+        .count(opt("processes"))?
+        .or(opt("processes").default_count())
+        .unwrap_or(1) as usize;
+    let min_processes = o.count(opt("min_processes"))?.map(|n| n as usize);
+    let scale_cooldown = o
+        .span(opt("scale_cooldown"))?
+        .or(opt("scale_cooldown").default_duration())
+        .unwrap_or_default();
     let scaler =
         delayq::scale::Scaler::new(min_processes.unwrap_or(processes), processes, scale_cooldown).or_throw()?;
-    if let Some(n) = o.int("batch", 1, delayq::MAX_BATCH as i64)? {
+    if let Some(n) = o.count(opt("batch"))? {
         w.batch = n as usize;
     }
-    if let Some(n) = o.int("prefetch", 0, 100_000)? {
+    if let Some(n) = o.count(opt("prefetch"))? {
         w.prefetch = n as usize;
     }
-    if let Some(d) = o.duration("lease")? {
+    if let Some(d) = o.span(opt("lease"))? {
         w.lease = d;
     }
-    if let Some(n) = o.int("max_attempts", 1, i64::from(u32::MAX))? {
+    if let Some(n) = o.count(opt("max_attempts"))? {
         w.max_attempts = n as u32;
     }
-    if let Some(d) = o.duration("backoff_base")? {
+    if let Some(d) = o.span(opt("backoff_base"))? {
         w.backoff_base = d;
     }
-    if let Some(d) = o.duration("backoff_max")? {
+    if let Some(d) = o.span(opt("backoff_max"))? {
         w.backoff_max = d;
     }
-    w.timeout = o.duration("timeout")?;
-    if let Some(d) = o.duration("idle_check")? {
+    w.timeout = o.span(opt("timeout"))?;
+    if let Some(d) = o.span(opt("idle_check"))? {
         w.idle_check = d;
     }
     w.stop_when_empty = o.bool("stop_when_empty")?.unwrap_or(false);
-    if let Some(n) = o.int("max_trace_bytes", 0, delayq::MAX_TRACE_BYTES as i64)? {
+    if let Some(n) = o.count(opt("max_trace_bytes"))? {
         w.max_trace_bytes = n as usize;
     }
-    let max_jobs = o.int("max_jobs", 1, i64::MAX)?.map(|n| n as u64);
-    let max_memory_bytes = o.int("max_memory_mb", 1, 1 << 30)?.map(|mb| mb << 20);
-    let max_time = o.duration("max_time")?;
-    if max_time.is_some_and(|t| t.is_zero()) {
-        return Err(errors::invalid(
-            "DelayQueueWorker option 'max_time' must be above 0 seconds",
-        ));
-    }
+    let max_jobs = o.count(opt("max_jobs"))?.map(|n| n as u64);
+    let max_memory_bytes = o.count(opt("max_memory_mb"))?.map(|mb| mb << 20);
+    let max_time = o.span(opt("max_time"))?;
     let mut hook = |name: &'static str| match o.get(name) {
         Some(v) if v.is_callable() => Ok(Some(v.shallow_clone())),
         Some(v) => Err(errors::type_error(format!(

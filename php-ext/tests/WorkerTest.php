@@ -1319,6 +1319,26 @@ final class WorkerTest extends TestCase
     }
 
     /**
+     * The supervisor reaps only the processes it started: a child the application forked
+     * itself stays for the application's own pcntl_waitpid(), with its exit status.
+     */
+    public function testTheSupervisorLeavesTheApplicationsOwnChildrenAlone(): void
+    {
+        $this->assertTrue(function_exists('pcntl_fork'), 'the test needs pcntl');
+        $this->q->pushMany([['payload' => ['n' => 0]], ['payload' => ['n' => 1]]]);
+        $cmd = array_merge(delayq_php_command(), [__DIR__ . '/own_child.php', $GLOBALS['DELAYQ_REDIS']->url(), 'jobs']);
+        $proc = proc_open($cmd, [0 => ['file', '/dev/null', 'r'], 1 => ['pipe', 'w'],
+            2 => ['file', "{$this->log}.stderr", 'w']], $pipes);
+        $this->assertIsResource($proc);
+        $out = stream_get_contents($pipes[1]);
+        fclose($pipes[1]);
+        $stderr = (string) @file_get_contents("{$this->log}.stderr");
+        $this->assertSame(0, proc_close($proc), $stderr);
+        $this->assertSame(['waited' => true, 'status' => 5, 'stopped_by' => 'empty', 'handled' => 2],
+            json_decode((string) $out, true), $out . $stderr);
+    }
+
+    /**
      * The supervisor finds a hung handler by the start time its process writes in a
      * shared slot: a child that returned from the handler must not clear it, or the
      * parent's hang would go unnoticed.
@@ -1378,8 +1398,23 @@ final class WorkerTest extends TestCase
                     $e->getMessage(), $kind);
             }
         }
+        // A built-in function refuses extra arguments, so one taking fewer than two is
+        // refused too; built-ins that take two, or any number, run.
+        foreach (['strlen' => 'strlen takes at most 1 argument', 'time' => 'time takes at most 0 arguments']
+            as $builtin => $says) {
+            try {
+                (new DelayQueueWorker($this->q, ['stop_when_empty' => true]))->run($builtin);
+                $this->fail("$builtin: ran");
+            } catch (DelayQueueInvalidArgumentException $e) {
+                $this->assertSame("handler $says; a worker calls it with (\$payload, \$message)", $e->getMessage());
+            }
+        }
         $stats = $this->q->stats();
         $this->assertSame([1, 0], [$stats['ready'], $stats['delivered']], 'refused before anything was claimed');
+        $summary = (new DelayQueueWorker($this->q, ['stop_when_empty' => true]))->run('var_dump');
+        $this->assertSame(1, $summary['acked'], 'a variadic built-in takes both arguments');
+        $this->expectOutputRegex('/array\(1\)/');
+        $this->q->push(['n' => 1]);
 
         // Fewer parameters, optional ones and variadics take what the worker passes.
         $seen = [];

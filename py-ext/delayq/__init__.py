@@ -17,7 +17,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import math
 import os
 import signal
 import sys
@@ -29,7 +28,16 @@ from types import TracebackType
 from typing import Any, Callable, NoReturn, Optional, Union
 
 from . import errors
-from ._delayq import _URGENT_AFTER, DEFAULT_MAX_PAYLOAD_BYTES, DelayQueue, Message, _Slot, _Worker, __version__
+from ._delayq import (
+    _URGENT_AFTER,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    WORKER_OPTIONS,
+    DelayQueue,
+    Message,
+    _Slot,
+    _Worker,
+    __version__,
+)
 from .aio import AsyncDelayQueue
 from .errors import (
     AuthError,
@@ -55,6 +63,7 @@ __all__ = [
     "Message",
     "PayloadError",
     "TimeoutError",
+    "WORKER_OPTIONS",
     "Worker",
     "__version__",
     "errors",
@@ -115,17 +124,6 @@ _abandoned: set[asyncio.Future[None]] = set()
 class _HandlerTimedOut(TimeoutError):
     """A coroutine handler cancelled at its timeout (``on_failure`` gets it as the
     ``TimeoutError`` it is)."""
-
-
-def _resident_bytes() -> int:
-    """The process's resident memory now (not its peak, which never goes down)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:  # no procfs: the peak is the closest there is
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _two_arguments(handler: Any) -> Any:
@@ -225,6 +223,21 @@ def _awaited(handler: Callable[[Any, Message], Any]) -> Callable[[Any, Message],
     return run
 
 
+# Defaults of the worker options, from the core's one table (as PHP's).
+_DEFAULT: dict[str, Any] = {o["name"]: o["default"] for o in WORKER_OPTIONS}
+
+
+
+def _check_count(name: str, value: Optional[int]) -> None:
+    """A count option of the Python side within the table's bounds (``None``: not set)."""
+    if value is None:
+        return
+    row = next(o for o in WORKER_OPTIONS if o["name"] == name)
+    low, high = int(row["min"]), min(int(row["max"]), 2**63 - 1)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgumentError(f"invalid {name}: must be a whole number between {low} and {high}, got {value!r}")
+
+
 class Worker:
     """A pool of consumers that calls ``handler(payload, message)`` for each due message.
 
@@ -258,19 +271,19 @@ class Worker:
         self,
         queue: DelayQueue,
         *,
-        threads: int = 4,
-        batch: int = 50,
-        prefetch: int = 0,
-        lease: float = 30.0,
-        max_attempts: int = 5,
-        backoff_base: float = 1.0,
-        backoff_max: float = 300.0,
+        threads: int = _DEFAULT["threads"],
+        batch: int = _DEFAULT["batch"],
+        prefetch: int = _DEFAULT["prefetch"],
+        lease: float = _DEFAULT["lease"],
+        max_attempts: int = _DEFAULT["max_attempts"],
+        backoff_base: float = _DEFAULT["backoff_base"],
+        backoff_max: float = _DEFAULT["backoff_max"],
         timeout: Optional[float] = None,
-        idle_check: float = 1.0,
+        idle_check: float = _DEFAULT["idle_check"],
         stop_when_empty: bool = False,
-        max_trace_bytes: int = 8192,
+        max_trace_bytes: int = _DEFAULT["max_trace_bytes"],
         no_retry: Sequence[type[BaseException]] = (),
-        concurrency: int = 10,
+        concurrency: int = _DEFAULT["concurrency"],
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
         on_failure: Optional[Callable[[Any, Message, BaseException], Any]] = None,
         lower_queues: Sequence[DelayQueue] = (),
@@ -282,14 +295,7 @@ class Worker:
         for cls in no_retry:
             if not (isinstance(cls, type) and issubclass(cls, BaseException)):
                 raise TypeError(f"no_retry must hold exception classes, got {cls!r}")
-        if concurrency < 1:
-            raise InvalidArgumentError(f"invalid concurrency: must be at least 1, got {concurrency}")
-        for name, limit in (("max_jobs", max_jobs), ("max_memory_mb", max_memory_mb)):
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-                raise InvalidArgumentError(f"invalid {name}: must be a whole number of at least 1, got {limit!r}")
-        if max_time is not None and not (isinstance(max_time, (int, float)) and not isinstance(max_time, bool)
-                                         and math.isfinite(max_time) and max_time > 0):
-            raise InvalidArgumentError(f"invalid max_time: must be a number of seconds above 0, got {max_time!r}")
+        _check_count("concurrency", concurrency)
         self._worker = _Worker(
             queue,
             threads=threads,
@@ -305,16 +311,15 @@ class Worker:
             lower_queues=list(lower_queues),
             max_trace_bytes=max_trace_bytes,
             no_retry=no_retry,
+            max_jobs=max_jobs,
+            max_time=max_time,
+            max_memory_mb=max_memory_mb,
         )
         self._no_retry = no_retry
         self._concurrency = concurrency
         self._on_dead = on_dead
         self._on_failure = on_failure
         self._timeout = timeout
-        self._max_jobs = max_jobs
-        self._max_time = max_time
-        self._max_memory_bytes = None if max_memory_mb is None else max_memory_mb << 20
-        self._jobs = 0
         # Set by `delayq worker --processes`: the process's slot, told when handlers start
         # and end and which message they hold.
         self._slot: Optional[_Slot] = None
@@ -328,12 +333,12 @@ class Worker:
         ``stopped_by`` saying why (``"stop"``, ``"signal"``, ``"restart"``, ``"empty"``,
         ``"max_jobs"``, ``"max_time"``, ``"max_memory"``, ``"exit"``)."""
         handler = _two_arguments(handler)
-        with _graceful_signals(self._worker), self._limits():
+        with _graceful_signals(self._worker):
             if _is_async(handler):
                 return asyncio.run(self._run_async(handler))
             try:
                 self._last_summary = self._worker.run(
-                    self._counted(_awaited(handler)), self._on_dead, self._on_failure, self._slot
+                    _awaited(handler), self._on_dead, self._on_failure, self._slot
                 )
             except (KeyboardInterrupt, SystemExit) as cut:
                 self._last_summary = getattr(cut, "_delayq_summary", None)
@@ -343,44 +348,7 @@ class Worker:
     async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
         handler = _two_arguments(handler)
-        with self._limits():
-            return await self._run_async(handler)
-
-    @contextlib.contextmanager
-    def _limits(self) -> Iterator[None]:
-        """max_jobs and max_memory_mb count from here; max_time runs from here."""
-        self._jobs = 0
-        if self._max_time is None:
-            yield
-            return
-        timer = threading.Timer(self._max_time, self._worker.stop, args=("max_time",))
-        timer.daemon = True
-        timer.start()
-        try:
-            yield
-        finally:
-            timer.cancel()
-
-    def _after_job(self) -> None:
-        """Count a handled message; stop once a limit is reached (the running handlers
-        finish and are acknowledged first, as for any stop)."""
-        self._jobs += 1
-        if self._max_jobs is not None and self._jobs >= self._max_jobs:
-            self._worker.stop("max_jobs")
-        elif self._max_memory_bytes is not None and _resident_bytes() >= self._max_memory_bytes:
-            self._worker.stop("max_memory")
-
-    def _counted(self, handler: Callable[[Any, Message], Any]) -> Callable[[Any, Message], Any]:
-        if self._max_jobs is None and self._max_memory_bytes is None:
-            return handler
-
-        def counted(payload: Any, message: Message) -> Any:
-            try:
-                return handler(payload, message)
-            finally:
-                self._after_job()
-
-        return counted
+        return await self._run_async(handler)
 
     async def _run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
         consumer = self._worker.start(self._concurrency, self._slot)
@@ -456,8 +424,7 @@ class Worker:
                 else:
                     _leave_if_forked(pool_pid, None)
                 finally:
-                    if self._max_jobs is not None or self._max_memory_bytes is not None:
-                        self._after_job()
+                    consumer.after_job()
             except SystemExit as exc:
                 if getattr(exc, "_delayq_urgent", False):
                     consumer.release(delivery)

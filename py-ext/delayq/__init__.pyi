@@ -6,6 +6,7 @@ from typing import Any, Callable, Optional, Union
 
 from . import errors as errors
 from ._delayq import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES
+from ._delayq import WORKER_OPTIONS as WORKER_OPTIONS
 from ._delayq import DelayQueue as DelayQueue
 from ._delayq import Message as Message
 from ._delayq import _Slot, _Worker
@@ -33,12 +34,15 @@ __all__ = [
     "Message",
     "PayloadError",
     "TimeoutError",
+    "WORKER_OPTIONS",
     "Worker",
     "__version__",
     "errors",
 ]
 
 Handler = Callable[[Any, Message], Union[None, Awaitable[None]]]
+
+_DEFAULT: dict[str, Any]
 
 # A second stop signal this many seconds after the first stops at once (see Worker.run).
 _URGENT_AFTER: float
@@ -89,7 +93,7 @@ class Worker:
         self,
         queue: DelayQueue,
         *,
-        threads: int = 4,
+        threads: int = 2,
         batch: int = 50,
         prefetch: int = 0,
         lease: float = 30.0,

@@ -43,7 +43,10 @@ import time
 from typing import Any, Callable, Optional, Sequence, TextIO, Union
 
 from . import DelayQueue, DelayQueueError, InvalidArgumentError, PayloadError, __version__
-from ._delayq import _Scaler
+from ._delayq import WORKER_OPTIONS, _Scaler
+
+# Defaults of the worker's flags, from the core's one options table.
+_DEFAULT: dict[str, Any] = {o["name"]: o["default"] for o in WORKER_OPTIONS}
 
 NOT_FOUND = 1
 FAILED = 3
@@ -804,36 +807,36 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("handler", metavar="HANDLER",
                    help="module:function, imported with the current directory first on sys.path; "
                         "a coroutine function runs on an asyncio loop, --concurrency at a time")
-    w.add_argument("--processes", type=int, default=1,
+    w.add_argument("--processes", type=int, default=_DEFAULT["processes"],
                    help="worker processes under one supervisor that replaces those that die, kills those whose "
                         "handler runs past --timeout and sums their counts (default: 1, supervised only with "
                         "--timeout)")
     w.add_argument("--min-processes", type=int, metavar="N",
                    help="balance the pool between N and --processes: one more process while messages wait, "
                         "an idle one let go while none wait (default: always --processes)")
-    w.add_argument("--scale-cooldown", type=float, default=3.0, metavar="SECONDS",
-                   help="at most one change of the pool per this many seconds with --min-processes (default: 3)")
-    w.add_argument("--threads", type=int, default=4, help="Redis I/O threads per process (default: 4)")
-    w.add_argument("--concurrency", type=int, default=10, help="async handlers at once per process (default: 10)")
-    w.add_argument("--batch", type=int, default=50, help="messages claimed per Redis call (default: 50)")
-    w.add_argument("--prefetch", type=int, default=0, help="deliveries held ahead (default: 0, sized by itself)")
-    w.add_argument("--lease", type=float, default=30.0,
-                   help="seconds before a dead process's message is delivered again (default: 30)")
-    w.add_argument("--max-attempts", type=int, default=5, help="deliveries before the dead-letter set (default: 5)")
+    w.add_argument("--scale-cooldown", type=float, default=_DEFAULT["scale_cooldown"], metavar="SECONDS",
+                   help="at most one change of the pool per this many seconds with --min-processes (default: %(default)s)")
+    w.add_argument("--threads", type=int, default=_DEFAULT["threads"], help="Redis I/O threads per process (default: %(default)s)")
+    w.add_argument("--concurrency", type=int, default=_DEFAULT["concurrency"], help="async handlers at once per process (default: %(default)s)")
+    w.add_argument("--batch", type=int, default=_DEFAULT["batch"], help="messages claimed per Redis call (default: %(default)s)")
+    w.add_argument("--prefetch", type=int, default=_DEFAULT["prefetch"], help="deliveries held ahead (default: 0, sized by itself)")
+    w.add_argument("--lease", type=float, default=_DEFAULT["lease"],
+                   help="seconds before a dead process's message is delivered again (default: %(default)s)")
+    w.add_argument("--max-attempts", type=int, default=_DEFAULT["max_attempts"], help="deliveries before the dead-letter set (default: %(default)s)")
     w.add_argument("--keep-completed", type=int, default=0, metavar="N",
                    help="keep the latest N acknowledged messages for `get` and `completed` to show (default: 0)")
     w.add_argument("--keep-completed-for", type=float, default=86400.0, metavar="SECONDS",
                    help="and for at most this long (default: 86400)")
-    w.add_argument("--backoff-base", type=float, default=1.0, help="first retry delay in seconds (default: 1)")
-    w.add_argument("--backoff-max", type=float, default=300.0, help="longest retry delay in seconds (default: 300)")
+    w.add_argument("--backoff-base", type=float, default=_DEFAULT["backoff_base"], help="first retry delay in seconds (default: %(default)s)")
+    w.add_argument("--backoff-max", type=float, default=_DEFAULT["backoff_max"], help="longest retry delay in seconds (default: %(default)s)")
     w.add_argument("--timeout", type=float,
                    help="seconds a handler may run: past it a plain function's process is killed and replaced "
-                        "(its message is delivered again after its lease), a coroutine is cancelled (its "
+                        "(its message fails at once), a coroutine is cancelled (its "
                         "delivery fails at once); a process whose event loop a coroutine blocks is killed "
                         "2 s later")
-    w.add_argument("--idle-check", type=float, default=1.0, help="seconds between an idle pool's looks (default: 1)")
+    w.add_argument("--idle-check", type=float, default=_DEFAULT["idle_check"], help="seconds between an idle pool's looks (default: %(default)s)")
     w.add_argument("--stop-when-empty", action="store_true", help="return once nothing is due and nothing runs")
-    w.add_argument("--max-trace-bytes", type=int, default=8192, metavar="N",
+    w.add_argument("--max-trace-bytes", type=int, default=_DEFAULT["max_trace_bytes"], metavar="N",
                    help="keep up to N bytes of a failure's traceback with the message (0: none)")
     w.add_argument("--no-retry", action="append", default=[], metavar="MODULE:CLASS",
                    help="an exception of this class sends its message to the dead-letter set at once, without "

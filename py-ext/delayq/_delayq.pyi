@@ -5,10 +5,12 @@ from os import PathLike
 from typing import Any, Iterable, Mapping, Optional, Union, final
 
 __all__ = ["DelayQueue", "Message", "_Worker", "_Consumer", "_Delivery", "_Scaler", "_Slot", "_SlotTable", "_Supervisor",
-           "__version__", "DEFAULT_MAX_PAYLOAD_BYTES", "_URGENT_AFTER"]
+           "__version__", "DEFAULT_MAX_PAYLOAD_BYTES", "WORKER_OPTIONS", "_URGENT_AFTER"]
 
 __version__: str
 DEFAULT_MAX_PAYLOAD_BYTES: int
+# The worker options table: name, kind, min, max, above_zero, default, php, python, doc.
+WORKER_OPTIONS: tuple[dict[str, Any], ...]
 
 @final
 class DelayQueue:
@@ -323,6 +325,7 @@ class _Consumer:
     def fail(self, delivery: _Delivery, error: str, trace: str = "", no_retry: bool = False) -> Optional[str]: ...
     def release(self, delivery: _Delivery) -> None: ...
     def exited(self, delivery: _Delivery, error: str) -> None: ...
+    def after_job(self) -> None: ...
     def stop(self) -> None: ...
     def finish(self, stopped_by: Optional[str]) -> dict[str, Any]: ...
 
@@ -345,6 +348,9 @@ class _Worker:
         lower_queues: list[DelayQueue],
         max_trace_bytes: int = 8192,
         no_retry: Optional[tuple[type[BaseException], ...]] = None,
+        max_jobs: Optional[int] = None,
+        max_time: Optional[float] = None,
+        max_memory_mb: Optional[int] = None,
     ) -> _Worker: ...
     def run(self, handler: Any, on_dead: Any = None, on_failure: Any = None,
             slot: Optional[_Slot] = None) -> dict[str, Any]: ...

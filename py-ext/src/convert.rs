@@ -275,6 +275,23 @@ fn opt_whole_u32(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<u32>> 
     optional(value, name, whole_u32)
 }
 
+/// A whole number that may be negative (its range is checked where it is used).
+fn whole_i64(value: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    if !value.is_instance_of::<PyInt>() || value.is_instance_of::<PyBool>() {
+        return Err(wrong_type(name, "int", value));
+    }
+    value.extract::<i64>().map_err(|_| {
+        errors::invalid(
+            value.py(),
+            format!("argument '{name}' must be within the signed 64-bit range, got {value}"),
+        )
+    })
+}
+
+fn opt_whole_i64(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<i64>> {
+    optional(value, name, whole_i64)
+}
+
 fn whole_usize(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     whole::<u64>(value, name, u64::from(u32::MAX)).map(|n| usize::try_from(n).unwrap_or(usize::MAX))
 }
@@ -313,4 +330,7 @@ argument_readers! {
     timeout_arg -> Option<f64> = opt_number("timeout");
     idle_check_arg -> f64 = number("idle_check");
     stop_when_empty_arg -> bool = flag("stop_when_empty");
+    max_jobs_arg -> Option<i64> = opt_whole_i64("max_jobs");
+    max_time_arg -> Option<f64> = opt_number("max_time");
+    max_memory_mb_arg -> Option<i64> = opt_whole_i64("max_memory_mb");
 }

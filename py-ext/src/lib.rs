@@ -28,5 +28,6 @@ fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_MAX_PAYLOAD_BYTES", delayq::DEFAULT_MAX_PAYLOAD_BYTES)?;
     m.add("_URGENT_AFTER", delayq::host::URGENT_AFTER.as_secs_f64())?;
+    m.add("WORKER_OPTIONS", worker::options_table(m.py())?)?;
     Ok(())
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use delayq::host::{Publisher, StopReason};
+use delayq::host::{Outcome, Publisher, Recycle, StopReason};
 use pyo3::exceptions::{PyKeyboardInterrupt, PySystemExit};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
@@ -120,43 +120,18 @@ fn message(d: &delayq::Delivery) -> PyMessage {
     }
 }
 
-/// What a handler raised: its one-line description, its traceback, and whether its
-/// class is one of the worker's `no_retry` ones.
-struct Raised {
-    error: String,
-    trace: String,
-    no_retry: bool,
-}
-
-/// Complete a delivery as the handler's outcome and decision say (the message's own
-/// decision, if the handler made one, wins over its return or its exception); returns
-/// the last error when that sends the message to the dead-letter set (for `on_dead`).
+/// Complete a delivery as the core's run policy says for `outcome` and the message's
+/// own decision, if the handler made one; returns the last error when that sends the
+/// message to the dead-letter set (for `on_dead`).
 fn complete(
     py: Python<'_>,
     consumer: &delayq::Consumer,
     d: delayq::Delivery,
     message: &PyMessage,
-    raised: Option<Raised>,
+    outcome: Outcome,
 ) -> Option<String> {
-    let fate = match (message.take_decision(py), raised) {
-        (Some((retry, reason)), raised) => {
-            consumer.fail_traced(d, &reason, raised.as_ref().map_or("", |r| r.trace.as_str()), retry)
-        }
-        (None, None) => {
-            consumer.ack(d);
-            return None;
-        }
-        (None, Some(r)) => {
-            let retry = if r.no_retry {
-                delayq::Retry::Never
-            } else {
-                delayq::Retry::Backoff
-            };
-            consumer.fail_traced(d, &r.error, &r.trace, retry)
-        }
-    };
-    match fate {
-        delayq::Fate::Dead(error) => Some(error),
+    match delayq::host::settle(consumer, d, outcome, message.take_decision(py)).0 {
+        Some(delayq::Fate::Dead(error)) => Some(error),
         _ => None,
     }
 }
@@ -213,6 +188,26 @@ pub(crate) struct PyWorker {
     /// `isinstance` takes it).
     no_retry: Py<PyTuple>,
     stopped_by: std::sync::Mutex<Option<StopReason>>,
+    /// `max_jobs`, `max_time`, `max_memory_mb` (in bytes) of each run.
+    limits: (Option<u64>, Option<Duration>, Option<i64>),
+}
+
+impl PyWorker {
+    fn recycle(&self) -> Recycle {
+        let (jobs, time, memory) = self.limits;
+        Recycle::new(jobs, time, memory)
+    }
+}
+
+/// The process's resident memory, what `max_memory_mb` limits in Python.
+fn resident_bytes() -> i64 {
+    // statm's second field is the resident set, in pages.
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|n| n.parse::<i64>().ok()))
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    pages.saturating_mul(unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as i64)
 }
 
 fn summary<'py>(py: Python<'py>, s: &delayq::Summary, stopped_by: Option<StopReason>) -> PyResult<Bound<'py, PyDict>> {
@@ -227,19 +222,6 @@ fn summary<'py>(py: Python<'py>, s: &delayq::Summary, stopped_by: Option<StopRea
 /// A `stopped_by` text from Python code, as the core's reason.
 fn reason(py: Python<'_>, text: &str) -> PyResult<StopReason> {
     StopReason::parse(text).ok_or_else(|| errors::invalid(py, format!("no stop reason is named {text:?}")))
-}
-
-/// A restart request or an empty queue (`stop_when_empty`) stopped the pool before
-/// anything else could.
-fn stop_reason(consumer: &delayq::Consumer, asked: Option<StopReason>) -> Option<StopReason> {
-    let stopper = consumer.stopper();
-    if stopper.restart_requested() {
-        Some(StopReason::Restart)
-    } else if stopper.found_empty() {
-        Some(StopReason::Empty)
-    } else {
-        asked
-    }
 }
 
 impl PyWorker {
@@ -258,7 +240,8 @@ impl PyWorker {
 impl PyWorker {
     #[new]
     #[pyo3(signature = (queue, *, threads, batch, prefetch, lease, max_attempts, backoff_base, backoff_max,
-        timeout, idle_check, stop_when_empty, lower_queues, max_trace_bytes = 8192, no_retry = None))]
+        timeout, idle_check, stop_when_empty, lower_queues, max_trace_bytes = 8192, no_retry = None,
+        max_jobs = None, max_time = None, max_memory_mb = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -276,7 +259,23 @@ impl PyWorker {
         lower_queues: Vec<PyRef<'_, PyQueue>>,
         max_trace_bytes: i64,
         no_retry: Option<Bound<'_, PyTuple>>,
+        #[pyo3(from_py_with = convert::max_jobs_arg)] max_jobs: Option<i64>,
+        #[pyo3(from_py_with = convert::max_time_arg)] max_time: Option<f64>,
+        #[pyo3(from_py_with = convert::max_memory_mb_arg)] max_memory_mb: Option<i64>,
     ) -> PyResult<Self> {
+        let option = delayq::host::worker_option;
+        let max_jobs = max_jobs
+            .map(|n| option("max_jobs").check_count(n))
+            .transpose()
+            .or_raise(py)?;
+        let max_time = max_time
+            .map(|s| option("max_time").check_seconds(s))
+            .transpose()
+            .or_raise(py)?;
+        let max_memory_mb = max_memory_mb
+            .map(|n| option("max_memory_mb").check_count(n))
+            .transpose()
+            .or_raise(py)?;
         // The core checks the upper bound; a negative count does not reach it as usize.
         let max_trace_bytes = usize::try_from(max_trace_bytes).map_err(|_| {
             errors::invalid(
@@ -310,6 +309,7 @@ impl PyWorker {
             .or_raise(py)?,
             stopped_by: std::sync::Mutex::new(None),
             no_retry: no_retry.unwrap_or_else(|| PyTuple::empty(py)).unbind(),
+            limits: (max_jobs.map(|n| n as u64), max_time, max_memory_mb.map(|mb| mb << 20)),
         })
     }
 
@@ -331,7 +331,7 @@ impl PyWorker {
             .as_ref()
             .map(|s| s.publish_while(consumer.releaser(), self.worker.options().timeout));
         let finish = |py: Python<'py>, consumer: delayq::Consumer, publisher: Option<Publisher>| {
-            let reason = stop_reason(&consumer, self.take_reason(py));
+            let reason = delayq::host::ended_by(&consumer.stopper(), self.take_reason(py));
             let s = py.detach(|| {
                 let s = consumer.finish();
                 drop(publisher);
@@ -340,7 +340,14 @@ impl PyWorker {
             crate::logs::flush(py);
             summary(py, &s, reason)
         };
+        let mut recycle = self.recycle();
+        let mut limited = false;
         loop {
+            if !limited && let Some(why) = recycle.before_next() {
+                limited = true;
+                self.set_reason(py, why);
+                consumer.stop();
+            }
             // Runs Python signal handlers (delayq's own call stop()).
             if let Err(e) = py.check_signals() {
                 consumer.stop();
@@ -380,31 +387,27 @@ impl PyWorker {
             }
             match result {
                 Ok(_) => {
-                    let dead = complete(py, &consumer, d, msg.get(), None);
+                    let dead = complete(py, &consumer, d, msg.get(), Outcome::Returned);
                     call_on_dead(py, on_dead.as_ref(), &payload, &msg, dead);
                 }
                 Err(e) if e.is_instance_of::<PySystemExit>(py) && !is_urgent_stop(py, &e) => {
-                    // The handler ended its process: the message is due again at once,
-                    // counted as an attempt (a handler that always exits ends in the
-                    // dead letters), and the pool stops, as PHP's exit() does.
-                    consumer.fail_with(d, &exit_error(py, &e), delayq::Retry::After(Duration::ZERO));
+                    // The handler ended its process: as PHP's exit(), the pool stops.
+                    complete(py, &consumer, d, msg.get(), Outcome::Exited(exit_error(py, &e)));
                     self.set_reason(py, StopReason::Exit);
-                    consumer.stop();
                     return Err(with_summary(py, e, finish(py, consumer, publisher)?));
                 }
                 Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) || e.is_instance_of::<PySystemExit>(py) => {
-                    // The process is being asked to end: give the message back now.
-                    consumer.release(d);
-                    consumer.stop();
+                    // The process is being asked to end: the message goes back now.
+                    complete(py, &consumer, d, msg.get(), Outcome::Abandoned);
                     return Err(with_summary(py, e, finish(py, consumer, publisher)?));
                 }
                 Err(e) => {
-                    let raised = Raised {
+                    let raised = Outcome::Raised {
                         error: describe(py, &e),
                         trace: traceback_text(py, &e),
                         no_retry: e.is_instance(py, self.no_retry.bind(py).as_any()),
                     };
-                    let dead = complete(py, &consumer, d, msg.get(), Some(raised));
+                    let dead = complete(py, &consumer, d, msg.get(), raised);
                     // The report comes once the message's fate is decided: the hook
                     // cannot change it.
                     if let Some(f) = &on_failure {
@@ -413,6 +416,11 @@ impl PyWorker {
                     }
                     call_on_dead(py, on_dead.as_ref(), &payload, &msg, dead);
                 }
+            }
+            if !limited && let Some(why) = recycle.after_job(resident_bytes) {
+                limited = true;
+                self.set_reason(py, why);
+                consumer.stop();
             }
         }
         finish(py, consumer, publisher)
@@ -425,7 +433,7 @@ impl PyWorker {
         crate::logs::sync_level(py);
         let consumer = py.detach(|| self.worker.start_with(handlers)).or_raise(py)?;
         let publisher = slot.map(|s| s.slot.publish_while(consumer.releaser(), self.worker.options().timeout));
-        Ok(PyConsumer::new(consumer, publisher))
+        Ok(PyConsumer::new(consumer, publisher, self.recycle()))
     }
 
     /// Why the pool was stopped ("stop", "signal"), once; for the asyncio runner.
@@ -503,6 +511,8 @@ pub(crate) struct PyConsumer {
     returned: std::sync::Condvar,
     /// A supervised process's counts, copied into its slot until `finish`.
     publisher: std::sync::Mutex<Option<Publisher>>,
+    /// The run's own limits, and the one that ended it.
+    recycle: std::sync::Mutex<(Recycle, Option<StopReason>)>,
 }
 
 /// A call's share of the consumer, returned when the call ends.
@@ -534,13 +544,32 @@ impl Drop for Share<'_> {
 }
 
 impl PyConsumer {
-    fn new(consumer: delayq::Consumer, publisher: Option<Publisher>) -> Self {
+    fn new(consumer: delayq::Consumer, publisher: Option<Publisher>, recycle: Recycle) -> Self {
         Self {
             consumer: std::sync::Mutex::new(Some(Arc::new(consumer))),
             returns: std::sync::Mutex::new(()),
             returned: std::sync::Condvar::new(),
             publisher: std::sync::Mutex::new(publisher),
+            recycle: std::sync::Mutex::new((recycle, None)),
         }
+    }
+
+    /// Stop the pool once, when `limit` (applied to the run's limits) says so.
+    fn apply_limit(&self, py: Python<'_>, limit: impl FnOnce(&mut Recycle) -> Option<StopReason>) -> PyResult<()> {
+        let why = {
+            let Ok(mut r) = self.recycle.lock_py_attached(py) else {
+                return Ok(());
+            };
+            let (recycle, ended) = &mut *r;
+            match ended {
+                Some(_) => None,
+                None => limit(recycle).inspect(|why| *ended = Some(*why)),
+            }
+        };
+        if why.is_some() {
+            self.with(py, |c| c.stop())?;
+        }
+        Ok(())
     }
 
     fn current(&self, py: Python<'_>) -> PyResult<Option<Share<'_>>> {
@@ -600,6 +629,7 @@ impl PyConsumer {
     /// The next delivery within `timeout` seconds, or None (idle, or stopping: see
     /// `stopped`).
     fn recv(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<PyDelivery>> {
+        self.apply_limit(py, |r| r.before_next())?;
         let wait = Duration::from_secs_f64(timeout.clamp(0.0, 60.0));
         let Some(c) = self.current(py)? else { return Ok(None) };
         let received = py.detach(|| c.recv_timeout(wait));
@@ -625,6 +655,11 @@ impl PyConsumer {
         }))
     }
 
+    /// A handler call ended: counts it against `max_jobs` and `max_memory_mb`.
+    fn after_job(&self, py: Python<'_>) -> PyResult<()> {
+        self.apply_limit(py, |r| r.after_job(resident_bytes))
+    }
+
     /// Whether the pool is stopping (recv returns None from now on).
     #[getter]
     fn stopped(&self, py: Python<'_>) -> PyResult<bool> {
@@ -635,7 +670,7 @@ impl PyConsumer {
     /// last error when the message went to the dead-letter set, else None.
     fn ack(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<Option<String>> {
         let d = Self::take(py, delivery)?;
-        self.with(py, |c| complete(py, c, d, delivery.message.get(), None))
+        self.with(py, |c| complete(py, c, d, delivery.message.get(), Outcome::Returned))
     }
 
     /// The handler raised `error` (with its traceback, "" for none; `no_retry` when its
@@ -651,12 +686,12 @@ impl PyConsumer {
         no_retry: bool,
     ) -> PyResult<Option<String>> {
         let d = Self::take(py, delivery)?;
-        let raised = Raised {
+        let raised = Outcome::Raised {
             error: error.to_owned(),
             trace: trace.to_owned(),
             no_retry,
         };
-        self.with(py, |c| complete(py, c, d, delivery.message.get(), Some(raised)))
+        self.with(py, |c| complete(py, c, d, delivery.message.get(), raised))
     }
 
     fn release(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<()> {
@@ -668,7 +703,7 @@ impl PyConsumer {
     fn exited(&self, py: Python<'_>, delivery: &PyDelivery, error: &str) -> PyResult<()> {
         let d = Self::take(py, delivery)?;
         self.with(py, |c| {
-            c.fail_with(d, error, delayq::Retry::After(Duration::ZERO));
+            complete(py, c, d, delivery.message.get(), Outcome::Exited(error.to_owned()));
         })
     }
 
@@ -678,9 +713,10 @@ impl PyConsumer {
 
     /// Release prefetched deliveries, write every completion, join the threads.
     fn finish<'py>(&self, py: Python<'py>, stopped_by: Option<&str>) -> PyResult<Bound<'py, PyDict>> {
-        let stopped_by = stopped_by.map(|t| reason(py, t)).transpose()?;
+        let limited = self.recycle.lock_py_attached(py).ok().and_then(|r| r.1);
+        let stopped_by = stopped_by.map(|t| reason(py, t)).transpose()?.or(limited);
         let stopped_by = match self.current(py)? {
-            Some(c) => stop_reason(&c, stopped_by),
+            Some(c) => delayq::host::ended_by(&c.stopper(), stopped_by),
             None => stopped_by,
         };
         let publisher = self.publisher.lock_py_attached(py).ok().and_then(|mut p| p.take());
@@ -694,4 +730,32 @@ impl PyConsumer {
         crate::logs::flush(py);
         summary(py, &s, stopped_by)
     }
+}
+
+/// The worker options table (`delayq::host::WORKER_OPTIONS`), as a tuple of dicts: the
+/// Python package takes its defaults from it, and the tests check the docs against it.
+pub(crate) fn options_table(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
+    use delayq::host::OptionDefault;
+    let rows = delayq::host::WORKER_OPTIONS
+        .iter()
+        .map(|o| {
+            let row = PyDict::new(py);
+            row.set_item("name", o.name)?;
+            row.set_item("kind", o.kind.as_str())?;
+            row.set_item("min", o.min)?;
+            row.set_item("max", o.max)?;
+            row.set_item("above_zero", o.above_zero)?;
+            match o.default {
+                OptionDefault::Count(n) => row.set_item("default", n)?,
+                OptionDefault::Seconds(s) => row.set_item("default", s)?,
+                OptionDefault::Flag(b) => row.set_item("default", b)?,
+                OptionDefault::Unset => row.set_item("default", py.None())?,
+            }
+            row.set_item("php", o.takers.php)?;
+            row.set_item("python", o.takers.python)?;
+            row.set_item("doc", o.doc)?;
+            Ok(row)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyTuple::new(py, rows)
 }

@@ -698,11 +698,18 @@ def test_max_memory_ends_the_run_once_the_process_holds_that_much(queue: delayq.
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"max_jobs": 0}, {"max_jobs": 1.5}, {"max_jobs": True}, {"max_time": 0}, {"max_time": float("nan")},
-    {"max_time": float("inf")}, {"max_time": "1"}, {"max_memory_mb": -1},
+    {"max_jobs": 0}, {"max_time": 0}, {"max_time": float("nan")}, {"max_time": float("inf")},
+    {"max_memory_mb": -1}, {"max_memory_mb": 1 << 31}, {"concurrency": 0},
 ])
 def test_bad_limits_are_refused(queue: delayq.DelayQueue, kwargs: dict[str, Any]) -> None:
     with pytest.raises(delayq.InvalidArgumentError, match=next(iter(kwargs))):
+        delayq.Worker(queue, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"max_jobs": 1.5}, {"max_jobs": True}, {"max_time": "1"}, {"threads": 1.5}])
+def test_limits_of_a_wrong_type_are_refused_as_every_option(queue: delayq.DelayQueue, kwargs: dict[str, Any]) -> None:
+    # The limits are read as the other options are (the core's table): a wrong type is a TypeError.
+    with pytest.raises(TypeError, match=f"argument '{next(iter(kwargs))}' must be"):
         delayq.Worker(queue, **kwargs)
 
 
