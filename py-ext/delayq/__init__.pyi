@@ -101,7 +101,7 @@ class Worker:
         backoff_base: float = 1.0,
         backoff_max: float = 300.0,
         timeout: Optional[float] = None,
-        idle_check: float = 1.0,
+        idle_check: float = 5.0,
         stop_when_empty: bool = False,
         max_trace_bytes: int = 8192,
         no_retry: Sequence[type[BaseException]] = (),

@@ -243,9 +243,9 @@ pub static WORKER_OPTIONS: [WorkerOption; 24] = [
     seconds(
         "idle_check",
         0.01,
-        Default::Seconds(1.0),
+        Default::Seconds(5.0),
         BOTH,
-        "longest an idle pool sleeps before asking Redis again",
+        "longest an idle pool sleeps before asking Redis again (seed layout: at most 1 s)",
     ),
     other(
         "stop_when_empty",

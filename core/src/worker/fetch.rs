@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
+use crate::keys::Layout;
 use crate::conn::ConnSlot;
 use crate::error::{Category, Error, Result};
 use crate::queue::Queue;
@@ -19,6 +20,9 @@ use super::control::Control;
 use super::pool::{ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, YIELD_RECHECK};
 use super::wake::Pick;
 use super::{Delivery, pause_unless_stopped, run_call};
+
+/// The longest a seed-layout pool waits between looks (see `fetch_loop`).
+const SEED_LOOK: Duration = Duration::from_secs(1);
 
 /// A fault that retrying cannot mend: the user may not run the scripts, or a key of
 /// the queue holds a stray type. The scripts stop before their first write on it.
@@ -87,13 +91,19 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
     let parts = pool.queue.partitions();
     let mut slot = ConnSlot::new();
     let mut cursor = index % parts;
-    // One fetcher looks periodically for writers that never publish (the recipe's own
-    // producers) and lost wake-ups, one partition per look; the others only rarely.
-    let look_every = if index == 0 {
-        pool.opts.idle_check
-    } else {
-        Duration::from_secs(60)
+    // One fetcher looks periodically, one partition per look, for what no wake-up
+    // announces; the others wait for wake-ups, due times and the first one's finds.
+    // Everything delayq writes announces itself or is a due time or lease deadline a
+    // claim reports, so an idle pool looks rarely; the recipe's producers (the seed
+    // layout) announce nothing, so there it looks at least every second.
+    let look_every = match (index, &pool.queue.options().layout) {
+        (0, Layout::Native) => Some(pool.opts.idle_check),
+        (0, Layout::Seed { .. }) => Some(pool.opts.idle_check.min(SEED_LOOK)),
+        _ => None,
     };
+    // `stop_when_empty` asks Redis this often whether anything is left once its
+    // handlers are done, however rarely the pool looks otherwise.
+    let empty_check_every = pool.opts.idle_check.min(SEED_LOOK);
     let mut look_cursor = index % parts;
     let mut last_look = Instant::now();
     let mut next_empty_check = Instant::now();
@@ -122,33 +132,36 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             // would give one partition the big claims and the next the leftovers. An
             // equal share of the room per due partition keeps it fair by messages.
             (Pick::Claim { part, due }, _) => (part, want.div_ceil(due)),
-            (Pick::Sleep(_), _) if now >= last_look + look_every => {
+            (Pick::Sleep(_), _) if look_every.is_some_and(|every| now >= last_look + every) => {
                 let part = look_cursor;
                 look_cursor = (look_cursor + 1) % parts;
                 (part, want)
             }
             (Pick::Sleep(due), seen) => {
-                let look = last_look + look_every;
-                let mut until = due.map_or(look, |d| d.min(look));
+                let look = look_every.map(|every| last_look + every);
+                let mut until = match (due, look) {
+                    (Some(d), Some(l)) => Some(d.min(l)),
+                    (d, l) => d.or(l),
+                };
                 if pool.opts.stop_when_empty && index == 0 {
                     if !pool.holds_nothing() {
                         // Handlers still run: look again soon (locally) to stop once
                         // the last one is done.
-                        until = until.min(now + EMPTY_POLL);
+                        until = Some(until.map_or(now + EMPTY_POLL, |u| u.min(now + EMPTY_POLL)));
                     } else if now >= next_empty_check {
                         // Redis decides: a message due now that no wake-up announced
                         // (or that a pause or rate limit holds back) keeps the pool on.
-                        next_empty_check = now + pool.opts.idle_check;
+                        next_empty_check = now + empty_check_every;
                         if pool.stop_if_empty() {
                             return;
                         }
                         wake.kick();
                         continue;
                     } else {
-                        until = until.min(next_empty_check);
+                        until = Some(until.map_or(next_empty_check, |u| u.min(next_empty_check)));
                     }
                 }
-                wake.wait(Some(until), seen, &control.stop);
+                wake.wait(until, seen, &control.stop);
                 continue;
             }
         };

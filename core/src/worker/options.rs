@@ -30,9 +30,11 @@ pub struct WorkerOptions {
     /// Longest a handler may run: after it the lease is no longer extended and the
     /// message is handed to another consumer when the lease ends.
     pub timeout: Option<Duration>,
-    /// Longest an idle pool sleeps before asking Redis again. Producers wake idle
-    /// pools at once; this only bounds the wait for writers that do not publish
-    /// (the seed recipe's own producers) and for lost wake-ups.
+    /// Longest an idle pool sleeps before asking Redis again. Producers and every
+    /// other write of delayq's wake idle pools at once, and a claim reports the next
+    /// due time and lease deadline; this bounds the wait for what announces nothing (a
+    /// Redis restarted empty, a key written by hand). On the seed layout, whose old
+    /// producers announce nothing, a pool looks at least every second.
     pub idle_check: Duration,
     /// Stop once no message is due (ready) and none runs: for cron-driven batches and
     /// for tests of handlers. Messages due later do not keep the pool running.
