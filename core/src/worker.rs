@@ -858,6 +858,8 @@ struct Pool {
     overdue: AtomicUsize,
     /// Its last claim failed (see `yields_to_higher`).
     claims_failing: AtomicBool,
+    /// What its handlers did by minute, for the queue's per-minute records.
+    minutes: crate::metrics::Tally,
 }
 
 /// Room reserved for one claim, released once the claimed deliveries are counted as
@@ -1090,6 +1092,7 @@ impl Pool {
     fn record_start(&self, d: &Delivery) {
         if let Some(now) = self.control.wake.server_now_ms() {
             self.lateness.lock().0.add((now - d.due_at_ms).max(0));
+            self.minutes.record_start(d.part, now, now - d.due_at_ms);
         }
     }
 
@@ -1310,6 +1313,7 @@ impl Worker {
             group: OnceLock::new(),
             overdue: AtomicUsize::new(0),
             claims_failing: AtomicBool::new(false),
+            minutes: crate::metrics::Tally::new(self.queue.partitions()),
         });
         (pool, deliver_tx, deliver_rx)
     }
@@ -1761,6 +1765,7 @@ impl Consumer {
         let owner = self.owner(&d);
         owner.pool.record_handler_time(&d);
         Counters::add(&owner.pool.counters.failed, 1);
+        owner.pool.minutes.record_failure(d.part, queue_now_ms(&owner.pool));
         let delay = match retry {
             Retry::Never => None,
             _ if d.attempt >= d.max_attempts => None,
@@ -2758,6 +2763,7 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
         match done.recv_timeout(every.min(COUNTS_FRESH)) {
             Err(RecvTimeoutError::Timeout) => {}
             Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                send_minutes(pool, &mut slot, true);
                 pool.registration.leave(pool, &mut slot);
                 return;
             }
@@ -2780,6 +2786,7 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
         was_working = working;
         beat_at = Instant::now();
         pool.registration.on_heartbeat(pool, &mut slot);
+        send_minutes(pool, &mut slot, false);
         slot.recheck_eviction(&pool.queue.inner.endpoint);
         let now = Instant::now();
         let overdue_count = pool
@@ -2859,6 +2866,37 @@ fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                     }
                 }
                 Err(e) => log::warn!("delayq[{}]: lease extension failed: {e}", pool.queue_name),
+            }
+        }
+    }
+}
+
+/// The queue's clock as the pool knows it (its own until a claim told it).
+fn queue_now_ms(pool: &Pool) -> i64 {
+    pool.control
+        .wake
+        .server_now_ms()
+        .unwrap_or_else(crate::time::now_unix_ms)
+}
+
+/// Add what the handlers did to the queue's per-minute records, and let the first
+/// pool of each minute sample the backlog (`flush_only`: at stop, deltas only). A
+/// failed call keeps its deltas for the next heartbeat.
+fn send_minutes(pool: &Pool, slot: &mut ConnSlot, flush_only: bool) {
+    let now_ms = queue_now_ms(pool);
+    for batch in pool.minutes.take(now_ms, flush_only) {
+        let args = crate::scripts::minutes::Add {
+            keep_minutes: crate::metrics::KEEP_MINUTES,
+            deltas: batch.encoded(),
+        };
+        match run_call(slot, &pool.queue, batch.part, &args) {
+            Ok(crate::scripts::minutes::Minute(minute)) => pool.minutes.sent(batch.part, minute),
+            Err(e) => {
+                log::debug!(
+                    "delayq[{}]: could not add to the per-minute records: {e}",
+                    pool.queue_name
+                );
+                pool.minutes.put_back(batch, now_ms);
             }
         }
     }
