@@ -36,6 +36,7 @@ mod logs;
 pub mod metrics;
 mod queue;
 mod queue_metrics;
+pub mod registry;
 pub mod repeat;
 pub mod scale;
 pub mod scripts;
@@ -54,6 +55,7 @@ pub use queue::{
     MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES, MessageInfo, NewMessage, PushOptions, Queue, QueueOptions, RateLimit,
     State, Stats, WorkerInfo,
 };
+pub use registry::RegisteredQueue;
 pub use repeat::{RepeatInfo, RepeatOptions, Schedule};
 pub use scripts::MAX_BATCH;
 pub use time::{Due, MAX_DELAY, delay_from_secs};

@@ -2881,8 +2881,12 @@ fn queue_now_ms(pool: &Pool) -> i64 {
 
 /// Add what the handlers did to the queue's per-minute records, and let the first
 /// pool of each minute sample the backlog (`flush_only`: at stop, deltas only). A
-/// failed call keeps its deltas for the next heartbeat.
+/// failed call keeps its deltas for the next heartbeat. Also renews the queue's entry
+/// in the registry of queues when due (see registry.rs).
 fn send_minutes(pool: &Pool, slot: &mut ConnSlot, flush_only: bool) {
+    if !flush_only {
+        pool.queue.register_pool(slot);
+    }
     let now_ms = queue_now_ms(pool);
     for batch in pool.minutes.take(now_ms, flush_only) {
         let args = crate::scripts::minutes::Add {
