@@ -12,7 +12,9 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 apt_packages=(redis-server php8.2-cli php8.2-dev php-redis phpunit clang libclang-dev make pkg-config openssl
   # The framework adapters' tests (php/): Laravel 8.83 and Symfony Messenger 5.4 as Debian
   # ships them, and SQLite for Laravel's failed-jobs table.
-  php-laravel-framework php-symfony-messenger php8.2-sqlite3)
+  php-laravel-framework php-symfony-messenger php8.2-sqlite3
+  # The dashboard's browser test drives Debian's Chromium, headless, over its DevTools pipe.
+  chromium)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -152,7 +152,7 @@ pub(crate) fn partition_of(key: &str, n: usize) -> usize {
 /// The names after the first two keys (the schedule and the messages), in the order
 /// of `scripts::ROLES`; native keys put them after the hash tag, the seed layout after
 /// the recipe's ZSET name.
-const SUFFIXES: [&str; 21] = [
+const SUFFIXES: [&str; 22] = [
     "inflight",
     "leases",
     "attempts",
@@ -174,6 +174,7 @@ const SUFFIXES: [&str; 21] = [
     "serial_holders",
     "serial_line",
     "serial_lined",
+    "minutes",
 ];
 
 impl Keys {

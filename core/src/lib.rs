@@ -33,7 +33,9 @@ mod fork;
 pub mod host;
 mod keys;
 mod logs;
+pub mod metrics;
 mod queue;
+pub mod registry;
 pub mod repeat;
 pub mod scale;
 pub mod scripts;
@@ -52,6 +54,7 @@ pub use queue::{
     MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES, MessageInfo, NewMessage, PushOptions, Queue, QueueOptions, RateLimit,
     State, Stats, WorkerInfo,
 };
+pub use registry::RegisteredQueue;
 pub use repeat::{RepeatInfo, RepeatOptions, Schedule};
 pub use scripts::MAX_BATCH;
 pub use time::{Due, MAX_DELAY, delay_from_secs};

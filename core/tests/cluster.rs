@@ -80,7 +80,8 @@ fn partitions_spread_over_the_masters_and_each_message_runs_once() {
     assert_eq!(seen.len(), 2000);
     assert!(seen.values().all(|&n| n == 1), "each message exactly once");
     for node in &cluster.nodes {
-        for key in node.dump_keys() {
+        // The registry of queues (see registry.rs) is no key of the queue.
+        for key in node.dump_keys().into_iter().filter(|k| k != "dq:queues") {
             let tag = key.split_once('}').map(|(t, _)| format!("{t}}}")).expect("hash tag");
             assert!((0..3).any(|p| q.hash_tag(p).as_deref() == Some(tag.as_str())), "{key}");
         }

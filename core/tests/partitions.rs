@@ -274,8 +274,13 @@ fn by_id_calls_and_dead_letters_work_across_partitions() {
         server
             .dump_keys()
             .iter()
-            // Counters, and the pools' note of when they last ran (see include/stall.lua).
-            .all(|k| k.ends_with(":stats") || k.ends_with(":seq") || k.ends_with(":control"))
+            // Counters, the pools' note of when they last ran (see include/stall.lua), their
+            // per-minute records (see metrics.rs) and the registry of queues (registry.rs).
+            .all(|k| k.ends_with(":stats")
+                || k.ends_with(":seq")
+                || k.ends_with(":control")
+                || k.ends_with(":minutes")
+                || k == "dq:queues")
     );
 }
 

@@ -122,11 +122,21 @@ fn operations() -> Vec<Operation> {
         }),
         op(&["repeats"], "repeats", |q| q.repeats().map(drop)),
         op(&["repeat_del"], "unrepeat", |q| q.unrepeat("hourly").map(drop)),
+        op(&["minutes"], "minutes", |q| q.minutes(60).map(drop)),
     ]
 }
 
 /// Scripts only a pool runs.
-const POOL_SCRIPTS: [&str; 7] = ["claim", "ack", "nack", "release", "extend", "beat", "repeat_next"];
+const POOL_SCRIPTS: [&str; 8] = [
+    "claim",
+    "ack",
+    "nack",
+    "release",
+    "extend",
+    "beat",
+    "repeat_next",
+    "minutes_add",
+];
 
 /// A queue with messages in every state: waiting (some with a serial key), due, dead,
 /// and a repeat.
@@ -494,6 +504,13 @@ fn the_preflights_arities_are_the_servers() {
             panic!("COMMAND INFO {command}: {info:?}");
         };
         let served: i64 = redis::FromRedisValue::from_redis_value(fields[1].clone()).expect("arity");
-        assert_eq!(served, i64::from(arity), "{command}");
+        // PEXPIRE took its options, and so a variable arity, in a later Redis; its fixed
+        // arity before that counts the same words.
+        let expected = if command == "PEXPIRE" && server.version() < (7, 0) {
+            -arity
+        } else {
+            arity
+        };
+        assert_eq!(served, i64::from(expected), "{command}");
     }
 }

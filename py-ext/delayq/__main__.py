@@ -521,10 +521,31 @@ def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     if args.allow_actions and auth is None:
         raise _BadUsage("--allow-actions needs --auth USER:PASSWORD (or DELAYQ_DASHBOARD_AUTH): without it any "
                         "web page the browser opens could requeue and delete")
-    queues = _metrics_queues(q, args)
+    # A page must not wait for a Redis that is down: one short try per read.
+    def make_queue(name: str) -> DelayQueue:
+        return DelayQueue(args.url, name, prefix=args.prefix, partitions=args.partitions, layout=args.layout,
+                          zset_key=args.zset_key, payload_key=args.payload_key, connect_timeout=0.5,
+                          read_timeout=2.0, retry_timeout=0.0)
+
+    queues = [make_queue(name) for name in args.queues] if args.queues else [make_queue(args.queue)]
+    opened: dict[tuple[Any, ...], DelayQueue] = {}
+
+    def discover() -> list[DelayQueue]:
+        """The queues that pools and producers registered under --prefix on --url."""
+        found = []
+        for entry in queues[0].registered_queues():
+            how = (entry["name"], entry["layout"], entry["zset_key"], entry["payload_key"], entry["partitions"])
+            if how not in opened:
+                opened[how] = DelayQueue(args.url, entry["name"], prefix=args.prefix, partitions=entry["partitions"],
+                                         layout=entry["layout"], zset_key=entry["zset_key"],
+                                         payload_key=entry["payload_key"], connect_timeout=0.5, read_timeout=2.0,
+                                         retry_timeout=0.0)
+            found.append(opened[how])
+        return found
+
     return _serve(args, "the dashboard", "/",
                   lambda host, port: dashboard.make_server(queues, host, port, args.refresh, auth,
-                                                           args.allow_actions))
+                                                           args.allow_actions, discover=discover))
 
 
 def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -789,7 +810,9 @@ def _parser() -> argparse.ArgumentParser:
     m.set_defaults(run=_serve_metrics)
     m = sub.add_parser("dashboard", help="a web page of the queues for people: GET / (read-only unless "
                                          "--allow-actions)")
-    m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to show (default: --queue)")
+    m.add_argument("queues", nargs="*", metavar="QUEUE",
+                   help="queues shown in full on the first page (default: --queue); every queue that pools or "
+                        "producers registered under --prefix is listed, with a page of its own")
     m.add_argument("--listen", default="127.0.0.1:9809",
                    help="HOST:PORT (default: 127.0.0.1:9809; the page shows payloads: keep it private)")
     m.add_argument("--refresh", type=float, default=5.0, help="seconds between reloads of the page (0: never)")

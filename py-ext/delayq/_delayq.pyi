@@ -172,6 +172,25 @@ class DelayQueue:
         before and how late they started after their due time (seconds, server clock;
         None when none started), and the moving average of one handler call (seconds;
         None until measured)."""
+    def minutes(self, span: int = 60) -> list[dict[str, Any]]:
+        """The last ``span`` minutes (1 to 90) of the queue, oldest first, the current one
+        last, summed over the ``partitions``: ``{at, handled, failed, lateness_p50,
+        lateness_p99, scheduled, ready, inflight}``. ``at`` is when the minute began
+        (seconds, server clock); ``handled`` the handlers started in it and ``failed``
+        the handler calls that failed; ``lateness_p50`` and ``lateness_p99`` how late
+        handlers started after their due time (seconds, within about 9 %; None when
+        none started). The backlog (``scheduled``, ``ready``, ``inflight``) is sampled
+        once a minute by the first pool that reports in it; None when none did. Consumer
+        pools of any language write these at their heartbeat; they are kept 90 minutes."""
+    def registered_queues(self) -> list[dict[str, Any]]:
+        """The queues on this Redis under this queue's ``prefix`` that a consumer pool or
+        producer registered, by name: ``{name, layout, zset_key, payload_key,
+        partitions, last_seen}``, enough to open each (``zset_key`` and ``payload_key``
+        only for the seed layout). A pool registers its queue when it starts and hourly,
+        a producer once per process at its first push; entries unseen for a week are
+        left out. What lists queues without being told their names (``delayq
+        dashboard``); a user whose ACL rule covers only its queue's keys registers
+        nothing."""
     def requeue_dead(self, id: Optional[str] = None) -> int:
         """Send dead letters back, due now, with a fresh attempt budget: one, or all when
         ``id`` is None. Returns how many."""

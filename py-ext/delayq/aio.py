@@ -104,6 +104,14 @@ class AsyncDelayQueue:
         """`DelayQueue.dead_letters`."""
         return await asyncio.to_thread(self._queue.dead_letters, limit)
 
+    async def minutes(self, span: int = 60) -> list[dict[str, Any]]:
+        """`DelayQueue.minutes`."""
+        return await asyncio.to_thread(self._queue.minutes, span)
+
+    async def registered_queues(self) -> list[dict[str, Any]]:
+        """`DelayQueue.registered_queues`."""
+        return await asyncio.to_thread(self._queue.registered_queues)
+
     async def workers(self) -> list[dict[str, Any]]:
         """`DelayQueue.workers`."""
         return await asyncio.to_thread(self._queue.workers)

@@ -1,8 +1,16 @@
 """A web page of queues for people, for `delayq dashboard` (what Laravel Horizon's
-dashboard shows): depth and backlog age, pause and rate limit, the consumer pools alive
-on every host and in every language, what runs now, what comes next and the latest dead
-letters with their errors. The page reloads itself; every figure is read from Redis
-afresh for each request.
+dashboard shows): depth and backlog age, pause and rate limit, charts of the last hour
+(messages handled and failed a minute, how late handlers started, the backlog; from the
+per-minute records that the pools write, see `DelayQueue.minutes`), the consumer pools
+alive on every host and in every language, what runs now, what comes next and the
+latest dead letters with their errors. The page reloads itself; every figure is read
+from Redis afresh for each request.
+
+`/` lists every queue that pools or producers registered (`DelayQueue.registered_queues`)
+and those named, and shows the named ones in full; `/queue?name=NAME` is one queue's
+page, with its waiting, running, dead and completed messages a page at a time and a
+search. The charts are inline SVG: the page needs nothing from outside. A Redis that
+does not answer makes the page say so at once rather than wait (see `Reachability`).
 
 It is read-only unless started with actions (`--allow-actions`, which needs `--auth`):
 then it has buttons to requeue or delete a dead letter, requeue them all, and pause or
@@ -27,7 +35,8 @@ import urllib.parse
 from typing import Any, Callable, Optional
 
 from . import DelayQueue, DelayQueueError
-from .metrics import PageServer, Refused
+from .errors import ConnectionError as RedisUnreachable
+from .metrics import NotFound, PageServer, Refused
 
 # How many rows each list shows; the command line shows more.
 ROWS = 10
@@ -43,6 +52,9 @@ td,th{padding:.2em .7em;border-bottom:1px solid #eee;text-align:left;vertical-al
 th{font-weight:600;background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
 code{font-size:.92em}.bad{color:#b00020;font-weight:600}.quiet{color:#777}
 form.act{display:inline;margin-right:.3em}.done{background:#e8f5e9;padding:.3em .6em}
+.charts{display:flex;flex-wrap:wrap;gap:1em}figure.chart{margin:.3em 0}
+figure.chart svg{border:1px solid #eee;background:#fcfcfc;display:block}
+.axis{display:flex;justify-content:space-between;font-size:.8em;color:#777;width:360px}
 summary{cursor:pointer}pre.trace{font-size:.85em;max-width:70em;overflow-x:auto;background:#f6f6f6;padding:.4em}
 """
 
@@ -103,6 +115,78 @@ def _table(headers: list[str], rows: list[list[str]], numeric: frozenset[int] = 
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+# The charts: the last hour, a point per minute.
+CHART_MINUTES = 60
+_CHART_W, _CHART_H, _CHART_PAD = 360, 110, 4
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 or float(value).is_integer() else f"{value:.2g}"
+
+
+def _chart(name: str, title: str, minutes: list[dict[str, Any]],
+           series: list[tuple[str, str, Callable[[dict[str, Any]], Optional[float]]]], unit: str = "") -> str:
+    """An inline SVG line chart of `minutes` (oldest first): one polyline per run of
+    minutes that have a value, per series (label, colour, value of a minute). No
+    script and no outside file, so the page works offline."""
+    values = [[pick(m) for m in minutes] for _, _, pick in series]
+    top = max([v for vs in values for v in vs if v is not None] + [0.0])
+    scale = top if top > 0 else 1.0
+    n = max(len(minutes) - 1, 1)
+    inner_w, inner_h = _CHART_W - 2 * _CHART_PAD, _CHART_H - 2 * _CHART_PAD
+    lines = []
+    for (label, colour, _), vs in zip(series, values):
+        run: list[str] = []
+        runs: list[list[str]] = []
+        for i, v in enumerate(vs):
+            if v is None:
+                if run:
+                    runs.append(run)
+                run = []
+                continue
+            x = _CHART_PAD + inner_w * i / n
+            y = _CHART_PAD + inner_h * (1 - v / scale)
+            run.append(f"{x:.1f},{y:.1f}")
+        if run:
+            runs.append(run)
+        for r in runs:
+            # A lone minute is drawn as a dot: a polyline of one point has no length.
+            points, width = (r, 1.5) if len(r) > 1 else (r + r, 5)
+            lines.append(f'<polyline class="series" data-series="{html.escape(label)}" fill="none" '
+                         f'stroke="{colour}" stroke-width="{width}" stroke-linecap="round" points="{" ".join(points)}"/>')
+    legend = " ".join(f'<span style="color:{colour}">&#9632; {html.escape(label)}</span>' for label, colour, _ in series)
+    first = _when(minutes[0]["at"]) if minutes else ""
+    grid = (f'<line x1="{_CHART_PAD}" y1="{_CHART_H - _CHART_PAD}" x2="{_CHART_W - _CHART_PAD}" '
+            f'y2="{_CHART_H - _CHART_PAD}" stroke="#ccc"/>'
+            f'<line x1="{_CHART_PAD}" y1="{_CHART_PAD}" x2="{_CHART_W - _CHART_PAD}" y2="{_CHART_PAD}" '
+            'stroke="#eee"/>')
+    svg = (f'<svg class="chart" data-chart="{name}" width="{_CHART_W}" height="{_CHART_H}" '
+           f'viewBox="0 0 {_CHART_W} {_CHART_H}" role="img" aria-label="{html.escape(title)}">'
+           f"<title>{html.escape(title)}</title>{grid}{''.join(lines)}</svg>")
+    return (f'<figure class="chart"><figcaption><b>{html.escape(title)}</b> '
+            f'<span class="quiet">(top {_number(top)}{unit})</span><br>{legend}</figcaption>{svg}'
+            f'<div class="axis"><span>{first}</span><span>now</span></div></figure>')
+
+
+def _charts(minutes: list[dict[str, Any]]) -> str:
+    """Messages handled and failed, lateness and backlog over the last hour."""
+    if not minutes:
+        return ""
+
+    def ms(key: str) -> Callable[[dict[str, Any]], Optional[float]]:
+        return lambda m: None if m[key] is None else m[key] * 1000
+
+    return '<div class="charts">' + "".join([
+        _chart("throughput", "messages a minute", minutes,
+               [("handled", "#1565c0", lambda m: m["handled"]), ("failed", "#c62828", lambda m: m["failed"])]),
+        _chart("lateness", "started late", minutes,
+               [("p50", "#2e7d32", ms("lateness_p50")), ("p99", "#ef6c00", ms("lateness_p99"))], " ms"),
+        _chart("backlog", "backlog", minutes,
+               [("scheduled", "#6a1b9a", lambda m: m["scheduled"]), ("ready", "#ef6c00", lambda m: m["ready"]),
+                ("in flight", "#1565c0", lambda m: m["inflight"])]),
+    ]) + "</div>"
+
+
 def _found_section(q: DelayQueue, text: str) -> str:
     title = f"<h2>queue <code>{html.escape(q.name)}</code>: messages holding <code>{_text(text)}</code></h2>"
     try:
@@ -117,25 +201,29 @@ def _found_section(q: DelayQueue, text: str) -> str:
     )
 
 
-def _button(token: str, queue: str, do: str, label: str, id: str = "") -> str:
+def _button(token: str, queue: str, do: str, label: str, id: str = "", back: str = "") -> str:
     """A form that POSTs one action: the page's token proves it came from this page."""
-    fields = {"token": token, "queue": queue, "do": do, "id": id}
+    fields = {"token": token, "queue": queue, "do": do, "id": id, "back": back}
     hidden = "".join(f'<input type="hidden" name="{k}" value="{html.escape(v)}">' for k, v in fields.items())
-    return f'<form method="post" action="/action" class="act">{hidden}<button>{label}</button></form>'
+    return (f'<form method="post" action="/action" class="act" data-do="{html.escape(do)}" '
+            f'data-id="{html.escape(id)}">{hidden}<button>{label}</button></form>')
 
 
-def _queue_section(q: DelayQueue, now: float, token: Optional[str] = None) -> str:
+def _queue_section(q: DelayQueue, now: float, token: Optional[str] = None,
+                   health: Optional[Reachability] = None, lists: bool = True) -> str:
+    """A queue's state, charts and pools, and (with `lists`) the first rows of its lists."""
     title = f"<h2>queue <code>{html.escape(q.name)}</code></h2>"
-    try:
-        stats = q.stats()
-        pools = q.workers()
-        running = q.inflight(ROWS)
-        waiting = q.waiting(ROWS)
-        dead = q.dead_letters(ROWS)
-        repeating = q.repeats()
-        done = q.completed(ROWS)
-    except DelayQueueError as e:
-        return f'{title}<p class="bad">Redis did not answer: {_text(str(e))}</p>'
+
+    def read() -> tuple[Any, ...]:
+        few = ROWS if lists else 0
+        return (q.stats(), q.workers(), q.inflight(few) if few else [], q.waiting(few) if few else [],
+                q.dead_letters(few) if few else [], q.repeats(), q.completed(few) if few else [],
+                q.minutes(CHART_MINUTES))
+
+    got, trouble = (health or Reachability()).read(_key(q), read)
+    if got is None:
+        return f"{title}{trouble}"
+    stats, pools, running, waiting, dead, repeating, done, minutes = got
     next_due = stats["next_due_at"]
     lag = max(0.0, now - next_due) if next_due is not None and stats["ready"] > 0 else 0.0
     state = []
@@ -204,58 +292,220 @@ def _queue_section(q: DelayQueue, now: float, token: Optional[str] = None) -> st
     )
     if token:
         paused = stats["paused_at"] is not None
-        title += ('<p>' + _button(token, q.name, "resume" if paused else "pause", "resume" if paused else "pause")
-                  + (_button(token, q.name, "requeue", f"requeue all {stats['dead']} dead letters")
+        # The queue's own page (no lists here) comes back to itself after an action.
+        back = "" if lists else "queue"
+        title += ('<p>' + _button(token, q.name, "resume" if paused else "pause", "resume" if paused else "pause",
+                                  back=back)
+                  + (_button(token, q.name, "requeue", f"requeue all {stats['dead']} dead letters", back=back)
                      if stats["dead"] else "") + "</p>")
     return (
         title
         + (f"<p>{' · '.join(state)}</p>" if state else "")
         + depth
+        + f"<h3>the last hour</h3>{_charts(minutes)}"
         + f"<h3>worker pools ({len(pools)})</h3>{workers}"
-        + f"<h3>running (first {ROWS} by lease)</h3>{inflight}"
-        + f"<h3>next due (first {ROWS})</h3>{upcoming}"
+        + (f"<h3>running (first {ROWS} by lease)</h3>{inflight}"
+           + f"<h3>next due (first {ROWS})</h3>{upcoming}" if lists else "")
         + (f"<h3>repeating messages ({len(repeating)})</h3>{schedules}" if repeating else "")
         + (f"<h3>completed (latest {ROWS} of {stats['completed']} kept)</h3>{completed}" if done else "")
-        + (f"<h3>dead letters (latest {ROWS})</h3>" if token else
-           f"<h3>dead letters (latest {ROWS}; <code>delayq --queue {html.escape(q.name)} requeue-dead</code>)</h3>")
-        + letters
+        + ((f"<h3>dead letters (latest {ROWS})</h3>" if token else
+            f"<h3>dead letters (latest {ROWS}; <code>delayq --queue {html.escape(q.name)} requeue-dead</code>)</h3>")
+           + letters if lists else "")
         + f"<h3>lifetime counters</h3>{counters}"
     )
 
 
+class Reachability:
+    """Which queues' Redis failed to answer, and since when. A page does not wait for a
+    Redis that failed a moment ago: for `RECHECK` seconds it says so at once, then
+    tries again (the queues of the dashboard connect with short timeouts too)."""
+
+    RECHECK = 5.0
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.down: dict[str, tuple[float, float, str]] = {}  # key -> (since, tried at, error)
+
+    def read(self, key: str, read: Callable[[], Any]) -> tuple[Any, Optional[str]]:
+        """`read()`, or None and why not (HTML) when its Redis is unreachable."""
+        now = self.clock()
+        known = self.down.get(key)
+        if known is not None and now - known[1] < self.RECHECK:
+            return None, self._notice(*known, now)
+        try:
+            value = read()
+        except RedisUnreachable as e:
+            since = known[0] if known is not None else now
+            self.down[key] = (since, now, str(e))
+            return None, self._notice(since, now, str(e), now)
+        except DelayQueueError as e:
+            self.down.pop(key, None)
+            return None, f'<p class="bad">Redis refused: {_text(str(e))}</p>'
+        self.down.pop(key, None)
+        return value, None
+
+    def _notice(self, since: float, tried: float, error: str, now: float) -> str:
+        again = max(0.0, tried + self.RECHECK - now)
+        return (f'<p class="bad down">Redis unreachable since {_when(since)} (for {_span(now - since)}): '
+                f'{_text(error)}</p><p class="quiet">tried last at {_when(tried)}; '
+                f"the next page tries again{f' in {_span(again)}' if again > 0 else ''}</p>")
+
+
+def _key(q: DelayQueue) -> str:
+    return q.name
+
+
+def _overview(queues: list[DelayQueue], health: Reachability) -> str:
+    """One line per queue, each a link to its page: depth, pools, and the last hour."""
+    rows = []
+    for q in queues:
+        name = html.escape(q.name)
+        link = f'<a href="/queue?{html.escape(urllib.parse.urlencode({"name": q.name}))}"><code>{name}</code></a>'
+
+        def read(q: DelayQueue = q) -> tuple[dict[str, Any], int, list[dict[str, Any]]]:
+            return q.stats(), len(q.workers()), q.minutes(CHART_MINUTES)
+
+        got, down = health.read(_key(q), read)
+        if got is None:
+            rows.append([link, '<span class="bad">unreachable</span>', "", "", "", "", "", ""])
+            continue
+        stats, pools, minutes = got
+        state = '<span class="bad">paused</span>' if stats["paused_at"] is not None else "running"
+        rows.append([link, state, str(stats["scheduled"]), str(stats["ready"]), str(stats["inflight"]),
+                     str(stats["dead"]), str(pools), str(sum(m["handled"] for m in minutes))])
+    return "<h2>queues</h2>" + _table(
+        ["queue", "state", "scheduled", "ready", "in flight", "dead", "pools", "handled in the last hour"], rows,
+        frozenset({2, 3, 4, 5, 6, 7}))
+
+
+def _page(title: str, body: str, refresh: float, again: str, at: float) -> str:
+    reload = f'<meta http-equiv="refresh" content="{refresh:g}; url={html.escape(again)}">' if refresh > 0 else ""
+    return (
+        "<!doctype html><html><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title>{reload}"
+        f"<style>{_STYLE}</style></head><body>"
+        f"<h1><a href=\"/\">delayq</a></h1><p class=\"quiet\">read at {_when(at)}"
+        + (f", again every {refresh:g} s" if refresh > 0 else "")
+        + f"</p>{body}</body></html>"
+    )
+
+
 def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Callable[[], float]] = None,
-                find: str = "", token: Optional[str] = None, done: str = "") -> str:
+                find: str = "", token: Optional[str] = None, done: str = "",
+                listed: Optional[list[DelayQueue]] = None, health: Optional[Reachability] = None) -> str:
     """The page for `queues`. A queue whose Redis fails says so; the others still show.
     With `find`, the messages of each queue whose payload holds it (or whose id it is) come first.
-    With `token`, the page has action buttons (see the module); `done` says what the last one did."""
+    With `token`, the page has action buttons (see the module); `done` says what the last one did.
+    `listed` (the queues found in the registry too) adds a table of queues, each a link to its page."""
     clock = now or time.time
     at = clock()
+    health = health or Reachability(clock)
     search = (f'<form method="get"><input name="find" value="{html.escape(find)}" '
               'placeholder="an order number, an id, any text of a payload"> <button>find</button></form>')
     found = "".join(_found_section(q, find) for q in queues) if find else ""
     notice = f'<p class="done">{_text(done)}</p>' if done else ""
-    sections = notice + search + found + "".join(_queue_section(q, at, token) for q in queues)
+    overview = _overview(listed, health) if listed else ""
+    sections = notice + search + found + overview + "".join(_queue_section(q, at, token, health) for q in queues)
     # A reload must not repeat the notice of an action.
     again = "/?" + urllib.parse.urlencode({"find": find}) if find else "/"
-    reload = f'<meta http-equiv="refresh" content="{refresh:g}; url={html.escape(again)}">' if refresh > 0 else ""
-    return (
-        "<!doctype html><html><head><meta charset=\"utf-8\">"
-        f"<title>delayq: {html.escape(', '.join(q.name for q in queues))}</title>{reload}"
-        f"<style>{_STYLE}</style></head><body>"
-        f"<h1>delayq</h1><p class=\"quiet\">read at {_when(at)}"
-        + (f", again every {refresh:g} s" if refresh > 0 else "")
-        + f"</p>{sections}</body></html>"
-    )
+    return _page(f"delayq: {', '.join(q.name for q in queues)}", sections, refresh, again, at)
 
 
-def _actions(queues: list[DelayQueue], token: str) -> Callable[[dict[str, str]], str]:
+#: Messages a page of a list shows, and how deep paging goes (the listings' limit).
+PAGE_ROWS = 20
+MAX_PAGED = 1000
+
+_LISTS = ("waiting", "running", "dead", "completed")
+
+
+def _paged(q: DelayQueue, which: str, page: int) -> tuple[list[dict[str, Any]], bool]:
+    """The messages of `which` on `page` (0 first), and whether a next page exists."""
+    start = page * PAGE_ROWS
+    want = min(MAX_PAGED, start + PAGE_ROWS + 1)
+    read: dict[str, Callable[[int], list[dict[str, Any]]]] = {
+        "waiting": q.waiting, "running": q.inflight, "dead": q.dead_letters, "completed": q.completed}
+    rows = read[which](want)[start:]
+    return rows[:PAGE_ROWS], len(rows) > PAGE_ROWS and start + PAGE_ROWS < MAX_PAGED
+
+
+def render_queue(q: DelayQueue, refresh: float = 5.0, now: Optional[Callable[[], float]] = None,
+                 find: str = "", token: Optional[str] = None, done: str = "", pages: Optional[dict[str, int]] = None,
+                 health: Optional[Reachability] = None) -> str:
+    """The page of one queue: its charts and pools as on the overview, and its waiting,
+    running, dead and completed messages a page at a time (`pages`: list -> page, 0
+    first), or those holding `find`."""
+    clock = now or time.time
+    at = clock()
+    health = health or Reachability(clock)
+    pages = pages or {}
+    base = {"name": q.name, **{f"{k}_page": str(v) for k, v in pages.items() if v}}
+    search = ('<form method="get" action="/queue">'
+              f'<input type="hidden" name="name" value="{html.escape(q.name)}">'
+              f'<input name="find" value="{html.escape(find)}" placeholder="search this queue"> '
+              "<button>find</button></form>")
+    notice = f'<p class="done">{_text(done)}</p>' if done else ""
+    body = notice + search + (_found_section(q, find) if find else "")
+    body += _queue_section(q, at, token, health, lists=False)
+    if _key(q) not in health.down:
+        for which in _LISTS:
+            page = max(0, pages.get(which, 0))
+            try:
+                rows, more = _paged(q, which, page)
+            except DelayQueueError as e:
+                body += f'<p class="bad">{_text(str(e))}</p>'
+                break
+            body += f'<h3 id="{which}">{which} (page {page + 1})</h3>' + _message_table(q, which, rows, at, token)
+
+            def link(to: int, label: str, which: str = which) -> str:
+                query = urllib.parse.urlencode({**base, f"{which}_page": str(to)})
+                return f'<a class="page" data-list="{which}" href="/queue?{html.escape(query)}#{which}">{label}</a>'
+
+            nav = ([link(page - 1, "&larr; newer" if which in ("dead", "completed") else "&larr; earlier")]
+                   if page > 0 else []) + (
+                [link(page + 1, "older &rarr;" if which in ("dead", "completed") else "later &rarr;")] if more else [])
+            if nav:
+                body += "<p>" + " · ".join(nav) + "</p>"
+    again = "/queue?" + urllib.parse.urlencode({**base, **({"find": find} if find else {})})
+    return _page(f"delayq: {q.name}", body, refresh, again, at)
+
+
+def _message_table(q: DelayQueue, which: str, rows: list[dict[str, Any]], now: float, token: Optional[str]) -> str:
+    if which == "running":
+        return _table(
+            ["id", "attempt", "lease until", "payload"],
+            [[_id(m), str(m["attempts"]),
+              _when(m["lease_until"]) + (' <span class="bad">expired</span>'
+                                         if m["lease_until"] is not None and m["lease_until"] < now else ""),
+              _text(m["payload"])] for m in rows],
+            frozenset({1}))
+    if which == "waiting":
+        return _table(
+            ["id", "due", "attempts", "last error", "payload"],
+            [[_id(m), _when(m["due_at"]), str(m["attempts"]), _error(m), _text(m["payload"])] for m in rows],
+            frozenset({2}))
+    if which == "completed":
+        return _table(
+            ["id", "completed", "due", "attempts", "payload"],
+            [[f"<code>{_text(m['id'])}</code>", _when(m["completed_at"]), _when(m["due_at"]), str(m["attempts"]),
+              _text(m["payload"])] for m in rows],
+            frozenset({3}))
+    return _table(
+        ["id", "died", "attempts", "last error", "payload"] + (["act"] if token else []),
+        [[f"<code>{_text(m['id'])}</code>", _when(m["dead_at"]), str(m["attempts"]), _error(m, "bad"),
+          _text(m["payload"])]
+         + ([_button(token, q.name, "requeue", "requeue", m["id"], back="queue")
+             + _button(token, q.name, "delete", "delete", m["id"], back="queue")] if token else [])
+         for m in rows],
+        frozenset({2}))
+
+
+def _actions(lookup: Callable[[str], Optional[DelayQueue]], token: str) -> Callable[[dict[str, str]], str]:
     """What a button does; returns the page to show next, which says what was done."""
-    by_name = {q.name: q for q in queues}
 
     def act(form: dict[str, str]) -> str:
         if not hmac.compare_digest(form.get("token", "").encode(), token.encode()):
             raise Refused("this form is not from this dashboard (reload the page)")
-        q = by_name.get(form.get("queue", ""))
+        q = lookup(form.get("queue", ""))
         if q is None:
             raise Refused(f"no queue {form.get('queue', '')!r} on this dashboard")
         do, id = form.get("do", ""), form.get("id") or None
@@ -275,22 +525,56 @@ def _actions(queues: list[DelayQueue], token: str) -> Callable[[dict[str, str]],
             done = f"resumed {q.name}"
         else:
             raise Refused(f"no action {do!r}")
+        if form.get("back") == "queue":
+            return "/queue?" + urllib.parse.urlencode({"name": q.name, "done": done})
         return "/?" + urllib.parse.urlencode({"done": done})
 
     return act
 
 
 def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float = 5.0,
-                auth: Optional[str] = None, actions: bool = False) -> PageServer:
+                auth: Optional[str] = None, actions: bool = False,
+                discover: Optional[Callable[[], list[DelayQueue]]] = None) -> PageServer:
     """A server of the page for `queues` at `/` on `host:port`; call `serve_forever()`.
     `auth` ("user:password") asks every request for HTTP Basic credentials; `actions`
-    (only with `auth`) adds the buttons and `POST /action`."""
+    (only with `auth`) adds the buttons and `POST /action`. `discover` returns the
+    queues found in the registry (see `DelayQueue.registered_queues`): `/` lists them
+    with those of `queues`, and `/queue?name=NAME` shows any of them."""
     if actions and auth is None:
         raise ValueError("dashboard actions need auth: without it any page the browser opens could use them")
     token = secrets.token_urlsafe(24) if actions else None
+    health = Reachability()
+    found: dict[str, DelayQueue] = {}
+
+    def known() -> list[DelayQueue]:
+        named = {q.name: q for q in queues}
+        if discover is not None:
+            try:
+                for q in discover():
+                    found.setdefault(q.name, q)
+            except DelayQueueError:
+                pass  # the queues' own sections say that Redis is unreachable
+        return list(named.values()) + [q for name, q in sorted(found.items()) if name not in named]
+
+    def lookup(name: str) -> Optional[DelayQueue]:
+        return next((q for q in queues if q.name == name), None) or found.get(name) or next(
+            (q for q in known() if q.name == name), None)
 
     def page(query: dict[str, str]) -> str:
-        return render_html(queues, refresh, find=query.get("find", ""), token=token, done=query.get("done", ""))
+        return render_html(queues, refresh, find=query.get("find", ""), token=token, done=query.get("done", ""),
+                           listed=known(), health=health)
 
-    return PageServer((host, port), {"/": ("text/html; charset=utf-8", page)},
-                      actions={"/action": _actions(queues, token)} if token else None, auth=auth)
+    def queue_page(query: dict[str, str]) -> str:
+        q = lookup(query.get("name", ""))
+        if q is None:
+            raise NotFound(f"no queue {query.get('name', '')!r} on this dashboard")
+        pages: dict[str, int] = {}
+        for which in _LISTS:
+            raw = query.get(f"{which}_page", "0")
+            pages[which] = int(raw) if raw.isdigit() else 0
+        return render_queue(q, refresh, find=query.get("find", ""), token=token, done=query.get("done", ""),
+                            pages=pages, health=health)
+
+    html_type = "text/html; charset=utf-8"
+    return PageServer((host, port), {"/": (html_type, page), "/queue": (html_type, queue_page)},
+                      actions={"/action": _actions(lookup, token)} if token else None, auth=auth)

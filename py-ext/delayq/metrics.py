@@ -119,6 +119,10 @@ class Refused(Exception):
     """An action the server will not run: answered 403 with this text."""
 
 
+class NotFound(Exception):
+    """A page of something that is not there: answered 404 with this text."""
+
+
 #: Largest form an action takes (a few hidden fields).
 MAX_FORM_BYTES = 16 * 1024
 
@@ -199,7 +203,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(404, f"only {', '.join(sorted(self.server.pages))} is served here")
             return
         content_type, make = page
-        body = make(dict(urllib.parse.parse_qsl(url.query))).encode()
+        try:
+            body = make(dict(urllib.parse.parse_qsl(url.query))).encode()
+        except NotFound as e:
+            self.send_error(404, str(e))
+            return
         self.send_response(200)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))

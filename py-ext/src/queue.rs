@@ -411,6 +411,47 @@ impl PyQueue {
         Ok(list)
     }
 
+    /// The last `span` minutes, oldest first (see the stub).
+    #[pyo3(signature = (span = 60))]
+    fn minutes<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::span_arg)] span: u32,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let minutes = py.detach(|| self.queue.minutes(span)).or_raise(py)?;
+        let list = PyList::empty(py);
+        for m in minutes {
+            let d = PyDict::new(py);
+            d.set_item("at", ms_to_secs(m.start_ms))?;
+            d.set_item("handled", m.handled)?;
+            d.set_item("failed", m.failed)?;
+            d.set_item("lateness_p50", m.lateness_p50_ms.map(|ms| ms / 1000.0))?;
+            d.set_item("lateness_p99", m.lateness_p99_ms.map(|ms| ms / 1000.0))?;
+            d.set_item("scheduled", m.scheduled)?;
+            d.set_item("ready", m.ready)?;
+            d.set_item("inflight", m.inflight)?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    /// The queues registered on this Redis under this queue's prefix (see the stub).
+    fn registered_queues<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let queues = py.detach(|| self.queue.registered_queues()).or_raise(py)?;
+        let list = PyList::empty(py);
+        for q in queues {
+            let d = PyDict::new(py);
+            d.set_item("name", &q.name)?;
+            d.set_item("layout", &q.layout)?;
+            d.set_item("zset_key", &q.zset_key)?;
+            d.set_item("payload_key", &q.payload_key)?;
+            d.set_item("partitions", q.partitions)?;
+            d.set_item("last_seen", ms_to_secs(q.last_seen_ms))?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
     /// The consumer pools alive on this queue, from every host and language.
     fn workers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let pools = py.detach(|| self.queue.workers()).or_raise(py)?;

@@ -531,7 +531,7 @@ def test_the_dashboard_shows_each_queue_escaped_and_survives_a_dead_redis(
     assert '<span class="bad">paused</span>' in page
     assert ("<h3>repeating messages (1)</h3>" in page and "<td><code>sync-rates</code></td><td>every 5.0 min</td>" in page
             and "<td>60.0 s</td>" in page)
-    assert "queue <code>elsewhere</code>" in page and "Redis did not answer" in page
+    assert "queue <code>elsewhere</code>" in page and "Redis unreachable since" in page
     assert "read at 2030-03-17 17:46:40.000 UTC" in page
     assert "<h3>completed" not in page, "nothing kept, no section"
 

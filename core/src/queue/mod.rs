@@ -5,6 +5,7 @@
 mod admin;
 mod dead;
 mod inspect;
+mod minutes;
 mod options;
 mod push;
 mod repeats;

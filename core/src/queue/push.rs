@@ -181,6 +181,7 @@ impl Queue {
                 })?;
             self.check_replicated(confirmed)?;
         }
+        self.register_producer();
         Ok(ids)
     }
 }

@@ -24,6 +24,7 @@ pub(crate) mod complete;
 pub(crate) mod dead;
 pub(crate) mod extend;
 pub(crate) mod inspect;
+pub(crate) mod minutes;
 pub(crate) mod push;
 pub(crate) mod repeat;
 pub(crate) mod replies;
@@ -76,7 +77,7 @@ const fn role(name: &'static str, var: &'static str, kind: &'static str) -> Role
 }
 
 /// Every key role, in `Keys::all` order (documented in `lua/include/base.lua`).
-pub const ROLES: [Role; 23] = [
+pub const ROLES: [Role; 24] = [
     role("scheduled", "K_SCHED", "zset"),
     role("messages", "K_MSG", "hash"),
     role("inflight", "K_INFLIGHT", "zset"),
@@ -100,6 +101,7 @@ pub const ROLES: [Role; 23] = [
     role("serial_holders", "K_SERIAL_HOLD", "hash"),
     role("serial_line", "K_SERIAL_LINE", "zset"),
     role("serial_lined", "K_SERIAL_LINED", "hash"),
+    role("minutes", "K_MINUTES", "hash"),
 ];
 
 /// Redis's arity of each command the scripts run (COMMAND INFO: `n` exactly n words,
@@ -119,6 +121,8 @@ pub const ARITIES: &[(&str, i32)] = &[
     ("HSCAN", -3),
     ("HSET", -4),
     ("INCRBY", 3),
+    // A fixed arity before Redis took its NX/XX/GT/LT options: the same words fit both.
+    ("PEXPIRE", -3),
     ("PUBLISH", 3),
     ("TIME", 1),
     ("TYPE", 2),
@@ -398,6 +402,8 @@ lua_files!(
     "get.lua",
     "limit.lua",
     "list.lua",
+    "minutes.lua",
+    "minutes_add.lua",
     "nack.lua",
     "pause.lua",
     "purge.lua",
@@ -464,6 +470,8 @@ scripts!(
     REPEAT_DEL = "repeat_del",
     REPEATS = "repeats",
     FIND = "find",
+    MINUTES_ADD = "minutes_add",
+    MINUTES = "minutes",
 );
 
 /// One script as [`compose_from_dir`] makes it.

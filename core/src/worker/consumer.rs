@@ -13,6 +13,7 @@ use crate::time::MAX_DELAY;
 
 use super::complete::Outcome;
 use super::control::{Control, group_stopped};
+use super::heartbeat::queue_now_ms;
 use super::pool::{Pool, YIELD_RECHECK};
 use super::summary::Counters;
 use super::{Delivery, Fate, Received, Releaser, Retry, Stopper, Summary};
@@ -209,6 +210,7 @@ impl Consumer {
         let owner = self.owner(&d);
         owner.pool.record_handler_time(&d);
         Counters::add(&owner.pool.counters.failed, 1);
+        owner.pool.minutes.record_failure(d.part, queue_now_ms(&owner.pool));
         let delay = match retry {
             Retry::Never => None,
             _ if d.attempt >= d.max_attempts => None,

@@ -189,6 +189,7 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
         match done.recv_timeout(every.min(COUNTS_FRESH)) {
             Err(RecvTimeoutError::Timeout) => {}
             Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                send_minutes(pool, &mut slot, true);
                 pool.registration.leave(pool, &mut slot);
                 return;
             }
@@ -211,6 +212,7 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
         was_working = working;
         beat_at = Instant::now();
         pool.registration.on_heartbeat(pool, &mut slot);
+        send_minutes(pool, &mut slot, false);
         slot.recheck_eviction(&pool.queue.inner.endpoint);
         let now = Instant::now();
         let overdue_count = pool
@@ -290,6 +292,41 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                     }
                 }
                 Err(e) => log::warn!("delayq[{}]: lease extension failed: {e}", pool.queue_name),
+            }
+        }
+    }
+}
+
+/// The queue's clock as the pool knows it (its own until a claim told it).
+pub(super) fn queue_now_ms(pool: &Pool) -> i64 {
+    pool.control
+        .wake
+        .server_now_ms()
+        .unwrap_or_else(crate::time::now_unix_ms)
+}
+
+/// Add what the handlers did to the queue's per-minute records, and let the first
+/// pool of each minute sample the backlog (`flush_only`: at stop, deltas only). A
+/// failed call keeps its deltas for the next heartbeat. Also renews the queue's entry
+/// in the registry of queues when due (see registry.rs).
+fn send_minutes(pool: &Pool, slot: &mut ConnSlot, flush_only: bool) {
+    if !flush_only {
+        pool.queue.register_pool(slot);
+    }
+    let now_ms = queue_now_ms(pool);
+    for batch in pool.minutes.take(now_ms, flush_only) {
+        let args = crate::scripts::minutes::Add {
+            keep_minutes: crate::metrics::KEEP_MINUTES,
+            deltas: batch.encoded(),
+        };
+        match run_call(slot, &pool.queue, batch.part, &args) {
+            Ok(crate::scripts::minutes::Minute(minute)) => pool.minutes.sent(batch.part, minute),
+            Err(e) => {
+                log::debug!(
+                    "delayq[{}]: could not add to the per-minute records: {e}",
+                    pool.queue_name
+                );
+                pool.minutes.put_back(batch, now_ms);
             }
         }
     }

@@ -230,6 +230,7 @@ impl Worker {
             group: OnceLock::new(),
             overdue: AtomicUsize::new(0),
             claims_failing: AtomicBool::new(false),
+            minutes: crate::metrics::Tally::new(self.queue.partitions()),
         });
         (pool, deliver_tx, deliver_rx)
     }

@@ -70,6 +70,8 @@ pub(super) struct Pool {
     pub(super) overdue: AtomicUsize,
     /// Its last claim failed (see `yields_to_higher`).
     pub(super) claims_failing: AtomicBool,
+    /// What its handlers did by minute, for the queue's per-minute records.
+    pub(super) minutes: crate::metrics::Tally,
 }
 
 /// Room reserved for one claim, released once the claimed deliveries are counted as
@@ -302,6 +304,7 @@ impl Pool {
     pub(super) fn record_start(&self, d: &Delivery) {
         if let Some(now) = self.control.wake.server_now_ms() {
             self.lateness.lock().0.add((now - d.due_at_ms).max(0));
+            self.minutes.record_start(d.part, now, now - d.due_at_ms);
         }
     }
 

@@ -51,6 +51,8 @@
 --                            by the score the message was due at): messages waiting
 --                            for their key
 --   serial_lined HASH id -> its member of serial_line
+--   minutes   HASH  minute (queue clock ms / 60000) -> what the consumer pools
+--                            did in it and the backlog then (see minutes_add.lua)
 -- Scripts return error replies only for caller bugs, as "DQERR <code> <detail>", and
 -- for the faults preflight() finds before the first write.
 
