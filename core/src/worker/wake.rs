@@ -230,3 +230,61 @@ impl Slots {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim_of(pick: Pick) -> Option<(usize, usize)> {
+        match pick {
+            Pick::Claim { part, due } => Some((part, due)),
+            Pick::Sleep(_) => None,
+        }
+    }
+
+    #[test]
+    fn a_kick_makes_every_partition_due_now_and_wakes_waiters() {
+        let wake = Wake::new(3);
+        let now = Instant::now();
+        let (pick, epoch) = wake.pick(0, now);
+        assert!(matches!(pick, Pick::Sleep(None)), "nothing is known at first");
+        wake.kick();
+        assert_ne!(wake.epoch(), epoch, "a waiter of the old epoch returns");
+        let later = Instant::now();
+        assert_eq!(claim_of(wake.pick(1, later).0), Some((1, 3)), "from the cursor on, all three due");
+        wake.begin_claim(1, later);
+        assert_eq!(claim_of(wake.pick(1, later).0), Some((2, 2)), "a claim spends its announcement");
+    }
+
+    #[test]
+    fn announced_and_reported_due_times_become_local_deadlines() {
+        let wake = Wake::new(2);
+        let local = Instant::now();
+        wake.set_clock(local, 1_000_000);
+        wake.offer_due(0, Some(1_000_500));
+        wake.end_claim(1, false, 1_002_000);
+        match wake.pick(0, local).0 {
+            Pick::Sleep(Some(t)) => assert_eq!(t, local + Duration::from_millis(500), "the earlier of the two"),
+            _ => panic!("nothing is due yet"),
+        }
+        assert_eq!(claim_of(wake.pick(0, local + Duration::from_millis(500)).0), Some((0, 1)));
+        assert_eq!(claim_of(wake.pick(0, local + Duration::from_secs(2)).0), Some((0, 2)));
+        // A later announcement does not postpone an earlier one.
+        wake.offer_due(0, Some(1_009_000));
+        assert_eq!(claim_of(wake.pick(0, local + Duration::from_millis(500)).0), Some((0, 1)));
+    }
+
+    #[test]
+    fn a_full_claim_looks_again_now_and_an_empty_one_forgets_the_partition() {
+        let wake = Wake::new(1);
+        let local = Instant::now();
+        wake.set_clock(local, 5_000);
+        let epoch = wake.epoch();
+        wake.end_claim(0, true, 9_000);
+        assert_ne!(wake.epoch(), epoch, "idle siblings are woken to join in");
+        assert!(wake.due_now());
+        wake.end_claim(0, false, -1);
+        assert!(!wake.due_now());
+        assert!(matches!(wake.pick(0, Instant::now()).0, Pick::Sleep(None)));
+    }
+}
