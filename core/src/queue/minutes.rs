@@ -1,9 +1,9 @@
 //! `Queue::minutes`: the per-minute records that consumer pools write (see metrics.rs).
 
+use super::Queue;
 use crate::conn::Replay;
 use crate::error::{Error, Result};
 use crate::metrics::{self, KEEP_MINUTES, MinuteStats};
-use super::Queue;
 use crate::scripts::minutes;
 
 impl Queue {

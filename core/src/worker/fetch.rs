@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use crate::keys::Layout;
 use crate::conn::ConnSlot;
 use crate::error::{Category, Error, Result};
+use crate::keys::Layout;
 use crate::queue::Queue;
 use crate::scripts::claim;
 use crate::{envelope, repeat};

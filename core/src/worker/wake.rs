@@ -251,9 +251,17 @@ mod tests {
         wake.kick();
         assert_ne!(wake.epoch(), epoch, "a waiter of the old epoch returns");
         let later = Instant::now();
-        assert_eq!(claim_of(wake.pick(1, later).0), Some((1, 3)), "from the cursor on, all three due");
+        assert_eq!(
+            claim_of(wake.pick(1, later).0),
+            Some((1, 3)),
+            "from the cursor on, all three due"
+        );
         wake.begin_claim(1, later);
-        assert_eq!(claim_of(wake.pick(1, later).0), Some((2, 2)), "a claim spends its announcement");
+        assert_eq!(
+            claim_of(wake.pick(1, later).0),
+            Some((2, 2)),
+            "a claim spends its announcement"
+        );
     }
 
     #[test]
@@ -267,11 +275,17 @@ mod tests {
             Pick::Sleep(Some(t)) => assert_eq!(t, local + Duration::from_millis(500), "the earlier of the two"),
             _ => panic!("nothing is due yet"),
         }
-        assert_eq!(claim_of(wake.pick(0, local + Duration::from_millis(500)).0), Some((0, 1)));
+        assert_eq!(
+            claim_of(wake.pick(0, local + Duration::from_millis(500)).0),
+            Some((0, 1))
+        );
         assert_eq!(claim_of(wake.pick(0, local + Duration::from_secs(2)).0), Some((0, 2)));
         // A later announcement does not postpone an earlier one.
         wake.offer_due(0, Some(1_009_000));
-        assert_eq!(claim_of(wake.pick(0, local + Duration::from_millis(500)).0), Some((0, 1)));
+        assert_eq!(
+            claim_of(wake.pick(0, local + Duration::from_millis(500)).0),
+            Some((0, 1))
+        );
     }
 
     #[test]
