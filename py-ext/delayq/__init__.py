@@ -227,7 +227,6 @@ def _awaited(handler: Callable[[Any, Message], Any]) -> Callable[[Any, Message],
 _DEFAULT: dict[str, Any] = {o["name"]: o["default"] for o in WORKER_OPTIONS}
 
 
-
 def _check_count(name: str, value: Optional[int]) -> None:
     """A count option of the Python side within the table's bounds (``None``: not set)."""
     if value is None:

@@ -187,7 +187,9 @@ pub(crate) struct PyWorker {
     /// Exception classes that go to the dead-letter set at once (a tuple, as
     /// `isinstance` takes it).
     no_retry: Py<PyTuple>,
-    stopped_by: std::sync::Mutex<Option<StopReason>>,
+    /// Why the run was stopped, the first reason given; shared with the asyncio
+    /// runner's consumer, whose limits give theirs here too.
+    stopped_by: Arc<std::sync::Mutex<Option<StopReason>>>,
     /// `max_jobs`, `max_time`, `max_memory_mb` (in bytes) of each run.
     limits: (Option<u64>, Option<Duration>, Option<i64>),
 }
@@ -307,7 +309,7 @@ impl PyWorker {
                 opts,
             )
             .or_raise(py)?,
-            stopped_by: std::sync::Mutex::new(None),
+            stopped_by: Arc::new(std::sync::Mutex::new(None)),
             no_retry: no_retry.unwrap_or_else(|| PyTuple::empty(py)).unbind(),
             limits: (max_jobs.map(|n| n as u64), max_time, max_memory_mb.map(|mb| mb << 20)),
         })
@@ -433,7 +435,12 @@ impl PyWorker {
         crate::logs::sync_level(py);
         let consumer = py.detach(|| self.worker.start_with(handlers)).or_raise(py)?;
         let publisher = slot.map(|s| s.slot.publish_while(consumer.releaser(), self.worker.options().timeout));
-        Ok(PyConsumer::new(consumer, publisher, self.recycle()))
+        Ok(PyConsumer::new(
+            consumer,
+            publisher,
+            self.recycle(),
+            Arc::clone(&self.stopped_by),
+        ))
     }
 
     /// Why the pool was stopped ("stop", "signal"), once; for the asyncio runner.
@@ -511,8 +518,10 @@ pub(crate) struct PyConsumer {
     returned: std::sync::Condvar,
     /// A supervised process's counts, copied into its slot until `finish`.
     publisher: std::sync::Mutex<Option<Publisher>>,
-    /// The run's own limits, and the one that ended it.
-    recycle: std::sync::Mutex<(Recycle, Option<StopReason>)>,
+    /// The run's own limits, and whether one of them ended it.
+    recycle: std::sync::Mutex<(Recycle, bool)>,
+    /// The worker's reason for the stop (see `PyWorker::stopped_by`).
+    stopped_by: Arc<std::sync::Mutex<Option<StopReason>>>,
 }
 
 /// A call's share of the consumer, returned when the call ends.
@@ -544,32 +553,46 @@ impl Drop for Share<'_> {
 }
 
 impl PyConsumer {
-    fn new(consumer: delayq::Consumer, publisher: Option<Publisher>, recycle: Recycle) -> Self {
+    fn new(
+        consumer: delayq::Consumer,
+        publisher: Option<Publisher>,
+        recycle: Recycle,
+        stopped_by: Arc<std::sync::Mutex<Option<StopReason>>>,
+    ) -> Self {
         Self {
             consumer: std::sync::Mutex::new(Some(Arc::new(consumer))),
             returns: std::sync::Mutex::new(()),
             returned: std::sync::Condvar::new(),
             publisher: std::sync::Mutex::new(publisher),
-            recycle: std::sync::Mutex::new((recycle, None)),
+            recycle: std::sync::Mutex::new((recycle, false)),
+            stopped_by,
         }
     }
 
-    /// Stop the pool once, when `limit` (applied to the run's limits) says so.
-    fn apply_limit(&self, py: Python<'_>, limit: impl FnOnce(&mut Recycle) -> Option<StopReason>) -> PyResult<()> {
+    /// Stop the pool once, when `limit` (applied to the run's limits) says so; its
+    /// reason counts unless the worker already had one (the first reason wins, as in
+    /// `run`). Raises nothing: it runs in the handler's `finally`, after a finished
+    /// run too.
+    fn apply_limit(&self, py: Python<'_>, limit: impl FnOnce(&mut Recycle) -> Option<StopReason>) {
         let why = {
             let Ok(mut r) = self.recycle.lock_py_attached(py) else {
-                return Ok(());
+                return;
             };
             let (recycle, ended) = &mut *r;
-            match ended {
-                Some(_) => None,
-                None => limit(recycle).inspect(|why| *ended = Some(*why)),
+            if *ended {
+                return;
             }
+            let why = limit(recycle);
+            *ended = why.is_some();
+            why
         };
-        if why.is_some() {
-            self.with(py, |c| c.stop())?;
+        let Some(why) = why else { return };
+        if let Ok(mut r) = self.stopped_by.lock_py_attached(py) {
+            r.get_or_insert(why);
         }
-        Ok(())
+        if let Ok(Some(c)) = self.current(py) {
+            c.stop();
+        }
     }
 
     fn current(&self, py: Python<'_>) -> PyResult<Option<Share<'_>>> {
@@ -629,7 +652,7 @@ impl PyConsumer {
     /// The next delivery within `timeout` seconds, or None (idle, or stopping: see
     /// `stopped`).
     fn recv(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<PyDelivery>> {
-        self.apply_limit(py, |r| r.before_next())?;
+        self.apply_limit(py, |r| r.before_next());
         let wait = Duration::from_secs_f64(timeout.clamp(0.0, 60.0));
         let Some(c) = self.current(py)? else { return Ok(None) };
         let received = py.detach(|| c.recv_timeout(wait));
@@ -656,8 +679,8 @@ impl PyConsumer {
     }
 
     /// A handler call ended: counts it against `max_jobs` and `max_memory_mb`.
-    fn after_job(&self, py: Python<'_>) -> PyResult<()> {
-        self.apply_limit(py, |r| r.after_job(resident_bytes))
+    fn after_job(&self, py: Python<'_>) {
+        self.apply_limit(py, |r| r.after_job(resident_bytes));
     }
 
     /// Whether the pool is stopping (recv returns None from now on).
@@ -713,8 +736,7 @@ impl PyConsumer {
 
     /// Release prefetched deliveries, write every completion, join the threads.
     fn finish<'py>(&self, py: Python<'py>, stopped_by: Option<&str>) -> PyResult<Bound<'py, PyDict>> {
-        let limited = self.recycle.lock_py_attached(py).ok().and_then(|r| r.1);
-        let stopped_by = stopped_by.map(|t| reason(py, t)).transpose()?.or(limited);
+        let stopped_by = stopped_by.map(|t| reason(py, t)).transpose()?;
         let stopped_by = match self.current(py)? {
             Some(c) => delayq::host::ended_by(&c.stopper(), stopped_by),
             None => stopped_by,

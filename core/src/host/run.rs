@@ -169,12 +169,12 @@ impl Recycle {
     }
 }
 
-/// Why a run ended: a restart request or an empty queue (`stop_when_empty`), which the
-/// pool's own threads act on and which stop it first, win over `asked` (the reason
-/// the binding knows of, if any), except an exit: the supervisor stops every process
-/// on it.
+/// Why a run ended: the first reason the binding knew of (`asked`: a signal, a limit,
+/// an exit), else a restart request or an empty queue (`stop_when_empty`), which the
+/// pool's own threads act on, else a plain stop. A claim under way at a stop may still
+/// note a restart: it does not change a reason already given.
 pub fn ended_by(stopper: &Stopper, asked: Option<StopReason>) -> Option<StopReason> {
-    if asked == Some(StopReason::Exit) {
+    if asked.is_some_and(|why| why != StopReason::Stop) {
         asked
     } else if stopper.restart_requested() {
         Some(StopReason::Restart)
