@@ -299,8 +299,12 @@ fn kill(pid: libc::pid_t, signal: libc::c_int) {
     }
 }
 
-/// How a process that sent no report ended, from its `waitpid` status.
-fn describe_death(status: libc::c_int) -> String {
+/// How a process that sent no report ended, from its `waitpid` status (`None`: it
+/// was reaped by another, so how is unknown).
+fn describe_death(status: Option<libc::c_int>) -> String {
+    let Some(status) = status else {
+        return "ended; its status is unknown (the process waited for it itself, or ignores SIGCHLD)".to_owned();
+    };
     if libc::WIFSIGNALED(status) {
         let signal = libc::WTERMSIG(status);
         let name = match signal {
@@ -472,7 +476,7 @@ impl<S: Spawner> Pool<'_, S> {
         }
     }
 
-    fn reaped(&mut self, i: usize, mut child: Child, status: libc::c_int) {
+    fn reaped(&mut self, i: usize, mut child: Child, status: Option<libc::c_int>) {
         let pid = child.pid;
         let text = read_report(&mut child.report);
         let lived = child.born.elapsed();
@@ -582,9 +586,13 @@ impl<S: Spawner> Pool<'_, S> {
             };
             let mut status = 0;
             // SAFETY: waits for this child of ours without blocking.
-            if unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) } != pid {
-                continue;
-            }
+            let status = match unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) } {
+                done if done == pid => Some(status),
+                // Gone without us: the application reaped it (`pcntl_waitpid(-1)`) or
+                // ignores SIGCHLD. Left in its slot, it would keep the pool waiting.
+                -1 if std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) => None,
+                _ => continue,
+            };
             if let Some(child) = self.children[i].take() {
                 self.reaped(i, child, status);
             }
