@@ -831,6 +831,7 @@ impl Endpoint {
     /// master at once. Until Sentinel demotes it (seconds later, or never while it is cut
     /// off), the old master still takes writes, which it then throws away: claims there
     /// would run messages twice and acks there would be lost. Runs until `stopped`;
+    /// logs as the pool it serves (`delayq.worker`), as it did before it moved here;
     /// `pause_for` waits between tries, `on_switch` follows each switch.
     pub(crate) fn watch_sentinels(
         &self,
@@ -849,7 +850,10 @@ impl Endpoint {
             let (host, mut conn) = match endpoint.sentinel_connection(attempt) {
                 Some(Ok(c)) => c,
                 Some(Err(e)) => {
-                    log::debug!("delayq[{}]: sentinel watch: {e}", label);
+                    log::debug!(
+                        target: "delayq::worker",
+                        "delayq[{}]: sentinel watch: {e}", label
+                    );
                     attempt += 1;
                     pause_for(pause);
                     pause = (pause * 2).min(Duration::from_secs(2));
@@ -872,14 +876,20 @@ impl Endpoint {
                         // "<name> <old ip> <old port> <new ip> <new port>"
                         let text = msg.get_payload::<String>().unwrap_or_default();
                         if text.split(' ').next() == Some(service) {
-                            log::warn!("delayq[{}]: sentinel {host} announced a new master: {text}", label);
+                            log::warn!(
+                                target: "delayq::worker",
+                                "delayq[{}]: sentinel {host} announced a new master: {text}", label
+                            );
                             endpoint.master_switched();
                             on_switch();
                         }
                     }
                     Err(e) if e.is_timeout() => {}
                     Err(e) => {
-                        log::debug!("delayq[{}]: sentinel watch on {host} lost: {e}", label);
+                        log::debug!(
+                            target: "delayq::worker",
+                            "delayq[{}]: sentinel watch on {host} lost: {e}", label
+                        );
                         attempt += 1;
                         break;
                     }

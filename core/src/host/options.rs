@@ -159,7 +159,7 @@ const fn other(name: &'static str, kind: Kind, default: Default, takers: Takers,
     }
 }
 
-/// Longest span an option in seconds takes (what a delay takes: ten years).
+/// Longest span an option in seconds takes (what a delay takes, `MAX_DELAY`).
 const MAX_SECONDS: f64 = crate::time::MAX_DELAY.as_secs() as f64;
 
 /// Every worker option, in the order the docs list them.

@@ -1,6 +1,8 @@
 //! The heartbeat thread: renews the leases of what the pool holds, keeps the pool's
-//! entry in the list of live pools (`Queue::workers`) and its counts fresh, and
-//! releases prefetched deliveries when every handler is stuck.
+//! entry in the list of live pools (`Queue::workers`) and its counts fresh, adds what
+//! its handlers did to the queue's per-minute records and renews the queue in the
+//! registry of queues (`send_minutes`), and releases prefetched deliveries when every
+//! handler is stuck.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
