@@ -51,8 +51,8 @@ pub use keys::{Layout, MAX_PARTITIONS};
 pub use logs::{LogRecord, capture_logs, logger_name, set_log_level, take_logs};
 pub use queue::{
     COUNTERS, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MAX_ID_BYTES, MAX_KEEP_COMPLETED,
-    MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES, MessageInfo, NewMessage, PushOptions, Queue, QueueOptions, RateLimit,
-    State, Stats, WorkerInfo,
+    MAX_PAGE_START, MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES, MessageInfo, NewMessage, PushOptions, Queue,
+    QueueOptions, RateLimit, State, Stats, WorkerInfo,
 };
 pub use registry::RegisteredQueue;
 pub use repeat::{RepeatInfo, RepeatOptions, Schedule};

@@ -1,7 +1,7 @@
 -- list.lua: the first messages of one state, in the order consumers will meet them.
 -- ARGV[3] "waiting" (scheduled and ready, earliest due first), "inflight" (running,
 --   earliest lease deadline first) or "completed" (kept after completion, latest
---   first)   ARGV[4] limit (1..1000)
+--   first)   ARGV[4] limit (1..1000)   ARGV[5] how many to skip first (paging)
 -- Returns {now_ms, then groups of 10: id, state, envelope, due_ms (-1 unknown),
 --   attempts (deliveries so far, the running one included), last_error or false,
 --   lease_until_ms (-1 unless in flight), completed_at_ms (-1 unless completed),
@@ -13,8 +13,9 @@
 -- KEYS: scheduled messages inflight leases attempts errors control completed completed_messages traces serial_keys serial_lined
 local now = queue_now(false)
 local limit = tonumber(ARGV[4])
+local start = tonumber(ARGV[5])
 if ARGV[3] == 'completed' then
-  local listed = redis.call('ZREVRANGE', K_DONE, 0, limit - 1, 'WITHSCORES')
+  local listed = redis.call('ZREVRANGE', K_DONE, start, start + limit - 1, 'WITHSCORES')
   local result = {now}
   for i = 1, #listed, 2 do
     local record = redis.call('HGET', K_DONE_MSG, listed[i])
@@ -36,7 +37,7 @@ if ARGV[3] == 'completed' then
   return result
 end
 local inflight = ARGV[3] == 'inflight'
-local listed = redis.call('ZRANGE', inflight and K_INFLIGHT or K_SCHED, 0, limit - 1, 'WITHSCORES')
+local listed = redis.call('ZRANGE', inflight and K_INFLIGHT or K_SCHED, start, start + limit - 1, 'WITHSCORES')
 local result = {now}
 local n = #listed / 2
 if n == 0 then

@@ -11,18 +11,21 @@ use super::validate::validate_id;
 impl Queue {
     /// Up to `limit` dead letters, newest first (from every partition).
     pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
+        self.dead_letters_page(0, limit)
+    }
+
+    /// As [`Queue::dead_letters`], after skipping the `start` newest (at most
+    /// [`MAX_PAGE_START`](crate::MAX_PAGE_START)): one page, for paging through them.
+    pub fn dead_letters_page(&self, start: usize, limit: usize) -> Result<Vec<DeadLetter>> {
         let limit = limit.min(self.inner.opts.dead_max.max(1));
-        let mut all = Vec::new();
-        for part in 0..self.partitions() {
-            let args = dead::List { limit };
+        let fetch = |part: usize, start: usize, limit: usize| {
+            let args = dead::List { limit, start };
             let dead::Rows(rows) = self.call(part, "dead_letters", Replay::Safe, dead::list(), |inv| {
                 args.add_to(inv);
             })?;
-            all.extend(rows.into_iter().map(|r| {
-                DeadLetter {
+            Ok(rows
+                .into_iter()
+                .map(|r| DeadLetter {
                     id: r.id,
                     payload_json: envelope::decode(&self.inner.opts.layout, &r.stored)
                         .map(|d| d.payload_json)
@@ -31,13 +34,13 @@ impl Queue {
                     last_error: r.last_error.unwrap_or_default(),
                     error_trace: r.error_trace,
                     dead_at_ms: r.dead_at_ms,
-                }
-            }));
-        }
+                })
+                .collect())
+        };
         // Each partition's list is newest first already; merge them the same way.
-        all.sort_by_key(|d| std::cmp::Reverse(d.dead_at_ms));
-        all.truncate(limit);
-        Ok(all)
+        self.page(start, limit, fetch, |all: &mut Vec<DeadLetter>| {
+            all.sort_by_key(|d| std::cmp::Reverse(d.dead_at_ms));
+        })
     }
 
     /// Send dead letters back to the queue, due now, with a fresh attempt budget: one

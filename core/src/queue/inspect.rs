@@ -34,34 +34,35 @@ impl Queue {
     /// deadline; completed ones (kept with `keep_completed`) latest first. For a look at a queue (what is next, what runs, what hangs), not for
     /// consuming it: the list is a snapshot and may be stale as soon as it returns.
     pub fn list(&self, which: Listing, limit: usize) -> Result<Vec<MessageInfo>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
+        self.list_page(which, 0, limit)
+    }
+
+    /// As [`Queue::list`], after skipping the first `start` (at most
+    /// [`MAX_PAGE_START`](crate::MAX_PAGE_START)): one page of a listing, for paging through it.
+    pub fn list_page(&self, which: Listing, start: usize, limit: usize) -> Result<Vec<MessageInfo>> {
         if limit > MAX_BATCH {
             return Err(Error::invalid(
                 "limit",
                 format!("at most {MAX_BATCH} messages per call, got {limit}"),
             ));
         }
-        let mut all = Vec::new();
-        for part in 0..self.partitions() {
+        let fetch = |part: usize, start: usize, limit: usize| {
             let args = inspect::List {
                 which: which.as_str(),
                 limit,
+                start,
             };
             let inspect::Listed(listed) = self.call(part, "list", Replay::Safe, inspect::list(), |inv| {
                 args.add_to(inv);
             })?;
-            all.extend(listed.into_iter().map(|(id, r)| self.message_info(id, r)));
-        }
+            Ok(listed.into_iter().map(|(id, r)| self.message_info(id, r)).collect())
+        };
         // Each partition's list is in order already; merge them the same way.
-        match which {
+        self.page(start, limit, fetch, |all: &mut Vec<MessageInfo>| match which {
             Listing::Waiting => all.sort_by_key(|m| m.due_at_ms),
             Listing::Inflight => all.sort_by_key(|m| m.lease_until_ms),
             Listing::Completed => all.sort_by_key(|m| std::cmp::Reverse(m.completed_at_ms)),
-        }
-        all.truncate(limit);
-        Ok(all)
+        })
     }
 
     /// Up to `limit` (0 to 1000) messages whose payload contains `text` (plain

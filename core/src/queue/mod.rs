@@ -23,7 +23,7 @@ use serde::Serialize;
 use crate::conn::{Conn, ConnSlot, Endpoint, Replay};
 use crate::error::{Error, Result};
 use crate::keys::{Keys, Layout, MAX_PARTITIONS, partition_of, partition_tags, validate_name};
-use crate::scripts::{self, LuaScript};
+use crate::scripts::{self, LuaScript, MAX_BATCH};
 
 pub use options::{
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEEP_COMPLETED, MAX_RATE_LIMIT_PERIOD, NewMessage, PushOptions, QueueOptions,
@@ -38,6 +38,10 @@ pub(super) fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
         (a, b) => a.or(b),
     }
 }
+
+/// Most messages a page of a listing may skip (`list_page`, `dead_letters_page`): on a
+/// partitioned queue each partition's first `start + limit` are read to merge them.
+pub const MAX_PAGE_START: usize = 100_000;
 
 pub(crate) fn to_json<T: Serialize + ?Sized>(payload: &T) -> Result<String> {
     serde_json::to_string(payload).map_err(|e| Error::PayloadNotSerializable(e.to_string()))
@@ -279,5 +283,49 @@ impl Queue {
             redis::cmd("PING").query::<String>(con)
         })?;
         Ok(())
+    }
+}
+
+impl Queue {
+    /// The page `start..start + limit` of a listing merged over the partitions, in the
+    /// order `sort` puts them: one call on a single partition; otherwise each
+    /// partition's first `start + limit`, read in calls of at most `MAX_BATCH`.
+    /// `fetch(part, start, limit)` reads one partition's slice.
+    pub(super) fn page<T>(
+        &self,
+        start: usize,
+        limit: usize,
+        mut fetch: impl FnMut(usize, usize, usize) -> Result<Vec<T>>,
+        sort: impl FnOnce(&mut Vec<T>),
+    ) -> Result<Vec<T>> {
+        if start > MAX_PAGE_START {
+            return Err(Error::invalid(
+                "start",
+                format!("at most {MAX_PAGE_START} messages may be skipped, got {start}"),
+            ));
+        }
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        if self.partitions() == 1 {
+            return fetch(0, start, limit);
+        }
+        let end = start + limit;
+        let mut all = Vec::new();
+        for part in 0..self.partitions() {
+            let mut from = 0;
+            while from < end {
+                let want = MAX_BATCH.min(end - from);
+                let got = fetch(part, from, want)?;
+                let short = got.len() < want;
+                all.extend(got);
+                if short {
+                    break;
+                }
+                from += want;
+            }
+        }
+        sort(&mut all);
+        Ok(all.into_iter().skip(start).take(limit).collect())
     }
 }

@@ -10,11 +10,13 @@ use super::{LuaScript, decode, decode_unsigned};
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct List {
     pub(crate) limit: usize,
+    /// How many to skip first.
+    pub(crate) start: usize,
 }
 
 impl List {
     pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
-        inv.arg(self.limit);
+        inv.arg(self.limit).arg(self.start);
     }
 }
 

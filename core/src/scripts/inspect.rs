@@ -109,11 +109,13 @@ pub(crate) struct List<'a> {
     /// "waiting", "inflight" or "completed".
     pub(crate) which: &'a str,
     pub(crate) limit: usize,
+    /// How many to skip first.
+    pub(crate) start: usize,
 }
 
 impl List<'_> {
     pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
-        inv.arg(self.which).arg(self.limit);
+        inv.arg(self.which).arg(self.limit).arg(self.start);
     }
 }
 
