@@ -126,11 +126,12 @@ class DelayQueue:
         ``error_trace``, beside ``last_error`` when the failure came with one, is the
         handler's traceback (a PHP worker's exception with its stack trace), cut to the
         worker's ``max_trace_bytes``."""
-    def waiting(self, limit: int = 100) -> list[dict[str, Any]]:
+    def waiting(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
         """The next ``limit`` (at most 1000) messages waiting, scheduled or ready,
-        earliest due first, from every partition, each as ``get()`` shows it. A snapshot
-        for looking at a queue, not for consuming it."""
-    def inflight(self, limit: int = 100) -> list[dict[str, Any]]:
+        earliest due first, from every partition, each as ``get()`` shows it, after
+        skipping ``start`` (at most 100 000: a page). A snapshot for looking at a queue,
+        not for consuming it."""
+    def inflight(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
         """Up to ``limit`` (at most 1000) running messages, earliest lease deadline
         first, each as ``get()`` shows it; a ``lease_until`` in the past is a delivery
         whose worker died or hung (the next claim gives it to another worker)."""
@@ -149,7 +150,7 @@ class DelayQueue:
         that is also part of other numbers (``find("10086")`` also returns order
         100861). The comparison is exact, type included: ``10086`` is not ``"10086"``.
         It scans as ``find()`` does."""
-    def completed(self, limit: int = 100) -> list[dict[str, Any]]:
+    def completed(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
         """Up to ``limit`` (at most 1000) completed messages kept by ``keep_completed``,
         latest first, from every partition, each as ``get()`` shows it: ``due_at`` of
         the delivery that completed it, ``attempts`` it took, ``completed_at``."""
@@ -159,9 +160,10 @@ class DelayQueue:
         (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
         discarded, trimmed, purged, replaced, moved). ``held`` counts the scheduled
         messages, due already, that wait for another message of their serial key."""
-    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Up to ``limit`` dead letters, newest first: ``{id, payload, attempts,
-        last_error, error_trace, dead_at}``."""
+    def dead_letters(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
+        """Up to ``limit`` dead letters, newest first, after skipping the ``start``
+        newest (as ``waiting``): ``{id, payload, attempts, last_error, error_trace,
+        dead_at}``."""
     def workers(self) -> list[dict[str, Any]]:
         """The consumer pools alive on this queue, from every host and language, oldest
         first: ``{id, host, pid, started_at, last_seen, threads, handlers, handled,

@@ -78,13 +78,13 @@ class AsyncDelayQueue:
         """`DelayQueue.stats`."""
         return await asyncio.to_thread(self._queue.stats)
 
-    async def waiting(self, limit: int = 100) -> list[dict[str, Any]]:
+    async def waiting(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
         """`DelayQueue.waiting`."""
-        return await asyncio.to_thread(self._queue.waiting, limit)
+        return await asyncio.to_thread(self._queue.waiting, limit, start=start)
 
-    async def inflight(self, limit: int = 100) -> list[dict[str, Any]]:
+    async def inflight(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
         """`DelayQueue.inflight`."""
-        return await asyncio.to_thread(self._queue.inflight, limit)
+        return await asyncio.to_thread(self._queue.inflight, limit, start=start)
 
     async def find(self, text: str, limit: int = 20) -> list[dict[str, Any]]:
         """`DelayQueue.find`."""
@@ -96,13 +96,13 @@ class AsyncDelayQueue:
         """`DelayQueue.find_field`."""
         return await asyncio.to_thread(self._queue.find_field, field, value, limit)
 
-    async def completed(self, limit: int = 100) -> list[dict[str, Any]]:
+    async def completed(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
         """`DelayQueue.completed`."""
-        return await asyncio.to_thread(self._queue.completed, limit)
+        return await asyncio.to_thread(self._queue.completed, limit, start=start)
 
-    async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+    async def dead_letters(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
         """`DelayQueue.dead_letters`."""
-        return await asyncio.to_thread(self._queue.dead_letters, limit)
+        return await asyncio.to_thread(self._queue.dead_letters, limit, start=start)
 
     async def minutes(self, span: int = 60) -> list[dict[str, Any]]:
         """`DelayQueue.minutes`."""

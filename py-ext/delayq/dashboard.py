@@ -413,19 +413,20 @@ def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Ca
 
 #: Messages a page of a list shows, and how deep paging goes (the listings' limit).
 PAGE_ROWS = 20
-MAX_PAGED = 1000
+# The deepest a page may start (the core's MAX_PAGE_START).
+MAX_PAGED = 100_000
 
 _LISTS = ("waiting", "running", "dead", "completed")
 
 
 def _paged(q: DelayQueue, which: str, page: int) -> tuple[list[dict[str, Any]], bool]:
     """The messages of `which` on `page` (0 first), and whether a next page exists."""
-    start = page * PAGE_ROWS
-    want = min(MAX_PAGED, start + PAGE_ROWS + 1)
-    read: dict[str, Callable[[int], list[dict[str, Any]]]] = {
+    start = min(page * PAGE_ROWS, MAX_PAGED)
+    read: dict[str, Callable[..., list[dict[str, Any]]]] = {
         "waiting": q.waiting, "running": q.inflight, "dead": q.dead_letters, "completed": q.completed}
-    rows = read[which](want)[start:]
-    return rows[:PAGE_ROWS], len(rows) > PAGE_ROWS and start + PAGE_ROWS < MAX_PAGED
+    # One row more than shown tells whether a next page exists.
+    rows = read[which](PAGE_ROWS + 1, start=start)
+    return rows[:PAGE_ROWS], len(rows) > PAGE_ROWS and start + PAGE_ROWS <= MAX_PAGED
 
 
 def render_queue(q: DelayQueue, refresh: float = 5.0, now: Optional[Callable[[], float]] = None,

@@ -320,6 +320,7 @@ argument_readers! {
     max_attempts_arg -> Option<u32> = opt_whole_u32("max_attempts");
     replace_arg -> bool = flag("replace");
     limit_arg -> usize = whole_usize("limit");
+    start_arg -> usize = whole_usize("start");
     span_arg -> u32 = whole_u32("span");
     threads_arg -> usize = whole_usize("threads");
     batch_arg -> usize = whole_usize("batch");

@@ -305,25 +305,27 @@ impl PyQueue {
 
     /// The next `limit` (at most 1000) messages waiting, scheduled or ready, earliest
     /// due first, each as `get()` shows it.
-    #[pyo3(signature = (limit = 100))]
+    #[pyo3(signature = (limit = 100, *, start = 0))]
     fn waiting<'py>(
         &self,
         py: Python<'py>,
         #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
+        #[pyo3(from_py_with = convert::start_arg)] start: usize,
     ) -> PyResult<Bound<'py, PyList>> {
-        self.listing(py, Listing::Waiting, limit)
+        self.listing(py, Listing::Waiting, start, limit)
     }
 
     /// Up to `limit` (at most 1000) running messages, earliest lease deadline first,
     /// each as `get()` shows it; a `lease_until` in the past is a delivery whose worker
     /// died or hung (it runs again at the next claim).
-    #[pyo3(signature = (limit = 100))]
+    #[pyo3(signature = (limit = 100, *, start = 0))]
     fn inflight<'py>(
         &self,
         py: Python<'py>,
         #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
+        #[pyo3(from_py_with = convert::start_arg)] start: usize,
     ) -> PyResult<Bound<'py, PyList>> {
-        self.listing(py, Listing::Inflight, limit)
+        self.listing(py, Listing::Inflight, start, limit)
     }
 
     /// Up to `limit` (at most 1000) messages whose payload contains `text` (or whose id it is), in
@@ -360,13 +362,14 @@ impl PyQueue {
 
     /// Up to `limit` (at most 1000) completed messages kept by `keep_completed`, latest
     /// first, each as `get()` shows it.
-    #[pyo3(signature = (limit = 100))]
+    #[pyo3(signature = (limit = 100, *, start = 0))]
     fn completed<'py>(
         &self,
         py: Python<'py>,
         #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
+        #[pyo3(from_py_with = convert::start_arg)] start: usize,
     ) -> PyResult<Bound<'py, PyList>> {
-        self.listing(py, Listing::Completed, limit)
+        self.listing(py, Listing::Completed, start, limit)
     }
 
     /// Queue depth by state and lifetime counters (same keys as PHP's stats()).
@@ -390,13 +393,14 @@ impl PyQueue {
     }
 
     /// Up to `limit` dead letters, newest first.
-    #[pyo3(signature = (limit = 100))]
+    #[pyo3(signature = (limit = 100, *, start = 0))]
     fn dead_letters<'py>(
         &self,
         py: Python<'py>,
         #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
+        #[pyo3(from_py_with = convert::start_arg)] start: usize,
     ) -> PyResult<Bound<'py, PyList>> {
-        let dead = py.detach(|| self.queue.dead_letters(limit)).or_raise(py)?;
+        let dead = py.detach(|| self.queue.dead_letters_page(start, limit)).or_raise(py)?;
         let list = PyList::empty(py);
         for x in dead {
             let d = PyDict::new(py);
@@ -675,8 +679,14 @@ impl PyQueue {
 }
 
 impl PyQueue {
-    fn listing<'py>(&self, py: Python<'py>, which: Listing, limit: usize) -> PyResult<Bound<'py, PyList>> {
-        let listed = py.detach(|| self.queue.list(which, limit)).or_raise(py)?;
+    fn listing<'py>(
+        &self,
+        py: Python<'py>,
+        which: Listing,
+        start: usize,
+        limit: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let listed = py.detach(|| self.queue.list_page(which, start, limit)).or_raise(py)?;
         message_list(py, listed)
     }
 }

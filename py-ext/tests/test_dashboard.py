@@ -199,3 +199,32 @@ def test_queues_are_found_in_the_registry_and_each_has_a_paged_page(redis_url: s
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_pages_reach_past_the_first_thousand_messages(redis_url: str, partitions: int) -> None:
+    q = delayq.DelayQueue(redis_url, f"deep-{partitions}", partitions=partitions)
+    n = 1_050
+    ids = q.push_many([{"payload": {"n": i}, "delay": 60 + i, "id": f"p-{i:04d}"} for i in range(n)])
+    assert [m["id"] for m in q.waiting(30, start=1_020)] == ids[1_020:1_050]
+    assert q.waiting(10, start=n) == []
+    with pytest.raises(delayq.InvalidArgumentError, match="start"):
+        q.waiting(10, start=100_001)
+    with pytest.raises(TypeError, match="start"):
+        q.waiting(10, start="1")  # type: ignore[arg-type]
+
+    server = make_server([q], "127.0.0.1", 0, refresh=0, auth=None, actions=False)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        def get(page: int) -> str:
+            url = f"http://127.0.0.1:{server.server_address[1]}/queue?name={q.name}&waiting_page={page}"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return str(r.read().decode())
+
+        deep = get(1_020 // PAGE_ROWS)
+        assert ids[1_020] in deep and ids[1_020 + PAGE_ROWS - 1] in deep and ids[1_019] not in deep
+        assert "later &rarr;" in deep
+        last = get(n // PAGE_ROWS)
+        assert ids[-1] in last and "later &rarr;" not in last
+    finally:
+        server.shutdown()
