@@ -120,8 +120,13 @@ impl Queue {
         }
     }
 
-    /// A producer's registration: once per process and queue.
+    /// A producer's registration: once per process and queue. A push pays one atomic
+    /// load for it once its handle has registered (or found the queue registered).
     pub(crate) fn register_producer(&self) {
+        use std::sync::atomic::Ordering;
+        if self.inner.producer_registered.swap(true, Ordering::Relaxed) {
+            return;
+        }
         if self.registration_due(None) {
             let mut slot = self.inner.conn.lock();
             self.register_on(&mut slot);

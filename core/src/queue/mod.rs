@@ -54,6 +54,9 @@ pub(crate) struct Inner {
     pub(crate) endpoint: Endpoint,
     pub(crate) opts: QueueOptions,
     pub(crate) conn: Mutex<ConnSlot>,
+    /// This handle's producer side has noted the queue in the registry of queues (see
+    /// registry.rs): every later push skips the process-wide bookkeeping.
+    pub(crate) producer_registered: std::sync::atomic::AtomicBool,
 }
 
 /// A handle on one queue. Cheap to clone; safe to share between threads; usable on
@@ -159,6 +162,7 @@ impl Queue {
                 endpoint,
                 opts,
                 conn: Mutex::new(ConnSlot::new()),
+                producer_registered: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
