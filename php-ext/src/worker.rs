@@ -20,7 +20,7 @@ use crate::errors::{self, OrThrow};
 use crate::queue::PhpDelayQueue;
 use crate::signals;
 use crate::supervisor;
-use delayq::host::{Outcome, Recycle, Slot, StopReason};
+use delayq::host::{Called, Outcome, Recycle, Slot, StopReason};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -393,7 +393,6 @@ impl PhpWorker {
     ) -> PhpResult<RunSummary> {
         crate::logs::sync_level();
         let consumer = BailoutGuard::new(self.worker.start().or_throw()?);
-        let stopper = consumer.stopper();
         let releaser = consumer.releaser();
         // Ended (joined) when this function returns, after the pool has finished.
         let _watcher = signals::watch(move || {
@@ -406,102 +405,21 @@ impl PhpWorker {
         // A supervised process keeps its counts in its slot, for a supervisor that
         // kills it before it can report.
         let publisher = slot.map(|s| s.publish_while(consumer.releaser(), self.limits.timeout));
-        let dispatch = ZendCallable::try_from_name("pcntl_signal_dispatch").ok();
-        let mut recycle = Recycle::new(self.limits.max_jobs, self.limits.max_time, self.limits.max_memory_bytes);
-        let mut ended = None;
-        loop {
-            if ended.is_none() && signals::take() {
-                ended = Some(StopReason::Signal);
-                stopper.stop();
-            }
-            if ended.is_none()
-                && let Some(why) = recycle.before_next()
-            {
-                ended = Some(why);
-                stopper.stop();
-            }
-            if ended.is_none() && stopper.is_stopped() {
-                ended = delayq::host::ended_by(&stopper, Some(StopReason::Stop));
-            }
-            if let Some(f) = &dispatch {
-                // Lets the script's own pcntl_signal() handlers run (they may call stop()).
-                let _ = f.try_call(vec![]);
-            }
-            if consumer.in_forked_child() {
-                // Forked by a hook or a signal handler, which returned.
-                end_forked_child(None);
-            }
-            let received = consumer.recv_timeout(Duration::from_millis(100));
-            crate::logs::flush();
-            let delivery = match received {
-                delayq::Received::Message(d) => d,
-                delayq::Received::Idle => continue,
-                delayq::Received::Stopped => break,
-            };
-            let payload = match delayq::parse_payload(delivery.payload_json()) {
-                Ok(value) => convert::value_to_zval(&value)?,
-                Err(e) => {
-                    // The same text decodes no better next time: to the dead letters now.
-                    let error = format!("stored payload cannot be decoded: {e}");
-                    consumer.fail_with(delivery, &error, delayq::Retry::Never);
-                    continue;
-                }
-            };
-            // With lower queues, each delivery names its own.
-            let queue_name = Arc::clone(&delivery.queue);
-            let decision = Decision::default();
-            let message = PhpMessage {
-                id: delivery.id.clone(),
-                attempt: i64::from(delivery.attempt),
-                max_attempts: i64::from(delivery.max_attempts),
-                due_at: convert::ms_to_secs(delivery.due_at_ms),
-                expires_at: delivery.expires_at_ms.map(convert::ms_to_secs),
-                serial_key: delivery.serial_key.clone(),
-                queue: queue_name.to_string(),
-                partition: delivery.partition() as i64,
-                decision: Rc::clone(&decision),
-            };
-            let message = ZendClassObject::new(message).into_zval(false).unwrap_or_default();
-            if let Some(s) = slot {
-                s.started(Some(&delivery), Duration::ZERO);
-            }
-            let result = handler.try_call(vec![&payload, &message]);
-            if consumer.in_forked_child() {
-                end_forked_child(Some(&result));
-            }
-            if let Some(s) = slot {
-                s.finished();
-            }
-            let (outcome, thrown) = self.outcome(result);
-            let decided = decision.borrow_mut().take();
-            let (fate, stop) = delayq::host::settle(&consumer, delivery, outcome, decided);
-            if let Some(why) = stop {
-                // exit() goes on once run() returns, and a Fiber's teardown once it
-                // unwinds: no PHP code (no hook) may run before.
-                ended.get_or_insert(why);
-                break;
-            }
-            if let Some(ex) = thrown {
-                self.call_on_failure(&payload, &message, ex, &queue_name);
-            }
-            if let Some(delayq::Fate::Dead(error)) = fate {
-                self.call_on_dead(&payload, &message, &error, &queue_name);
-            }
-            if ended.is_none()
-                && let Some(why) = recycle.after_job(memory_usage)
-            {
-                ended = Some(why);
-                stopper.stop();
-            }
-        }
-        // A restart request or an empty queue stops the pool from its own threads,
-        // possibly while this thread waited in recv_timeout.
-        let ended = delayq::host::ended_by(&stopper, ended);
+        let mut side = PhpHandler {
+            worker: self,
+            handler,
+            dispatch: ZendCallable::try_from_name("pcntl_signal_dispatch").ok(),
+        };
+        let recycle = Recycle::new(self.limits.max_jobs, self.limits.max_time, self.limits.max_memory_bytes);
+        let served = delayq::host::serve(&consumer, &mut side, slot, recycle);
         let consumer = BailoutGuard::into_inner(consumer);
         let core = consumer.finish();
         drop(publisher);
         crate::logs::flush();
-        Ok(RunSummary { core, ended })
+        Ok(RunSummary {
+            core,
+            ended: served.stopped_by,
+        })
     }
 
     /// What the handler call came to, as the core's run policy takes it, and the
@@ -611,6 +529,112 @@ impl PhpWorker {
 
     pub(crate) fn stop_requested(&self) -> bool {
         self.stop_requested.load(Ordering::Acquire)
+    }
+}
+
+/// The PHP side of the core's receive loop (`delayq::host::serve`), on the PHP thread.
+struct PhpHandler<'a> {
+    worker: &'a PhpWorker,
+    handler: &'a ZendCallable<'a>,
+    /// `pcntl_signal_dispatch`, when pcntl is loaded.
+    dispatch: Option<ZendCallable<'static>>,
+}
+
+/// A handler's arguments, kept for the hooks.
+struct PhpCall {
+    payload: Zval,
+    message: Zval,
+    decision: Decision,
+    /// With lower queues, each delivery names its own.
+    queue_name: Arc<str>,
+}
+
+impl delayq::host::Handler for PhpHandler<'_> {
+    type Call = PhpCall;
+    type Return = ext_php_rs::error::Result<Zval>;
+    type Thrown = ZBox<ZendObject>;
+    /// PHP's run never raises from the loop: exit() goes on once run() returns.
+    type Raise = std::convert::Infallible;
+
+    fn between(&mut self) -> Result<Option<StopReason>, Self::Raise> {
+        let signalled = signals::take();
+        if let Some(f) = &self.dispatch {
+            // Lets the script's own pcntl_signal() handlers run (they may call stop()).
+            let _ = f.try_call(vec![]);
+        }
+        Ok(signalled.then_some(StopReason::Signal))
+    }
+
+    fn asked(&mut self) -> Option<StopReason> {
+        self.worker.stop_requested().then_some(StopReason::Stop)
+    }
+
+    fn wait<T: Send>(&mut self, wait: impl FnOnce() -> T + Send) -> T {
+        wait()
+    }
+
+    fn flush_logs(&mut self) {
+        crate::logs::flush();
+    }
+
+    fn prepare(&mut self, delivery: &delayq::Delivery) -> Result<PhpCall, String> {
+        let payload = delayq::parse_payload(delivery.payload_json())
+            .map_err(|e| e.to_string())
+            .and_then(|value| convert::value_to_zval(&value).map_err(|e| e.to_string()))
+            .map_err(|e| format!("stored payload cannot be decoded: {e}"))?;
+        let decision = Decision::default();
+        let message = PhpMessage {
+            id: delivery.id.clone(),
+            attempt: i64::from(delivery.attempt),
+            max_attempts: i64::from(delivery.max_attempts),
+            due_at: convert::ms_to_secs(delivery.due_at_ms),
+            expires_at: delivery.expires_at_ms.map(convert::ms_to_secs),
+            serial_key: delivery.serial_key.clone(),
+            queue: delivery.queue.to_string(),
+            partition: delivery.partition() as i64,
+            decision: Rc::clone(&decision),
+        };
+        Ok(PhpCall {
+            payload,
+            message: ZendClassObject::new(message).into_zval(false).unwrap_or_default(),
+            decision,
+            queue_name: Arc::clone(&delivery.queue),
+        })
+    }
+
+    fn call(&mut self, call: &PhpCall) -> Self::Return {
+        self.handler.try_call(vec![&call.payload, &call.message])
+    }
+
+    fn outcome(&mut self, returned: Self::Return) -> Called<Self::Thrown, Self::Raise> {
+        let (outcome, thrown) = self.worker.outcome(returned);
+        Called {
+            outcome,
+            thrown,
+            raise: None,
+        }
+    }
+
+    fn decision(&mut self, call: &PhpCall) -> Option<(delayq::Retry, String)> {
+        call.decision.borrow_mut().take()
+    }
+
+    fn leave_forked_child(&mut self, returned: Option<Self::Return>) -> Self::Raise {
+        end_forked_child(returned.as_ref())
+    }
+
+    fn on_failure(&mut self, call: &PhpCall, thrown: ZBox<ZendObject>) {
+        self.worker
+            .call_on_failure(&call.payload, &call.message, thrown, &call.queue_name);
+    }
+
+    fn on_dead(&mut self, call: &PhpCall, error: &str) {
+        self.worker
+            .call_on_dead(&call.payload, &call.message, error, &call.queue_name);
+    }
+
+    fn memory_bytes(&mut self) -> i64 {
+        memory_usage()
     }
 }
 

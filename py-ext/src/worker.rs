@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use delayq::host::{Outcome, Publisher, Recycle, StopReason};
+use delayq::host::{Called, Outcome, Publisher, Recycle, StopReason};
 use pyo3::exceptions::{PyKeyboardInterrupt, PySystemExit};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
@@ -133,19 +133,6 @@ fn complete(
     match delayq::host::settle(consumer, d, outcome, message.take_decision(py)).0 {
         Some(delayq::Fate::Dead(error)) => Some(error),
         _ => None,
-    }
-}
-
-/// The death handler.
-fn call_on_dead(
-    py: Python<'_>,
-    on_dead: Option<&Bound<'_, PyAny>>,
-    payload: &Bound<'_, PyAny>,
-    msg: &Bound<'_, PyMessage>,
-    error: Option<String>,
-) {
-    if let (Some(f), Some(error)) = (on_dead, error) {
-        alert(py, f, "on_dead", (payload, msg, error), msg);
     }
 }
 
@@ -332,100 +319,34 @@ impl PyWorker {
         let publisher = slot
             .as_ref()
             .map(|s| s.publish_while(consumer.releaser(), self.worker.options().timeout));
-        let finish = |py: Python<'py>, consumer: delayq::Consumer, publisher: Option<Publisher>| {
-            let reason = delayq::host::ended_by(&consumer.stopper(), self.take_reason(py));
-            let s = py.detach(|| {
-                let s = consumer.finish();
-                drop(publisher);
-                s
-            });
-            crate::logs::flush(py);
-            summary(py, &s, reason)
+        let mut side = PyHandler {
+            py,
+            worker: self,
+            handler: &handler,
+            on_dead: on_dead.as_ref(),
+            on_failure: on_failure.as_ref(),
         };
-        let mut recycle = self.recycle();
-        let mut limited = false;
-        loop {
-            if !limited && let Some(why) = recycle.before_next() {
-                limited = true;
-                self.set_reason(py, why);
-                consumer.stop();
-            }
-            // Runs Python signal handlers (delayq's own call stop()).
-            if let Err(e) = py.check_signals() {
-                consumer.stop();
-                return Err(with_summary(py, e, finish(py, consumer, publisher)?));
-            }
-            if consumer.in_forked_child() {
-                // Forked by a hook or a signal handler, which returned.
-                return Err(end_forked_child(py, None));
-            }
-            let received = py.detach(|| consumer.recv_timeout(Duration::from_millis(100)));
-            crate::logs::flush(py);
-            let d = match received {
-                delayq::Received::Message(d) => d,
-                delayq::Received::Idle => continue,
-                delayq::Received::Stopped => break,
-            };
-            let payload = match json_to_py(py, d.payload_json()) {
-                Ok(p) => p,
-                Err(e) => {
-                    // The same text decodes no better next time.
-                    consumer.fail_with(d, &describe(py, &e), delayq::Retry::Never);
-                    continue;
-                }
-            };
-            let msg = Bound::new(py, message(&d))?;
-            if let Some(s) = &slot {
-                s.started(Some(&d), Duration::ZERO);
-            }
-            let result = handler.call1((&payload, &msg));
-            if consumer.in_forked_child() {
-                // Before the slot hears of it: the slot is shared with the parent, whose
-                // handler the supervisor times.
-                return Err(end_forked_child(py, result.err()));
-            }
-            if let Some(s) = &slot {
-                s.finished();
-            }
-            match result {
-                Ok(_) => {
-                    let dead = complete(py, &consumer, d, msg.get(), Outcome::Returned);
-                    call_on_dead(py, on_dead.as_ref(), &payload, &msg, dead);
-                }
-                Err(e) if e.is_instance_of::<PySystemExit>(py) && !is_urgent_stop(py, &e) => {
-                    // The handler ended its process: as PHP's exit(), the pool stops.
-                    complete(py, &consumer, d, msg.get(), Outcome::Exited(exit_error(py, &e)));
-                    self.set_reason(py, StopReason::Exit);
-                    return Err(with_summary(py, e, finish(py, consumer, publisher)?));
-                }
-                Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) || e.is_instance_of::<PySystemExit>(py) => {
-                    // The process is being asked to end: the message goes back now.
-                    complete(py, &consumer, d, msg.get(), Outcome::Abandoned);
-                    return Err(with_summary(py, e, finish(py, consumer, publisher)?));
-                }
-                Err(e) => {
-                    let raised = Outcome::Raised {
-                        error: describe(py, &e),
-                        trace: traceback_text(py, &e),
-                        no_retry: e.is_instance(py, self.no_retry.bind(py).as_any()),
-                    };
-                    let dead = complete(py, &consumer, d, msg.get(), raised);
-                    // The report comes once the message's fate is decided: the hook
-                    // cannot change it.
-                    if let Some(f) = &on_failure {
-                        // into_value attaches the traceback, as `raise` would have.
-                        alert(py, f, "on_failure", (&payload, &msg, e.into_value(py)), &msg);
-                    }
-                    call_on_dead(py, on_dead.as_ref(), &payload, &msg, dead);
-                }
-            }
-            if !limited && let Some(why) = recycle.after_job(resident_bytes) {
-                limited = true;
-                self.set_reason(py, why);
-                consumer.stop();
-            }
+        let served = delayq::host::serve(&consumer, &mut side, slot.as_ref(), self.recycle());
+        if consumer.in_forked_child() {
+            // The inherited pool is not this process's to finish.
+            return Err(served
+                .raise
+                .unwrap_or_else(|| errors::new_err(py, errors::Kind::Root, "a forked child did not end".into())));
         }
-        finish(py, consumer, publisher)
+        // Now in `served`; the next run starts without it.
+        let _ = self.take_reason(py);
+        let s = py.detach(|| {
+            let s = consumer.finish();
+            drop(publisher);
+            s
+        });
+        crate::logs::flush(py);
+        let summary = summary(py, &s, served.stopped_by)?;
+        match served.raise {
+            // A signal handler's exception, an exit, a teardown: raised with the counts.
+            Some(e) => Err(with_summary(py, e, summary)),
+            None => Ok(summary),
+        }
     }
 
     /// Start the pool for a caller-driven loop (the asyncio runner) that runs up to
@@ -455,6 +376,113 @@ impl PyWorker {
         self.set_reason(py, why);
         self.worker.stop();
         Ok(())
+    }
+}
+
+/// The Python side of the core's receive loop (`delayq::host::serve`), holding the GIL
+/// except while it waits.
+struct PyHandler<'py, 'a> {
+    py: Python<'py>,
+    worker: &'a PyWorker,
+    handler: &'a Bound<'py, PyAny>,
+    on_dead: Option<&'a Bound<'py, PyAny>>,
+    on_failure: Option<&'a Bound<'py, PyAny>>,
+}
+
+/// A handler's arguments, kept for the hooks.
+struct PyCall<'py> {
+    payload: Bound<'py, PyAny>,
+    message: Bound<'py, PyMessage>,
+}
+
+impl<'py> delayq::host::Handler for PyHandler<'py, '_> {
+    type Call = PyCall<'py>;
+    type Return = PyResult<Bound<'py, PyAny>>;
+    type Thrown = PyErr;
+    type Raise = PyErr;
+
+    /// Runs Python's signal handlers (delayq's own call stop(), which gives its reason).
+    fn between(&mut self) -> Result<Option<StopReason>, PyErr> {
+        self.py.check_signals().map(|()| None)
+    }
+
+    fn asked(&mut self) -> Option<StopReason> {
+        self.worker.stopped_by.lock_py_attached(self.py).ok().and_then(|r| *r)
+    }
+
+    fn wait<T: Send>(&mut self, wait: impl FnOnce() -> T + Send) -> T {
+        self.py.detach(wait)
+    }
+
+    fn flush_logs(&mut self) {
+        crate::logs::flush(self.py);
+    }
+
+    fn prepare(&mut self, delivery: &delayq::Delivery) -> Result<PyCall<'py>, String> {
+        let py = self.py;
+        let payload = json_to_py(py, delivery.payload_json()).map_err(|e| describe(py, &e))?;
+        let message = Bound::new(py, message(delivery)).map_err(|e| describe(py, &e))?;
+        Ok(PyCall { payload, message })
+    }
+
+    fn call(&mut self, call: &PyCall<'py>) -> Self::Return {
+        self.handler.call1((&call.payload, &call.message))
+    }
+
+    fn outcome(&mut self, returned: Self::Return) -> Called<PyErr, PyErr> {
+        let py = self.py;
+        let (outcome, thrown, raise) = match returned {
+            Ok(_) => (Outcome::Returned, None, None),
+            // The handler ended its process: as PHP's exit(), the pool stops.
+            Err(e) if e.is_instance_of::<PySystemExit>(py) && !is_urgent_stop(py, &e) => {
+                (Outcome::Exited(exit_error(py, &e)), None, Some(e))
+            }
+            // The process is being asked to end: the message goes back now.
+            Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) || e.is_instance_of::<PySystemExit>(py) => {
+                (Outcome::Abandoned, None, Some(e))
+            }
+            Err(e) => {
+                let raised = Outcome::Raised {
+                    error: describe(py, &e),
+                    trace: traceback_text(py, &e),
+                    no_retry: e.is_instance(py, self.worker.no_retry.bind(py).as_any()),
+                };
+                (raised, Some(e), None)
+            }
+        };
+        Called { outcome, thrown, raise }
+    }
+
+    fn decision(&mut self, call: &PyCall<'py>) -> Option<(delayq::Retry, String)> {
+        call.message.get().take_decision(self.py)
+    }
+
+    fn leave_forked_child(&mut self, returned: Option<Self::Return>) -> PyErr {
+        end_forked_child(self.py, returned.and_then(Result::err))
+    }
+
+    fn on_failure(&mut self, call: &PyCall<'py>, thrown: PyErr) {
+        if let Some(f) = self.on_failure {
+            // into_value attaches the traceback, as `raise` would have.
+            let args = (&call.payload, &call.message, thrown.into_value(self.py));
+            alert(self.py, f, "on_failure", args, &call.message);
+        }
+    }
+
+    fn on_dead(&mut self, call: &PyCall<'py>, error: &str) {
+        if let Some(f) = self.on_dead {
+            alert(
+                self.py,
+                f,
+                "on_dead",
+                (&call.payload, &call.message, error),
+                &call.message,
+            );
+        }
+    }
+
+    fn memory_bytes(&mut self) -> i64 {
+        resident_bytes()
     }
 }
 

@@ -4,6 +4,7 @@
 //!   that both bindings read;
 //! - `run.rs`: the handler-run policy: what a handler's outcome does to its message
 //!   ([`settle`]), and when a process's run ends ([`Recycle`], [`ended_by`]);
+//! - `serve.rs`: the receive loop of one process over a binding's [`Handler`];
 //! - `stop.rs`: why a run ended ([`StopReason`]), one enum shown as `stopped_by`;
 //! - `slot.rs`: memory shared between a supervised process and its supervisor (the
 //!   running handler, the delivery it holds, the process's counts);
@@ -14,6 +15,7 @@
 mod options;
 mod report;
 mod run;
+mod serve;
 mod slot;
 mod stop;
 mod supervisor;
@@ -21,6 +23,7 @@ mod supervisor;
 pub use options::{Default as OptionDefault, Kind as OptionKind, Takers, WORKER_OPTIONS, WorkerOption, worker_option};
 pub use report::Report;
 pub use run::{Outcome, Recycle, Verdict, ended_by, settle};
+pub use serve::{Called, Handler, Served, serve};
 pub use slot::{Held, Publisher, Slot, SlotTable, SlotView};
 pub use stop::StopReason;
 pub use supervisor::{
