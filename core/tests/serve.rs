@@ -39,7 +39,7 @@ impl Handler for Scripted {
     type Thrown = String;
     type Raise = String;
 
-    fn between(&mut self) -> Result<Option<StopReason>, String> {
+    fn between(&mut self, _ending: bool) -> Result<Option<StopReason>, String> {
         let n = self.betweens;
         self.betweens += 1;
         if self.raise_at == Some(n) {

@@ -556,8 +556,8 @@ impl delayq::host::Handler for PhpHandler<'_> {
     /// PHP's run never raises from the loop: exit() goes on once run() returns.
     type Raise = std::convert::Infallible;
 
-    fn between(&mut self) -> Result<Option<StopReason>, Self::Raise> {
-        let signalled = signals::take();
+    fn between(&mut self, ending: bool) -> Result<Option<StopReason>, Self::Raise> {
+        let signalled = !ending && signals::take();
         if let Some(f) = &self.dispatch {
             // Lets the script's own pcntl_signal() handlers run (they may call stop()).
             let _ = f.try_call(vec![]);
@@ -580,7 +580,7 @@ impl delayq::host::Handler for PhpHandler<'_> {
     fn prepare(&mut self, delivery: &delayq::Delivery) -> Result<PhpCall, String> {
         let payload = delayq::parse_payload(delivery.payload_json())
             .map_err(|e| e.to_string())
-            .and_then(|value| convert::value_to_zval(&value).map_err(|e| e.to_string()))
+            .and_then(|value| convert::value_to_zval(&value).map_err(|_| "it does not fit in a PHP array".to_owned()))
             .map_err(|e| format!("stored payload cannot be decoded: {e}"))?;
         let decision = Decision::default();
         let message = PhpMessage {

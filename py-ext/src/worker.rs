@@ -402,7 +402,7 @@ impl<'py> delayq::host::Handler for PyHandler<'py, '_> {
     type Raise = PyErr;
 
     /// Runs Python's signal handlers (delayq's own call stop(), which gives its reason).
-    fn between(&mut self) -> Result<Option<StopReason>, PyErr> {
+    fn between(&mut self, _ending: bool) -> Result<Option<StopReason>, PyErr> {
         self.py.check_signals().map(|()| None)
     }
 

@@ -42,8 +42,10 @@ pub trait Handler {
     type Raise;
 
     /// Between messages: run the language's own signal handlers. A stop they ask for,
-    /// or an error that ends the run at once.
-    fn between(&mut self) -> Result<Option<StopReason>, Self::Raise>;
+    /// or an error that ends the run at once. `ending`: the run has its reason to end
+    /// already; a signal that comes now is not the run's to take (PHP passes it on to
+    /// the handler that was there before the run).
+    fn between(&mut self, ending: bool) -> Result<Option<StopReason>, Self::Raise>;
 
     /// A stop the binding's own code asked for (its `stop()`), if any.
     fn asked(&mut self) -> Option<StopReason>;
@@ -111,7 +113,7 @@ pub fn serve<H: Handler>(
     let mut ended = None;
     let mut raise = None;
     loop {
-        match handler.between() {
+        match handler.between(ended.is_some()) {
             Ok(None) => {}
             Ok(Some(why)) => {
                 note(&mut ended, handler.asked(), why);
