@@ -123,7 +123,11 @@ _abandoned: set[asyncio.Future[None]] = set()
 
 class _HandlerTimedOut(TimeoutError):
     """A coroutine handler cancelled at its timeout (``on_failure`` gets it as the
-    ``TimeoutError`` it is)."""
+    ``TimeoutError`` it is). Its message keeps the text alone (``_delayq_error``)."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self._delayq_error = error
 
 
 def _two_arguments(handler: Any) -> Any:
@@ -413,41 +417,26 @@ class Worker:
                 tell_supervisor()
 
         async def settle(delivery: Any) -> None:
-            failure: Optional[Exception] = None
+            raised: Optional[BaseException] = None
             try:
                 try:
                     await self._bounded(handler(delivery.payload, delivery.message))
                 except BaseException as exc:
                     _leave_if_forked(pool_pid, exc)
-                    raise
+                    raised = exc
                 else:
                     _leave_if_forked(pool_pid, None)
                 finally:
                     consumer.after_job()
-            except SystemExit as exc:
-                if getattr(exc, "_delayq_urgent", False):
-                    consumer.release(delivery)
-                else:
-                    # The handler ended its process: due again at once, counted.
-                    consumer.exited(delivery, f"the handler raised SystemExit: {exc}, which stopped the worker")
-                    self._worker.stop("exit")
-                raise
-            except (KeyboardInterrupt, asyncio.CancelledError):
-                consumer.release(delivery)
-                raise
-            except _HandlerTimedOut as exc:
-                failure = exc
-                dead = consumer.fail(delivery, str(exc))
-            except Exception as exc:  # the handler's failure is the message's failure
-                failure = exc
-                dead = consumer.fail(delivery, f"{type(exc).__name__}: {exc}",
-                                     "".join(traceback.format_exception(exc)), isinstance(exc, self._no_retry))
-            else:
-                dead = consumer.ack(delivery)
+                # The core's run policy, as on the sync path (see _Consumer.settle).
+                dead = consumer.settle(delivery, raised)
             finally:
                 slots.release()
-            if failure is not None and self._on_failure is not None:
-                await self._alert(self._on_failure, "on_failure", delivery, failure)
+            if raised is not None and not isinstance(raised, Exception):
+                # SystemExit, a stop signal's exception, a cancellation: the run ends.
+                raise raised
+            if raised is not None and self._on_failure is not None:
+                await self._alert(self._on_failure, "on_failure", delivery, raised)
             if dead is not None and self._on_dead is not None:
                 await self._alert(self._on_dead, "on_dead", delivery, dead)
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use delayq::host::{Called, Outcome, Publisher, Recycle, StopReason};
-use pyo3::exceptions::{PyKeyboardInterrupt, PySystemExit};
+use pyo3::exceptions::{PyBaseException, PyException, PySystemExit};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyTuple};
@@ -117,22 +117,6 @@ fn message(d: &delayq::Delivery) -> PyMessage {
         queue: d.queue.to_string(),
         partition: d.partition(),
         decision: std::sync::Mutex::new(None),
-    }
-}
-
-/// Complete a delivery as the core's run policy says for `outcome` and the message's
-/// own decision, if the handler made one; returns the last error when that sends the
-/// message to the dead-letter set (for `on_dead`).
-fn complete(
-    py: Python<'_>,
-    consumer: &delayq::Consumer,
-    d: delayq::Delivery,
-    message: &PyMessage,
-    outcome: Outcome,
-) -> Option<String> {
-    match delayq::host::settle(consumer, d, outcome, message.take_decision(py)).0 {
-        Some(delayq::Fate::Dead(error)) => Some(error),
-        _ => None,
     }
 }
 
@@ -361,6 +345,7 @@ impl PyWorker {
             publisher,
             self.recycle(),
             Arc::clone(&self.stopped_by),
+            self.no_retry.clone_ref(py),
         ))
     }
 
@@ -376,6 +361,62 @@ impl PyWorker {
         self.set_reason(py, why);
         self.worker.stop();
         Ok(())
+    }
+}
+
+/// What a handler's call came to, given what it raised (None: it returned), as the
+/// core's run policy takes it, the same on the sync and the asyncio path:
+/// - `SystemExit` (`sys.exit()`) ends the process: as PHP's exit(), the pool stops, and
+///   the run raises it;
+/// - a second stop signal's exception, `KeyboardInterrupt`, `asyncio.CancelledError`
+///   (any `BaseException` that is not an `Exception`): the process or the task is torn
+///   down under the handler, the message goes back uncounted, and the run raises it;
+/// - any `Exception` fails the message (buried at once when of a `no_retry` class),
+///   and goes to `on_failure`. One that carries `_delayq_error` (the asyncio timeout)
+///   is kept as that text, without a traceback.
+fn classify(py: Python<'_>, raised: Option<PyErr>, no_retry: &Bound<'_, PyTuple>) -> Called<PyErr, PyErr> {
+    let Some(e) = raised else {
+        return Called {
+            outcome: Outcome::Returned,
+            thrown: None,
+            raise: None,
+        };
+    };
+    if e.is_instance_of::<PySystemExit>(py) && !is_urgent_stop(py, &e) {
+        return Called {
+            outcome: Outcome::Exited(exit_error(py, &e)),
+            thrown: None,
+            raise: Some(e),
+        };
+    }
+    if !e.is_instance_of::<PyException>(py) {
+        return Called {
+            outcome: Outcome::Abandoned,
+            thrown: None,
+            raise: Some(e),
+        };
+    }
+    let own = e
+        .value(py)
+        .getattr("_delayq_error")
+        .ok()
+        .and_then(|t| t.extract::<String>().ok());
+    let outcome = match own {
+        Some(error) => Outcome::Raised {
+            error,
+            trace: String::new(),
+            no_retry: false,
+        },
+        None => Outcome::Raised {
+            error: describe(py, &e),
+            trace: traceback_text(py, &e),
+            no_retry: e.is_instance(py, no_retry.as_any()),
+        },
+    };
+    Called {
+        outcome,
+        thrown: Some(e),
+        raise: None,
     }
 }
 
@@ -430,27 +471,7 @@ impl<'py> delayq::host::Handler for PyHandler<'py, '_> {
     }
 
     fn outcome(&mut self, returned: Self::Return) -> Called<PyErr, PyErr> {
-        let py = self.py;
-        let (outcome, thrown, raise) = match returned {
-            Ok(_) => (Outcome::Returned, None, None),
-            // The handler ended its process: as PHP's exit(), the pool stops.
-            Err(e) if e.is_instance_of::<PySystemExit>(py) && !is_urgent_stop(py, &e) => {
-                (Outcome::Exited(exit_error(py, &e)), None, Some(e))
-            }
-            // The process is being asked to end: the message goes back now.
-            Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) || e.is_instance_of::<PySystemExit>(py) => {
-                (Outcome::Abandoned, None, Some(e))
-            }
-            Err(e) => {
-                let raised = Outcome::Raised {
-                    error: describe(py, &e),
-                    trace: traceback_text(py, &e),
-                    no_retry: e.is_instance(py, self.worker.no_retry.bind(py).as_any()),
-                };
-                (raised, Some(e), None)
-            }
-        };
-        Called { outcome, thrown, raise }
+        classify(self.py, returned.err(), self.worker.no_retry.bind(self.py))
     }
 
     fn decision(&mut self, call: &PyCall<'py>) -> Option<(delayq::Retry, String)> {
@@ -550,6 +571,8 @@ pub(crate) struct PyConsumer {
     recycle: std::sync::Mutex<(Recycle, bool)>,
     /// The worker's reason for the stop (see `PyWorker::stopped_by`).
     stopped_by: Arc<std::sync::Mutex<Option<StopReason>>>,
+    /// The worker's `no_retry` classes.
+    no_retry: Py<PyTuple>,
 }
 
 /// A call's share of the consumer, returned when the call ends.
@@ -586,6 +609,7 @@ impl PyConsumer {
         publisher: Option<Publisher>,
         recycle: Recycle,
         stopped_by: Arc<std::sync::Mutex<Option<StopReason>>>,
+        no_retry: Py<PyTuple>,
     ) -> Self {
         Self {
             consumer: std::sync::Mutex::new(Some(Arc::new(consumer))),
@@ -594,6 +618,7 @@ impl PyConsumer {
             publisher: std::sync::Mutex::new(publisher),
             recycle: std::sync::Mutex::new((recycle, false)),
             stopped_by,
+            no_retry,
         }
     }
 
@@ -717,45 +742,36 @@ impl PyConsumer {
         self.with(py, |c| c.stopper().is_stopped())
     }
 
-    /// Complete as the handler's decision says (a plain ack without one). Returns the
-    /// last error when the message went to the dead-letter set, else None.
-    fn ack(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<Option<String>> {
-        let d = Self::take(py, delivery)?;
-        self.with(py, |c| complete(py, c, d, delivery.message.get(), Outcome::Returned))
-    }
-
-    /// The handler raised `error` (with its traceback, "" for none; `no_retry` when its
-    /// class is one of the worker's). Returns the last error when the message went to
-    /// the dead-letter set, else None.
-    #[pyo3(signature = (delivery, error, trace = "", no_retry = false))]
-    fn fail(
+    /// Complete the delivery as its handler's call came to (`raised`: what it raised,
+    /// None when it returned; see `classify`) and the message's own decision. Returns
+    /// the last error when the message went to the dead-letter set, else None.
+    #[pyo3(signature = (delivery, raised = None))]
+    fn settle(
         &self,
         py: Python<'_>,
         delivery: &PyDelivery,
-        error: &str,
-        trace: &str,
-        no_retry: bool,
+        raised: Option<Bound<'_, PyBaseException>>,
     ) -> PyResult<Option<String>> {
         let d = Self::take(py, delivery)?;
-        let raised = Outcome::Raised {
-            error: error.to_owned(),
-            trace: trace.to_owned(),
-            no_retry,
-        };
-        self.with(py, |c| complete(py, c, d, delivery.message.get(), raised))
+        let called = classify(
+            py,
+            raised.map(|e| PyErr::from_value(e.into_any())),
+            self.no_retry.bind(py),
+        );
+        let decision = delivery.message.get().take_decision(py);
+        let (fate, stop) = self.with(py, |c| delayq::host::settle(c, d, called.outcome, decision))?;
+        if let (Some(why), Ok(mut r)) = (stop, self.stopped_by.lock_py_attached(py)) {
+            r.get_or_insert(why);
+        }
+        Ok(match fate {
+            Some(delayq::Fate::Dead(error)) => Some(error),
+            _ => None,
+        })
     }
 
     fn release(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<()> {
         let d = Self::take(py, delivery)?;
         self.with(py, |c| c.release(d))
-    }
-
-    /// The handler raised SystemExit with `error`: due again at once, counted.
-    fn exited(&self, py: Python<'_>, delivery: &PyDelivery, error: &str) -> PyResult<()> {
-        let d = Self::take(py, delivery)?;
-        self.with(py, |c| {
-            complete(py, c, d, delivery.message.get(), Outcome::Exited(error.to_owned()));
-        })
     }
 
     fn stop(&self, py: Python<'_>) -> PyResult<()> {

@@ -388,7 +388,7 @@ def test_an_ack_does_not_wait_for_a_receive_in_progress(queue: delayq.DelayQueue
     receiving = threading.Thread(target=lambda: received.append(consumer.recv(5.0)))
     receiving.start()
     time.sleep(0.2)  # it waits: nothing else is due
-    consumer.ack(delivery)
+    consumer.settle(delivery)
     acked_while_receiving = receiving.is_alive()
     consumer.stop()
     receiving.join()
@@ -404,7 +404,7 @@ def test_finish_waits_for_a_receive_in_progress_and_keeps_its_counts(queue: dela
     consumer = delayq.Worker(queue)._worker.start(2)
     delivery = consumer.recv(5.0)
     assert delivery is not None
-    consumer.ack(delivery)
+    consumer.settle(delivery)
     returned_at: list[float] = []
 
     def receive() -> None:
@@ -1082,3 +1082,59 @@ def test_a_child_forked_by_a_handler_ends_when_it_returns_or_exits_and_the_paren
     assert (stats["delivered"], stats["acked"], stats.get("released", 0), stats["inflight"]) == (6, 6, 0, 0), \
         "acknowledged once each, by the parent"
     assert delayq.DelayQueue(redis_url, "side").stats()["ready"] == 4, "each child did its side work"
+
+
+class _Permanent(Exception):
+    pass
+
+
+@pytest.mark.parametrize("act", ["return", "raise", "no_retry", "decide", "exit"])
+def test_the_sync_and_the_asyncio_path_settle_alike(redis_url: str, act: str) -> None:
+    """One run policy: each way a handler can end leaves its message, the hooks and the
+    summary the same whether the handler is a function or a coroutine."""
+
+    def body(payload: Any, msg: delayq.Message) -> None:
+        if act == "raise":
+            raise ValueError("boom")
+        if act == "no_retry":
+            raise _Permanent("gone for good")
+        if act == "decide":
+            msg.retry_later(60, "rate limited")
+            raise ValueError("ignored: the decision wins")
+        if act == "exit":
+            sys.exit(3)
+
+    async def coroutine(payload: Any, msg: delayq.Message) -> None:
+        body(payload, msg)
+
+    seen: list[tuple[Any, ...]] = []
+    for name, handler in (("sync", body), ("async", coroutine)):
+        q = delayq.DelayQueue(redis_url, f"same-{act}-{name}")
+        mid = q.push({"n": 1})
+        worker = delayq.Worker(q, backoff_base=30, no_retry=(_Permanent,), stop_when_empty=True,
+                               on_failure=lambda p, m, e: failures.append(type(e).__name__),
+                               on_dead=lambda p, m, error: deaths.append(error))
+        failures: list[str] = []
+        deaths: list[str] = []
+        if act == "exit":
+            with pytest.raises(SystemExit):
+                worker.run(handler)
+            summary = worker._last_summary
+            assert summary is not None
+        else:
+            summary = worker.run(handler)
+        info = q.get(mid)
+        state = None if info is None else (info["state"], info["attempts"], info["last_error"])
+        counts = {k: summary[k] for k in ("handled", "acked", "failed", "retried", "dead", "stopped_by")}
+        seen.append((state, failures, deaths, counts))
+        q.purge()
+    assert seen[0] == seen[1], seen
+    state = seen[0][0]
+    expected = {
+        "return": None,
+        "raise": ("scheduled", 1, "ValueError: boom"),
+        "no_retry": ("dead", 1, "_Permanent: gone for good"),
+        "decide": ("scheduled", 1, "rate limited"),
+        "exit": ("ready", 1, "the handler raised SystemExit: 3, which stopped the worker"),
+    }[act]
+    assert state == expected
