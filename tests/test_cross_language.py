@@ -416,3 +416,55 @@ def test_a_payload_at_the_depth_limit_crosses_both_ways_and_one_past_it_is_refus
     """, redis_url, str(depth + 1))
     assert refused.startswith("refused: ") and "128" in refused, refused
     assert queue.stats()["scheduled"] + queue.stats()["ready"] == 0
+
+
+def test_every_read_call_shows_the_same_record_in_both_languages(
+    queue: delayq.DelayQueue, redis_url: str, server: Any
+) -> None:
+    # The core builds each record once (delayq::records): same keys, order and values
+    # from PHP and Python, a payload that is not JSON shown as its text in both.
+    queue.push({"k": [1, 2]}, 3600, id="waits", max_attempts=3, serial_key="order-1")
+    queue.push("fails", id="fails")
+    queue.repeat("nightly", "0 2 * * *", {"report": True}, tz="Asia/Shanghai")
+    queue.repeat("often", 90.5, [1])
+    queue.set_rate_limit(100, 60)
+
+    def fail(payload: Any, msg: delayq.Message) -> None:
+        raise LookupError("gone")
+
+    delayq.Worker(queue, max_attempts=1, stop_when_empty=True).run(fail)
+    server.cli("HSET", "delay_queue:payload", "raw-1", "not json {", "raw-2", "[unreadable")
+    server.cli("ZADD", "delay_queue:zset", "1", "raw-2")
+    legacy = delayq.DelayQueue(redis_url, "legacy", layout="seed")
+    delayq.Worker(legacy, stop_when_empty=True).run(fail)  # raw-2: unreadable, dead-lettered
+    server.cli("ZADD", "delay_queue:zset", "4102444800", "raw-1")
+
+    php_side = json.loads(php(
+        """
+        $q = new DelayQueue($argv[1], 'jobs');
+        $legacy = new DelayQueue($argv[1], 'legacy', ['layout' => 'seed']);
+        echo json_encode([
+            'get' => $q->get('waits'), 'waiting' => $q->waiting(), 'stats' => $q->stats(),
+            'dead' => $q->deadLetters(), 'repeats' => $q->repeats(), 'limit' => $q->rateLimit(),
+            'raw' => $legacy->get('raw-1'), 'raw_dead' => $legacy->deadLetters(),
+        ], JSON_PRESERVE_ZERO_FRACTION);
+        """,
+        redis_url,
+    ))
+    python_side = {
+        "get": queue.get("waits"), "waiting": queue.waiting(), "stats": queue.stats(),
+        "dead": queue.dead_letters(), "repeats": queue.repeats(), "limit": queue.rate_limit(),
+        "raw": legacy.get("raw-1"), "raw_dead": legacy.dead_letters(),
+    }
+    for call, mine in python_side.items():
+        theirs = php_side[call]
+        assert json.dumps(theirs) == json.dumps(mine), call  # keys in the same order, values equal
+    shapes = delayq._delayq.RECORD_SHAPES
+    assert list(python_side["get"] or {}) == list(shapes["MessageInfo"])
+    assert list(python_side["stats"]) == list(shapes["Stats"])
+    assert list(python_side["dead"][0]) == list(shapes["DeadLetter"])
+    assert [r["schedule"] for r in python_side["repeats"]] == ["0 2 * * *", 90.5]
+    assert [r["tz"] for r in python_side["repeats"]] == ["Asia/Shanghai", None]
+    assert python_side["limit"] == {"max": 100, "per": 60.0}
+    assert (python_side["raw"] or {})["payload"] == "not json {"
+    assert [d["payload"] for d in python_side["raw_dead"]] == ["[unreadable"]

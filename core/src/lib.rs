@@ -34,7 +34,9 @@ pub mod host;
 mod keys;
 mod logs;
 pub mod metrics;
+pub mod options;
 mod queue;
+pub mod records;
 pub mod registry;
 pub mod repeat;
 pub mod scale;
@@ -51,8 +53,8 @@ pub use keys::{Layout, MAX_PARTITIONS};
 pub use logs::{LogRecord, capture_logs, logger_name, set_log_level, take_logs};
 pub use queue::{
     COUNTERS, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MAX_ID_BYTES, MAX_KEEP_COMPLETED,
-    MAX_PAGE_START, MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES, MessageInfo, NewMessage, PushOptions, Queue,
-    QueueOptions, RateLimit, State, Stats, WorkerInfo,
+    MAX_PAGE_START, MAX_PAYLOAD_BYTES, MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES, MessageInfo, NewMessage, PushOptions,
+    QUEUE_OPTIONS, Queue, QueueOptions, RateLimit, State, Stats, WorkerInfo, queue_option,
 };
 pub use registry::RegisteredQueue;
 pub use repeat::{RepeatInfo, RepeatOptions, Schedule};

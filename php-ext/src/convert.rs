@@ -4,13 +4,14 @@
 
 use std::fmt::Write as _;
 
-use ext_php_rs::boxed::ZBox;
 use ext_php_rs::convert::IntoZval;
 use ext_php_rs::exception::PhpException;
 use ext_php_rs::flags::DataType;
 use ext_php_rs::types::array::Iter;
 use ext_php_rs::types::{ZendHashTable, ZendObject, Zval};
 use ext_php_rs::zend::ClassEntry;
+
+use delayq::options::{Kind as OptionKind, OptionRow, Value};
 
 use crate::{args, errors};
 
@@ -393,26 +394,41 @@ impl<'a> Options<'a> {
         }
     }
 
-    /// A count of the worker options table, within its range.
-    pub(crate) fn count(&mut self, option: &'static delayq::host::WorkerOption) -> PhpResult<Option<i64>> {
+    /// A count of an options table, within its range.
+    pub(crate) fn count(&mut self, option: &'static OptionRow) -> PhpResult<Option<i64>> {
         let (min, max) = option.count_range();
         self.int(option.name, min, max)
     }
 
-    /// Seconds of the worker options table, within its bounds.
-    pub(crate) fn span(
-        &mut self,
-        option: &'static delayq::host::WorkerOption,
-    ) -> PhpResult<Option<std::time::Duration>> {
-        let what = self.what.clone();
+    /// Seconds of an options table, within its bounds.
+    pub(crate) fn span(&mut self, option: &'static OptionRow) -> PhpResult<Option<std::time::Duration>> {
         match self.seconds(option.name)? {
-            Some(s) => option.check_seconds(s).map(Some).map_err(|e| match e {
-                delayq::Error::InvalidArgument { reason, .. } => {
-                    errors::invalid(format!("{what} '{}' {reason}", option.name))
-                }
-                other => errors::to_php(&other),
-            }),
+            Some(s) => option.check_seconds(s).map(Some).map_err(|e| self.core_error(&e)),
             None => Ok(None),
+        }
+    }
+
+    /// The value of an options table's row, read by its kind and checked against it.
+    pub(crate) fn value(&mut self, option: &'static OptionRow) -> PhpResult<Option<Value>> {
+        Ok(match option.kind {
+            OptionKind::Count => self.count(option)?.map(Value::Count),
+            OptionKind::Seconds => self.span(option)?.map(|d| Value::Seconds(d.as_secs_f64())),
+            OptionKind::Flag => self.bool(option.name)?.map(Value::Flag),
+            OptionKind::Text => match self.string(option.name)? {
+                Some(t) => Some(Value::Text(option.check_text(t).map_err(|e| self.core_error(&e))?)),
+                None => None,
+            },
+            other => unreachable!("{} is read by its binding ({other:?})", option.name),
+        })
+    }
+
+    /// The core's error about an option, named as these options name it.
+    pub(crate) fn core_error(&self, e: &delayq::Error) -> PhpException {
+        match e {
+            delayq::Error::InvalidArgument { name, reason } => {
+                errors::invalid(format!("{} '{name}' {reason}", self.what))
+            }
+            other => errors::to_php(other),
         }
     }
 
@@ -429,7 +445,7 @@ impl<'a> Options<'a> {
     }
 
     /// Fails on any key that was not read, naming it and the accepted ones.
-    pub(crate) fn finish(self) -> PhpResult<()> {
+    pub(crate) fn finish(&self) -> PhpResult<()> {
         let Some(table) = self.table else { return Ok(()) };
         let mut known = self.known.clone();
         known.sort_unstable();
@@ -455,15 +471,6 @@ impl<'a> Options<'a> {
         }
         Ok(())
     }
-}
-
-/// A PHP array from string keys and values.
-pub(crate) fn assoc(entries: Vec<(&str, Zval)>) -> PhpResult<ZBox<ZendHashTable>> {
-    let mut table = ZendHashTable::with_capacity(u32::try_from(entries.len()).unwrap_or(u32::MAX));
-    for (k, v) in entries {
-        table.insert(k, v).map_err(|e| errors::payload(e.to_string()))?;
-    }
-    Ok(table)
 }
 
 pub(crate) fn zv<T: IntoZval>(v: T) -> Zval {

@@ -8,6 +8,7 @@ mod convert;
 mod errors;
 mod logs;
 mod queue;
+mod records;
 mod signals;
 mod supervisor;
 mod worker;

@@ -8,9 +8,9 @@ use ext_php_rs::prelude::*;
 use ext_php_rs::types::{ZendHashTable, Zval};
 use ext_php_rs::zend::ClassEntry;
 
-use crate::convert::{self, Options, OptionsArg, Seconds, assoc, ms_to_secs, zv};
+use crate::convert::{self, Options, OptionsArg, Seconds, ms_to_secs};
 use crate::errors::{self, OrThrow};
-use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule};
+use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule, records};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -24,82 +24,22 @@ pub struct PhpDelayQueue {
     pub(crate) queue: delayq::Queue,
 }
 
-/// The queue's options, and whether it is to be kept for the process (`persistent`).
+/// The queue's options, read by the core's table, and whether the queue is to be kept
+/// for the process (`persistent`).
 fn queue_options(options: Option<&ZendHashTable>) -> PhpResult<(delayq::QueueOptions, bool)> {
     let mut o = Options::new(options, "DelayQueue option");
-    let mut opts = delayq::QueueOptions::default();
     let persistent = o.bool("persistent")?.unwrap_or(false);
-    if let Some(prefix) = o.string("prefix")? {
-        opts.prefix = prefix;
-    }
-    let layout = o.string("layout")?;
-    let zset_key = o.string("zset_key")?;
-    let payload_key = o.string("payload_key")?;
-    opts.layout = match layout.as_deref() {
-        None | Some("native") => {
-            if zset_key.is_some() || payload_key.is_some() {
-                return Err(errors::invalid(
-                    "'zset_key' and 'payload_key' apply only with 'layout' => 'seed'",
-                ));
-            }
-            delayq::Layout::Native
+    let mut values = Vec::new();
+    for row in delayq::QUEUE_OPTIONS
+        .iter()
+        .filter(|r| r.takers.php && r.name != "persistent")
+    {
+        if let Some(value) = o.value(row)? {
+            values.push((row.name, value));
         }
-        Some("seed") => {
-            let delayq::Layout::Seed {
-                zset_key: default_zset,
-                payload_key: default_payload,
-            } = delayq::Layout::seed()
-            else {
-                return Err(errors::invalid("seed layout unavailable"));
-            };
-            delayq::Layout::Seed {
-                zset_key: zset_key.unwrap_or(default_zset),
-                payload_key: payload_key.unwrap_or(default_payload),
-            }
-        }
-        Some(other) => {
-            return Err(errors::invalid(format!(
-                "DelayQueue option 'layout' must be 'native' or 'seed', got '{other}'"
-            )));
-        }
-    };
-    if let Some(n) = o.int("max_payload_bytes", 1, 512 << 20)? {
-        opts.max_payload_bytes = n as usize;
-    }
-    if let Some(d) = o.duration("connect_timeout")? {
-        opts.connect.connect_timeout = d;
-    }
-    if let Some(d) = o.duration("read_timeout")? {
-        opts.connect.read_timeout = d;
-    }
-    if let Some(d) = o.duration("retry_timeout")? {
-        opts.connect.retry_timeout = d;
-    }
-    if let Some(ca) = o.string("tls_ca_file")? {
-        opts.connect.tls_ca_file = Some(ca.into());
-    }
-    if let Some(n) = o.int("partitions", 1, i64::from(delayq::MAX_PARTITIONS))? {
-        opts.partitions = n as u32;
-    }
-    if let Some(n) = o.int("wait_replicas", 0, 64)? {
-        opts.wait_replicas = n as u32;
-    }
-    if let Some(d) = o.duration("wait_timeout")? {
-        opts.wait_timeout = d;
-    }
-    if let Some(n) = o.int("dead_max", 1, 100_000_000)? {
-        opts.dead_max = n as usize;
-    }
-    if let Some(d) = o.duration("dead_ttl")? {
-        opts.dead_ttl = d;
-    }
-    if let Some(n) = o.int("keep_completed", 0, delayq::MAX_KEEP_COMPLETED as i64)? {
-        opts.keep_completed = n as usize;
-    }
-    if let Some(d) = o.duration("keep_completed_for")? {
-        opts.keep_completed_for = d;
     }
     o.finish()?;
+    let opts = delayq::QueueOptions::from_values(values).map_err(|e| o.core_error(&e))?;
     Ok((opts, persistent))
 }
 
@@ -206,10 +146,6 @@ fn absolute(at: &Zval) -> PhpResult<delayq::Due> {
     }
     let secs = convert::seconds(at, "at").map_err(|_| wrong_type())?;
     delayq::Due::from_unix_secs(secs).or_throw()
-}
-
-fn state_name(s: delayq::State) -> &'static str {
-    s.as_str()
 }
 
 #[php_impl]
@@ -329,7 +265,7 @@ impl PhpDelayQueue {
     ///   dead_at: ?float, created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}|null
     pub fn get(&self, id: String) -> PhpResult<Option<ZBox<ZendHashTable>>> {
         match self.queue.get(&id).or_throw()? {
-            Some(info) => Ok(Some(message_info(info)?)),
+            Some(info) => Ok(Some(crate::records::record(records::message(&info))?)),
             None => Ok(None),
         }
     }
@@ -382,27 +318,7 @@ impl PhpDelayQueue {
     ///   replaced: int, moved: int}
     pub fn stats(&self) -> PhpResult<ZBox<ZendHashTable>> {
         let s = self.queue.stats().or_throw()?;
-        let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
-        let mut rate_limit = Zval::new();
-        if let Some(limit) = s.rate_limit {
-            rate_limit.set_hashtable(rate_limit_array(limit)?);
-        }
-        let mut entries = vec![
-            ("scheduled", n(s.scheduled)),
-            ("ready", n(s.ready)),
-            ("inflight", n(s.inflight)),
-            ("dead", n(s.dead)),
-            ("completed", n(s.completed)),
-            ("held", n(s.held)),
-            ("next_due_at", zv(s.next_due_ms.map(ms_to_secs))),
-            ("paused_at", zv(s.paused_at_ms.map(ms_to_secs))),
-            ("rate_limit", rate_limit),
-            ("partitions", zv(self.queue.partitions() as i64)),
-        ];
-        for (name, total) in s.named_totals() {
-            entries.push((name, n(total)));
-        }
-        assoc(entries)
+        crate::records::record(records::stats(&s, self.queue.partitions() as u32))
     }
 
     /// The consumer pools alive on this queue, from every host and language, oldest first.
@@ -411,29 +327,7 @@ impl PhpDelayQueue {
     ///   threads: int, handlers: int, handled: int, acked: int, failed: int, holding: int,
     ///   started_recently: int, lateness_avg: ?float, lateness_max: ?float, handler_avg: ?float}>
     pub fn workers(&self) -> PhpResult<ZBox<ZendHashTable>> {
-        let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
-        let mut list = ZendHashTable::new();
-        for w in self.queue.workers().or_throw()? {
-            let entry = assoc(vec![
-                ("id", zv(w.id)),
-                ("host", zv(w.host)),
-                ("pid", zv(i64::from(w.pid))),
-                ("started_at", zv(ms_to_secs(w.started_at_ms))),
-                ("last_seen", zv(ms_to_secs(w.last_seen_ms))),
-                ("threads", n(w.threads as u64)),
-                ("handlers", n(w.handlers as u64)),
-                ("handled", n(w.handled)),
-                ("acked", n(w.acked)),
-                ("failed", n(w.failed)),
-                ("holding", n(w.holding)),
-                ("started_recently", n(w.started_recently)),
-                ("lateness_avg", zv(w.lateness_avg_ms.map(|ms| ms / 1000.0))),
-                ("lateness_max", zv(w.lateness_max_ms.map(ms_to_secs))),
-                ("handler_avg", zv(w.handler_avg_ms.map(|ms| ms / 1000.0))),
-            ])?;
-            list.push(entry).map_err(|e| errors::payload(e.to_string()))?;
-        }
-        Ok(list)
+        crate::records::list(self.queue.workers().or_throw()?.iter().map(records::worker))
     }
 
     /// Up to `$limit` dead letters, newest first.
@@ -445,20 +339,13 @@ impl PhpDelayQueue {
         if limit < 0 {
             return Err(errors::invalid(format!("limit must not be negative, got {limit}")));
         }
-        let mut list = ZendHashTable::new();
-        for d in self.queue.dead_letters(limit as usize).or_throw()? {
-            let payload = convert::json_to_zval(&d.payload_json).unwrap_or_else(|_| zv(d.payload_json.clone()));
-            let entry = assoc(vec![
-                ("id", zv(d.id)),
-                ("payload", payload),
-                ("attempts", zv(i64::from(d.attempts))),
-                ("last_error", zv(d.last_error)),
-                ("error_trace", zv(d.error_trace)),
-                ("dead_at", zv(ms_to_secs(d.dead_at_ms))),
-            ])?;
-            list.push(entry).map_err(|e| errors::payload(e.to_string()))?;
-        }
-        Ok(list)
+        crate::records::list(
+            self.queue
+                .dead_letters(limit as usize)
+                .or_throw()?
+                .iter()
+                .map(records::dead_letter),
+        )
     }
 
     /// Send dead letters back to the queue, due now, with a fresh attempt budget:
@@ -528,26 +415,7 @@ impl PhpDelayQueue {
     /// @return list<array{name: string, schedule: string|float, tz: ?string, payload: mixed,
     ///   max_attempts: ?int, expire_after: ?float, next_due_at: ?float}>
     pub fn repeats(&self) -> PhpResult<ZBox<ZendHashTable>> {
-        let mut list = ZendHashTable::new();
-        for r in self.queue.repeats().or_throw()? {
-            let (schedule, tz) = match &r.schedule {
-                Schedule::Cron { pattern, tz } => (zv(pattern.clone()), zv(Some(tz.clone()))),
-                Schedule::Every(d) => (zv(d.as_secs_f64()), zv(None::<String>)),
-                _ => (zv(r.schedule.describe()), zv(None::<String>)),
-            };
-            let payload = convert::json_to_zval(&r.payload_json).unwrap_or_else(|_| zv(r.payload_json.clone()));
-            let entry = assoc(vec![
-                ("name", zv(r.name)),
-                ("schedule", schedule),
-                ("tz", tz),
-                ("payload", payload),
-                ("max_attempts", zv(r.max_attempts.map(i64::from))),
-                ("expire_after", zv(r.expire_after.map(|e| e.as_secs_f64()))),
-                ("next_due_at", zv(r.next_due_ms.map(ms_to_secs))),
-            ])?;
-            list.push(entry).map_err(|e| errors::payload(e.to_string()))?;
-        }
-        Ok(list)
+        crate::records::list(self.queue.repeats().or_throw()?.iter().map(records::repeat))
     }
 
     /// Stop consumption for every worker pool, on every host, until resume(): no
@@ -592,7 +460,11 @@ impl PhpDelayQueue {
     ///
     /// @return array{max: int, per: float}|null
     pub fn rate_limit(&self) -> PhpResult<Option<ZBox<ZendHashTable>>> {
-        self.queue.rate_limit().or_throw()?.map(rate_limit_array).transpose()
+        self.queue
+            .rate_limit()
+            .or_throw()?
+            .map(|l| crate::records::record(records::rate_limit(&l)))
+            .transpose()
     }
 
     /// Ask every worker pool running on this queue, on every host and in every
@@ -647,12 +519,7 @@ fn list_limit(limit: i64) -> PhpResult<usize> {
 }
 
 fn message_list(infos: Vec<MessageInfo>) -> PhpResult<ZBox<ZendHashTable>> {
-    let mut list = ZendHashTable::new();
-    for info in infos {
-        list.push(message_info(info)?)
-            .map_err(|e| errors::payload(e.to_string()))?;
-    }
-    Ok(list)
+    crate::records::list(infos.iter().map(records::message))
 }
 
 /// A cron pattern (string) or an interval in seconds (int or float).
@@ -670,31 +537,4 @@ fn schedule_of(value: &Zval, tz: Option<&str>) -> PhpResult<Schedule> {
         "$schedule must be a cron pattern (string) or an interval in seconds (int|float), got {}",
         convert::type_name(value)
     )))
-}
-
-fn rate_limit_array(limit: RateLimit) -> PhpResult<ZBox<ZendHashTable>> {
-    assoc(vec![
-        ("max", zv(i64::from(limit.max))),
-        ("per", zv(limit.per.as_secs_f64())),
-    ])
-}
-
-fn message_info(info: MessageInfo) -> PhpResult<ZBox<ZendHashTable>> {
-    let payload = convert::json_to_zval(&info.payload_json).unwrap_or_else(|_| zv(info.payload_json.clone()));
-    assoc(vec![
-        ("id", zv(info.id)),
-        ("state", zv(state_name(info.state))),
-        ("payload", payload),
-        ("due_at", zv(info.due_at_ms.map(ms_to_secs))),
-        ("attempts", zv(i64::from(info.attempts))),
-        ("max_attempts", zv(info.max_attempts.map(i64::from))),
-        ("last_error", zv(info.last_error)),
-        ("error_trace", zv(info.error_trace)),
-        ("dead_at", zv(info.dead_at_ms.map(ms_to_secs))),
-        ("created_at", zv(info.created_at_ms.map(ms_to_secs))),
-        ("lease_until", zv(info.lease_until_ms.map(ms_to_secs))),
-        ("expires_at", zv(info.expires_at_ms.map(ms_to_secs))),
-        ("completed_at", zv(info.completed_at_ms.map(ms_to_secs))),
-        ("serial_key", zv(info.serial_key)),
-    ])
 }

@@ -13,7 +13,6 @@ use ext_php_rs::exception::PhpException;
 use ext_php_rs::types::{ZendCallable, ZendHashTable};
 use ext_php_rs::zend::ExecutorGlobals;
 
-use crate::convert::zv;
 use crate::errors;
 use crate::signals;
 use crate::worker::{PhpWorker, RunSummary, summary_array};
@@ -142,20 +141,17 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
     };
     let pool = host::supervise(&mut spawner, opts, slots);
     crate::logs::flush();
-    if let Some(msg) = pool.fatal {
+    if let Some(msg) = &pool.fatal {
         return Err(errors::worker_failed(format!("a worker process failed: {msg}")));
     }
-    if let Some(msg) = pool.gave_up {
-        return Err(errors::worker_failed(msg));
+    if let Some(msg) = &pool.gave_up {
+        return Err(errors::worker_failed(msg.clone()));
     }
     summary_array(
         &RunSummary {
             core: pool.counts.clone(),
             ended: pool.stopped_by,
         },
-        pool.pool_counts()
-            .iter()
-            .map(|(name, n)| (*name, zv(i64::try_from(*n).unwrap_or(i64::MAX))))
-            .collect(),
+        Some(&pool),
     )
 }

@@ -15,7 +15,7 @@ use ext_php_rs::prelude::*;
 use ext_php_rs::types::{ZendCallable, ZendClassObject, ZendHashTable, ZendObject, Zval};
 use ext_php_rs::zend::{BailoutGuard, ClassEntry, ExecutorGlobals, ce};
 
-use crate::convert::{self, Options, OptionsArg, Seconds, assoc, zv};
+use crate::convert::{self, Options, OptionsArg, Seconds, zv};
 use crate::errors::{self, OrThrow};
 use crate::queue::PhpDelayQueue;
 use crate::signals;
@@ -664,13 +664,12 @@ fn call_hook(callable: Option<&Zval>, name: &str) -> PhpResult<()> {
     }
 }
 
-pub(crate) fn summary_array(s: &RunSummary, extra: Vec<(&str, Zval)>) -> PhpResult<ZBox<ZendHashTable>> {
-    let n = |v: u64| zv(i64::try_from(v).unwrap_or(i64::MAX));
-    let c = &s.core;
-    let mut entries: Vec<(&str, Zval)> = c.counts().into_iter().map(|(name, v)| (name, n(v))).collect();
-    entries.push(("stopped_by", zv(s.ended.map(StopReason::as_str))));
-    entries.extend(extra);
-    assoc(entries)
+/// A run's summary as PHP's array; a supervised pool adds the supervisor's counts.
+pub(crate) fn summary_array(
+    s: &RunSummary,
+    pool: Option<&delayq::host::PoolSummary>,
+) -> PhpResult<ZBox<ZendHashTable>> {
+    crate::records::record(delayq::records::summary(&s.core, s.ended, pool))
 }
 
 /// The option `lower_queues`: a list of `DelayQueue` objects.
@@ -874,16 +873,7 @@ impl PhpWorker {
             self.call_on_start().and_then(|()| {
                 let s = self.consume(&handler, None, None)?;
                 self.call_on_stop()?;
-                summary_array(
-                    &s,
-                    vec![
-                        ("processes", zv(1i64)),
-                        ("restarts", zv(0i64)),
-                        ("killed_hung", zv(0i64)),
-                        ("scaled_up", zv(0i64)),
-                        ("scaled_down", zv(0i64)),
-                    ],
-                )
+                summary_array(&s, Some(&delayq::host::PoolSummary::single()))
             })
         };
         drop(guard);

@@ -27,10 +27,11 @@ from collections.abc import Awaitable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Callable, NoReturn, Optional, Union
 
-from . import errors
+from . import errors, records
 from ._delayq import (
     _URGENT_AFTER,
     DEFAULT_MAX_PAYLOAD_BYTES,
+    QUEUE_OPTIONS,
     WORKER_OPTIONS,
     DelayQueue,
     Message,
@@ -39,6 +40,7 @@ from ._delayq import (
     __version__,
 )
 from .aio import AsyncDelayQueue
+from .records import Summary
 from .errors import (
     AuthError,
     ConnectionError,
@@ -62,11 +64,13 @@ __all__ = [
     "OutOfMemoryError",
     "Message",
     "PayloadError",
+    "QUEUE_OPTIONS",
     "TimeoutError",
     "WORKER_OPTIONS",
     "Worker",
     "__version__",
     "errors",
+    "records",
 ]
 
 Handler = Callable[[Any, Message], Union[None, Awaitable[None]]]
@@ -328,9 +332,9 @@ class Worker:
         self._slot: Optional[_Slot] = None
         # The counts of the latest run, also of one that a second stop signal cut short
         # (it raised instead of returning them): `delayq worker` reports them.
-        self._last_summary: Optional[dict[str, Any]] = None
+        self._last_summary: Optional[Summary] = None
 
-    def run(self, handler: Handler) -> dict[str, Any]:
+    def run(self, handler: Handler) -> Summary:
         """Consume until ``stop()``, SIGTERM, SIGINT or ``DelayQueue.restart_workers()``;
         return the run's counts once every acknowledgement is written, with
         ``stopped_by`` saying why (``"stop"``, ``"signal"``, ``"restart"``, ``"empty"``,
@@ -348,12 +352,12 @@ class Worker:
                 raise
             return self._last_summary
 
-    async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
+    async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> Summary:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
         handler = _two_arguments(handler)
         return await self._run_async(handler)
 
-    async def _run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
+    async def _run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> Summary:
         consumer = self._worker.start(self._concurrency, self._slot)
         pool_pid = os.getpid()
         loop = asyncio.get_running_loop()

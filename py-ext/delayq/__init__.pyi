@@ -5,13 +5,16 @@ from types import TracebackType
 from typing import Any, Callable, Optional, Union
 
 from . import errors as errors
+from . import records as records
 from ._delayq import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES
+from ._delayq import QUEUE_OPTIONS as QUEUE_OPTIONS
 from ._delayq import WORKER_OPTIONS as WORKER_OPTIONS
 from ._delayq import DelayQueue as DelayQueue
 from ._delayq import Message as Message
 from ._delayq import _Slot, _Worker
 from ._delayq import __version__ as __version__
 from .aio import AsyncDelayQueue as AsyncDelayQueue
+from .records import Summary
 from .errors import AuthError as AuthError
 from .errors import ConnectionError as ConnectionError
 from .errors import DelayQueueError as DelayQueueError
@@ -33,11 +36,13 @@ __all__ = [
     "OutOfMemoryError",
     "Message",
     "PayloadError",
+    "QUEUE_OPTIONS",
     "TimeoutError",
     "WORKER_OPTIONS",
     "Worker",
     "__version__",
     "errors",
+    "records",
 ]
 
 Handler = Callable[[Any, Message], Union[None, Awaitable[None]]]
@@ -87,7 +92,7 @@ class Worker:
     # Set by `delayq worker`'s process: told when coroutine handlers start and end.
     _slot: Optional[_Slot]
     _worker: _Worker
-    _last_summary: Optional[dict[str, Any]]
+    _last_summary: Optional[Summary]
 
     def __init__(
         self,
@@ -113,7 +118,7 @@ class Worker:
         max_time: Optional[float] = None,
         max_memory_mb: Optional[int] = None,
     ) -> None: ...
-    def run(self, handler: Handler) -> dict[str, Any]:
+    def run(self, handler: Handler) -> Summary:
         """Consume until ``stop()``, SIGTERM or SIGINT (which stop it gracefully) or
         ``DelayQueue.restart_workers()``; return the counts (handled, acked, failed,
         retried, dead, lease_lost, gone, released, unwritten, stopped_by: ``"stop"``,
@@ -131,7 +136,7 @@ class Worker:
         ``sys.exit()``'s, 1 after an uncaught exception, whose traceback it prints); it
         sends no acknowledgement, and the parent's delivery goes on as usual. (A
         coroutine handler should not fork: asyncio does not support it.)"""
-    async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> dict[str, Any]:
+    async def run_async(self, handler: Callable[[Any, Message], Awaitable[None]]) -> Summary:
         """Consume on the running event loop with up to ``concurrency`` handlers at once."""
     def stop(self) -> None:
         """Stop gracefully: running handlers finish and are acknowledged, prefetched

@@ -40,13 +40,17 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, Callable, Optional, Sequence, TextIO, Union
 
 from . import DelayQueue, DelayQueueError, InvalidArgumentError, PayloadError, __version__
-from ._delayq import WORKER_OPTIONS, _Scaler
+from ._delayq import QUEUE_OPTIONS, WORKER_OPTIONS, _Scaler
 
 # Defaults of the worker's flags, from the core's one options table.
 _DEFAULT: dict[str, Any] = {o["name"]: o["default"] for o in WORKER_OPTIONS}
+# The queue's, from its table: defaults and the layouts there are.
+_QUEUE: dict[str, dict[str, Any]] = {o["name"]: o for o in QUEUE_OPTIONS}
+_LAYOUTS: tuple[str, ...] = tuple(_QUEUE["layout"]["choices"])
 
 NOT_FOUND = 1
 FAILED = 3
@@ -95,14 +99,14 @@ DEPTH = ("scheduled", "ready", "inflight", "dead", "completed")
 NOT_COUNTERS = {*DEPTH, "held", "next_due_at", "paused_at", "rate_limit", "partitions"}
 
 
-def _rate(limit: Optional[dict[str, Any]]) -> str:
+def _rate(limit: Optional[Mapping[str, Any]]) -> str:
     if limit is None:
         return "none"
     return f"at most {limit['max']} messages per {limit['per']:g} s"
 
 
 def _stats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
-    s = q.stats()
+    s: dict[str, Any] = dict(q.stats())
 
     def human() -> list[str]:
         depth = ", ".join(f"{s[k]} {k}" for k in DEPTH)
@@ -186,7 +190,7 @@ def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             elif m["state"] == "dead":
                 head = f"{m['id']}  dead since {_when(m['dead_at'])}  after {m['attempts']} attempts"
             elif m["state"] == "inflight":
-                left = m["lease_until"] - now
+                left = (m["lease_until"] if m["lease_until"] is not None else now) - now
                 lease = f"lease ends in {left:.1f} s" if left >= 0 else f"LEASE EXPIRED {-left:.1f} s ago"
                 head = f"{m['id']}  running  attempt {m['attempts']}  {lease}"
             else:
@@ -246,7 +250,7 @@ def _age(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def _recent(w: dict[str, Any]) -> str:
+def _recent(w: Mapping[str, Any]) -> str:
     text = ""
     if w["lateness_max"] is not None:
         text += (f"  started {w['started_recently']} lately, late by {w['lateness_avg'] * 1000:.1f} ms on average, "
@@ -263,12 +267,14 @@ WATCHED = ("pushed", "delivered", "acked", "retried", "died")
 def _watch(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     if args.every <= 0:
         raise _BadUsage(f"--every must be more than 0 seconds, got {args.every:g}")
-    before, since = q.stats(), time.monotonic()
+    before: dict[str, Any] = dict(q.stats())
+    s: dict[str, Any]
+    since = time.monotonic()
     shown = 0
     try:
         while args.count is None or shown < args.count:
             time.sleep(max(0.0, since + args.every - time.monotonic()))
-            now, s = time.monotonic(), q.stats()
+            now, s = time.monotonic(), dict(q.stats())
             elapsed = now - since
             rates = {k: round((s[k] - before[k]) / elapsed, 1) for k in WATCHED}
             lag = max(0.0, time.time() - s["next_due_at"]) if s["next_due_at"] is not None else 0.0
@@ -411,7 +417,7 @@ def _move_waiting(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     # The target shares the source's Redis and prefix unless --to-url / --to-prefix say
     # otherwise; it is a native queue of one partition unless told.
     to = DelayQueue(args.to_url or args.url, args.to, prefix=args.to_prefix or args.prefix,
-                    partitions=args.to_partitions or 1, layout=args.to_layout,
+                    partitions=args.to_partitions or _QUEUE["partitions"]["default"], layout=args.to_layout,
                     zset_key=args.to_zset_key, payload_key=args.to_payload_key)
     n = q.move_waiting(to)
     to_label = _label(to.name, args.to_layout, args.to_zset_key, args.to_payload_key)
@@ -610,7 +616,8 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
         try:
             slot = None if args.slot_file is None else _Slot(args.slot_file, args.slot_index)
-            summary = supervisor.run_one(worker, handler, slot, hook("on_start", on_start), hook("on_stop", on_stop))
+            summary: dict[str, Any] = dict(
+                supervisor.run_one(worker, handler, slot, hook("on_start", on_start), hook("on_stop", on_stop)))
         except _HookFailed as e:
             # The pool cannot go on without it (PHP's does the same): a fatal report stops
             # it, instead of a process that dies and is started again for ever.
@@ -633,7 +640,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     # process can: a handler with a timeout runs supervised even alone, as PHP's does.
     if not _Supervisor.needed(args.processes, args.timeout):
         try:
-            summary, ran_as_asked = supervisor.run_one(worker, handler, None, on_start, on_stop), True
+            summary, ran_as_asked = dict(supervisor.run_one(worker, handler, None, on_start, on_stop)), True
         except KeyboardInterrupt:  # a second Ctrl+C: stopped at once, logged
             return 128 + signal.SIGINT
     else:
@@ -693,9 +700,10 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: $REDIS_URL, else redis://127.0.0.1:6379)")
     p.add_argument("--queue", "-q", default=os.environ.get("DELAYQ_QUEUE", "default"),
                    help="queue name (default: $DELAYQ_QUEUE, else 'default')")
-    p.add_argument("--prefix", default="dq", help="key prefix (default: dq)")
-    p.add_argument("--partitions", type=int, default=1, help="as the queue was made with (default: 1)")
-    p.add_argument("--layout", choices=("native", "seed"), default="native")
+    p.add_argument("--prefix", default=_QUEUE["prefix"]["default"], help="key prefix (default: %(default)s)")
+    p.add_argument("--partitions", type=int, default=_QUEUE["partitions"]["default"],
+                   help="as the queue was made with (default: %(default)s)")
+    p.add_argument("--layout", choices=_LAYOUTS, default=_QUEUE["layout"]["default"])
     p.add_argument("--zset-key", help="with --layout seed: the recipe's ZSET (default: delay_queue:zset)")
     p.add_argument("--payload-key", help="with --layout seed: the recipe's HASH (default: delay_queue:payload)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -780,8 +788,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--to", required=True, metavar="QUEUE", help="the target queue's name")
     c.add_argument("--to-url", help="its Redis (default: --url)")
     c.add_argument("--to-prefix", help="its key prefix (default: --prefix)")
-    c.add_argument("--to-partitions", type=int, help="its partitions (default: 1)")
-    c.add_argument("--to-layout", choices=("native", "seed"), default="native", help="its layout (default: native)")
+    c.add_argument("--to-partitions", type=int, help=f"its partitions (default: {_QUEUE['partitions']['default']})")
+    c.add_argument("--to-layout", choices=_LAYOUTS, default=_QUEUE["layout"]["default"],
+                   help="its layout (default: %(default)s)")
     c.add_argument("--to-zset-key", help="with --to-layout seed: its ZSET")
     c.add_argument("--to-payload-key", help="with --to-layout seed: its HASH")
     c.set_defaults(run=_move_waiting)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from . import DelayQueue, Message, Worker
 from ._delayq import _Slot
+from .records import Summary
 
 
 class HandlerNotFound(Exception):
@@ -113,7 +114,7 @@ def run_one(
     slot: Optional[_Slot],
     on_start: Optional[Callable[[], Any]] = None,
     on_stop: Optional[Callable[[], Any]] = None,
-) -> dict[str, Any]:
+) -> Summary:
     """One worker process: consume until stopped; returns the run's summary. ``slot``:
     the process's slot in a supervised pool, told of each handler call."""
     if on_start is not None:

@@ -4,13 +4,20 @@ from datetime import datetime
 from os import PathLike
 from typing import Any, Iterable, Mapping, Optional, Union, final
 
+from .records import DeadLetter, MessageInfo, Minute, RateLimit, RegisteredQueue, Repeat, Stats, Summary, WorkerInfo
+
 __all__ = ["DelayQueue", "Message", "_Worker", "_Consumer", "_Delivery", "_Scaler", "_Slot", "_SlotTable", "_Supervisor",
-           "__version__", "DEFAULT_MAX_PAYLOAD_BYTES", "WORKER_OPTIONS", "_URGENT_AFTER"]
+           "__version__", "DEFAULT_MAX_PAYLOAD_BYTES", "WORKER_OPTIONS", "QUEUE_OPTIONS", "RECORD_SHAPES",
+           "_URGENT_AFTER"]
 
 __version__: str
 DEFAULT_MAX_PAYLOAD_BYTES: int
 # The worker options table: name, kind, min, max, above_zero, default, php, python, doc.
 WORKER_OPTIONS: tuple[dict[str, Any], ...]
+# The queue options table, in the same form (and choices: the values a text may take).
+QUEUE_OPTIONS: tuple[dict[str, Any], ...]
+# Each record of delayq.records by name, with its fields in order (the core's, as PHP's).
+RECORD_SHAPES: dict[str, tuple[str, ...]]
 
 @final
 class DelayQueue:
@@ -115,7 +122,7 @@ class DelayQueue:
         running or dead."""
     def reschedule(self, id: str, delay: float) -> bool:
         """Move a waiting message to ``delay`` seconds from now; False when not waiting."""
-    def get(self, id: str) -> Optional[dict[str, Any]]:
+    def get(self, id: str) -> Optional[MessageInfo]:
         """``{id, state, payload, due_at, attempts, max_attempts, last_error, error_trace,
         dead_at, created_at, lease_until, expires_at, completed_at, serial_key}``, or
         None for an unknown id. ``state`` is scheduled, ready, inflight, dead or
@@ -126,16 +133,16 @@ class DelayQueue:
         ``error_trace``, beside ``last_error`` when the failure came with one, is the
         handler's traceback (a PHP worker's exception with its stack trace), cut to the
         worker's ``max_trace_bytes``."""
-    def waiting(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
+    def waiting(self, limit: int = 100, *, start: int = 0) -> list[MessageInfo]:
         """The next ``limit`` (at most 1000) messages waiting, scheduled or ready,
         earliest due first, from every partition, each as ``get()`` shows it, after
         skipping ``start`` (at most 100 000: a page). A snapshot for looking at a queue,
         not for consuming it."""
-    def inflight(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
+    def inflight(self, limit: int = 100, *, start: int = 0) -> list[MessageInfo]:
         """Up to ``limit`` (at most 1000) running messages, earliest lease deadline
         first, each as ``get()`` shows it; a ``lease_until`` in the past is a delivery
         whose worker died or hung (the next claim gives it to another worker)."""
-    def find(self, text: str, limit: int = 20) -> list[dict[str, Any]]:
+    def find(self, text: str, limit: int = 20) -> list[MessageInfo]:
         """Up to ``limit`` (at most 1000) messages whose payload contains ``text`` (or whose id it is)
         (plain text, not a pattern), in any state: waiting, running, dead, or completed
         and kept, each as ``get()`` shows it; for an operator with an order number and a
@@ -144,27 +151,27 @@ class DelayQueue:
         for request paths. Messages written or deleted during the scan may be missed."""
     def find_field(
         self, field: str, value: Union[str, int, float, bool, None], limit: int = 20
-    ) -> list[dict[str, Any]]:
+    ) -> list[MessageInfo]:
         """Up to ``limit`` (at most 1000) messages whose payload is a dict with ``field``
         equal to ``value``, in any state, as ``find()`` shows them: for an order number
         that is also part of other numbers (``find("10086")`` also returns order
         100861). The comparison is exact, type included: ``10086`` is not ``"10086"``.
         It scans as ``find()`` does."""
-    def completed(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
+    def completed(self, limit: int = 100, *, start: int = 0) -> list[MessageInfo]:
         """Up to ``limit`` (at most 1000) completed messages kept by ``keep_completed``,
         latest first, from every partition, each as ``get()`` shows it: ``due_at`` of
         the delivery that completed it, ``attempts`` it took, ``completed_at``."""
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Stats:
         """Depth (scheduled, ready, inflight, dead, completed, held, next_due_at, paused_at, rate_limit), summed
         over the ``partitions``, and lifetime counters
         (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
         discarded, trimmed, purged, replaced, moved). ``held`` counts the scheduled
         messages, due already, that wait for another message of their serial key."""
-    def dead_letters(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
+    def dead_letters(self, limit: int = 100, *, start: int = 0) -> list[DeadLetter]:
         """Up to ``limit`` dead letters, newest first, after skipping the ``start``
         newest (as ``waiting``): ``{id, payload, attempts, last_error, error_trace,
         dead_at}``."""
-    def workers(self) -> list[dict[str, Any]]:
+    def workers(self) -> list[WorkerInfo]:
         """The consumer pools alive on this queue, from every host and language, oldest
         first: ``{id, host, pid, started_at, last_seen, threads, handlers, handled,
         acked, failed, holding, started_recently, lateness_avg, lateness_max,
@@ -174,7 +181,7 @@ class DelayQueue:
         before and how late they started after their due time (seconds, server clock;
         None when none started), and the moving average of one handler call (seconds;
         None until measured)."""
-    def minutes(self, span: int = 60) -> list[dict[str, Any]]:
+    def minutes(self, span: int = 60) -> list[Minute]:
         """The last ``span`` minutes (1 to 90) of the queue, oldest first, the current one
         last, summed over the ``partitions``: ``{at, handled, failed, lateness_p50,
         lateness_p99, scheduled, ready, inflight}``. ``at`` is when the minute began
@@ -184,7 +191,7 @@ class DelayQueue:
         none started). The backlog (``scheduled``, ``ready``, ``inflight``) is sampled
         once a minute by the first pool that reports in it; None when none did. Consumer
         pools of any language write these at their heartbeat; they are kept 90 minutes."""
-    def registered_queues(self) -> list[dict[str, Any]]:
+    def registered_queues(self) -> list[RegisteredQueue]:
         """The queues on this Redis under this queue's ``prefix`` that a consumer pool or
         producer registered, by name: ``{name, layout, zset_key, payload_key,
         partitions, last_seen}``, enough to open each (``zset_key`` and ``payload_key``
@@ -230,7 +237,7 @@ class DelayQueue:
     def unrepeat(self, name: str) -> bool:
         """Stop a repeating message; its waiting occurrence is cancelled. False if there
         was none of that name."""
-    def repeats(self) -> list[dict[str, Any]]:
+    def repeats(self) -> list[Repeat]:
         """The repeating messages by name: ``{name, schedule, tz, payload, max_attempts,
         expire_after, next_due_at}``; ``schedule`` is the pattern, or the interval in
         seconds."""
@@ -257,7 +264,7 @@ class DelayQueue:
         0.001 to 2678400 (31 days); nothing is written."""
     def clear_rate_limit(self) -> bool:
         """Lift the rate limit; pools it held back start at once. False if none was set."""
-    def rate_limit(self) -> Optional[dict[str, Any]]:
+    def rate_limit(self) -> Optional[RateLimit]:
         """The rate limit in force, ``{"max": int, "per": float}``, or None (also
         ``stats()["rate_limit"]``)."""
     def restart_workers(self) -> int:
@@ -346,7 +353,7 @@ class _Consumer:
     def release(self, delivery: _Delivery) -> None: ...
     def after_job(self) -> None: ...
     def stop(self) -> None: ...
-    def finish(self, stopped_by: Optional[str]) -> dict[str, Any]: ...
+    def finish(self, stopped_by: Optional[str]) -> Summary: ...
 
 @final
 class _Worker:
@@ -372,7 +379,7 @@ class _Worker:
         max_memory_mb: Optional[int] = None,
     ) -> _Worker: ...
     def run(self, handler: Any, on_dead: Any = None, on_failure: Any = None,
-            slot: Optional[_Slot] = None) -> dict[str, Any]: ...
+            slot: Optional[_Slot] = None) -> Summary: ...
     def start(self, handlers: int, slot: Optional[_Slot] = None) -> _Consumer: ...
     def take_stop_reason(self) -> Optional[str]: ...
     def stop(self, reason: str = "stop") -> None: ...

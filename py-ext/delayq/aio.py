@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Optional, Union
 
+from .records import DeadLetter, MessageInfo, Minute, RateLimit, RegisteredQueue, Repeat, Stats, WorkerInfo
+
 from ._delayq import DelayQueue
 
 
@@ -70,49 +72,49 @@ class AsyncDelayQueue:
         """`DelayQueue.reschedule`."""
         return await asyncio.to_thread(self._queue.reschedule, id, delay)
 
-    async def get(self, id: str) -> Optional[dict[str, Any]]:
+    async def get(self, id: str) -> Optional[MessageInfo]:
         """`DelayQueue.get`."""
         return await asyncio.to_thread(self._queue.get, id)
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> Stats:
         """`DelayQueue.stats`."""
         return await asyncio.to_thread(self._queue.stats)
 
-    async def waiting(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
+    async def waiting(self, limit: int = 100, *, start: int = 0) -> list[MessageInfo]:
         """`DelayQueue.waiting`."""
         return await asyncio.to_thread(self._queue.waiting, limit, start=start)
 
-    async def inflight(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
+    async def inflight(self, limit: int = 100, *, start: int = 0) -> list[MessageInfo]:
         """`DelayQueue.inflight`."""
         return await asyncio.to_thread(self._queue.inflight, limit, start=start)
 
-    async def find(self, text: str, limit: int = 20) -> list[dict[str, Any]]:
+    async def find(self, text: str, limit: int = 20) -> list[MessageInfo]:
         """`DelayQueue.find`."""
         return await asyncio.to_thread(self._queue.find, text, limit)
 
     async def find_field(
         self, field: str, value: Union[str, int, float, bool, None], limit: int = 20
-    ) -> list[dict[str, Any]]:
+    ) -> list[MessageInfo]:
         """`DelayQueue.find_field`."""
         return await asyncio.to_thread(self._queue.find_field, field, value, limit)
 
-    async def completed(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
+    async def completed(self, limit: int = 100, *, start: int = 0) -> list[MessageInfo]:
         """`DelayQueue.completed`."""
         return await asyncio.to_thread(self._queue.completed, limit, start=start)
 
-    async def dead_letters(self, limit: int = 100, *, start: int = 0) -> list[dict[str, Any]]:
+    async def dead_letters(self, limit: int = 100, *, start: int = 0) -> list[DeadLetter]:
         """`DelayQueue.dead_letters`."""
         return await asyncio.to_thread(self._queue.dead_letters, limit, start=start)
 
-    async def minutes(self, span: int = 60) -> list[dict[str, Any]]:
+    async def minutes(self, span: int = 60) -> list[Minute]:
         """`DelayQueue.minutes`."""
         return await asyncio.to_thread(self._queue.minutes, span)
 
-    async def registered_queues(self) -> list[dict[str, Any]]:
+    async def registered_queues(self) -> list[RegisteredQueue]:
         """`DelayQueue.registered_queues`."""
         return await asyncio.to_thread(self._queue.registered_queues)
 
-    async def workers(self) -> list[dict[str, Any]]:
+    async def workers(self) -> list[WorkerInfo]:
         """`DelayQueue.workers`."""
         return await asyncio.to_thread(self._queue.workers)
 
@@ -142,7 +144,7 @@ class AsyncDelayQueue:
         """`DelayQueue.unrepeat`."""
         return await asyncio.to_thread(self._queue.unrepeat, name)
 
-    async def repeats(self) -> list[dict[str, Any]]:
+    async def repeats(self) -> list[Repeat]:
         """`DelayQueue.repeats`."""
         return await asyncio.to_thread(self._queue.repeats)
 
@@ -166,7 +168,7 @@ class AsyncDelayQueue:
         """`DelayQueue.clear_rate_limit`."""
         return await asyncio.to_thread(self._queue.clear_rate_limit)
 
-    async def rate_limit(self) -> Optional[dict[str, Any]]:
+    async def rate_limit(self) -> Optional[RateLimit]:
         """`DelayQueue.rate_limit`."""
         return await asyncio.to_thread(self._queue.rate_limit)
 

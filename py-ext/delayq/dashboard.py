@@ -32,6 +32,7 @@ import json
 import secrets
 import time
 import urllib.parse
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional
 
 from . import DelayQueue, DelayQueueError
@@ -73,7 +74,7 @@ def _id(m: dict[str, Any]) -> str:
     return f"<code>{_text(m['id'])}</code>" + (f"<br><small>serial key {_text(key)}</small>" if key else "")
 
 
-def _error(m: dict[str, Any], css: str = "") -> str:
+def _error(m: Mapping[str, Any], css: str = "") -> str:
     """The last error, which unfolds into its whole trace when it came with one."""
     if not m["last_error"]:
         return ""
@@ -363,7 +364,7 @@ def _overview(queues: list[DelayQueue], health: Reachability) -> str:
         link = f'<a href="/queue?{html.escape(urllib.parse.urlencode({"name": q.name}))}"><code>{name}</code></a>'
 
         def read(q: DelayQueue = q) -> tuple[dict[str, Any], int, list[dict[str, Any]]]:
-            return q.stats(), len(q.workers()), q.minutes(CHART_MINUTES)
+            return dict(q.stats()), len(q.workers()), [dict(m) for m in q.minutes(CHART_MINUTES)]
 
         got, down = health.read(_key(q), read)
         if got is None:
@@ -422,10 +423,10 @@ _LISTS = ("waiting", "running", "dead", "completed")
 def _paged(q: DelayQueue, which: str, page: int) -> tuple[list[dict[str, Any]], bool]:
     """The messages of `which` on `page` (0 first), and whether a next page exists."""
     start = min(page * PAGE_ROWS, MAX_PAGED)
-    read: dict[str, Callable[..., list[dict[str, Any]]]] = {
+    read: dict[str, Callable[..., Sequence[Mapping[str, Any]]]] = {
         "waiting": q.waiting, "running": q.inflight, "dead": q.dead_letters, "completed": q.completed}
     # One row more than shown tells whether a next page exists.
-    rows = read[which](PAGE_ROWS + 1, start=start)
+    rows = [dict(r) for r in read[which](PAGE_ROWS + 1, start=start)]
     return rows[:PAGE_ROWS], len(rows) > PAGE_ROWS and start + PAGE_ROWS <= MAX_PAGED
 
 

@@ -11,7 +11,7 @@ import hmac
 import http.server
 import urllib.parse
 import time
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from . import DelayQueue, DelayQueueError
 
@@ -72,8 +72,9 @@ def render(queues: Iterable[DelayQueue], now: Optional[Callable[[], float]] = No
     for q in queues:
         queue = {"queue": q.name}
         try:
-            stats = q.stats()
-            pools = q.workers()
+            # Read by key names from tables: plain dicts for the type checker.
+            stats: dict[str, Any] = dict(q.stats())
+            pools: list[dict[str, Any]] = [dict(p) for p in q.workers()]
         except DelayQueueError:
             add("delayq_up", queue, 0)
             continue

@@ -335,4 +335,17 @@ argument_readers! {
     max_jobs_arg -> Option<i64> = opt_whole_i64("max_jobs");
     max_time_arg -> Option<f64> = opt_number("max_time");
     max_memory_mb_arg -> Option<i64> = opt_whole_i64("max_memory_mb");
+    zset_key_arg -> Option<String> = opt_text("zset_key");
+    payload_key_arg -> Option<String> = opt_text("payload_key");
+    max_payload_bytes_arg -> i64 = whole_i64("max_payload_bytes");
+    connect_timeout_arg -> f64 = number("connect_timeout");
+    read_timeout_arg -> f64 = number("read_timeout");
+    retry_timeout_arg -> f64 = number("retry_timeout");
+    partitions_arg -> i64 = whole_i64("partitions");
+    wait_replicas_arg -> i64 = whole_i64("wait_replicas");
+    wait_timeout_arg -> f64 = number("wait_timeout");
+    dead_max_arg -> i64 = whole_i64("dead_max");
+    dead_ttl_arg -> f64 = number("dead_ttl");
+    keep_completed_arg -> i64 = whole_i64("keep_completed");
+    keep_completed_for_arg -> f64 = number("keep_completed_for");
 }

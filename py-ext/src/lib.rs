@@ -6,7 +6,9 @@
 mod convert;
 mod errors;
 mod logs;
+mod options;
 mod queue;
+mod records;
 mod scale;
 mod supervisor;
 mod worker;
@@ -28,6 +30,8 @@ fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_MAX_PAYLOAD_BYTES", delayq::DEFAULT_MAX_PAYLOAD_BYTES)?;
     m.add("_URGENT_AFTER", delayq::host::URGENT_AFTER.as_secs_f64())?;
-    m.add("WORKER_OPTIONS", worker::options_table(m.py())?)?;
+    m.add("WORKER_OPTIONS", options::table(m.py(), &delayq::host::WORKER_OPTIONS)?)?;
+    m.add("QUEUE_OPTIONS", options::table(m.py(), &delayq::QUEUE_OPTIONS)?)?;
+    m.add("RECORD_SHAPES", records::shapes(m.py())?)?;
     Ok(())
 }

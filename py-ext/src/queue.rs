@@ -5,8 +5,10 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use crate::convert::{self, json_to_py, payload_to_json};
+use crate::convert::{self, payload_to_json};
 use crate::errors::{self, OrRaise};
+use crate::records;
+use delayq::records as records_of;
 use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule};
 
 /// A delay queue on Redis. Usable on both sides of os.fork(): each process opens its
@@ -51,67 +53,41 @@ impl PyQueue {
         queue: &str,
         prefix: &str,
         layout: &str,
-        zset_key: Option<String>,
-        payload_key: Option<String>,
-        max_payload_bytes: usize,
-        connect_timeout: f64,
-        read_timeout: f64,
-        retry_timeout: f64,
+        #[pyo3(from_py_with = convert::zset_key_arg)] zset_key: Option<String>,
+        #[pyo3(from_py_with = convert::payload_key_arg)] payload_key: Option<String>,
+        #[pyo3(from_py_with = convert::max_payload_bytes_arg)] max_payload_bytes: i64,
+        #[pyo3(from_py_with = convert::connect_timeout_arg)] connect_timeout: f64,
+        #[pyo3(from_py_with = convert::read_timeout_arg)] read_timeout: f64,
+        #[pyo3(from_py_with = convert::retry_timeout_arg)] retry_timeout: f64,
         tls_ca_file: Option<std::path::PathBuf>,
-        partitions: u32,
-        wait_replicas: u32,
-        wait_timeout: f64,
-        dead_max: usize,
-        dead_ttl: f64,
-        keep_completed: usize,
-        keep_completed_for: f64,
+        #[pyo3(from_py_with = convert::partitions_arg)] partitions: i64,
+        #[pyo3(from_py_with = convert::wait_replicas_arg)] wait_replicas: i64,
+        #[pyo3(from_py_with = convert::wait_timeout_arg)] wait_timeout: f64,
+        #[pyo3(from_py_with = convert::dead_max_arg)] dead_max: i64,
+        #[pyo3(from_py_with = convert::dead_ttl_arg)] dead_ttl: f64,
+        #[pyo3(from_py_with = convert::keep_completed_arg)] keep_completed: i64,
+        #[pyo3(from_py_with = convert::keep_completed_for_arg)] keep_completed_for: f64,
     ) -> PyResult<Self> {
-        let layout = match layout {
-            "native" => {
-                if zset_key.is_some() || payload_key.is_some() {
-                    return Err(errors::invalid(
-                        py,
-                        "zset_key and payload_key apply only with layout='seed'",
-                    ));
-                }
-                delayq::Layout::Native
-            }
-            "seed" => match delayq::Layout::seed() {
-                delayq::Layout::Seed {
-                    zset_key: z,
-                    payload_key: p,
-                } => delayq::Layout::Seed {
-                    zset_key: zset_key.unwrap_or(z),
-                    payload_key: payload_key.unwrap_or(p),
-                },
-                other => other,
-            },
-            other => {
-                return Err(errors::invalid(
-                    py,
-                    format!("layout must be 'native' or 'seed', got {other:?}"),
-                ));
-            }
-        };
-        let mut opts = delayq::QueueOptions {
-            prefix: prefix.to_owned(),
-            layout,
-            max_payload_bytes,
-            partitions,
-            wait_replicas,
-            dead_max,
-            keep_completed,
-            ..Default::default()
-        };
-        opts.wait_timeout = duration(py, "wait_timeout", Some(wait_timeout))?.unwrap_or(opts.wait_timeout);
-        let c = &mut opts.connect;
-        c.connect_timeout = duration(py, "connect_timeout", Some(connect_timeout))?.unwrap_or(c.connect_timeout);
-        c.read_timeout = duration(py, "read_timeout", Some(read_timeout))?.unwrap_or(c.read_timeout);
-        c.retry_timeout = duration(py, "retry_timeout", Some(retry_timeout))?.unwrap_or(c.retry_timeout);
-        c.tls_ca_file = tls_ca_file;
-        opts.dead_ttl = duration(py, "dead_ttl", Some(dead_ttl))?.unwrap_or(opts.dead_ttl);
-        opts.keep_completed_for =
-            duration(py, "keep_completed_for", Some(keep_completed_for))?.unwrap_or(opts.keep_completed_for);
+        use delayq::options::Value::{Count, Seconds, Text};
+        let mut values = vec![
+            ("prefix", Text(prefix.to_owned())),
+            ("layout", Text(layout.to_owned())),
+            ("max_payload_bytes", Count(max_payload_bytes)),
+            ("connect_timeout", Seconds(connect_timeout)),
+            ("read_timeout", Seconds(read_timeout)),
+            ("retry_timeout", Seconds(retry_timeout)),
+            ("partitions", Count(partitions)),
+            ("wait_replicas", Count(wait_replicas)),
+            ("wait_timeout", Seconds(wait_timeout)),
+            ("dead_max", Count(dead_max)),
+            ("dead_ttl", Seconds(dead_ttl)),
+            ("keep_completed", Count(keep_completed)),
+            ("keep_completed_for", Seconds(keep_completed_for)),
+        ];
+        values.extend(zset_key.map(|k| ("zset_key", Text(k))));
+        values.extend(payload_key.map(|k| ("payload_key", Text(k))));
+        values.extend(tls_ca_file.map(|f| ("tls_ca_file", Text(f.to_string_lossy().into_owned()))));
+        let opts = delayq::QueueOptions::from_values(values).or_raise(py)?;
         crate::logs::sync_level(py);
         Ok(Self {
             queue: delayq::Queue::new(url, queue, opts).or_raise(py)?,
@@ -298,7 +274,7 @@ impl PyQueue {
         #[pyo3(from_py_with = convert::id_arg)] id: String,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
         match py.detach(|| self.queue.get(&id)).or_raise(py)? {
-            Some(info) => Ok(Some(message_info(py, info)?)),
+            Some(info) => Ok(Some(records::dict(py, records_of::message(&info))?)),
             None => Ok(None),
         }
     }
@@ -375,21 +351,7 @@ impl PyQueue {
     /// Queue depth by state and lifetime counters (same keys as PHP's stats()).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = py.detach(|| self.queue.stats()).or_raise(py)?;
-        let d = PyDict::new(py);
-        d.set_item("scheduled", s.scheduled)?;
-        d.set_item("ready", s.ready)?;
-        d.set_item("inflight", s.inflight)?;
-        d.set_item("dead", s.dead)?;
-        d.set_item("completed", s.completed)?;
-        d.set_item("held", s.held)?;
-        d.set_item("next_due_at", s.next_due_ms.map(ms_to_secs))?;
-        d.set_item("paused_at", s.paused_at_ms.map(ms_to_secs))?;
-        d.set_item("rate_limit", s.rate_limit.map(|l| rate_limit_dict(py, l)).transpose()?)?;
-        d.set_item("partitions", self.queue.partitions())?;
-        for (name, total) in s.named_totals() {
-            d.set_item(name, total)?;
-        }
-        Ok(d)
+        records::dict(py, records_of::stats(&s, self.queue.partitions() as u32))
     }
 
     /// Up to `limit` dead letters, newest first.
@@ -401,18 +363,7 @@ impl PyQueue {
         #[pyo3(from_py_with = convert::start_arg)] start: usize,
     ) -> PyResult<Bound<'py, PyList>> {
         let dead = py.detach(|| self.queue.dead_letters_page(start, limit)).or_raise(py)?;
-        let list = PyList::empty(py);
-        for x in dead {
-            let d = PyDict::new(py);
-            d.set_item("id", &x.id)?;
-            d.set_item("payload", json_to_py(py, &x.payload_json).ok())?;
-            d.set_item("attempts", x.attempts)?;
-            d.set_item("last_error", &x.last_error)?;
-            d.set_item("error_trace", &x.error_trace)?;
-            d.set_item("dead_at", ms_to_secs(x.dead_at_ms))?;
-            list.append(d)?;
-        }
-        Ok(list)
+        records::list(py, dead.iter().map(records_of::dead_letter))
     }
 
     /// The last `span` minutes, oldest first (see the stub).
@@ -423,63 +374,19 @@ impl PyQueue {
         #[pyo3(from_py_with = convert::span_arg)] span: u32,
     ) -> PyResult<Bound<'py, PyList>> {
         let minutes = py.detach(|| self.queue.minutes(span)).or_raise(py)?;
-        let list = PyList::empty(py);
-        for m in minutes {
-            let d = PyDict::new(py);
-            d.set_item("at", ms_to_secs(m.start_ms))?;
-            d.set_item("handled", m.handled)?;
-            d.set_item("failed", m.failed)?;
-            d.set_item("lateness_p50", m.lateness_p50_ms.map(|ms| ms / 1000.0))?;
-            d.set_item("lateness_p99", m.lateness_p99_ms.map(|ms| ms / 1000.0))?;
-            d.set_item("scheduled", m.scheduled)?;
-            d.set_item("ready", m.ready)?;
-            d.set_item("inflight", m.inflight)?;
-            list.append(d)?;
-        }
-        Ok(list)
+        records::list(py, minutes.iter().map(records_of::minute))
     }
 
     /// The queues registered on this Redis under this queue's prefix (see the stub).
     fn registered_queues<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let queues = py.detach(|| self.queue.registered_queues()).or_raise(py)?;
-        let list = PyList::empty(py);
-        for q in queues {
-            let d = PyDict::new(py);
-            d.set_item("name", &q.name)?;
-            d.set_item("layout", &q.layout)?;
-            d.set_item("zset_key", &q.zset_key)?;
-            d.set_item("payload_key", &q.payload_key)?;
-            d.set_item("partitions", q.partitions)?;
-            d.set_item("last_seen", ms_to_secs(q.last_seen_ms))?;
-            list.append(d)?;
-        }
-        Ok(list)
+        records::list(py, queues.iter().map(records_of::registered_queue))
     }
 
     /// The consumer pools alive on this queue, from every host and language.
     fn workers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let pools = py.detach(|| self.queue.workers()).or_raise(py)?;
-        let list = PyList::empty(py);
-        for w in pools {
-            let d = PyDict::new(py);
-            d.set_item("id", &w.id)?;
-            d.set_item("host", &w.host)?;
-            d.set_item("pid", w.pid)?;
-            d.set_item("started_at", ms_to_secs(w.started_at_ms))?;
-            d.set_item("last_seen", ms_to_secs(w.last_seen_ms))?;
-            d.set_item("threads", w.threads)?;
-            d.set_item("handlers", w.handlers)?;
-            d.set_item("handled", w.handled)?;
-            d.set_item("acked", w.acked)?;
-            d.set_item("failed", w.failed)?;
-            d.set_item("holding", w.holding)?;
-            d.set_item("started_recently", w.started_recently)?;
-            d.set_item("lateness_avg", w.lateness_avg_ms.map(|ms| ms / 1000.0))?;
-            d.set_item("lateness_max", w.lateness_max_ms.map(ms_to_secs))?;
-            d.set_item("handler_avg", w.handler_avg_ms.map(|ms| ms / 1000.0))?;
-            list.append(d)?;
-        }
-        Ok(list)
+        records::list(py, pools.iter().map(records_of::worker))
     }
 
     /// Send dead letters back, due now, with a fresh attempt budget: one, or all when
@@ -564,31 +471,7 @@ impl PyQueue {
     /// The repeating messages, by name.
     fn repeats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let repeats = py.detach(|| self.queue.repeats()).or_raise(py)?;
-        let list = PyList::empty(py);
-        for r in repeats {
-            let d = PyDict::new(py);
-            d.set_item("name", &r.name)?;
-            match &r.schedule {
-                Schedule::Cron { pattern, tz } => {
-                    d.set_item("schedule", pattern)?;
-                    d.set_item("tz", tz)?;
-                }
-                Schedule::Every(every) => {
-                    d.set_item("schedule", every.as_secs_f64())?;
-                    d.set_item("tz", py.None())?;
-                }
-                other => {
-                    d.set_item("schedule", other.describe())?;
-                    d.set_item("tz", py.None())?;
-                }
-            }
-            d.set_item("payload", json_to_py(py, &r.payload_json).ok())?;
-            d.set_item("max_attempts", r.max_attempts)?;
-            d.set_item("expire_after", r.expire_after.map(|e| e.as_secs_f64()))?;
-            d.set_item("next_due_at", r.next_due_ms.map(ms_to_secs))?;
-            list.append(d)?;
-        }
-        Ok(list)
+        records::list(py, repeats.iter().map(records_of::repeat))
     }
 
     /// Stop consumption for every worker pool, on every host, until `resume()`: no
@@ -633,7 +516,7 @@ impl PyQueue {
     /// The rate limit in force, as `{"max": int, "per": float}`, or None.
     fn rate_limit<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let limit = py.detach(|| self.queue.rate_limit()).or_raise(py)?;
-        limit.map(|l| rate_limit_dict(py, l)).transpose()
+        limit.map(|l| records::dict(py, records_of::rate_limit(&l))).transpose()
     }
 
     /// Ask every worker pool running on this queue to stop gracefully (see the stub).
@@ -692,42 +575,5 @@ impl PyQueue {
 }
 
 fn message_list(py: Python<'_>, infos: Vec<MessageInfo>) -> PyResult<Bound<'_, PyList>> {
-    let list = PyList::empty(py);
-    for info in infos {
-        list.append(message_info(py, info)?)?;
-    }
-    Ok(list)
-}
-
-fn message_info(py: Python<'_>, info: MessageInfo) -> PyResult<Bound<'_, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("id", &info.id)?;
-    d.set_item("state", info.state.as_str())?;
-    let payload = json_to_py(py, &info.payload_json).unwrap_or_else(|_| {
-        info.payload_json
-            .clone()
-            .into_pyobject(py)
-            .map(|s| s.into_any())
-            .unwrap_or_else(|_| py.None().into_bound(py))
-    });
-    d.set_item("payload", payload)?;
-    d.set_item("due_at", info.due_at_ms.map(ms_to_secs))?;
-    d.set_item("attempts", info.attempts)?;
-    d.set_item("max_attempts", info.max_attempts)?;
-    d.set_item("last_error", info.last_error)?;
-    d.set_item("error_trace", info.error_trace)?;
-    d.set_item("dead_at", info.dead_at_ms.map(ms_to_secs))?;
-    d.set_item("created_at", info.created_at_ms.map(ms_to_secs))?;
-    d.set_item("lease_until", info.lease_until_ms.map(ms_to_secs))?;
-    d.set_item("expires_at", info.expires_at_ms.map(ms_to_secs))?;
-    d.set_item("completed_at", info.completed_at_ms.map(ms_to_secs))?;
-    d.set_item("serial_key", info.serial_key)?;
-    Ok(d)
-}
-
-fn rate_limit_dict(py: Python<'_>, limit: RateLimit) -> PyResult<Bound<'_, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("max", limit.max)?;
-    d.set_item("per", limit.per.as_secs_f64())?;
-    Ok(d)
+    records::list(py, infos.iter().map(records_of::message))
 }

@@ -226,14 +226,7 @@ impl PySupervisor {
             log::error!("a worker process failed: {fatal}");
             crate::logs::flush(py);
         }
-        let d = PyDict::new(py);
-        for (k, v) in pool.counts.counts() {
-            d.set_item(k, v)?;
-        }
-        d.set_item("stopped_by", pool.stopped_by.map(StopReason::as_str))?;
-        for (k, v) in pool.pool_counts() {
-            d.set_item(k, v)?;
-        }
+        let d = crate::records::dict(py, delayq::records::summary(&pool.counts, pool.stopped_by, Some(&pool)))?;
         Ok((d, pool.gave_up.is_none() && pool.fatal.is_none()))
     }
 }

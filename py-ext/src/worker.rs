@@ -184,12 +184,7 @@ fn resident_bytes() -> i64 {
 }
 
 fn summary<'py>(py: Python<'py>, s: &delayq::Summary, stopped_by: Option<StopReason>) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    for (k, v) in s.counts() {
-        d.set_item(k, v)?;
-    }
-    d.set_item("stopped_by", stopped_by.map(StopReason::as_str))?;
-    Ok(d)
+    crate::records::dict(py, delayq::records::summary(s, stopped_by, None))
 }
 
 /// A `stopped_by` text from Python code, as the core's reason.
@@ -796,32 +791,4 @@ impl PyConsumer {
         crate::logs::flush(py);
         summary(py, &s, stopped_by)
     }
-}
-
-/// The worker options table (`delayq::host::WORKER_OPTIONS`), as a tuple of dicts: the
-/// Python package takes its defaults from it, and the tests check the docs against it.
-pub(crate) fn options_table(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
-    use delayq::host::OptionDefault;
-    let rows = delayq::host::WORKER_OPTIONS
-        .iter()
-        .map(|o| {
-            let row = PyDict::new(py);
-            row.set_item("name", o.name)?;
-            row.set_item("kind", o.kind.as_str())?;
-            row.set_item("min", o.min)?;
-            row.set_item("max", o.max)?;
-            row.set_item("above_zero", o.above_zero)?;
-            match o.default {
-                OptionDefault::Count(n) => row.set_item("default", n)?,
-                OptionDefault::Seconds(s) => row.set_item("default", s)?,
-                OptionDefault::Flag(b) => row.set_item("default", b)?,
-                OptionDefault::Unset => row.set_item("default", py.None())?,
-            }
-            row.set_item("php", o.takers.php)?;
-            row.set_item("python", o.takers.python)?;
-            row.set_item("doc", o.doc)?;
-            Ok(row)
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    PyTuple::new(py, rows)
 }

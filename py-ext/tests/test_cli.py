@@ -152,7 +152,7 @@ def test_bad_input_and_an_unreachable_redis_have_their_own_exit_status(redis_url
     assert bad.returncode == 2 and "id" in bad.stderr
 
     mixed = cli(redis_url, "--zset-key", "my:zset", "stats")
-    assert mixed.returncode == 2 and "only with layout='seed'" in mixed.stderr
+    assert mixed.returncode == 2 and "applies only with layout 'seed'" in mixed.stderr
 
     gone = RedisServer()
     url = gone.url

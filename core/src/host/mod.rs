@@ -20,7 +20,7 @@ mod slot;
 mod stop;
 mod supervisor;
 
-pub use options::{Default as OptionDefault, Kind as OptionKind, Takers, WORKER_OPTIONS, WorkerOption, worker_option};
+pub use options::{WORKER_OPTIONS, worker_option};
 pub use report::Report;
 pub use run::{Outcome, Recycle, Verdict, ended_by, settle};
 pub use serve::{Called, Handler, Served, serve};

@@ -3,167 +3,13 @@
 //! `delayq worker` flags) take their defaults and bounds from here, so they agree by
 //! construction; a test checks the PHP stub, the `.pyi` and the docs against it.
 
-use std::time::Duration;
-
-use crate::error::{Error, Result};
+use crate::options::{BOTH, Default, Kind, OptionRow, PHP, PYTHON, count, find, other, positive_seconds, seconds};
 use crate::scale::MAX_PROCESSES;
 use crate::scripts::MAX_BATCH;
-use crate::time::delay_from_secs;
 use crate::worker::MAX_TRACE_BYTES;
 
-/// What an option holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A whole number within `min..=max`.
-    Count,
-    /// Seconds (a number) within `min..=max`.
-    Seconds,
-    /// True or false.
-    Flag,
-    /// A callable (a hook).
-    Callable,
-    /// A list of queues.
-    Queues,
-    /// A list of exception classes.
-    Classes,
-}
-
-impl Kind {
-    /// The name the docs and errors use.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Count => "count",
-            Self::Seconds => "seconds",
-            Self::Flag => "flag",
-            Self::Callable => "callable",
-            Self::Queues => "queues",
-            Self::Classes => "classes",
-        }
-    }
-}
-
-/// An option's value when it is not given.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Default {
-    /// A whole number.
-    Count(i64),
-    /// Seconds.
-    Seconds(f64),
-    /// True or false.
-    Flag(bool),
-    /// Not set: no limit, no hook, an empty list.
-    Unset,
-}
-
-/// Which bindings take an option (the core's `WorkerOptions` holds the pool's own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Takers {
-    /// `DelayQueueWorker` takes it.
-    pub php: bool,
-    /// `delayq.Worker` takes it.
-    pub python: bool,
-}
-
-const BOTH: Takers = Takers {
-    php: true,
-    python: true,
-};
-const PHP: Takers = Takers {
-    php: true,
-    python: false,
-};
-const PYTHON: Takers = Takers {
-    php: false,
-    python: true,
-};
-
-/// One row of the table.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct WorkerOption {
-    /// As both bindings spell it.
-    pub name: &'static str,
-    /// What it holds.
-    pub kind: Kind,
-    /// Bounds for counts and seconds (inclusive; seconds may also be excluded at 0, see
-    /// `above_zero`).
-    pub min: f64,
-    /// Upper bound (inclusive).
-    pub max: f64,
-    /// Seconds that must be above zero (`min` is then 0, excluded).
-    pub above_zero: bool,
-    /// Its value when not given.
-    pub default: Default,
-    /// Which bindings take it.
-    pub takers: Takers,
-    /// One line for the docs.
-    pub doc: &'static str,
-}
-
-const fn count(
-    name: &'static str,
-    min: i64,
-    max: i64,
-    default: Default,
-    takers: Takers,
-    doc: &'static str,
-) -> WorkerOption {
-    WorkerOption {
-        name,
-        kind: Kind::Count,
-        min: min as f64,
-        max: max as f64,
-        above_zero: false,
-        default,
-        takers,
-        doc,
-    }
-}
-
-const fn seconds(name: &'static str, min: f64, default: Default, takers: Takers, doc: &'static str) -> WorkerOption {
-    WorkerOption {
-        name,
-        kind: Kind::Seconds,
-        min,
-        max: MAX_SECONDS,
-        above_zero: false,
-        default,
-        takers,
-        doc,
-    }
-}
-
-/// Seconds that must be above zero.
-const fn positive_seconds(name: &'static str, default: Default, takers: Takers, doc: &'static str) -> WorkerOption {
-    WorkerOption {
-        name,
-        kind: Kind::Seconds,
-        min: 0.0,
-        max: MAX_SECONDS,
-        above_zero: true,
-        default,
-        takers,
-        doc,
-    }
-}
-
-const fn other(name: &'static str, kind: Kind, default: Default, takers: Takers, doc: &'static str) -> WorkerOption {
-    WorkerOption {
-        name,
-        kind,
-        min: 0.0,
-        max: 0.0,
-        above_zero: false,
-        default,
-        takers,
-        doc,
-    }
-}
-
-/// Longest span an option in seconds takes (what a delay takes, `MAX_DELAY`).
-const MAX_SECONDS: f64 = crate::time::MAX_DELAY.as_secs() as f64;
-
 /// Every worker option, in the order the docs list them.
-pub static WORKER_OPTIONS: [WorkerOption; 24] = [
+pub static WORKER_OPTIONS: [OptionRow; 24] = [
     count(
         "threads",
         1,
@@ -336,69 +182,12 @@ pub static WORKER_OPTIONS: [WorkerOption; 24] = [
     ),
 ];
 
-/// The row of `name`.
+/// The row of `name` in `WORKER_OPTIONS`.
 ///
 /// # Panics
-/// When `name` is not in the table: the bindings ask for their own literal names, and a
-/// unit test asks for every one of them.
-pub fn worker_option(name: &str) -> &'static WorkerOption {
-    WORKER_OPTIONS
-        .iter()
-        .find(|o| o.name == name)
-        .unwrap_or_else(|| panic!("no worker option {name:?} in the table"))
-}
-
-impl WorkerOption {
-    /// The default of a count.
-    pub fn default_count(&self) -> Option<i64> {
-        match self.default {
-            Default::Count(n) => Some(n),
-            _ => None,
-        }
-    }
-
-    /// The default of a span.
-    pub fn default_duration(&self) -> Option<Duration> {
-        match self.default {
-            Default::Seconds(s) => Some(Duration::from_secs_f64(s)),
-            _ => None,
-        }
-    }
-
-    /// Lower and upper bound of a count.
-    pub fn count_range(&self) -> (i64, i64) {
-        (self.min as i64, self.max as i64)
-    }
-
-    /// `value` if within the bounds, or an error naming the option and its range.
-    pub fn check_count(&self, value: i64) -> Result<i64> {
-        let (lo, hi) = self.count_range();
-        if value < lo || value > hi {
-            return Err(Error::invalid(
-                self.name,
-                format!("must be between {lo} and {hi}, got {value}"),
-            ));
-        }
-        Ok(value)
-    }
-
-    /// `secs` as a span if within the bounds, or an error naming the option and its range.
-    pub fn check_seconds(&self, secs: f64) -> Result<Duration> {
-        let span = delay_from_secs(self.name, secs)?;
-        if self.above_zero && span.is_zero() {
-            return Err(Error::invalid(
-                self.name,
-                format!("must be above 0 seconds, got {secs}"),
-            ));
-        }
-        if !self.above_zero && secs < self.min {
-            return Err(Error::invalid(
-                self.name,
-                format!("must be at least {} s, got {secs}", self.min),
-            ));
-        }
-        Ok(span)
-    }
+/// When `name` is not in it (see `options::find`).
+pub fn worker_option(name: &str) -> &'static OptionRow {
+    find(&WORKER_OPTIONS, name)
 }
 
 #[cfg(test)]
@@ -408,16 +197,7 @@ mod tests {
 
     #[test]
     fn names_are_unique_and_kinds_have_fitting_defaults() {
-        for (i, o) in WORKER_OPTIONS.iter().enumerate() {
-            assert!(WORKER_OPTIONS[..i].iter().all(|p| p.name != o.name), "{} twice", o.name);
-            assert!(o.takers.php || o.takers.python, "{} is taken by nobody", o.name);
-            match (o.kind, o.default) {
-                (Kind::Count, Default::Count(n)) => assert!(o.check_count(n).is_ok(), "{}", o.name),
-                (Kind::Seconds, Default::Seconds(s)) => assert!(o.check_seconds(s).is_ok(), "{}", o.name),
-                (Kind::Flag, Default::Flag(_)) | (_, Default::Unset) => {}
-                (kind, default) => panic!("{}: a {kind:?} with default {default:?}", o.name),
-            }
-        }
+        crate::options::check_table(&WORKER_OPTIONS);
     }
 
     #[test]
@@ -441,24 +221,18 @@ mod tests {
 
     #[test]
     fn bounds_are_checked_by_name() {
-        let threads = worker_option("threads");
-        assert_eq!(threads.check_count(64).ok(), Some(64));
-        let e = threads.check_count(65).expect_err("above the range").to_string();
-        assert!(
-            e.contains("threads") && e.contains("between 1 and 64") && e.contains("65"),
-            "{e}"
-        );
-        let max_time = worker_option("max_time");
-        let e = max_time.check_seconds(0.0).expect_err("zero").to_string();
-        assert!(e.contains("max_time") && e.contains("above 0"), "{e}");
-        let lease = worker_option("lease");
-        assert!(lease.check_seconds(0.05).is_err());
-        assert_eq!(lease.check_seconds(0.1).ok(), Some(Duration::from_millis(100)));
+        let e = worker_option("threads")
+            .check_count(65)
+            .expect_err("above the range")
+            .to_string();
+        assert!(e.contains("threads") && e.contains("between 1 and 64"), "{e}");
+        assert!(worker_option("max_time").check_seconds(0.0).is_err());
+        assert!(worker_option("lease").check_seconds(0.05).is_err());
         assert!(worker_option("idle_check").check_seconds(f64::NAN).is_err());
     }
 
     #[test]
-    #[should_panic(expected = "no worker option")]
+    #[should_panic(expected = "no option")]
     fn an_unknown_name_is_a_bug_of_ours() {
         worker_option("thread");
     }

@@ -261,6 +261,14 @@ pub struct PoolSummary {
 }
 
 impl PoolSummary {
+    /// A run in the calling process, with no supervisor: one process, nothing else.
+    pub fn single() -> Self {
+        Self {
+            processes: 1,
+            ..Self::default()
+        }
+    }
+
     /// The supervisor's own counts by name, in the order the summary shows them.
     pub fn pool_counts(&self) -> [(&'static str, u64); 5] {
         [

@@ -14,7 +14,6 @@ mod views;
 mod waiting;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::{FromRedisValue, RedisResult, Value};
@@ -22,12 +21,12 @@ use serde::Serialize;
 
 use crate::conn::{Conn, ConnSlot, Endpoint, Replay};
 use crate::error::{Error, Result};
-use crate::keys::{Keys, Layout, MAX_PARTITIONS, partition_of, partition_tags, validate_name};
+use crate::keys::{Keys, Layout, partition_of, partition_tags, validate_name};
 use crate::scripts::{self, LuaScript, MAX_BATCH};
 
 pub use options::{
-    DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEEP_COMPLETED, MAX_RATE_LIMIT_PERIOD, NewMessage, PushOptions, QueueOptions,
-    RateLimit,
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEEP_COMPLETED, MAX_PAYLOAD_BYTES, MAX_RATE_LIMIT_PERIOD, NewMessage, PushOptions,
+    QUEUE_OPTIONS, QueueOptions, RateLimit, queue_option,
 };
 pub use validate::MAX_ID_BYTES;
 pub use views::{COUNTERS, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MessageInfo, State, Stats, WorkerInfo};
@@ -107,36 +106,7 @@ impl Queue {
 
     /// A handle on queue `name` at `url`. Validates everything; connects on first use.
     pub fn new(url: &str, name: &str, opts: QueueOptions) -> Result<Self> {
-        if opts.max_payload_bytes == 0 {
-            return Err(Error::invalid("max_payload_bytes", "must be greater than zero"));
-        }
-        if opts.dead_max == 0 {
-            return Err(Error::invalid("dead_max", "must be at least 1"));
-        }
-        if opts.keep_completed > MAX_KEEP_COMPLETED {
-            return Err(Error::invalid(
-                "keep_completed",
-                format!("must be at most {MAX_KEEP_COMPLETED}, got {}", opts.keep_completed),
-            ));
-        }
-        if opts.keep_completed_for < Duration::from_secs(1) {
-            return Err(Error::invalid(
-                "keep_completed_for",
-                format!("must be at least 1 s, got {:?}", opts.keep_completed_for),
-            ));
-        }
-        if !(1..=MAX_PARTITIONS).contains(&opts.partitions) {
-            return Err(Error::invalid(
-                "partitions",
-                format!("must be between 1 and {MAX_PARTITIONS}, got {}", opts.partitions),
-            ));
-        }
-        if opts.wait_replicas > 0 && opts.wait_timeout.is_zero() {
-            return Err(Error::invalid(
-                "wait_timeout",
-                "must be greater than zero (Redis would wait forever)",
-            ));
-        }
+        opts.check()?;
         let parts = match &opts.layout {
             Layout::Native => {
                 validate_name("prefix", &opts.prefix)?;

@@ -1,5 +1,6 @@
-//! A queue's settings and a push's: `QueueOptions`, `PushOptions`, `NewMessage`,
-//! `RateLimit`, with their defaults and bounds.
+//! A queue's settings and a push's: `QueueOptions` (and its table, `QUEUE_OPTIONS`,
+//! that both bindings read), `PushOptions`, `NewMessage`, `RateLimit`, with their
+//! defaults and bounds.
 
 use std::time::Duration;
 
@@ -7,7 +8,11 @@ use serde::Serialize;
 
 use crate::conn::ConnectOptions;
 use crate::error::{Error, Result};
-use crate::keys::Layout;
+use crate::keys::{Layout, MAX_PARTITIONS};
+use crate::options::{
+    BOTH, Default as OptionDefault, Kind as OptionKind, OptionRow, PHP, Value, count, find, other, positive_seconds,
+    seconds, text,
+};
 use crate::time::{Due, ceil_ms, seconds_text};
 
 use super::to_json;
@@ -70,6 +75,226 @@ impl Default for QueueOptions {
             wait_replicas: 0,
             wait_timeout: Duration::from_secs(1),
         }
+    }
+}
+
+/// Every queue option, in the order the docs list them: `DelayQueue`'s options array
+/// and `delayq.DelayQueue`'s keywords.
+pub static QUEUE_OPTIONS: [OptionRow; 17] = [
+    text(
+        "prefix",
+        &[],
+        OptionDefault::Text("dq"),
+        BOTH,
+        "first part of every key's hash tag: `{prefix:queue}:…`",
+    ),
+    text(
+        "layout",
+        &["native", "seed"],
+        OptionDefault::Text("native"),
+        BOTH,
+        "delayq's own keys, or the recipe's ZSET and HASH (`seed`)",
+    ),
+    text(
+        "zset_key",
+        &[],
+        OptionDefault::Unset,
+        BOTH,
+        "the seed layout's ZSET (`delay_queue:zset` unless given)",
+    ),
+    text(
+        "payload_key",
+        &[],
+        OptionDefault::Unset,
+        BOTH,
+        "the seed layout's HASH of payloads (`delay_queue:payload` unless given)",
+    ),
+    count(
+        "max_payload_bytes",
+        1,
+        MAX_PAYLOAD_BYTES as i64,
+        OptionDefault::Count(DEFAULT_MAX_PAYLOAD_BYTES as i64),
+        BOTH,
+        "largest payload, as JSON text, that a push accepts",
+    ),
+    positive_seconds(
+        "connect_timeout",
+        OptionDefault::Seconds(2.0),
+        BOTH,
+        "longest wait for a connection to Redis",
+    ),
+    positive_seconds(
+        "read_timeout",
+        OptionDefault::Seconds(5.0),
+        BOTH,
+        "longest wait for a reply from Redis",
+    ),
+    seconds(
+        "retry_timeout",
+        0.0,
+        OptionDefault::Seconds(5.0),
+        BOTH,
+        "how long a call retries a lost connection before it fails",
+    ),
+    text(
+        "tls_ca_file",
+        &[],
+        OptionDefault::Unset,
+        BOTH,
+        "CA certificates (PEM) that a `rediss://` server's certificate must chain to",
+    ),
+    count(
+        "partitions",
+        1,
+        MAX_PARTITIONS as i64,
+        OptionDefault::Count(1),
+        BOTH,
+        "hash tags the queue is spread over (one per Cluster master); changing it moves the queue",
+    ),
+    count(
+        "wait_replicas",
+        0,
+        MAX_WAIT_REPLICAS,
+        OptionDefault::Count(0),
+        BOTH,
+        "replicas that must have each push before it returns (Redis `WAIT`)",
+    ),
+    seconds(
+        "wait_timeout",
+        0.0,
+        OptionDefault::Seconds(1.0),
+        BOTH,
+        "longest wait for those replicas",
+    ),
+    count(
+        "dead_max",
+        1,
+        MAX_DEAD,
+        OptionDefault::Count(10_000),
+        BOTH,
+        "dead letters kept at most; the oldest go first",
+    ),
+    seconds(
+        "dead_ttl",
+        0.0,
+        OptionDefault::Seconds(2_592_000.0),
+        BOTH,
+        "dead letters older than this are deleted",
+    ),
+    count(
+        "keep_completed",
+        0,
+        MAX_KEEP_COMPLETED as i64,
+        OptionDefault::Count(0),
+        BOTH,
+        "acknowledged messages kept for `get()` and `completed()`; 0 keeps none",
+    ),
+    seconds(
+        "keep_completed_for",
+        1.0,
+        OptionDefault::Seconds(86_400.0),
+        BOTH,
+        "kept completed messages older than this are deleted",
+    ),
+    other(
+        "persistent",
+        OptionKind::Flag,
+        OptionDefault::Flag(false),
+        PHP,
+        "keep the queue and its connection for the life of the process (PHP-FPM)",
+    ),
+];
+
+/// Largest `max_payload_bytes`: Redis's longest string.
+pub const MAX_PAYLOAD_BYTES: usize = 512 << 20;
+/// Largest `wait_replicas`.
+const MAX_WAIT_REPLICAS: i64 = 64;
+/// Largest `dead_max`.
+const MAX_DEAD: i64 = 100_000_000;
+
+/// The row of `name` in `QUEUE_OPTIONS`.
+///
+/// # Panics
+/// When `name` is not in it (see `options::find`).
+pub fn queue_option(name: &str) -> &'static OptionRow {
+    find(&QUEUE_OPTIONS, name)
+}
+
+impl QueueOptions {
+    /// Options from values by name, as a binding read them (options not given keep
+    /// their defaults): each checked against its row of `QUEUE_OPTIONS`, then the
+    /// layout's rules. An error names the option. `persistent` is the binding's own.
+    pub fn from_values<'a>(values: impl IntoIterator<Item = (&'a str, Value)>) -> Result<Self> {
+        let mut o = Self::default();
+        let (mut layout, mut zset_key, mut payload_key) = (None, None, None);
+        for (name, value) in values {
+            let Some(row) = QUEUE_OPTIONS.iter().find(|r| r.name == name && r.name != "persistent") else {
+                return Err(Error::invalid(name, "is not a queue option"));
+            };
+            let size = |n: i64| row.check_count(n).map(|n| n as usize);
+            match (name, value) {
+                ("prefix", Value::Text(t)) => o.prefix = t,
+                ("layout", Value::Text(t)) => layout = Some(row.check_text(t)?),
+                ("zset_key", Value::Text(t)) => zset_key = Some(t),
+                ("payload_key", Value::Text(t)) => payload_key = Some(t),
+                ("max_payload_bytes", Value::Count(n)) => o.max_payload_bytes = size(n)?,
+                ("connect_timeout", Value::Seconds(s)) => o.connect.connect_timeout = row.check_seconds(s)?,
+                ("read_timeout", Value::Seconds(s)) => o.connect.read_timeout = row.check_seconds(s)?,
+                ("retry_timeout", Value::Seconds(s)) => o.connect.retry_timeout = row.check_seconds(s)?,
+                ("tls_ca_file", Value::Text(t)) => o.connect.tls_ca_file = Some(t.into()),
+                ("partitions", Value::Count(n)) => o.partitions = size(n)? as u32,
+                ("wait_replicas", Value::Count(n)) => o.wait_replicas = size(n)? as u32,
+                ("wait_timeout", Value::Seconds(s)) => o.wait_timeout = row.check_seconds(s)?,
+                ("dead_max", Value::Count(n)) => o.dead_max = size(n)?,
+                ("dead_ttl", Value::Seconds(s)) => o.dead_ttl = row.check_seconds(s)?,
+                ("keep_completed", Value::Count(n)) => o.keep_completed = size(n)?,
+                ("keep_completed_for", Value::Seconds(s)) => o.keep_completed_for = row.check_seconds(s)?,
+                (_, value) => return Err(row.wrong_kind(&value)),
+            }
+        }
+        o.layout = match layout.as_deref() {
+            None | Some("native") if zset_key.is_some() || payload_key.is_some() => {
+                let name = if zset_key.is_some() { "zset_key" } else { "payload_key" };
+                return Err(Error::invalid(name, "applies only with layout 'seed'"));
+            }
+            None | Some("native") => Layout::Native,
+            _ => match Layout::seed() {
+                Layout::Seed {
+                    zset_key: z,
+                    payload_key: p,
+                } => Layout::Seed {
+                    zset_key: zset_key.unwrap_or(z),
+                    payload_key: payload_key.unwrap_or(p),
+                },
+                Layout::Native => Layout::Native,
+            },
+        };
+        o.check()?;
+        Ok(o)
+    }
+
+    /// Every setting within its row's bounds, whether it came from a binding or was set
+    /// in Rust.
+    pub(crate) fn check(&self) -> Result<()> {
+        let row = queue_option;
+        row("max_payload_bytes").check_size(self.max_payload_bytes as u64)?;
+        row("connect_timeout").check_duration(self.connect.connect_timeout)?;
+        row("read_timeout").check_duration(self.connect.read_timeout)?;
+        row("retry_timeout").check_duration(self.connect.retry_timeout)?;
+        row("partitions").check_size(u64::from(self.partitions))?;
+        row("wait_replicas").check_size(u64::from(self.wait_replicas))?;
+        row("wait_timeout").check_duration(self.wait_timeout)?;
+        row("dead_max").check_size(self.dead_max as u64)?;
+        row("dead_ttl").check_duration(self.dead_ttl)?;
+        row("keep_completed").check_size(self.keep_completed as u64)?;
+        row("keep_completed_for").check_duration(self.keep_completed_for)?;
+        if self.wait_replicas > 0 && self.wait_timeout.is_zero() {
+            return Err(Error::invalid(
+                "wait_timeout",
+                "must be greater than zero (Redis would wait forever)",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -198,5 +423,78 @@ impl RateLimit {
         let n = partitions as u32;
         let (each, extra) = (self.max / n, self.max % n);
         (0..n).map(move |i| each + u32::from(i < extra))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::check_table;
+
+    #[test]
+    fn the_table_is_the_defaults() {
+        check_table(&QUEUE_OPTIONS);
+        let d = QueueOptions::default();
+        let from = QueueOptions::from_values([]).expect("the defaults");
+        assert_eq!(format!("{d:?}"), format!("{from:?}"));
+        let count = |name| queue_option(name).default_count().expect("a count");
+        let span = |name| queue_option(name).default_duration().expect("seconds");
+        assert_eq!(d.max_payload_bytes as i64, count("max_payload_bytes"));
+        assert_eq!(i64::from(d.partitions), count("partitions"));
+        assert_eq!(i64::from(d.wait_replicas), count("wait_replicas"));
+        assert_eq!(d.dead_max as i64, count("dead_max"));
+        assert_eq!(d.keep_completed as i64, count("keep_completed"));
+        assert_eq!(d.connect.connect_timeout, span("connect_timeout"));
+        assert_eq!(d.connect.read_timeout, span("read_timeout"));
+        assert_eq!(d.connect.retry_timeout, span("retry_timeout"));
+        assert_eq!(d.wait_timeout, span("wait_timeout"));
+        assert_eq!(d.dead_ttl, span("dead_ttl"));
+        assert_eq!(d.keep_completed_for, span("keep_completed_for"));
+        assert_eq!(queue_option("prefix").default, OptionDefault::Text("dq"));
+        assert_eq!(d.prefix, "dq");
+        assert_eq!(queue_option("layout").default, OptionDefault::Text("native"));
+        assert_eq!(d.layout, Layout::Native);
+    }
+
+    #[test]
+    fn values_are_checked_by_their_rows() {
+        let err = |values: Vec<(&str, Value)>| QueueOptions::from_values(values).expect_err("refused").to_string();
+        let e = err(vec![("dead_max", Value::Count(0))]);
+        assert!(e.contains("dead_max") && e.contains("between 1 and"), "{e}");
+        let e = err(vec![("max_payload_bytes", Value::Count((512 << 20) + 1))]);
+        assert!(e.contains("max_payload_bytes"), "{e}");
+        let e = err(vec![("wait_replicas", Value::Count(65))]);
+        assert!(e.contains("wait_replicas") && e.contains("between 0 and 64"), "{e}");
+        let e = err(vec![("layout", Value::Text("Seed".into()))]);
+        assert!(e.contains("'native' or 'seed'"), "{e}");
+        let e = err(vec![("zset_key", Value::Text("z".into()))]);
+        assert!(e.contains("zset_key") && e.contains("only with layout 'seed'"), "{e}");
+        let e = err(vec![("partitions", Value::Seconds(2.0))]);
+        assert!(e.contains("partitions") && e.contains("takes count"), "{e}");
+        let e = err(vec![("persistent", Value::Flag(true))]);
+        assert!(e.contains("not a queue option"), "{e}");
+        let e = err(vec![("read_timeout", Value::Seconds(0.0))]);
+        assert!(e.contains("read_timeout") && e.contains("above 0"), "{e}");
+        let e = err(vec![
+            ("wait_replicas", Value::Count(1)),
+            ("wait_timeout", Value::Seconds(0.0)),
+        ]);
+        assert!(e.contains("wait_timeout"), "{e}");
+    }
+
+    #[test]
+    fn the_seed_layout_takes_its_keys_or_the_recipes() {
+        let seed = |values: Vec<(&str, Value)>| QueueOptions::from_values(values).expect("seed").layout;
+        assert_eq!(seed(vec![("layout", Value::Text("seed".into()))]), Layout::seed());
+        assert_eq!(
+            seed(vec![
+                ("layout", Value::Text("seed".into())),
+                ("zset_key", Value::Text("z".into())),
+            ]),
+            Layout::Seed {
+                zset_key: "z".into(),
+                payload_key: "delay_queue:payload".into(),
+            }
+        );
     }
 }
