@@ -9,24 +9,29 @@
 //! - `slot.rs`: memory shared between a supervised process and its supervisor (the
 //!   running handler, the delivery it holds, the process's counts);
 //! - `report.rs`: what a supervised process tells its supervisor when it ends;
-//! - `supervisor.rs`: the process supervisor (spawn through the binding, respawn,
-//!   back-off and give-up, the hung-handler kill, scaling, one summary).
+//! - `supervisor.rs`: the process supervisor (spawn through the binding, reap, the
+//!   hung-handler kill, scaling, one summary), with `respawn.rs` (when a dead process
+//!   is started again, and when the pool gives up), `hung.rs` (the hung-handler clock,
+//!   the timeout errors) and `signals.rs` (a first and a second stop signal).
 
+mod hung;
 mod options;
 mod report;
+mod respawn;
 mod run;
 mod serve;
+mod signals;
 mod slot;
 mod stop;
 mod supervisor;
 
+pub use hung::{HungClock, cancel_error, timeout_error};
 pub use options::{WORKER_OPTIONS, worker_option};
 pub use report::Report;
+pub use respawn::{Respawn, RespawnPolicy, Respawns};
 pub use run::{Outcome, Recycle, Verdict, ended_by, settle};
 pub use serve::{Called, Handler, Served, serve};
+pub use signals::{StopSignals, URGENT_AFTER};
 pub use slot::{Held, Publisher, Slot, SlotTable, SlotView};
 pub use stop::StopReason;
-pub use supervisor::{
-    Asked, HungClock, LOOK_EVERY, PoolSummary, Respawn, RespawnPolicy, Respawns, Spawner, StopSignals,
-    SupervisorOptions, URGENT_AFTER, is_supervised, supervise, timeout_error,
-};
+pub use supervisor::{Asked, LOOK_EVERY, PoolSummary, Spawner, SupervisorOptions, is_supervised, supervise};

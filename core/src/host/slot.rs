@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::supervisor::HungClock;
+use super::hung::HungClock;
 
 use crate::queue::MAX_ID_BYTES;
 use crate::worker::{Delivery, Releaser, Summary};

@@ -24,7 +24,10 @@ use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use super::hung::{HungClock, secs, timeout_error};
 use super::report::Report;
+use super::respawn::{Respawn, RespawnPolicy, Respawns};
+use super::signals::URGENT_AFTER;
 use super::slot::{Held, SlotTable, SlotView};
 use super::stop::StopReason;
 use crate::queue::Queue;
@@ -34,9 +37,6 @@ use crate::worker::{Fate, Summary, fail_lease};
 /// How often an auto-balanced pool reads the backlog (the scaler's cooldown bounds how
 /// often it changes).
 pub const LOOK_EVERY: Duration = Duration::from_millis(500);
-/// A stop signal this long after the first stops at once; closer ones are one stop
-/// arriving twice (a terminal's Ctrl+C reaches every process of its group).
-pub const URGENT_AFTER: Duration = Duration::from_millis(500);
 /// One turn of the supervisor's loop: the delay in noticing a death or a hung handler.
 const TURN: Duration = Duration::from_millis(50);
 /// How long a hung handler's process is given to hand its waiting deliveries back
@@ -47,157 +47,6 @@ const GIVE_BACK_WAIT: Duration = Duration::from_secs(2);
 /// cannot be stopped, nor a coroutine that blocks its loop; a process can be killed).
 pub fn is_supervised(processes: usize, timeout: Option<Duration>) -> bool {
     processes > 1 || timeout.is_some()
-}
-
-/// When processes that die are started again, and when the pool gives up on them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RespawnPolicy {
-    /// A process that ends this soon after its start, unasked, died at its start.
-    pub quick_death: Duration,
-    /// The pause before replacing the first of such deaths; it doubles with each more.
-    pub first_backoff: Duration,
-    /// The longest pause.
-    pub max_backoff: Duration,
-    /// Deaths at the start in a row after which the pool stops: a handler module that
-    /// fails on import, or a Redis that refuses every process, would otherwise loop.
-    pub give_up_after: u32,
-}
-
-impl Default for RespawnPolicy {
-    fn default() -> Self {
-        Self {
-            quick_death: Duration::from_secs(2),
-            first_backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(5),
-            give_up_after: 5,
-        }
-    }
-}
-
-/// What to do about a process that died.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Respawn {
-    /// Start another now.
-    Now,
-    /// Start another after this pause.
-    After(Duration),
-    /// Stop the pool.
-    GiveUp,
-}
-
-/// The deaths of a pool's processes, counted against its [`RespawnPolicy`].
-#[derive(Debug, Clone, Default)]
-pub struct Respawns {
-    policy: RespawnPolicy,
-    in_a_row: u32,
-}
-
-impl Respawns {
-    /// Deaths counted against `policy`.
-    pub fn new(policy: RespawnPolicy) -> Self {
-        Self { policy, in_a_row: 0 }
-    }
-
-    /// A process ended unasked (a crash, an exit without report, a stop of its own)
-    /// after it lived `lived`.
-    pub fn died(&mut self, lived: Duration) -> Respawn {
-        if lived >= self.policy.quick_death {
-            self.in_a_row = 0;
-            return Respawn::Now;
-        }
-        self.in_a_row += 1;
-        if self.in_a_row >= self.policy.give_up_after {
-            return Respawn::GiveUp;
-        }
-        let doublings = (self.in_a_row - 1).min(16);
-        Respawn::After(
-            self.policy
-                .first_backoff
-                .saturating_mul(1 << doublings)
-                .min(self.policy.max_backoff),
-        )
-    }
-
-    /// Deaths at the start in a row so far.
-    pub fn in_a_row(&self) -> u32 {
-        self.in_a_row
-    }
-
-    /// Why the pool gave up, for the log and the error.
-    pub fn give_up_text(&self) -> String {
-        format!(
-            "{} worker processes in a row ended within {} s of their start; giving up (their errors are above)",
-            self.in_a_row,
-            secs(self.policy.quick_death)
-        )
-    }
-}
-
-/// How long one process's handler has run, on the supervisor's monotonic clock: a busy
-/// period is timed from the first look that saw it, so a clock step changes nothing
-/// and no process's clock needs to be trusted (a look comes at most a turn late, which
-/// only delays a kill).
-#[derive(Debug, Clone, Default)]
-pub struct HungClock {
-    seen: Option<(u64, Instant)>,
-}
-
-impl HungClock {
-    /// Look at a slot at `now`; returns how long its handler has run, None if idle.
-    pub fn observe(&mut self, starts: u64, busy: bool, now: Instant) -> Option<Duration> {
-        if !busy {
-            self.seen = None;
-            return None;
-        }
-        match self.seen {
-            Some((seen, since)) if seen == starts => Some(now.saturating_duration_since(since)),
-            _ => {
-                self.seen = Some((starts, now));
-                Some(Duration::ZERO)
-            }
-        }
-    }
-
-    /// Whether a handler that ran `ran` with `grace` is past `timeout`.
-    pub fn is_hung(ran: Duration, timeout: Duration, grace: Duration) -> bool {
-        ran > timeout + grace
-    }
-}
-
-/// The stop signals a supervisor got: the first stops gracefully, one at least
-/// [`URGENT_AFTER`] later stops at once (for a binding whose signal handler runs in
-/// its own language, Python's; PHP's runs in signal context and keeps its own atomics).
-#[derive(Debug, Clone, Default)]
-pub struct StopSignals {
-    first: Option<Instant>,
-    urgent: bool,
-}
-
-impl StopSignals {
-    /// A signal came at `now`; returns true if it made the stop urgent just now.
-    pub fn received(&mut self, now: Instant) -> bool {
-        match self.first {
-            None => {
-                self.first = Some(now);
-                false
-            }
-            Some(first) if !self.urgent && now.saturating_duration_since(first) >= URGENT_AFTER => {
-                self.urgent = true;
-                true
-            }
-            Some(_) => false,
-        }
-    }
-
-    /// Whether a signal came.
-    pub fn stopping(&self) -> bool {
-        self.first.is_some()
-    }
-
-    /// Whether a second signal came.
-    pub fn urgent(&self) -> bool {
-        self.urgent
-    }
 }
 
 /// What the binding says at each turn.
@@ -288,16 +137,6 @@ struct Child {
     clock: HungClock,
     /// Killed for running past the timeout: the busy period it was killed in.
     killed_in: Option<u64>,
-}
-
-/// The seconds of `d` as people write them: "2", "0.5".
-fn secs(d: Duration) -> String {
-    format!("{}", d.as_secs_f64())
-}
-
-/// The error a message gets when its handler's process was killed at the timeout.
-pub fn timeout_error(timeout: Duration) -> String {
-    format!("handler exceeded its {} s timeout; process killed", secs(timeout))
 }
 
 fn kill(pid: libc::pid_t, signal: libc::c_int) {
@@ -744,101 +583,10 @@ pub fn supervise(spawner: &mut impl Spawner, opts: SupervisorOptions, slots: Slo
 mod tests {
     use super::*;
 
-    fn policy() -> RespawnPolicy {
-        RespawnPolicy {
-            quick_death: Duration::from_secs(2),
-            first_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_millis(500),
-            give_up_after: 5,
-        }
-    }
-
-    #[test]
-    fn quick_deaths_back_off_doubling_up_to_the_cap_then_give_up() {
-        let mut r = Respawns::new(policy());
-        let quick = Duration::from_millis(300);
-        let pauses: Vec<Respawn> = (0..5).map(|_| r.died(quick)).collect();
-        assert_eq!(
-            pauses,
-            [
-                Respawn::After(Duration::from_millis(100)),
-                Respawn::After(Duration::from_millis(200)),
-                Respawn::After(Duration::from_millis(400)),
-                Respawn::After(Duration::from_millis(500)),
-                Respawn::GiveUp,
-            ]
-        );
-        assert!(
-            r.give_up_text()
-                .starts_with("5 worker processes in a row ended within 2 s of their start; giving up")
-        );
-    }
-
-    #[test]
-    fn a_process_that_lived_resets_the_count_and_is_replaced_at_once() {
-        let mut r = Respawns::new(policy());
-        let quick = Duration::from_millis(10);
-        for _ in 0..4 {
-            assert_ne!(r.died(quick), Respawn::GiveUp);
-        }
-        assert_eq!(r.died(Duration::from_secs(3)), Respawn::Now);
-        assert_eq!(r.in_a_row(), 0);
-        assert_eq!(
-            r.died(quick),
-            Respawn::After(Duration::from_millis(100)),
-            "counted afresh"
-        );
-    }
-
-    #[test]
-    fn the_hung_clock_times_each_busy_period_from_when_it_was_first_seen() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let mut clock = HungClock::default();
-        assert_eq!(clock.observe(0, false, at(0)), None);
-        assert_eq!(clock.observe(1, true, at(100)), Some(Duration::ZERO));
-        assert_eq!(clock.observe(1, true, at(600)), Some(Duration::from_millis(500)));
-        // Another handler started between two looks: a new period, timed afresh.
-        assert_eq!(clock.observe(3, true, at(700)), Some(Duration::ZERO));
-        assert_eq!(clock.observe(3, false, at(800)), None);
-        assert_eq!(clock.observe(3, true, at(900)), Some(Duration::ZERO), "idle in between");
-        let t = Duration::from_secs(2);
-        assert!(!HungClock::is_hung(Duration::from_secs(2), t, Duration::ZERO));
-        assert!(HungClock::is_hung(Duration::from_millis(2001), t, Duration::ZERO));
-        assert!(
-            !HungClock::is_hung(Duration::from_millis(2001), t, Duration::from_secs(1)),
-            "grace"
-        );
-    }
-
-    #[test]
-    fn a_second_signal_is_urgent_only_after_a_pause() {
-        let t0 = Instant::now();
-        let mut s = StopSignals::default();
-        assert!(!s.received(t0));
-        assert!(!s.received(t0 + Duration::from_millis(100)), "the same stop, twice");
-        assert!(!s.urgent());
-        assert!(s.received(t0 + URGENT_AFTER));
-        assert!(!s.received(t0 + URGENT_AFTER * 3), "urgent once");
-        assert!(s.stopping() && s.urgent());
-    }
-
     #[test]
     fn several_processes_or_a_timeout_run_supervised() {
         assert!(!is_supervised(1, None));
         assert!(is_supervised(2, None));
         assert!(is_supervised(1, Some(Duration::from_secs(1))));
-    }
-
-    #[test]
-    fn the_timeout_error_names_the_configured_seconds() {
-        assert_eq!(
-            timeout_error(Duration::from_secs(2)),
-            "handler exceeded its 2 s timeout; process killed"
-        );
-        assert_eq!(
-            timeout_error(Duration::from_millis(500)),
-            "handler exceeded its 0.5 s timeout; process killed"
-        );
     }
 }
