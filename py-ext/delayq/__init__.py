@@ -30,6 +30,7 @@ from typing import Any, Callable, NoReturn, Optional, Union
 from . import errors, records
 from ._delayq import (
     _URGENT_AFTER,
+    _cancel_error,
     DEFAULT_MAX_PAYLOAD_BYTES,
     QUEUE_OPTIONS,
     WORKER_OPTIONS,
@@ -496,7 +497,7 @@ class Worker:
             elif not task.cancelled():
                 with contextlib.suppress(BaseException):
                     task.result()  # what it raised while cancelled is the timeout's doing
-            raise _HandlerTimedOut(f"timed out: the handler ran past the {self._timeout:g} s timeout and was cancelled")
+            raise _HandlerTimedOut(_cancel_error(self._timeout))
         task.result()
 
     async def _alert(self, hook: Callable[[Any, Message, Any], Any], name: str, delivery: Any, what: Any) -> None:

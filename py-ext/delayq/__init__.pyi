@@ -49,6 +49,8 @@ Handler = Callable[[Any, Message], Union[None, Awaitable[None]]]
 
 _DEFAULT: dict[str, Any]
 
+def _two_arguments(handler: Any) -> Any: ...
+
 # A second stop signal this many seconds after the first stops at once (see Worker.run).
 _URGENT_AFTER: float
 

@@ -43,7 +43,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Sequence, TextIO, Union
 
-from . import DelayQueue, DelayQueueError, InvalidArgumentError, PayloadError, __version__
+from . import DelayQueue, DelayQueueError, InvalidArgumentError, PayloadError, __version__, _two_arguments
 from ._delayq import QUEUE_OPTIONS, WORKER_OPTIONS, _Scaler
 
 # Defaults of the worker's flags, from the core's one options table.
@@ -580,6 +580,13 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         no_retry = [supervisor.load_exception(name) for name in args.no_retry]
     except supervisor.HandlerNotFound as e:
         raise _BadUsage(str(e)) from e
+    try:
+        # The handler's signature, checked once here as `Worker.run` checks it: a
+        # handler that needs more than (payload, message) is refused before any
+        # process starts, not by each process that the supervisor starts again.
+        _two_arguments(handler)
+    except TypeError as e:
+        raise _BadUsage(f"{args.handler}: {e}") from e
     lower = [args.make_queue(name) for name in args.lower_queue]
     # Made in the supervisor too: bad options fail here, once, before any process starts.
     worker = supervisor.worker_from_args(q, lower, args, on_dead, no_retry, on_failure)

@@ -8,7 +8,7 @@ from .records import DeadLetter, MessageInfo, Minute, RateLimit, RegisteredQueue
 
 __all__ = ["DelayQueue", "Message", "_Worker", "_Consumer", "_Delivery", "_Scaler", "_Slot", "_SlotTable", "_Supervisor",
            "__version__", "DEFAULT_MAX_PAYLOAD_BYTES", "WORKER_OPTIONS", "QUEUE_OPTIONS", "RECORD_SHAPES",
-           "_URGENT_AFTER"]
+           "_URGENT_AFTER", "_cancel_error"]
 
 __version__: str
 DEFAULT_MAX_PAYLOAD_BYTES: int
@@ -18,6 +18,8 @@ WORKER_OPTIONS: tuple[dict[str, Any], ...]
 QUEUE_OPTIONS: tuple[dict[str, Any], ...]
 # Each record of delayq.records by name, with its fields in order (the core's, as PHP's).
 RECORD_SHAPES: dict[str, tuple[str, ...]]
+
+def _cancel_error(timeout: float) -> str: ...
 
 @final
 class DelayQueue:

@@ -15,6 +15,14 @@ mod worker;
 
 use pyo3::prelude::*;
 
+/// The error of a delivery whose coroutine handler was cancelled at its `timeout`
+/// (the core's words, as a killed process's).
+#[pyfunction]
+#[pyo3(name = "_cancel_error")]
+fn cancel_error(timeout: f64) -> String {
+    delayq::host::cancel_error(std::time::Duration::from_secs_f64(timeout.max(0.0)))
+}
+
 #[pymodule]
 fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install(m.py());
@@ -30,6 +38,7 @@ fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_MAX_PAYLOAD_BYTES", delayq::DEFAULT_MAX_PAYLOAD_BYTES)?;
     m.add("_URGENT_AFTER", delayq::host::URGENT_AFTER.as_secs_f64())?;
+    m.add_function(wrap_pyfunction!(cancel_error, m)?)?;
     m.add("WORKER_OPTIONS", options::table(m.py(), &delayq::host::WORKER_OPTIONS)?)?;
     m.add("QUEUE_OPTIONS", options::table(m.py(), &delayq::QUEUE_OPTIONS)?)?;
     m.add("RECORD_SHAPES", records::shapes(m.py())?)?;

@@ -625,7 +625,7 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_its_message_retried_
     delayq.Worker(queue, timeout=0.2, stop_when_empty=True).run(hang)
     [dead] = queue.dead_letters()
     assert dead["id"] == doomed
-    assert dead["last_error"] == "timed out: the handler ran past the 0.2 s timeout and was cancelled"
+    assert dead["last_error"] == "handler exceeded its 0.2 s timeout; coroutine cancelled"
 
 
 def test_a_coroutine_that_swallows_its_cancellation_does_not_hold_its_message(

@@ -112,6 +112,13 @@ def fork_sleeper_then_handle(payload, msg):
 def fail_start():
     raise RuntimeError("no database")
 
+def payload_only(payload):
+    with open(LOG, "a") as f:
+        f.write(json.dumps([payload["n"], 0, os.getpid()]) + "\\n")
+
+def three(payload, msg, extra):
+    pass
+
 not_callable = 42
 '''
 
@@ -313,6 +320,9 @@ def test_on_dead_runs_in_the_worker_process_after_a_message_died(
     (["tasks:handle", "--processes", "2", "--min-processes", "3"], "--min-processes must be between 1 and"),
     (["tasks:handle", "--processes", "2", "--min-processes", "0"], "--min-processes must be between 1 and"),
     (["tasks:handle", "--processes", "2", "--min-processes", "1", "--scale-cooldown", "0.01"], "scale_cooldown"),
+    # Refused once, before any process starts (not by each one the supervisor starts).
+    (["tasks:three", "--processes", "2"], "tasks:three: handler three needs 3 arguments"),
+    (["tasks:three"], "a worker calls it with (payload, message)"),
 ])
 def test_bad_usage_exits_2_and_consumes_nothing(
     queue: delayq.DelayQueue, redis_url: str, tasks: Path, args: list[str], text: str
@@ -321,6 +331,17 @@ def test_bad_usage_exits_2_and_consumes_nothing(
     done = run(redis_url, tasks, *args)
     assert done.returncode == 2 and text in done.stderr, done.stderr
     assert queue.stats()["ready"] == 1 and handled(tasks) == []
+
+
+def test_a_handler_of_the_payload_alone_runs_under_the_command(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path
+) -> None:
+    for n in range(4):
+        queue.push({"n": n})
+    done = run(redis_url, tasks, "tasks:payload_only", "--processes", "2", "--stop-when-empty")
+    assert done.returncode == 0, done.stderr
+    assert sorted(n for n, _, _ in handled(tasks)) == [0, 1, 2, 3]
+    assert json.loads(done.stdout)["acked"] == 4
 
 
 def test_a_pool_whose_processes_keep_dying_at_their_start_gives_up(
