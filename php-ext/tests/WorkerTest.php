@@ -1211,6 +1211,26 @@ final class WorkerTest extends TestCase
             array_intersect_key($this->q->stats(), array_flip(['dead', 'ready', 'inflight'])));
     }
 
+    /** Issue 28 (1): processes that die at their start are started again after a back-off, then given up on. */
+    public function testAPoolWhoseProcessesKeepDyingAtTheirStartGivesUp(): void
+    {
+        $id = $this->q->push(['n' => 1]);
+        $w = new DelayQueueWorker($this->q, [
+            'processes' => 2,
+            // Each process dies before it consumes: as a broken bootstrap would.
+            'on_start' => function () { posix_kill(getmypid(), SIGKILL); },
+        ]);
+        try {
+            $w->run(function () { throw new LogicException('no process lived to run this'); });
+            $this->fail('run() returned');
+        } catch (DelayQueueException $e) {
+            $this->assertStringContainsString(
+                'worker processes in a row ended within 2 s of their start; giving up', $e->getMessage());
+        }
+        $this->assertSame('ready', $this->q->get($id)['state'], 'the message waits for a pool that lives');
+        $this->assertSame(0, $this->q->get($id)['attempts']);
+    }
+
     /** Issue 28 (d): a handler killed at its timeout fails its message at once, counted. */
     public function testAHandlerKilledAtItsTimeoutFailsItsMessageAtOnceAndKeepsTheCounts(): void
     {
