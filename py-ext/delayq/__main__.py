@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Optional, Sequence, TextIO, Union
 
 from . import DelayQueue, DelayQueueError, InvalidArgumentError, PayloadError, __version__, _two_arguments
-from ._delayq import QUEUE_OPTIONS, WORKER_OPTIONS, _Scaler
+from ._delayq import QUEUE_OPTIONS, WORKER_OPTIONS, _report_done, _report_fatal, _Scaler
 
 # Defaults of the worker's flags, from the core's one options table.
 _DEFAULT: dict[str, Any] = {o["name"]: o["default"] for o in WORKER_OPTIONS}
@@ -630,7 +630,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             # it, instead of a process that dies and is started again for ever.
             logging.getLogger("delayq").error("%s", e, exc_info=e.__cause__)
             with os.fdopen(args.report_fd, "w") as report:
-                json.dump({"fatal": str(e)}, report)
+                report.write(_report_fatal(str(e)))
             return FAILED
         except (KeyboardInterrupt, SystemExit) as cut:
             # A second stop signal, or a handler's sys.exit(): what the process did until
@@ -641,7 +641,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             by_signal = status in (128 + signal.SIGINT, 128 + signal.SIGTERM)
             summary = {**worker._last_summary, "stopped_by": "signal" if by_signal else "exit"}
         with os.fdopen(args.report_fd, "w") as report:
-            json.dump(summary, report)
+            report.write(_report_done(summary))
         return status
     # A thread cannot be stopped, nor a coroutine that blocks its event loop cancelled; a
     # process can: a handler with a timeout runs supervised even alone, as PHP's does.

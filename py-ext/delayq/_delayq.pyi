@@ -8,7 +8,7 @@ from .records import DeadLetter, MessageInfo, Minute, RateLimit, RegisteredQueue
 
 __all__ = ["DelayQueue", "Message", "_Worker", "_Consumer", "_Delivery", "_Scaler", "_Slot", "_SlotTable", "_Supervisor",
            "__version__", "DEFAULT_MAX_PAYLOAD_BYTES", "WORKER_OPTIONS", "QUEUE_OPTIONS", "RECORD_SHAPES",
-           "_URGENT_AFTER", "_cancel_error"]
+           "_URGENT_AFTER", "_cancel_error", "_report_done", "_report_fatal"]
 
 __version__: str
 DEFAULT_MAX_PAYLOAD_BYTES: int
@@ -20,6 +20,8 @@ QUEUE_OPTIONS: tuple[dict[str, Any], ...]
 RECORD_SHAPES: dict[str, tuple[str, ...]]
 
 def _cancel_error(timeout: float) -> str: ...
+def _report_done(summary: Mapping[str, Any]) -> str: ...
+def _report_fatal(text: str) -> str: ...
 
 @final
 class DelayQueue:

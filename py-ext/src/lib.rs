@@ -39,6 +39,8 @@ fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_MAX_PAYLOAD_BYTES", delayq::DEFAULT_MAX_PAYLOAD_BYTES)?;
     m.add("_URGENT_AFTER", delayq::host::URGENT_AFTER.as_secs_f64())?;
     m.add_function(wrap_pyfunction!(cancel_error, m)?)?;
+    m.add_function(wrap_pyfunction!(supervisor::report_done, m)?)?;
+    m.add_function(wrap_pyfunction!(supervisor::report_fatal, m)?)?;
     m.add("WORKER_OPTIONS", options::table(m.py(), &delayq::host::WORKER_OPTIONS)?)?;
     m.add("QUEUE_OPTIONS", options::table(m.py(), &delayq::QUEUE_OPTIONS)?)?;
     m.add("RECORD_SHAPES", records::shapes(m.py())?)?;

@@ -230,3 +230,34 @@ impl PySupervisor {
         Ok((d, pool.gave_up.is_none() && pool.fatal.is_none()))
     }
 }
+
+/// The report of a supervised process whose run ended (its summary: counts and
+/// `stopped_by`), as the core encodes it for the supervisor.
+#[pyfunction]
+#[pyo3(name = "_report_done")]
+pub(crate) fn report_done(py: Python<'_>, summary: &Bound<'_, PyDict>) -> PyResult<String> {
+    let mut counts = Vec::new();
+    let mut stopped_by = None;
+    for (key, value) in summary.iter() {
+        let key: String = key.extract()?;
+        if key == "stopped_by" {
+            let text: Option<String> = value.extract()?;
+            stopped_by = text
+                .map(|t| {
+                    StopReason::parse(&t).ok_or_else(|| errors::invalid(py, format!("no stop reason is named {t:?}")))
+                })
+                .transpose()?;
+        } else {
+            counts.push((key, value.extract::<u64>()?));
+        }
+    }
+    let counts = delayq::Summary::from_counts(counts.iter().map(|(k, n)| (k.as_str(), *n))).or_raise(py)?;
+    Ok(host::Report::Done { counts, stopped_by }.encode())
+}
+
+/// The report of a supervised process that could not run (`on_start` failed).
+#[pyfunction]
+#[pyo3(name = "_report_fatal")]
+pub(crate) fn report_fatal(text: &str) -> String {
+    host::Report::Fatal(text.to_owned()).encode()
+}

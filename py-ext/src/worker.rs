@@ -713,7 +713,7 @@ impl PyConsumer {
             Err(e) => {
                 let text = describe(py, &e);
                 self.with(py, |c| {
-                    c.fail_with(d, &text, delayq::Retry::Never);
+                    c.unreadable(d, &text);
                 })?;
                 return Ok(None);
             }

@@ -146,8 +146,7 @@ pub fn serve<H: Handler>(
         let call = match handler.prepare(&delivery) {
             Ok(call) => call,
             Err(error) => {
-                // The same text decodes no better next time: to the dead letters now.
-                consumer.fail_with(delivery, &error, Retry::Never);
+                consumer.unreadable(delivery, &error);
                 continue;
             }
         };

@@ -202,6 +202,13 @@ impl Consumer {
         self.fail_traced(d, error, "", retry)
     }
 
+    /// A delivery whose payload the binding cannot turn into a value of its language
+    /// (`error` says why): the same text decodes no better next time, so it goes to the
+    /// dead letters now, counted as an attempt.
+    pub fn unreadable(&self, d: Delivery, error: &str) -> Fate {
+        self.fail_with(d, error, Retry::Never)
+    }
+
     /// As [`fail_with`](Self::fail_with), keeping `trace` (a stack trace, a chain of
     /// causes) beside the error until the message's next failure or its end, cut to
     /// `max_trace_bytes`: what `Queue::get` and the dead letters show as `error_trace`,
