@@ -107,6 +107,9 @@ struct PartTally {
     /// The latest minute the queue's clock told this pool a call was made in (its
     /// backlog then has its sample).
     sampled_minute: Option<i64>,
+    /// The heartbeat asked for the records to be sent: the next claim of the
+    /// partition carries them, or the next heartbeat sends them on their own.
+    due: bool,
 }
 
 /// One partition's call to make: the deltas to add (oldest minute first).
@@ -162,18 +165,47 @@ impl Tally {
     pub(crate) fn take(&self, now_ms: i64, flush_only: bool) -> Vec<Batch> {
         let minute = minute_of(now_ms);
         let mut parts = self.parts.lock();
-        let mut out = Vec::new();
-        for (part, p) in parts.iter_mut().enumerate() {
-            let needs_sample = !flush_only && p.sampled_minute.is_none_or(|m| m < minute);
-            if p.deltas.is_empty() && !needs_sample {
-                continue;
-            }
-            out.push(Batch {
-                part,
-                deltas: std::mem::take(&mut p.deltas).into_iter().collect(),
-            });
+        (0..parts.len())
+            .filter_map(|part| Self::batch(&mut parts[part], part, minute, flush_only))
+            .collect()
+    }
+
+    fn batch(p: &mut PartTally, part: usize, minute: i64, flush_only: bool) -> Option<Batch> {
+        p.due = false;
+        let needs_sample = !flush_only && p.sampled_minute.is_none_or(|m| m < minute);
+        if p.deltas.is_empty() && !needs_sample {
+            return None;
         }
-        out
+        Some(Batch {
+            part,
+            deltas: std::mem::take(&mut p.deltas).into_iter().collect(),
+        })
+    }
+
+    /// A heartbeat: the records of every partition are due, to ride on its next claim.
+    /// Returns the calls to make now, on their own, for the partitions that no claim
+    /// took since the last heartbeat (a pool that claims from some partitions only).
+    pub(crate) fn heartbeat(&self, now_ms: i64) -> Vec<Batch> {
+        let minute = minute_of(now_ms);
+        let mut parts = self.parts.lock();
+        let mut alone = Vec::new();
+        for part in 0..parts.len() {
+            let p = &mut parts[part];
+            if p.due {
+                alone.extend(Self::batch(p, part, minute, false));
+            } else {
+                p.due = true;
+            }
+        }
+        alone
+    }
+
+    /// What a claim of `part` at `now_ms` carries: the partition's records, when a
+    /// heartbeat made them due.
+    pub(crate) fn take_for_claim(&self, part: usize, now_ms: i64) -> Option<Batch> {
+        let mut parts = self.parts.lock();
+        let p = parts.get_mut(part).filter(|p| p.due)?;
+        Self::batch(p, part, minute_of(now_ms), false)
     }
 
     /// A call succeeded; the queue's clock was in `minute`.
@@ -187,6 +219,7 @@ impl Tally {
     pub(crate) fn put_back(&self, batch: Batch, now_ms: i64) {
         let oldest = minute_of(now_ms) - i64::from(KEEP_MINUTES);
         if let Some(p) = self.parts.lock().get_mut(batch.part) {
+            p.due = true;
             for (m, d) in batch.deltas.into_iter().filter(|(m, _)| *m > oldest) {
                 p.deltas.entry(m).or_default().merge(&d);
             }
@@ -352,6 +385,30 @@ mod tests {
         );
         t.record_failure(0, at + 2 * MINUTE_MS);
         assert_eq!(t.take(at + 2 * MINUTE_MS, true).len(), 1, "a flush sends deltas only");
+    }
+
+    #[test]
+    fn a_heartbeat_makes_the_records_ride_on_a_claim_or_go_alone_one_beat_later() {
+        let t = Tally::new(2);
+        let at = 1_764_460_800_000;
+        t.record_start(0, at, 0);
+        assert_eq!(t.take_for_claim(0, at), None, "not before a heartbeat made them due");
+        assert!(t.heartbeat(at).is_empty(), "the first heartbeat leaves them to the claims");
+        let carried = t.take_for_claim(0, at).expect("partition 0 rides on its claim");
+        assert_eq!(carried.encoded(), vec![format!("{} 1 0 0:1", minute_of(at))]);
+        assert_eq!(t.take_for_claim(0, at), None, "once");
+        t.sent(0, minute_of(at));
+        // No claim of partition 1 came: the next heartbeat sends its sample alone.
+        let alone = t.heartbeat(at + 10);
+        assert_eq!(alone.iter().map(|b| b.part).collect::<Vec<_>>(), vec![1]);
+        // A failed claim leaves its records due for the next one.
+        let failed = t.take_for_claim(0, at + 20);
+        assert_eq!(failed, None, "sampled and nothing new: nothing to carry");
+        t.record_failure(0, at + 30);
+        assert!(t.heartbeat(at + 40).is_empty());
+        let batch = t.take_for_claim(0, at + 40).expect("due");
+        t.put_back(batch, at + 40);
+        assert!(t.take_for_claim(0, at + 50).is_some(), "due again after a failure");
     }
 
     #[test]

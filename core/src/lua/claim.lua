@@ -2,10 +2,14 @@
 -- re-scheduling deliveries whose lease expired (their worker died or hung).
 -- ARGV[3] batch (1..1000)   ARGV[4] lease_ms   ARGV[5] dead_max   ARGV[6] dead_ttl_ms
 -- ARGV[7] "1" to look for repeating messages with no occurrence pending (see below)
--- ARGV[8..10], when present: the claiming pool's heartbeat (pool id, ttl_ms, info JSON;
---   see beat.lua), carried by a claim so that it costs no command of its own.
+-- ARGV[8..]: optional sections, each a name and its words, carried by a claim so that
+--   they cost no command of their own: "beat" pool id, ttl_ms, info JSON (the claiming
+--   pool's heartbeat, see beat.lua); "minutes" minutes kept, n, then n deltas (the
+--   pool's per-minute records, see minutes_add.lua).
 -- Returns {header, deliveries, later, keyed, repeats} (decoded by scripts/claim.rs):
---   header {now_ms, next_ms, reaped, limited, restart_generation}:
+--   header {now_ms, next_ms, reaped, limited, restart_generation, minute}:
+--     minute: the current minute (queue clock ms / 60000) when the claim carried the
+--     per-minute records, else -1.
 --     limited: 1 if a rate limit is in force (the caller then claims only for idle
 --     handlers, so that a message starts as it is handed out, see limit.lua), else 0.
 --     restart_generation: how many requests that running pools stop were made (see
@@ -36,6 +40,7 @@
 -- @include forget
 -- @include hashtable
 -- @include hdel_if_any
+-- @include minutes
 -- @include oom
 -- @include order
 -- @include pools
@@ -44,7 +49,35 @@
 -- @include seq
 -- @include serial
 -- @include stall
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined minutes
+-- The optional sections, read whole before anything is written.
+local beat, minutes_kept, minute_deltas = nil, nil, nil
+local at = 8
+while ARGV[at] do
+  local section = ARGV[at]
+  if section == 'beat' then
+    beat = {ARGV[at + 1], tonumber(ARGV[at + 2]), ARGV[at + 3]}
+    at = at + 4
+  elseif section == 'minutes' then
+    minutes_kept = tonumber(ARGV[at + 1])
+    local n = tonumber(ARGV[at + 2])
+    if not (minutes_kept and minutes_kept >= 1 and n) then
+      return redis.error_reply('DQERR malformed minutes section')
+    end
+    local malformed
+    minute_deltas, malformed = read_minute_deltas(ARGV, at + 3, at + 2 + n)
+    if not minute_deltas then
+      return redis.error_reply('DQERR ' .. malformed)
+    end
+    at = at + 3 + n
+  else
+    return redis.error_reply('DQERR unknown claim section ' .. section)
+  end
+end
+if beat and not (beat[1] and beat[2] and beat[3]) then
+  return redis.error_reply('DQERR malformed beat section')
+end
+
 run_even_out_of_memory()
 local batch = tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[4])
@@ -79,8 +112,12 @@ if #expired > 0 then
 end
 
 trim_dead(now, tonumber(ARGV[5]), tonumber(ARGV[6]))
-if ARGV[8] then
-  register_pool(now, ARGV[8], tonumber(ARGV[9]), ARGV[10])
+if beat then
+  register_pool(now, beat[1], beat[2], beat[3])
+end
+local minute = -1
+if minute_deltas then
+  minute = add_minutes(now, minutes_kept, minute_deltas)
 end
 
 -- Rare (the caller asks about once a minute) and small: one entry per repeat.
@@ -97,7 +134,7 @@ if ARGV[7] == '1' then
     end
   end
 end
-local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_gen')) or 0}
+local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_gen')) or 0, minute}
 local deliveries, later, keyed = {}, {}, {}
 local function reply()
   return {header, deliveries, later, keyed, broken}

@@ -18,6 +18,9 @@ pub(crate) struct Args<'a> {
     pub(crate) check_repeats: bool,
     /// The pool's heartbeat, carried by the claim: (pool id, ttl ms, info JSON).
     pub(crate) heartbeat: Option<(&'a str, u64, &'a str)>,
+    /// The pool's per-minute records, carried by the claim: (minutes kept, deltas as
+    /// `metrics::Delta::encode` writes them).
+    pub(crate) minutes: Option<(u32, &'a [String])>,
 }
 
 impl Call for Args<'_> {
@@ -34,7 +37,13 @@ impl Call for Args<'_> {
             .arg(self.dead_ttl_ms)
             .arg(u8::from(self.check_repeats));
         if let Some((id, ttl_ms, info)) = self.heartbeat {
-            inv.arg(id).arg(ttl_ms).arg(info);
+            inv.arg("beat").arg(id).arg(ttl_ms).arg(info);
+        }
+        if let Some((kept, deltas)) = self.minutes {
+            inv.arg("minutes").arg(kept).arg(deltas.len());
+            for d in deltas {
+                inv.arg(d);
+            }
         }
     }
 }
@@ -74,6 +83,8 @@ pub(crate) struct Reply {
     pub(crate) restart_generation: u64,
     pub(crate) items: Vec<Claimed>,
     pub(crate) broken_repeats: Vec<BrokenRepeat>,
+    /// The queue's current minute, when the claim carried the per-minute records.
+    pub(crate) minute: Option<i64>,
 }
 
 /// The (1-based) index into the claimed messages of a `later` or `keyed` pair.
@@ -88,7 +99,7 @@ fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
 impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let [header, deliveries, later, keyed, repeats]: [Vec<Value>; 5] = decode(&v)?;
-        let [now, next, reaped, limited, generation]: [i64; 5] =
+        let [now, next, reaped, limited, generation, minute]: [i64; 6] =
             FromRedisValue::from_redis_value(Value::Array(header))?;
         if !deliveries.len().is_multiple_of(3)
             || !later.len().is_multiple_of(2)
@@ -138,6 +149,7 @@ impl FromRedisValue for Reply {
             restart_generation: u64::try_from(generation).map_err(|_| "a negative restart generation")?,
             items,
             broken_repeats,
+            minute: (minute >= 0).then_some(minute),
         })
     }
 }
@@ -164,6 +176,7 @@ mod tests {
                 Value::Int(2),
                 Value::Int(1),
                 Value::Int(3),
+                Value::Int(29_000_000),
             ]),
             Value::Array(vec![s("a"), s("7:4096"), s("{}"), s("b"), s("7:8192"), s("[]")]),
             Value::Array(vec![Value::Int(2), Value::Int(3)]),
@@ -192,6 +205,7 @@ mod tests {
         );
         assert_eq!(r.items[1].score, 8192.0);
         assert_eq!(r.broken_repeats[0].mark, None);
+        assert_eq!(r.minute, Some(29_000_000), "the claim carried the per-minute records");
     }
 
     #[test]
@@ -202,6 +216,7 @@ mod tests {
                 Value::Int(-1),
                 Value::Int(0),
                 Value::Int(0),
+                Value::Int(-1),
                 Value::Int(-1),
             ])
         };

@@ -382,6 +382,7 @@ lua_files!(
     "include/forget.lua",
     "include/hashtable.lua",
     "include/hdel_if_any.lua",
+    "include/minutes.lua",
     "include/oom.lua",
     "include/order.lua",
     "include/pools.lua",

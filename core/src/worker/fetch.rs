@@ -11,12 +11,14 @@ use crossbeam_channel::Sender;
 use crate::conn::ConnSlot;
 use crate::error::{Category, Error, Result};
 use crate::keys::Layout;
+use crate::metrics::Batch;
 use crate::queue::Queue;
 use crate::scripts::claim;
 use crate::{envelope, repeat};
 
 use super::complete::Outcome;
 use super::control::Control;
+use super::heartbeat::queue_now_ms;
 use super::pool::{ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, YIELD_RECHECK};
 use super::wake::Pick;
 use super::{Delivery, pause_unless_stopped, run_call};
@@ -46,6 +48,7 @@ pub(super) fn check_access(queue: &Queue, lease: Duration, control: &Control) ->
             dead_ttl_ms: qo.dead_ttl.as_millis() as u64,
             check_repeats: false,
             heartbeat: None,
+            minutes: None,
         };
         match run_call(&mut slot, queue, part, &args) {
             Ok(reply) => {
@@ -60,11 +63,15 @@ pub(super) fn check_access(queue: &Queue, lease: Duration, control: &Control) ->
     Ok(())
 }
 
-/// One claim of up to `want` messages on partition `part`, its heartbeat carried.
+/// One claim of up to `want` messages on partition `part`, its heartbeat and its
+/// per-minute records carried when due: an idle pool's looks are all it sends.
 pub(super) fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<claim::Reply> {
     let q = &pool.queue;
     let qo = q.options();
     let beat = pool.registration.take_pending(pool);
+    let now_ms = queue_now_ms(pool);
+    let minutes = pool.minutes.take_for_claim(part, now_ms);
+    let deltas = minutes.as_ref().map(Batch::encoded);
     let args = claim::Args {
         batch: want,
         lease_ms: pool.opts.lease.as_millis() as u64,
@@ -72,12 +79,23 @@ pub(super) fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) 
         dead_ttl_ms: qo.dead_ttl.as_millis() as u64,
         check_repeats: pool.repeat_check_due(part),
         heartbeat: beat.as_ref().map(|(id, ttl, info)| (*id, *ttl, info.as_str())),
+        minutes: deltas.as_deref().map(|d| (crate::metrics::KEEP_MINUTES, d)),
     };
     let res = run_call(slot, q, part, &args);
-    if res.is_err()
-        && let Some((_, _, info)) = beat
-    {
-        pool.registration.put_back(info);
+    match &res {
+        Ok(reply) => {
+            if let Some(minute) = reply.minute {
+                pool.minutes.sent(part, minute);
+            }
+        }
+        Err(_) => {
+            if let Some((_, _, info)) = beat {
+                pool.registration.put_back(info);
+            }
+            if let Some(batch) = minutes {
+                pool.minutes.put_back(batch, now_ms);
+            }
+        }
     }
     res
 }

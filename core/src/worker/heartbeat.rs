@@ -308,15 +308,22 @@ pub(super) fn queue_now_ms(pool: &Pool) -> i64 {
 }
 
 /// Add what the handlers did to the queue's per-minute records, and let the first
-/// pool of each minute sample the backlog (`flush_only`: at stop, deltas only). A
-/// failed call keeps its deltas for the next heartbeat. Also renews the queue's entry
-/// in the registry of queues when due (see registry.rs).
+/// pool of each minute sample the backlog: on a heartbeat, the records become due for
+/// the next claim of each partition to carry, and those no claim took since the last
+/// heartbeat are sent on their own; at stop (`flush_only`), every delta left is sent.
+/// A failed call keeps its deltas for the next. Also renews the queue's entry in the
+/// registry of queues when due (see registry.rs).
 fn send_minutes(pool: &Pool, slot: &mut ConnSlot, flush_only: bool) {
     if !flush_only {
         pool.queue.register_pool(slot);
     }
     let now_ms = queue_now_ms(pool);
-    for batch in pool.minutes.take(now_ms, flush_only) {
+    let batches = if flush_only {
+        pool.minutes.take(now_ms, true)
+    } else {
+        pool.minutes.heartbeat(now_ms)
+    };
+    for batch in batches {
         let args = crate::scripts::minutes::Add {
             keep_minutes: crate::metrics::KEEP_MINUTES,
             deltas: batch.encoded(),
