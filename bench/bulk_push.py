@@ -1,0 +1,92 @@
+"""Issue 29's bulk push, side by side in one run: the recipe's hand pipeline (HSET +
+ZADD pairs, 50 pairs per phpredis pipeline, `uniqid` ids) against delayq's
+`pushMany` (PHP) and `push_many` (Python) of 1 000 messages. Redis pinned to CPU 0,
+the client to CPU 1; per run: messages a second (wall) and Redis CPU per message
+(`INFO cpu`, user + sys, before and after). Three runs each, median and range.
+
+    python3 bench/bulk_push.py [--n 100000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import PHP_DIR, ROOT, Redis  # noqa: E402
+
+PY = """
+import sys, time, json, delayq
+url, n, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+q = delayq.DelayQueue(url, "bench")
+t0 = time.perf_counter()
+for i in range(0, n, per):
+    q.push_many([({"order_id": j, "action": "close"}, 60.0) for j in range(i, min(n, i + per))])
+secs = time.perf_counter() - t0
+print(json.dumps({"rate": n / secs, "stored": q.stats()["scheduled"]}))
+"""
+
+
+def redis_cpu(r: Redis) -> float:
+    info = dict(line.split(":", 1) for line in r.cli("INFO", "cpu").splitlines() if ":" in line)
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def once(system: str, n: int) -> tuple[float, float]:
+    r = Redis()
+    try:
+        if system == "python":
+            cmd = ["taskset", "-c", "1", sys.executable, "-c", PY, r.url, str(n), "1000"]
+        else:
+            php_system = "seed" if system == "seed" else "delayq"
+            cmd = ["taskset", "-c", "1", "php", str(PHP_DIR / "bulk_push.php"), f"--system={php_system}",
+                   f"--n={n}", "--batch=1000", "--pipeline=50", f"--url={r.url}"]
+        before = redis_cpu(r)
+        out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+        used = redis_cpu(r) - before
+        assert int(out["stored"]) == n, out
+        return float(out["rate"]), used / n * 1e6
+    finally:
+        r.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=100_000)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    rows = {}
+    for system in ("seed", "delayq", "python"):
+        runs = [once(system, args.n) for _ in range(args.runs)]
+        rows[system] = runs
+        print(system, [f"{r:,.0f} msg/s {c:.2f} µs" for r, c in runs], flush=True)
+    seed_rate = statistics.median(r for r, _ in rows["seed"])
+    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
+    lines = [
+        f"# Bulk push, {datetime.date.today()} ({redis_version}, {args.n} messages a run, {args.runs} runs)",
+        "",
+        "Command: `python3 bench/bulk_push.py` (Redis on CPU 0, the client on CPU 1).",
+        "",
+        "| client | msg/s (median) | range | vs recipe | Redis CPU per message |",
+        "|---|---|---|---|---|",
+    ]
+    label = {"seed": "recipe: phpredis pipeline of 50 HSET + ZADD pairs, uniqid ids",
+             "delayq": "delayq PHP `pushMany` of 1 000", "python": "delayq Python `push_many` of 1 000"}
+    for system, runs in rows.items():
+        rates = [r for r, _ in runs]
+        cpu = statistics.median(c for _, c in runs)
+        lines.append(f"| {label[system]} | {statistics.median(rates):,.0f} | {min(rates):,.0f} .. {max(rates):,.0f} "
+                     f"| {statistics.median(rates) / seed_rate:.2f}x | {cpu:.2f} µs |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = ROOT / "bench" / "results" / f"{datetime.date.today()}-bulk-push.md"
+    out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
