@@ -4,7 +4,7 @@ ZADD pairs, 50 pairs per phpredis pipeline, `uniqid` ids) against delayq's
 the client to CPU 1; per run: messages a second (wall) and Redis CPU per message
 (`INFO cpu`, user + sys, before and after). Three runs each, median and range.
 
-    python3 bench/bulk_push.py [--n 100000] [--runs 3]
+    python3 bench/bulk_push.py [--n 100000] [--runs 3] [--label NAME]
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=100_000)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--label", default="bulk-push", help="names the results file")
     args = p.parse_args()
     rows = {}
     for system in ("seed", "delayq", "python"):
@@ -70,7 +71,7 @@ def main() -> None:
     lines = [
         f"# Bulk push, {datetime.date.today()} ({redis_version}, {args.n} messages a run, {args.runs} runs)",
         "",
-        "Command: `python3 bench/bulk_push.py` (Redis on CPU 0, the client on CPU 1).",
+        f"Command: `python3 bench/bulk_push.py --label {args.label}` (Redis on CPU 0, the client on CPU 1).",
         "",
         "| client | msg/s (median) | range | vs recipe | Redis CPU per message |",
         "|---|---|---|---|---|",
@@ -84,7 +85,7 @@ def main() -> None:
                      f"| {statistics.median(rates) / seed_rate:.2f}x | {cpu:.2f} µs |")
     text = "\n".join(lines) + "\n"
     print(text)
-    out = ROOT / "bench" / "results" / f"{datetime.date.today()}-bulk-push.md"
+    out = ROOT / "bench" / "results" / f"{datetime.date.today()}-{args.label}.md"
     out.write_text(text)
 
 

@@ -2,6 +2,7 @@
 //! would, but strict: invalid UTF-8, NAN/INF, resources, closures and arbitrary
 //! objects are refused with the path of the culprit, and nothing is serialize()d.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use ext_php_rs::convert::IntoZval;
@@ -19,23 +20,50 @@ type PhpResult<T> = Result<T, PhpException>;
 
 /// A PHP payload as JSON text.
 pub(crate) fn payload_to_json(value: &Zval) -> PhpResult<String> {
-    payload_to_json_named(value, "$payload".into())
+    payload_to_json_named(value, || "$payload".into())
 }
 
 /// The same, with errors naming the payload `name` (e.g. "pushMany item 3 payload").
-pub(crate) fn payload_to_json_named(value: &Zval, mut name: String) -> PhpResult<String> {
+/// One walk writes the text; the path to a value that cannot be written is put
+/// together only for the error, as it propagates.
+pub(crate) fn payload_to_json_named(value: &Zval, name: impl FnOnce() -> String) -> PhpResult<String> {
     let mut out = String::with_capacity(64);
-    write_json(value, &mut out, 0, &mut name)?;
-    Ok(out)
+    match write_json(value, &mut out, 0) {
+        Ok(()) => Ok(out),
+        Err(fault) => {
+            let mut path = name();
+            for segment in fault.segments.iter().rev() {
+                path.push_str(segment);
+            }
+            Err(errors::payload((fault.message)(&delayq::path_for_error(&path))))
+        }
+    }
 }
 
-fn write_json(value: &Zval, out: &mut String, depth: usize, path: &mut String) -> PhpResult<()> {
+/// A value that cannot be written: its message, given the path to it, and the path's
+/// segments from the value up, each added by the array it is in.
+struct Fault {
+    segments: Vec<String>,
+    message: Box<dyn FnOnce(&str) -> String>,
+}
+
+impl Fault {
+    fn new(message: impl FnOnce(&str) -> String + 'static) -> Self {
+        Self {
+            segments: Vec::new(),
+            message: Box::new(message),
+        }
+    }
+}
+
+fn write_json(value: &Zval, out: &mut String, depth: usize) -> Result<(), Fault> {
     if depth > delayq::MAX_DEPTH {
-        return Err(errors::payload(format!(
-            "{} is nested deeper than {} levels (or refers to itself)",
-            delayq::path_for_error(path),
-            delayq::MAX_DEPTH
-        )));
+        return Err(Fault::new(|path| {
+            format!(
+                "{path} is nested deeper than {} levels (or refers to itself)",
+                delayq::MAX_DEPTH
+            )
+        }));
     }
     let value = value.dereference();
     match value.get_type() {
@@ -44,91 +72,100 @@ fn write_json(value: &Zval, out: &mut String, depth: usize, path: &mut String) -
         DataType::False => out.push_str("false"),
         DataType::Bool => out.push_str(if value.bool().unwrap_or(false) { "true" } else { "false" }),
         DataType::Long => {
-            let _ = write!(out, "{}", value.long().unwrap_or(0));
+            out.push_str(itoa::Buffer::new().format(value.long().unwrap_or(0)));
         }
         DataType::Double => {
             let f = value.double().unwrap_or(0.0);
             if !f.is_finite() {
-                return Err(errors::payload(format!(
-                    "{} is {f}, which JSON cannot represent",
-                    delayq::path_for_error(path)
-                )));
+                return Err(Fault::new(move |path| {
+                    format!("{path} is {f}, which JSON cannot represent")
+                }));
             }
-            out.push_str(&serde_json::to_string(&f).map_err(|e| errors::payload(e.to_string()))?);
+            push_json_f64(out, f);
         }
         DataType::String => {
             let bytes = value.zend_str().map(|s| s.as_bytes()).unwrap_or_default();
-            write_str(bytes, out, path)?;
+            write_str(bytes, out)?;
         }
         DataType::Array => {
             let table = value
                 .array()
-                .ok_or_else(|| errors::payload(format!("{} is an unreadable array", delayq::path_for_error(path))))?;
-            write_table(table, out, depth, path, is_list(table))?;
+                .ok_or_else(|| Fault::new(|path| format!("{path} is an unreadable array")))?;
+            write_table(table, out, depth, is_list(table))?;
         }
         DataType::Object(_) => {
             let object = value
                 .object()
-                .ok_or_else(|| errors::payload(format!("{} is an unreadable object", delayq::path_for_error(path))))?;
-            write_object(object, out, depth, path)?;
+                .ok_or_else(|| Fault::new(|path| format!("{path} is an unreadable object")))?;
+            write_object(object, out, depth)?;
         }
         DataType::Resource => {
-            return Err(errors::payload(format!(
-                "{} is a resource, which cannot be a payload",
-                delayq::path_for_error(path)
-            )));
+            return Err(Fault::new(|path| {
+                format!("{path} is a resource, which cannot be a payload")
+            }));
         }
         other => {
-            return Err(errors::payload(format!(
-                "{} has the type {other}, which cannot be a payload",
-                delayq::path_for_error(path)
-            )));
+            return Err(Fault::new(move |path| {
+                format!("{path} has the type {other}, which cannot be a payload")
+            }));
         }
     }
     Ok(())
 }
 
-fn write_str(bytes: &[u8], out: &mut String, path: &str) -> PhpResult<()> {
+/// `text` as a JSON string, as serde_json escapes it, straight into `out`.
+fn push_json_str(out: &mut String, text: &str) {
+    // SAFETY: serde_json writes a &str escaped, which is UTF-8: `out` stays valid.
+    let bytes = unsafe { out.as_mut_vec() };
+    let _ = serde_json::to_writer(bytes, text);
+}
+
+/// A finite float as serde_json writes it (ryu, with ".0" on a whole number).
+fn push_json_f64(out: &mut String, f: f64) {
+    // SAFETY: serde_json writes a number in ASCII: `out` stays valid.
+    let bytes = unsafe { out.as_mut_vec() };
+    let _ = serde_json::to_writer(bytes, &f);
+}
+
+fn write_str(bytes: &[u8], out: &mut String) -> Result<(), Fault> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
-        errors::payload(format!(
-            "{} is not valid UTF-8 (byte {})",
-            delayq::path_for_error(path),
-            e.valid_up_to()
-        ))
+        let at = e.valid_up_to();
+        Fault::new(move |path| format!("{path} is not valid UTF-8 (byte {at})"))
     })?;
-    out.push_str(&serde_json::to_string(text).map_err(|e| errors::payload(e.to_string()))?);
+    push_json_str(out, text);
     Ok(())
 }
 
-fn write_table(table: &ZendHashTable, out: &mut String, depth: usize, path: &mut String, list: bool) -> PhpResult<()> {
+fn write_table(table: &ZendHashTable, out: &mut String, depth: usize, list: bool) -> Result<(), Fault> {
     out.push(if list { '[' } else { '{' });
     for (i, (key, item)) in entries(table).enumerate() {
         if i > 0 {
             out.push(',');
         }
-        let mark = path.len();
-        let (key_text, quoted) = match key {
-            Key::Index(n) => (n.to_string(), false),
-            Key::Name(s) => (s, true),
-            Key::Invalid { shown, at } => {
-                return Err(errors::payload(format!(
-                    "{}[\"{shown}\"]: the array key is not valid UTF-8 (byte {at})",
-                    delayq::path_for_error(path)
-                )));
-            }
-        };
         // As PHP reads the element back: $payload[0], $payload["a"].
-        let _ = if quoted {
-            write!(path, "[{key_text:?}]")
-        } else {
-            write!(path, "[{key_text}]")
+        let segment = |key: &Key| match key {
+            Key::Index(n) => format!("[{n}]"),
+            Key::Name(s) => format!("[{s:?}]"),
+            Key::Invalid { .. } => String::new(),
         };
+        match &key {
+            Key::Index(n) if !list => push_json_str(out, itoa::Buffer::new().format(*n)),
+            Key::Index(_) => {}
+            Key::Name(s) => push_json_str(out, s),
+            Key::Invalid { shown, at } => {
+                let (shown, at) = (shown.clone(), *at);
+                return Err(Fault::new(move |path| {
+                    format!("{path}[\"{shown}\"]: the array key is not valid UTF-8 (byte {at})")
+                }));
+            }
+        }
         if !list {
-            write_str(key_text.as_bytes(), out, path)?;
             out.push(':');
         }
-        write_json(item, out, depth + 1, path)?;
-        path.truncate(mark);
+        if let Err(mut fault) = write_json(item, out, depth + 1) {
+            fault.segments.push(segment(&key));
+            return Err(fault);
+        }
     }
     out.push(if list { ']' } else { '}' });
     Ok(())
@@ -209,37 +246,30 @@ fn is_list(table: &ZendHashTable) -> bool {
         .all(|(i, (key, _))| matches!(key, Key::Index(n) if usize::try_from(n) == Ok(i)))
 }
 
-fn write_object(object: &ZendObject, out: &mut String, depth: usize, path: &mut String) -> PhpResult<()> {
+fn write_object(object: &ZendObject, out: &mut String, depth: usize) -> Result<(), Fault> {
     let class = object.get_class_name().unwrap_or_else(|_| "object".into());
     if let Some(json_serializable) = ClassEntry::try_find("JsonSerializable")
         && object.instance_of(json_serializable)
     {
         let data = object.try_call_method("jsonSerialize", vec![]).map_err(|e| {
-            errors::payload(format!(
-                "{}: {class}::jsonSerialize() failed: {e}",
-                delayq::path_for_error(path)
-            ))
+            let e = e.to_string();
+            Fault::new(move |path| format!("{path}: {class}::jsonSerialize() failed: {e}"))
         })?;
-        return write_json(&data, out, depth + 1, path);
+        return write_json(&data, out, depth + 1);
     }
     if class == "stdClass" {
         let props = object.get_properties().map_err(|e| {
-            errors::payload(format!(
-                "{}: cannot read the properties of stdClass: {e}",
-                delayq::path_for_error(path)
-            ))
+            let e = e.to_string();
+            Fault::new(move |path| format!("{path}: cannot read the properties of stdClass: {e}"))
         })?;
-        return write_table(props, out, depth, path, false);
+        return write_table(props, out, depth, false);
     }
     let hint = if class == "Closure" {
         "a Closure cannot be a payload".to_owned()
     } else {
         format!("objects of class {class} are not payloads: implement JsonSerializable or pass an array")
     };
-    Err(errors::payload(format!(
-        "{} is an object: {hint}",
-        delayq::path_for_error(path)
-    )))
+    Err(Fault::new(move |path| format!("{path} is an object: {hint}")))
 }
 
 /// JSON text to a PHP value, as `json_decode($json, true)` returns it.
@@ -312,19 +342,44 @@ pub(crate) fn type_name(value: &Zval) -> String {
     }
 }
 
-/// Reads an options array, refusing keys nobody asked for.
+/// Reads an options array, refusing keys nobody asked for. Its name is put together
+/// only for an error: a `pushMany` of 1 000 items reads 1 000 arrays.
 pub(crate) struct Options<'a> {
     table: Option<&'a ZendHashTable>,
-    what: String,
+    what: Cow<'static, str>,
+    /// The item of a list the array is (`pushMany item 3 key`), its index and suffix.
+    item: Option<(usize, &'static str)>,
     known: Vec<&'static str>,
 }
 
+/// A seconds value without PHP's coercion (the common case), or None.
+pub(crate) fn plain_seconds(value: &Zval) -> Option<f64> {
+    let value = value.dereference();
+    value.double().or_else(|| value.long().map(|i| i as f64))
+}
+
 impl<'a> Options<'a> {
-    pub(crate) fn new(table: Option<&'a ZendHashTable>, what: impl Into<String>) -> Self {
+    pub(crate) fn new(table: Option<&'a ZendHashTable>, what: impl Into<Cow<'static, str>>) -> Self {
         Self {
             table,
             what: what.into(),
-            known: Vec::new(),
+            item: None,
+            known: Vec::with_capacity(8),
+        }
+    }
+
+    /// The array that is item `index` of a list: errors name it "`list` `index` `suffix`".
+    pub(crate) fn item(table: &'a ZendHashTable, list: &'static str, index: usize, suffix: &'static str) -> Self {
+        let mut o = Self::new(Some(table), list);
+        o.item = Some((index, suffix));
+        o
+    }
+
+    /// What errors call these options ("DelayQueue option", "pushMany item 3 key").
+    pub(crate) fn what(&self) -> Cow<'_, str> {
+        match self.item {
+            None => Cow::Borrowed(&self.what),
+            Some((i, suffix)) => Cow::Owned(format!("{} {i} {suffix}", self.what)),
         }
     }
 
@@ -334,64 +389,71 @@ impl<'a> Options<'a> {
     }
 
     pub(crate) fn string(&mut self, key: &'static str) -> PhpResult<Option<String>> {
-        let what = self.what.clone();
-        self.get(key)
-            .map(|v| {
-                let v = v.dereference();
-                if let Some(s) = v.zend_str() {
-                    return utf8(s.as_bytes()).map(str::to_owned).map_err(|e| {
-                        errors::invalid(format!(
-                            "{what} '{key}' is not valid UTF-8 (byte {}): \"{}\"",
-                            e.at, e.shown
-                        ))
-                    });
-                }
-                v.string()
-                    .or_else(|| args::coerced(v, args::MAY_BE_STRING).and_then(|c| c.string()))
-                    .ok_or_else(|| {
-                        errors::type_error(format!("{what} '{key}' must be a string, {} given", type_name(v)))
-                    })
+        let Some(v) = self.get(key) else { return Ok(None) };
+        let v = v.dereference();
+        if let Some(s) = v.zend_str() {
+            return utf8(s.as_bytes()).map(|t| Some(t.to_owned())).map_err(|e| {
+                errors::invalid(format!(
+                    "{} '{key}' is not valid UTF-8 (byte {}): \"{}\"",
+                    self.what(),
+                    e.at,
+                    e.shown
+                ))
+            });
+        }
+        v.string()
+            .or_else(|| args::coerced(v, args::MAY_BE_STRING).and_then(|c| c.string()))
+            .map(Some)
+            .ok_or_else(|| {
+                errors::type_error(format!(
+                    "{} '{key}' must be a string, {} given",
+                    self.what(),
+                    type_name(v)
+                ))
             })
-            .transpose()
     }
 
     pub(crate) fn seconds(&mut self, key: &'static str) -> PhpResult<Option<f64>> {
-        let what = self.what.clone();
-        self.get(key)
-            .map(|v| seconds(v, &format!("{what} '{key}'")))
-            .transpose()
+        let Some(v) = self.get(key) else { return Ok(None) };
+        match plain_seconds(v) {
+            Some(s) => Ok(Some(s)),
+            None => seconds(v, &format!("{} '{key}'", self.what())).map(Some),
+        }
     }
 
     pub(crate) fn duration(&mut self, key: &'static str) -> PhpResult<Option<std::time::Duration>> {
-        let what = self.what.clone();
         match self.seconds(key)? {
-            Some(s) => delayq::delay_from_secs(&format!("{what} '{key}'"), s)
-                .map(Some)
-                .map_err(|e| errors::to_php(&e)),
+            Some(s) => delayq::delay_from_secs(key, s).map(Some).map_err(|e| match e {
+                // Named as these options name it.
+                delayq::Error::InvalidArgument { reason, .. } => {
+                    errors::invalid(format!("invalid {} '{key}': {reason}", self.what()))
+                }
+                other => errors::to_php(&other),
+            }),
             None => Ok(None),
         }
     }
 
     pub(crate) fn int(&mut self, key: &'static str, min: i64, max: i64) -> PhpResult<Option<i64>> {
-        let what = self.what.clone();
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => {
-                let v = v.dereference();
-                let n = v
-                    .long()
-                    .or_else(|| args::coerced(v, args::MAY_BE_LONG).and_then(|c| c.long()))
-                    .ok_or_else(|| {
-                        errors::type_error(format!("{what} '{key}' must be an int, {} given", type_name(v)))
-                    })?;
-                if n < min || n > max {
-                    return Err(errors::invalid(format!(
-                        "{what} '{key}' must be between {min} and {max}, got {n}"
-                    )));
-                }
-                Ok(Some(n))
-            }
+        let Some(v) = self.get(key) else { return Ok(None) };
+        let v = v.dereference();
+        let n = v
+            .long()
+            .or_else(|| args::coerced(v, args::MAY_BE_LONG).and_then(|c| c.long()))
+            .ok_or_else(|| {
+                errors::type_error(format!(
+                    "{} '{key}' must be an int, {} given",
+                    self.what(),
+                    type_name(v)
+                ))
+            })?;
+        if n < min || n > max {
+            return Err(errors::invalid(format!(
+                "{} '{key}' must be between {min} and {max}, got {n}",
+                self.what()
+            )));
         }
+        Ok(Some(n))
     }
 
     /// A count of an options table, within its range.
@@ -426,7 +488,7 @@ impl<'a> Options<'a> {
     pub(crate) fn core_error(&self, e: &delayq::Error) -> PhpException {
         match e {
             delayq::Error::InvalidArgument { name, reason } => {
-                errors::invalid(format!("{} '{name}' {reason}", self.what))
+                errors::invalid(format!("{} '{name}' {reason}", self.what()))
             }
             other => errors::to_php(other),
         }
@@ -434,19 +496,37 @@ impl<'a> Options<'a> {
 
     /// Only a bool: PHP would coerce any string, and `'false'` would be true.
     pub(crate) fn bool(&mut self, key: &'static str) -> PhpResult<Option<bool>> {
-        let what = self.what.clone();
-        self.get(key)
-            .map(|v| {
-                v.dereference()
-                    .bool()
-                    .ok_or_else(|| errors::type_error(format!("{what} '{key}' must be a bool, {} given", type_name(v))))
-            })
-            .transpose()
+        let Some(v) = self.get(key) else { return Ok(None) };
+        v.dereference().bool().map(Some).ok_or_else(|| {
+            errors::type_error(format!(
+                "{} '{key}' must be a bool, {} given",
+                self.what(),
+                type_name(v)
+            ))
+        })
+    }
+
+    /// Whether every key is one that was read: the common case, without copying a key.
+    fn all_known(&self, table: &ZendHashTable) -> bool {
+        let mut keys = Iter::new(table);
+        while let Some((key, _)) = keys.next_zval() {
+            let known = key
+                .zend_str()
+                .and_then(|k| std::str::from_utf8(k.as_bytes()).ok())
+                .is_some_and(|k| self.known.contains(&k));
+            if !known {
+                return false;
+            }
+        }
+        true
     }
 
     /// Fails on any key that was not read, naming it and the accepted ones.
     pub(crate) fn finish(&self) -> PhpResult<()> {
         let Some(table) = self.table else { return Ok(()) };
+        if table.len() <= self.known.len() && self.all_known(table) {
+            return Ok(());
+        }
         let mut known = self.known.clone();
         known.sort_unstable();
         for (key, _) in entries(table) {
@@ -456,7 +536,7 @@ impl<'a> Options<'a> {
                 Key::Invalid { shown, at } => {
                     return Err(errors::invalid(format!(
                         "unknown {} \"{shown}\": not valid UTF-8 (byte {at}) (known: {})",
-                        self.what,
+                        self.what(),
                         known.join(", ")
                     )));
                 }
@@ -464,7 +544,7 @@ impl<'a> Options<'a> {
             if !self.known.contains(&name.as_str()) {
                 return Err(errors::invalid(format!(
                     "unknown {} '{name}' (known: {})",
-                    self.what,
+                    self.what(),
                     known.join(", ")
                 )));
             }

@@ -62,9 +62,16 @@ fn read_push_options(o: &mut Options<'_>) -> PhpResult<delayq::PushOptions> {
     })
 }
 
-fn delay(value: &Zval, name: &str) -> PhpResult<delayq::Due> {
-    let secs = convert::seconds(value, name)?;
-    delayq::delay_from_secs(name, secs).map(delayq::Due::In).or_throw()
+/// A delay in seconds; `name` names it in an error, and is put together only then.
+fn delay(value: &Zval, name: impl Fn() -> String) -> PhpResult<delayq::Due> {
+    let secs = match convert::plain_seconds(value) {
+        Some(secs) => secs,
+        None => convert::seconds(value, &name())?,
+    };
+    match delayq::delay_from_secs("delay", secs) {
+        Ok(d) => Ok(delayq::Due::In(d)),
+        Err(_) => delayq::delay_from_secs(&name(), secs).map(delayq::Due::In).or_throw(),
+    }
 }
 
 /// The `$at` of `pushAt()`, declared `float|DateTimeInterface`. ext-php-rs 0.16 gives a
@@ -214,7 +221,7 @@ impl PhpDelayQueue {
                     convert::type_name(item)
                 ))
             })?;
-            let mut o = Options::new(Some(table), format!("pushMany item {i} key"));
+            let mut o = Options::item(table, "pushMany item", i, "key");
             let payload = o.get("payload");
             let delay_v = o.get("delay");
             let at_v = o.get("at");
@@ -227,13 +234,13 @@ impl PhpDelayQueue {
                 (Some(_), Some(_)) => {
                     return Err(errors::invalid(format!("pushMany item {i} has both 'delay' and 'at'")));
                 }
-                (Some(d), None) => self::delay(d, &format!("pushMany item {i} 'delay'"))?,
+                (Some(d), None) => self::delay(d, || format!("pushMany item {i} 'delay'"))?,
                 (None, Some(a)) => absolute(a)?,
                 (None, None) => delayq::Due::NOW,
             };
             let null = Zval::new();
             let payload_json =
-                convert::payload_to_json_named(payload.unwrap_or(&null), format!("pushMany item {i} payload"))?;
+                convert::payload_to_json_named(payload.unwrap_or(&null), || format!("pushMany item {i} payload"))?;
             batch.push(delayq::NewMessage {
                 payload_json,
                 due,
@@ -296,7 +303,7 @@ impl PhpDelayQueue {
     /// equal to `$value` (a scalar or null), in any state (see the stub).
     #[php(defaults(limit = 20))]
     pub fn find_field(&self, field: String, value: &Zval, limit: i64) -> PhpResult<ZBox<ZendHashTable>> {
-        let json = convert::payload_to_json_named(value, "$value".into())?;
+        let json = convert::payload_to_json_named(value, || "$value".into())?;
         let value: serde_json::Value =
             serde_json::from_str(&json).map_err(|e| errors::invalid(format!("invalid value: {e}")))?;
         message_list(self.queue.find_field(&field, &value, list_limit(limit)?).or_throw()?)
