@@ -393,7 +393,10 @@ mod tests {
         let at = 1_764_460_800_000;
         t.record_start(0, at, 0);
         assert_eq!(t.take_for_claim(0, at), None, "not before a heartbeat made them due");
-        assert!(t.heartbeat(at).is_empty(), "the first heartbeat leaves them to the claims");
+        assert!(
+            t.heartbeat(at).is_empty(),
+            "the first heartbeat leaves them to the claims"
+        );
         let carried = t.take_for_claim(0, at).expect("partition 0 rides on its claim");
         assert_eq!(carried.encoded(), vec![format!("{} 1 0 0:1", minute_of(at))]);
         assert_eq!(t.take_for_claim(0, at), None, "once");
