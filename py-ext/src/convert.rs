@@ -2,22 +2,40 @@
 //! keys, list, tuple, str, int within signed 64 bits, finite float, bool, None) are accepted,
 //! naming the path of anything else; dict key order and 64-bit integers survive.
 
-use std::fmt::Write as _;
-
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::errors;
 
 pub(crate) fn payload_to_json(value: &Bound<'_, PyAny>) -> PyResult<String> {
-    payload_to_json_named(value, "payload".into())
+    payload_to_json_named(value, || "payload".into())
 }
 
 /// The same, with errors naming the payload `name` (e.g. "push_many item 3 payload").
-pub(crate) fn payload_to_json_named(value: &Bound<'_, PyAny>, mut name: String) -> PyResult<String> {
+/// One walk writes the text; the path to a value that cannot be written is put
+/// together only for the error, as it propagates.
+pub(crate) fn payload_to_json_named(value: &Bound<'_, PyAny>, name: impl FnOnce() -> String) -> PyResult<String> {
     let mut out = String::with_capacity(64);
-    write_json(value, &mut out, 0, &mut name)?;
-    Ok(out)
+    match write_json(value, &mut out, 0) {
+        Ok(()) => Ok(out),
+        Err(Fault::Raised(e)) => Err(e),
+        Err(Fault::At {
+            segments,
+            type_error,
+            message,
+        }) => {
+            let mut path = name();
+            for segment in segments.iter().rev() {
+                path.push_str(segment);
+            }
+            let text = message(&delayq::path_for_error(&path));
+            Err(if type_error {
+                errors::type_error(text)
+            } else {
+                payload_error(value.py(), text)
+            })
+        }
+    }
 }
 
 /// Values that JSON cannot carry are payload errors: `delayq.PayloadError`, which is
@@ -34,17 +52,66 @@ fn type_name(value: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "object".into())
 }
 
-fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &mut String) -> PyResult<()> {
+/// A value that cannot be written: an exception Python raised on the way, or a
+/// message given the path to the value (a TypeError for a value of no JSON type,
+/// else a PayloadError), with the path's segments from the value up, each added by
+/// the container it is in.
+enum Fault {
+    Raised(PyErr),
+    At {
+        segments: Vec<String>,
+        /// A TypeError rather than a PayloadError.
+        type_error: bool,
+        message: Box<dyn FnOnce(&str) -> String>,
+    },
+}
+
+impl Fault {
+    fn payload(message: impl FnOnce(&str) -> String + 'static) -> Self {
+        Self::At {
+            segments: Vec::new(),
+            type_error: false,
+            message: Box::new(message),
+        }
+    }
+
+    fn wrong_type(message: impl FnOnce(&str) -> String + 'static) -> Self {
+        Self::At {
+            segments: Vec::new(),
+            type_error: true,
+            message: Box::new(message),
+        }
+    }
+
+    fn inside(mut self, segment: impl FnOnce() -> String) -> Self {
+        if let Self::At { segments, .. } = &mut self {
+            segments.push(segment());
+        }
+        self
+    }
+}
+
+impl From<PyErr> for Fault {
+    fn from(e: PyErr) -> Self {
+        Self::Raised(e)
+    }
+}
+
+/// `text` as a JSON string, as serde_json escapes it, straight into `out`.
+fn push_json_str(out: &mut String, text: &str) {
+    // SAFETY: serde_json writes a &str escaped, which is UTF-8: `out` stays valid.
+    let bytes = unsafe { out.as_mut_vec() };
+    let _ = serde_json::to_writer(bytes, text);
+}
+
+fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize) -> Result<(), Fault> {
     if depth > delayq::MAX_DEPTH {
-        return Err(errors::new_err(
-            value.py(),
-            errors::Kind::Payload,
+        return Err(Fault::payload(|path| {
             format!(
-                "{} is nested deeper than {} levels (or contains itself)",
-                delayq::path_for_error(path),
+                "{path} is nested deeper than {} levels (or contains itself)",
                 delayq::MAX_DEPTH
-            ),
-        ));
+            )
+        }));
     }
     if value.is_none() {
         out.push_str("null");
@@ -54,60 +121,42 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
         // Signed 64 bits only: PHP (and most JSON readers) would turn 2**63 and beyond
         // into a float, silently rounded.
         let n = i.extract::<i64>().map_err(|_| {
-            payload_error(
-                value.py(),
-                format!(
-                    "{} is {i}, outside the signed 64-bit range (-2**63 to 2**63-1)",
-                    delayq::path_for_error(path)
-                ),
-            )
+            let shown = i.to_string();
+            Fault::payload(move |path| {
+                format!("{path} is {shown}, outside the signed 64-bit range (-2**63 to 2**63-1)")
+            })
         })?;
-        let _ = write!(out, "{n}");
+        out.push_str(itoa::Buffer::new().format(n));
     } else if let Ok(f) = value.cast::<PyFloat>() {
         let f = f.value();
         if !f.is_finite() {
-            return Err(payload_error(
-                value.py(),
-                format!("{} is {f}, which JSON cannot represent", delayq::path_for_error(path)),
-            ));
+            return Err(Fault::payload(move |path| {
+                format!("{path} is {f}, which JSON cannot represent")
+            }));
         }
-        out.push_str(&serde_json::to_string(&f).map_err(|e| payload_error(value.py(), e.to_string()))?);
+        // SAFETY: serde_json writes a number in ASCII: `out` stays valid.
+        let _ = serde_json::to_writer(unsafe { out.as_mut_vec() }, &f);
     } else if let Ok(s) = value.cast::<PyString>() {
         let text = s.to_cow().map_err(|_| {
-            payload_error(
-                value.py(),
-                format!(
-                    "{} is a str that is not valid unicode (lone surrogate)",
-                    delayq::path_for_error(path)
-                ),
-            )
+            Fault::payload(|path| format!("{path} is a str that is not valid unicode (lone surrogate)"))
         })?;
-        out.push_str(&serde_json::to_string(&*text).map_err(|e| payload_error(value.py(), e.to_string()))?);
+        push_json_str(out, &text);
     } else if let Ok(d) = value.cast::<PyDict>() {
         out.push('{');
         for (i, (k, v)) in d.iter().enumerate() {
             let key = k.cast::<PyString>().map_err(|_| {
-                errors::type_error(format!(
-                    "{} has a key of type {}; JSON object keys must be str",
-                    delayq::path_for_error(path),
-                    type_name(&k)
-                ))
+                let shown = type_name(&k);
+                Fault::wrong_type(move |path| format!("{path} has a key of type {shown}; JSON object keys must be str"))
             })?;
-            let key = key.to_cow().map_err(|_| {
-                payload_error(
-                    value.py(),
-                    format!("{} has a key that is not valid unicode", delayq::path_for_error(path)),
-                )
-            })?;
+            let key = key
+                .to_cow()
+                .map_err(|_| Fault::payload(|path| format!("{path} has a key that is not valid unicode")))?;
             if i > 0 {
                 out.push(',');
             }
-            out.push_str(&serde_json::to_string(&*key).map_err(|e| payload_error(value.py(), e.to_string()))?);
+            push_json_str(out, &key);
             out.push(':');
-            let mark = path.len();
-            let _ = write!(path, "[{key:?}]");
-            write_json(&v, out, depth + 1, path)?;
-            path.truncate(mark);
+            write_json(&v, out, depth + 1).map_err(|f| f.inside(|| format!("[{key:?}]")))?;
         }
         out.push('}');
     } else if value.cast::<PyList>().is_ok() || value.cast::<PyTuple>().is_ok() {
@@ -116,18 +165,14 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize, path: &m
             if i > 0 {
                 out.push(',');
             }
-            let mark = path.len();
-            let _ = write!(path, "[{i}]");
-            write_json(&item?, out, depth + 1, path)?;
-            path.truncate(mark);
+            write_json(&item?, out, depth + 1).map_err(|f| f.inside(|| format!("[{i}]")))?;
         }
         out.push(']');
     } else {
-        return Err(errors::type_error(format!(
-            "{} is of type {}, which is not a JSON value (dict, list, str, int, float, bool, None)",
-            delayq::path_for_error(path),
-            type_name(value)
-        )));
+        let shown = type_name(value);
+        return Err(Fault::wrong_type(move |path| {
+            format!("{path} is of type {shown}, which is not a JSON value (dict, list, str, int, float, bool, None)")
+        }));
     }
     Ok(())
 }

@@ -22,9 +22,16 @@ fn duration(py: Python<'_>, name: &str, secs: Option<f64>) -> PyResult<Option<Du
     secs.map(|s| delayq::delay_from_secs(name, s).or_raise(py)).transpose()
 }
 
-fn delay_due(py: Python<'_>, value: &Bound<'_, PyAny>, name: &str) -> PyResult<delayq::Due> {
-    let secs = convert::seconds(py, value, name)?;
-    delayq::delay_from_secs(name, secs).map(delayq::Due::In).or_raise(py)
+/// A delay in seconds; `name` names it in an error, and is put together only then.
+fn delay_due(py: Python<'_>, value: &Bound<'_, PyAny>, name: impl Fn() -> String) -> PyResult<delayq::Due> {
+    let secs = match value.cast::<pyo3::types::PyFloat>() {
+        Ok(f) => f.value(),
+        Err(_) => convert::seconds(py, value, &name())?,
+    };
+    match delayq::delay_from_secs("delay", secs) {
+        Ok(d) => Ok(delayq::Due::In(d)),
+        Err(_) => delayq::delay_from_secs(&name(), secs).map(delayq::Due::In).or_raise(py),
+    }
 }
 
 fn at_due(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<delayq::Due> {
@@ -171,11 +178,10 @@ impl PyQueue {
                     )));
                 }
                 delayq::NewMessage {
-                    payload_json: convert::payload_to_json_named(
-                        &t.get_item(0)?,
-                        format!("push_many item {i} payload"),
-                    )?,
-                    due: delay_due(py, &t.get_item(1)?, &format!("push_many item {i} delay"))?,
+                    payload_json: convert::payload_to_json_named(&t.get_item(0)?, || {
+                        format!("push_many item {i} payload")
+                    })?,
+                    due: delay_due(py, &t.get_item(1)?, || format!("push_many item {i} delay"))?,
                     options: delayq::PushOptions::default(),
                 }
             } else if let Ok(d) = item.cast::<PyDict>() {
@@ -213,12 +219,12 @@ impl PyQueue {
                             format!("push_many item {i} has both 'delay' and 'at'"),
                         ));
                     }
-                    (Some(delay), None) => delay_due(py, &delay, &format!("push_many item {i} delay"))?,
+                    (Some(delay), None) => delay_due(py, &delay, || format!("push_many item {i} delay"))?,
                     (None, Some(at)) => at_due(py, &at)?,
                     (None, None) => delayq::Due::NOW,
                 };
                 delayq::NewMessage {
-                    payload_json: convert::payload_to_json_named(&payload, format!("push_many item {i} payload"))?,
+                    payload_json: convert::payload_to_json_named(&payload, || format!("push_many item {i} payload"))?,
                     due,
                     options: delayq::PushOptions {
                         id: d.get_item("id")?.map(|v| v.extract()).transpose()?,
@@ -327,7 +333,7 @@ impl PyQueue {
         value: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
     ) -> PyResult<Bound<'py, PyList>> {
-        let json = convert::payload_to_json_named(value, "value".into())?;
+        let json = convert::payload_to_json_named(value, || "value".into())?;
         let value: serde_json::Value =
             serde_json::from_str(&json).map_err(|e| errors::invalid(py, format!("invalid value: {e}")))?;
         let found = py
