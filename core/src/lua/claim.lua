@@ -115,10 +115,6 @@ trim_dead(now, tonumber(ARGV[5]), tonumber(ARGV[6]))
 if beat then
   register_pool(now, beat[1], beat[2], beat[3])
 end
-local minute = -1
-if minute_deltas then
-  minute = add_minutes(now, minutes_kept, minute_deltas)
-end
 
 -- Rare (the caller asks about once a minute) and small: one entry per repeat.
 local broken = {}
@@ -134,9 +130,14 @@ if ARGV[7] == '1' then
     end
   end
 end
-local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_gen')) or 0, minute}
+local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_gen')) or 0, -1}
 local deliveries, later, keyed = {}, {}, {}
+-- The per-minute records are written last, when nothing else can fail: a claim that
+-- raised leaves them to be sent again, not counted twice.
 local function reply()
+  if minute_deltas then
+    header[6] = add_minutes(now, minutes_kept, minute_deltas)
+  end
   return {header, deliveries, later, keyed, broken}
 end
 if redis.call('EXISTS', K_PAUSED) == 1 then
