@@ -93,8 +93,9 @@ impl PyQueue {
         ];
         values.extend(zset_key.map(|k| ("zset_key", Text(k))));
         values.extend(payload_key.map(|k| ("payload_key", Text(k))));
-        values.extend(tls_ca_file.map(|f| ("tls_ca_file", Text(f.to_string_lossy().into_owned()))));
-        let opts = delayq::QueueOptions::from_values(values).or_raise(py)?;
+        let mut opts = delayq::QueueOptions::from_values(values).or_raise(py)?;
+        // A path, not text: one that is not UTF-8 is still a file name.
+        opts.connect.tls_ca_file = tls_ca_file;
         crate::logs::sync_level(py);
         Ok(Self {
             queue: delayq::Queue::new(url, queue, opts).or_raise(py)?,
