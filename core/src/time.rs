@@ -95,7 +95,7 @@ pub fn delay_from_secs(what: &str, seconds: f64) -> Result<Duration> {
     if seconds > MAX_DELAY.as_secs_f64() {
         return Err(Error::invalid(
             what,
-            format!("{seconds} seconds is more than 100 years"),
+            format!("must be at most 100 years, got {seconds} s"),
         ));
     }
     Ok(Duration::from_secs_f64(seconds))
