@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-use super::{Delivery, Received, Retry, Summary, Worker};
+use super::{Delivery, Received, Summary, Worker};
+use crate::host::{Outcome, settle};
 
 impl Worker {
     /// Run `handler` on `handler_threads` threads of the pool until stopped. A handler
@@ -36,17 +37,21 @@ impl Worker {
                                 if consumer.in_forked_child() {
                                     end_forked_child(&result);
                                 }
-                                match result {
-                                    Ok(Ok(())) => consumer.ack(d),
-                                    Ok(Err(e)) => {
-                                        consumer.fail(d, &e);
-                                    }
-                                    Err(panic) => {
-                                        let error = format!("handler panicked: {}", panic_text(&panic));
-                                        let trace = PANIC_TRACE.take().unwrap_or_default();
-                                        consumer.fail_traced(d, &error, &trace, Retry::Backoff);
-                                    }
-                                }
+                                // The same run policy as the bindings' (host::settle).
+                                let outcome = match result {
+                                    Ok(Ok(())) => Outcome::Returned,
+                                    Ok(Err(error)) => Outcome::Raised {
+                                        error,
+                                        trace: String::new(),
+                                        no_retry: false,
+                                    },
+                                    Err(panic) => Outcome::Raised {
+                                        error: format!("handler panicked: {}", panic_text(&panic)),
+                                        trace: PANIC_TRACE.take().unwrap_or_default(),
+                                        no_retry: false,
+                                    },
+                                };
+                                settle(&consumer, d, outcome, None);
                             }
                             Received::Idle => {}
                             Received::Stopped => break,
