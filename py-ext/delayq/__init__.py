@@ -37,6 +37,7 @@ from ._delayq import (
     DelayQueue,
     Message,
     _Slot,
+    _StopSignals,
     _Worker,
     __version__,
 )
@@ -102,13 +103,10 @@ def _graceful_signals(worker: _Worker) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    first: Optional[float] = None
+    signals = _StopSignals()
 
     def stop(signum: int, frame: object) -> None:
-        nonlocal first
-        if first is None:
-            first = time.monotonic()
-        elif time.monotonic() - first >= _URGENT_AFTER:
+        if signals.received():
             raise _urgent_signal(signum)
         worker.stop("signal")
 

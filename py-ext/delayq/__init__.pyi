@@ -11,7 +11,7 @@ from ._delayq import QUEUE_OPTIONS as QUEUE_OPTIONS
 from ._delayq import WORKER_OPTIONS as WORKER_OPTIONS
 from ._delayq import DelayQueue as DelayQueue
 from ._delayq import Message as Message
-from ._delayq import _Slot, _Worker
+from ._delayq import _Slot, _StopSignals, _Worker
 from ._delayq import __version__ as __version__
 from .aio import AsyncDelayQueue as AsyncDelayQueue
 from .records import Summary

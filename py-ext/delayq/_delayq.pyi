@@ -6,7 +6,7 @@ from typing import Any, Iterable, Mapping, Optional, Union, final
 
 from .records import DeadLetter, MessageInfo, Minute, RateLimit, RegisteredQueue, Repeat, Stats, Summary, WorkerInfo
 
-__all__ = ["DelayQueue", "Message", "_Worker", "_Consumer", "_Delivery", "_Scaler", "_Slot", "_SlotTable", "_Supervisor",
+__all__ = ["DelayQueue", "Message", "_Worker", "_Consumer", "_Delivery", "_Scaler", "_Slot", "_SlotTable", "_StopSignals", "_Supervisor",
            "__version__", "DEFAULT_MAX_PAYLOAD_BYTES", "WORKER_OPTIONS", "QUEUE_OPTIONS", "RECORD_SHAPES",
            "_URGENT_AFTER", "_cancel_error", "_report_done", "_report_fatal"]
 
@@ -411,6 +411,14 @@ class _SlotTable:
     @property
     def path(self) -> str: ...
     def view(self, index: int) -> dict[str, Any]: ...
+
+@final
+class _StopSignals:
+    """The core's rule for stop signals: the first stops gracefully, one at least
+    ``_URGENT_AFTER`` later stops at once."""
+
+    def __init__(self) -> None: ...
+    def received(self) -> bool: ...
 
 @final
 class _Supervisor:

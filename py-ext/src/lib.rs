@@ -35,6 +35,7 @@ fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<supervisor::PySlot>()?;
     m.add_class::<supervisor::PySlotTable>()?;
     m.add_class::<supervisor::PySupervisor>()?;
+    m.add_class::<supervisor::PyStopSignals>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_MAX_PAYLOAD_BYTES", delayq::DEFAULT_MAX_PAYLOAD_BYTES)?;
     m.add("_URGENT_AFTER", delayq::host::URGENT_AFTER.as_secs_f64())?;

@@ -261,3 +261,21 @@ pub(crate) fn report_done(py: Python<'_>, summary: &Bound<'_, PyDict>) -> PyResu
 pub(crate) fn report_fatal(text: &str) -> String {
     host::Report::Fatal(text.to_owned()).encode()
 }
+
+/// The stop signals of a run in this process, by the core's rule (`host::StopSignals`):
+/// the first stops gracefully, one at least `URGENT_AFTER` later stops at once.
+#[pyclass(name = "_StopSignals")]
+pub(crate) struct PyStopSignals(Mutex<StopSignals>);
+
+#[pymethods]
+impl PyStopSignals {
+    #[new]
+    fn new() -> Self {
+        Self(Mutex::new(StopSignals::default()))
+    }
+
+    /// A stop signal came: True when it made the stop urgent (once).
+    fn received(&self) -> bool {
+        self.0.lock().map(|mut s| s.received(Instant::now())).unwrap_or(false)
+    }
+}
