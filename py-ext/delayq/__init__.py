@@ -124,6 +124,56 @@ _CANCEL_GRACE = 1.0
 _abandoned: set[asyncio.Future[None]] = set()
 
 
+# How often the event loop of a supervised asyncio process ticks for its watch, and how
+# long without a tick means that a handler blocks it.
+_TICK = 0.1
+_BLOCKED_AFTER = 0.5
+
+
+class _LoopWatch:
+    """The watch on a supervised asyncio process's event loop. Coroutines share the loop's
+    thread, so one that blocks it stops all the others, and the supervisor kills the
+    process past the timeout: the slot then names the blocking handler (read from this
+    thread as the loop's current task), so that its delivery fails and the others' go
+    back uncounted, and names the oldest one again once the loop runs."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, slot: _Slot, name_oldest: Callable[[], None]) -> None:
+        self._loop = loop
+        self._slot = slot
+        self._name_oldest = name_oldest
+        # The task of each running handler and its delivery.
+        self.handlers: dict[asyncio.Future[None], Any] = {}
+        self._ticked = time.monotonic()
+        self._blamed: Optional[asyncio.Future[None]] = None
+        self._closed = threading.Event()
+        self._timer = loop.call_later(_TICK, self._tick)
+        self._thread = threading.Thread(target=self._watch, name="delayq-loop-watch", daemon=True)
+        self._thread.start()
+
+    def _tick(self) -> None:
+        self._ticked = time.monotonic()
+        if self._blamed is not None:
+            self._blamed = None
+            self._name_oldest()
+        self._timer = self._loop.call_later(_TICK, self._tick)
+
+    def _watch(self) -> None:
+        while not self._closed.wait(_TICK):
+            if time.monotonic() - self._ticked < _BLOCKED_AFTER:
+                continue
+            task = asyncio.current_task(self._loop)
+            delivery = None if task is None else self.handlers.get(task)
+            # Blocked outside any handler (a hook, the loop's own work): nobody to name.
+            if delivery is not None and task is not self._blamed:
+                self._blamed = task
+                self._slot.blocked_on(delivery)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._timer.cancel()
+        self._thread.join()
+
+
 class _HandlerTimedOut(TimeoutError):
     """A coroutine handler cancelled at its timeout (``on_failure`` gets it as the
     ``TimeoutError`` it is). Its message keeps the text alone (``_delayq_error``)."""
@@ -391,15 +441,15 @@ class Worker:
         # The delivery the slot names (its key), None while idle.
         announced: list[Optional[int]] = [None]
 
-        def tell_supervisor() -> None:
+        def tell_supervisor(again: bool = False) -> None:
             if self._slot is None:
                 return
             # The oldest running handler is the one the supervisor times. A coroutine past
             # its timeout is cancelled and ends within the grace, so only a blocked event
             # loop keeps it longer: that is what the supervisor's timeout should see as a
-            # hung process, not a slow handler.
+            # hung process, not a slow handler. The watch names the blocking one.
             oldest = next(iter(started), None)
-            if oldest == announced[0]:
+            if oldest == announced[0] and not again:
                 return
             announced[0] = oldest
             if oldest is None:
@@ -423,7 +473,7 @@ class Worker:
             raised: Optional[BaseException] = None
             try:
                 try:
-                    await self._bounded(handler(delivery.payload, delivery.message))
+                    await self._bounded(handler(delivery.payload, delivery.message), watch, delivery)
                 except BaseException as exc:
                     _leave_if_forked(pool_pid, exc)
                     raised = exc
@@ -443,6 +493,9 @@ class Worker:
             if dead is not None and self._on_dead is not None:
                 await self._alert(self._on_dead, "on_dead", delivery, dead)
 
+        watch = None
+        if self._slot is not None and self._timeout is not None:
+            watch = _LoopWatch(loop, self._slot, functools.partial(tell_supervisor, True))
         try:
             while True:
                 await slots.acquire()
@@ -459,6 +512,8 @@ class Worker:
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
         finally:
+            if watch is not None:
+                watch.close()
             consumer.stop()
             await loop.run_in_executor(None, received)
             for delivery in list(unsettled.values()):
@@ -468,15 +523,25 @@ class Worker:
             self._last_summary = summary
         return summary
 
-    async def _bounded(self, call: Awaitable[None]) -> None:
+    async def _bounded(self, call: Awaitable[None], watch: Optional[_LoopWatch] = None, delivery: Any = None) -> None:
         """Await a coroutine handler; past ``timeout`` it is cancelled (a coroutine, unlike
-        a thread, can be), and the delivery fails at once instead of waiting out its lease."""
+        a thread, can be), and the delivery fails at once instead of waiting out its lease.
+        ``watch``: the loop's watch, told which task runs ``delivery``'s handler."""
         if self._timeout is None:
             await call
             return
         task = asyncio.ensure_future(call)
+        if watch is not None:
+            watch.handlers[task] = delivery
         try:
-            done, _ = await asyncio.wait({task}, timeout=self._timeout)
+            await self._await_bounded(task, self._timeout)
+        finally:
+            if watch is not None:
+                watch.handlers.pop(task, None)
+
+    async def _await_bounded(self, task: asyncio.Future[None], timeout: float) -> None:
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout)
         except asyncio.CancelledError:  # the run itself is being cancelled
             task.cancel()
             raise
@@ -491,11 +556,11 @@ class Worker:
                 task.add_done_callback(_abandoned.discard)
                 logging.getLogger("delayq.worker").error(
                     "delayq: a coroutine handler ignored its cancellation at the %g s timeout and still runs; "
-                    "its message fails now and runs again after its backoff", self._timeout)
+                    "its message fails now and runs again after its backoff", timeout)
             elif not task.cancelled():
                 with contextlib.suppress(BaseException):
                     task.result()  # what it raised while cancelled is the timeout's doing
-            raise _HandlerTimedOut(_cancel_error(self._timeout))
+            raise _HandlerTimedOut(_cancel_error(timeout))
         task.result()
 
     async def _alert(self, hook: Callable[[Any, Message, Any], Any], name: str, delivery: Any, what: Any) -> None:

@@ -46,6 +46,16 @@ impl PySlot {
         }
     }
 
+    /// The handler of `delivery` blocks every other one of this process (a coroutine
+    /// blocking the event loop): named in the running busy period.
+    fn blocked_on(&self, py: Python<'_>, delivery: &PyDelivery) {
+        delivery.with_delivery(py, |d| {
+            if let Some(d) = d {
+                self.slot.blocked_on(d);
+            }
+        });
+    }
+
     /// The handler ended.
     fn finished(&self) {
         self.slot.finished();
@@ -80,6 +90,7 @@ impl PySlotTable {
         d.set_item("busy", v.busy)?;
         d.set_item("held_id", v.held.as_ref().map(|h| h.id.clone()))?;
         d.set_item("held_attempt", v.held.as_ref().map(|h| h.attempt))?;
+        d.set_item("blocking", v.blocking)?;
         d.set_item("handled", v.counts.handled)?;
         Ok(d)
     }

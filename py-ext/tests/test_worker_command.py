@@ -54,6 +54,12 @@ def handle(payload, msg):
 async def handle_async(payload, msg):
     handle(payload, msg)
 
+async def wait_then_handle(payload, msg):
+    # Awaits first, so that a later handler can block the event loop under it.
+    import asyncio
+    await asyncio.sleep(payload.get("wait", 0))
+    handle(payload, msg)
+
 def report(payload, msg, exc):
     with open(LOG + ".failures", "a") as f:
         f.write(json.dumps([payload["n"], msg.attempt, type(exc).__name__, str(exc), os.getpid()]) + "\\n")
@@ -456,6 +462,28 @@ def test_a_timeout_supervises_even_one_process(
         # first): with a 1 s lease, which the pool stops extending at the timeout, the
         # blocked process may have claimed it once more before it was killed.
         assert len(attempts) == 1 and attempts[0] >= 2, attempts
+
+
+def test_a_coroutine_that_blocks_the_event_loop_is_the_one_failed_at_the_timeout(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    # The oldest running coroutine awaits; the next one blocks the loop under it. The
+    # blocker's message fails at the timeout; the other one goes back at once,
+    # uncounted (the 60 s lease would otherwise hold both up).
+    waiting = queue.push({"n": 1, "wait": 0.5})
+    time.sleep(0.01)
+    blocking = queue.push({"n": 2, "hang": True})
+    pool = start(started, redis_url, tasks, "tasks:wait_then_handle", "--concurrency", "2", "--timeout", "1",
+                 "--lease", "60")
+    wait_for(30, "both handled", lambda: {n for n, _, _ in handled(tasks)} == {1, 2} and drained(queue))
+    out, err = finish(pool, tasks)
+    assert pool.returncode == 0, err
+    summary = json.loads(out)
+    assert (summary["killed_hung"], summary["failed"], summary["acked"]) == (1, 1, 2), summary
+    attempts = {n: attempt for n, attempt, _ in handled(tasks)}
+    assert attempts == {1: 1, 2: 2}, (attempts, waiting, blocking)
+    assert "its handler ran past the 1 s timeout and was killed (it blocked the other handlers of the process, " \
+        "whose messages went back to the queue); its message is due again at once" in err, err
 
 
 @pytest.mark.parametrize("how", [["tasks:handle"], ["tasks:handle_async"], ["tasks:handle", "--processes", "2"]])

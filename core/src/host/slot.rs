@@ -5,7 +5,9 @@
 //! - the process says when a handler starts and ends (the supervisor's hung-handler
 //!   clock and the scaler's "busy" read it),
 //! - and which delivery that handler holds (id, lease, attempt), so that the
-//!   supervisor can fail it at once when it kills the process;
+//!   supervisor can fail it at once when it kills the process; a process whose
+//!   handlers share one thread (coroutines on an event loop) names the one that blocks
+//!   the others, and the others' deliveries go back at once before the kill;
 //! - the process publishes its run's counts, so that a process killed before it could
 //!   report keeps them in the pool's summary;
 //! - the memory is an anonymous shared mapping for forked processes (PHP) or a file
@@ -51,6 +53,9 @@ struct Cells {
     /// The busy period (its `starts`) whose waiting deliveries the process released
     /// before its kill; 0 none.
     gave_back: AtomicU64,
+    /// The busy period (its `starts`) in which the held delivery was named as the one
+    /// blocking every other handler of the process; 0 none.
+    blocker: AtomicU64,
     /// The seqlock over the held delivery: odd while it is being written.
     held_seq: AtomicU64,
     /// 0: none known; else 1 + the index of its queue in the worker (0: its own queue).
@@ -98,6 +103,9 @@ pub struct SlotView {
     pub gave_back: u64,
     /// The delivery the running handler holds, if the process said.
     pub held: Option<Held>,
+    /// Whether the process named the held delivery's handler as the one that blocks
+    /// all its others (`Slot::blocked_on`) in this busy period.
+    pub blocking: bool,
     /// The process's counts, as it last published them.
     pub counts: Summary,
 }
@@ -249,12 +257,14 @@ impl SlotTable {
             .zip(&c.counts)
             .map(|((name, _), n)| (*name, n.load(Ordering::Acquire)))
             .collect();
+        let starts = c.starts.load(Ordering::Acquire);
         SlotView {
-            starts: c.starts.load(Ordering::Acquire),
+            starts,
             busy: c.busy.load(Ordering::Acquire) == 1,
             grace: Duration::from_millis(c.grace_ms.load(Ordering::Acquire)),
             gave_back: c.gave_back.load(Ordering::Acquire),
             held: read_held(c),
+            blocking: starts != 0 && c.blocker.load(Ordering::Acquire) == starts,
             counts: Summary::from_counts(counts).unwrap_or_default(),
         }
     }
@@ -265,6 +275,7 @@ impl SlotTable {
         c.busy.store(0, Ordering::Release);
         c.grace_ms.store(0, Ordering::Release);
         c.gave_back.store(0, Ordering::Release);
+        c.blocker.store(0, Ordering::Release);
         c.held_member.store(0, Ordering::Release);
         // Even: a process killed amid `started` left it odd, and no later one could
         // name its message.
@@ -328,6 +339,30 @@ fn read_held(c: &Cells) -> Option<Held> {
         });
     }
     None
+}
+
+fn write_held(c: &Cells, held: Option<&Delivery>) {
+    let seq = c.held_seq.fetch_add(1, Ordering::AcqRel);
+    debug_assert!(seq.is_multiple_of(2), "one writer per slot");
+    fence(Ordering::Release);
+    match held {
+        Some(d) => {
+            c.held_part.store(d.partition() as u64, Ordering::Relaxed);
+            c.held_attempt.store(u64::from(d.attempt), Ordering::Relaxed);
+            c.held_max_attempts.store(u64::from(d.max_attempts), Ordering::Relaxed);
+            let n = store_bytes(&c.held_id, d.id.as_bytes());
+            c.held_id_len.store(n as u64, Ordering::Relaxed);
+            let lease = d.token().as_bytes();
+            let n = store_bytes(&c.held_lease, lease);
+            c.held_lease_len.store(n as u64, Ordering::Relaxed);
+            // A lease too long to keep whole cannot complete anything: unknown.
+            let known = n == lease.len() && d.id.len() <= MAX_ID_BYTES;
+            c.held_member
+                .store(if known { d.member() as u64 + 1 } else { 0 }, Ordering::Relaxed);
+        }
+        None => c.held_member.store(0, Ordering::Relaxed),
+    }
+    c.held_seq.fetch_add(1, Ordering::Release);
 }
 
 /// One process's slot, as the process writes it.
@@ -396,31 +431,27 @@ impl Slot {
             return;
         }
         let c = self.cells();
-        let seq = c.held_seq.fetch_add(1, Ordering::AcqRel);
-        debug_assert!(seq.is_multiple_of(2), "one writer per slot");
-        fence(Ordering::Release);
-        match held {
-            Some(d) => {
-                c.held_part.store(d.partition() as u64, Ordering::Relaxed);
-                c.held_attempt.store(u64::from(d.attempt), Ordering::Relaxed);
-                c.held_max_attempts.store(u64::from(d.max_attempts), Ordering::Relaxed);
-                let n = store_bytes(&c.held_id, d.id.as_bytes());
-                c.held_id_len.store(n as u64, Ordering::Relaxed);
-                let lease = d.token().as_bytes();
-                let n = store_bytes(&c.held_lease, lease);
-                c.held_lease_len.store(n as u64, Ordering::Relaxed);
-                // A lease too long to keep whole cannot complete anything: unknown.
-                let known = n == lease.len() && d.id.len() <= MAX_ID_BYTES;
-                c.held_member
-                    .store(if known { d.member() as u64 + 1 } else { 0 }, Ordering::Relaxed);
-            }
-            None => c.held_member.store(0, Ordering::Relaxed),
-        }
-        c.held_seq.fetch_add(1, Ordering::Release);
+        write_held(c, held);
         c.grace_ms
             .store(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX), Ordering::Release);
         c.starts.fetch_add(1, Ordering::AcqRel);
         c.busy.store(1, Ordering::Release);
+    }
+
+    /// The handler of `held` blocks every other handler of this process (a coroutine
+    /// that blocks its event loop): name it in the running busy period, whose clock
+    /// goes on. Past the timeout, the others' deliveries then go back to the queue
+    /// uncounted before the kill, and the supervisor fails this one.
+    pub fn blocked_on(&self, held: &Delivery) {
+        if !self.mine() {
+            return;
+        }
+        let c = self.cells();
+        if c.busy.load(Ordering::Acquire) != 1 {
+            return;
+        }
+        write_held(c, Some(held));
+        c.blocker.store(c.starts.load(Ordering::Acquire), Ordering::Release);
     }
 
     /// The handler ended.
@@ -443,8 +474,9 @@ impl Slot {
     /// Publish the counts of a running pool until the guard is dropped (and once more
     /// then): a process killed before it can report keeps what it did. With a
     /// `timeout`, also get ready for the kill of a handler past it: stop claiming and
-    /// give the waiting deliveries back, so that only the hung message stays held
-    /// (and the supervisor fails that one), then say so in the slot.
+    /// give the waiting deliveries back (and the running ones too when the held one
+    /// was named as blocking them, `blocked_on`), so that only the hung message stays
+    /// held (and the supervisor fails that one), then say so in the slot.
     pub fn publish_while(&self, releaser: Releaser, timeout: Option<Duration>) -> Publisher {
         let stop = Arc::new(AtomicBool::new(false));
         let slot = self.clone();
@@ -462,7 +494,17 @@ impl Slot {
                         && HungClock::is_hung(ran, t, Duration::from_millis(c.grace_ms.load(Ordering::Acquire)))
                         && c.gave_back.load(Ordering::Acquire) != starts
                     {
-                        releaser.stop_and_release_waiting();
+                        // The named blocker is the one hung: every other delivery goes
+                        // back uncounted. Otherwise only the waiting ones can be known
+                        // innocent; the other running ones come back after their lease.
+                        match read_held(c) {
+                            Some(held) if c.blocker.load(Ordering::Acquire) == starts => {
+                                releaser.stop_and_release_all_but(held.member, &held.lease);
+                            }
+                            _ => {
+                                releaser.stop_and_release_waiting();
+                            }
+                        }
                         slot.publish(&releaser.summary());
                         c.gave_back.store(starts, Ordering::Release);
                     }
@@ -537,6 +579,40 @@ mod tests {
         assert_eq!(table.view(1).held, None, "a lease cut short would fence nothing");
         slot.started(None, Duration::ZERO);
         assert_eq!(table.view(1).held, None);
+    }
+
+    #[test]
+    fn a_blocker_is_named_in_the_running_busy_period_until_the_next_one() {
+        let table = SlotTable::anonymous(1).expect("table");
+        let slot = table.slot(0);
+        let oldest = Delivery::for_test("oldest", "7:1", 1, 3, 0, 0);
+        let blocker = Delivery::for_test("blocker", "7:2", 2, 3, 0, 0);
+        slot.blocked_on(&blocker);
+        assert_eq!(table.view(0).held, None, "no handler runs: nothing to name");
+        slot.started(Some(&oldest), Duration::ZERO);
+        assert!(!table.view(0).blocking);
+        slot.blocked_on(&blocker);
+        let seen = table.view(0);
+        assert_eq!(
+            (seen.starts, seen.busy, seen.blocking),
+            (1, true, true),
+            "the same busy period"
+        );
+        assert_eq!(
+            seen.held.map(|h| (h.id, h.lease, h.attempt)),
+            Some(("blocker".into(), "7:2".into(), 2))
+        );
+        slot.started(Some(&oldest), Duration::ZERO);
+        let seen = table.view(0);
+        assert_eq!(
+            (seen.starts, seen.blocking),
+            (2, false),
+            "a new period names no blocker"
+        );
+        assert_eq!(seen.held.map(|h| h.id), Some("oldest".into()));
+        slot.blocked_on(&blocker);
+        table.reset(0);
+        assert!(!table.view(0).blocking);
     }
 
     #[test]

@@ -340,8 +340,13 @@ impl<S: Spawner> Pool<'_, S> {
             count_failure(&mut counts, fate.as_ref());
             self.summary.counts += &counts;
             log::warn!(
-                "worker process {pid}: its handler ran past the {} s timeout and was killed; {}",
+                "worker process {pid}: its handler ran past the {} s timeout and was killed{}; {}",
                 secs(timeout),
+                if view.blocking {
+                    " (it blocked the other handlers of the process, whose messages went back to the queue)"
+                } else {
+                    ""
+                },
                 match fate {
                     Some(Fate::Retry(_)) => "its message is due again at once",
                     Some(Fate::Dead(_)) => "its message used its last attempt and went to the dead letters",

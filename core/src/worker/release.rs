@@ -30,10 +30,62 @@ impl Releaser {
     /// (a second signal): the process is expected to end right after. Returns how many
     /// went back.
     pub fn release_all(&self) -> usize {
+        self.stop_and_release(None)
+    }
+
+    /// Stop claiming and release the prefetched deliveries that no handler started
+    /// to the queue at once (the running ones stay held): for a process whose handler
+    /// is past its timeout and is about to be killed by its supervisor, so that only
+    /// the hung message waits on it. Returns how many went back.
+    pub fn stop_and_release_waiting(&self) -> usize {
         let mut total = 0;
         for pool in &self.0 {
             pool.control.stop();
-            let held: Vec<(String, Outstanding)> = pool.outstanding.lock().drain().collect();
+            let before = pool.counters.released.load(Ordering::Relaxed);
+            let mut slot = ConnSlot::new();
+            release_buffered(pool, &mut slot, ReleaseReason::Killing);
+            total += pool.counters.released.load(Ordering::Relaxed).saturating_sub(before) as usize;
+        }
+        total
+    }
+
+    /// Stop claiming and release every delivery but one to the queue at once,
+    /// uncounted: for a process about to be killed for a handler that blocks all its
+    /// others (a coroutine blocking its event loop), so that only that handler's
+    /// delivery, of queue `member` (0: the worker's own) under `lease`, stays held for
+    /// the supervisor to fail. Returns how many went back.
+    pub fn stop_and_release_all_but(&self, member: usize, lease: &str) -> usize {
+        let waiting = self.stop_and_release_waiting();
+        let running = self.stop_and_release(Some((member, lease)));
+        if running > 0 {
+            log::warn!(
+                "delayq: a handler blocked the other handlers of its process past the timeout; {running} of their \
+                 deliveries went back to the queue before the kill"
+            );
+        }
+        waiting + running
+    }
+
+    /// Stop and release every delivery the pools hold but `spared` (the index of its
+    /// queue in the worker, and its lease).
+    fn stop_and_release(&self, spared: Option<(usize, &str)>) -> usize {
+        let mut total = 0;
+        for (member, pool) in self.0.iter().enumerate() {
+            pool.control.stop();
+            let held: Vec<(String, Outstanding)> = {
+                let mut outstanding = pool.outstanding.lock();
+                match spared {
+                    Some((m, lease)) if m == member => {
+                        let kept = outstanding.remove(lease);
+                        let rest = outstanding.drain().collect();
+                        if let Some(kept) = kept {
+                            outstanding.insert(lease.to_owned(), kept);
+                        }
+                        rest
+                    }
+                    _ => outstanding.drain().collect(),
+                }
+            };
             let q = &pool.queue;
             let mut slot = ConnSlot::new();
             let mut released = 0;
@@ -68,22 +120,6 @@ impl Releaser {
             }
             Counters::add(&pool.counters.released, released as u64);
             total += released;
-        }
-        total
-    }
-
-    /// Stop claiming and release the prefetched deliveries that no handler started
-    /// to the queue at once (the running ones stay held): for a process whose handler
-    /// is past its timeout and is about to be killed by its supervisor, so that only
-    /// the hung message waits on it. Returns how many went back.
-    pub fn stop_and_release_waiting(&self) -> usize {
-        let mut total = 0;
-        for pool in &self.0 {
-            pool.control.stop();
-            let before = pool.counters.released.load(Ordering::Relaxed);
-            let mut slot = ConnSlot::new();
-            release_buffered(pool, &mut slot, ReleaseReason::Killing);
-            total += pool.counters.released.load(Ordering::Relaxed).saturating_sub(before) as usize;
         }
         total
     }
