@@ -3,8 +3,10 @@ ZADD pairs, 50 pairs per phpredis pipeline, `uniqid` ids) against delayq's
 `pushMany` (PHP) and `push_many` (Python) of 1 000 messages. Redis pinned to CPU 0,
 the client to CPU 1; per run: messages a second (wall) and Redis CPU per message
 (`INFO cpu`, user + sys, before and after). Three runs each, median and range.
+With --callgrind, Redis runs under valgrind's callgrind and each run gives Redis
+instructions per message instead (repeatable where CPU time is not; no rates).
 
-    python3 bench/bulk_push.py [--n 100000] [--runs 3] [--label NAME]
+    python3 bench/bulk_push.py [--n 100000] [--runs 3] [--callgrind] [--label NAME]
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import PHP_DIR, ROOT, Redis  # noqa: E402
+from run import PHP_DIR, ROOT, CallgrindRedis, Redis  # noqa: E402
 
 PY = """
 import sys, time, json, delayq
@@ -37,8 +39,8 @@ def redis_cpu(r: Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def once(system: str, n: int) -> tuple[float, float]:
-    r = Redis()
+def once(system: str, n: int, callgrind: bool = False) -> tuple[float, float]:
+    r = CallgrindRedis() if callgrind else Redis()
     try:
         if system == "python":
             cmd = ["taskset", "-c", "1", sys.executable, "-c", PY, r.url, str(n), "1000"]
@@ -46,10 +48,14 @@ def once(system: str, n: int) -> tuple[float, float]:
             php_system = "seed" if system == "seed" else "delayq"
             cmd = ["taskset", "-c", "1", "php", str(PHP_DIR / "bulk_push.php"), f"--system={php_system}",
                    f"--n={n}", "--batch=1000", "--pipeline=50", f"--url={r.url}"]
+        if isinstance(r, CallgrindRedis):
+            r.instructions()
         before = redis_cpu(r)
         out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
         used = redis_cpu(r) - before
         assert int(out["stored"]) == n, out
+        if isinstance(r, CallgrindRedis):
+            return float("nan"), r.instructions() / n
         return float(out["rate"]), used / n * 1e6
     finally:
         r.stop()
@@ -57,32 +63,42 @@ def once(system: str, n: int) -> tuple[float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--n", type=int, default=100_000)
+    p.add_argument("--n", type=int, default=None, help="messages a run (100000; 20000 with --callgrind)")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--callgrind", action="store_true", help="count Redis instructions under valgrind")
     p.add_argument("--label", default="bulk-push", help="names the results file")
     args = p.parse_args()
+    n = args.n or (20_000 if args.callgrind else 100_000)
     rows = {}
     for system in ("seed", "delayq", "python"):
-        runs = [once(system, args.n) for _ in range(args.runs)]
+        runs = [once(system, n, args.callgrind) for _ in range(args.runs)]
         rows[system] = runs
-        print(system, [f"{r:,.0f} msg/s {c:.2f} µs" for r, c in runs], flush=True)
-    seed_rate = statistics.median(r for r, _ in rows["seed"])
+        print(system, [f"{r:,.0f} msg/s {c:,.2f}" for r, c in runs], flush=True)
     redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
+    flags = f"--n {n} --runs {args.runs}" + (" --callgrind" if args.callgrind else "")
     lines = [
-        f"# Bulk push, {datetime.date.today()} ({redis_version}, {args.n} messages a run, {args.runs} runs)",
+        f"# Bulk push, {datetime.date.today()} ({redis_version}, {n} messages a run, {args.runs} runs)",
         "",
-        f"Command: `python3 bench/bulk_push.py --label {args.label}` (Redis on CPU 0, the client on CPU 1).",
+        f"Command: `python3 bench/bulk_push.py {flags} --label {args.label}` (Redis on CPU 0, the client on CPU 1).",
         "",
-        "| client | msg/s (median) | range | vs recipe | Redis CPU per message |",
-        "|---|---|---|---|---|",
     ]
     label = {"seed": "recipe: phpredis pipeline of 50 HSET + ZADD pairs, uniqid ids",
              "delayq": "delayq PHP `pushMany` of 1 000", "python": "delayq Python `push_many` of 1 000"}
-    for system, runs in rows.items():
-        rates = [r for r, _ in runs]
-        cpu = statistics.median(c for _, c in runs)
-        lines.append(f"| {label[system]} | {statistics.median(rates):,.0f} | {min(rates):,.0f} .. {max(rates):,.0f} "
-                     f"| {statistics.median(rates) / seed_rate:.2f}x | {cpu:.2f} µs |")
+    if args.callgrind:
+        seed = statistics.median(c for _, c in rows["seed"])
+        lines += ["| client | Redis instructions per message (median) | range | vs recipe |", "|---|---|---|---|"]
+        for system, runs in rows.items():
+            cost = [c for _, c in runs]
+            lines.append(f"| {label[system]} | {statistics.median(cost):,.0f} | {min(cost):,.0f} .. {max(cost):,.0f} "
+                         f"| {statistics.median(cost) / seed:.2f}x |")
+    else:
+        seed_rate = statistics.median(r for r, _ in rows["seed"])
+        lines += ["| client | msg/s (median) | range | vs recipe | Redis CPU per message |", "|---|---|---|---|---|"]
+        for system, runs in rows.items():
+            rates = [r for r, _ in runs]
+            cpu = statistics.median(c for _, c in runs)
+            lines.append(f"| {label[system]} | {statistics.median(rates):,.0f} | {min(rates):,.0f} .. "
+                         f"{max(rates):,.0f} | {statistics.median(rates) / seed_rate:.2f}x | {cpu:.2f} µs |")
     text = "\n".join(lines) + "\n"
     print(text)
     out = ROOT / "bench" / "results" / f"{datetime.date.today()}-{args.label}.md"

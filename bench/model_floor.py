@@ -35,10 +35,8 @@ scripts/chroots.sh makes them: trixie's Redis 8.0, for one), to compare Redis ve
 from __future__ import annotations
 
 import argparse
-import glob
 import multiprocessing
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -59,31 +57,6 @@ RECIPE_BATCH = 50  # what the recipe's consumer asks for (bench/php/consume.php)
 SEED_KEYS = ["delay_queue:zset", "delay_queue:payload"]
 DEFAULT_DIR = ROOT / "core" / "src" / "lua"
 FLOOR_KEYS = [*SEED_KEYS, "delay_queue:inflight", "delay_queue:claims", "delay_queue:leases"]
-
-
-class CallgrindRedis(run.Redis):
-    """run.Redis under callgrind; `instructions()` reads and zeroes its count."""
-
-    def __init__(self) -> None:
-        self.out = f"{tempfile.mkdtemp(prefix='delayq-callgrind-')}/callgrind.out"
-        super().__init__(launcher=["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}"], start_s=30)
-
-    def stop(self) -> None:
-        super().stop()
-        shutil.rmtree(Path(self.out).parent, ignore_errors=True)
-
-    def instructions(self) -> int:
-        """Instructions since the last call (a dump zeroes callgrind's counters)."""
-        for old in glob.glob(self.out + "*"):
-            os.unlink(old)
-        subprocess.run(["callgrind_control", "--dump", str(self.proc.pid)], check=True, capture_output=True)
-        dumps = glob.glob(self.out + ".*")
-        if not dumps:
-            raise RuntimeError("callgrind wrote no dump")
-        for line in Path(dumps[0]).read_text().splitlines():
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
-        raise RuntimeError(f"{dumps[0]}: no totals")
 
 
 class ChrootRedis(run.Redis):
@@ -140,7 +113,7 @@ def cpu_seconds(redis: run.Redis) -> float:
 def measure(system: str, n: int, callgrind: bool, root: str | None) -> dict[str, float]:
     if Path(system).is_dir():
         composed(Path(system))  # cargo runs here, not in the timed clients (forked, they inherit it)
-    redis = CallgrindRedis() if callgrind else ChrootRedis(root) if root else run.Redis()
+    redis = run.CallgrindRedis() if callgrind else ChrootRedis(root) if root else run.Redis()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             run.fill("delayq" if Path(system).is_dir() else "seed", f"--n={n}", f"--url={redis.url}",

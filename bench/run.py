@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import glob
 import json
 import os
 import shutil
@@ -87,6 +88,31 @@ class Redis:
         self.proc.kill()
         self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class CallgrindRedis(Redis):
+    """Redis under callgrind; `instructions()` reads and zeroes its count."""
+
+    def __init__(self) -> None:
+        self.out = f"{tempfile.mkdtemp(prefix='delayq-callgrind-')}/callgrind.out"
+        super().__init__(launcher=["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}"], start_s=30)
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(Path(self.out).parent, ignore_errors=True)
+
+    def instructions(self) -> int:
+        """Instructions since the last call (a dump zeroes callgrind's counters)."""
+        for old in glob.glob(self.out + "*"):
+            os.unlink(old)
+        subprocess.run(["callgrind_control", "--dump", str(self.proc.pid)], check=True, capture_output=True)
+        dumps = glob.glob(self.out + ".*")
+        if not dumps:
+            raise RuntimeError("callgrind wrote no dump")
+        for line in Path(dumps[0]).read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+        raise RuntimeError(f"{dumps[0]}: no totals")
 
 
 LOGS = Path(tempfile.gettempdir()) / "delayq-bench-logs"
