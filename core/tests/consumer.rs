@@ -1391,6 +1391,59 @@ fn a_releaser_gives_running_and_prefetched_deliveries_back_at_once() {
 }
 
 #[test]
+fn deliveries_of_one_claim_that_share_a_lease_text_are_kept_apart() {
+    // Messages due at one score (past 4 096 in one millisecond, or a run of generated
+    // ids) get one lease text from one claim: the pool must still hold, release and
+    // complete each of them.
+    let server = RedisServer::start();
+    let q = server.queue("same");
+    for n in 0..4 {
+        let mut m = NewMessage::new(&json!({"n": n}), Duration::ZERO).expect("message");
+        m.options.id = Some(format!("m{n}"));
+        q.push_many(&[m]).expect("push");
+    }
+    let mut con = server.con();
+    for n in 0..4 {
+        let _: () = redis::cmd("ZADD")
+            .arg("{dq:same}:scheduled")
+            .arg("XX")
+            .arg(4096)
+            .arg(format!("m{n}"))
+            .query(&mut con)
+            .expect("ZADD");
+    }
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            lease: Duration::from_secs(60),
+            threads: 1,
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let c = worker.start_with(4).expect("start");
+    let first = match c.recv_timeout(Duration::from_secs(5)) {
+        Received::Message(d) => d,
+        other => panic!("expected a delivery, got {other:?}"),
+    };
+    wait_for(Duration::from_secs(5), "all four claimed", || {
+        q.stats().is_ok_and(|s| s.inflight == 4)
+    });
+    c.ack(first);
+    wait_for(Duration::from_secs(5), "the ack written", || {
+        q.stats().is_ok_and(|s| s.inflight == 3)
+    });
+    assert_eq!(
+        c.releaser().release_all(),
+        3,
+        "each of the other three, not one for their lease text"
+    );
+    let summary = c.finish();
+    assert_eq!((summary.acked, summary.released), (1, 3));
+    assert_eq!(q.stats().expect("stats").ready, 3);
+}
+
+#[test]
 fn a_working_pools_counts_in_the_list_of_pools_stay_fresh_between_heartbeats() {
     let server = RedisServer::start();
     let q = server.queue("fresh");

@@ -499,7 +499,7 @@ impl Slot {
                         // innocent; the other running ones come back after their lease.
                         match read_held(c) {
                             Some(held) if c.blocker.load(Ordering::Acquire) == starts => {
-                                releaser.stop_and_release_all_but(held.member, &held.lease);
+                                releaser.stop_and_release_all_but(held.member, &held.lease, &held.id);
                             }
                             _ => {
                                 releaser.stop_and_release_waiting();

@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::scripts::complete::Status;
 use crate::scripts::{Call, MAX_BATCH, complete};
 
-use super::pool::Pool;
+use super::pool::{Pool, held_key};
 use super::summary::Counters;
 use super::{Delivery, run_call};
 
@@ -215,7 +215,7 @@ pub(super) fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize,
 pub(super) fn lease_was_live(pool: &Pool, o: &Outcome) -> bool {
     pool.outstanding
         .lock()
-        .get(o.token())
+        .get(&held_key(o.token(), o.delivery().id))
         .is_some_and(|held| !held.timed_out && held.renewed.elapsed() < pool.opts.lease)
 }
 
@@ -250,7 +250,7 @@ pub(super) fn lease_lost(pool: &Pool, o: &Outcome) {
 pub(super) fn forget(pool: &Pool, done: &[Outcome]) {
     let mut outstanding = pool.outstanding.lock();
     for o in done {
-        outstanding.remove(o.token());
+        outstanding.remove(&held_key(o.token(), o.delivery().id));
     }
     drop(outstanding);
     pool.control.slots.release(done.len());

@@ -14,7 +14,7 @@ use crate::time::MAX_DELAY;
 use super::complete::Outcome;
 use super::control::{Control, group_stopped};
 use super::heartbeat::queue_now_ms;
-use super::pool::{Pool, YIELD_RECHECK};
+use super::pool::{Pool, YIELD_RECHECK, held_key};
 use super::summary::Counters;
 use super::{Delivery, Fate, Received, Releaser, Retry, Stopper, Summary};
 
@@ -155,7 +155,7 @@ impl Consumer {
             self.send(Outcome::release(d));
             return Received::Stopped;
         }
-        if let Some(o) = self.pool.outstanding.lock().get_mut(&d.token) {
+        if let Some(o) = self.pool.outstanding.lock().get_mut(&held_key(&d.token, &d.id)) {
             o.started = Some(Instant::now());
         }
         Counters::add(&self.pool.counters.handled, 1);

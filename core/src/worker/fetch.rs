@@ -19,7 +19,7 @@ use crate::{envelope, repeat};
 use super::complete::Outcome;
 use super::control::Control;
 use super::heartbeat::queue_now_ms;
-use super::pool::{ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, YIELD_RECHECK};
+use super::pool::{ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, YIELD_RECHECK, held_key};
 use super::wake::Pick;
 use super::{Delivery, pause_unless_stopped, run_call};
 
@@ -246,7 +246,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             let now = Instant::now();
             for item in &claimed.items {
                 outstanding.insert(
-                    item.lease.clone(),
+                    held_key(&item.lease, &item.id),
                     Outstanding {
                         part,
                         id: item.id.clone(),

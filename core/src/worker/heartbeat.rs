@@ -14,7 +14,7 @@ use crate::conn::ConnSlot;
 use crate::scripts::complete::Status;
 use crate::scripts::{MAX_BATCH, beat, complete, extend};
 
-use super::pool::Pool;
+use super::pool::{Pool, held_key};
 use super::release::{ReleaseReason, release_buffered};
 use super::{WorkerOptions, run_call};
 
@@ -238,7 +238,7 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
         let mut running = Vec::new();
         {
             let mut outstanding = pool.outstanding.lock();
-            for (token, o) in outstanding.iter_mut() {
+            for ((token, _), o) in outstanding.iter_mut() {
                 let overdue = matches!((pool.opts.timeout, o.started), (Some(t), Some(s)) if now.duration_since(s) > t);
                 if overdue {
                     if !o.timed_out {
@@ -274,9 +274,9 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                 Ok(complete::Statuses(statuses)) => {
                     let renewed_at = Instant::now();
                     let mut outstanding = pool.outstanding.lock();
-                    for ((_, _, token), s) in chunk.iter().zip(&statuses) {
+                    for ((_, id, token), s) in chunk.iter().zip(&statuses) {
                         if *s == Status::Done
-                            && let Some(o) = outstanding.get_mut(token)
+                            && let Some(o) = outstanding.get_mut(&held_key(token, id))
                         {
                             o.renewed = renewed_at;
                         }
@@ -285,7 +285,7 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                     for ((_, id, token), s) in chunk.iter().zip(statuses) {
                         // A completion written since the snapshot above is no loss: its
                         // message is gone or it has left `outstanding` by now.
-                        if s == Status::LeaseLost && pool.outstanding.lock().contains_key(token) {
+                        if s == Status::LeaseLost && pool.outstanding.lock().contains_key(&held_key(token, id)) {
                             log::warn!(
                                 "delayq[{}]: lease of {id} was lost before the handler finished",
                                 pool.queue_name

@@ -16,6 +16,13 @@ use super::heartbeat::{Lateness, Registration};
 use super::summary::Counters;
 use super::{Delivery, WorkerOptions};
 
+/// A delivery in `Pool::outstanding`: its lease (token) and message id.
+pub(super) type HeldKey = (String, String);
+
+pub(super) fn held_key(token: &str, id: &str) -> HeldKey {
+    (token.to_owned(), id.to_owned())
+}
+
 pub(super) struct Outstanding {
     pub(super) part: usize,
     pub(super) id: String,
@@ -32,8 +39,9 @@ pub(super) struct Pool {
     pub(super) opts: WorkerOptions,
     pub(super) control: Arc<Control>,
     pub(super) counters: Counters,
-    /// Claimed, not yet completed, by token.
-    pub(super) outstanding: Mutex<HashMap<String, Outstanding>>,
+    /// Claimed, not yet completed, by lease and id (`held_key`): messages of one
+    /// claim due at one score share their lease text.
+    pub(super) outstanding: Mutex<HashMap<HeldKey, Outstanding>>,
     /// Deliveries the caller works on at once (its handler threads or tasks).
     pub(super) handlers: usize,
     /// Every handler is past `timeout`: claim nothing, and give prefetched deliveries

@@ -9,7 +9,7 @@ use redis::Value;
 use crate::conn::{ConnSlot, Replay};
 use crate::scripts::{self, Call, MAX_BATCH, complete};
 
-use super::pool::{Outstanding, Pool};
+use super::pool::{HeldKey, Outstanding, Pool, held_key};
 use super::summary::Counters;
 use super::{Delivery, Summary, run_call};
 
@@ -54,9 +54,9 @@ impl Releaser {
     /// others (a coroutine blocking its event loop), so that only that handler's
     /// delivery, of queue `member` (0: the worker's own) under `lease`, stays held for
     /// the supervisor to fail. Returns how many went back.
-    pub fn stop_and_release_all_but(&self, member: usize, lease: &str) -> usize {
+    pub fn stop_and_release_all_but(&self, member: usize, lease: &str, id: &str) -> usize {
         let waiting = self.stop_and_release_waiting();
-        let running = self.stop_and_release(Some((member, lease)));
+        let running = self.stop_and_release(Some((member, held_key(lease, id))));
         if running > 0 {
             log::warn!(
                 "delayq: a handler blocked the other handlers of its process past the timeout; {running} of their \
@@ -67,19 +67,19 @@ impl Releaser {
     }
 
     /// Stop and release every delivery the pools hold but `spared` (the index of its
-    /// queue in the worker, and its lease).
-    fn stop_and_release(&self, spared: Option<(usize, &str)>) -> usize {
+    /// queue in the worker, and its key).
+    fn stop_and_release(&self, spared: Option<(usize, HeldKey)>) -> usize {
         let mut total = 0;
         for (member, pool) in self.0.iter().enumerate() {
             pool.control.stop();
-            let held: Vec<(String, Outstanding)> = {
+            let held: Vec<(HeldKey, Outstanding)> = {
                 let mut outstanding = pool.outstanding.lock();
-                match spared {
-                    Some((m, lease)) if m == member => {
-                        let kept = outstanding.remove(lease);
+                match &spared {
+                    Some((m, key)) if *m == member => {
+                        let kept = outstanding.remove(key);
                         let rest = outstanding.drain().collect();
                         if let Some(kept) = kept {
-                            outstanding.insert(lease.to_owned(), kept);
+                            outstanding.insert(key.clone(), kept);
                         }
                         rest
                     }
@@ -90,15 +90,12 @@ impl Releaser {
             let mut slot = ConnSlot::new();
             let mut released = 0;
             for part in 0..q.partitions() {
-                let mine: Vec<&(String, Outstanding)> = held.iter().filter(|(_, o)| o.part == part).collect();
+                let mine: Vec<&(HeldKey, Outstanding)> = held.iter().filter(|(_, o)| o.part == part).collect();
                 for chunk in mine.chunks(MAX_BATCH) {
                     let args = complete::Release {
                         deliveries: chunk
                             .iter()
-                            .map(|(token, o)| complete::Delivery {
-                                id: &o.id,
-                                lease: token,
-                            })
+                            .map(|((token, id), _)| complete::Delivery { id, lease: token })
                             .collect(),
                     };
                     let res = slot
@@ -202,7 +199,7 @@ pub(super) fn release_buffered(pool: &Pool, slot: &mut ConnSlot, why: ReleaseRea
     }
     let mut outstanding = pool.outstanding.lock();
     for d in &waiting {
-        outstanding.remove(&d.token);
+        outstanding.remove(&held_key(&d.token, &d.id));
     }
     drop(outstanding);
     pool.control.slots.release(waiting.len());
