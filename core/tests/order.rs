@@ -51,6 +51,26 @@ fn a_batch_due_in_one_millisecond_keeps_its_order_across_the_counters_wrap() {
 }
 
 #[test]
+fn a_batch_of_chosen_ids_keeps_push_order_whatever_the_ids_sort_as() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    let due = one_millisecond(&server);
+    // Generated ids share one score per run (they increase as they are made); chosen
+    // ids, here in falling order and mixed with generated ones, each take a place.
+    let batch: Vec<NewMessage> = (0..12)
+        .map(|n| {
+            let mut m = NewMessage::new(&json!({"n": n}), due).expect("message");
+            if n % 4 != 3 {
+                m.options.id = Some(format!("order-{}", 99 - n));
+            }
+            m
+        })
+        .collect();
+    q.push_many(&batch).expect("push_many");
+    assert_eq!(drained_order(&q), (0..12).collect::<Vec<_>>());
+}
+
+#[test]
 fn pushes_one_after_another_due_in_one_millisecond_keep_their_order() {
     let server = RedisServer::start();
     let q = server.queue("orders");

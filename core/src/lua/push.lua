@@ -3,12 +3,18 @@
 --   of a call that may have run), so each is looked up and an existing one is left
 --   as it is; "new": every id is one that delayq generated for this send, so none can
 --   exist and the lookup is skipped.
--- ARGV[4..] groups of 6 (written by scripts/push.rs): id; "delay" (ms from the
---   server clock) or "at" (Unix time in ms); the ms; options, words of: "replace" (a
---   message of that id that waits or is dead is replaced: new envelope and due time,
---   attempts and last error reset; one that runs is left as it is), "expires" (the
---   envelope has an expiry, whose deadline counts from the due time); the envelope;
---   the serial key ("" = none; see serial_gate in include/serial.lua).
+-- ARGV[4..] runs of messages that share their timing and options (written by
+--   scripts/push.rs), so that a batch pushed alike costs two words a message: a run is
+--   n; "delay" (ms from the server clock) or "at" (Unix time in ms); the ms; options,
+--   words of: "replace" (a message of that id that waits or is dead is replaced: new
+--   envelope and due time, attempts and last error reset; one that runs is left as it
+--   is), "expires" (the envelopes have an expiry, whose deadline counts from the due
+--   time), "keyed" (each message has a serial key, see serial_gate in
+--   include/serial.lua), "ordered" (the run's ids increase in push order: the run
+--   takes one place in its millisecond, see include/order.lua, and Redis orders its
+--   messages by id; one score formatted once, where a number per message would be
+--   formatted by every ZADD argument); then n messages: id, envelope, and with
+--   "keyed" the key.
 -- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
 --   (the others existed already and were left).
 -- Faults: permissions and key types are checked before its first write (preflight,
@@ -21,16 +27,40 @@
 -- KEYS: scheduled messages inflight attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined
 local now = queue_now(true)
 local old_head = head_score()
-local FIRST = 4
-local GROUP = 6
-local count = (#ARGV - FIRST + 1) / GROUP
 local check = ARGV[3] == 'check'
-local existing, seen = {}, {}
-if check then
-  local ids = {}
-  for i = 1, count do
-    ids[i] = ARGV[FIRST + (i - 1) * GROUP]
+local n_argv = #ARGV
+-- The runs, read whole before anything is written: {first word, n, due, options, width}.
+local runs, n_runs, ids, count = {}, 0, {}, 0
+local at = 4
+while at <= n_argv do
+  local n, ms, options = tonumber(ARGV[at]), tonumber(ARGV[at + 2]), ARGV[at + 3]
+  local timing = ARGV[at + 1]
+  if not (n and n >= 1 and ms and options and (timing == 'delay' or timing == 'at')) then
+    return redis.error_reply('DQERR malformed push run at argument ' .. at)
   end
+  local width = 2
+  if string.find(options, 'keyed', 1, true) then
+    width = 3
+  end
+  local first = at + 4
+  at = first + n * width
+  if at - 1 > n_argv then
+    return redis.error_reply('DQERR malformed push run at argument ' .. (first - 4))
+  end
+  if timing == 'delay' then
+    ms = now + ms
+  end
+  n_runs = n_runs + 1
+  runs[n_runs] = {first, n, ms, options, width}
+  if check then
+    for i = first, at - 1, width do
+      count = count + 1
+      ids[count] = ARGV[i]
+    end
+  end
+end
+local existing, seen = {}, {}
+if check and count > 0 then
   -- One read for the whole batch (HMGET: there is no variadic HEXISTS).
   existing = redis.call('HMGET', K_MSG, unpack(ids))
 end
@@ -46,57 +76,71 @@ end
 -- Counters rather than the # operator, which costs a search of the table per use.
 local adds, envelopes, n_adds, lowest = {}, {}, 0, nil
 local replaced, n_replaced = {}, 0
--- The serial key of each message written (a replacing push sets its own, or none).
+-- The serial key of each keyed message written (a replacing push sets its own, or
+-- none: "").
 local serial_of, any_serial = {}, false
-for i = 1, count do
-  local base = FIRST + (i - 1) * GROUP
-  local id = ARGV[base]
-  local options = ARGV[base + 3]
-  local envelope = ARGV[base + 4]
-  local serial = ARGV[base + 5]
-  local replace, expiring = false, false
+local i = 0
+for r = 1, n_runs do
+  local first, n, due, options, width = unpack(runs[r])
+  local replace, expiring, ordered = false, false, false
   if options ~= '' then
     replace = string.find(options, 'replace', 1, true) ~= nil
     expiring = string.find(options, 'expires', 1, true) ~= nil
+    ordered = string.find(options, 'ordered', 1, true) ~= nil
   end
-  local due = tonumber(ARGV[base + 2])
-  if ARGV[base + 1] == 'delay' then
-    due = now + due
+  local keyed = width == 3
+  local score, word
+  if ordered then
+    score = score_at(due)
+    word = fmt(score)
   end
-  if expiring then
-    envelope = with_deadline(envelope, due)
-  end
-  local score = score_at(due)
-  local earlier = seen[id]
-  if earlier then
-    -- The same id earlier in this batch: a replacing push takes its place.
-    if replace then
-      adds[earlier] = score
-      envelopes[earlier + 1] = envelope
-      serial_of[id] = serial
-      any_serial = any_serial or serial ~= ''
-      if score < lowest then
+  for base = first, first + (n - 1) * width, width do
+    i = i + 1
+    local id = ARGV[base]
+    local envelope = ARGV[base + 1]
+    local serial = keyed and ARGV[base + 2] or ''
+    if expiring then
+      envelope = with_deadline(envelope, due)
+    end
+    if not ordered then
+      score = score_at(due)
+      word = score
+    end
+    local earlier = seen[id]
+    if earlier then
+      -- The same id earlier in this batch: a replacing push takes its place.
+      if replace then
+        adds[earlier] = word
+        envelopes[earlier + 1] = envelope
+        if serial ~= '' or serial_of[id] then
+          serial_of[id] = serial
+          any_serial = any_serial or serial ~= ''
+        end
+        if score < lowest then
+          lowest = score
+        end
+      end
+    elseif not (check and existing[i]) or (replace and replaceable(id)) then
+      if check and existing[i] then
+        n_replaced = n_replaced + 1
+        replaced[n_replaced] = id
+      end
+      if lowest == nil or score < lowest then
         lowest = score
       end
+      adds[n_adds + 1] = word
+      adds[n_adds + 2] = id
+      envelopes[n_adds + 1] = id
+      envelopes[n_adds + 2] = envelope
+      if serial ~= '' then
+        serial_of[id] = serial
+        any_serial = true
+      end
+      if check then
+        seen[id] = n_adds + 1
+      end
+      n_adds = n_adds + 2
     end
-  elseif not (check and existing[i]) or (replace and replaceable(id)) then
-    if check and existing[i] then
-      n_replaced = n_replaced + 1
-      replaced[n_replaced] = id
-    end
-    if lowest == nil or score < lowest then
-      lowest = score
-    end
-    adds[n_adds + 1] = score
-    adds[n_adds + 2] = id
-    envelopes[n_adds + 1] = id
-    envelopes[n_adds + 2] = envelope
-    serial_of[id] = serial
-    any_serial = any_serial or serial ~= ''
-    if check then
-      seen[id] = n_adds + 1
-    end
-    n_adds = n_adds + 2
   end
 end
 if n_replaced > 0 then

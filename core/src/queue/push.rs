@@ -122,6 +122,7 @@ impl Queue {
                     expires: batch[i].options.expire_after.is_some(),
                     envelope: &envelopes[i],
                     serial_key: batch[i].options.serial_key.as_deref(),
+                    generated_id: batch[i].options.id.is_none(),
                 })
                 .collect(),
         };

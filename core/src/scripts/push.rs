@@ -16,6 +16,9 @@ pub(crate) struct Message<'a> {
     pub(crate) expires: bool,
     pub(crate) envelope: &'a str,
     pub(crate) serial_key: Option<&'a str>,
+    /// Its id is one that delayq made for this push: ids made by one process increase
+    /// in the order they were made.
+    pub(crate) generated_id: bool,
 }
 
 /// One push call.
@@ -28,27 +31,50 @@ pub(crate) struct Args<'a> {
 }
 
 impl Message<'_> {
-    fn options(&self) -> &'static str {
-        match (self.replace, self.expires) {
-            (false, false) => "",
-            (true, false) => "replace",
-            (false, true) => "expires",
-            (true, true) => "replace expires",
-        }
+    /// Its run's options (see push.lua), as flags: one bit a word of `WORDS`.
+    fn flags(&self) -> u8 {
+        u8::from(self.replace)
+            | u8::from(self.expires) << 1
+            | u8::from(self.serial_key.is_some()) << 2
+            | u8::from(self.generated_id) << 3
+    }
+
+    /// What a message shares with the others of its run.
+    fn run_key(&self) -> (&'static str, i64, u8) {
+        let (timing, ms) = self.due.script_args();
+        (timing, ms, self.flags())
     }
 }
 
+/// The options words, in the order of `Message::flags`' bits.
+const WORDS: [&str; 4] = ["replace", "expires", "keyed", "ordered"];
+
+/// The options of a run, as push.lua reads them.
+fn options(flags: u8) -> String {
+    let words: Vec<&str> = WORDS
+        .iter()
+        .enumerate()
+        .filter(|(bit, _)| flags & (1 << bit) != 0)
+        .map(|(_, w)| *w)
+        .collect();
+    words.join(" ")
+}
+
 impl Args<'_> {
+    /// The messages as runs of those that share their timing and options: a batch
+    /// pushed alike sends two words a message, not six, and its run of generated ids
+    /// takes one score.
     pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
         inv.arg(if self.check_existing { "check" } else { "new" });
-        for m in &self.messages {
-            let (timing, ms) = m.due.script_args();
-            inv.arg(m.id)
-                .arg(timing)
-                .arg(ms)
-                .arg(m.options())
-                .arg(m.envelope)
-                .arg(m.serial_key.unwrap_or(""));
+        for run in self.messages.chunk_by(|a, b| a.run_key() == b.run_key()) {
+            let (timing, ms, flags) = run[0].run_key();
+            inv.arg(run.len()).arg(timing).arg(ms).arg(options(flags));
+            for m in run {
+                inv.arg(m.id).arg(m.envelope);
+                if let Some(key) = m.serial_key {
+                    inv.arg(key);
+                }
+            }
         }
     }
 }
@@ -94,10 +120,82 @@ mod tests {
             expires: true,
             envelope: "{}",
             serial_key: None,
+            generated_id: false,
         };
-        assert_eq!(m.options(), "replace expires");
+        assert_eq!(options(m.flags()), "replace expires");
         m.replace = false;
-        assert_eq!(m.options(), "expires");
+        assert_eq!(options(m.flags()), "expires");
+        m.serial_key = Some("order-1");
+        m.generated_id = true;
+        assert_eq!(options(m.flags()), "expires keyed ordered");
+        m.expires = false;
+        m.serial_key = None;
+        m.generated_id = false;
+        assert_eq!(options(m.flags()), "");
+    }
+
+    #[test]
+    fn messages_alike_share_a_run() {
+        let m = |id, ms, key| Message {
+            id,
+            due: Due::In(Duration::from_millis(ms)),
+            replace: false,
+            expires: false,
+            envelope: "{}",
+            serial_key: key,
+            generated_id: id != "e",
+        };
+        let args = Args {
+            check_existing: false,
+            messages: vec![
+                m("a", 5, None),
+                m("b", 5, None),
+                m("c", 9, None),
+                m("d", 9, Some("k")),
+                m("e", 9, Some("k")),
+            ],
+        };
+        let script = redis::Script::new("return 1");
+        let mut inv = script.prepare_invoke();
+        args.add_to(&mut inv);
+        // The words as sent: EVALSHA, the hash, the key count, then the arguments.
+        let packed = redis::pipe().invoke_script(&inv).get_packed_pipeline();
+        let text = String::from_utf8(packed).expect("text");
+        let words: Vec<&str> = text.split("\r\n").skip(2).step_by(2).skip(3).collect();
+        assert_eq!(
+            words,
+            [
+                "new",
+                "2",
+                "delay",
+                "5",
+                "ordered",
+                "a",
+                "{}",
+                "b",
+                "{}",
+                "1",
+                "delay",
+                "9",
+                "ordered",
+                "c",
+                "{}",
+                "1",
+                "delay",
+                "9",
+                "keyed ordered",
+                "d",
+                "{}",
+                "k",
+                "1",
+                "delay",
+                "9",
+                "keyed",
+                "e",
+                "{}",
+                "k"
+            ]
+        );
     }
 
     #[test]
