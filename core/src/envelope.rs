@@ -16,7 +16,10 @@ pub const MAX_DEPTH: usize = 128;
 /// most JSON readers would round, while a delivery decodes what its producer stored
 /// (the recipe's own producers, for one, are not held to it).
 fn check_shape(json: &str, integers: bool) -> Result<()> {
-    let shape = scan(json);
+    check_scanned(json, &scan(json), integers)
+}
+
+fn check_scanned(json: &str, shape: &Shape, integers: bool) -> Result<()> {
     if shape.depth > MAX_DEPTH {
         return Err(Error::PayloadNotSerializable(format!(
             "nested {} levels deep, the limit is {MAX_DEPTH} (every consumer language must be able to decode it)",
@@ -89,10 +92,178 @@ pub(crate) fn validate_payload(json: &str, max_bytes: usize) -> Result<()> {
             max: max_bytes,
         });
     }
-    // RawValue checks the syntax without building a tree, but it does not limit depth.
+    // The common payload in one pass; anything it is not sure of goes to serde_json
+    // (RawValue checks the syntax without building a tree, but does not limit depth),
+    // whose errors are the ones users see.
+    if let Some(shape) = quick_shape(json) {
+        return check_scanned(json, &shape, true);
+    }
     serde_json::from_str::<&RawValue>(json)
         .map_err(|e| Error::PayloadNotSerializable(format!("not valid JSON: {e}")))?;
     check_shape(json, true)
+}
+
+/// The shape of `json` in one pass, if it is sure the text is one valid JSON value
+/// nested at most `MAX_DEPTH` deep: None for anything else, and for what it does not
+/// judge itself (a `\u` escape of a surrogate). It never says yes where serde_json
+/// would say no: a None only costs the slower check.
+fn quick_shape(json: &str) -> Option<Shape> {
+    let mut q = Quick {
+        b: json.as_bytes(),
+        i: 0,
+        depth: 0,
+        shape: Shape {
+            depth: 0,
+            long_digits: false,
+        },
+    };
+    q.value()?;
+    q.ws();
+    (q.i == q.b.len()).then_some(q.shape)
+}
+
+struct Quick<'a> {
+    b: &'a [u8],
+    i: usize,
+    depth: usize,
+    shape: Shape,
+}
+
+impl Quick<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        self.ws();
+        (self.peek()? == c).then(|| self.i += 1)
+    }
+
+    fn value(&mut self) -> Option<()> {
+        self.ws();
+        match self.peek()? {
+            open @ (b'{' | b'[') => {
+                let object = open == b'{';
+                let close = if object { b'}' } else { b']' };
+                self.depth += 1;
+                if self.depth > MAX_DEPTH {
+                    return None;
+                }
+                self.shape.depth = self.shape.depth.max(self.depth);
+                self.i += 1;
+                self.ws();
+                if self.peek()? == close {
+                    self.i += 1;
+                } else {
+                    loop {
+                        if object {
+                            self.ws();
+                            if self.peek()? != b'"' {
+                                return None;
+                            }
+                            self.string()?;
+                            self.eat(b':')?;
+                        }
+                        self.value()?;
+                        self.ws();
+                        match self.peek()? {
+                            b',' => self.i += 1,
+                            c if c == close => {
+                                self.i += 1;
+                                break;
+                            }
+                            _ => return None,
+                        }
+                    }
+                }
+                self.depth -= 1;
+                Some(())
+            }
+            b'"' => self.string(),
+            b't' => self.word(b"true"),
+            b'f' => self.word(b"false"),
+            b'n' => self.word(b"null"),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn word(&mut self, w: &[u8]) -> Option<()> {
+        self.b[self.i..].starts_with(w).then(|| self.i += w.len())
+    }
+
+    /// A string, from its opening quote. The text is valid UTF-8 already (a `&str`).
+    fn string(&mut self) -> Option<()> {
+        self.i += 1;
+        loop {
+            match self.peek()? {
+                b'"' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                b'\\' => match self.b.get(self.i + 1)? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 2,
+                    b'u' => {
+                        let hex = self.b.get(self.i + 2..self.i + 6)?;
+                        let code = u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+                        if !hex.iter().all(u8::is_ascii_hexdigit) || (0xD800..=0xDFFF).contains(&code) {
+                            return None;
+                        }
+                        self.i += 6;
+                    }
+                    _ => return None,
+                },
+                0..=0x1F => return None,
+                _ => self.i += 1,
+            }
+        }
+    }
+
+    /// `-? (0 | [1-9][0-9]*) (.[0-9]+)? ([eE][+-]?[0-9]+)?`
+    fn number(&mut self) -> Option<()> {
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.peek()? {
+            b'0' => {
+                self.i += 1;
+                if self.peek().is_some_and(|c| c.is_ascii_digit()) {
+                    return None;
+                }
+            }
+            b'1'..=b'9' => self.digits()?,
+            _ => return None,
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            self.digits()?;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            self.digits()?;
+        }
+        Some(())
+    }
+
+    /// One digit or more; a run of 19 or more is what `Shape::long_digits` notes.
+    fn digits(&mut self) -> Option<()> {
+        let start = self.i;
+        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+            self.i += 1;
+        }
+        let run = self.i - start;
+        self.shape.long_digits |= run >= 19;
+        (run > 0).then_some(())
+    }
 }
 
 struct Shape {
@@ -318,6 +489,116 @@ fn decode_envelope(layout: &Layout, stored: &str) -> Result<Decoded, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the one-pass check says of `json`, held to serde_json and `scan`: it may
+    /// leave a text to them (None), but where it answers it must agree.
+    fn agrees(json: &str) -> bool {
+        let serde_ok = serde_json::from_str::<&RawValue>(json).is_ok();
+        match quick_shape(json) {
+            None => true,
+            Some(shape) => {
+                let scanned = scan(json);
+                serde_ok && shape.depth == scanned.depth && shape.long_digits == scanned.long_digits
+            }
+        }
+    }
+
+    #[test]
+    fn the_one_pass_check_agrees_with_serde_json_and_takes_the_common_payloads() {
+        let common = [
+            r#"{"order_id":10086,"action":"close"}"#,
+            r#"[1,-2.5e10,0,-0,1E+2,true,false,null,"a\"b\\c\/\n\u00e9\u001f"]"#,
+            " { \"a\" : [ ] , \"b\" : { } }\n",
+            "\"é中\"",
+            r#"{"big":12345678901234567890}"#,
+            "0",
+        ];
+        for json in common {
+            assert!(quick_shape(json).is_some(), "{json}");
+            assert!(agrees(json), "{json}");
+        }
+        let refused_or_left = [
+            "",
+            " ",
+            "01",
+            "1.",
+            ".5",
+            "+1",
+            "-",
+            "1e",
+            "1e+",
+            "[1,]",
+            r#"{"a":1,}"#,
+            "{1:2}",
+            "[1 2]",
+            "\"a",
+            r#""\x""#,
+            r#""\u12""#,
+            r#""\u+041""#,
+            "\"\t\"",
+            "tru",
+            "nulll",
+            "[",
+            "]",
+            r#"{"a"}"#,
+            "1 2",
+            r#""\ud83d\ude00""#,
+            r#""\ud800""#,
+            "[]]",
+            "{}{}",
+        ];
+        for json in refused_or_left {
+            assert!(agrees(json), "{json}");
+            assert!(
+                quick_shape(json).is_none() || serde_json::from_str::<&RawValue>(json).is_ok(),
+                "{json}"
+            );
+        }
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert_eq!(quick_shape(&deep(MAX_DEPTH)).map(|s| s.depth), Some(MAX_DEPTH));
+        assert!(quick_shape(&deep(MAX_DEPTH + 1)).is_none(), "left to the exact error");
+    }
+
+    #[test]
+    fn the_one_pass_check_agrees_on_random_texts() {
+        use rand::{Rng, SeedableRng};
+        let pieces = [
+            "{",
+            "}",
+            "[",
+            "]",
+            ",",
+            ":",
+            "\"",
+            "\"k\"",
+            "\\",
+            "\\u00",
+            "\\ud800",
+            "0",
+            "1",
+            "9",
+            "-",
+            ".",
+            "e",
+            "+",
+            " ",
+            "true",
+            "nul",
+            "null",
+            "\u{1}",
+            "x",
+            "1234567890123456789",
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+        let mut answered = 0;
+        for _ in 0..200_000 {
+            let n = rng.random_range(1..12);
+            let json: String = (0..n).map(|_| pieces[rng.random_range(0..pieces.len())]).collect();
+            assert!(agrees(&json), "{json:?}");
+            answered += usize::from(quick_shape(&json).is_some());
+        }
+        assert!(answered > 1000, "the random texts hold valid JSON too: {answered}");
+    }
 
     #[test]
     fn payload_bytes_round_trip_exactly() {
