@@ -29,6 +29,12 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Whether the core reads a value of this kind (`Value`); the others (hooks,
+    /// queues, classes) only a binding can hold.
+    pub fn is_value(self) -> bool {
+        matches!(self, Self::Count | Self::Seconds | Self::Flag | Self::Text)
+    }
+
     /// The name the docs and errors use.
     pub fn as_str(self) -> &'static str {
         match self {

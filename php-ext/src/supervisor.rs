@@ -121,16 +121,16 @@ impl host::Spawner for PhpSpawner<'_> {
 }
 
 pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult<ZBox<ZendHashTable>> {
-    let limits = worker.limits();
+    let settings = worker.settings();
     // Before any fork: processes forked later belong to this start (a restart request
     // made after it stops them too), and a user without access fails here, once.
     worker.mark_start()?;
-    let slots = SlotTable::anonymous(limits.processes)
+    let slots = SlotTable::anonymous(settings.processes)
         .map_err(|e| errors::invalid(format!("cannot map shared memory: {e}")))?;
     let opts = host::SupervisorOptions {
-        processes: limits.processes,
-        timeout: limits.timeout,
-        scaler: limits.scaler.clone(),
+        processes: settings.processes,
+        timeout: settings.pool.timeout,
+        scaler: settings.scaler.clone(),
         queues: worker.queues().cloned().collect(),
         respawn: host::RespawnPolicy::default(),
     };

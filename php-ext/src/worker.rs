@@ -6,7 +6,6 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use ext_php_rs::boxed::ZBox;
 use ext_php_rs::convert::{IntoZval, IntoZvalDyn};
@@ -20,7 +19,7 @@ use crate::errors::{self, OrThrow};
 use crate::queue::PhpDelayQueue;
 use crate::signals;
 use crate::supervisor;
-use delayq::host::{Called, Outcome, Recycle, Slot, StopReason};
+use delayq::host::{Called, Outcome, Slot, StopReason, WorkerSettings};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -243,19 +242,6 @@ impl PhpMessage {
     }
 }
 
-/// Worker settings that belong to the PHP side (process supervision).
-#[derive(Debug, Clone)]
-pub(crate) struct Limits {
-    pub(crate) processes: usize,
-    /// Balances the number of processes between `min_processes` and `processes`.
-    pub(crate) scaler: delayq::scale::Scaler,
-    pub(crate) max_jobs: Option<u64>,
-    pub(crate) max_memory_bytes: Option<i64>,
-    /// Each process's run ends (and the supervisor starts another) after this long.
-    pub(crate) max_time: Option<Duration>,
-    pub(crate) timeout: Option<Duration>,
-}
-
 /// A pool of consumers running a PHP callable for each due message.
 /// The worker's callables besides the handler, each run in the worker process.
 #[derive(Default)]
@@ -275,7 +261,7 @@ struct Hooks {
 #[php(flags = ext_php_rs::flags::ClassFlags::Final)]
 pub struct PhpWorker {
     worker: delayq::Worker,
-    limits: Limits,
+    settings: WorkerSettings,
     hooks: Hooks,
     /// Throwable classes (or interfaces) whose exceptions go to the dead-letter set at
     /// once; looked up again at each failure, where the autoloader has loaded them.
@@ -404,13 +390,13 @@ impl PhpWorker {
         });
         // A supervised process keeps its counts in its slot, for a supervisor that
         // kills it before it can report.
-        let publisher = slot.map(|s| s.publish_while(consumer.releaser(), self.limits.timeout));
+        let publisher = slot.map(|s| s.publish_while(consumer.releaser(), self.settings.pool.timeout));
         let mut side = PhpHandler {
             worker: self,
             handler,
             dispatch: ZendCallable::try_from_name("pcntl_signal_dispatch").ok(),
         };
-        let recycle = Recycle::new(self.limits.max_jobs, self.limits.max_time, self.limits.max_memory_bytes);
+        let recycle = self.settings.recycle();
         let served = delayq::host::serve(&consumer, &mut side, slot, recycle);
         let consumer = BailoutGuard::into_inner(consumer);
         let core = consumer.finish();
@@ -519,8 +505,8 @@ impl PhpWorker {
         self.worker.mark_start().or_throw()
     }
 
-    pub(crate) fn limits(&self) -> &Limits {
-        &self.limits
+    pub(crate) fn settings(&self) -> &WorkerSettings {
+        &self.settings
     }
 
     pub(crate) fn queues(&self) -> impl Iterator<Item = &delayq::Queue> {
@@ -698,7 +684,7 @@ fn lower_queues(value: Option<&Zval>) -> PhpResult<Vec<delayq::Queue>> {
         .collect()
 }
 
-type Parsed = (delayq::WorkerOptions, Vec<delayq::Queue>, Limits, Hooks, Vec<String>);
+type Parsed = (WorkerSettings, Vec<delayq::Queue>, Hooks, Vec<String>);
 
 /// The `no_retry` option: names of Throwable classes or interfaces, each checked now
 /// (autoloaded if need be) so that a typo fails at construction, not at the first
@@ -750,51 +736,16 @@ fn is_no_retry(ex: &ZendObject, no_retry: &[String]) -> bool {
 
 fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
     let mut o = Options::new(options, "DelayQueueWorker option");
-    let opt = delayq::host::worker_option;
-    let mut w = delayq::WorkerOptions::default();
-    if let Some(n) = o.count(opt("threads"))? {
-        w.threads = n as usize;
+    let mut values = Vec::new();
+    for row in delayq::host::WORKER_OPTIONS
+        .iter()
+        .filter(|r| r.takers.php && r.kind.is_value())
+    {
+        if let Some(value) = o.value(row)? {
+            values.push((row.name, value));
+        }
     }
-    let processes = o
-        .count(opt("processes"))?
-        .or(opt("processes").default_count())
-        .unwrap_or(1) as usize;
-    let min_processes = o.count(opt("min_processes"))?.map(|n| n as usize);
-    let scale_cooldown = o
-        .span(opt("scale_cooldown"))?
-        .or(opt("scale_cooldown").default_duration())
-        .unwrap_or_default();
-    let scaler =
-        delayq::scale::Scaler::new(min_processes.unwrap_or(processes), processes, scale_cooldown).or_throw()?;
-    if let Some(n) = o.count(opt("batch"))? {
-        w.batch = n as usize;
-    }
-    if let Some(n) = o.count(opt("prefetch"))? {
-        w.prefetch = n as usize;
-    }
-    if let Some(d) = o.span(opt("lease"))? {
-        w.lease = d;
-    }
-    if let Some(n) = o.count(opt("max_attempts"))? {
-        w.max_attempts = n as u32;
-    }
-    if let Some(d) = o.span(opt("backoff_base"))? {
-        w.backoff_base = d;
-    }
-    if let Some(d) = o.span(opt("backoff_max"))? {
-        w.backoff_max = d;
-    }
-    w.timeout = o.span(opt("timeout"))?;
-    if let Some(d) = o.span(opt("idle_check"))? {
-        w.idle_check = d;
-    }
-    w.stop_when_empty = o.bool("stop_when_empty")?.unwrap_or(false);
-    if let Some(n) = o.count(opt("max_trace_bytes"))? {
-        w.max_trace_bytes = n as usize;
-    }
-    let max_jobs = o.count(opt("max_jobs"))?.map(|n| n as u64);
-    let max_memory_bytes = o.count(opt("max_memory_mb"))?.map(|mb| mb << 20);
-    let max_time = o.span(opt("max_time"))?;
+    let settings = WorkerSettings::from_values(values).map_err(|e| o.core_error(&e))?;
     let mut hook = |name: &'static str| match o.get(name) {
         Some(v) if v.is_callable() => Ok(Some(v.shallow_clone())),
         Some(v) => Err(errors::type_error(format!(
@@ -812,15 +763,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
     let lower = lower_queues(o.get("lower_queues"))?;
     let no_retry = no_retry_classes(o.get("no_retry"))?;
     o.finish()?;
-    let limits = Limits {
-        processes,
-        scaler,
-        max_jobs,
-        max_memory_bytes,
-        max_time,
-        timeout: w.timeout,
-    };
-    Ok((w, lower, limits, hooks, no_retry))
+    Ok((settings, lower, hooks, no_retry))
 }
 
 #[php_impl]
@@ -833,10 +776,10 @@ impl PhpWorker {
     ///   lower_queues?: list<DelayQueue>, no_retry?: list<class-string<Throwable>>} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn __construct(queue: &PhpDelayQueue, options: OptionsArg<'_>) -> PhpResult<Self> {
-        let (opts, lower, limits, hooks, no_retry) = worker_options(options.0)?;
+        let (settings, lower, hooks, no_retry) = worker_options(options.0)?;
         Ok(Self {
-            worker: delayq::Worker::with_lower_queues(queue.queue.clone(), lower, opts).or_throw()?,
-            limits,
+            worker: delayq::Worker::with_lower_queues(queue.queue.clone(), lower, settings.pool.clone()).or_throw()?,
+            settings,
             hooks,
             no_retry,
             stop_requested: Arc::new(AtomicBool::new(false)),
@@ -867,7 +810,7 @@ impl PhpWorker {
         }
         self.stop_requested.store(false, Ordering::Release);
         let guard = signals::install();
-        let result = if delayq::host::is_supervised(self.limits.processes, self.limits.timeout) {
+        let result = if self.settings.is_supervised() {
             supervisor::supervise(self, &handler)
         } else {
             self.call_on_start().and_then(|()| {

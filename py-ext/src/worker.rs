@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use delayq::host::{Called, Outcome, Publisher, Recycle, StopReason};
+use delayq::host::{Called, Outcome, Publisher, Recycle, StopReason, WorkerSettings};
 use pyo3::exceptions::{PyBaseException, PyException, PySystemExit};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
@@ -161,14 +161,13 @@ pub(crate) struct PyWorker {
     /// Why the run was stopped, the first reason given; shared with the asyncio
     /// runner's consumer, whose limits give theirs here too.
     stopped_by: Arc<std::sync::Mutex<Option<StopReason>>>,
-    /// `max_jobs`, `max_time`, `max_memory_mb` (in bytes) of each run.
-    limits: (Option<u64>, Option<Duration>, Option<i64>),
+    /// Its options, of which the recycle limits of each run are read here.
+    settings: WorkerSettings,
 }
 
 impl PyWorker {
     fn recycle(&self) -> Recycle {
-        let (jobs, time, memory) = self.limits;
-        Recycle::new(jobs, time, memory)
+        self.settings.recycle()
     }
 }
 
@@ -231,53 +230,37 @@ impl PyWorker {
         #[pyo3(from_py_with = convert::max_time_arg)] max_time: Option<f64>,
         #[pyo3(from_py_with = convert::max_memory_mb_arg)] max_memory_mb: Option<i64>,
     ) -> PyResult<Self> {
-        let option = delayq::host::worker_option;
-        let max_jobs = max_jobs
-            .map(|n| option("max_jobs").check_count(n))
-            .transpose()
-            .or_raise(py)?;
-        let max_time = max_time
-            .map(|s| option("max_time").check_seconds(s))
-            .transpose()
-            .or_raise(py)?;
-        let max_memory_mb = max_memory_mb
-            .map(|n| option("max_memory_mb").check_count(n))
-            .transpose()
-            .or_raise(py)?;
-        // The core checks the upper bound; a negative count does not reach it as usize.
-        let max_trace_bytes = usize::try_from(max_trace_bytes).map_err(|_| {
-            errors::invalid(
-                py,
-                format!(
-                    "invalid max_trace_bytes: must be between 0 and {}, got {max_trace_bytes}",
-                    delayq::MAX_TRACE_BYTES
-                ),
-            )
-        })?;
-        let secs = |name: &str, v: f64| delayq::delay_from_secs(name, v).or_raise(py);
-        let opts = delayq::WorkerOptions {
-            threads,
-            batch,
-            prefetch,
-            lease: secs("lease", lease)?,
-            max_attempts,
-            backoff_base: secs("backoff_base", backoff_base)?,
-            backoff_max: secs("backoff_max", backoff_max)?,
-            timeout: timeout.map(|t| secs("timeout", t)).transpose()?,
-            idle_check: secs("idle_check", idle_check)?,
-            stop_when_empty,
-            max_trace_bytes,
-        };
+        use delayq::options::Value;
+        let mut values = vec![
+            ("threads", Value::Count(threads as i64)),
+            ("batch", Value::Count(batch as i64)),
+            ("prefetch", Value::Count(prefetch as i64)),
+            ("lease", Value::Seconds(lease)),
+            ("max_attempts", Value::Count(i64::from(max_attempts))),
+            ("backoff_base", Value::Seconds(backoff_base)),
+            ("backoff_max", Value::Seconds(backoff_max)),
+            ("idle_check", Value::Seconds(idle_check)),
+            ("stop_when_empty", Value::Flag(stop_when_empty)),
+            ("max_trace_bytes", Value::Count(max_trace_bytes)),
+        ];
+        let optional = [
+            ("timeout", timeout.map(Value::Seconds)),
+            ("max_jobs", max_jobs.map(Value::Count)),
+            ("max_time", max_time.map(Value::Seconds)),
+            ("max_memory_mb", max_memory_mb.map(Value::Count)),
+        ];
+        values.extend(optional.into_iter().filter_map(|(name, v)| v.map(|v| (name, v))));
+        let settings = WorkerSettings::from_values(values).or_raise(py)?;
         Ok(Self {
             worker: delayq::Worker::with_lower_queues(
                 queue.queue.clone(),
                 lower_queues.iter().map(|q| q.queue.clone()).collect(),
-                opts,
+                settings.pool.clone(),
             )
             .or_raise(py)?,
             stopped_by: Arc::new(std::sync::Mutex::new(None)),
             no_retry: no_retry.unwrap_or_else(|| PyTuple::empty(py)).unbind(),
-            limits: (max_jobs.map(|n| n as u64), max_time, max_memory_mb.map(|mb| mb << 20)),
+            settings,
         })
     }
 

@@ -26,7 +26,7 @@ mod stop;
 mod supervisor;
 
 pub use hung::{HungClock, cancel_error, timeout_error};
-pub use options::{WORKER_OPTIONS, worker_option};
+pub use options::{WORKER_OPTIONS, WorkerSettings, worker_option};
 pub use report::Report;
 pub use respawn::{Respawn, RespawnPolicy, Respawns};
 pub use run::{Outcome, Recycle, Verdict, ended_by, settle};

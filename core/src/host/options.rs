@@ -3,10 +3,18 @@
 //! `delayq worker` flags) take their defaults and bounds from here, so they agree by
 //! construction; a test checks the PHP stub, the `.pyi` and the docs against it.
 
-use crate::options::{BOTH, Default, Kind, OptionRow, PHP, PYTHON, count, find, other, positive_seconds, seconds};
-use crate::scale::MAX_PROCESSES;
+use std::time::Duration;
+
+use super::run::Recycle;
+use super::supervisor::is_supervised;
+use crate::error::{Error, Result};
+use crate::options::{
+    BOTH, Default, Kind, OptionRow, PHP, PYTHON, Value, count, find, other, positive_seconds, seconds,
+};
+use crate::scale::{MAX_PROCESSES, Scaler};
 use crate::scripts::MAX_BATCH;
 use crate::worker::MAX_TRACE_BYTES;
+use crate::worker::WorkerOptions;
 
 /// Every worker option, in the order the docs list them.
 pub static WORKER_OPTIONS: [OptionRow; 24] = [
@@ -190,6 +198,91 @@ pub fn worker_option(name: &str) -> &'static OptionRow {
     find(&WORKER_OPTIONS, name)
 }
 
+/// The worker options a binding read, by name, each checked against its row of
+/// `WORKER_OPTIONS`; options not given keep the table's defaults. What only a binding
+/// can hold (the hooks, `lower_queues`, `no_retry`) it keeps itself.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// The pool's own options.
+    pub pool: WorkerOptions,
+    /// A process's run ends after this many messages (see `recycle`).
+    pub max_jobs: Option<u64>,
+    /// A process's run ends after this long.
+    pub max_time: Option<Duration>,
+    /// A process's run ends once it uses this many MiB.
+    pub max_memory_mb: Option<u64>,
+    /// Handler processes at most.
+    pub processes: usize,
+    /// How many of them run, by the backlog (`min_processes`, `scale_cooldown`).
+    pub scaler: Scaler,
+    /// Coroutine handlers at once per process.
+    pub concurrency: usize,
+}
+
+impl WorkerSettings {
+    /// Settings from values by name, as a binding read them. An error names the option.
+    pub fn from_values<'a>(values: impl IntoIterator<Item = (&'a str, Value)>) -> Result<Self> {
+        let count_default = |name| worker_option(name).default_count().unwrap_or(1) as usize;
+        let mut pool = WorkerOptions::default();
+        let (mut max_jobs, mut max_time, mut max_memory_mb) = (None, None, None);
+        let mut processes = count_default("processes");
+        let mut min_processes = None;
+        let mut scale_cooldown = worker_option("scale_cooldown").default_duration().unwrap_or_default();
+        let mut concurrency = count_default("concurrency");
+        for (name, value) in values {
+            let Some(row) = WORKER_OPTIONS.iter().find(|r| r.name == name && r.kind.is_value()) else {
+                return Err(Error::invalid(
+                    name,
+                    "is not a worker option its binding hands to the core",
+                ));
+            };
+            let size = |n: i64| row.check_count(n).map(|n| n as usize);
+            match (name, value) {
+                ("threads", Value::Count(n)) => pool.threads = size(n)?,
+                ("processes", Value::Count(n)) => processes = size(n)?,
+                ("min_processes", Value::Count(n)) => min_processes = Some(size(n)?),
+                ("scale_cooldown", Value::Seconds(s)) => scale_cooldown = row.check_seconds(s)?,
+                ("batch", Value::Count(n)) => pool.batch = size(n)?,
+                ("prefetch", Value::Count(n)) => pool.prefetch = size(n)?,
+                ("lease", Value::Seconds(s)) => pool.lease = row.check_seconds(s)?,
+                ("max_attempts", Value::Count(n)) => pool.max_attempts = size(n)? as u32,
+                ("backoff_base", Value::Seconds(s)) => pool.backoff_base = row.check_seconds(s)?,
+                ("backoff_max", Value::Seconds(s)) => pool.backoff_max = row.check_seconds(s)?,
+                ("timeout", Value::Seconds(s)) => pool.timeout = Some(row.check_seconds(s)?),
+                ("idle_check", Value::Seconds(s)) => pool.idle_check = row.check_seconds(s)?,
+                ("stop_when_empty", Value::Flag(b)) => pool.stop_when_empty = b,
+                ("max_trace_bytes", Value::Count(n)) => pool.max_trace_bytes = size(n)?,
+                ("concurrency", Value::Count(n)) => concurrency = size(n)?,
+                ("max_jobs", Value::Count(n)) => max_jobs = Some(row.check_count(n)? as u64),
+                ("max_time", Value::Seconds(s)) => max_time = Some(row.check_seconds(s)?),
+                ("max_memory_mb", Value::Count(n)) => max_memory_mb = Some(row.check_count(n)? as u64),
+                (_, value) => return Err(row.wrong_kind(&value)),
+            }
+        }
+        let scaler = Scaler::new(min_processes.unwrap_or(processes), processes, scale_cooldown)?;
+        Ok(Self {
+            pool,
+            max_jobs,
+            max_time,
+            max_memory_mb,
+            processes,
+            scaler,
+            concurrency,
+        })
+    }
+
+    /// A process's recycle limits, counted from now.
+    pub fn recycle(&self) -> Recycle {
+        let bytes = self.max_memory_mb.map(|mb| i64::try_from(mb << 20).unwrap_or(i64::MAX));
+        Recycle::new(self.max_jobs, self.max_time, bytes)
+    }
+
+    /// Whether the handlers run in supervised processes (see `is_supervised`).
+    pub fn is_supervised(&self) -> bool {
+        is_supervised(self.processes, self.pool.timeout)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,6 +322,37 @@ mod tests {
         assert!(worker_option("max_time").check_seconds(0.0).is_err());
         assert!(worker_option("lease").check_seconds(0.05).is_err());
         assert!(worker_option("idle_check").check_seconds(f64::NAN).is_err());
+    }
+
+    #[test]
+    fn settings_come_from_values_by_name_with_the_table_for_the_rest() {
+        let s = WorkerSettings::from_values([
+            ("threads", Value::Count(3)),
+            ("timeout", Value::Seconds(2.5)),
+            ("stop_when_empty", Value::Flag(true)),
+            ("max_memory_mb", Value::Count(64)),
+            ("processes", Value::Count(4)),
+        ])
+        .expect("settings");
+        assert_eq!((s.pool.threads, s.pool.timeout), (3, Some(Duration::from_millis(2500))));
+        assert!(s.pool.stop_when_empty && s.is_supervised());
+        assert_eq!((s.processes, s.max_memory_mb, s.max_jobs), (4, Some(64), None));
+        assert_eq!(s.pool.batch, WorkerOptions::default().batch);
+        assert_eq!(
+            s.concurrency as i64,
+            worker_option("concurrency").default_count().expect("count")
+        );
+        let plain = WorkerSettings::from_values([]).expect("defaults");
+        assert!(!plain.is_supervised());
+        assert_eq!(plain.processes, 1);
+        let refused =
+            |values: Vec<(&str, Value)>| WorkerSettings::from_values(values).expect_err("refused").to_string();
+        assert!(refused(vec![("threads", Value::Count(0))]).contains("threads"));
+        assert!(refused(vec![("lease", Value::Count(3))]).contains("lease"));
+        assert!(refused(vec![("on_start", Value::Flag(true))]).contains("on_start"));
+        assert!(
+            refused(vec![("processes", Value::Count(2)), ("min_processes", Value::Count(3))]).contains("min_processes")
+        );
     }
 
     #[test]
