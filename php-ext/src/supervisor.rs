@@ -32,14 +32,7 @@ pub(crate) fn report_ended_at_once(mut report: File, counts: delayq::Summary) {
 /// In the child: run, report, and leave without running the parent's script further.
 fn child_main(worker: &PhpWorker, handler: &ZendCallable, slot: &Slot, mut report: File, parent: libc::pid_t) -> ! {
     signals::clear();
-    // SAFETY: plain syscalls. A child whose supervisor dies gets SIGTERM and stops
-    // gracefully instead of running on unsupervised.
-    unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-        if libc::getppid() != parent {
-            libc::raise(libc::SIGTERM);
-        }
-    }
+    host::stop_with_supervisor(parent);
     let describe_pending = |fallback: String| {
         ExecutorGlobals::take_exception()
             .and_then(|ex| {
@@ -50,7 +43,7 @@ fn child_main(worker: &PhpWorker, handler: &ZendCallable, slot: &Slot, mut repor
             .unwrap_or(fallback)
     };
     let outcome = match worker.call_on_start() {
-        Err(e) => Report::Fatal(format!("on_start failed: {}", describe_pending(format!("{e:?}")))),
+        Err(e) => Report::hook_failed("on_start", &describe_pending(format!("{e:?}"))),
         Ok(()) => match worker.consume(handler, Some(slot), report.try_clone().ok()) {
             // exit() is still unwinding: no PHP code can run (on_stop would fail, and
             // touching the pending exit crashes the engine). The report says why.

@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Optional, Sequence, TextIO, Union
 
 from . import DelayQueue, DelayQueueError, InvalidArgumentError, PayloadError, __version__, _two_arguments
-from ._delayq import QUEUE_OPTIONS, WORKER_OPTIONS, _report_done, _report_fatal, _Scaler
+from ._delayq import QUEUE_OPTIONS, WORKER_OPTIONS, _report_done, _report_hook_failed, _Scaler, _stop_with_supervisor
 
 # Defaults of the worker's flags, from the core's one options table.
 _DEFAULT: dict[str, Any] = {o["name"]: o["default"] for o in WORKER_OPTIONS}
@@ -329,6 +329,10 @@ def _exit_status(cut: SystemExit) -> int:
 class _HookFailed(Exception):
     """on_start or on_stop raised in a process of a supervised pool."""
 
+    def __init__(self, hook: str, what: str) -> None:
+        super().__init__(f"{hook} failed: {what}")
+        self.hook, self.what = hook, what
+
 
 class _BadUsage(Exception):
     """Bad command-line input that argparse cannot see: exit status 2."""
@@ -593,7 +597,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     scaler = _Scaler(args.min_processes or args.processes, args.processes, args.scale_cooldown)
     if args.report_fd is not None:
         # A process of a supervised pool: the supervisor prints the pool's summary.
-        supervisor.stop_with_supervisor()
+        _stop_with_supervisor(os.getppid())
 
         def stop(signum: int, frame: object) -> None:
             # A signal, as the run's own handlers say it: the supervisor stops the
@@ -617,7 +621,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
                 try:
                     return call()
                 except Exception as e:
-                    raise _HookFailed(f"{name} failed: {e!r}") from e
+                    raise _HookFailed(name, repr(e)) from e
 
             return run
 
@@ -630,7 +634,7 @@ def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             # it, instead of a process that dies and is started again for ever.
             logging.getLogger("delayq").error("%s", e, exc_info=e.__cause__)
             with os.fdopen(args.report_fd, "w") as report:
-                report.write(_report_fatal(str(e)))
+                report.write(_report_hook_failed(e.hook, e.what))
             return FAILED
         except (KeyboardInterrupt, SystemExit) as cut:
             # A second stop signal, or a handler's sys.exit(): what the process did until

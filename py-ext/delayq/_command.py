@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sys
 from typing import Any, Callable, Optional, Sequence
 
@@ -91,21 +90,6 @@ def worker_from_args(
         on_dead=on_dead,
         on_failure=on_failure,
     )
-
-
-def stop_with_supervisor() -> None:
-    """In a worker process: SIGTERM (a graceful stop) once the supervisor is gone, even
-    if it was SIGKILLed, so no orphaned process goes on consuming unsupervised (Linux;
-    elsewhere an orphan runs on until stopped)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    parent = os.getppid()
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-    if os.getppid() != parent:  # it died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def run_one(

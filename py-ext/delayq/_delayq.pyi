@@ -8,7 +8,7 @@ from .records import DeadLetter, MessageInfo, Minute, RateLimit, RegisteredQueue
 
 __all__ = ["DelayQueue", "Message", "_Worker", "_Consumer", "_Delivery", "_Scaler", "_Slot", "_SlotTable", "_StopSignals", "_Supervisor",
            "__version__", "DEFAULT_MAX_PAYLOAD_BYTES", "WORKER_OPTIONS", "QUEUE_OPTIONS", "RECORD_SHAPES",
-           "_URGENT_AFTER", "_cancel_error", "_report_done", "_report_fatal"]
+           "_URGENT_AFTER", "_cancel_error", "_report_done", "_report_hook_failed", "_stop_with_supervisor"]
 
 __version__: str
 DEFAULT_MAX_PAYLOAD_BYTES: int
@@ -21,7 +21,8 @@ RECORD_SHAPES: dict[str, tuple[str, ...]]
 
 def _cancel_error(timeout: float) -> str: ...
 def _report_done(summary: Mapping[str, Any]) -> str: ...
-def _report_fatal(text: str) -> str: ...
+def _report_hook_failed(hook: str, what: str) -> str: ...
+def _stop_with_supervisor(parent: int) -> None: ...
 
 @final
 class DelayQueue:

@@ -41,7 +41,8 @@ fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("_URGENT_AFTER", delayq::host::URGENT_AFTER.as_secs_f64())?;
     m.add_function(wrap_pyfunction!(cancel_error, m)?)?;
     m.add_function(wrap_pyfunction!(supervisor::report_done, m)?)?;
-    m.add_function(wrap_pyfunction!(supervisor::report_fatal, m)?)?;
+    m.add_function(wrap_pyfunction!(supervisor::report_hook_failed, m)?)?;
+    m.add_function(wrap_pyfunction!(supervisor::stop_with_supervisor, m)?)?;
     m.add("WORKER_OPTIONS", options::table(m.py(), &delayq::host::WORKER_OPTIONS)?)?;
     m.add("QUEUE_OPTIONS", options::table(m.py(), &delayq::QUEUE_OPTIONS)?)?;
     m.add("RECORD_SHAPES", records::shapes(m.py())?)?;

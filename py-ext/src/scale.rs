@@ -1,5 +1,6 @@
-//! The process balancer of `delayq worker --processes N --min-processes M`: the
-//! supervisor (Python) starts and stops processes, the core decides how many.
+//! The process balancer of `delayq worker --processes N --min-processes M`: the core's
+//! `Scaler`, which decides how many processes run; the core's supervisor starts and
+//! stops them.
 
 use pyo3::prelude::*;
 

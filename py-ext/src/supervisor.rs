@@ -266,11 +266,19 @@ pub(crate) fn report_done(py: Python<'_>, summary: &Bound<'_, PyDict>) -> PyResu
     Ok(host::Report::Done { counts, stopped_by }.encode())
 }
 
-/// The report of a supervised process that could not run (`on_start` failed).
+/// The report of a supervised process whose `hook` (`on_start`, `on_stop`) raised `what`.
 #[pyfunction]
-#[pyo3(name = "_report_fatal")]
-pub(crate) fn report_fatal(text: &str) -> String {
-    host::Report::Fatal(text.to_owned()).encode()
+#[pyo3(name = "_report_hook_failed")]
+pub(crate) fn report_hook_failed(hook: &str, what: &str) -> String {
+    host::Report::hook_failed(hook, what).encode()
+}
+
+/// In a worker process: stop gracefully once the supervisor `parent` is gone (see
+/// `host::stop_with_supervisor`).
+#[pyfunction]
+#[pyo3(name = "_stop_with_supervisor")]
+pub(crate) fn stop_with_supervisor(parent: i32) {
+    host::stop_with_supervisor(parent);
 }
 
 /// The stop signals of a run in this process, by the core's rule (`host::StopSignals`):

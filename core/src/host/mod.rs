@@ -31,7 +31,7 @@ pub use report::Report;
 pub use respawn::{Respawn, RespawnPolicy, Respawns};
 pub use run::{Outcome, Recycle, Verdict, ended_by, settle};
 pub use serve::{Called, Handler, Served, serve};
-pub use signals::{StopSignals, URGENT_AFTER};
+pub use signals::{StopSignals, URGENT_AFTER, stop_with_supervisor};
 pub use slot::{Held, Publisher, Slot, SlotTable, SlotView};
 pub use stop::StopReason;
 pub use supervisor::{Asked, LOOK_EVERY, PoolSummary, Spawner, SupervisorOptions, is_supervised, supervise};

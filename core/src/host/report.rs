@@ -26,6 +26,12 @@ pub enum Report {
 }
 
 impl Report {
+    /// A worker process's hook (`on_start`, `on_stop`) raised: the pool cannot go on
+    /// without it, so the process is not started again for ever; `what` is the error.
+    pub fn hook_failed(hook: &str, what: &str) -> Self {
+        Self::Fatal(format!("{hook} failed: {what}"))
+    }
+
     /// The report as one line of JSON.
     pub fn encode(&self) -> String {
         let mut object = Map::new();

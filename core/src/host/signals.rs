@@ -7,6 +7,23 @@ use std::time::{Duration, Instant};
 /// arriving twice (a terminal's Ctrl+C reaches every process of its group).
 pub const URGENT_AFTER: Duration = Duration::from_millis(500);
 
+/// In a worker process: SIGTERM (a graceful stop) once its supervisor `parent` is gone,
+/// even if it was SIGKILLed, so that no orphaned process goes on consuming
+/// unsupervised (Linux; elsewhere an orphan runs on until stopped).
+pub fn stop_with_supervisor(parent: libc::pid_t) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+        // It died before prctl took effect.
+        if libc::getppid() != parent {
+            libc::raise(libc::SIGTERM);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = parent;
+}
+
 /// The stop signals a supervisor got: the first stops gracefully, one at least
 /// [`URGENT_AFTER`] later stops at once (for a binding whose signal handler runs in
 /// its own language, Python's; PHP's runs in signal context and keeps its own atomics).
