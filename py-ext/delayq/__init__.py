@@ -29,6 +29,8 @@ from typing import Any, Callable, NoReturn, Optional, Union
 
 from . import errors, records
 from ._delayq import (
+    _CANCEL_GRACE,
+    _COROUTINE_GRACE,
     _URGENT_AFTER,
     _cancel_error,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -118,8 +120,6 @@ def _graceful_signals(worker: _Worker) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-# How long a cancelled coroutine handler may take to end before its delivery fails anyway.
-_CANCEL_GRACE = 1.0
 # Handlers that ignored their cancellation: referenced until they end, as asyncio asks.
 _abandoned: set[asyncio.Future[None]] = set()
 
@@ -455,7 +455,7 @@ class Worker:
             if oldest is None:
                 self._slot.finished()
             else:
-                self._slot.started(started[oldest], _CANCEL_GRACE + 1.0)
+                self._slot.started(started[oldest], _COROUTINE_GRACE)
 
         async def handle(delivery: Any) -> None:
             key = id(delivery)

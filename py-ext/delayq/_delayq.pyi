@@ -8,7 +8,7 @@ from .records import DeadLetter, MessageInfo, Minute, RateLimit, RegisteredQueue
 
 __all__ = ["DelayQueue", "Message", "_Worker", "_Consumer", "_Delivery", "_Scaler", "_Slot", "_SlotTable", "_StopSignals", "_Supervisor",
            "__version__", "DEFAULT_MAX_PAYLOAD_BYTES", "WORKER_OPTIONS", "QUEUE_OPTIONS", "RECORD_SHAPES",
-           "_URGENT_AFTER", "_cancel_error", "_report_done", "_report_hook_failed", "_stop_with_supervisor"]
+           "_URGENT_AFTER", "_CANCEL_GRACE", "_COROUTINE_GRACE", "_cancel_error", "_report_done", "_report_hook_failed", "_stop_with_supervisor"]
 
 __version__: str
 DEFAULT_MAX_PAYLOAD_BYTES: int
@@ -433,3 +433,7 @@ class _Supervisor:
     def run(self) -> tuple[dict[str, Any], bool]: ...
 
 _URGENT_AFTER: float
+# How long a coroutine handler cancelled at its timeout may take to end.
+_CANCEL_GRACE: float
+# Time past the timeout a supervisor allows a process of coroutine handlers.
+_COROUTINE_GRACE: float

@@ -39,6 +39,8 @@ fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_MAX_PAYLOAD_BYTES", delayq::DEFAULT_MAX_PAYLOAD_BYTES)?;
     m.add("_URGENT_AFTER", delayq::host::URGENT_AFTER.as_secs_f64())?;
+    m.add("_CANCEL_GRACE", delayq::host::CANCEL_GRACE.as_secs_f64())?;
+    m.add("_COROUTINE_GRACE", delayq::host::COROUTINE_GRACE.as_secs_f64())?;
     m.add_function(wrap_pyfunction!(cancel_error, m)?)?;
     m.add_function(wrap_pyfunction!(supervisor::report_done, m)?)?;
     m.add_function(wrap_pyfunction!(supervisor::report_hook_failed, m)?)?;

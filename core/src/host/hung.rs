@@ -3,6 +3,15 @@
 
 use std::time::{Duration, Instant};
 
+/// How long a coroutine handler cancelled at its timeout may take to end (cleaning up
+/// after its cancellation) before its delivery fails all the same.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(1);
+
+/// Time past the timeout a supervisor allows a process whose handlers are coroutines:
+/// their own event loop cancels them first (and gives them `CANCEL_GRACE`), so only a
+/// loop that a handler blocks keeps one running past this.
+pub const COROUTINE_GRACE: Duration = Duration::from_secs(2);
+
 /// How long one process's handler has run, on the supervisor's monotonic clock: a busy
 /// period is timed from the first look that saw it, so a clock step changes nothing
 /// and no process's clock needs to be trusted (a look comes at most a turn late, which

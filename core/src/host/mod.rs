@@ -25,7 +25,7 @@ mod slot;
 mod stop;
 mod supervisor;
 
-pub use hung::{HungClock, cancel_error, timeout_error};
+pub use hung::{CANCEL_GRACE, COROUTINE_GRACE, HungClock, cancel_error, timeout_error};
 pub use options::{WORKER_OPTIONS, WorkerSettings, worker_option};
 pub use report::Report;
 pub use respawn::{Respawn, RespawnPolicy, Respawns};
