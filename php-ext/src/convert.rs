@@ -350,6 +350,9 @@ pub(crate) struct Options<'a> {
     /// The item of a list the array is (`pushMany item 3 key`), its index and suffix.
     item: Option<(usize, &'static str)>,
     known: Vec<&'static str>,
+    /// Entries of the table found by `get` so far: once all are, every key left to read
+    /// is absent, and every key present is known.
+    found: usize,
 }
 
 /// A seconds value without PHP's coercion (the common case), or None.
@@ -364,7 +367,8 @@ impl<'a> Options<'a> {
             table,
             what: what.into(),
             item: None,
-            known: Vec::with_capacity(8),
+            known: Vec::with_capacity(16),
+            found: 0,
         }
     }
 
@@ -384,8 +388,19 @@ impl<'a> Options<'a> {
     }
 
     pub(crate) fn get(&mut self, key: &'static str) -> Option<&'a Zval> {
-        self.known.push(key);
-        self.table?.get(key).filter(|v| !v.dereference().is_null())
+        let again = self.known.contains(&key);
+        if !again {
+            self.known.push(key);
+        }
+        let table = self.table?;
+        if self.found == table.len() && !again {
+            return None;
+        }
+        let value = table.get(key)?;
+        if !again {
+            self.found += 1;
+        }
+        Some(value).filter(|v| !v.dereference().is_null())
     }
 
     pub(crate) fn string(&mut self, key: &'static str) -> PhpResult<Option<String>> {
@@ -524,7 +539,7 @@ impl<'a> Options<'a> {
     /// Fails on any key that was not read, naming it and the accepted ones.
     pub(crate) fn finish(&self) -> PhpResult<()> {
         let Some(table) = self.table else { return Ok(()) };
-        if table.len() <= self.known.len() && self.all_known(table) {
+        if self.found == table.len() || (table.len() <= self.known.len() && self.all_known(table)) {
             return Ok(());
         }
         let mut known = self.known.clone();
