@@ -494,7 +494,7 @@ class Bench:
             "## How to read these numbers",
             "",
             "- W1: one call per message (the recipe needs HSET + ZADD, two round trips; delayq one).",
-            "  W1b: batches (the recipe hand-pipelined by 500, delayq `pushMany` by 1000).",
+            "  W1b: batches (the recipe hand-pipelined by 50 HSET + ZADD pairs, delayq `pushMany` by 1000).",
             "- W2: 4 worker processes drain already-due messages with a no-op handler. The recipe's",
             "  pop deletes each payload before the handler runs, so a worker that dies loses what",
             "  it popped; delayq keeps each message under a lease until it is acknowledged. Time",
