@@ -69,11 +69,20 @@ pub fn path_for_error(path: &str) -> std::borrow::Cow<'_, str> {
 /// decodes (serde_json's own limit, 128 levels with the envelope around it, is one
 /// level short), and a deeper one is refused by the same rule as at push.
 pub fn decode_payload<T: serde::de::DeserializeOwned>(json: &str) -> Result<T> {
+    decode_payload_with(json, std::marker::PhantomData::<T>)
+}
+
+/// Decode payload JSON through `seed`, with the checks of `decode_payload`: for a
+/// binding that builds its language's values straight from the text, in one pass, with
+/// no tree in between.
+pub fn decode_payload_with<'de, S: serde::de::DeserializeSeed<'de>>(json: &'de str, seed: S) -> Result<S::Value> {
     check_shape(json, false)?;
     let mut de = serde_json::Deserializer::from_str(json);
     // The depth is bounded above, so recursion is too.
     de.disable_recursion_limit();
-    let value = T::deserialize(&mut de).map_err(|e| Error::PayloadNotSerializable(format!("not valid JSON: {e}")))?;
+    let value = seed
+        .deserialize(&mut de)
+        .map_err(|e| Error::PayloadNotSerializable(format!("not valid JSON: {e}")))?;
     de.end()
         .map_err(|e| Error::PayloadNotSerializable(format!("not valid JSON: {e}")))?;
     Ok(value)

@@ -47,7 +47,7 @@ mod worker;
 pub use conn::ConnectOptions;
 #[doc(hidden)]
 pub use conn::set_eviction_recheck;
-pub use envelope::{MAX_DEPTH, decode_payload, parse_payload, path_for_error};
+pub use envelope::{MAX_DEPTH, decode_payload, decode_payload_with, parse_payload, path_for_error};
 pub use error::{Category, Error, Result};
 pub use keys::{Layout, MAX_PARTITIONS};
 pub use logs::{LogRecord, capture_logs, logger_name, set_log_level, take_logs};

@@ -272,46 +272,129 @@ fn write_object(object: &ZendObject, out: &mut String, depth: usize) -> Result<(
     Err(Fault::new(move |path| format!("{path} is an object: {hint}")))
 }
 
-/// JSON text to a PHP value, as `json_decode($json, true)` returns it.
+/// JSON text to a PHP value, as `json_decode($json, true)` returns it: built as the
+/// text is read (the core's checks, no tree in between).
 pub(crate) fn json_to_zval(json: &str) -> PhpResult<Zval> {
-    let value =
-        delayq::parse_payload(json).map_err(|e| errors::payload(format!("stored payload cannot be decoded: {e}")))?;
-    value_to_zval(&value)
+    delayq::decode_payload_with(json, ZvalSeed)
+        .map_err(|e| errors::payload(format!("stored payload cannot be decoded: {e}")))
 }
 
-pub(crate) fn value_to_zval(value: &serde_json::Value) -> PhpResult<Zval> {
-    use serde_json::Value as V;
-    let mut z = Zval::new();
-    match value {
-        V::Null => z.set_null(),
-        V::Bool(b) => z.set_bool(*b),
-        V::Number(n) => match n.as_i64() {
-            Some(i) => z.set_long(i),
+/// Builds a PHP value from JSON as serde_json reads it.
+pub(crate) struct ZvalSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for ZvalSeed {
+    type Value = Zval;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, de: D) -> Result<Zval, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ZvalSeed {
+    type Value = Zval;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Zval, E> {
+        let mut z = Zval::new();
+        z.set_null();
+        Ok(z)
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Zval, E> {
+        let mut z = Zval::new();
+        z.set_bool(b);
+        Ok(z)
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<Zval, E> {
+        let mut z = Zval::new();
+        z.set_long(n);
+        Ok(z)
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<Zval, E> {
+        let mut z = Zval::new();
+        match i64::try_from(n) {
+            Ok(i) => z.set_long(i),
             // Beyond 64 bits PHP has only floats, as json_decode does.
-            None => z.set_double(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        V::String(s) => z.set_string(s, false).map_err(|e| errors::payload(e.to_string()))?,
-        V::Array(items) => {
-            let mut table = ZendHashTable::with_capacity(u32::try_from(items.len()).unwrap_or(u32::MAX));
-            for item in items {
-                table
-                    .push(value_to_zval(item)?)
-                    .map_err(|e| errors::payload(e.to_string()))?;
-            }
-            z.set_hashtable(table);
+            Err(_) => z.set_double(n as f64),
         }
-        V::Object(map) => {
-            let mut table = ZendHashTable::with_capacity(u32::try_from(map.len()).unwrap_or(u32::MAX));
-            for (k, v) in map {
-                // Numeric keys become integer keys, as in any PHP array.
-                table
-                    .insert(k.as_str(), value_to_zval(v)?)
-                    .map_err(|e| errors::payload(e.to_string()))?;
-            }
-            z.set_hashtable(table);
+        Ok(z)
+    }
+
+    fn visit_f64<E>(self, f: f64) -> Result<Zval, E> {
+        let mut z = Zval::new();
+        z.set_double(f);
+        Ok(z)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Zval, E> {
+        let mut z = Zval::new();
+        z.set_string(s, false).map_err(E::custom)?;
+        Ok(z)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Zval, A::Error> {
+        let mut table = ZendHashTable::with_capacity(u32::try_from(seq.size_hint().unwrap_or(0)).unwrap_or(0));
+        while let Some(item) = seq.next_element_seed(ZvalSeed)? {
+            table.push(item).map_err(serde::de::Error::custom)?;
+        }
+        let mut z = Zval::new();
+        z.set_hashtable(table);
+        Ok(z)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Zval, A::Error> {
+        let mut table = ZendHashTable::new();
+        while let Some(key) = map.next_key::<KeyText<'de>>()? {
+            let value = map.next_value_seed(ZvalSeed)?;
+            // Numeric keys become integer keys, as in any PHP array.
+            table.insert(key.as_str(), value).map_err(serde::de::Error::custom)?;
+        }
+        let mut z = Zval::new();
+        z.set_hashtable(table);
+        Ok(z)
+    }
+}
+
+/// An object key as serde_json reads it: borrowed from the text unless it had escapes.
+pub(crate) enum KeyText<'de> {
+    Borrowed(&'de str),
+    Owned(String),
+}
+
+impl KeyText<'_> {
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            Self::Borrowed(s) => s,
+            Self::Owned(s) => s,
         }
     }
-    Ok(z)
+}
+
+impl<'de> serde::Deserialize<'de> for KeyText<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl<'de> serde::de::Visitor<'de> for Key {
+            type Value = KeyText<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object key")
+            }
+
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<KeyText<'de>, E> {
+                Ok(KeyText::Borrowed(s))
+            }
+
+            fn visit_str<E>(self, s: &str) -> Result<KeyText<'de>, E> {
+                Ok(KeyText::Owned(s.to_owned()))
+            }
+        }
+        de.deserialize_str(Key)
+    }
 }
 
 /// A number of seconds from an int or float (in PHP's default mode also a numeric

@@ -564,9 +564,7 @@ impl delayq::host::Handler for PhpHandler<'_> {
     }
 
     fn prepare(&mut self, delivery: &delayq::Delivery) -> Result<PhpCall, String> {
-        let payload = delayq::parse_payload(delivery.payload_json())
-            .map_err(|e| e.to_string())
-            .and_then(|value| convert::value_to_zval(&value).map_err(|_| "it does not fit in a PHP array".to_owned()))
+        let payload = delayq::decode_payload_with(delivery.payload_json(), convert::ZvalSeed)
             .map_err(|e| format!("stored payload cannot be decoded: {e}"))?;
         let decision = Decision::default();
         let message = PhpMessage {

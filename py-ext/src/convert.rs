@@ -177,48 +177,95 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize) -> Resul
     Ok(())
 }
 
-/// JSON text to Python objects, as `json.loads` would return them.
+/// JSON text to Python objects, as `json.loads` would return them: built as the text
+/// is read (the core's checks, no tree in between).
 pub(crate) fn json_to_py<'py>(py: Python<'py>, json: &str) -> PyResult<Bound<'py, PyAny>> {
-    let value = delayq::parse_payload(json).map_err(|e| {
-        errors::new_err(
-            py,
-            errors::Kind::Payload,
-            format!("stored payload cannot be decoded: {e}"),
-        )
-    })?;
-    value_to_py(py, &value)
+    let failed = std::cell::RefCell::new(None);
+    delayq::decode_payload_with(json, PySeed { py, failed: &failed }).map_err(|e| {
+        // An error of Python's own (out of memory) stays itself.
+        failed.take().unwrap_or_else(|| {
+            errors::new_err(
+                py,
+                errors::Kind::Payload,
+                format!("stored payload cannot be decoded: {e}"),
+            )
+        })
+    })
 }
 
-fn value_to_py<'py>(py: Python<'py>, value: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
-    use serde_json::Value as V;
-    Ok(match value {
-        V::Null => py.None().into_bound(py),
-        V::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        V::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                i.into_pyobject(py)?.into_any()
-            } else if let Some(u) = n.as_u64() {
-                u.into_pyobject(py)?.into_any()
-            } else {
-                PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN)).into_any()
-            }
+/// Builds Python objects from JSON as serde_json reads it; an error Python raised
+/// meanwhile is kept in `failed`.
+#[derive(Clone, Copy)]
+struct PySeed<'a, 'py> {
+    py: Python<'py>,
+    failed: &'a std::cell::RefCell<Option<PyErr>>,
+}
+
+impl<'py> PySeed<'_, 'py> {
+    fn keep<T, E: serde::de::Error>(self, r: PyResult<T>) -> Result<T, E> {
+        r.map_err(|e| {
+            let text = e.to_string();
+            self.failed.borrow_mut().get_or_insert(e);
+            E::custom(text)
+        })
+    }
+}
+
+impl<'de, 'py> serde::de::DeserializeSeed<'de> for PySeed<'_, 'py> {
+    type Value = Bound<'py, PyAny>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de, 'py> serde::de::Visitor<'de> for PySeed<'_, 'py> {
+    type Value = Bound<'py, PyAny>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(self.py.None().into_bound(self.py))
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Self::Value, E> {
+        Ok(PyBool::new(self.py, b).to_owned().into_any())
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<Self::Value, E> {
+        Ok(n.into_pyobject(self.py).unwrap_or_else(|e| match e {}).into_any())
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<Self::Value, E> {
+        Ok(n.into_pyobject(self.py).unwrap_or_else(|e| match e {}).into_any())
+    }
+
+    fn visit_f64<E>(self, f: f64) -> Result<Self::Value, E> {
+        Ok(PyFloat::new(self.py, f).into_any())
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(PyString::new(self.py, s).into_any())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let list = PyList::empty(self.py);
+        while let Some(item) = seq.next_element_seed(self)? {
+            self.keep(list.append(item))?;
         }
-        V::String(s) => PyString::new(py, s).into_any(),
-        V::Array(items) => {
-            let list = PyList::empty(py);
-            for item in items {
-                list.append(value_to_py(py, item)?)?;
-            }
-            list.into_any()
+        Ok(list.into_any())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let dict = PyDict::new(self.py);
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let value = map.next_value_seed(self)?;
+            self.keep(dict.set_item(key.as_ref(), value))?;
         }
-        V::Object(map) => {
-            let dict = PyDict::new(py);
-            for (k, v) in map {
-                dict.set_item(k, value_to_py(py, v)?)?;
-            }
-            dict.into_any()
-        }
-    })
+        Ok(dict.into_any())
+    }
 }
 
 /// Seconds from an int or float argument, validated by the core.
