@@ -479,19 +479,19 @@ class Worker:
                     raised = exc
                 else:
                     _leave_if_forked(pool_pid, None)
-                finally:
-                    consumer.after_job()
-                # The core's run policy, as on the sync path (see _Consumer.settle).
-                dead = consumer.settle(delivery, raised)
+                # The core's run policy and what follows it, in its order, as on the sync
+                # path (see _Consumer.settle).
+                ends_run, on_failure, dead = consumer.settle(delivery, raised)
             finally:
                 slots.release()
-            if raised is not None and not isinstance(raised, Exception):
-                # SystemExit, a stop signal's exception, a cancellation: the run ends.
-                raise raised
-            if raised is not None and self._on_failure is not None:
+            if ends_run is not None:
+                # SystemExit, a stop signal's exception, a cancellation: no hook runs.
+                raise ends_run
+            if on_failure and self._on_failure is not None:
                 await self._alert(self._on_failure, "on_failure", delivery, raised)
             if dead is not None and self._on_dead is not None:
                 await self._alert(self._on_dead, "on_dead", delivery, dead)
+            consumer.after_job()
 
         watch = None
         if self._slot is not None and self._timeout is not None:

@@ -722,14 +722,16 @@ impl PyConsumer {
 
     /// Complete the delivery as its handler's call came to (`raised`: what it raised,
     /// None when it returned; see `classify`) and the message's own decision. Returns
-    /// the last error when the message went to the dead-letter set, else None.
+    /// what follows, in the run policy's order (`host::after_settle`): the exception
+    /// that ends the run now (no hook runs), else None; whether `on_failure` runs; the
+    /// last error for `on_dead` when the message went to the dead letters, else None.
     #[pyo3(signature = (delivery, raised = None))]
-    fn settle(
+    fn settle<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         delivery: &PyDelivery,
-        raised: Option<Bound<'_, PyBaseException>>,
-    ) -> PyResult<Option<String>> {
+        raised: Option<Bound<'py, PyBaseException>>,
+    ) -> PyResult<(Option<Bound<'py, PyBaseException>>, bool, Option<String>)> {
         let d = Self::take(py, delivery)?;
         let called = classify(
             py,
@@ -741,9 +743,9 @@ impl PyConsumer {
         if let (Some(why), Ok(mut r)) = (stop, self.stopped_by.lock_py_attached(py)) {
             r.get_or_insert(why);
         }
-        Ok(match fate {
-            Some(delayq::Fate::Dead(error)) => Some(error),
-            _ => None,
+        Ok(match delayq::host::after_settle(fate, stop, called.thrown.is_some()) {
+            delayq::host::AfterSettle::Stop(_) => (called.raise.map(|e| e.into_value(py).into_bound(py)), false, None),
+            delayq::host::AfterSettle::Hooks { on_failure, on_dead } => (None, on_failure, on_dead),
         })
     }
 

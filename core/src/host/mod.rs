@@ -29,7 +29,7 @@ pub use hung::{CANCEL_GRACE, COROUTINE_GRACE, HungClock, cancel_error, timeout_e
 pub use options::{WORKER_OPTIONS, WorkerSettings, worker_option};
 pub use report::Report;
 pub use respawn::{Respawn, RespawnPolicy, Respawns};
-pub use run::{Outcome, Recycle, Verdict, ended_by, settle};
+pub use run::{AfterSettle, Outcome, Recycle, Verdict, after_settle, ended_by, settle};
 pub use serve::{Called, Handler, Served, serve};
 pub use signals::{StopSignals, URGENT_AFTER, stop_with_supervisor};
 pub use slot::{Held, Publisher, Slot, SlotTable, SlotView};

@@ -5,8 +5,8 @@
 //! `max_jobs`, `max_time`, `max_memory_mb`, restart requests, an empty queue).
 //!
 //! The bindings keep only what is theirs: calling the handler on their thread, telling
-//! an exception's class and text, and running the hooks (`on_failure` when the handler
-//! raised, `on_dead` when `settle` returns `Fate::Dead`).
+//! an exception's class and text, and running the hooks that `after_settle` names, in
+//! its order.
 
 use std::time::{Duration, Instant};
 
@@ -121,6 +121,37 @@ pub fn settle(
     (fate, stop)
 }
 
+/// What follows a settled delivery, in the run policy's order: a stop ends the run
+/// before any hook (an exit goes on once the run returns, a teardown as it unwinds);
+/// otherwise `on_failure` when the handler raised, then `on_dead` when the message went
+/// to the dead letters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterSettle {
+    /// The run ends now, for this reason; no hook runs.
+    Stop(StopReason),
+    /// The run goes on, after these hooks.
+    Hooks {
+        /// Call `on_failure` with what the handler raised.
+        on_failure: bool,
+        /// Call `on_dead` with this last error.
+        on_dead: Option<String>,
+    },
+}
+
+/// What follows `settle`'s `fate` and `stop` for a handler that `raised` or not.
+pub fn after_settle(fate: Option<Fate>, stop: Option<StopReason>, raised: bool) -> AfterSettle {
+    match stop {
+        Some(why) => AfterSettle::Stop(why),
+        None => AfterSettle::Hooks {
+            on_failure: raised,
+            on_dead: match fate {
+                Some(Fate::Dead(error)) => Some(error),
+                _ => None,
+            },
+        },
+    }
+}
+
 /// When a process's run ends by its own limits (`max_jobs`, `max_time`,
 /// `max_memory_mb`); the supervisor then starts a fresh process in its place.
 #[derive(Debug, Clone)]
@@ -195,6 +226,44 @@ mod tests {
             trace: "#0 {main}".into(),
             no_retry,
         }
+    }
+
+    #[test]
+    fn a_stop_runs_no_hook_and_the_hooks_follow_the_fate() {
+        let dead = Some(Fate::Dead("boom".into()));
+        assert_eq!(
+            after_settle(dead.clone(), Some(StopReason::Exit), true),
+            AfterSettle::Stop(StopReason::Exit)
+        );
+        assert_eq!(
+            after_settle(dead, None, true),
+            AfterSettle::Hooks {
+                on_failure: true,
+                on_dead: Some("boom".into())
+            }
+        );
+        assert_eq!(
+            after_settle(Some(Fate::Retry(Duration::from_secs(1))), None, true),
+            AfterSettle::Hooks {
+                on_failure: true,
+                on_dead: None
+            }
+        );
+        // A message's own decision can bury it without an exception.
+        assert_eq!(
+            after_settle(Some(Fate::Dead("gave up".into())), None, false),
+            AfterSettle::Hooks {
+                on_failure: false,
+                on_dead: Some("gave up".into())
+            }
+        );
+        assert_eq!(
+            after_settle(None, None, false),
+            AfterSettle::Hooks {
+                on_failure: false,
+                on_dead: None
+            }
+        );
     }
 
     #[test]

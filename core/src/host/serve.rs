@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
-use super::run::{Outcome, Recycle, ended_by, settle};
+use super::run::{AfterSettle, Outcome, Recycle, after_settle, ended_by, settle};
 use super::{Slot, StopReason};
-use crate::worker::{Consumer, Delivery, Fate, Received, Retry};
+use crate::worker::{Consumer, Delivery, Received, Retry};
 
 /// How long one wait for a delivery lasts before the loop looks at signals and limits
 /// again.
@@ -166,18 +166,20 @@ pub fn serve<H: Handler>(
         let called = handler.outcome(returned);
         let decision = handler.decision(&call);
         let (fate, stop) = settle(consumer, delivery, called.outcome, decision);
-        if let Some(why) = stop {
-            // An exit goes on once the run returns, and a teardown once it unwinds: no
-            // hook may run before.
-            note(&mut ended, handler.asked(), why);
-            raise = called.raise;
-            break;
-        }
-        if let Some(thrown) = called.thrown {
-            handler.on_failure(&call, thrown);
-        }
-        if let Some(Fate::Dead(error)) = fate {
-            handler.on_dead(&call, &error);
+        match after_settle(fate, stop, called.thrown.is_some()) {
+            AfterSettle::Stop(why) => {
+                note(&mut ended, handler.asked(), why);
+                raise = called.raise;
+                break;
+            }
+            AfterSettle::Hooks { on_failure, on_dead } => {
+                if let (true, Some(thrown)) = (on_failure, called.thrown) {
+                    handler.on_failure(&call, thrown);
+                }
+                if let Some(error) = on_dead {
+                    handler.on_dead(&call, &error);
+                }
+            }
         }
         if ended.is_none()
             && let Some(why) = recycle.after_job(|| handler.memory_bytes())
