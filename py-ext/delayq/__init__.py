@@ -133,18 +133,24 @@ _BLOCKED_AFTER = 0.5
 class _LoopWatch:
     """The watch on a supervised asyncio process's event loop. Coroutines share the loop's
     thread, so one that blocks it stops all the others, and the supervisor kills the
-    process past the timeout: the slot then names the blocking handler (read from this
-    thread as the loop's current task), so that its delivery fails and the others' go
-    back uncounted, and names the oldest one again once the loop runs."""
+    process past the timeout. Read from this thread as the loop's current task, the
+    blocking handler is named in the slot when it has run past the timeout itself (else
+    the oldest running one, which the supervisor times, is): its delivery fails and the
+    others' go back uncounted. Once the loop runs again, the oldest is named again, its
+    clock going on. A handler blocking in a task of its own (``create_task``, ``gather``)
+    is not seen as its handler: then the oldest is named, as without the watch."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, slot: _Slot, name_oldest: Callable[[], None]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, slot: _Slot, timeout: float, oldest: Callable[[], Any]
+    ) -> None:
         self._loop = loop
         self._slot = slot
-        self._name_oldest = name_oldest
-        # The task of each running handler and its delivery.
-        self.handlers: dict[asyncio.Future[None], Any] = {}
+        self._timeout = timeout
+        self._oldest = oldest
+        # The task of each running handler: its delivery and when it started.
+        self.handlers: dict[asyncio.Future[None], tuple[Any, float]] = {}
         self._ticked = time.monotonic()
-        self._blamed: Optional[asyncio.Future[None]] = None
+        self._blamed: Any = None
         self._closed = threading.Event()
         self._timer = loop.call_later(_TICK, self._tick)
         self._thread = threading.Thread(target=self._watch, name="delayq-loop-watch", daemon=True)
@@ -154,24 +160,39 @@ class _LoopWatch:
         self._ticked = time.monotonic()
         if self._blamed is not None:
             self._blamed = None
-            self._name_oldest()
+            self._slot.unblocked(self._oldest())
         self._timer = self._loop.call_later(_TICK, self._tick)
 
     def _watch(self) -> None:
         while not self._closed.wait(_TICK):
-            if time.monotonic() - self._ticked < _BLOCKED_AFTER:
+            now = time.monotonic()
+            if now - self._ticked < _BLOCKED_AFTER:
                 continue
             task = asyncio.current_task(self._loop)
-            delivery = None if task is None else self.handlers.get(task)
+            running = None if task is None else self.handlers.get(task)
             # Blocked outside any handler (a hook, the loop's own work): nobody to name.
-            if delivery is not None and task is not self._blamed:
-                self._blamed = task
+            if running is None:
+                continue
+            delivery, since = running
+            if now - since <= self._timeout:
+                delivery = self._oldest()
+            if delivery is not None and delivery is not self._blamed:
+                self._blamed = delivery
                 self._slot.blocked_on(delivery)
 
     def close(self) -> None:
         self._closed.set()
         self._timer.cancel()
         self._thread.join()
+
+
+def _oldest_running(started: dict[int, Any]) -> Any:
+    """The delivery of the oldest running handler, None when none runs; read from the
+    loop watch's thread while the loop is blocked."""
+    try:
+        return next(iter(started.values()), None)
+    except RuntimeError:  # changed meanwhile: the loop runs again
+        return None
 
 
 class _HandlerTimedOut(TimeoutError):
@@ -441,7 +462,7 @@ class Worker:
         # The delivery the slot names (its key), None while idle.
         announced: list[Optional[int]] = [None]
 
-        def tell_supervisor(again: bool = False) -> None:
+        def tell_supervisor() -> None:
             if self._slot is None:
                 return
             # The oldest running handler is the one the supervisor times. A coroutine past
@@ -449,7 +470,7 @@ class Worker:
             # loop keeps it longer: that is what the supervisor's timeout should see as a
             # hung process, not a slow handler. The watch names the blocking one.
             oldest = next(iter(started), None)
-            if oldest == announced[0] and not again:
+            if oldest == announced[0]:
                 return
             announced[0] = oldest
             if oldest is None:
@@ -495,7 +516,7 @@ class Worker:
 
         watch = None
         if self._slot is not None and self._timeout is not None:
-            watch = _LoopWatch(loop, self._slot, functools.partial(tell_supervisor, True))
+            watch = _LoopWatch(loop, self._slot, self._timeout, functools.partial(_oldest_running, started))
         try:
             while True:
                 await slots.acquire()
@@ -532,7 +553,7 @@ class Worker:
             return
         task = asyncio.ensure_future(call)
         if watch is not None:
-            watch.handlers[task] = delivery
+            watch.handlers[task] = (delivery, time.monotonic())
         try:
             await self._await_bounded(task, self._timeout)
         finally:

@@ -56,6 +56,16 @@ impl PySlot {
         });
     }
 
+    /// The handlers run again after a block: `delivery`'s is the one to time (None:
+    /// unknown), in the same busy period.
+    #[pyo3(signature = (delivery = None))]
+    fn unblocked(&self, py: Python<'_>, delivery: Option<&PyDelivery>) {
+        match delivery {
+            Some(d) => d.with_delivery(py, |d| self.slot.unblocked(d)),
+            None => self.slot.unblocked(None),
+        }
+    }
+
     /// The handler ended.
     fn finished(&self) {
         self.slot.finished();

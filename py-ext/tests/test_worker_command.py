@@ -643,6 +643,51 @@ def test_a_process_tells_its_supervisor_which_message_its_handler_holds(queue: d
         assert table.view(0)["starts"] == 0, "the other slot untouched"
 
 
+@pytest.mark.parametrize("timeout", [0.3, 30.0])
+def test_the_loop_watch_names_a_blocker_past_its_timeout_else_the_oldest(
+    queue: delayq.DelayQueue, timeout: float
+) -> None:
+    # A handler blocks the event loop. Past its own timeout it is the one named (its
+    # message fails at the kill); younger, the oldest running handler is, which the
+    # supervisor times. Either way the slot says the others may go back at once, and
+    # once the loop runs again it names the oldest, in the same busy period.
+    table = _SlotTable(1)
+    slot = _Slot(table.path, 0)
+    oldest_id, blocker_id = queue.push({"n": 1}), queue.push({"n": 2})
+    consumer = delayq.Worker(queue)._worker.start(2)
+    got = {d.message.id: d for d in (consumer.recv(5.0), consumer.recv(5.0)) if d is not None}
+    assert set(got) == {oldest_id, blocker_id}
+    oldest, blocker = got[oldest_id], got[blocker_id]
+    seen: dict[str, Any] = {}
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        slot.started(oldest, 0.0)
+        watch = delayq._LoopWatch(loop, slot, timeout, lambda: oldest)
+
+        async def blocking_handler() -> None:
+            time.sleep(1.5)
+            seen["while"] = table.view(0)
+
+        # Registered before its first step runs, as _bounded does; started 1 s ago.
+        task = loop.create_task(blocking_handler())
+        watch.handlers[task] = (blocker, time.monotonic() - 1.0)
+        await task
+        await asyncio.sleep(0.3)
+        seen["after"] = table.view(0)
+        watch.close()
+
+    asyncio.run(run())
+    named = blocker_id if timeout < 1.0 else oldest_id
+    assert (seen["while"]["held_id"], seen["while"]["blocking"]) == (named, True), seen
+    assert (seen["after"]["held_id"], seen["after"]["blocking"]) == (oldest_id, False), seen
+    assert seen["after"]["starts"] == seen["while"]["starts"] == 1, "one busy period throughout"
+    for d in (oldest, blocker):
+        consumer.release(d)
+    consumer.stop()
+    consumer.finish(None)
+
+
 def test_keep_completed_lets_the_commands_show_what_ran(
     queue: delayq.DelayQueue, redis_url: str, tasks: Path
 ) -> None:

@@ -258,13 +258,14 @@ impl SlotTable {
             .map(|((name, _), n)| (*name, n.load(Ordering::Acquire)))
             .collect();
         let starts = c.starts.load(Ordering::Acquire);
+        let held = read_held(c);
         SlotView {
             starts,
             busy: c.busy.load(Ordering::Acquire) == 1,
             grace: Duration::from_millis(c.grace_ms.load(Ordering::Acquire)),
             gave_back: c.gave_back.load(Ordering::Acquire),
-            held: read_held(c),
-            blocking: starts != 0 && c.blocker.load(Ordering::Acquire) == starts,
+            blocking: starts != 0 && c.blocker.load(Ordering::Acquire) == starts && held.is_some(),
+            held,
             counts: Summary::from_counts(counts).unwrap_or_default(),
         }
     }
@@ -341,7 +342,8 @@ fn read_held(c: &Cells) -> Option<Held> {
     None
 }
 
-fn write_held(c: &Cells, held: Option<&Delivery>) {
+/// Returns whether the slot names `held` (a lease too long to keep names nothing).
+fn write_held(c: &Cells, held: Option<&Delivery>) -> bool {
     let seq = c.held_seq.fetch_add(1, Ordering::AcqRel);
     debug_assert!(seq.is_multiple_of(2), "one writer per slot");
     fence(Ordering::Release);
@@ -359,10 +361,15 @@ fn write_held(c: &Cells, held: Option<&Delivery>) {
             let known = n == lease.len() && d.id.len() <= MAX_ID_BYTES;
             c.held_member
                 .store(if known { d.member() as u64 + 1 } else { 0 }, Ordering::Relaxed);
+            c.held_seq.fetch_add(1, Ordering::Release);
+            known
         }
-        None => c.held_member.store(0, Ordering::Relaxed),
+        None => {
+            c.held_member.store(0, Ordering::Relaxed);
+            c.held_seq.fetch_add(1, Ordering::Release);
+            false
+        }
     }
-    c.held_seq.fetch_add(1, Ordering::Release);
 }
 
 /// One process's slot, as the process writes it.
@@ -431,6 +438,7 @@ impl Slot {
             return;
         }
         let c = self.cells();
+        c.blocker.store(0, Ordering::Release);
         write_held(c, held);
         c.grace_ms
             .store(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX), Ordering::Release);
@@ -441,7 +449,8 @@ impl Slot {
     /// The handler of `held` blocks every other handler of this process (a coroutine
     /// that blocks its event loop): name it in the running busy period, whose clock
     /// goes on. Past the timeout, the others' deliveries then go back to the queue
-    /// uncounted before the kill, and the supervisor fails this one.
+    /// uncounted before the kill, and the supervisor fails this one. A delivery the
+    /// slot cannot name whole names nothing, and nothing is released.
     pub fn blocked_on(&self, held: &Delivery) {
         if !self.mine() {
             return;
@@ -450,8 +459,23 @@ impl Slot {
         if c.busy.load(Ordering::Acquire) != 1 {
             return;
         }
-        write_held(c, Some(held));
-        c.blocker.store(c.starts.load(Ordering::Acquire), Ordering::Release);
+        let starts = c.starts.load(Ordering::Acquire);
+        if write_held(c, Some(held)) {
+            c.blocker.store(starts, Ordering::Release);
+        } else {
+            c.blocker.store(0, Ordering::Release);
+        }
+    }
+
+    /// The handlers run again after a block (`blocked_on`): `held` is the one to time,
+    /// in the same busy period (its clock goes on), and nobody blocks the others.
+    pub fn unblocked(&self, held: Option<&Delivery>) {
+        if !self.mine() {
+            return;
+        }
+        let c = self.cells();
+        c.blocker.store(0, Ordering::Release);
+        write_held(c, held);
     }
 
     /// The handler ended.
@@ -497,8 +521,15 @@ impl Slot {
                         // The named blocker is the one hung: every other delivery goes
                         // back uncounted. Otherwise only the waiting ones can be known
                         // innocent; the other running ones come back after their lease.
-                        match read_held(c) {
-                            Some(held) if c.blocker.load(Ordering::Acquire) == starts => {
+                        let held = read_held(c);
+                        let blocker = c.blocker.load(Ordering::Acquire);
+                        if c.starts.load(Ordering::Acquire) != starts {
+                            // Its handlers moved on meanwhile: look again next turn.
+                            std::thread::park_timeout(PUBLISH_EVERY);
+                            continue;
+                        }
+                        match held {
+                            Some(held) if blocker == starts => {
                                 releaser.stop_and_release_all_but(held.member, &held.lease, &held.id);
                             }
                             _ => {
@@ -602,6 +633,18 @@ mod tests {
             seen.held.map(|h| (h.id, h.lease, h.attempt)),
             Some(("blocker".into(), "7:2".into(), 2))
         );
+        slot.unblocked(Some(&oldest));
+        let seen = table.view(0);
+        assert_eq!(
+            (seen.starts, seen.blocking),
+            (1, false),
+            "the loop runs again: the same period"
+        );
+        assert_eq!(seen.held.map(|h| h.id), Some("oldest".into()));
+        let unkeepable = Delivery::for_test("long", &"9".repeat(LEASE_WORDS * 8 + 1), 1, 1, 0, 0);
+        slot.blocked_on(&unkeepable);
+        assert!(!table.view(0).blocking, "a blocker it cannot name releases nothing");
+        slot.blocked_on(&blocker);
         slot.started(Some(&oldest), Duration::ZERO);
         let seen = table.view(0);
         assert_eq!(
