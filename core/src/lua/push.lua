@@ -35,7 +35,7 @@ local at = 4
 while at <= n_argv do
   local n, ms, options = tonumber(ARGV[at]), tonumber(ARGV[at + 2]), ARGV[at + 3]
   local timing = ARGV[at + 1]
-  if not (n and n >= 1 and ms and options and (timing == 'delay' or timing == 'at')) then
+  if not (n and n >= 1 and n == math.floor(n) and ms and options and (timing == 'delay' or timing == 'at')) then
     return redis.error_reply('DQERR malformed push run at argument ' .. at)
   end
   local width = 2
