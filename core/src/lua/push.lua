@@ -25,11 +25,10 @@
 -- @include schedule
 -- @include serial
 -- KEYS: scheduled messages inflight attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined
-local now = queue_now(true)
-local old_head = head_score()
 local check = ARGV[3] == 'check'
 local n_argv = #ARGV
--- The runs, read whole before anything is written: {first word, n, due, options, width}.
+-- The runs, read whole before anything is written (the queue clock's read writes it):
+-- {first word, n, ms, options, width, whether ms is a delay}.
 local runs, n_runs, ids, count = {}, 0, {}, 0
 local at = 4
 while at <= n_argv do
@@ -47,11 +46,8 @@ while at <= n_argv do
   if at - 1 > n_argv then
     return redis.error_reply('DQERR malformed push run at argument ' .. (first - 4))
   end
-  if timing == 'delay' then
-    ms = now + ms
-  end
   n_runs = n_runs + 1
-  runs[n_runs] = {first, n, ms, options, width}
+  runs[n_runs] = {first, n, ms, options, width, timing == 'delay'}
   if check then
     for i = first, at - 1, width do
       count = count + 1
@@ -59,6 +55,8 @@ while at <= n_argv do
     end
   end
 end
+local now = queue_now(true)
+local old_head = head_score()
 local existing, seen = {}, {}
 if check and count > 0 then
   -- One read for the whole batch (HMGET: there is no variadic HEXISTS).
@@ -81,7 +79,10 @@ local replaced, n_replaced = {}, 0
 local serial_of, any_serial = {}, false
 local i = 0
 for r = 1, n_runs do
-  local first, n, due, options, width = unpack(runs[r])
+  local first, n, due, options, width, delayed = unpack(runs[r])
+  if delayed then
+    due = now + due
+  end
   local replace, expiring, ordered = false, false, false
   if options ~= '' then
     replace = string.find(options, 'replace', 1, true) ~= nil
