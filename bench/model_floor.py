@@ -13,6 +13,11 @@ consumers of the same N due messages:
 - fenced: the floor with the exact fence that issue 2 asks for, a lease token per
   delivery kept per message (the "exact" fence of the same scripts): the steps
   that the whole of the issue's model cannot do without.
+- claimed: the floor of a lease per claim (issue 29), the "claim" fence of the same
+  scripts: one in-flight entry and one record of ids per claim, and each message's
+  side of the fence in its stored text (a stamp that the scripts putting a message in
+  the schedule write, here written by the fill, `fill.php --stamp`): nothing is
+  written per message from the claim to the ack.
 - delayq: core/src/lua's claim.lua and ack.lua, as a pool calls them (claims of 1000,
   acks in two halves), or other copies of that directory given as arguments.
 
@@ -55,6 +60,7 @@ from script_cost import BATCH, LEASE_MS, claim_and_ack, composed  # noqa: E402
 
 RECIPE_BATCH = 50  # what the recipe's consumer asks for (bench/php/consume.php)
 SEED_KEYS = ["delay_queue:zset", "delay_queue:payload"]
+FLOORS = {"floor": "score", "fenced": "exact", "claimed": "claim"}  # system -> fence of bench/floor
 DEFAULT_DIR = ROOT / "core" / "src" / "lua"
 FLOOR_KEYS = [*SEED_KEYS, "delay_queue:inflight", "delay_queue:claims", "delay_queue:leases"]
 
@@ -99,8 +105,8 @@ def client_process(port: int, system: str, results: Any) -> None:
     client = redis_py.Redis(port=port)
     if system == "seed":
         results.put(drain_seed(client))
-    elif system in ("floor", "fenced"):
-        results.put(drain_floor(client, "exact" if system == "fenced" else "score"))
+    elif system in FLOORS:
+        results.put(drain_floor(client, FLOORS[system]))
     else:
         results.put(claim_and_ack(client, Path(system))[1])
 
@@ -117,9 +123,9 @@ def measure(system: str, n: int, callgrind: bool, root: str | None) -> dict[str,
     try:
         with tempfile.TemporaryDirectory() as tmp:
             run.fill("delayq" if Path(system).is_dir() else "seed", f"--n={n}", f"--url={redis.url}",
-                     f"--due-file={tmp}/due")
+                     f"--due-file={tmp}/due", *(["--stamp"] if system == "claimed" else []))
         redis.cli("DEL", "bench:filled")
-        if isinstance(redis, CallgrindRedis):
+        if isinstance(redis, run.CallgrindRedis):
             redis.instructions()  # zeroes the count: the fill is not measured
         cpu, start = cpu_seconds(redis), time.monotonic()
         results: Any = multiprocessing.Queue()
@@ -132,12 +138,14 @@ def measure(system: str, n: int, callgrind: bool, root: str | None) -> dict[str,
         wall = time.monotonic() - start
         cpu = cpu_seconds(redis) - cpu
         done = sum(results.get() for _ in clients)
-        # What a drain leaves: its counters and sequences.
-        left = [k for k in redis.cli("KEYS", "*").split() if not k.endswith((":seq", ":stats", ":claims"))]
+        # What a drain leaves: its counters and sequences, delayq's queue clock and its
+        # list of queues.
+        left = [k for k in redis.cli("KEYS", "*").split()
+                if not k.endswith((":seq", ":stats", ":claims", ":control")) and k != "dq:queues"]
         if done != n or left:
             sys.exit(f"{system}: {done} of {n} acknowledged, keys left {left}: the run is void")
         measured = {"cpu_us": cpu / n * 1e6, "rate": n / wall}
-        if isinstance(redis, CallgrindRedis):
+        if isinstance(redis, run.CallgrindRedis):
             measured["instructions"] = redis.instructions() / n
         return measured
     finally:
@@ -151,6 +159,8 @@ def label(system: str) -> str:
         return "floor, lease in the in-flight score"
     if system == "fenced":
         return "floor, exact fence"
+    if system == "claimed":
+        return "floor, lease per claim"
     return "delayq " + shown(system)
 
 
@@ -179,7 +189,7 @@ def main() -> None:
         parser.error("--callgrind runs this machine's redis-server: it cannot take --root")
     n = opts.n or (20000 if opts.callgrind else 200000)
     version = server_version(opts.root)
-    systems = ["seed", "floor", "fenced", *opts.dirs]
+    systems = ["seed", "floor", "fenced", "claimed", *opts.dirs]
     os.sched_setaffinity(0, {1})
     runs = run.in_turns(systems, lambda s: measure(s, n, opts.callgrind, opts.root), opts.rounds, name=label)
     seed = statistics.median(r["instructions" if opts.callgrind else "cpu_us"] for r in runs["seed"])

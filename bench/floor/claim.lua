@@ -7,13 +7,20 @@
 --            claims in a row;
 --   "exact": the fence issue 2 asks for: a token per claim (a claim holds each of its
 --            messages once, so it names one delivery of each) kept per message.
+--   "claim": a lease per claim (issue 29): one in-flight entry per claim (its token,
+--            scored by its deadline) and one record of its ids, nothing written per
+--            message. A message's side of the fence is in its stored text: the claim
+--            number current when it was pushed or last put back ("<stamp>|<due>|",
+--            which the scripts that schedule a message would write); a claim holds
+--            a message stamped before it while the claim's record lives.
 -- KEYS[1] schedule ZSET id -> due (the recipe's whole seconds)
 -- KEYS[2] payloads HASH id -> payload
 -- KEYS[3] in-flight ZSET id -> the "score" lease, or the lease deadline (ms)
 -- KEYS[4] claim counter STRING
--- KEYS[5] leases HASH id -> token of its current delivery ("exact" only)
+-- KEYS[5] leases HASH id -> token of its current delivery ("exact"); claim token -> its
+--         ids, and token# -> how many it still holds ("claim")
 -- ARGV[1] highest due score to claim   ARGV[2] batch   ARGV[3] lease (ms)
--- ARGV[4] fence: "score" or "exact"
+-- ARGV[4] fence: "score", "exact" or "claim"
 -- Returns {lease, id1, payload1, ..., idn, payloadn}, or {} when nothing is due.
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 if #ids == 0 then
@@ -24,6 +31,17 @@ local payloads = redis.call('HMGET', KEYS[2], unpack(ids))
 local t = redis.call('TIME')
 local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
 local claim = redis.call('INCR', KEYS[4])
+if ARGV[4] == 'claim' then
+  local token = tostring(claim)
+  redis.call('ZADD', KEYS[3], string.format('%.0f', deadline), token)
+  redis.call('HSET', KEYS[5], token, table.concat(ids, '\n'), token .. '#', #ids)
+  local result = {token}
+  for i = 1, #ids do
+    result[2 * i] = ids[i]
+    result[2 * i + 1] = payloads[i]
+  end
+  return result
+end
 local exact = ARGV[4] == 'exact'
 local lease, score
 if exact then

@@ -1,7 +1,9 @@
 <?php
 // Fills a queue before a consumer run (not timed): N messages due now (W2), or due
 // spread over 0-10 s (W3). Writes "order_id requested_due" lines to --due-file.
-//   php fill.php --system=seed|delayq --n=N --url=... [--spread=10] --due-file=F
+// With --stamp (seed only), each text starts "0|<due ms>|": the stamp of
+// bench/floor's lease per claim, written as a push would write it.
+//   php fill.php --system=seed|delayq --n=N --url=... [--spread=10] [--stamp] --due-file=F
 declare(strict_types=1);
 require __DIR__ . '/common.php';
 
@@ -9,6 +11,7 @@ $a = bench_args($argv);
 $n = (int) $a['n'];
 $spread = (float) ($a['spread'] ?? 0);
 $system = $a['system'];
+$stamp = isset($a['stamp']);
 $lines = [];
 if ($system === 'seed') {
     $redis = bench_redis($a['url']);
@@ -18,8 +21,10 @@ if ($system === 'seed') {
         $requested = microtime(true) + $delay;
         // The recipe's score: time() + delay, whole seconds.
         $id = uniqid('msg_', true);
-        $pipe->hSet('delay_queue:payload', $id, json_encode(['order_id' => $i, 'action' => 'close']));
-        $pipe->zAdd('delay_queue:zset', time() + (int) $delay, $id);
+        $due = time() + (int) $delay;
+        $text = json_encode(['order_id' => $i, 'action' => 'close']);
+        $pipe->hSet('delay_queue:payload', $id, $stamp ? '0|' . ($due * 1000) . '|' . $text : $text);
+        $pipe->zAdd('delay_queue:zset', $due, $id);
         $lines[] = "$i $requested";
         if ($i % 1000 === 999) {
             $pipe->exec();
