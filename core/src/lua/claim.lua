@@ -7,9 +7,10 @@
 --   pool's heartbeat, see beat.lua); "minutes" minutes kept, n, then n deltas (the
 --   pool's per-minute records, see minutes_add.lua).
 -- Returns {header, deliveries, later, keyed, repeats} (decoded by scripts/claim.rs):
---   header {now_ms, next_ms, reaped, limited, restart_generation, minute}:
+--   header {now_ms, next_ms, reaped, limited, restart_generation, minute, now_us}:
 --     minute: the current minute (queue clock ms / 60000) when the claim carried the
 --     per-minute records, else -1.
+--     now_us: the microseconds past now_ms (0..999) of the clock reading.
 --     limited: 1 if a rate limit is in force (the caller then claims only for idle
 --     handlers, so that a message starts as it is handed out, see limit.lua), else 0.
 --     restart_generation: how many requests that running pools stop were made (see
@@ -130,7 +131,7 @@ if ARGV[7] == '1' then
     end
   end
 end
-local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_gen')) or 0, -1}
+local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_gen')) or 0, -1, queue_now_us}
 local deliveries, later, keyed = {}, {}, {}
 -- The per-minute records are written last, when nothing else can fail: a claim that
 -- raised leaves them to be sent again, not counted twice.

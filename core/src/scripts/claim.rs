@@ -75,6 +75,9 @@ pub(crate) struct BrokenRepeat {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Reply {
     pub(crate) server_now_ms: i64,
+    /// The same reading of the queue clock in microseconds, for a pool that maps due
+    /// times onto its own clock.
+    pub(crate) server_now_us: i64,
     /// Earliest due time or lease deadline ahead; -1 none, -2 paused.
     pub(crate) next_ms: i64,
     pub(crate) reaped: u64,
@@ -99,8 +102,11 @@ fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
 impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let [header, deliveries, later, keyed, repeats]: [Vec<Value>; 5] = decode(&v)?;
-        let [now, next, reaped, limited, generation, minute]: [i64; 6] =
+        let [now, next, reaped, limited, generation, minute, now_us]: [i64; 7] =
             FromRedisValue::from_redis_value(Value::Array(header))?;
+        if !(0..1000).contains(&now_us) {
+            return Err(format!("{now_us} microseconds past a millisecond").into());
+        }
         if !deliveries.len().is_multiple_of(3)
             || !later.len().is_multiple_of(2)
             || !keyed.len().is_multiple_of(2)
@@ -143,6 +149,7 @@ impl FromRedisValue for Reply {
             .collect::<Result<_, ParsingError>>()?;
         Ok(Self {
             server_now_ms: now,
+            server_now_us: now * 1000 + now_us,
             next_ms: next,
             reaped: u64::try_from(reaped).map_err(|_| "a negative count of reaped leases")?,
             rate_limited: limited == 1,
@@ -177,6 +184,7 @@ mod tests {
                 Value::Int(1),
                 Value::Int(3),
                 Value::Int(29_000_000),
+                Value::Int(250),
             ]),
             Value::Array(vec![s("a"), s("7:4096"), s("{}"), s("b"), s("7:8192"), s("[]")]),
             Value::Array(vec![Value::Int(2), Value::Int(3)]),
@@ -206,22 +214,51 @@ mod tests {
         assert_eq!(r.items[1].score, 8192.0);
         assert_eq!(r.broken_repeats[0].mark, None);
         assert_eq!(r.minute, Some(29_000_000), "the claim carried the per-minute records");
+        assert_eq!(r.server_now_us, 1_000_250);
     }
 
     #[test]
     fn a_reply_that_does_not_fit_is_refused_not_defaulted() {
-        let header = || {
+        let header_with = |generation: i64, now_us: i64| {
             Value::Array(vec![
                 Value::Int(1000),
                 Value::Int(-1),
                 Value::Int(0),
                 Value::Int(0),
+                Value::Int(generation),
                 Value::Int(-1),
-                Value::Int(-1),
+                Value::Int(now_us),
             ])
         };
+        let header = || header_with(0, 0);
         let empty = || Value::Array(vec![]);
+        // Each bad reply below differs from this one in one part only.
+        let good = Value::Array(vec![
+            header(),
+            Value::Array(vec![s("a"), s("1:2"), s("{}")]),
+            empty(),
+            empty(),
+            empty(),
+        ]);
+        assert!(Reply::from_redis_value(good).is_ok());
         for bad in [
+            Value::Array(vec![header_with(-1, 0), empty(), empty(), empty(), empty()]),
+            Value::Array(vec![header_with(0, 1000), empty(), empty(), empty(), empty()]),
+            // The header of a claim.lua from before the microseconds.
+            Value::Array(vec![
+                Value::Array(vec![
+                    Value::Int(1000),
+                    Value::Int(-1),
+                    Value::Int(0),
+                    Value::Int(0),
+                    Value::Int(0),
+                    Value::Int(-1),
+                ]),
+                empty(),
+                empty(),
+                empty(),
+                empty(),
+            ]),
             // The flat reply of an older claim.lua.
             Value::Array(vec![
                 Value::Int(1000),

@@ -16,8 +16,8 @@ pub(super) struct Wake {
 
 pub(super) struct WakeState {
     pub(super) epoch: u64,
-    /// A moment on the local monotonic clock and the Redis clock reading for it, so
-    /// that due times (server ms) become local deadlines.
+    /// A moment on the local monotonic clock and the queue clock's reading for it in
+    /// microseconds, so that due times (server ms) become local deadlines.
     pub(super) clock: Option<(Instant, i64)>,
     /// Per partition: the earliest due time producers announced, or "now" after a
     /// kick, as a local deadline. A claim of the partition clears a passed one.
@@ -77,23 +77,26 @@ impl Wake {
         self.state.lock().epoch
     }
 
-    pub(super) fn set_clock(&self, local: Instant, server_ms: i64) {
-        self.state.lock().clock = Some((local, server_ms));
+    pub(super) fn set_clock(&self, local: Instant, server_us: i64) {
+        self.state.lock().clock = Some((local, server_us));
     }
 
     /// The Redis server's clock now, from the last claim's reading.
     pub(super) fn server_now_ms(&self) -> Option<i64> {
-        let (local, server_ms) = self.state.lock().clock?;
-        Some(server_ms + i64::try_from(local.elapsed().as_millis()).unwrap_or(i64::MAX))
+        let (local, server_us) = self.state.lock().clock?;
+        let elapsed = i64::try_from(local.elapsed().as_micros()).unwrap_or(i64::MAX / 2);
+        Some((server_us + elapsed).div_euclid(1000))
     }
 
+    /// When the queue clock reaches `server_ms` here. The server alone decides what is
+    /// due, so a deadline that comes early costs one more claim, never an early start.
     pub(super) fn local_deadline(st: &WakeState, server_ms: i64) -> Option<Instant> {
-        let (local, server_now) = st.clock?;
-        let ahead = server_ms - server_now;
+        let (local, server_now_us) = st.clock?;
+        let ahead = server_ms.saturating_mul(1000).saturating_sub(server_now_us);
         Some(if ahead <= 0 {
             local
         } else {
-            local + Duration::from_millis(u64::try_from(ahead).unwrap_or(0))
+            local + Duration::from_micros(u64::try_from(ahead).unwrap_or(0))
         })
     }
 
@@ -268,11 +271,12 @@ mod tests {
     fn announced_and_reported_due_times_become_local_deadlines() {
         let wake = Wake::new(2);
         let local = Instant::now();
-        wake.set_clock(local, 1_000_000);
+        // 250 µs past the millisecond the reading names.
+        wake.set_clock(local, 1_000_000_250);
         wake.offer_due(0, Some(1_000_500));
         wake.end_claim(1, false, 1_002_000);
         match wake.pick(0, local).0 {
-            Pick::Sleep(Some(t)) => assert_eq!(t, local + Duration::from_millis(500), "the earlier of the two"),
+            Pick::Sleep(Some(t)) => assert_eq!(t, local + Duration::from_micros(499_750), "the earlier of the two"),
             _ => panic!("nothing is due yet"),
         }
         assert_eq!(
@@ -292,7 +296,7 @@ mod tests {
     fn a_full_claim_looks_again_now_and_an_empty_one_forgets_the_partition() {
         let wake = Wake::new(1);
         let local = Instant::now();
-        wake.set_clock(local, 5_000);
+        wake.set_clock(local, 5_000_000);
         let epoch = wake.epoch();
         wake.end_claim(0, true, 9_000);
         assert_ne!(wake.epoch(), epoch, "idle siblings are woken to join in");

@@ -24,11 +24,17 @@ local function offset_at(step, step_at, r)
   return math.max(0, step - math.floor((r - step_at) * PHASE_OUT))
 end
 
+-- The microseconds past the millisecond of the last queue_now(): a pool that sleeps
+-- until a due time maps it onto its own clock, and the whole millisecond alone would
+-- make it wake up to 1 ms late.
+local queue_now_us = 0
+
 -- `learn`: whether this script may write what it finds; scripts that only read tell
 -- the time a write would have given.
 local function queue_now(learn)
   local t = redis.call('TIME')
   local r = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  queue_now_us = tonumber(t[2]) % 1000
   local c = redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at')
   local last, step, step_at = tonumber(c[1]), tonumber(c[2]), tonumber(c[3])
   if last and r < last then
