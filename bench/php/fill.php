@@ -3,7 +3,9 @@
 // spread over 0-10 s (W3). Writes "order_id requested_due" lines to --due-file.
 // With --stamp (seed only), each text starts "0|<due ms>|": the stamp of
 // bench/floor's lease per claim, written as a push would write it.
-//   php fill.php --system=seed|delayq --n=N --url=... [--spread=10] [--stamp] --due-file=F
+// With --orders=K (delayq only), each payload also holds a list of K orders, as
+// bench/get_payload.py's: a payload whose decoding costs the consumer something.
+//   php fill.php --system=seed|delayq --n=N --url=... [--spread=10] [--stamp] [--orders=K] --due-file=F
 declare(strict_types=1);
 require __DIR__ . '/common.php';
 
@@ -34,12 +36,20 @@ if ($system === 'seed') {
     $pipe->exec();
 } else {
     $q = new DelayQueue($a['url'], 'bench');
+    $orders = [];
+    for ($i = 0; $i < (int) ($a['orders'] ?? 0); $i++) {
+        $orders[] = ['order_id' => 10086 + $i, 'action' => 'close', 'amount' => 12.5, 'tags' => ['a', 'b']];
+    }
     $items = [];
     for ($i = 0; $i < $n; $i++) {
         $delay = $spread > 0 ? $spread * $i / $n : 0;
         // An absolute due time: what the runner records is exactly what delayq schedules.
         $requested = microtime(true) + $delay;
-        $items[] = ['payload' => ['order_id' => $i, 'action' => 'close'], 'at' => $requested];
+        $payload = ['order_id' => $i, 'action' => 'close'];
+        if ($orders) {
+            $payload['orders'] = $orders;
+        }
+        $items[] = ['payload' => $payload, 'at' => $requested];
         $lines[] = "$i $requested";
         if (count($items) === 1000) {
             $q->pushMany($items);
