@@ -7,10 +7,10 @@
 --   pool's heartbeat, see beat.lua); "minutes" minutes kept, n, then n deltas (the
 --   pool's per-minute records, see minutes_add.lua).
 -- Returns {header, deliveries, later, keyed, repeats} (decoded by scripts/claim.rs):
---   header {now_ms, next_ms, reaped, limited, restart_generation, minute, now_us}:
+--   header {now_ms, next_ms, reaped, limited, restart_generation, minute, us_past_ms}:
 --     minute: the current minute (queue clock ms / 60000) when the claim carried the
 --     per-minute records, else -1.
---     now_us: the microseconds past now_ms (0..999) of the clock reading.
+--     us_past_ms: the microseconds past now_ms (0..999) of the clock reading.
 --     limited: 1 if a rate limit is in force (the caller then claims only for idle
 --     handlers, so that a message starts as it is handed out, see limit.lua), else 0.
 --     restart_generation: how many requests that running pools stop were made (see

@@ -149,7 +149,10 @@ impl FromRedisValue for Reply {
             .collect::<Result<_, ParsingError>>()?;
         Ok(Self {
             server_now_ms: now,
-            server_now_us: now * 1000 + now_us,
+            server_now_us: now
+                .checked_mul(1000)
+                .and_then(|us| us.checked_add(now_us))
+                .ok_or_else(|| format!("a clock reading of {now} ms"))?,
             next_ms: next,
             reaped: u64::try_from(reaped).map_err(|_| "a negative count of reaped leases")?,
             rate_limited: limited == 1,
@@ -232,7 +235,7 @@ mod tests {
         };
         let header = || header_with(0, 0);
         let empty = || Value::Array(vec![]);
-        // Each bad reply below differs from this one in one part only.
+        // A well-formed reply is taken; each one below has one part wrong.
         let good = Value::Array(vec![
             header(),
             Value::Array(vec![s("a"), s("1:2"), s("{}")]),

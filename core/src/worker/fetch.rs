@@ -232,9 +232,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         };
         error_pause = Duration::from_millis(50);
         pool.claims_failing.store(false, Ordering::Release);
-        // Halfway through the round trip is the best local estimate of the server's
-        // reading of TIME.
-        wake.set_clock(started + started.elapsed() / 2, claimed.server_now_us);
+        wake.set_clock(started, Instant::now(), claimed.server_now_us);
         let paused = claimed.next_ms == PAUSED;
         pool.note_paused(paused);
         pool.rate_limited[part].store(claimed.rate_limited, Ordering::Relaxed);

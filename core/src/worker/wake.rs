@@ -16,9 +16,9 @@ pub(super) struct Wake {
 
 pub(super) struct WakeState {
     pub(super) epoch: u64,
-    /// A moment on the local monotonic clock and the queue clock's reading for it in
-    /// microseconds, so that due times (server ms) become local deadlines.
-    pub(super) clock: Option<(Instant, i64)>,
+    /// A reading of the queue clock, so that due times (server ms) become local
+    /// deadlines.
+    pub(super) clock: Option<Reading>,
     /// Per partition: the earliest due time producers announced, or "now" after a
     /// kick, as a local deadline. A claim of the partition clears a passed one.
     pub(super) announced: Vec<Option<Instant>>,
@@ -35,6 +35,20 @@ impl WakeState {
         }
     }
 }
+
+/// The queue clock's reading by a claim: in microseconds, mapped to the middle of the
+/// call's round trip on the local monotonic clock.
+#[derive(Clone, Copy)]
+pub(super) struct Reading {
+    local: Instant,
+    server_us: i64,
+    round_trip: Duration,
+    received: Instant,
+}
+
+/// How long a tight reading is kept over looser ones (see `Wake::set_clock`): both
+/// clocks run at one rate, but NTP may slew Redis's a little.
+const READING_KEPT: Duration = Duration::from_secs(10);
 
 /// What a fetcher should do next.
 pub(super) enum Pick {
@@ -77,26 +91,44 @@ impl Wake {
         self.state.lock().epoch
     }
 
-    pub(super) fn set_clock(&self, local: Instant, server_us: i64) {
-        self.state.lock().clock = Some((local, server_us));
+    /// A claim sent at `sent` and answered at `received` read the queue clock at
+    /// `server_us`, somewhere in between: its middle is the estimate. A call that took
+    /// more than twice as long as the reading in force (a reconnect, a script loaded
+    /// again, a slow moment) is a loose estimate and is not taken, unless that reading
+    /// is older than `READING_KEPT`.
+    pub(super) fn set_clock(&self, sent: Instant, received: Instant, server_us: i64) {
+        let round_trip = received.saturating_duration_since(sent);
+        let reading = Reading {
+            local: sent + round_trip / 2,
+            server_us,
+            round_trip,
+            received,
+        };
+        let mut st = self.state.lock();
+        let take = st.clock.is_none_or(|kept| {
+            round_trip <= kept.round_trip * 2 || received.saturating_duration_since(kept.received) > READING_KEPT
+        });
+        if take {
+            st.clock = Some(reading);
+        }
     }
 
     /// The Redis server's clock now, from the last claim's reading.
     pub(super) fn server_now_ms(&self) -> Option<i64> {
-        let (local, server_us) = self.state.lock().clock?;
-        let elapsed = i64::try_from(local.elapsed().as_micros()).unwrap_or(i64::MAX / 2);
-        Some((server_us + elapsed).div_euclid(1000))
+        let r = self.state.lock().clock?;
+        let elapsed = i64::try_from(r.local.elapsed().as_micros()).unwrap_or(i64::MAX / 2);
+        Some(r.server_us.saturating_add(elapsed).div_euclid(1000))
     }
 
     /// When the queue clock reaches `server_ms` here. The server alone decides what is
     /// due, so a deadline that comes early costs one more claim, never an early start.
     pub(super) fn local_deadline(st: &WakeState, server_ms: i64) -> Option<Instant> {
-        let (local, server_now_us) = st.clock?;
-        let ahead = server_ms.saturating_mul(1000).saturating_sub(server_now_us);
+        let r = st.clock?;
+        let ahead = server_ms.saturating_mul(1000).saturating_sub(r.server_us);
         Some(if ahead <= 0 {
-            local
+            r.local
         } else {
-            local + Duration::from_micros(u64::try_from(ahead).unwrap_or(0))
+            r.local + Duration::from_micros(u64::try_from(ahead).unwrap_or(0))
         })
     }
 
@@ -271,8 +303,12 @@ mod tests {
     fn announced_and_reported_due_times_become_local_deadlines() {
         let wake = Wake::new(2);
         let local = Instant::now();
-        // 250 µs past the millisecond the reading names.
-        wake.set_clock(local, 1_000_000_250);
+        // 250 µs past the millisecond the reading names, in the middle of the call.
+        wake.set_clock(
+            local - Duration::from_micros(100),
+            local + Duration::from_micros(100),
+            1_000_000_250,
+        );
         wake.offer_due(0, Some(1_000_500));
         wake.end_claim(1, false, 1_002_000);
         match wake.pick(0, local).0 {
@@ -296,7 +332,7 @@ mod tests {
     fn a_full_claim_looks_again_now_and_an_empty_one_forgets_the_partition() {
         let wake = Wake::new(1);
         let local = Instant::now();
-        wake.set_clock(local, 5_000_000);
+        wake.set_clock(local, local, 5_000_000);
         let epoch = wake.epoch();
         wake.end_claim(0, true, 9_000);
         assert_ne!(wake.epoch(), epoch, "idle siblings are woken to join in");
@@ -304,5 +340,29 @@ mod tests {
         wake.end_claim(0, false, -1);
         assert!(!wake.due_now());
         assert!(matches!(wake.pick(0, Instant::now()).0, Pick::Sleep(None)));
+    }
+
+    #[test]
+    fn a_loose_reading_of_the_clock_does_not_replace_a_tight_one_until_it_is_old() {
+        let wake = Wake::new(1);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis(1);
+        let mapped = |wake: &Wake| {
+            let st = wake.state.lock();
+            Wake::local_deadline(&st, 10_000).expect("a reading is kept")
+        };
+        // Read at 1 000 ms, in a call of 1 ms: 10 000 ms is due 9 s after its middle.
+        wake.set_clock(t0, t0 + ms, 1_000_000);
+        assert_eq!(mapped(&wake), t0 + ms / 2 + Duration::from_secs(9));
+        // A call of 40 ms (a reconnect): its middle is no estimate; the reading stays.
+        wake.set_clock(t0 + 2 * ms, t0 + 42 * ms, 1_021_000);
+        assert_eq!(mapped(&wake), t0 + ms / 2 + Duration::from_secs(9));
+        // A call as tight as the one in force is taken.
+        wake.set_clock(t0 + 50 * ms, t0 + 52 * ms, 1_050_000);
+        assert_eq!(mapped(&wake), t0 + 51 * ms + Duration::from_millis(8_950));
+        // Past READING_KEPT a loose call is taken too.
+        let late = t0 + READING_KEPT + 100 * ms;
+        wake.set_clock(late, late + 40 * ms, 2_000_000);
+        assert_eq!(mapped(&wake), late + 20 * ms + Duration::from_secs(8));
     }
 }

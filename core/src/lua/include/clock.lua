@@ -24,9 +24,11 @@ local function offset_at(step, step_at, r)
   return math.max(0, step - math.floor((r - step_at) * PHASE_OUT))
 end
 
--- The microseconds past the millisecond of the last queue_now(): a pool that sleeps
--- until a due time maps it onto its own clock, and the whole millisecond alone would
--- make it wake up to 1 ms late.
+-- The microseconds past the millisecond of the last queue_now(), from Redis's TIME
+-- (the offset is whole milliseconds): a pool that sleeps until a due time maps it onto
+-- its own clock, and the whole millisecond alone would make it wake up to 1 ms late.
+-- While an offset phases out, the queue clock can repeat a millisecond, so a reading
+-- may step back by less than 1 ms: the pool then wakes that much later, not earlier.
 local queue_now_us = 0
 
 -- `learn`: whether this script may write what it finds; scripts that only read tell
