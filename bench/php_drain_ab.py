@@ -63,12 +63,21 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=0)
     parser.add_argument("--label", default="php-drain-ab")
     opts = parser.parse_args()
-    builds = dict(b.split("=", 1) for b in opts.builds)
-    for label, so in builds.items():
+    builds: dict[str, str] = {}
+    for given in opts.builds:
+        label, _, so = given.partition("=")
+        if not (label and so):
+            parser.error(f"{given!r}: a build is LABEL=PATH.so")
+        if label in builds:
+            parser.error(f"{label}: given twice")
         if not Path(so).is_file():
             parser.error(f"{label}: no file {so}")
+        builds[label] = so
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PHP_INI_SCAN_DIR"] = str(ini_dir_without_delayq(Path(tmp) / "conf.d"))
+        # Else every run would load the machine's own build beside the given one.
+        if subprocess.run(["php", "-r", 'exit(extension_loaded("delayq") ? 0 : 1);']).returncode == 0:
+            sys.exit("php loads delayq outside its scan directory (php.ini?): leave it out there first")
         bench = run.Bench(quick=False)
         try:
             def measure(label: str) -> dict[str, float]:

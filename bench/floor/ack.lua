@@ -26,8 +26,9 @@ if ARGV[1] == 'claim' then
     end
   end
   if n > 0 then
-    redis.call('HDEL', KEYS[2], unpack(done))
-    if left == n then
+    -- What was deleted, not what was asked: an id sent twice counts once.
+    n = redis.call('HDEL', KEYS[2], unpack(done))
+    if left <= n then
       redis.call('HDEL', KEYS[3], token, token .. '#')
       redis.call('ZREM', KEYS[1], token)
     else

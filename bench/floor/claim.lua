@@ -15,7 +15,8 @@
 --            a message stamped before it while the claim's record lives.
 -- KEYS[1] schedule ZSET id -> due (the recipe's whole seconds)
 -- KEYS[2] payloads HASH id -> payload
--- KEYS[3] in-flight ZSET id -> the "score" lease, or the lease deadline (ms)
+-- KEYS[3] in-flight ZSET id -> the "score" lease, or the lease deadline (ms) ("exact");
+--         claim token -> its deadline (ms) ("claim")
 -- KEYS[4] claim counter STRING
 -- KEYS[5] leases HASH id -> token of its current delivery ("exact"); claim token -> its
 --         ids, and token# -> how many it still holds ("claim")
