@@ -222,17 +222,8 @@ mod tests {
 
     #[test]
     fn a_reply_that_does_not_fit_is_refused_not_defaulted() {
-        let header_with = |generation: i64, now_us: i64| {
-            Value::Array(vec![
-                Value::Int(1000),
-                Value::Int(-1),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(generation),
-                Value::Int(-1),
-                Value::Int(now_us),
-            ])
-        };
+        let ints = |xs: &[i64]| Value::Array(xs.iter().map(|&x| Value::Int(x)).collect());
+        let header_with = |generation: i64, us_past_ms: i64| ints(&[1000, -1, 0, 0, generation, -1, us_past_ms]);
         let header = || header_with(0, 0);
         let empty = || Value::Array(vec![]);
         // A well-formed reply is taken; each one below has one part wrong.
@@ -248,31 +239,9 @@ mod tests {
             Value::Array(vec![header_with(-1, 0), empty(), empty(), empty(), empty()]),
             Value::Array(vec![header_with(0, 1000), empty(), empty(), empty(), empty()]),
             // The header of a claim.lua from before the microseconds.
-            Value::Array(vec![
-                Value::Array(vec![
-                    Value::Int(1000),
-                    Value::Int(-1),
-                    Value::Int(0),
-                    Value::Int(0),
-                    Value::Int(0),
-                    Value::Int(-1),
-                ]),
-                empty(),
-                empty(),
-                empty(),
-                empty(),
-            ]),
+            Value::Array(vec![ints(&[1000, -1, 0, 0, 0, -1]), empty(), empty(), empty(), empty()]),
             // The flat reply of an older claim.lua.
-            Value::Array(vec![
-                Value::Int(1000),
-                Value::Int(-1),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(-1),
-                Value::Int(0),
-                Value::Int(0),
-            ]),
+            ints(&[1000, -1, 0, 0, 0, -1, 0, 0]),
             Value::Array(vec![
                 header(),
                 Value::Array(vec![s("a"), s("1:2")]),
