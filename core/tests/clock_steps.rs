@@ -216,43 +216,65 @@ fn a_restart_request_before_a_step_back_stops_no_later_pool() {
     assert_eq!(consumer.finish().acked, 1);
 }
 
-/// include/clock.lua on its own, as every script runs it: the queue time and the Redis
-/// time it was read at.
-fn queue_and_redis_time(server: &RedisServer) -> (i64, i64) {
+/// Redis time in ms, as include/clock.lua reads it.
+const READ_TIME: &str = "local function redis_ms() local t = redis.call('TIME') \
+                         return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) end";
+
+/// include/clock.lua on its own, as every script runs it: the queue time, and Redis
+/// time read just before and just after it. The offset queue_now() applied lies in
+/// `queue - after ..= queue - before`: the two reads can fall in different
+/// milliseconds, so a test that took either one as the offset's base would be off by 1.
+fn queue_and_redis_time(server: &RedisServer) -> (i64, i64, i64) {
     let clock = include_str!("../src/lua/include/clock.lua");
     let script = format!(
         "local K_CONTROL = KEYS[1]\nlocal function fmt(n) return string.format('%.0f', n) end\n{clock}\n\
-         local q = queue_now(true)\nlocal t = redis.call('TIME')\n\
-         return {{q, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}}"
+         {READ_TIME}\nlocal before = redis_ms()\nlocal q = queue_now(true)\n\
+         return {{q, before, redis_ms()}}"
     );
-    redis::Script::new(&script)
+    let (queue, before, after): (i64, i64, i64) = redis::Script::new(&script)
         .key("{dq:steps}:control")
         .invoke(&mut server.con())
-        .expect("clock.lua")
+        .expect("clock.lua");
+    assert!(
+        before <= after,
+        "Redis time went back within one script: {before} then {after}"
+    );
+    (queue, before, after)
 }
 
 #[test]
 fn after_a_step_back_the_queue_clock_goes_on_and_meets_redis_time_again() {
     let mut redis = ShiftedRedis::start("phase-out");
-    let (before, raw_before) = queue_and_redis_time(&redis.server);
-    assert!((before - raw_before).abs() <= 1, "no offset before any step");
+    let (before, raw_lo, raw_hi) = queue_and_redis_time(&redis.server);
+    assert!(
+        before - raw_hi >= -1 && before - raw_lo <= 1,
+        "no offset before any step"
+    );
     redis.step(-1_000);
-    let (at_step, raw_at_step) = queue_and_redis_time(&redis.server);
+    let (at_step, step_lo, step_hi) = queue_and_redis_time(&redis.server);
     assert!(at_step >= before, "queue time went back: {before} then {at_step}");
     assert!(
-        (900..=1_000).contains(&(at_step - raw_at_step)),
-        "the step is learned as the offset: {}",
-        at_step - raw_at_step
+        at_step - step_hi >= 900 && at_step - step_lo <= 1_000,
+        "the step is learned as the offset: {}..={}",
+        at_step - step_hi,
+        at_step - step_lo
     );
     // The offset is phased out while both clocks go on: queue time never goes back,
-    // and ends where Redis time is.
+    // and ends where Redis time is. The offset at the step is at most
+    // `at_step - step_lo`; one now is at least `now - hi`.
     let mut last = at_step;
     wait_for(Duration::from_secs(60), "the offset phased out", || {
-        let (now, raw) = queue_and_redis_time(&redis.server);
+        let (now, lo, hi) = queue_and_redis_time(&redis.server);
         assert!(now >= last, "queue time went back: {last} then {now}");
-        assert!(now - raw <= at_step - raw_at_step, "the offset grew without a step");
+        assert!(now >= lo, "queue time fell behind Redis time: {now} < {lo}");
+        assert!(
+            now - hi <= at_step - step_lo,
+            "the offset grew without a step: at least {} now, at most {} at the step",
+            now - hi,
+            at_step - step_lo
+        );
         last = now;
         std::thread::sleep(Duration::from_millis(200));
-        now - raw <= 1
+        now - hi <= 0
     });
 }
