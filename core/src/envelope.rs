@@ -93,14 +93,20 @@ pub fn parse_payload(json: &str) -> Result<serde_json::Value> {
     decode_payload(json)
 }
 
-/// Check that `json` is one JSON value within the size limit.
-pub(crate) fn validate_payload(json: &str, max_bytes: usize) -> Result<()> {
+/// Check that `json` is within a queue's size limit.
+pub(crate) fn check_size(json: &str, max_bytes: usize) -> Result<()> {
     if json.len() > max_bytes {
         return Err(Error::PayloadTooLarge {
             size: json.len(),
             max: max_bytes,
         });
     }
+    Ok(())
+}
+
+/// Check that `json` is one JSON value within the size limit.
+pub(crate) fn validate_payload(json: &str, max_bytes: usize) -> Result<()> {
+    check_size(json, max_bytes)?;
     // The common payload in one pass; anything it is not sure of goes to serde_json
     // (RawValue checks the syntax without building a tree, but does not limit depth),
     // whose errors are the ones users see.

@@ -271,7 +271,7 @@ fn dead_letters_are_deleted_one_or_all_and_nothing_else_is_touched() {
                 max_attempts: Some(1),
                 ..Default::default()
             };
-            q.push_json(&json!({"doomed": i}).to_string(), Duration::ZERO.into(), &opts)
+            q.push_json(json!({"doomed": i}).to_string(), Duration::ZERO.into(), &opts)
                 .expect("push")
         })
         .collect();
@@ -939,7 +939,7 @@ fn a_paused_queue_hands_out_nothing_until_resumed_and_resuming_wakes_idle_pools(
             partition_key: Some(format!("key{i}")),
             ..Default::default()
         };
-        q.push_json(&json!({"n": i}).to_string(), Duration::ZERO.into(), &opts)
+        q.push_json(json!({"n": i}).to_string(), Duration::ZERO.into(), &opts)
             .expect("a paused queue still takes pushes");
     }
     let s = q.stats().expect("stats");
@@ -1000,7 +1000,7 @@ fn waiting_and_running_messages_are_listed_in_the_order_consumers_meet_them() {
         ..Default::default()
     };
     let push = |n: u32, delay: Duration, key: &str| {
-        q.push_json(&json!({"n": n}).to_string(), delay.into(), &keyed(key))
+        q.push_json(json!({"n": n}).to_string(), delay.into(), &keyed(key))
             .expect("push")
     };
     let late = push(0, Duration::from_secs(3600), "a");

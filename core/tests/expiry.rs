@@ -204,7 +204,7 @@ fn a_bad_expiry_is_refused_and_writes_nothing() {
     // What a replacing push brings is the message's new deadline.
     let id = q
         .push_json(
-            &json!("v1").to_string(),
+            json!("v1").to_string(),
             Due::In(Duration::from_secs(60)),
             &PushOptions {
                 id: Some("cart-7".into()),
@@ -213,7 +213,7 @@ fn a_bad_expiry_is_refused_and_writes_nothing() {
         )
         .expect("push");
     q.push_json(
-        &json!("v2").to_string(),
+        json!("v2").to_string(),
         Due::In(Duration::from_secs(120)),
         &PushOptions {
             id: Some(id.clone()),

@@ -121,7 +121,7 @@ fn a_partition_key_keeps_related_messages_together_and_in_order() {
     for step in 0..50u64 {
         for customer in ["alice", "bob", "carol", "dave"] {
             batch.push(NewMessage {
-                payload_json: format!(r#"{{"customer":"{customer}","step":{step}}}"#),
+                payload_json: format!(r#"{{"customer":"{customer}","step":{step}}}"#).into(),
                 due: Due::NOW,
                 options: keyed(customer),
             });
@@ -164,7 +164,7 @@ fn a_busy_partition_does_not_starve_the_others() {
     for i in 0..600u64 {
         let key = if i < 500 { a } else { b.as_str() };
         batch.push(NewMessage {
-            payload_json: i.to_string(),
+            payload_json: i.to_string().into(),
             due: Due::NOW,
             options: keyed(key),
         });
@@ -207,7 +207,7 @@ fn by_id_calls_and_dead_letters_work_across_partitions() {
     let ids: Vec<String> = (0..30)
         .map(|i| {
             q.push_json(
-                &i.to_string(),
+                i.to_string(),
                 Due::In(Duration::from_secs(60)),
                 &keyed(&format!("k{i}")),
             )
@@ -320,7 +320,7 @@ fn an_idle_pool_sleeps_on_every_partition_and_wakes_for_any() {
             assert!(idle_calls <= 1, "an idle pool called {idle_calls} scripts in 2 s");
             // One message on each partition, each well before idle_check.
             for key in ["a", "b", "c", "d", "e", "f", "g", "h"] {
-                q.push_json(&format!("\"{key}\""), Due::In(Duration::from_millis(100)), &keyed(key))
+                q.push_json(format!("\"{key}\""), Due::In(Duration::from_millis(100)), &keyed(key))
                     .expect("push");
             }
             wait_for(Duration::from_secs(10), "woken by the announcements", || {

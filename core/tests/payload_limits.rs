@@ -30,10 +30,10 @@ fn drain(q: &delayq::Queue, opts: WorkerOptions) -> Vec<String> {
 fn a_payload_at_the_depth_limit_is_delivered_and_one_past_it_is_refused() {
     let server = RedisServer::start();
     let q = server.queue("orders");
-    q.push_json(&deep(MAX_DEPTH), delayq::Due::NOW, &Default::default())
+    q.push_json(deep(MAX_DEPTH), delayq::Due::NOW, &Default::default())
         .expect("at the limit");
     let err = q
-        .push_json(&deep(MAX_DEPTH + 1), delayq::Due::NOW, &Default::default())
+        .push_json(deep(MAX_DEPTH + 1), delayq::Due::NOW, &Default::default())
         .expect_err("past the limit");
     assert!(matches!(err, Error::PayloadNotSerializable(_)), "{err:?}");
     assert!(err.to_string().contains("the limit is 128"), "{err}");
@@ -131,7 +131,7 @@ fn a_batch_that_names_a_too_deep_item_writes_nothing() {
     let batch = vec![
         NewMessage::new(&1, Duration::ZERO).expect("message"),
         NewMessage {
-            payload_json: deep(MAX_DEPTH + 1),
+            payload_json: deep(MAX_DEPTH + 1).into(),
             ..NewMessage::new(&1, Duration::ZERO).expect("message")
         },
     ];

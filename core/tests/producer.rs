@@ -203,7 +203,7 @@ fn a_replacing_push_debounces_a_waiting_message_revives_a_dead_one_and_leaves_a_
             max_attempts,
             ..Default::default()
         };
-        q.push_json(&json!({"v": v}).to_string(), delay.into(), &opts)
+        q.push_json(json!({"v": v}).to_string(), delay.into(), &opts)
             .expect("push")
     };
     let payload = || q.get("close-cart-1").expect("get").expect("exists").payload_json;
@@ -256,7 +256,7 @@ fn a_replacing_push_debounces_a_waiting_message_revives_a_dead_one_and_leaves_a_
     let twice: Vec<NewMessage> = [7, 8]
         .iter()
         .map(|v| NewMessage {
-            payload_json: json!({"v": v}).to_string(),
+            payload_json: json!({"v": v}).to_string().into(),
             due: Due::NOW,
             options: PushOptions {
                 id: Some("close-cart-2".into()),

@@ -13,23 +13,25 @@ use ext_php_rs::types::{ZendHashTable, ZendObject, Zval};
 use ext_php_rs::zend::ClassEntry;
 
 use delayq::options::{Kind as OptionKind, OptionRow, Value};
+use delayq::payload::PayloadFault;
+use delayq::{PayloadJson, PayloadWriter};
 
 use crate::{args, errors};
 
 type PhpResult<T> = Result<T, PhpException>;
 
 /// A PHP payload as JSON text.
-pub(crate) fn payload_to_json(value: &Zval) -> PhpResult<String> {
+pub(crate) fn payload_to_json(value: &Zval) -> PhpResult<PayloadJson> {
     payload_to_json_named(value, || "$payload".into())
 }
 
 /// The same, with errors naming the payload `name` (e.g. "pushMany item 3 payload").
-/// One walk writes the text; the path to a value that cannot be written is put
-/// together only for the error, as it propagates.
-pub(crate) fn payload_to_json_named(value: &Zval, name: impl FnOnce() -> String) -> PhpResult<String> {
-    let mut out = String::with_capacity(64);
-    match write_json(value, &mut out, 0) {
-        Ok(()) => Ok(out),
+/// One walk drives the core's writer, which holds the limits; the path to a value that
+/// cannot be written is put together only for the error, as it propagates.
+pub(crate) fn payload_to_json_named(value: &Zval, name: impl FnOnce() -> String) -> PhpResult<PayloadJson> {
+    let mut out = PayloadWriter::new();
+    match write_json(value, &mut out) {
+        Ok(()) => Ok(out.finish()),
         Err(fault) => {
             let mut path = name();
             for segment in fault.segments.iter().rev() {
@@ -56,48 +58,40 @@ impl Fault {
     }
 }
 
-fn write_json(value: &Zval, out: &mut String, depth: usize) -> Result<(), Fault> {
-    if depth > delayq::MAX_DEPTH {
-        return Err(Fault::new(|path| {
-            format!(
-                "{path} is nested deeper than {} levels (or refers to itself)",
-                delayq::MAX_DEPTH
-            )
-        }));
+impl From<PayloadFault> for Fault {
+    fn from(fault: PayloadFault) -> Self {
+        Self::new(move |path| fault.message(path))
     }
+}
+
+fn write_json(value: &Zval, out: &mut PayloadWriter) -> Result<(), Fault> {
     let value = value.dereference();
     match value.get_type() {
-        DataType::Null | DataType::Undef => out.push_str("null"),
-        DataType::True => out.push_str("true"),
-        DataType::False => out.push_str("false"),
-        DataType::Bool => out.push_str(if value.bool().unwrap_or(false) { "true" } else { "false" }),
-        DataType::Long => {
-            out.push_str(itoa::Buffer::new().format(value.long().unwrap_or(0)));
-        }
-        DataType::Double => {
-            let f = value.double().unwrap_or(0.0);
-            if !f.is_finite() {
-                return Err(Fault::new(move |path| {
-                    format!("{path} is {f}, which JSON cannot represent")
-                }));
-            }
-            push_json_f64(out, f);
-        }
+        DataType::Null | DataType::Undef => out.null(),
+        DataType::True => out.bool(true),
+        DataType::False => out.bool(false),
+        DataType::Bool => out.bool(value.bool().unwrap_or(false)),
+        DataType::Long => out.int(value.long().unwrap_or(0)),
+        DataType::Double => out.float(value.double().unwrap_or(0.0))?,
         DataType::String => {
             let bytes = value.zend_str().map(|s| s.as_bytes()).unwrap_or_default();
-            write_str(bytes, out)?;
+            let text = std::str::from_utf8(bytes).map_err(|e| {
+                let at = e.valid_up_to();
+                Fault::new(move |path| format!("{path} is not valid UTF-8 (byte {at})"))
+            })?;
+            out.str(text);
         }
         DataType::Array => {
             let table = value
                 .array()
                 .ok_or_else(|| Fault::new(|path| format!("{path} is an unreadable array")))?;
-            write_table(table, out, depth, is_list(table))?;
+            write_table(table, out, is_list(table))?;
         }
         DataType::Object(_) => {
             let object = value
                 .object()
                 .ok_or_else(|| Fault::new(|path| format!("{path} is an unreadable object")))?;
-            write_object(object, out, depth)?;
+            write_object(object, out)?;
         }
         DataType::Resource => {
             return Err(Fault::new(|path| {
@@ -113,35 +107,13 @@ fn write_json(value: &Zval, out: &mut String, depth: usize) -> Result<(), Fault>
     Ok(())
 }
 
-/// `text` as a JSON string, as serde_json escapes it, straight into `out`.
-fn push_json_str(out: &mut String, text: &str) {
-    // SAFETY: serde_json writes a &str escaped, which is UTF-8: `out` stays valid.
-    let bytes = unsafe { out.as_mut_vec() };
-    let _ = serde_json::to_writer(bytes, text);
-}
-
-/// A finite float as serde_json writes it (ryu, with ".0" on a whole number).
-fn push_json_f64(out: &mut String, f: f64) {
-    // SAFETY: serde_json writes a number in ASCII: `out` stays valid.
-    let bytes = unsafe { out.as_mut_vec() };
-    let _ = serde_json::to_writer(bytes, &f);
-}
-
-fn write_str(bytes: &[u8], out: &mut String) -> Result<(), Fault> {
-    let text = std::str::from_utf8(bytes).map_err(|e| {
-        let at = e.valid_up_to();
-        Fault::new(move |path| format!("{path} is not valid UTF-8 (byte {at})"))
-    })?;
-    push_json_str(out, text);
-    Ok(())
-}
-
-fn write_table(table: &ZendHashTable, out: &mut String, depth: usize, list: bool) -> Result<(), Fault> {
-    out.push(if list { '[' } else { '{' });
-    for (i, (key, item)) in entries(table).enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
+fn write_table(table: &ZendHashTable, out: &mut PayloadWriter, list: bool) -> Result<(), Fault> {
+    if list {
+        out.begin_list()?;
+    } else {
+        out.begin_object()?;
+    }
+    for (key, item) in entries(table) {
         // As PHP reads the element back: $payload[0], $payload["a"].
         let segment = |key: &Key| match key {
             Key::Index(n) => format!("[{n}]"),
@@ -149,9 +121,9 @@ fn write_table(table: &ZendHashTable, out: &mut String, depth: usize, list: bool
             Key::Invalid { .. } => String::new(),
         };
         match &key {
-            Key::Index(n) if !list => push_json_str(out, itoa::Buffer::new().format(*n)),
+            Key::Index(n) if !list => out.key(itoa::Buffer::new().format(*n)),
             Key::Index(_) => {}
-            Key::Name(s) => push_json_str(out, s),
+            Key::Name(s) => out.key(s),
             Key::Invalid { shown, at } => {
                 let (shown, at) = (shown.clone(), *at);
                 return Err(Fault::new(move |path| {
@@ -159,15 +131,16 @@ fn write_table(table: &ZendHashTable, out: &mut String, depth: usize, list: bool
                 }));
             }
         }
-        if !list {
-            out.push(':');
-        }
-        if let Err(mut fault) = write_json(item, out, depth + 1) {
+        if let Err(mut fault) = write_json(item, out) {
             fault.segments.push(segment(&key));
             return Err(fault);
         }
     }
-    out.push(if list { ']' } else { '}' });
+    if list {
+        out.end_list();
+    } else {
+        out.end_object();
+    }
     Ok(())
 }
 
@@ -246,7 +219,7 @@ fn is_list(table: &ZendHashTable) -> bool {
         .all(|(i, (key, _))| matches!(key, Key::Index(n) if usize::try_from(n) == Ok(i)))
 }
 
-fn write_object(object: &ZendObject, out: &mut String, depth: usize) -> Result<(), Fault> {
+fn write_object(object: &ZendObject, out: &mut PayloadWriter) -> Result<(), Fault> {
     let class = object.get_class_name().unwrap_or_else(|_| "object".into());
     if let Some(json_serializable) = ClassEntry::try_find("JsonSerializable")
         && object.instance_of(json_serializable)
@@ -255,14 +228,18 @@ fn write_object(object: &ZendObject, out: &mut String, depth: usize) -> Result<(
             let e = e.to_string();
             Fault::new(move |path| format!("{path}: {class}::jsonSerialize() failed: {e}"))
         })?;
-        return write_json(&data, out, depth + 1);
+        // A level of its own: an object whose jsonSerialize() returns itself is too deep.
+        out.enter()?;
+        write_json(&data, out)?;
+        out.leave();
+        return Ok(());
     }
     if class == "stdClass" {
         let props = object.get_properties().map_err(|e| {
             let e = e.to_string();
             Fault::new(move |path| format!("{path}: cannot read the properties of stdClass: {e}"))
         })?;
-        return write_table(props, out, depth, false);
+        return write_table(props, out, false);
     }
     let hint = if class == "Closure" {
         "a Closure cannot be a payload".to_owned()

@@ -190,7 +190,7 @@ impl PhpDelayQueue {
             .or_throw()?;
         let opts = push_options(options.0, "push option")?;
         let json = convert::payload_to_json(payload)?;
-        self.queue.push_json(&json, due, &opts).or_throw()
+        self.queue.push_json(json, due, &opts).or_throw()
     }
 
     /// Schedule `$payload` at `$at`: Unix seconds (float) or a DateTimeInterface.
@@ -201,7 +201,7 @@ impl PhpDelayQueue {
         let due = absolute(at.0)?;
         let opts = push_options(options.0, "pushAt option")?;
         let json = convert::payload_to_json(payload)?;
-        self.queue.push_json(&json, due, &opts).or_throw()
+        self.queue.push_json(json, due, &opts).or_throw()
     }
 
     /// Schedule many messages in one round trip. Each item is
@@ -406,7 +406,7 @@ impl PhpDelayQueue {
         let json = convert::payload_to_json(payload)?;
         let due = self
             .queue
-            .repeat_json(&name, &schedule, &json, &repeat_options)
+            .repeat_json(&name, &schedule, json, &repeat_options)
             .or_throw()?;
         Ok(ms_to_secs(due))
     }

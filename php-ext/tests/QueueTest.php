@@ -13,6 +13,14 @@ final class Order implements JsonSerializable
     }
 }
 
+final class SelfSerializing implements JsonSerializable
+{
+    public function jsonSerialize(): mixed
+    {
+        return $this;
+    }
+}
+
 final class QueueTest extends TestCase
 {
     private DelayQueue $q;
@@ -306,6 +314,8 @@ final class QueueTest extends TestCase
             'object' => [fn (DelayQueue $q) => $q->push(new ArrayObject()), DelayQueuePayloadException::class, 'ArrayObject'],
             'invalid utf-8' => [fn (DelayQueue $q) => $q->push(['k' => "\xff"]), DelayQueuePayloadException::class, 'not valid UTF-8'],
             'nan in payload' => [fn (DelayQueue $q) => $q->push([NAN]), DelayQueuePayloadException::class, 'NaN'],
+            'jsonSerialize returning itself' => [fn (DelayQueue $q) => $q->push(['job' => new SelfSerializing()]), DelayQueuePayloadException::class,
+                ' is nested deeper than 128 levels (or contains itself)'],
             'too deep' => [fn (DelayQueue $q) => $q->push(json_decode(str_repeat('[', 200) . str_repeat(']', 200), true, 512)), DelayQueuePayloadException::class, 'nested deeper'],
             'nan delay' => [fn (DelayQueue $q) => $q->push(1, NAN), DelayQueueInvalidArgumentException::class, 'invalid delay'],
             'inf delay' => [fn (DelayQueue $q) => $q->push(1, INF), DelayQueueInvalidArgumentException::class, 'must be finite'],

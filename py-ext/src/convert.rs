@@ -5,19 +5,22 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
+use delayq::payload::PayloadFault;
+use delayq::{PayloadJson, PayloadWriter};
+
 use crate::errors;
 
-pub(crate) fn payload_to_json(value: &Bound<'_, PyAny>) -> PyResult<String> {
+pub(crate) fn payload_to_json(value: &Bound<'_, PyAny>) -> PyResult<PayloadJson> {
     payload_to_json_named(value, || "payload".into())
 }
 
 /// The same, with errors naming the payload `name` (e.g. "push_many item 3 payload").
-/// One walk writes the text; the path to a value that cannot be written is put
-/// together only for the error, as it propagates.
-pub(crate) fn payload_to_json_named(value: &Bound<'_, PyAny>, name: impl FnOnce() -> String) -> PyResult<String> {
-    let mut out = String::with_capacity(64);
-    match write_json(value, &mut out, 0) {
-        Ok(()) => Ok(out),
+/// One walk drives the core's writer, which holds the limits; the path to a value that
+/// cannot be written is put together only for the error, as it propagates.
+pub(crate) fn payload_to_json_named(value: &Bound<'_, PyAny>, name: impl FnOnce() -> String) -> PyResult<PayloadJson> {
+    let mut out = PayloadWriter::new();
+    match write_json(value, &mut out) {
+        Ok(()) => Ok(out.finish()),
         Err(Fault::Raised(e)) => Err(e),
         Err(Fault::At {
             segments,
@@ -97,26 +100,17 @@ impl From<PyErr> for Fault {
     }
 }
 
-/// `text` as a JSON string, as serde_json escapes it, straight into `out`.
-fn push_json_str(out: &mut String, text: &str) {
-    // SAFETY: serde_json writes a &str escaped, which is UTF-8: `out` stays valid.
-    let bytes = unsafe { out.as_mut_vec() };
-    let _ = serde_json::to_writer(bytes, text);
+impl From<PayloadFault> for Fault {
+    fn from(fault: PayloadFault) -> Self {
+        Self::payload(move |path| fault.message(path))
+    }
 }
 
-fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize) -> Result<(), Fault> {
-    if depth > delayq::MAX_DEPTH {
-        return Err(Fault::payload(|path| {
-            format!(
-                "{path} is nested deeper than {} levels (or contains itself)",
-                delayq::MAX_DEPTH
-            )
-        }));
-    }
+fn write_json(value: &Bound<'_, PyAny>, out: &mut PayloadWriter) -> Result<(), Fault> {
     if value.is_none() {
-        out.push_str("null");
+        out.null();
     } else if let Ok(b) = value.cast::<PyBool>() {
-        out.push_str(if b.is_true() { "true" } else { "false" });
+        out.bool(b.is_true());
     } else if let Ok(i) = value.cast::<PyInt>() {
         // Signed 64 bits only: PHP (and most JSON readers) would turn 2**63 and beyond
         // into a float, silently rounded.
@@ -126,24 +120,17 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize) -> Resul
                 format!("{path} is {shown}, outside the signed 64-bit range (-2**63 to 2**63-1)")
             })
         })?;
-        out.push_str(itoa::Buffer::new().format(n));
+        out.int(n);
     } else if let Ok(f) = value.cast::<PyFloat>() {
-        let f = f.value();
-        if !f.is_finite() {
-            return Err(Fault::payload(move |path| {
-                format!("{path} is {f}, which JSON cannot represent")
-            }));
-        }
-        // SAFETY: serde_json writes a number in ASCII: `out` stays valid.
-        let _ = serde_json::to_writer(unsafe { out.as_mut_vec() }, &f);
+        out.float(f.value())?;
     } else if let Ok(s) = value.cast::<PyString>() {
         let text = s.to_cow().map_err(|_| {
             Fault::payload(|path| format!("{path} is a str that is not valid unicode (lone surrogate)"))
         })?;
-        push_json_str(out, &text);
+        out.str(&text);
     } else if let Ok(d) = value.cast::<PyDict>() {
-        out.push('{');
-        for (i, (k, v)) in d.iter().enumerate() {
+        out.begin_object()?;
+        for (k, v) in d.iter() {
             let key = k.cast::<PyString>().map_err(|_| {
                 let shown = type_name(&k);
                 Fault::wrong_type(move |path| format!("{path} has a key of type {shown}; JSON object keys must be str"))
@@ -151,23 +138,16 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut String, depth: usize) -> Resul
             let key = key
                 .to_cow()
                 .map_err(|_| Fault::payload(|path| format!("{path} has a key that is not valid unicode")))?;
-            if i > 0 {
-                out.push(',');
-            }
-            push_json_str(out, &key);
-            out.push(':');
-            write_json(&v, out, depth + 1).map_err(|f| f.inside(|| format!("[{key:?}]")))?;
+            out.key(&key);
+            write_json(&v, out).map_err(|f| f.inside(|| format!("[{key:?}]")))?;
         }
-        out.push('}');
+        out.end_object();
     } else if value.cast::<PyList>().is_ok() || value.cast::<PyTuple>().is_ok() {
-        out.push('[');
+        out.begin_list()?;
         for (i, item) in value.try_iter()?.enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            write_json(&item?, out, depth + 1).map_err(|f| f.inside(|| format!("[{i}]")))?;
+            write_json(&item?, out).map_err(|f| f.inside(|| format!("[{i}]")))?;
         }
-        out.push(']');
+        out.end_list();
     } else {
         let shown = type_name(value);
         return Err(Fault::wrong_type(move |path| {

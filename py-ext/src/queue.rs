@@ -131,7 +131,7 @@ impl PyQueue {
             expire_after: duration(py, "expire_after", expire_after)?,
             serial_key,
         };
-        py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
+        py.detach(|| self.queue.push_json(json, due, &opts)).or_raise(py)
     }
 
     /// Schedule `payload` at `at`: Unix seconds or a datetime.
@@ -160,7 +160,7 @@ impl PyQueue {
             expire_after: duration(py, "expire_after", expire_after)?,
             serial_key,
         };
-        py.detach(|| self.queue.push_json(&json, due, &opts)).or_raise(py)
+        py.detach(|| self.queue.push_json(json, due, &opts)).or_raise(py)
     }
 
     /// Schedule many messages in one round trip: `(payload, delay)` tuples or dicts
@@ -464,7 +464,7 @@ impl PyQueue {
         .or_raise(py)?;
         let json = payload_to_json(payload)?;
         let due = py
-            .detach(|| self.queue.repeat_json(&name, &schedule, &json, &options))
+            .detach(|| self.queue.repeat_json(&name, &schedule, json, &options))
             .or_raise(py)?;
         Ok(ms_to_secs(due))
     }

@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use redis::{FromRedisValue, RedisResult, Value};
-use serde::Serialize;
 
 use crate::conn::{Conn, ConnSlot, Endpoint, Replay};
 use crate::error::{Error, Result};
@@ -41,10 +40,6 @@ pub(super) fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
 /// Most messages a page of a listing may skip (`list_page`, `dead_letters_page`): on a
 /// partitioned queue each partition's first `start + limit` are read to merge them.
 pub const MAX_PAGE_START: usize = 100_000;
-
-pub(crate) fn to_json<T: Serialize + ?Sized>(payload: &T) -> Result<String> {
-    serde_json::to_string(payload).map_err(|e| Error::PayloadNotSerializable(e.to_string()))
-}
 
 pub(crate) struct Inner {
     pub(crate) name: String,

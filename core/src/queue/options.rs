@@ -13,9 +13,10 @@ use crate::options::{
     BOTH, Default as OptionDefault, Kind as OptionKind, OptionRow, PHP, Value, count, find, other, positive_seconds,
     seconds, text,
 };
+use crate::payload::PayloadJson;
 use crate::time::{Due, ceil_ms, seconds_text};
 
-use super::to_json;
+use crate::payload::to_json;
 
 /// Settings of one queue. The defaults are the same in every binding, so PHP and
 /// Python address the same keys given the same URL, queue name and prefix.
@@ -335,8 +336,9 @@ pub struct PushOptions {
 /// One message of a `push_many` batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewMessage {
-    /// The payload as JSON text.
-    pub payload_json: String,
+    /// The payload as JSON text: any text (`"…".into()`, checked at push) or what a
+    /// `PayloadWriter` wrote.
+    pub payload_json: PayloadJson,
     /// When it is due: after a delay or at a time.
     pub due: Due,
     /// Its id, attempts, expiry and keys.

@@ -8,26 +8,26 @@ use crate::conn::Replay;
 use crate::error::{Error, Result};
 use crate::scripts::{MAX_BATCH, push};
 use crate::time::Due;
-use crate::{NewMessage, PushOptions, Queue, envelope};
+use crate::{NewMessage, PayloadJson, PushOptions, Queue, envelope};
 
-use super::to_json;
 use super::validate::{expire_after_ms, validate_id, validate_key, validate_max_attempts, validate_serial_key};
+use crate::payload::to_json;
 
 impl Queue {
     /// Schedule `payload` (any serialisable value) after `delay`. Returns its id.
     pub fn push<T: Serialize + ?Sized>(&self, payload: &T, due: impl Into<Due>) -> Result<String> {
-        self.push_json(&to_json(payload)?, due.into(), &PushOptions::default())
+        self.push_json(to_json(payload)?, due.into(), &PushOptions::default())
     }
 
     /// Schedule `payload` at the Unix time `at`.
     pub fn push_at<T: Serialize + ?Sized>(&self, payload: &T, at: std::time::SystemTime) -> Result<String> {
-        self.push_json(&to_json(payload)?, Due::at(at), &PushOptions::default())
+        self.push_json(to_json(payload)?, Due::at(at), &PushOptions::default())
     }
 
     /// Schedule a payload given as JSON text. One round trip.
-    pub fn push_json(&self, payload_json: &str, due: Due, options: &PushOptions) -> Result<String> {
+    pub fn push_json(&self, payload_json: impl Into<PayloadJson>, due: Due, options: &PushOptions) -> Result<String> {
         let mut ids = self.push_many(&[NewMessage {
-            payload_json: payload_json.to_owned(),
+            payload_json: payload_json.into(),
             due,
             options: options.clone(),
         }])?;
@@ -59,7 +59,7 @@ impl Queue {
                     }
                 }
             };
-            envelope::validate_payload(&m.payload_json, inner.opts.max_payload_bytes).map_err(at)?;
+            m.payload_json.validate(inner.opts.max_payload_bytes).map_err(at)?;
             validate_max_attempts(&inner.opts.layout, m.options.max_attempts).map_err(at)?;
             let expire_after = expire_after_ms(&inner.opts.layout, m.options.expire_after).map_err(at)?;
             m.due.validate().map_err(at)?;

@@ -9,10 +9,10 @@ use crate::keys::partition_of;
 use crate::repeat::{RepeatInfo, RepeatOptions, Schedule};
 use crate::scripts::repeat as repeat_script;
 use crate::scripts::replies::Flag;
-use crate::{Queue, envelope, repeat};
+use crate::{PayloadJson, Queue, envelope, repeat};
 
-use super::to_json;
 use super::validate::{expire_after_ms, validate_max_attempts, validate_repeat_name};
+use crate::payload::to_json;
 
 impl Queue {
     /// Define a repeating message, or change one: `name` pushes `payload` once per
@@ -23,7 +23,7 @@ impl Queue {
     /// occurrence. Consumer pools push each next occurrence (see the `repeat` module).
     /// Returns the due time (Unix ms) of the next occurrence.
     pub fn repeat<T: Serialize + ?Sized>(&self, name: &str, schedule: &Schedule, payload: &T) -> Result<i64> {
-        self.repeat_json(name, schedule, &to_json(payload)?, &RepeatOptions::default())
+        self.repeat_json(name, schedule, to_json(payload)?, &RepeatOptions::default())
     }
 
     /// `repeat` with the payload as JSON text and options for every occurrence.
@@ -31,11 +31,13 @@ impl Queue {
         &self,
         name: &str,
         schedule: &Schedule,
-        payload_json: &str,
+        payload_json: impl Into<PayloadJson>,
         options: &RepeatOptions,
     ) -> Result<i64> {
         validate_repeat_name(name)?;
-        envelope::validate_payload(payload_json, self.inner.opts.max_payload_bytes)?;
+        let payload_json = payload_json.into();
+        payload_json.validate(self.inner.opts.max_payload_bytes)?;
+        let payload_json = payload_json.as_str();
         validate_max_attempts(&self.inner.opts.layout, options.max_attempts)?;
         let expire_after = expire_after_ms(&self.inner.opts.layout, options.expire_after)?;
         let now = crate::time::now_unix_ms();

@@ -9,7 +9,7 @@ use crate::keys::partition_of;
 use crate::scripts::replies::Ids;
 use crate::scripts::{MAX_BATCH, admin};
 use crate::time::Due;
-use crate::{Listing, MessageInfo, NewMessage, PushOptions, Queue, State, envelope};
+use crate::{Listing, MessageInfo, NewMessage, PayloadJson, PushOptions, Queue, State};
 
 use super::validate::{expire_after_ms, validate_id};
 
@@ -132,7 +132,9 @@ impl Queue {
             )
         };
         validate_id(&m.id).map_err(|e| refuse(e.to_string()))?;
-        envelope::validate_payload(&m.payload_json, self.inner.opts.max_payload_bytes)
+        let payload_json = PayloadJson::from(m.payload_json.as_str());
+        payload_json
+            .validate(self.inner.opts.max_payload_bytes)
             .map_err(|e| refuse(e.to_string()))?;
         let due_ms = m.due_at_ms.unwrap_or(0);
         let expire_after = m
@@ -140,7 +142,7 @@ impl Queue {
             .map(|deadline| Duration::from_millis(u64::try_from(deadline - due_ms).unwrap_or(0).max(1)));
         expire_after_ms(&self.inner.opts.layout, expire_after).map_err(|e| refuse(e.to_string()))?;
         Ok(NewMessage {
-            payload_json: m.payload_json.clone(),
+            payload_json: PayloadJson::checked(payload_json.into_string()),
             due: Due::AtUnixMs(due_ms),
             options: PushOptions {
                 id: Some(m.id.clone()),

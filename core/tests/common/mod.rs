@@ -706,7 +706,7 @@ pub fn push_numbered_retrying(q: &Queue, i: u64) {
     };
     let give_up = Instant::now() + Duration::from_secs(60);
     loop {
-        match q.push_json(&i.to_string(), delayq::Due::In(Duration::from_millis(i % 20)), &opts) {
+        match q.push_json(i.to_string(), delayq::Due::In(Duration::from_millis(i % 20)), &opts) {
             Ok(_) => return,
             Err(e) if e.is_retryable() && Instant::now() < give_up => std::thread::sleep(Duration::from_millis(50)),
             Err(e) => panic!("push {i}: {e}"),

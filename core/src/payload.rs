@@ -1,0 +1,461 @@
+//! Payload JSON text on its way in, and the one writer the bindings drive.
+//!
+//! A push stores a payload's JSON text byte for byte, so the text must be one JSON value
+//! within the limits every language can read back: nesting at most `MAX_DEPTH`, finite
+//! numbers, integers within 64 signed bits. Text from outside (`push_json`, a serde
+//! value, a stored message moved to another queue) is checked once, at push.
+//! `PayloadWriter` writes text that needs no check: a binding walks its language's
+//! values and calls it, and the writer enforces the same limits as it goes, so the
+//! values are walked once and the text is never read again before Redis.
+
+use crate::envelope::{self, MAX_DEPTH};
+use crate::error::{Error, Result};
+
+/// A payload's JSON text, and whether it is known to be valid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadJson {
+    text: String,
+    /// Written by `PayloadWriter`, or checked already: push checks only its size.
+    valid: bool,
+}
+
+impl PayloadJson {
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The JSON text, owned.
+    pub fn into_string(self) -> String {
+        self.text
+    }
+
+    /// Text that `validate_payload` has accepted.
+    pub(crate) fn checked(text: String) -> Self {
+        Self { text, valid: true }
+    }
+
+    /// Check what is not known yet: the size always (a queue's limit), the rest unless
+    /// the writer wrote it or it was checked before.
+    pub(crate) fn validate(&self, max_bytes: usize) -> Result<()> {
+        if self.valid {
+            envelope::check_size(&self.text, max_bytes)
+        } else {
+            envelope::validate_payload(&self.text, max_bytes)
+        }
+    }
+}
+
+/// Text from outside: checked at push.
+impl From<String> for PayloadJson {
+    fn from(text: String) -> Self {
+        Self { text, valid: false }
+    }
+}
+
+/// Text from outside: checked at push.
+impl From<&str> for PayloadJson {
+    fn from(text: &str) -> Self {
+        text.to_owned().into()
+    }
+}
+
+/// Text from outside: checked at push.
+impl From<&String> for PayloadJson {
+    fn from(text: &String) -> Self {
+        text.clone().into()
+    }
+}
+
+impl std::ops::Deref for PayloadJson {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.text
+    }
+}
+
+/// Why a value could not be written. The binding knows where the value is and passes
+/// that path (`$payload["a"][0]`, `payload['a'][0]`) to `message`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PayloadFault {
+    /// One more level of nesting than `MAX_DEPTH` (or a value that contains itself).
+    TooDeep,
+    /// NaN or an infinity.
+    NotFinite(f64),
+}
+
+impl PayloadFault {
+    /// The error text for the value at `path`.
+    pub fn message(&self, path: &str) -> String {
+        match self {
+            Self::TooDeep => format!("{path} is nested deeper than {MAX_DEPTH} levels (or contains itself)"),
+            Self::NotFinite(f) => format!("{path} is {f}, which JSON cannot represent"),
+        }
+    }
+}
+
+/// Writes one JSON value as a binding walks its language's value: scalars, and lists
+/// and objects opened and closed around their items. Strings are escaped as serde_json
+/// does, floats written as serde_json writes them (ryu, `.0` on a whole number).
+///
+/// The writer keeps the structure itself (commas, colons, which container is open), so
+/// a binding cannot make it write text that is not JSON: a call out of place (a key in
+/// a list, a close that does not match) marks the text, which push then checks in full
+/// and refuses with serde_json's error.
+#[derive(Debug)]
+pub struct PayloadWriter {
+    out: String,
+    /// The open containers, innermost last: true for an object.
+    open: Vec<bool>,
+    /// Levels that write nothing (see `enter`), counted against the depth limit.
+    entered: usize,
+    /// A value was written at this level: the next one needs a comma.
+    comma: bool,
+    /// In an object, a key was written and its value not yet.
+    after_key: bool,
+    /// Whole values written at the top.
+    roots: u32,
+    misused: bool,
+}
+
+impl Default for PayloadWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PayloadWriter {
+    /// A writer with nothing written.
+    pub fn new() -> Self {
+        Self {
+            out: String::with_capacity(64),
+            open: Vec::new(),
+            entered: 0,
+            comma: false,
+            after_key: false,
+            roots: 0,
+            misused: false,
+        }
+    }
+
+    /// The text written, valid unless the writer was misused.
+    pub fn finish(self) -> PayloadJson {
+        debug_assert!(self.is_whole(), "a payload writer was misused: {self:?}");
+        self.into_payload()
+    }
+
+    /// One whole value, every container closed, every call in its place.
+    fn is_whole(&self) -> bool {
+        !self.misused && self.open.is_empty() && self.entered == 0 && self.roots == 1
+    }
+
+    fn into_payload(self) -> PayloadJson {
+        PayloadJson {
+            valid: self.is_whole(),
+            text: self.out,
+        }
+    }
+
+    /// `null`.
+    pub fn null(&mut self) {
+        self.scalar("null");
+    }
+
+    /// `true` or `false`.
+    pub fn bool(&mut self, b: bool) {
+        self.scalar(if b { "true" } else { "false" });
+    }
+
+    /// An integer: 64 signed bits, which every consumer language reads exactly.
+    pub fn int(&mut self, n: i64) {
+        self.scalar(itoa::Buffer::new().format(n));
+    }
+
+    /// A finite float; NaN and the infinities are refused.
+    pub fn float(&mut self, f: f64) -> std::result::Result<(), PayloadFault> {
+        if !f.is_finite() {
+            return Err(PayloadFault::NotFinite(f));
+        }
+        self.before_value();
+        // SAFETY: serde_json writes a number in ASCII: `out` stays UTF-8.
+        let _ = serde_json::to_writer(unsafe { self.out.as_mut_vec() }, &f);
+        self.after_value();
+        Ok(())
+    }
+
+    /// A string (a `&str` is UTF-8: a binding turns its bytes into one first).
+    pub fn str(&mut self, s: &str) {
+        self.before_value();
+        self.push_str_escaped(s);
+        self.after_value();
+    }
+
+    /// Open a list; refused one level past `MAX_DEPTH`.
+    pub fn begin_list(&mut self) -> std::result::Result<(), PayloadFault> {
+        self.begin(false)
+    }
+
+    /// Close the open list.
+    pub fn end_list(&mut self) {
+        self.end(false);
+    }
+
+    /// Open an object; refused one level past `MAX_DEPTH`.
+    pub fn begin_object(&mut self) -> std::result::Result<(), PayloadFault> {
+        self.begin(true)
+    }
+
+    /// The key of the next value in the open object.
+    pub fn key(&mut self, k: &str) {
+        if self.open.last() != Some(&true) || self.after_key {
+            self.misused = true;
+        }
+        if self.comma {
+            self.out.push(',');
+        }
+        self.push_str_escaped(k);
+        self.out.push(':');
+        self.comma = false;
+        self.after_key = true;
+    }
+
+    /// Close the open object.
+    pub fn end_object(&mut self) {
+        self.end(true);
+    }
+
+    /// A level of the binding's own that writes nothing (PHP's `jsonSerialize()`
+    /// returning another value): counted against the depth limit, so a value whose
+    /// conversion never ends is refused as too deep. Close it with `leave`.
+    pub fn enter(&mut self) -> std::result::Result<(), PayloadFault> {
+        if self.depth() >= MAX_DEPTH {
+            return Err(PayloadFault::TooDeep);
+        }
+        self.entered += 1;
+        Ok(())
+    }
+
+    /// Close the level `enter` opened.
+    pub fn leave(&mut self) {
+        match self.entered.checked_sub(1) {
+            Some(n) => self.entered = n,
+            None => self.misused = true,
+        }
+    }
+
+    fn depth(&self) -> usize {
+        self.open.len() + self.entered
+    }
+
+    fn scalar(&mut self, text: &str) {
+        self.before_value();
+        self.out.push_str(text);
+        self.after_value();
+    }
+
+    fn begin(&mut self, object: bool) -> std::result::Result<(), PayloadFault> {
+        if self.depth() >= MAX_DEPTH {
+            return Err(PayloadFault::TooDeep);
+        }
+        self.before_value();
+        self.out.push(if object { '{' } else { '[' });
+        self.open.push(object);
+        self.comma = false;
+        self.after_key = false;
+        Ok(())
+    }
+
+    fn end(&mut self, object: bool) {
+        if self.open.pop() != Some(object) || self.after_key {
+            self.misused = true;
+        }
+        self.out.push(if object { '}' } else { ']' });
+        self.after_value();
+    }
+
+    fn before_value(&mut self) {
+        match self.open.last() {
+            None => self.misused |= self.roots > 0,
+            Some(false) => {
+                if self.comma {
+                    self.out.push(',');
+                }
+            }
+            Some(true) => self.misused |= !self.after_key,
+        }
+    }
+
+    fn after_value(&mut self) {
+        self.comma = true;
+        self.after_key = false;
+        if self.open.is_empty() {
+            self.roots += 1;
+        }
+    }
+
+    fn push_str_escaped(&mut self, s: &str) {
+        // SAFETY: serde_json writes a &str escaped, which is UTF-8: `out` stays UTF-8.
+        let _ = serde_json::to_writer(unsafe { self.out.as_mut_vec() }, s);
+    }
+}
+
+/// A serde value's text (`Queue::push`): serde writes JSON, but neither limits its
+/// depth nor keeps integers within 64 signed bits, so push checks it.
+pub(crate) fn to_json<T: serde::Serialize + ?Sized>(payload: &T) -> Result<PayloadJson> {
+    serde_json::to_string(payload)
+        .map(PayloadJson::from)
+        .map_err(|e| Error::PayloadNotSerializable(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(f: impl FnOnce(&mut PayloadWriter) -> std::result::Result<(), PayloadFault>) -> PayloadJson {
+        let mut w = PayloadWriter::new();
+        f(&mut w).expect("writes");
+        w.finish()
+    }
+
+    #[test]
+    fn writes_what_serde_json_writes_and_marks_it_valid() {
+        let p = written(|w| {
+            w.begin_object()?;
+            w.key("a");
+            w.begin_list()?;
+            w.int(i64::MIN);
+            w.float(1.0)?;
+            w.float(-0.5e-300)?;
+            w.str("é\"\\\n\u{1}");
+            w.null();
+            w.bool(true);
+            w.begin_object()?;
+            w.end_object();
+            w.begin_list()?;
+            w.end_list();
+            w.end_list();
+            w.key("");
+            w.bool(false);
+            w.end_object();
+            Ok(())
+        });
+        let expected =
+            serde_json::json!({"a": [i64::MIN, 1.0, -0.5e-300, "é\"\\\n\u{1}", null, true, {}, []], "": false});
+        assert_eq!(p.as_str(), serde_json::to_string(&expected).expect("json"));
+        assert!(p.valid);
+        assert!(envelope::validate_payload(p.as_str(), 1 << 20).is_ok());
+    }
+
+    #[test]
+    fn a_scalar_alone_is_a_payload() {
+        let p = written(|w| w.float(2.5));
+        assert_eq!((p.as_str(), p.valid), ("2.5", true));
+    }
+
+    #[test]
+    fn nesting_stops_at_the_limit_that_push_checks() {
+        let mut w = PayloadWriter::new();
+        for _ in 0..MAX_DEPTH {
+            w.begin_list().expect("within the limit");
+        }
+        assert_eq!(w.begin_list(), Err(PayloadFault::TooDeep));
+        assert_eq!(w.begin_object(), Err(PayloadFault::TooDeep));
+        assert_eq!(w.enter(), Err(PayloadFault::TooDeep));
+        for _ in 0..MAX_DEPTH {
+            w.end_list();
+        }
+        let p = w.finish();
+        assert!(p.valid);
+        // The deepest text the writer gives is the deepest push takes, and one more
+        // level is refused by both.
+        assert!(envelope::validate_payload(p.as_str(), 1 << 20).is_ok());
+        let deeper = format!("[{}]", p.as_str());
+        assert!(envelope::validate_payload(&deeper, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn levels_that_write_nothing_count_toward_the_limit() {
+        let mut w = PayloadWriter::new();
+        for _ in 0..MAX_DEPTH - 1 {
+            w.enter().expect("within the limit");
+        }
+        w.begin_list().expect("the last level");
+        assert_eq!(w.begin_list(), Err(PayloadFault::TooDeep));
+    }
+
+    #[test]
+    fn nan_and_infinities_are_refused_and_named() {
+        let mut w = PayloadWriter::new();
+        for f in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let fault = w.float(f).expect_err("not finite");
+            assert!(fault.message("payload[0]").starts_with("payload[0] is "), "{fault:?}");
+        }
+        assert_eq!(
+            PayloadFault::NotFinite(f64::INFINITY).message("$payload"),
+            "$payload is inf, which JSON cannot represent"
+        );
+        assert_eq!(
+            PayloadFault::TooDeep.message("$payload[0]"),
+            format!("$payload[0] is nested deeper than {MAX_DEPTH} levels (or contains itself)")
+        );
+    }
+
+    #[test]
+    fn a_misused_writer_gives_text_that_push_checks_in_full() {
+        type Misuse = fn(&mut PayloadWriter);
+        let cases: [(&str, Misuse); 8] = [
+            ("nothing", |_| {}),
+            ("two values", |w| {
+                w.null();
+                w.null();
+            }),
+            ("an unclosed list", |w| {
+                let _ = w.begin_list();
+            }),
+            ("a value with no key", |w| {
+                let _ = w.begin_object();
+                w.int(1);
+                w.end_object();
+            }),
+            ("a key with no value", |w| {
+                let _ = w.begin_object();
+                w.key("a");
+                w.end_object();
+            }),
+            ("a key in a list", |w| {
+                let _ = w.begin_list();
+                w.key("a");
+                w.int(1);
+                w.end_list();
+            }),
+            ("a close that does not match", |w| {
+                let _ = w.begin_list();
+                w.end_object();
+            }),
+            ("a leave with no enter", |w| {
+                w.null();
+                w.leave();
+            }),
+        ];
+        for (what, misuse) in cases {
+            let mut w = PayloadWriter::new();
+            misuse(&mut w);
+            // finish() asserts in debug builds; what a release build gives is this.
+            let p = w.into_payload();
+            assert!(!p.valid, "{what}: {:?} taken as valid", p.as_str());
+        }
+    }
+
+    #[test]
+    fn outside_text_is_checked_and_written_text_only_measured() {
+        assert!(PayloadJson::from("{oops").validate(100).is_err());
+        assert!(PayloadJson::from("[1]").validate(100).is_ok());
+        let p = written(|w| {
+            w.str("long");
+            Ok(())
+        });
+        let err = p.validate(3).expect_err("too large").to_string();
+        assert!(err.contains('6'), "{err}");
+    }
+}
