@@ -113,26 +113,33 @@ fn write_table(table: &ZendHashTable, out: &mut PayloadWriter, list: bool) -> Re
     } else {
         out.begin_object()?;
     }
-    for (key, item) in entries(table) {
-        // As PHP reads the element back: $payload[0], $payload["a"].
-        let segment = |key: &Key| match key {
-            Key::Index(n) => format!("[{n}]"),
-            Key::Name(s) => format!("[{s:?}]"),
-            Key::Invalid { .. } => String::new(),
-        };
-        match &key {
-            Key::Index(n) if !list => out.key(itoa::Buffer::new().format(*n)),
-            Key::Index(_) => {}
-            Key::Name(s) => out.key(s),
-            Key::Invalid { shown, at } => {
-                let (shown, at) = (shown.clone(), *at);
-                return Err(Fault::new(move |path| {
-                    format!("{path}[\"{shown}\"]: the array key is not valid UTF-8 (byte {at})")
-                }));
+    let mut items = Iter::new(table);
+    // Keys are read in place, as PHP holds them: no copy of a key per element.
+    while let Some((key, item)) = items.next_zval() {
+        let index = key.long();
+        if !list {
+            match index {
+                Some(n) => out.key(itoa::Buffer::new().format(n)),
+                None => {
+                    let bytes = key.zend_str().map(|s| s.as_bytes()).unwrap_or_default();
+                    match utf8(bytes) {
+                        Ok(name) => out.key(name),
+                        Err(Invalid { shown, at }) => {
+                            return Err(Fault::new(move |path| {
+                                format!("{path}[\"{shown}\"]: the array key is not valid UTF-8 (byte {at})")
+                            }));
+                        }
+                    }
+                }
             }
         }
         if let Err(mut fault) = write_json(item, out) {
-            fault.segments.push(segment(&key));
+            // As PHP reads the element back: $payload[0], $payload["a"].
+            fault.segments.push(match (index, key_of(&key)) {
+                (Some(n), _) => format!("[{n}]"),
+                (None, Key::Name(s)) => format!("[{s:?}]"),
+                (None, _) => String::new(),
+            });
             return Err(fault);
         }
     }
@@ -214,6 +221,15 @@ pub(crate) fn entries(table: &ZendHashTable) -> Entries<'_> {
 /// Whether the keys are 0, 1, 2…: a JSON list (`has_sequential_keys`, which panics on
 /// a key that is not UTF-8).
 fn is_list(table: &ZendHashTable) -> bool {
+    // PHP's HASH_FLAG_PACKED (Zend/zend_hash.h, the same since PHP 7.0; bindgen does
+    // not carry it). A packed array without holes has the keys 0..n-1, as PHP's own
+    // zend_array_is_list() tests first: a list is known without walking it.
+    const HASH_FLAG_PACKED: u32 = 1 << 2;
+    // SAFETY: `flags` overlays the four one-byte fields of `u.v`: any value is valid.
+    let packed = unsafe { table.u.flags } & HASH_FLAG_PACKED != 0;
+    if packed && table.nNumUsed == table.nNumOfElements {
+        return true;
+    }
     entries(table)
         .enumerate()
         .all(|(i, (key, _))| matches!(key, Key::Index(n) if usize::try_from(n) == Ok(i)))
