@@ -52,7 +52,7 @@ pub use envelope::{MAX_DEPTH, decode_payload, decode_payload_with, parse_payload
 pub use error::{Category, Error, Result};
 pub use keys::{Layout, MAX_PARTITIONS};
 pub use logs::{LogRecord, capture_logs, logger_name, set_log_level, take_logs};
-pub use payload::{PayloadJson, PayloadWriter};
+pub use payload::{PayloadFault, PayloadJson, PayloadWriter};
 pub use queue::{
     COUNTERS, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MAX_ID_BYTES, MAX_KEEP_COMPLETED,
     MAX_PAGE_START, MAX_PAYLOAD_BYTES, MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES, MessageInfo, NewMessage, PushOptions,

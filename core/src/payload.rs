@@ -12,7 +12,7 @@ use crate::envelope::{self, MAX_DEPTH};
 use crate::error::{Error, Result};
 
 /// A payload's JSON text, and whether it is known to be valid.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct PayloadJson {
     text: String,
     /// Written by `PayloadWriter`, or checked already: push checks only its size.
@@ -45,6 +45,15 @@ impl PayloadJson {
         }
     }
 }
+
+/// Equal texts are equal payloads, however each was made.
+impl PartialEq for PayloadJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for PayloadJson {}
 
 /// Text from outside: checked at push.
 impl From<String> for PayloadJson {
@@ -89,7 +98,9 @@ impl PayloadFault {
     /// The error text for the value at `path`.
     pub fn message(&self, path: &str) -> String {
         match self {
-            Self::TooDeep => format!("{path} is nested deeper than {MAX_DEPTH} levels (or contains itself)"),
+            Self::TooDeep => format!(
+                "{path} is nested deeper than {MAX_DEPTH} levels (or contains itself); the limit is {MAX_DEPTH}, so that every consumer language can decode it"
+            ),
             Self::NotFinite(f) => format!("{path} is {f}, which JSON cannot represent"),
         }
     }
@@ -100,15 +111,15 @@ impl PayloadFault {
 /// does, floats written as serde_json writes them (ryu, `.0` on a whole number).
 ///
 /// The writer keeps the structure itself (commas, colons, which container is open), so
-/// a binding cannot make it write text that is not JSON: a call out of place (a key in
-/// a list, a close that does not match) marks the text, which push then checks in full
-/// and refuses with serde_json's error.
+/// a binding cannot make it pass off text that is not JSON: a call out of place (a key
+/// in a list, a close that does not match) leaves the text unchecked, and push checks it
+/// in full as it checks text from outside.
 #[derive(Debug)]
 pub struct PayloadWriter {
     out: String,
-    /// The open containers, innermost last: true for an object.
-    open: Vec<bool>,
-    /// Levels that write nothing (see `enter`), counted against the depth limit.
+    /// The open containers, innermost last.
+    open: Vec<Container>,
+    /// Levels of the binding's own that write nothing (see `enter`).
     entered: usize,
     /// A value was written at this level: the next one needs a comma.
     comma: bool,
@@ -117,6 +128,12 @@ pub struct PayloadWriter {
     /// Whole values written at the top.
     roots: u32,
     misused: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Container {
+    List,
+    Object,
 }
 
 impl Default for PayloadWriter {
@@ -193,22 +210,22 @@ impl PayloadWriter {
 
     /// Open a list; refused one level past `MAX_DEPTH`.
     pub fn begin_list(&mut self) -> std::result::Result<(), PayloadFault> {
-        self.begin(false)
+        self.begin(Container::List)
     }
 
     /// Close the open list.
     pub fn end_list(&mut self) {
-        self.end(false);
+        self.end(Container::List);
     }
 
     /// Open an object; refused one level past `MAX_DEPTH`.
     pub fn begin_object(&mut self) -> std::result::Result<(), PayloadFault> {
-        self.begin(true)
+        self.begin(Container::Object)
     }
 
     /// The key of the next value in the open object.
     pub fn key(&mut self, k: &str) {
-        if self.open.last() != Some(&true) || self.after_key {
+        if self.open.last() != Some(&Container::Object) || self.after_key {
             self.misused = true;
         }
         if self.comma {
@@ -222,14 +239,15 @@ impl PayloadWriter {
 
     /// Close the open object.
     pub fn end_object(&mut self) {
-        self.end(true);
+        self.end(Container::Object);
     }
 
     /// A level of the binding's own that writes nothing (PHP's `jsonSerialize()`
-    /// returning another value): counted against the depth limit, so a value whose
-    /// conversion never ends is refused as too deep. Close it with `leave`.
+    /// returning another value). It does not deepen the text, but such levels in a row
+    /// are held to the same limit, so that a value whose conversion never ends (an
+    /// object that returns itself) is refused as too deep. Close it with `leave`.
     pub fn enter(&mut self) -> std::result::Result<(), PayloadFault> {
-        if self.depth() >= MAX_DEPTH {
+        if self.entered >= MAX_DEPTH {
             return Err(PayloadFault::TooDeep);
         }
         self.entered += 1;
@@ -244,45 +262,47 @@ impl PayloadWriter {
         }
     }
 
-    fn depth(&self) -> usize {
-        self.open.len() + self.entered
-    }
-
     fn scalar(&mut self, text: &str) {
         self.before_value();
         self.out.push_str(text);
         self.after_value();
     }
 
-    fn begin(&mut self, object: bool) -> std::result::Result<(), PayloadFault> {
-        if self.depth() >= MAX_DEPTH {
+    fn begin(&mut self, container: Container) -> std::result::Result<(), PayloadFault> {
+        if self.open.len() >= MAX_DEPTH {
             return Err(PayloadFault::TooDeep);
         }
         self.before_value();
-        self.out.push(if object { '{' } else { '[' });
-        self.open.push(object);
+        self.out.push(match container {
+            Container::List => '[',
+            Container::Object => '{',
+        });
+        self.open.push(container);
         self.comma = false;
         self.after_key = false;
         Ok(())
     }
 
-    fn end(&mut self, object: bool) {
-        if self.open.pop() != Some(object) || self.after_key {
+    fn end(&mut self, container: Container) {
+        if self.open.pop() != Some(container) || self.after_key {
             self.misused = true;
         }
-        self.out.push(if object { '}' } else { ']' });
+        self.out.push(match container {
+            Container::List => ']',
+            Container::Object => '}',
+        });
         self.after_value();
     }
 
     fn before_value(&mut self) {
         match self.open.last() {
             None => self.misused |= self.roots > 0,
-            Some(false) => {
+            Some(Container::List) => {
                 if self.comma {
                     self.out.push(',');
                 }
             }
-            Some(true) => self.misused |= !self.after_key,
+            Some(Container::Object) => self.misused |= !self.after_key,
         }
     }
 
@@ -361,7 +381,6 @@ mod tests {
         }
         assert_eq!(w.begin_list(), Err(PayloadFault::TooDeep));
         assert_eq!(w.begin_object(), Err(PayloadFault::TooDeep));
-        assert_eq!(w.enter(), Err(PayloadFault::TooDeep));
         for _ in 0..MAX_DEPTH {
             w.end_list();
         }
@@ -375,13 +394,22 @@ mod tests {
     }
 
     #[test]
-    fn levels_that_write_nothing_count_toward_the_limit() {
+    fn levels_that_write_nothing_have_a_limit_of_their_own() {
         let mut w = PayloadWriter::new();
-        for _ in 0..MAX_DEPTH - 1 {
+        for _ in 0..MAX_DEPTH {
             w.enter().expect("within the limit");
         }
-        w.begin_list().expect("the last level");
+        assert_eq!(w.enter(), Err(PayloadFault::TooDeep));
+        // They do not deepen the text: the text may still be as deep as any.
+        for _ in 0..MAX_DEPTH {
+            w.begin_list().expect("within the limit");
+        }
         assert_eq!(w.begin_list(), Err(PayloadFault::TooDeep));
+        for _ in 0..MAX_DEPTH {
+            w.end_list();
+            w.leave();
+        }
+        assert!(w.finish().valid);
     }
 
     #[test]
@@ -397,7 +425,9 @@ mod tests {
         );
         assert_eq!(
             PayloadFault::TooDeep.message("$payload[0]"),
-            format!("$payload[0] is nested deeper than {MAX_DEPTH} levels (or contains itself)")
+            format!(
+                "$payload[0] is nested deeper than {MAX_DEPTH} levels (or contains itself); the limit is {MAX_DEPTH}, so that every consumer language can decode it"
+            )
         );
     }
 

@@ -13,8 +13,7 @@ use ext_php_rs::types::{ZendHashTable, ZendObject, Zval};
 use ext_php_rs::zend::ClassEntry;
 
 use delayq::options::{Kind as OptionKind, OptionRow, Value};
-use delayq::payload::PayloadFault;
-use delayq::{PayloadJson, PayloadWriter};
+use delayq::{PayloadFault, PayloadJson, PayloadWriter};
 
 use crate::{args, errors};
 
@@ -221,9 +220,9 @@ pub(crate) fn entries(table: &ZendHashTable) -> Entries<'_> {
 /// Whether the keys are 0, 1, 2…: a JSON list (`has_sequential_keys`, which panics on
 /// a key that is not UTF-8).
 fn is_list(table: &ZendHashTable) -> bool {
-    // PHP's HASH_FLAG_PACKED (Zend/zend_hash.h, the same since PHP 7.0; bindgen does
-    // not carry it). A packed array without holes has the keys 0..n-1, as PHP's own
-    // zend_array_is_list() tests first: a list is known without walking it.
+    // PHP's HASH_FLAG_PACKED (Zend/zend_hash.h, the same in every PHP we build for;
+    // bindgen does not carry it). A packed array without holes has the keys 0, 1, 2…,
+    // as PHP's own zend_array_is_list() tests first: a list known without a walk.
     const HASH_FLAG_PACKED: u32 = 1 << 2;
     // SAFETY: `flags` overlays the four one-byte fields of `u.v`: any value is valid.
     let packed = unsafe { table.u.flags } & HASH_FLAG_PACKED != 0;

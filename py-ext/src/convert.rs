@@ -5,8 +5,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use delayq::payload::PayloadFault;
-use delayq::{PayloadJson, PayloadWriter};
+use delayq::{PayloadFault, PayloadJson, PayloadWriter};
 
 use crate::errors;
 
