@@ -3,7 +3,8 @@
 //   php span_pool.php URL QUEUE LOG OPTIONS_JSON
 // For each message, appends "<n> <attempt> <pid> start <unix time>" to LOG when the
 // handler starts and "... end ..." when it returns; a payload's "sleep" (seconds) is
-// slept on its first attempt. OPTIONS_JSON holds DelayQueueWorker options.
+// slept on its first attempt, and a payload with "fail" fails its first attempt.
+// OPTIONS_JSON holds DelayQueueWorker options.
 declare(strict_types=1);
 
 [, $url, $queue, $log, $options] = $argv;
@@ -18,4 +19,7 @@ $worker->run(function (array $payload, DelayQueueMessage $m) use ($note) {
         usleep((int) (($payload['sleep'] ?? 0) * 1e6));
     }
     $note($payload, $m, 'end');
+    if ($m->attempt === 1 && ($payload['fail'] ?? false)) {
+        throw new RuntimeException("message {$payload['n']} fails its first attempt");
+    }
 });

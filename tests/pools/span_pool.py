@@ -2,7 +2,8 @@
     python span_pool.py URL QUEUE LOG OPTIONS_JSON
 For each message, appends "<n> <attempt> <pid> start <unix time>" to LOG when the
 handler starts and "... end ..." when it returns; a payload's "sleep" (seconds) is slept
-on its first attempt. OPTIONS_JSON holds Worker keyword arguments."""
+on its first attempt, and a payload with "fail" fails its first attempt. OPTIONS_JSON
+holds Worker keyword arguments."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def handle(payload: dict[str, Any], msg: delayq.Message) -> None:
     if msg.attempt == 1:
         time.sleep(payload.get("sleep", 0))
     note(payload, msg, "end")
+    if msg.attempt == 1 and payload.get("fail"):
+        raise RuntimeError(f"message {payload['n']} fails its first attempt")
 
 
 delayq.Worker(delayq.DelayQueue(url, name), **json.loads(options)).run(handle)
