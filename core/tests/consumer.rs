@@ -751,7 +751,14 @@ fn an_idle_pool_is_woken_by_a_push_instead_of_polling() {
         consumer.recv_timeout(Duration::from_millis(300)),
         Received::Idle
     ));
-    let claims_before = claim_calls(&server);
+    // Settled first: a start's own claims (each fetcher's, the heartbeat's join, the
+    // check after subscribing) can come late on a loaded machine.
+    let mut claims_before = claim_calls(&server);
+    wait_for(Duration::from_secs(10), "the pool settled", || {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = claim_calls(&server);
+        std::mem::replace(&mut claims_before, now) == now
+    });
     std::thread::sleep(Duration::from_millis(1000));
     assert_eq!(
         claim_calls(&server) - claims_before,

@@ -52,14 +52,15 @@ fn a_message_past_its_deadline_goes_to_the_dead_letters_unrun() {
         .push_json(
             "\"stale\"",
             Due::In(Duration::ZERO),
-            &expiring(Duration::from_millis(200)),
+            &expiring(Duration::from_millis(900)),
         )
         .expect("push");
     q.push_json("\"fresh\"", Due::In(Duration::ZERO), &expiring(Duration::from_secs(60)))
         .expect("push");
     q.push(&"plain", Duration::ZERO).expect("push");
-    // No worker runs for a while (an outage).
-    std::thread::sleep(Duration::from_millis(400));
+    // No worker runs for a while (an outage). The window is wide enough for a new
+    // pool to start within it on a loaded machine: the requeue below needs that.
+    std::thread::sleep(Duration::from_millis(1_200));
     let ran = consume(&q, |seen, q| seen.len() == 2 && q.stats().is_ok_and(|s| s.dead == 1));
     assert_eq!(ran, ["fresh", "plain"]);
     let dead = q.dead_letters(10).expect("dead");
@@ -69,7 +70,7 @@ fn a_message_past_its_deadline_goes_to_the_dead_letters_unrun() {
     );
     let error = &dead[0].last_error;
     assert!(
-        error.starts_with("expired: not started within 200 ms of its due time (expire_after); the deadline passed "),
+        error.starts_with("expired: not started within 900 ms of its due time (expire_after); the deadline passed "),
         "{error}"
     );
     let info = q.get(&stale).expect("get").expect("kept");
@@ -79,7 +80,7 @@ fn a_message_past_its_deadline_goes_to_the_dead_letters_unrun() {
     assert_eq!(q.requeue_dead(Some(&stale)).expect("requeue"), 1);
     let again = q.get(&stale).expect("get").expect("kept");
     let (due, deadline) = (again.due_at_ms.expect("due"), again.expires_at_ms.expect("deadline"));
-    assert_eq!(deadline - due, 200, "a fresh window from the requeue");
+    assert_eq!(deadline - due, 900, "a fresh window from the requeue");
     let ran = consume(&q, |seen, _| seen.len() == 1);
     assert_eq!(ran, ["stale"]);
     assert_no_leak(&server, "{dq:reminders}");
@@ -114,22 +115,23 @@ fn the_deadline_counts_from_the_due_time_and_moves_with_reschedule() {
     let plain = q.push(&"plain", Duration::from_secs(60)).expect("push");
     assert_eq!(q.get(&plain).expect("get").expect("kept").expires_at_ms, None);
 
-    // Due now with 300 ms to start; moved 600 ms on at once, its deadline moves too:
-    // a worker that starts 700 ms later still runs it.
+    // Due now with 1 s to start; moved 1.2 s on at once, its deadline moves too: a
+    // worker that starts 1.1 s later, past the first deadline, still runs it (and has
+    // 1.1 s to start).
     let moved = q
         .push_json(
             "\"moved\"",
             Due::In(Duration::ZERO),
-            &expiring(Duration::from_millis(300)),
+            &expiring(Duration::from_millis(1_000)),
         )
         .expect("push");
-    assert!(q.reschedule(&moved, Duration::from_millis(600)).expect("reschedule"));
+    assert!(q.reschedule(&moved, Duration::from_millis(1_200)).expect("reschedule"));
     let info = q.get(&moved).expect("get").expect("kept");
     assert_eq!(
         info.expires_at_ms.expect("deadline") - info.due_at_ms.expect("due"),
-        300
+        1_000
     );
-    std::thread::sleep(Duration::from_millis(700));
+    std::thread::sleep(Duration::from_millis(1_100));
     let ran = consume(&q, |seen, _| !seen.is_empty());
     assert_eq!(ran, ["moved"]);
     assert_eq!(q.stats().expect("stats").dead, 0);
@@ -140,11 +142,7 @@ fn retries_do_not_move_the_deadline() {
     let server = RedisServer::start();
     let q = server.queue("flash-sale");
     let id = q
-        .push_json(
-            "\"sale\"",
-            Due::In(Duration::ZERO),
-            &expiring(Duration::from_millis(300)),
-        )
+        .push_json("\"sale\"", Due::In(Duration::ZERO), &expiring(Duration::from_secs(2)))
         .expect("push");
     let worker = Worker::new(q.clone(), fast()).expect("worker");
     let consumer = worker.start().expect("start");
@@ -154,9 +152,9 @@ fn retries_do_not_move_the_deadline() {
         if let Received::Message(d) = consumer.recv_timeout(Duration::from_millis(20)) {
             deliveries += 1;
             // The handler can see the deadline it started within.
-            assert_eq!(d.expires_at_ms, Some(d.due_at_ms + 300));
-            // Due again in 1 s: past the deadline, 300 ms after the first due time.
-            consumer.fail_with(d, "gateway busy", Retry::After(Duration::from_secs(1)));
+            assert_eq!(d.expires_at_ms, Some(d.due_at_ms + 2_000));
+            // Due again in 3 s: past the deadline, 2 s after the first due time.
+            consumer.fail_with(d, "gateway busy", Retry::After(Duration::from_secs(3)));
         }
         q.stats().is_ok_and(|s| s.dead == 1)
     });

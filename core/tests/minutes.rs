@@ -67,7 +67,7 @@ fn pools_record_handled_failed_lateness_and_backlog_by_minute() {
                 && q.minutes(KEEP_MINUTES)
                     .expect("minutes")
                     .iter()
-                    .any(|m| m.scheduled.is_some())
+                    .any(|m| m.scheduled == Some(7))
         },
     );
     // The pool adds what is left when it stops.

@@ -24,7 +24,8 @@ fn the_backlog_of_any_queue_grows_the_pool_and_an_unreadable_redis_keeps_it() {
     };
     let high = server.queue_with("high", quick());
     let low = server.queue_with("low", quick());
-    let mut scaler = Scaler::new(1, 4, Duration::from_millis(100)).expect("valid");
+    // A cooldown longer than two looks take on a loaded machine.
+    let mut scaler = Scaler::new(1, 4, Duration::from_secs(1)).expect("valid");
 
     // Nothing due (a message for later does not count): the pool stays at its minimum.
     low.push(&json!({"later": true}), Duration::from_secs(3600))
@@ -65,7 +66,8 @@ fn a_hung_redis_costs_one_look_one_request_and_the_next_looks_none() {
     )
     .expect("queue");
     queue.push(&json!({"now": true}), Duration::ZERO).expect("push");
-    let mut scaler = Scaler::new(1, 4, Duration::from_millis(100)).expect("valid");
+    // A cooldown longer than two looks take on a loaded machine.
+    let mut scaler = Scaler::new(1, 4, Duration::from_secs(1)).expect("valid");
     assert_eq!(scaler.look([&queue], 1, 1), 2);
 
     // Redis takes the requests and never answers: the look gives up after one read

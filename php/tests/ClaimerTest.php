@@ -32,7 +32,8 @@ final class ClaimerTest extends TestCase
         $queue = new DelayQueue($this->redis->url(), 'claims');
         $first = $queue->push(['n' => 1]);
         // A long backoff: the next claim finds nothing due, and the message waits as a retry.
-        $claimer = new Claimer($queue, ['lease' => 30, 'backoff_base' => 60, 'backoff_max' => 60], 0.2);
+        // Waits up to 2 s for a claim: time for a fresh pool to start on a loaded machine.
+        $claimer = new Claimer($queue, ['lease' => 30, 'backoff_base' => 60, 'backoff_max' => 60], 2.0);
         $claim = $claimer->claim();
         $this->assertSame($first, $claim->message->id);
         unset($claim);

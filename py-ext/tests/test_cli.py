@@ -346,18 +346,26 @@ def test_metrics_report_how_late_handlers_started(queue: delayq.DelayQueue, redi
     runner.start()
     try:
         wait_for(10, "the pool listed", lambda: len(queue.workers()) == 1)
-        for i in range(3):
-            queue.push({"n": i})
-        wait_for(10, "a renewal that reports the starts", lambda: queue.workers()[0]["started_recently"] > 0)
-        # Within the second that the renewal stands (seen within 10 ms of its writing).
-        m = metrics(cli(redis_url, "metrics").stdout)
-        pool = cli_json(redis_url, "workers")[0]
+        # The command reads one renewal, which stands for a second: on a slow machine the
+        # next one (reporting no starts) can come between it and the pool's record read
+        # beside it, so the whole round is tried again, a few times at most.
+        pushed = 0
+        for _ in range(5):
+            for i in range(3):
+                queue.push({"n": i})
+            pushed += 3
+            wait_for(10, "a renewal that reports the starts", lambda: queue.workers()[0]["started_recently"] > 0)
+            before = queue.workers()[0]
+            m = metrics(cli(redis_url, "metrics").stdout)
+            pool = queue.workers()[0]
+            if pool == before:
+                break
     finally:
         worker.stop()
         runner.join()
     late = {stat: m[("delayq_start_lateness_seconds", (("queue", "jobs"), ("stat", stat)))] for stat in ("avg", "max")}
     assert 0 <= late["avg"] <= late["max"] < 1, late
-    assert late["max"] == pool["lateness_max"] and 1 <= pool["started_recently"] <= 3
+    assert late["max"] == pool["lateness_max"] and 1 <= pool["started_recently"] <= pushed
     assert m[("delayq_handler_seconds", (("queue", "jobs"),))] >= 0.01
 
 
