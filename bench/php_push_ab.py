@@ -52,7 +52,7 @@ if ($a['method'] === 'pushMany') {
 } else {
     for ($i = 0; $i < $n; $i++) { $q->push($payload($i), 60); }
 }
-if ($q->stats()['scheduled'] !== $n) { fwrite(STDERR, "not all stored\n"); exit(1); }
+if ($q->stats()['pushed'] !== $n) { fwrite(STDERR, "not all stored\n"); exit(1); }
 """
 
 
