@@ -853,7 +853,8 @@ fn slow_handlers_do_not_hoard_due_messages_from_idle_consumers() {
     let slow = |who: char| {
         let by = &by;
         move |_: &delayq::Delivery| {
-            std::thread::sleep(Duration::from_millis(150));
+            // Long enough that B starts claiming before A could take its share.
+            std::thread::sleep(Duration::from_millis(400));
             by.lock().push(who);
             Ok(())
         }

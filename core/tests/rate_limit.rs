@@ -62,10 +62,11 @@ fn two_pools_never_start_more_than_max_in_any_window_and_resume_when_it_frees() 
     starts.sort();
     // The cap is on claims (server clock); a handler starts a little after its claim
     // (the reply's way back and the hand-off), never before, so starts 20 apart are
-    // at least the window minus that delay apart.
+    // at least the window minus that delay apart (up to 200 ms on a loaded machine;
+    // without the cap they would be a few ms apart).
     let tightest = starts.windows(21).map(|w| w[20] - w[0]).min().expect("121 starts");
     assert!(
-        tightest >= Duration::from_millis(400),
+        tightest >= Duration::from_millis(300),
         "21 handlers started within {tightest:?}: more than 20 per 500 ms"
     );
     let s = q.stats().expect("stats");

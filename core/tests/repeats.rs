@@ -257,14 +257,14 @@ fn an_occurrence_that_could_not_start_within_expire_after_is_buried_and_the_next
     let every = Schedule::every(Duration::from_secs(1)).expect("schedule");
     let options = RepeatOptions::default()
         .max_attempts(4)
-        .expire_after(Duration::from_millis(300));
+        .expire_after(Duration::from_millis(600));
     let first = q
         .repeat_json("sync", &every, r#"{"sync":1}"#, &options)
         .expect("repeat");
     let pending = q.get(&format!("repeat:sync:{first}")).expect("get").expect("waits");
     assert_eq!(
         pending.expires_at_ms,
-        Some(first + 300),
+        Some(first + 600),
         "the deadline counts from the due time"
     );
     assert_eq!(pending.max_attempts, Some(4));
@@ -276,12 +276,13 @@ fn an_occurrence_that_could_not_start_within_expire_after_is_buried_and_the_next
     let listed = q.repeats().expect("repeats");
     assert_eq!(
         (listed[0].max_attempts, listed[0].expire_after),
-        (Some(4), Some(Duration::from_millis(300)))
+        (Some(4), Some(Duration::from_millis(600)))
     );
 
-    // No pool runs until the first occurrence is past its deadline (an outage).
+    // No pool runs until the first occurrence is past its deadline (an outage); the
+    // next one, at first + 1000, leaves a new pool 900 ms to start.
     wait_for(Duration::from_secs(5), "the first deadline to pass", || {
-        server.now_ms() > first + 500
+        server.now_ms() > first + 700
     });
     let seen = consume(&server, &q, 1, |seen| !occurrences(seen, "sync").is_empty());
     let ran = occurrences(&seen, "sync");
@@ -298,7 +299,7 @@ fn an_occurrence_that_could_not_start_within_expire_after_is_buried_and_the_next
         .get(&format!("repeat:sync:{}", first + 2000))
         .expect("get")
         .expect("the chain goes on");
-    assert_eq!(next.expires_at_ms, Some(first + 2300));
+    assert_eq!(next.expires_at_ms, Some(first + 2600));
 
     // Changing only expire_after is a new definition: its waiting occurrence is replaced.
     let changed = q

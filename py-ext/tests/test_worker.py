@@ -406,13 +406,16 @@ def test_finish_waits_for_a_receive_in_progress_and_keeps_its_counts(queue: dela
     assert delivery is not None
     consumer.settle(delivery)
     returned_at: list[float] = []
+    receiving_now = threading.Event()
 
     def receive() -> None:
+        receiving_now.set()
         assert consumer.recv(0.6) is None
         returned_at.append(time.monotonic())
 
     receiving = threading.Thread(target=receive)
     receiving.start()
+    assert receiving_now.wait(10)
     time.sleep(0.2)  # the receive waits: nothing else is due
     consumer.stop()
     summary = consumer.finish(None)
@@ -539,9 +542,10 @@ def test_a_rate_limit_paces_the_handlers_of_every_thread(queue: delayq.DelayQueu
     runner.join()
     assert len(starts) == 20 and drained(queue)
     starts.sort()
-    # The cap is on claims; a handler starts a little after its claim, never before.
+    # The cap is on claims; a handler starts a little after its claim (up to 0.2 s on
+    # a loaded machine), never before.
     tightest = min(b - a for a, b in zip(starts, starts[5:]))
-    assert tightest >= 0.4, f"6 handlers started within {tightest:.3f} s: more than 5 per 0.5 s"
+    assert tightest >= 0.3, f"6 handlers started within {tightest:.3f} s: more than 5 per 0.5 s"
     assert queue.clear_rate_limit() is True and queue.clear_rate_limit() is False
     assert queue.rate_limit() is None and queue.stats()["rate_limit"] is None
 

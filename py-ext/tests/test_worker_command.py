@@ -419,8 +419,10 @@ def test_min_processes_grows_the_pool_with_the_backlog_and_lets_idle_processes_g
     pool = start(started, redis_url, tasks, "tasks:handle", "--processes", "3", "--min-processes", "1",
                  "--scale-cooldown", "0.3", "--lease", "2", "--log-level", "info")
     wait_for(30, "the first process listed", lambda: len(queue.workers()) == 1)
-    # 600 messages of 10 ms: 6 s for one process, so a backlog for a while.
-    push_numbered(queue, 600, sleep=0.01)
+    # 1500 messages of 10 ms: 15 s for one process, so a backlog for a while, even if a
+    # new process takes seconds to start on a loaded machine.
+    messages = 1500
+    push_numbered(queue, messages, sleep=0.01)
     wait_for(30, "three processes", lambda: len(queue.workers()) == 3)
     wait_for(60, "every message handled", lambda: drained(queue))
     wait_for(30, "back to one process", lambda: len(queue.workers()) == 1)
@@ -429,9 +431,9 @@ def test_min_processes_grows_the_pool_with_the_backlog_and_lets_idle_processes_g
     summary = json.loads(out)
     assert summary["processes"] == 3 and summary["restarts"] == 0, summary
     assert summary["scaled_up"] >= 2 and summary["scaled_down"] >= 2, summary
-    assert summary["acked"] == 600
+    assert summary["acked"] == messages
     # A process let go stops gracefully: nothing lost, nothing run twice.
-    assert sorted(n for n, _, _ in handled(tasks)) == list(range(600))
+    assert sorted(n for n, _, _ in handled(tasks)) == list(range(messages))
     assert len({pid for _, _, pid in handled(tasks)}) >= 3
     assert "messages are waiting: 3 worker processes (at most 3)" in err
     assert "nothing waiting: 1 worker processes (at least 1)" in err
