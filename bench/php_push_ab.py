@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -56,62 +57,74 @@ if ($q->stats()['pushed'] !== $n) { fwrite(STDERR, "not all stored\n"); exit(1);
 """
 
 
-def count(so: str, redis: run.Redis, method: str, n: int, orders: int, tmp: str) -> int:
-    """Instructions inside `method` for n messages."""
-    redis.cli("FLUSHALL")
+def counted(function: str, cmd: list[str], tmp: str, env: dict[str, str] | None = None) -> int:
+    """Instructions inside `function` while `cmd` runs, by callgrind."""
     out = f"{tmp}/cg.out"
     for old in glob.glob(out + "*"):
         os.unlink(old)
-    script = f"{tmp}/push.php"
-    Path(script).write_text("<?php\n" + SCRIPT)
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
-           f"--toggle-collect={METHODS[method]}", "php", "-d", f"extension={so}", script,
-           f"url={redis.url}", f"method={method}", f"n={n}", f"orders={orders}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
+                           f"--toggle-collect={function}", *cmd], capture_output=True, text=True, timeout=1800, env=env)
     if done.returncode != 0:
-        raise RuntimeError(f"{method} with {so}: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{' '.join(cmd)}: {done.stderr[-2000:]}")
     for line in Path(out).read_text().splitlines():
         if line.startswith(("summary:", "totals:")):
             return int(line.split()[1])
     raise RuntimeError(f"{out}: no totals")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("builds", nargs="+", help="LABEL=path/to/delayq.so")
-    parser.add_argument("--n", type=int, default=20000, help="messages per pushMany count (push: a tenth)")
+def count(so: str, redis: run.Redis, method: str, n: int, orders: int, tmp: str) -> int:
+    """Instructions inside `method` for n messages."""
+    redis.cli("FLUSHALL")
+    script = f"{tmp}/push.php"
+    Path(script).write_text("<?php\n" + SCRIPT)
+    return counted(METHODS[method], ["php", "-d", f"extension={so}", script, f"url={redis.url}", f"method={method}",
+                                     f"n={n}", f"orders={orders}"], tmp)
+
+
+def parse(doc: str, build: str, label: str, is_build: Callable[[Path], bool]) -> tuple[argparse.Namespace, dict[str, str]]:
+    """The options and the builds (label: path) of an A/B of pushes; `build` names a build's
+    form for the help and the errors."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("builds", nargs="+", help=f"LABEL={build}")
+    parser.add_argument("--n", type=int, default=20000, help="messages per batched count (one at a time: a tenth)")
     parser.add_argument("--orders", type=int, default=100)
-    parser.add_argument("--label", default="php-push-ab")
+    parser.add_argument("--label", default=label)
     opts = parser.parse_args()
     builds: dict[str, str] = {}
     for given in opts.builds:
-        label, _, so = given.partition("=")
-        if not (label and so) or not Path(so).is_file():
-            parser.error(f"{given!r}: a build is LABEL=PATH.so, of a file that exists")
-        builds[label] = str(Path(so).resolve())
-    cases = [("pushMany", opts.n, 0), ("pushMany", opts.n, opts.orders), ("push", opts.n // 10, 0),
-             ("push", opts.n // 10, opts.orders)]
+        name, _, path = given.partition("=")
+        if not (name and path) or not is_build(Path(path)):
+            parser.error(f"{given!r}: a build is LABEL={build}, which must exist")
+        builds[name] = str(Path(path).resolve())
+    return opts, builds
+
+
+Count = Callable[[str, "run.Redis", str, int, int, str], int]
+
+
+def compare(client: str, script: str, calls: tuple[str, str], opts: argparse.Namespace, builds: dict[str, str],
+            count: Count, tmp: str) -> None:
+    """Counts `calls` (batched, one at a time) with each build, and writes the report."""
+    batched, single = calls
+    cases = [(batched, opts.n, 0), (batched, opts.n, opts.orders), (single, opts.n // 10, 0),
+             (single, opts.n // 10, opts.orders)]
     rows: dict[tuple[str, int], dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ["PHP_INI_SCAN_DIR"] = str(ini_dir_without_delayq(Path(tmp) / "conf.d"))
-        if subprocess.run(["php", "-r", 'exit(extension_loaded("delayq") ? 0 : 1);']).returncode == 0:
-            sys.exit("php loads delayq outside its scan directory (php.ini?): leave it out there first")
-        redis = run.Redis()
-        try:
-            for method, n, orders in cases:
-                for label, so in builds.items():
-                    per = count(so, redis, method, n, orders, tmp) / n
-                    print(f"{method} orders={orders} {label}: {per:,.0f} instructions a message", flush=True)
-                    rows.setdefault((method, orders), {})[label] = per
-        finally:
-            redis.stop()
+    redis = run.Redis()
+    try:
+        for method, n, orders in cases:
+            for label, build in builds.items():
+                per = count(build, redis, method, n, orders, tmp) / n
+                print(f"{method} orders={orders} {label}: {per:,.0f} instructions a message", flush=True)
+                rows.setdefault((method, orders), {})[label] = per
+    finally:
+        redis.stop()
     first = next(iter(builds))
     lines = [
-        f"# What a push costs the PHP client, {len(builds)} builds, {time.strftime('%Y-%m-%d')}",
+        f"# What a push costs the {client} client, {len(builds)} builds, {time.strftime('%Y-%m-%d')}",
         "",
-        f"Command: `python3 bench/php_push_ab.py --n={opts.n} --orders={opts.orders} "
-        + " ".join(f"{label}=…" for label in builds) + "`: callgrind's count inside the extension's",
-        f"method, per message; pushMany in batches of 1 000 ({opts.n} messages), push one at a time ({opts.n // 10}).",
+        f"Command: `python3 bench/{script} --n={opts.n} --orders={opts.orders} "
+        + " ".join(f"{label}=…" for label in builds) + "`: callgrind's count inside the binding's",
+        f"method, per message; {batched} in batches of 1 000 ({opts.n} messages), {single} one at a time ({opts.n // 10}).",
         "",
         "| call | payload | " + " | ".join(builds) + " |",
         "|---|---|" + "---|" * len(builds),
@@ -122,8 +135,17 @@ def main() -> None:
                  for label in builds]
         lines.append(f"| {method} | {shape} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Builds: " + ", ".join(f"{label} = {so}" for label, so in builds.items()) + ".")
+    lines.append("Builds: " + ", ".join(f"{label} = {build}" for label, build in builds.items()) + ".")
     run.write_results(f"-{opts.label}", "\n".join(lines) + "\n")
+
+
+def main() -> None:
+    opts, builds = parse(__doc__ or "", "PATH.so", "php-push-ab", Path.is_file)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["PHP_INI_SCAN_DIR"] = str(ini_dir_without_delayq(Path(tmp) / "conf.d"))
+        if subprocess.run(["php", "-r", 'exit(extension_loaded("delayq") ? 0 : 1);']).returncode == 0:
+            sys.exit("php loads delayq outside its scan directory (php.ini?): leave it out there first")
+        compare("PHP", "php_push_ab.py", ("pushMany", "push"), opts, builds, count, tmp)
 
 
 if __name__ == "__main__":
