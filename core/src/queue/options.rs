@@ -13,10 +13,8 @@ use crate::options::{
     BOTH, Default as OptionDefault, Kind as OptionKind, OptionRow, PHP, Value, count, find, other, positive_seconds,
     seconds, text,
 };
-use crate::payload::PayloadJson;
+use crate::payload::{PayloadJson, to_json};
 use crate::time::{Due, ceil_ms, seconds_text};
-
-use crate::payload::to_json;
 
 /// Settings of one queue. The defaults are the same in every binding, so PHP and
 /// Python address the same keys given the same URL, queue name and prefix.

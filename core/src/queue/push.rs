@@ -6,12 +6,12 @@ use serde::Serialize;
 
 use crate::conn::Replay;
 use crate::error::{Error, Result};
+use crate::payload::to_json;
 use crate::scripts::{MAX_BATCH, push};
 use crate::time::Due;
 use crate::{NewMessage, PayloadJson, PushOptions, Queue, envelope};
 
 use super::validate::{expire_after_ms, validate_id, validate_key, validate_max_attempts, validate_serial_key};
-use crate::payload::to_json;
 
 impl Queue {
     /// Schedule `payload` (any serialisable value) after `delay`. Returns its id.

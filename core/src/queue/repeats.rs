@@ -6,13 +6,13 @@ use serde::Serialize;
 use crate::conn::Replay;
 use crate::error::{Error, Result};
 use crate::keys::partition_of;
+use crate::payload::to_json;
 use crate::repeat::{RepeatInfo, RepeatOptions, Schedule};
 use crate::scripts::repeat as repeat_script;
 use crate::scripts::replies::Flag;
 use crate::{PayloadJson, Queue, envelope, repeat};
 
 use super::validate::{expire_after_ms, validate_max_attempts, validate_repeat_name};
-use crate::payload::to_json;
 
 impl Queue {
     /// Define a repeating message, or change one: `name` pushes `payload` once per
