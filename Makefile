@@ -22,7 +22,7 @@ php: ## Build the PHP extension and install it into the system PHP (needs root)
 python: ## Build the Python module and install it into the current python3
 	scripts/py-install.sh
 
-dist: ## Python packages in dist/python/: an sdist and an abi3 wheel (CPython 3.9 and later)
+dist: ## Python packages in dist/python/: an sdist and an abi3 wheel (CPython 3.10 and later)
 	scripts/dist-python.sh
 
 php-dist: ## delayq.so per installed PHP in dist/php/<version>/, with an ini and install.sh, and a tarball each

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Python package for distribution into dist/python/: an sdist (the Rust
 # sources of the module and of the core it needs; pip builds it with a Rust toolchain)
-# and an abi3 wheel (one file for every CPython from 3.9 on; pip installs it with no
+# and an abi3 wheel (one file for every CPython from 3.10 on; pip installs it with no
 # toolchain at all). Shares maturin's build cache with scripts/py-install.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."

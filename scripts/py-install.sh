@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Python module (abi3 wheel, CPython >= 3.9) and installs it into the
+# Builds the Python module (abi3 wheel, CPython >= 3.10) and installs it into the
 # current python3, so `python3 -c 'import delayq'` works. `pip install ./py-ext` does
 # the same through PEP 517; this keeps maturin's build cache in target/py.
 set -euo pipefail

@@ -57,9 +57,9 @@ def wheel_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return env
 
 
-def test_the_wheel_is_abi3_for_cpython_3_9_and_later() -> None:
+def test_the_wheel_is_abi3_for_cpython_3_10_and_later() -> None:
     wheel = only("delayq-*.whl", PYTHON_DIST, "make dist")
-    assert re.fullmatch(r"delayq-[^-]+-cp39-abi3-[a-z0-9_.]+\.whl", wheel.name), wheel.name
+    assert re.fullmatch(r"delayq-[^-]+-cp310-abi3-[a-z0-9_.]+\.whl", wheel.name), wheel.name
 
 
 def test_a_push_and_a_worker_run_from_the_wheel(wheel_env: dict[str, str], redis_url: str, tmp_path: Path) -> None:
