@@ -7,6 +7,7 @@ the test runs the workers users would still have running during the deploy."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -20,40 +21,59 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY_FROM = os.environ.get("DELAYQ_DEPLOY_FROM", "03fc171c284ba29df4cd92e8350e493563a5ff15")
 
 
-def extension_at(commit: str = DEPLOY_FROM) -> Path:
-    """delayq.so built from `commit`'s tree (git archive, its own target directory, so
-    that it never shares build artifacts with this tree's), kept under target/ for
-    later runs."""
+def commit_of(name: str) -> str:
+    """The full hash of `name`, with a clear error where the clone lacks it."""
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"],
+                           capture_output=True, text=True)
+    assert found.returncode == 0, (
+        f"commit {name} is not in this clone (a shallow clone? `git fetch --unshallow`): "
+        "the rolling-deploy test builds the extension from it")
+    return found.stdout.strip()
+
+
+def extension_at(name: str = DEPLOY_FROM) -> Path:
+    """delayq.so built from the commit `name`'s tree (git archive, a target directory of
+    its own, so that it never shares build artifacts with this tree's), kept under
+    target/deploy-from/<hash> for later runs. Runs that build at once take turns."""
+    commit = commit_of(name)
     cache = ROOT / "target" / "deploy-from" / commit
     built = cache / "delayq.so"
-    if built.exists():
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if built.exists():
+            return built
+        src = cache / "src"
+        shutil.rmtree(src, ignore_errors=True)
+        src.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+        subprocess.run(["cargo", "build", "--locked", "-q", "-p", "delayq-php"], cwd=src, check=True,
+                       env={**os.environ, "CARGO_TARGET_DIR": str(cache / "target")})
+        with tempfile.NamedTemporaryFile(dir=cache, delete=False) as partial:
+            shutil.copyfileobj(open(cache / "target" / "debug" / "libdelayq_php.so", "rb"), partial)
+        os.rename(partial.name, built)
+        # Its sources would be collected as tests by a pytest run from the top.
+        shutil.rmtree(src)
         return built
-    src = cache / "src"
-    shutil.rmtree(src, ignore_errors=True)
-    src.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
-    subprocess.run(["cargo", "build", "-q", "-p", "delayq-php"], cwd=src, check=True,
-                   env={**os.environ, "CARGO_TARGET_DIR": str(cache / "target")})
-    partial = cache / "delayq.so.partial"
-    shutil.copy(cache / "target" / "debug" / "libdelayq_php.so", partial)
-    partial.rename(built)
-    return built
 
 
-def php_with(extension: Path) -> tuple[list[str], dict[str, str]]:
+def php_with(extension: Path, ini_dir: Path) -> tuple[list[str], dict[str, str]]:
     """A php command and environment that load `extension` and no other delayq: PHP's
-    scan directory copied without the ini that loads this machine's delayq."""
+    scan directories copied into `ini_dir` without the ini that loads this machine's
+    delayq. Checked in a php process: the one delayq library mapped is `extension`."""
     out = subprocess.run(["php", "--ini"], capture_output=True, text=True, check=True).stdout
     scan = next(line.split(": ", 1)[1].strip() for line in out.splitlines() if line.startswith("Scan for"))
-    into = Path(tempfile.mkdtemp(prefix="delayq-deploy-ini-"))
-    for ini in Path(scan).glob("*.ini"):
-        if "delayq" not in ini.read_text():
-            shutil.copy(ini, into / ini.name)
-    env = {**os.environ, "PHP_INI_SCAN_DIR": str(into)}
+    ini_dir.mkdir(parents=True, exist_ok=True)
+    for folder in scan.split(":"):
+        for ini in Path(folder).glob("*.ini"):
+            if "delayq" not in ini.read_text():
+                shutil.copy(ini, ini_dir / ini.name)
+    env = {**os.environ, "PHP_INI_SCAN_DIR": str(ini_dir)}
     env.pop("DELAYQ_EXTENSION", None)
     cmd = ["php", "-d", f"extension={extension}"]
-    loaded = subprocess.run([*cmd, "-r", "echo phpversion('delayq') === false ? 'no' : 'yes';"],
-                            capture_output=True, text=True, env=env, check=True).stdout
-    assert loaded == "yes", f"php does not load {extension}"
+    maps = subprocess.run([*cmd, "-r", "echo file_get_contents('/proc/self/maps');"],
+                          capture_output=True, text=True, env=env, check=True).stdout
+    mapped = {line.split()[-1] for line in maps.splitlines() if "delayq" in line and line.split()[-1].startswith("/")}
+    assert mapped == {str(extension)}, f"php maps {mapped}, not only {extension}"
     return cmd, env

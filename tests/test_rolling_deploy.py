@@ -1,9 +1,10 @@
 """A rolling deploy: PHP pools built from DEPLOY_FROM (tests/deploy_from.py) and pools of
 this tree, PHP and Python, drain one queue together, fed by producers of both builds.
 One old pool stops gracefully mid-run and the other is killed; the new pools take over
-what they held. Nothing is lost, nothing runs twice at the same time, and a message
-runs again only after a failure or a kill. See docs/workers.md, "Restarting after a
-deploy"; DELAYQ_DEPLOY_FROM=<commit> tries a deploy from another build."""
+what they held. Each build runs messages the other pushed; nothing is lost, nothing
+runs twice at the same time, and a message runs again only after a failure or a kill.
+See docs/workers.md, "Restarting after a deploy"; DELAYQ_DEPLOY_FROM=<commit> tries a
+deploy from another build."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 LEASE = 2.0
 N = 200
 SLOW = 1.25 * LEASE  # a slow message's first attempt: it lives on heartbeats
+POOLS = ("old-stopped", "old-killed", "new-php", "new-python")
 
 
 def payload(n: int) -> dict[str, Any]:
@@ -39,14 +41,17 @@ def due(n: int) -> float:
     return 3.0 * (n - n % 20) / N
 
 
-def start_pool(cmd: list[str], env: dict[str, str] | None, url: str, log: Path,
-               options: dict[str, Any]) -> subprocess.Popen[bytes]:
+def pushed_by_old(n: int) -> bool:
+    return n % 2 == 0
+
+
+def start_pool(cmd: list[str], env: dict[str, str] | None, log: Path, options: dict[str, Any]) -> subprocess.Popen[bytes]:
     # Its own session: a kill reaches a PHP pool's forked children too.
     return subprocess.Popen([*cmd, str(log), json.dumps(options)], env=env, start_new_session=True)
 
 
 def php_pool(cmd: list[str], env: dict[str, str] | None, url: str, log: Path) -> subprocess.Popen[bytes]:
-    return start_pool([*cmd, str(HERE / "pools" / "span_pool.php"), url, "deploy"], env, url, log,
+    return start_pool([*cmd, str(HERE / "pools" / "span_pool.php"), url, "deploy"], env, log,
                       {"lease": LEASE, "processes": 2, "prefetch": 2, "backoff_base": 0.1})
 
 
@@ -59,8 +64,10 @@ def runs(logs: dict[str, Path]) -> dict[int, list[Run]]:
     for pool, log in logs.items():
         starts: dict[tuple[int, int, int], float] = {}
         ends: dict[tuple[int, int, int], float] = {}
-        for line in log.read_text().splitlines():
+        for line in log.read_text().splitlines(keepends=True):
             fields = line.split()
+            if not line.endswith("\n") or len(fields) != 5:
+                continue  # being written, or cut off by a kill
             key = (int(fields[0]), int(fields[1]), int(fields[2]))
             (starts if fields[3] == "start" else ends)[key] = float(fields[4])
         for (n, attempt, pid), start in starts.items():
@@ -68,40 +75,45 @@ def runs(logs: dict[str, Path]) -> dict[int, list[Run]]:
     return {n: sorted(r, key=lambda run: run[3]) for n, r in found.items()}
 
 
+def ran_in(logs: dict[str, Path], pools: tuple[str, ...], old_pushed: bool) -> bool:
+    """Whether any of `pools` ran a message that the old build (else the new) pushed."""
+    return any(run[0] in pools and pushed_by_old(n) == old_pushed
+               for n, message_runs in runs(logs).items() for run in message_runs)
+
+
 def test_old_and_new_pools_drain_one_queue_through_a_rolling_deploy(redis_url: str, tmp_path: Path) -> None:
-    old_cmd, old_env = php_with(extension_at(DEPLOY_FROM))
+    old_cmd, old_env = php_with(extension_at(DEPLOY_FROM), tmp_path / "ini")
     queue = delayq.DelayQueue(redis_url, "deploy")
-    logs = {name: tmp_path / f"{name}.log" for name in ("old-stopped", "old-killed", "new-php", "new-python")}
+    logs = {name: tmp_path / f"{name}.log" for name in POOLS}
     for log in logs.values():
         log.touch()
+    old = ("old-stopped", "old-killed")
+    new = ("new-php", "new-python")
 
-    pools = {
-        "old-stopped": php_pool(old_cmd, old_env, redis_url, logs["old-stopped"]),
-        "old-killed": php_pool(old_cmd, old_env, redis_url, logs["old-killed"]),
-    }
+    pools = {name: php_pool(old_cmd, old_env, redis_url, logs[name]) for name in old}
     try:
         wait_for(30, "the old pools listed", lambda: len(queue.workers()) == 4)
-        # Half pushed by the old build, half by this one, due over the next 3 s in groups
-        # due at once (a push gives such a run one score).
-        half = N // 2
-        items = [{"payload": payload(n), "delay": due(n)} for n in range(half)]
+        # Even numbers pushed by the old build, odd ones by this one, side by side in
+        # due time over the next 3 s.
+        items = [{"payload": payload(n), "delay": due(n)} for n in range(N) if pushed_by_old(n)]
         subprocess.run([*old_cmd, "-r", "(new DelayQueue($argv[1], 'deploy'))->pushMany(json_decode($argv[2], true));",
                         redis_url, json.dumps(items)], env=old_env, check=True, timeout=60)
-        queue.push_many([{"payload": payload(n), "delay": due(n)} for n in range(half, N)])
+        queue.push_many([{"payload": payload(n), "delay": due(n)} for n in range(N) if not pushed_by_old(n)])
         assert queue.stats()["pushed"] == N
 
+        wait_for(30, "the old pools running messages of both builds",
+                 lambda: ran_in(logs, old, True) and ran_in(logs, old, False))
         # The deploy: new pools start while the old ones run.
-        wait_for(30, "the old pools running messages", lambda: len(runs(logs)) >= N // 6)
         pools["new-php"] = php_pool(php_cmd(), None, redis_url, logs["new-php"])
         pools["new-python"] = start_pool(
-            [sys.executable, str(HERE / "pools" / "span_pool.py"), redis_url, "deploy"], None, redis_url,
+            [sys.executable, str(HERE / "pools" / "span_pool.py"), redis_url, "deploy"], None,
             logs["new-python"], {"lease": LEASE, "threads": 2, "prefetch": 2, "backoff_base": 0.1})
         wait_for(30, "the new pools listed", lambda: len(queue.workers()) == 4 + 2 + 1)
-        wait_for(30, "the new pools running messages",
-                 lambda: any(r[0].startswith("new") for rs in runs(logs).values() for r in rs))
+        wait_for(30, "the new pools running messages of the old build", lambda: ran_in(logs, new, True))
 
-        # One old pool stops as a deploy stops it, the other dies with what it holds.
-        os.killpg(pools["old-stopped"].pid, signal.SIGTERM)
+        # One old pool stops as a deploy stops it (its supervisor passes the signal on),
+        # the other dies with what it holds.
+        os.kill(pools["old-stopped"].pid, signal.SIGTERM)
         killed_at = time.time()
         os.killpg(pools["old-killed"].pid, signal.SIGKILL)
         pools["old-killed"].wait(30)
@@ -117,36 +129,42 @@ def test_old_and_new_pools_drain_one_queue_through_a_rolling_deploy(redis_url: s
     by_message = runs(logs)
     assert sorted(by_message) == list(range(N)), f"lost: {sorted(set(range(N)) - set(by_message))}"
     killed_runs = again_after_kill = 0
+    counted_before_the_last = 0
     for n, message_runs in by_message.items():
         # No two runs of one message at the same time: each starts after the one before
         # it ended, or after its pool was killed.
         for before, after in zip(message_runs, message_runs[1:]):
             assert after[3] >= (before[4] if before[4] is not None else killed_at), \
                 f"message {n} ran twice at once: {message_runs}"
-        # Each run after the first follows a failure (the first attempt of a failing
-        # message) or a run that a kill ended.
+        # A run after another follows a failure (the first attempt of a failing message)
+        # or a run of the killed pool: cut off, or ended with its outcome not yet
+        # written when the pool died.
         for before, after in zip(message_runs, message_runs[1:]):
             if before[4] is None:
                 assert before[0] == "old-killed", f"message {n}: a run of a live pool never ended: {message_runs}"
                 killed_runs += 1
-                again_after_kill += after[0].startswith("new")
+                again_after_kill += after[0] in new
             else:
-                assert payload(n)["fail"] and before[1] == 1, f"message {n} ran again after it succeeded: {message_runs}"
+                assert (payload(n)["fail"] and before[1] == 1) or before[0] == "old-killed", \
+                    f"message {n} ran again after it succeeded: {message_runs}"
         last = message_runs[-1]
         assert last[4] is not None, f"message {n}: its last run did not end: {message_runs}"
-        # Every earlier run counted as an attempt; so did a delivery the killed pool
-        # held without starting it.
+        # Every earlier run counted as an attempt, and so did, at most once, a delivery
+        # that the killed pool held without starting it; a graceful stop's release does
+        # not count.
         earlier = message_runs[:-1]
-        unstarted = 0 if any(r[4] is None for r in earlier) else 1
-        assert 1 + len(earlier) <= last[1] <= 1 + len(earlier) + unstarted, \
-            f"message {n}: attempts not counted per delivery: {message_runs}"
+        extra = last[1] - 1 - len(earlier)
+        assert extra in (0, 1), f"message {n}: attempts not counted per delivery: {message_runs}"
+        counted_before_the_last += last[1] - 1
 
     stats = queue.stats()
     assert (stats["acked"], stats["dead"], stats["died"]) == (N, 0, 0), stats
-    assert stats["retried"] == sum(1 for n in range(N) if payload(n)["fail"]), stats
-    # The killed pool's runs, and what it held unstarted, came back after its lease.
+    # Every attempt before a message's last ended as a retry or an expired lease.
+    assert stats["retried"] + stats["expired"] == counted_before_the_last, stats
+    assert stats["retried"] <= sum(1 for n in range(N) if payload(n)["fail"]), stats
     assert stats["expired"] >= killed_runs, stats
-    ran_in = {run[0] for rs in by_message.values() for run in rs}
-    assert ran_in == set(logs), f"every pool ran messages, but only {ran_in} did"
+    # Each build ran what the other pushed; every pool ran messages.
+    assert ran_in(logs, old, False) and ran_in(logs, new, True)
+    assert {run[0] for rs in by_message.values() for run in rs} == set(POOLS)
     assert killed_runs > 0 and again_after_kill > 0, \
         "the kill ended no run that a new pool took over: the test proves nothing"

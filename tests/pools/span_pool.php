@@ -1,5 +1,5 @@
 <?php
-// A pool run as a process by test_stall.py:
+// A pool run as a process by test_stall.py and test_rolling_deploy.py:
 //   php span_pool.php URL QUEUE LOG OPTIONS_JSON
 // For each message, appends "<n> <attempt> <pid> start <unix time>" to LOG when the
 // handler starts and "... end ..." when it returns; a payload's "sleep" (seconds) is

@@ -1,4 +1,4 @@
-"""A pool run as a process by test_stall.py:
+"""A pool run as a process by test_stall.py and test_rolling_deploy.py:
     python span_pool.py URL QUEUE LOG OPTIONS_JSON
 For each message, appends "<n> <attempt> <pid> start <unix time>" to LOG when the
 handler starts and "... end ..." when it returns; a payload's "sleep" (seconds) is slept
