@@ -367,6 +367,94 @@ mod tests {
         assert!(envelope::validate_payload(p.as_str(), 1 << 20).is_ok());
     }
 
+    /// `value` through the writer, as a binding walks its own values.
+    fn write_value(w: &mut PayloadWriter, value: &serde_json::Value) -> std::result::Result<(), PayloadFault> {
+        use serde_json::Value;
+        match value {
+            Value::Null => w.null(),
+            Value::Bool(b) => w.bool(*b),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) => w.int(i),
+                None => w.float(n.as_f64().expect("a float"))?,
+            },
+            Value::String(s) => w.str(s),
+            Value::Array(items) => {
+                w.begin_list()?;
+                for item in items {
+                    write_value(w, item)?;
+                }
+                w.end_list();
+            }
+            Value::Object(map) => {
+                w.begin_object()?;
+                for (k, v) in map {
+                    w.key(k);
+                    write_value(w, v)?;
+                }
+                w.end_object();
+            }
+        }
+        Ok(())
+    }
+
+    /// A value of every JSON kind, up to `depth` deep, from a small deterministic
+    /// generator (xorshift): strings with escapes and non-ASCII text, integers at
+    /// their bounds, floats large and small.
+    fn random_value(state: &mut u64, depth: u32) -> serde_json::Value {
+        use serde_json::{Map, Value, json};
+        fn next(state: &mut u64) -> u64 {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            *state
+        }
+        const TEXTS: [&str; 6] = [
+            "",
+            "a\"b\\c",
+            "line\nbreak\t\u{1}",
+            "日本語 ✓",
+            "\u{1F600} emoji",
+            "/slash",
+        ];
+        match next(state) % if depth == 0 { 5 } else { 7 } {
+            0 => Value::Null,
+            1 => Value::Bool(next(state).is_multiple_of(2)),
+            2 => Value::from([i64::MIN, i64::MAX, 0, -1][(next(state) % 4) as usize]),
+            3 => {
+                let mantissa = (next(state) % 2_000_000) as f64 - 1_000_000.0;
+                let exponent = (next(state) % 40) as i32 - 20;
+                json!(mantissa * 10f64.powi(exponent) + 0.5)
+            }
+            4 => Value::String(TEXTS[(next(state) % TEXTS.len() as u64) as usize].to_owned()),
+            5 => Value::Array((0..next(state) % 4).map(|_| random_value(state, depth - 1)).collect()),
+            _ => {
+                let mut map = Map::new();
+                for i in 0..next(state) % 4 {
+                    let key = format!("{}{i}", TEXTS[(next(state) % TEXTS.len() as u64) as usize]);
+                    map.insert(key, random_value(state, depth - 1));
+                }
+                Value::Object(map)
+            }
+        }
+    }
+
+    #[test]
+    fn random_values_are_written_as_serde_json_writes_them() {
+        let mut state = 0x2545_f491_4f6c_dd1d;
+        for round in 0..2_000 {
+            let value = random_value(&mut state, 5);
+            let mut w = PayloadWriter::new();
+            write_value(&mut w, &value).expect("writes");
+            let p = w.finish();
+            let expected = serde_json::to_string(&value).expect("json");
+            assert_eq!(p.as_str(), expected, "round {round}");
+            assert!(
+                p.valid && envelope::validate_payload(p.as_str(), 1 << 20).is_ok(),
+                "round {round}"
+            );
+        }
+    }
+
     #[test]
     fn a_scalar_alone_is_a_payload() {
         let p = written(|w| w.float(2.5));
