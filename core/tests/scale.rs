@@ -66,8 +66,7 @@ fn a_hung_redis_costs_one_look_one_request_and_the_next_looks_none() {
     )
     .expect("queue");
     queue.push(&json!({"now": true}), Duration::ZERO).expect("push");
-    // A cooldown longer than two looks take on a loaded machine.
-    let mut scaler = Scaler::new(1, 4, Duration::from_secs(1)).expect("valid");
+    let mut scaler = Scaler::new(1, 4, Duration::from_millis(100)).expect("valid");
     assert_eq!(scaler.look([&queue], 1, 1), 2);
 
     // Redis takes the requests and never answers: the look gives up after one read
