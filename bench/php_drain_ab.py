@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -27,16 +26,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import run  # noqa: E402
 
-
-def ini_dir_without_delayq(into: Path) -> Path:
-    """A copy of PHP's scan directory without the delayq ini."""
-    out = subprocess.run(["php", "--ini"], capture_output=True, text=True, check=True).stdout
-    scan = next(line.split(": ", 1)[1].strip() for line in out.splitlines() if line.startswith("Scan for"))
-    into.mkdir()
-    for ini in Path(scan).glob("*.ini"):
-        if "delayq" not in ini.read_text():
-            shutil.copy(ini, into / ini.name)
-    return into
+sys.path.insert(0, str(ROOT / "tests"))
+from phpcli import scan_dir_without_delayq as ini_dir_without_delayq  # noqa: E402
 
 
 def drain_once(bench: run.Bench, n: int, orders: int) -> float:

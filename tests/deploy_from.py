@@ -14,6 +14,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from phpcli import scan_dir_without_delayq
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # 03fc171: the last commit that landed before the stop at which this test came in.
@@ -62,14 +64,7 @@ def php_with(extension: Path, ini_dir: Path) -> tuple[list[str], dict[str, str]]
     """A php command and environment that load `extension` and no other delayq: PHP's
     scan directories copied into `ini_dir` without the ini that loads this machine's
     delayq. Checked in a php process: the one delayq library mapped is `extension`."""
-    out = subprocess.run(["php", "--ini"], capture_output=True, text=True, check=True).stdout
-    scan = next(line.split(": ", 1)[1].strip() for line in out.splitlines() if line.startswith("Scan for"))
-    ini_dir.mkdir(parents=True, exist_ok=True)
-    for folder in scan.split(":"):
-        for ini in Path(folder).glob("*.ini"):
-            if "delayq" not in ini.read_text():
-                shutil.copy(ini, ini_dir / ini.name)
-    env = {**os.environ, "PHP_INI_SCAN_DIR": str(ini_dir)}
+    env = {**os.environ, "PHP_INI_SCAN_DIR": str(scan_dir_without_delayq(ini_dir))}
     env.pop("DELAYQ_EXTENSION", None)
     cmd = ["php", "-d", f"extension={extension}"]
     maps = subprocess.run([*cmd, "-r", "echo file_get_contents('/proc/self/maps');"],
