@@ -439,6 +439,21 @@ pub(crate) fn encode(
     }
 }
 
+/// The schedule score in a native envelope's stamp, `{"at":[<claim no>,<score>],...`
+/// (written by the scripts, see lua/include/stamp.lua; decoding skips it): the score
+/// the message was last scheduled at, which gives its due time. `None` without one.
+pub(crate) fn stamp_score(stored: &str) -> Option<f64> {
+    let rest = stored.strip_prefix(r#"{"at":["#)?;
+    let (claim_no, rest) = rest.split_once(',')?;
+    let (score, _) = rest.split_once("],")?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(claim_no) || !digits(score) {
+        return None;
+    }
+    // As Redis keeps it: a double (past 2^53 rounded alike).
+    score.parse::<u64>().ok().map(|s| s as f64)
+}
+
 #[derive(Deserialize)]
 struct Stored<'a> {
     #[serde(borrow)]
@@ -504,6 +519,27 @@ fn decode_envelope(layout: &Layout, stored: &str) -> Result<Decoded, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stamp_gives_the_score_and_decoding_skips_it() {
+        let stamped = r#"{"at":[41,7227230722048007],"v":1,"id":"a","created_ms":1,"payload":[1]}"#;
+        assert_eq!(stamp_score(stamped), Some(7_227_230_722_048_007.0));
+        let decoded = decode(&Layout::Native, stamped).expect("decodes");
+        assert_eq!(decoded.payload_json, "[1]");
+        for without in [
+            r#"{"v":1,"id":"a","created_ms":1,"payload":[1]}"#,
+            r#"{"at":[41],"v":1}"#,
+            r#"{"at":[41,-5],"v":1}"#,
+            r#"{"at":[,5],"v":1}"#,
+            r#"{"at":[4a,5],"v":1}"#,
+            r#"{"at":[4,5.5],"v":1}"#,
+            r#" {"at":[4,5],"v":1}"#,
+            "[1,2]",
+            "",
+        ] {
+            assert_eq!(stamp_score(without), None, "{without:?}");
+        }
+    }
 
     /// What the one-pass check says of `json`, held to serde_json and `scan`: it may
     /// leave a text to them (None), but where it answers it must agree.

@@ -209,9 +209,14 @@ fn a_poison_envelope_written_by_hand_goes_to_the_dead_letters_and_the_pool_goes_
         .collect();
     q.push_many(&good).expect("push");
     // What a foreign tool or a half-migrated producer might leave behind: not JSON,
-    // and JSON that is not an envelope. Score 1: long due.
+    // JSON that is not an envelope, and a stamp that tells no due time. Score 1: long
+    // due.
     let mut con = server.con();
-    for (id, text) in [("poison-text", "{not json"), ("poison-shape", "[1,2,3]")] {
+    for (id, text) in [
+        ("poison-text", "{not json"),
+        ("poison-shape", "[1,2,3]"),
+        ("poison-stamp", r#"{"at":[1,due],"v":1,"payload":1}"#),
+    ] {
         let _: () = redis::pipe()
             .hset("{dq:poison}:messages", id, text)
             .zadd("{dq:poison}:scheduled", id, 1)
@@ -245,7 +250,7 @@ fn a_poison_envelope_written_by_hand_goes_to_the_dead_letters_and_the_pool_goes_
     let dead = q.dead_letters(10).expect("dead letters");
     let mut ids: Vec<&str> = dead.iter().map(|d| d.id.as_str()).collect();
     ids.sort_unstable();
-    assert_eq!(ids, ["poison-shape", "poison-text"]);
+    assert_eq!(ids, ["poison-shape", "poison-stamp", "poison-text"]);
     for d in &dead {
         let why = &d.last_error;
         assert!(why.starts_with("poison message: "), "{}: {why}", d.id);
@@ -261,6 +266,8 @@ fn get_reports_a_delivery_whose_lease_it_cannot_read() {
     let server = RedisServer::start();
     let q = server.queue("oddlease");
     let id = q.push(&json!({"n": 1}), Duration::ZERO).expect("push");
+    let due = q.get(&id).expect("get").expect("exists").due_at_ms;
+    assert!(due.is_some());
     // What an older delayq mid-upgrade (or a hand edit) might leave: an in-flight
     // message whose lease string is not in this version's format (this one is the
     // "<token>.<i>:<score>:<attempt>" of versions before 2026-11-30).
@@ -273,8 +280,17 @@ fn get_reports_a_delivery_whose_lease_it_cannot_read() {
         .expect("write by hand");
     let info = q.get(&id).expect("get works").expect("exists");
     assert_eq!(info.state, delayq::State::Inflight);
-    assert_eq!(info.due_at_ms, None);
+    assert_eq!(info.due_at_ms, due, "the envelope's stamp still tells the due time");
     assert_eq!(info.attempts, 1, "the running delivery is the first");
+    // Without the stamp as well (an envelope of a delayq before it) nothing tells it.
+    let _: () = redis::cmd("HSET")
+        .arg("{dq:oddlease}:messages")
+        .arg(&id)
+        .arg(r#"{"v":1,"id":"x","created_ms":1,"payload":{"n":1}}"#)
+        .query(&mut con)
+        .expect("write by hand");
+    let info = q.get(&id).expect("get works").expect("exists");
+    assert_eq!((info.state, info.due_at_ms), (delayq::State::Inflight, None));
 }
 
 /// A number from `INFO <section>`.

@@ -47,6 +47,9 @@ struct Snapshot {
     lined: BTreeMap<String, String>,
     completed: BTreeSet<String>,
     completed_messages: BTreeSet<String>,
+    /// Native layout only: each scheduled message's score, and each envelope.
+    scores: BTreeMap<String, f64>,
+    envelopes: BTreeMap<String, String>,
 }
 
 /// The key names of one partition: native ones under its hash tag; the seed layout's
@@ -56,6 +59,7 @@ struct KeyNames {
     base: String,
     scheduled: String,
     messages: String,
+    native: bool,
 }
 
 impl KeyNames {
@@ -65,12 +69,14 @@ impl KeyNames {
                 base: zset_key.clone(),
                 scheduled: zset_key.clone(),
                 messages: payload_key.clone(),
+                native: false,
             },
             _ => {
                 let base = queue.hash_tag(part).expect("partition");
                 Self {
                     scheduled: format!("{base}:scheduled"),
                     messages: format!("{base}:messages"),
+                    native: true,
                     base,
                 }
             }
@@ -106,8 +112,10 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
     for h in ["serial_keys", "serial_holders", "serial_lined"] {
         pipe.cmd("HGETALL").arg(k(h));
     }
+    pipe.cmd("ZRANGE").arg(k("scheduled")).arg(0).arg(-1).arg("WITHSCORES");
+    pipe.cmd("HGETALL").arg(k("messages"));
     #[allow(clippy::type_complexity)]
-    let (sets, hashes, maps): (
+    let (sets, hashes, maps, scores, envelopes): (
         (Vec<String>, Vec<String>, Vec<String>, Vec<String>, Vec<String>),
         (
             Vec<String>,
@@ -122,6 +130,8 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
             BTreeMap<String, String>,
             BTreeMap<String, String>,
         ),
+        BTreeMap<String, f64>,
+        BTreeMap<String, String>,
     ) = {
         let v: Vec<redis::Value> = pipe.query(con).expect("snapshot");
         let set = |i: usize| -> Vec<String> { redis::from_redis_value(v[i].clone()).expect("set") };
@@ -130,6 +140,8 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
             (set(0), set(1), set(2), set(3), set(4)),
             (set(5), set(6), set(7), set(8), set(9), set(10)),
             (map(11), map(12), map(13)),
+            redis::from_redis_value(v[14].clone()).expect("scores"),
+            map(15),
         )
     };
     let to_set = |v: Vec<String>| v.into_iter().collect::<BTreeSet<_>>();
@@ -150,6 +162,8 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
         serial_keys: maps.0,
         holders: maps.1,
         lined: maps.2,
+        scores: if names.native { scores } else { BTreeMap::new() },
+        envelopes: if names.native { envelopes } else { BTreeMap::new() },
     }
 }
 
@@ -220,6 +234,22 @@ fn broken_rule(s: &Snapshot) -> Option<String> {
             ));
         }
     }
+    // A native message's stamp holds the score it waits at (one in its key's line waits
+    // at its safety net's, and its line keeps the score), and one in flight has one.
+    for (id, envelope) in &s.envelopes {
+        let stamp = stamp_score(envelope);
+        if let Some(score) = s.scores.get(id)
+            && !s.lined.contains_key(id)
+            && stamp != Some(*score)
+        {
+            return Some(format!(
+                "{id} waits at {score} but its stamp says {stamp:?}: {envelope}"
+            ));
+        }
+        if s.inflight.contains(id) && stamp.is_none() {
+            return Some(format!("{id} runs without a stamp: {envelope}"));
+        }
+    }
     if s.completed != s.completed_messages {
         return Some(format!(
             "completed {:?} but kept {:?}",
@@ -227,6 +257,13 @@ fn broken_rule(s: &Snapshot) -> Option<String> {
         ));
     }
     None
+}
+
+/// The score in an envelope's stamp, `{"at":[<claim no>,<score>],...`.
+fn stamp_score(envelope: &str) -> Option<f64> {
+    let rest = envelope.strip_prefix(r#"{"at":["#)?;
+    let (_, rest) = rest.split_once(',')?;
+    rest.split_once("],")?.0.parse().ok()
 }
 
 struct InHand {

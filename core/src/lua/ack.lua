@@ -13,6 +13,7 @@
 -- @include oom
 -- @include serial
 -- @include stall
+-- @include stamp
 -- KEYS: scheduled messages inflight leases attempts errors stats control completed completed_messages traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local now = queue_now(true)
@@ -53,7 +54,7 @@ if n_done > 0 and keep > 0 then
   local finished = redis.call('HMGET', K_ATT, unpack(done))
   local at, records = {}, {}
   for i = 1, n_done do
-    local _, score = lease_parts(tokens_done[i])
+    local score = lease_score(tokens_done[i]) or (envelopes[i] and stamp_score(envelopes[i]))
     at[2 * i - 1], at[2 * i] = now_text, done[i]
     records[2 * i - 1] = done[i]
     records[2 * i] = fmt((tonumber(finished[i]) or 0) + 1) .. '|' .. fmt(score and due_of(score) or -1) .. '|'

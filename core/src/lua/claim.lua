@@ -20,8 +20,9 @@
 --     paused; the caller sleeps until then unless a producer publishes an earlier due
 --     time.
 --   deliveries {id1, lease1, envelope1, ..., idn, leasen, envelopen}: the n messages
---     claimed. lease: "<token>:<score>" (see include/base.lua); the caller reads the
---     due time from it and sends it back whole to complete the delivery.
+--     claimed. lease: the claim's token for a stamped envelope, whose stamp gives the
+--     due time (see include/stamp.lua), else "<token>:<score>" (see include/base.lua);
+--     the caller sends it back whole to complete the delivery.
 --   later {i1, attempt1, ...}: which of them are on a later attempt; every other one
 --     is on its first (nearly all are, so the reply does not repeat it).
 --   keyed {j1, key1, ...}: the serial key of the claimed messages pushed with one (see
@@ -33,7 +34,7 @@
 --     -1 if none.
 -- This script runs once per batch of up to 1000 messages and is the drain's hot path:
 -- every per-message step below is one element of a variadic call, and the only
--- per-message Lua work is one string concatenation.
+-- per-message Lua work is a look at the envelope's first bytes (its stamp).
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include clock
@@ -50,6 +51,7 @@
 -- @include seq
 -- @include serial
 -- @include stall
+-- @include restamp
 -- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined minutes
 -- The optional sections, read whole before anything is written.
 local beat, minutes_kept, minute_deltas = nil, nil, nil
@@ -92,13 +94,26 @@ if #expired > 0 then
   local readd, counted, errors = {}, {}, {}
   local before = redis.call('HMGET', K_ATT, unpack(expired))
   for i, id in ipairs(expired) do
-    readd[#readd + 1] = score_at(now)
+    readd[#readd + 1] = fmt(score_at(now))
     readd[#readd + 1] = id
     local attempt = (tonumber(before[i]) or 0) + 1
     counted[#counted + 1] = id
     counted[#counted + 1] = attempt
     errors[#errors + 1] = id
     errors[#errors + 1] = 'lease expired during attempt ' .. attempt .. ' (worker stopped or hung)'
+  end
+  if not SEED then
+    local envelopes = redis.call('HMGET', K_MSG, unpack(expired))
+    local claim_no, restamped = claim_number(), {}
+    for i, id in ipairs(expired) do
+      if envelopes[i] then
+        restamped[#restamped + 1] = id
+        restamped[#restamped + 1] = stamped(envelopes[i], claim_no, readd[2 * i - 1])
+      end
+    end
+    if #restamped > 0 then
+      redis.call('HSET', K_MSG, unpack(restamped))
+    end
   end
   -- In the schedule before out of the in-flight set: no message is ever in neither.
   redis.call('ZADD', K_SCHED, unpack(readd))
@@ -170,17 +185,33 @@ if limit[1] then
     end
   end
 end
-local due = {}
+-- The seed layout's bare payloads carry no stamp: there the schedule tells the
+-- scores (see include/stamp.lua).
+local ids, seed_scores = {}, nil
 if batch > 0 then
-  due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'WITHSCORES', 'LIMIT', 0, batch)
-end
-local n = #due / 2
-if n > 0 then
-  local ids = {}
-  for i = 1, n do
-    ids[i] = due[2 * i - 1]
+  if SEED then
+    local due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'WITHSCORES', 'LIMIT', 0, batch)
+    seed_scores = {}
+    for i = 1, #due / 2 do
+      ids[i] = due[2 * i - 1]
+      seed_scores[i] = due[2 * i]
+    end
+  else
+    ids = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'LIMIT', 0, batch)
   end
+end
+local n = #ids
+if n > 0 then
   local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
+  -- The score a message was claimed at, as text: its stamp's, the schedule's for
+  -- one without (the seed layout, or a delayq before the stamp).
+  local function score_of(i)
+    if seed_scores then
+      return seed_scores[i]
+    end
+    local score = envelopes[i] and stamp_score(envelopes[i])
+    return score and fmt(score) or redis.call('ZSCORE', K_SCHED, ids[i])
+  end
   local previous = nil
   if redis.call('EXISTS', K_ATT) == 1 then
     previous = redis.call('HMGET', K_ATT, unpack(ids))
@@ -189,13 +220,16 @@ if n > 0 then
   if redis.call('EXISTS', K_SERIAL) == 1 then
     local scores = {}
     for i = 1, n do
-      scores[i] = due[2 * i]
+      scores[i] = score_of(i)
     end
     blocked, keys = serial_gate(ids, envelopes, scores, now, lease_ms)
   end
   -- A string once, not a number that each of the n ZADD arguments would format again.
   local deadline = fmt(now + lease_ms)
-  local token = fmt(next_seq()) .. ':'
+  -- A stamped message's lease is the claim's token alone: the reply repeats one
+  -- string, and the score is in the envelope.
+  local token = fmt(next_seq())
+  local token_colon = token .. ':'
   local leases, deadlines, orphans, taken = {}, {}, {}, {}
   local claimed = 0
   for i = 1, n do
@@ -206,7 +240,10 @@ if n > 0 then
     elseif envelope then
       claimed = claimed + 1
       taken[#taken + 1] = id
-      local lease = token .. due[2 * i]
+      local lease = token
+      if seed_scores or not is_stamped(envelope) then
+        lease = token_colon .. score_of(i)
+      end
       leases[2 * claimed - 1] = id
       leases[2 * claimed] = lease
       deadlines[2 * claimed - 1] = deadline
@@ -241,7 +278,7 @@ if n > 0 then
   if claimed > 0 then
     redis.call('HINCRBY', K_STATS, 'delivered', claimed)
     if limit[1] then
-      redis.call('ZADD', K_LIMIT_LOG, now, token .. claimed)
+      redis.call('ZADD', K_LIMIT_LOG, now, token_colon .. claimed)
       redis.call('HINCRBY', K_LIMIT, 'used', claimed)
     end
   end

@@ -10,6 +10,7 @@
 --   safety net would bring it back, see serial_gate).
 -- Faults: it writes nothing.
 -- @include clock
+-- @include stamp
 -- KEYS: scheduled messages inflight leases attempts errors dead control completed completed_messages traces serial_keys serial_lined
 local id = ARGV[3]
 local envelope = redis.call('HGET', K_MSG, id)
@@ -41,7 +42,7 @@ if score then
 end
 local lease = redis.call('HGET', K_LEASE, id)
 if lease then
-  local _, score = lease_parts(lease)
+  local score = lease_score(lease) or stamp_score(envelope)
   local lease_until = tonumber(redis.call('ZSCORE', K_INFLIGHT, id)) or -1
   if not score then
     -- Not a lease this version wrote (an older delayq mid-upgrade, or a hand edit).

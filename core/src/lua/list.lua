@@ -10,6 +10,7 @@
 -- Read-only; one call reads at most 1000 messages, so Redis is never blocked for long.
 -- Faults: it writes nothing.
 -- @include clock
+-- @include stamp
 -- KEYS: scheduled messages inflight leases attempts errors control completed completed_messages traces serial_keys serial_lined
 local now = queue_now(false)
 local limit = tonumber(ARGV[4])
@@ -65,7 +66,7 @@ for i = 1, n do
     local finished = tonumber(attempts[i]) or 0
     local state, due, attempt, lease_until
     if inflight then
-      local claimed_at = leases[i] and select(2, lease_parts(leases[i]))
+      local claimed_at = leases[i] and (lease_score(leases[i]) or stamp_score(envelopes[i]))
       state, due, attempt, lease_until = 'inflight', claimed_at and due_of(claimed_at) or -1, finished + 1, score
     else
       if lined[i] then

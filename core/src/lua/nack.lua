@@ -14,7 +14,8 @@
 -- @include schedule
 -- @include serial
 -- @include stall
--- KEYS: scheduled messages inflight leases attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined
+-- @include restamp
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)
@@ -22,6 +23,7 @@ local old_head = head_score()
 local result = {}
 local retried, buried = 0, 0
 local traces_kept = redis.call('EXISTS', K_TRACE) == 1
+local claim_no = nil
 for i = 5, #ARGV, 6 do
   local id, token, delay, err, trace = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
   local options = ARGV[i + 5]
@@ -46,7 +48,16 @@ for i = 5, #ARGV, 6 do
       buried = buried + 1
       result[#result + 1] = 2
     else
-      redis.call('ZADD', K_SCHED, score_at(now + delay), id)
+      local score = fmt(score_at(now + delay))
+      if not SEED then
+        -- Stamped with its new due time (see include/stamp.lua).
+        local envelope = redis.call('HGET', K_MSG, id)
+        if envelope then
+          claim_no = claim_no or claim_number()
+          redis.call('HSET', K_MSG, id, stamped(envelope, claim_no, score))
+        end
+      end
+      redis.call('ZADD', K_SCHED, score, id)
       retried = retried + 1
       result[#result + 1] = 1
     end

@@ -24,7 +24,8 @@
 -- @include order
 -- @include schedule
 -- @include serial
--- KEYS: scheduled messages inflight attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined
+-- @include restamp
+-- KEYS: scheduled messages inflight attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined
 local check = ARGV[3] == 'check'
 local n_argv = #ARGV
 -- The runs, read whole before anything is written (the queue clock's read writes it):
@@ -57,6 +58,7 @@ while at <= n_argv do
 end
 local now = queue_now(true)
 local old_head = head_score()
+local claim_no = not SEED and claim_number()
 local existing, seen = {}, {}
 if check and count > 0 then
   -- One read for the whole batch (HMGET: there is no variadic HEXISTS).
@@ -105,7 +107,11 @@ for r = 1, n_runs do
     end
     if not ordered then
       score = score_at(due)
-      word = score
+      -- Formatted here, once for the stamp and the ZADD.
+      word = SEED and score or fmt(score)
+    end
+    if claim_no then
+      envelope = stamped(envelope, claim_no, word)
     end
     local earlier = seen[id]
     if earlier then

@@ -9,21 +9,34 @@
 -- @include schedule
 -- @include serial
 -- @include stall
--- KEYS: scheduled inflight leases stats control serial_keys serial_holders serial_line serial_lined
+-- @include restamp
+-- KEYS: scheduled messages inflight leases stats seq control serial_keys serial_holders serial_line serial_lined
 run_even_out_of_memory()
-absorb_stall(queue_now(true))
+local now = queue_now(true)
+absorb_stall(now)
 local old_head = head_score()
 local released = 0
+local claim_no = not SEED and claim_number()
 for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local lease = redis.call('HGET', K_LEASE, id)
   if lease and lease == token then
     -- Back to the score it was claimed at: its place in line is kept, and the
     -- delivery never ran, so it does not count as an attempt.
-    local _, score = lease_parts(lease)
+    local score = lease_score(lease)
+    if claim_no then
+      -- Stamped again: the message leaves this claim (see include/stamp.lua).
+      local envelope = redis.call('HGET', K_MSG, id)
+      score = score or (envelope and stamp_score(envelope))
+      if envelope and score then
+        redis.call('HSET', K_MSG, id, stamped(envelope, claim_no, fmt(score)))
+      end
+    end
+    -- Neither the lease nor the stamp tells its place (a hand edit): due now.
+    score = score or score_at(now)
+    redis.call('ZADD', K_SCHED, score, id)
     redis.call('ZREM', K_INFLIGHT, id)
     redis.call('HDEL', K_LEASE, id)
-    redis.call('ZADD', K_SCHED, score, id)
     free_serial_keys({id})
     released = released + 1
   end

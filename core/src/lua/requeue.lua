@@ -9,7 +9,8 @@
 -- @include dead
 -- @include order
 -- @include schedule
--- KEYS: scheduled messages inflight leases attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined
+-- @include restamp
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined
 local ids = chosen_dead()
 if #ids == 0 then
   return 0
@@ -18,18 +19,18 @@ local old_head = head_score()
 local now = queue_now(true)
 local adds = {}
 for i, id in ipairs(ids) do
-  adds[#adds + 1] = score_at(now)
+  adds[#adds + 1] = fmt(score_at(now))
   adds[#adds + 1] = id
 end
 if not SEED then
   local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
   local renewed = {}
+  local claim_no = claim_number()
   for i, id in ipairs(ids) do
     local envelope = envelopes[i]
-    local fresh = envelope and with_deadline(envelope, now)
-    if fresh and fresh ~= envelope then
+    if envelope then
       renewed[#renewed + 1] = id
-      renewed[#renewed + 1] = fresh
+      renewed[#renewed + 1] = stamped(with_deadline(envelope, now), claim_no, adds[2 * i - 1])
     end
   end
   if #renewed > 0 then

@@ -8,7 +8,8 @@
 -- @include order
 -- @include schedule
 -- @include serial
--- KEYS: scheduled messages inflight control serial_keys serial_holders serial_line serial_lined
+-- @include restamp
+-- KEYS: scheduled messages inflight seq control serial_keys serial_holders serial_line serial_lined
 local id, kind, ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if not redis.call('ZSCORE', K_SCHED, id) then
   return -1
@@ -19,15 +20,14 @@ if kind == 'delay' then
   due = queue_now(true) + ms
 end
 local score = score_at(due)
+if not SEED then
+  local envelope = redis.call('HGET', K_MSG, id)
+  if envelope then
+    redis.call('HSET', K_MSG, id, stamped(with_deadline(envelope, due), claim_number(), fmt(score)))
+  end
+end
 redis.call('ZADD', K_SCHED, score, id)
 -- Its new due time stands: no holder's end may move it back to its old place in line.
 unline({id})
-if not SEED then
-  local envelope = redis.call('HGET', K_MSG, id)
-  local moved = envelope and with_deadline(envelope, due)
-  if moved and moved ~= envelope then
-    redis.call('HSET', K_MSG, id, moved)
-  end
-end
 wake_if_new_head(old_head)
 return due_of(score)

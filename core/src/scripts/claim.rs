@@ -4,6 +4,7 @@
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::{Call, LuaScript, decode, decode_unsigned};
+use crate::envelope::stamp_score;
 use crate::keys::lease_score;
 
 /// One claim.
@@ -52,10 +53,12 @@ impl Call for Args<'_> {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Claimed {
     pub(crate) id: String,
-    /// "<token>:<score>": sent back whole to complete the delivery.
+    /// The claim's token, with ":<score>" for an envelope without a stamp: sent back
+    /// whole to complete the delivery.
     pub(crate) lease: String,
-    /// The schedule score it was claimed at (the lease's second part): its due time.
-    pub(crate) score: f64,
+    /// The schedule score it was claimed at (the lease's or the stamp's): its due time.
+    /// None for a stamp that does not parse (a hand edit): the message is buried.
+    pub(crate) score: Option<f64>,
     pub(crate) envelope: String,
     /// Which delivery of the message this is (1 = its first).
     pub(crate) attempt: u32,
@@ -118,12 +121,13 @@ impl FromRedisValue for Reply {
             .chunks_exact(3)
             .map(|c| {
                 let lease: String = decode(&c[1])?;
-                let score = lease_score(&lease).ok_or_else(|| format!("malformed lease {lease:?}"))?;
+                let envelope: String = decode(&c[2])?;
+                let score = lease_score(&lease).or_else(|| stamp_score(&envelope));
                 Ok(Claimed {
                     id: decode(&c[0])?,
                     lease,
                     score,
-                    envelope: decode(&c[2])?,
+                    envelope,
                     attempt: 1,
                     serial_key: None,
                 })
@@ -189,7 +193,17 @@ mod tests {
                 Value::Int(29_000_000),
                 Value::Int(250),
             ]),
-            Value::Array(vec![s("a"), s("7:4096"), s("{}"), s("b"), s("7:8192"), s("[]")]),
+            Value::Array(vec![
+                s("a"),
+                s("7:4096"),
+                s("{}"),
+                s("b"),
+                s("7:8192"),
+                s("[]"),
+                s("c"),
+                s("7"),
+                s(r#"{"at":[6,12289],"v":1}"#),
+            ]),
             Value::Array(vec![Value::Int(2), Value::Int(3)]),
             Value::Array(vec![Value::Int(1), s("customer-7")]),
             Value::Array(vec![s("hourly"), s("{\"every\":1}"), Value::Int(-1)]),
@@ -205,7 +219,7 @@ mod tests {
             ),
             (1000, -1, 2, true, 3)
         );
-        assert_eq!(r.items.len(), 2);
+        assert_eq!(r.items.len(), 3);
         assert_eq!(
             (r.items[0].attempt, r.items[0].serial_key.as_deref()),
             (1, Some("customer-7"))
@@ -214,7 +228,9 @@ mod tests {
             (r.items[1].id.as_str(), r.items[1].attempt, r.items[1].lease.as_str()),
             ("b", 3, "7:8192")
         );
-        assert_eq!(r.items[1].score, 8192.0);
+        assert_eq!(r.items[1].score, Some(8192.0));
+        // A stamped envelope's lease is the token alone: the stamp gives the score.
+        assert_eq!((r.items[2].lease.as_str(), r.items[2].score), ("7", Some(12289.0)));
         assert_eq!(r.broken_repeats[0].mark, None);
         assert_eq!(r.minute, Some(29_000_000), "the claim carried the per-minute records");
         assert_eq!(r.server_now_us, 1_000_250);
@@ -235,6 +251,17 @@ mod tests {
             empty(),
         ]);
         assert!(Reply::from_redis_value(good).is_ok());
+        // A token alone with an envelope whose stamp does not parse: the one message
+        // has no due time (the pool buries it), the reply stands.
+        let unstamped = Value::Array(vec![
+            header(),
+            Value::Array(vec![s("a"), s("7"), s("{}")]),
+            empty(),
+            empty(),
+            empty(),
+        ]);
+        let r = Reply::from_redis_value(unstamped).expect("decodes");
+        assert_eq!(r.items[0].score, None);
         for bad in [
             Value::Array(vec![header_with(-1, 0), empty(), empty(), empty(), empty()]),
             Value::Array(vec![header_with(0, 1000), empty(), empty(), empty(), empty()]),
@@ -259,13 +286,6 @@ mod tests {
             Value::Array(vec![
                 header(),
                 Value::Array(vec![s("a"), Value::Nil, s("{}")]),
-                empty(),
-                empty(),
-                empty(),
-            ]),
-            Value::Array(vec![
-                header(),
-                Value::Array(vec![s("a"), s("7"), s("{}")]),
                 empty(),
                 empty(),
                 empty(),

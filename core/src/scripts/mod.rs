@@ -390,6 +390,8 @@ lua_files!(
     "include/schedule.lua",
     "include/seq.lua",
     "include/stall.lua",
+    "include/stamp.lua",
+    "include/restamp.lua",
     "include/serial.lua",
     "ack.lua",
     "beat.lua",

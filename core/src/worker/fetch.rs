@@ -348,6 +348,19 @@ pub(super) fn hand_out(
             envelope: stored,
             serial_key,
         } = item;
+        let Some(score) = score else {
+            log::error!(
+                "delayq[{}]: message {id} has a malformed stamp, dead-lettered",
+                pool.queue_name
+            );
+            bury(
+                id,
+                token,
+                "poison message: its stamp tells no due time".to_owned(),
+                false,
+            );
+            continue;
+        };
         let due_at_ms = layout.due_ms_of_score(score);
         let decoded = envelope::decode(layout, &stored);
         let max_attempts = decoded

@@ -8,10 +8,11 @@
 -- The roles, each with the type its key must hold (every key carries the queue's hash
 -- tag, so a script touches a single slot and runs unchanged on a cluster):
 --   scheduled  ZSET  id -> score (due time, see include/order.lua)
---   messages   HASH  id -> envelope (opaque to Lua: payload bytes never pass
---                            through cjson, so 64-bit integers and key order survive)
+--   messages   HASH  id -> envelope (opaque to Lua but for its stamp, see
+--                            include/stamp.lua: payload bytes never pass through
+--                            cjson, so 64-bit integers and key order survive)
 --   inflight   ZSET  id -> lease deadline (ms, server clock)
---   leases     HASH  id -> "<token>:<score>" of the current delivery
+--   leases     HASH  id -> lease of the current delivery (see lease_score)
 --   attempts   HASH  id -> finished deliveries (written when a delivery fails
 --                            or its lease expires; the running one is attempts + 1)
 --   errors     HASH  id -> last error text
@@ -132,15 +133,16 @@ local function with_deadline(envelope, due_ms)
     .. fmt(due_ms + tonumber(after)) .. '}'
 end
 
--- A lease is "<token>:<score>": the fencing token of one claim (unique; one claim's
--- deliveries share it, and one claim holds a message at most once) and the schedule
--- score the message was claimed at (a release puts it back there, and it gives the
--- due time). Completions send the whole string back and compare it as one value: no
--- parsing on the hot path. Which delivery of the message this is needs no storing:
--- attempts holds the finished ones, so the running one is attempts + 1.
-local function lease_parts(lease)
-  local token, score = string.match(lease, '^([^:]+):([^:]+)$')
-  return token, tonumber(score)
+-- A lease is the fencing token of one claim (unique; one claim's deliveries share
+-- it, and one claim holds a message at most once), followed for a message without a
+-- stamp (include/stamp.lua) by ":<score>", the schedule score it was claimed at (a
+-- release puts it back there, and it gives the due time); a stamped message's stamp
+-- holds that score. Completions send the whole string back and compare it as one
+-- value: no parsing on the hot path. Which delivery of the message this is needs no
+-- storing: attempts holds the finished ones, so the running one is attempts + 1.
+-- Returns the score a lease carries, nil for a token alone.
+local function lease_score(lease)
+  return tonumber(string.match(lease, '^[^:]+:([^:]+)$'))
 end
 
 -- A member of key's line: the score it was due at (its digits, as text) and its id.

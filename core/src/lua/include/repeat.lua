@@ -2,6 +2,7 @@
 -- @include order
 -- @include schedule
 -- @include forget
+-- @include restamp
 -- Repeating messages (see repeat_set.lua). Occurrence ids are "repeat:<name>:<due_ms>",
 -- so an occurrence is found from its repeat's mark without an index.
 local function occurrence_id(name, due)
@@ -15,6 +16,9 @@ local function push_occurrence(name, due, envelope)
   if not redis.call('HGET', K_MSG, id) then
     local old_head = head_score()
     local score = score_at(due)
+    if not SEED then
+      envelope = stamped(envelope, claim_number(), fmt(score))
+    end
     redis.call('HSET', K_MSG, id, with_deadline(envelope, due))
     redis.call('ZADD', K_SCHED, score, id)
     redis.call('HINCRBY', K_STATS, 'pushed', 1)

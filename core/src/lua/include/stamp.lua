@@ -1,0 +1,25 @@
+-- stamp.lua: the stamp at the front of a native envelope, {"at":[<claim no>,<score>],...
+--   score     the schedule score the message was last given with a due time (its due
+--             time and its place in that millisecond, see include/order.lua): a claim
+--             reads it here, not from the schedule, whose scores Redis before 7.2
+--             prints with printf, the most costly step of a claim; a release puts the
+--             message back there;
+--   claim no  the queue's sequence (K_SEQ) when it was written: every claim made
+--             later takes a higher number. Written by every script that puts a
+--             message in the schedule or takes it out of a delivery otherwise than by
+--             deleting it, so that a lease per claim can tell a message it holds from
+--             one pushed or put back after it.
+-- Readers of the envelope skip the field (envelope.rs, and delayq before it), and the
+-- seed layout's bare payloads carry none. Envelopes from a delayq before the stamp
+-- have none until a script puts them in the schedule again: claim.lua then gives their
+-- lease the score ("<token>:<score>", see include/base.lua).
+local STAMP_OPEN = '{"at":['
+
+local function is_stamped(envelope)
+  return string.sub(envelope, 1, 7) == STAMP_OPEN
+end
+
+-- The stamp's score, nil for an envelope without one.
+local function stamp_score(envelope)
+  return tonumber(string.match(envelope, '^{"at":%[%d+,(%d+)%],'))
+end

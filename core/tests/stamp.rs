@@ -1,0 +1,174 @@
+//! The stamp at the front of a native envelope (lua/include/stamp.lua): the score a
+//! message waits at, written by every script that schedules it, so that a claim need
+//! not read scores from the schedule. Envelopes from a delayq before it carry none.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{RedisServer, wait_for};
+use delayq::{Delivery, Received, Retry, Worker, WorkerOptions};
+use serde_json::json;
+
+const MESSAGES: &str = "{dq:stamp}:messages";
+const SCHEDULED: &str = "{dq:stamp}:scheduled";
+
+/// (claim number, score) of the stored envelope's stamp, None without one.
+fn stamp(con: &mut redis::Connection, id: &str) -> Option<(u64, u64)> {
+    let stored: String = redis::cmd("HGET").arg(MESSAGES).arg(id).query(con).expect("hget");
+    let rest = stored.strip_prefix(r#"{"at":["#)?;
+    let (claim_no, rest) = rest.split_once(',')?;
+    let (score, _) = rest.split_once("],")?;
+    Some((claim_no.parse().expect("claim no"), score.parse().expect("score")))
+}
+
+fn score(con: &mut redis::Connection, id: &str) -> Option<u64> {
+    let s: Option<f64> = redis::cmd("ZSCORE").arg(SCHEDULED).arg(id).query(con).expect("zscore");
+    s.map(|s| s as u64)
+}
+
+fn seq(con: &mut redis::Connection) -> u64 {
+    let s: Option<u64> = redis::cmd("GET").arg("{dq:stamp}:seq").query(con).expect("get");
+    s.unwrap_or(0)
+}
+
+/// What a delayq before the stamp stored: the envelope without it.
+fn strip_stamp(con: &mut redis::Connection, id: &str) {
+    let stored: String = redis::cmd("HGET").arg(MESSAGES).arg(id).query(con).expect("hget");
+    let (_, rest) = stored.split_once("],").expect("stamped");
+    let _: () = redis::cmd("HSET")
+        .arg(MESSAGES)
+        .arg(id)
+        .arg(format!("{{{rest}"))
+        .query(con)
+        .expect("hset");
+    assert_eq!(stamp(con, id), None);
+}
+
+/// Completions are written by the pool's own thread: wait until `id`'s stamp is no
+/// longer `was`, and return it (the pool may claim the message again at once, so its
+/// place in the schedule cannot be waited for).
+fn stamped_anew(con: &mut redis::Connection, id: &str, was: Option<(u64, u64)>) -> (u64, u64) {
+    wait_for(Duration::from_secs(5), "the message stamped anew", || {
+        stamp(con, id) != was
+    });
+    stamp(con, id).expect("stamped")
+}
+
+fn next(c: &delayq::Consumer) -> Delivery {
+    match c.recv_timeout(Duration::from_secs(5)) {
+        Received::Message(d) => d,
+        other => panic!("expected a delivery, got {other:?}"),
+    }
+}
+
+#[test]
+fn every_script_that_schedules_a_message_stamps_it_with_its_score() {
+    let server = RedisServer::start();
+    let q = server.queue("stamp");
+    let mut con = server.con();
+    let id = q.push(&json!({"n": 1}), Duration::from_secs(60)).expect("push");
+    let (pushed_no, pushed_at) = stamp(&mut con, &id).expect("a push stamps");
+    assert_eq!(Some(pushed_at), score(&mut con, &id));
+    assert_eq!(pushed_no, seq(&mut con), "the sequence as the push found it");
+    let due = q.get(&id).expect("get").expect("exists").due_at_ms;
+    assert_eq!(due, Some((pushed_at / 4096) as i64));
+
+    q.reschedule(&id, Duration::ZERO).expect("reschedule");
+    let (_, now_at) = stamp(&mut con, &id).expect("stamped");
+    assert!(
+        now_at < pushed_at && Some(now_at) == score(&mut con, &id),
+        "moved with its due time"
+    );
+
+    // A claim takes the score from the stamp: the delivery's due time is the stamp's,
+    // and its lease is the claim's token alone.
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            lease: Duration::from_secs(60),
+            threads: 1,
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker");
+    let c = worker.start_with(1).expect("start");
+    let d = next(&c);
+    assert_eq!(d.due_at_ms, (now_at / 4096) as i64);
+    assert!(!d.token().contains(':'), "{}", d.token());
+    // A failure schedules it again: stamped with the new score and a later sequence.
+    let claims_before = seq(&mut con);
+    let was = stamp(&mut con, &id);
+    c.fail_with(d, "boom", Retry::After(Duration::from_secs(1)));
+    let (retry_no, retry_at) = stamped_anew(&mut con, &id, was);
+    assert!(
+        score(&mut con, &id).is_none_or(|s| s == retry_at),
+        "waits at its stamp's score"
+    );
+    assert!(
+        retry_at > now_at && retry_no >= claims_before,
+        "{retry_no} {claims_before}"
+    );
+    // A release puts it back at the same score, stamped afresh.
+    let d = next(&c);
+    assert_eq!(d.due_at_ms, (retry_at / 4096) as i64);
+    let claimed_no = seq(&mut con);
+    let was = stamp(&mut con, &id);
+    c.release(d);
+    let (released_no, released_at) = stamped_anew(&mut con, &id, was);
+    assert_eq!(released_at, retry_at, "back at its place");
+    assert!(released_no >= claimed_no, "{released_no} {claimed_no}");
+    c.finish();
+}
+
+#[test]
+fn an_envelope_from_before_the_stamp_runs_at_its_due_time_and_is_stamped_when_put_back() {
+    let server = RedisServer::start();
+    let q = server.queue("stamp");
+    let mut con = server.con();
+    let ids: Vec<String> = (0..3)
+        .map(|n| q.push(&json!({"n": n}), Duration::ZERO).expect("push"))
+        .collect();
+    let dues: Vec<Option<i64>> = ids
+        .iter()
+        .map(|id| q.get(id).expect("get").expect("exists").due_at_ms)
+        .collect();
+    for id in &ids[..2] {
+        strip_stamp(&mut con, id);
+        assert_eq!(
+            q.get(id).expect("get").expect("exists").due_at_ms,
+            dues[ids.iter().position(|i| i == id).expect("pushed")],
+            "a waiting message's due time is the schedule's"
+        );
+    }
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            lease: Duration::from_secs(60),
+            threads: 1,
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker");
+    let c = worker.start_with(3).expect("start");
+    let mut got: Vec<Delivery> = (0..3).map(|_| next(&c)).collect();
+    got.sort_by_key(|d| ids.iter().position(|i| *i == d.id));
+    for (i, d) in got.iter().enumerate() {
+        assert_eq!(Some(d.due_at_ms), dues[i], "{}", d.id);
+        // Without a stamp the lease carries the score, as before the stamp.
+        assert_eq!(d.token().contains(':'), i < 2, "{}", d.token());
+        let info = q.get(&d.id).expect("get").expect("exists");
+        assert_eq!(info.due_at_ms, dues[i], "in flight: from the lease or the stamp");
+    }
+    let [first, second, third]: [Delivery; 3] = got.try_into().expect("three deliveries");
+    let first_id = first.id.clone();
+    c.release(first);
+    let (_, at) = stamped_anew(&mut con, &first_id, None);
+    assert_eq!((at / 4096) as i64, dues[0].expect("due"), "back at its old place");
+    let second_id = second.id.clone();
+    c.fail_with(second, "boom", Retry::After(Duration::from_secs(30)));
+    let (_, at) = stamped_anew(&mut con, &second_id, None);
+    assert_eq!(Some(at), score(&mut con, &second_id), "waits 30 s at its stamp's score");
+    c.ack(third);
+    c.finish();
+}
