@@ -18,9 +18,9 @@ from phpcli import scan_dir_without_delayq
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# 03fc171: the last commit that landed before the stop at which this test came in.
+# 584d542: the last commit that landed before the stamp and the lease per claim.
 # DELAYQ_DEPLOY_FROM names another, to try a deploy from it.
-DEPLOY_FROM = os.environ.get("DELAYQ_DEPLOY_FROM", "03fc171c284ba29df4cd92e8350e493563a5ff15")
+DEPLOY_FROM = os.environ.get("DELAYQ_DEPLOY_FROM", "584d542b3dc2d6060731844642a7bfb6ce9beb7e")
 
 
 def commit_of(name: str) -> str:

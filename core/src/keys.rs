@@ -152,7 +152,7 @@ pub(crate) fn partition_of(key: &str, n: usize) -> usize {
 /// The names after the first two keys (the schedule and the messages), in the order
 /// of `scripts::ROLES`; native keys put them after the hash tag, the seed layout after
 /// the recipe's ZSET name.
-const SUFFIXES: [&str; 22] = [
+const SUFFIXES: [&str; 24] = [
     "inflight",
     "leases",
     "attempts",
@@ -175,6 +175,8 @@ const SUFFIXES: [&str; 22] = [
     "serial_line",
     "serial_lined",
     "minutes",
+    "claims",
+    "claim_ids",
 ];
 
 impl Keys {

@@ -39,7 +39,6 @@ struct Snapshot {
     inflight: BTreeSet<String>,
     dead: BTreeSet<String>,
     messages: BTreeSet<String>,
-    leases: BTreeSet<String>,
     side_tables: Vec<(&'static str, BTreeSet<String>)>,
     serial_keys: BTreeMap<String, String>,
     holders: BTreeMap<String, String>,
@@ -47,6 +46,8 @@ struct Snapshot {
     lined: BTreeMap<String, String>,
     completed: BTreeSet<String>,
     completed_messages: BTreeSet<String>,
+    /// What breaks the claims' rule (CLAIMS_RULE), "" if nothing.
+    claims_broken: String,
     /// Native layout only: each scheduled message's score, and each envelope.
     scores: BTreeMap<String, f64>,
     envelopes: BTreeMap<String, String>,
@@ -96,9 +97,11 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
     let k = |s: &str| names.name(s);
     let mut pipe = redis::pipe();
     pipe.atomic();
-    for z in ["scheduled", "inflight", "dead", "serial_line", "completed"] {
+    for z in ["scheduled", "dead", "serial_line", "completed"] {
         pipe.cmd("ZRANGE").arg(k(z)).arg(0).arg(-1);
     }
+    // What runs: every id with a lease.
+    pipe.cmd("HKEYS").arg(k("leases"));
     for h in [
         "messages",
         "leases",
@@ -114,8 +117,15 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
     }
     pipe.cmd("ZRANGE").arg(k("scheduled")).arg(0).arg(-1).arg("WITHSCORES");
     pipe.cmd("HGETALL").arg(k("messages"));
+    pipe.cmd("EVAL")
+        .arg(CLAIMS_RULE)
+        .arg(4)
+        .arg(k("leases"))
+        .arg(k("claims"))
+        .arg(k("claim_ids"))
+        .arg(k("inflight"));
     #[allow(clippy::type_complexity)]
-    let (sets, hashes, maps, scores, envelopes): (
+    let (sets, hashes, maps, scores, envelopes, claims_broken): (
         (Vec<String>, Vec<String>, Vec<String>, Vec<String>, Vec<String>),
         (
             Vec<String>,
@@ -132,6 +142,7 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
         ),
         BTreeMap<String, f64>,
         BTreeMap<String, String>,
+        String,
     ) = {
         let v: Vec<redis::Value> = pipe.query(con).expect("snapshot");
         let set = |i: usize| -> Vec<String> { redis::from_redis_value(v[i].clone()).expect("set") };
@@ -142,17 +153,17 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
             (map(11), map(12), map(13)),
             redis::from_redis_value(v[14].clone()).expect("scores"),
             map(15),
+            redis::from_redis_value(v[16].clone()).expect("claims rule"),
         )
     };
     let to_set = |v: Vec<String>| v.into_iter().collect::<BTreeSet<_>>();
     Snapshot {
         scheduled: to_set(sets.0),
-        inflight: to_set(sets.1),
-        dead: to_set(sets.2),
-        line: to_set(sets.3),
-        completed: to_set(sets.4),
+        dead: to_set(sets.1),
+        line: to_set(sets.2),
+        completed: to_set(sets.3),
+        inflight: to_set(sets.4),
         messages: to_set(hashes.0),
-        leases: to_set(hashes.1),
         side_tables: vec![
             ("attempts", to_set(hashes.2)),
             ("errors", to_set(hashes.3)),
@@ -162,10 +173,51 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
         serial_keys: maps.0,
         holders: maps.1,
         lined: maps.2,
+        claims_broken,
         scores: if names.native { scores } else { BTreeMap::new() },
         envelopes: if names.native { envelopes } else { BTreeMap::new() },
     }
 }
+
+/// The claims' rule (lua/include/claims.lua), read in the snapshot's transaction: each
+/// claim has its record, counts exactly the ids whose lease names it and holds one at
+/// least; every lease is held by a claim (or is an older delayq's, in the in-flight set).
+/// Returns what breaks it, "" if nothing.
+const CLAIMS_RULE: &str = r"
+local by_id = {}
+local leases = redis.call('HGETALL', KEYS[1])
+for i = 1, #leases, 2 do
+  by_id[leases[i]] = leases[i + 1]
+end
+local claims = redis.call('ZRANGE', KEYS[2], 0, -1)
+for _, token in ipairs(claims) do
+  local packed = redis.call('HGET', KEYS[3], token)
+  if not packed then
+    return 'claim ' .. token .. ' has no record'
+  end
+  local left = tonumber(redis.call('HGET', KEYS[3], token .. '#'))
+  local held = 0
+  for _, id in ipairs(cmsgpack.unpack(packed)) do
+    local lease = by_id[id]
+    if lease and string.match(lease, '^[^:]+') == token then
+      held = held + 1
+      by_id[id] = nil
+    end
+  end
+  if held ~= left or held == 0 then
+    return 'claim ' .. token .. ' counts ' .. tostring(left) .. ' but holds ' .. held
+  end
+end
+if redis.call('HLEN', KEYS[3]) ~= 2 * #claims then
+  return 'claim records without a claim'
+end
+for id, lease in pairs(by_id) do
+  if not redis.call('ZSCORE', KEYS[4], id) then
+    return id .. ' has the lease ' .. lease .. ' of no claim'
+  end
+end
+return ''
+";
 
 /// The rules; returns the first one broken.
 fn broken_rule(s: &Snapshot) -> Option<String> {
@@ -189,8 +241,8 @@ fn broken_rule(s: &Snapshot) -> Option<String> {
             stored.difference(&s.messages).collect::<Vec<_>>()
         ));
     }
-    if s.leases != s.inflight {
-        return Some(format!("leases {:?} but in flight {:?}", s.leases, s.inflight));
+    if !s.claims_broken.is_empty() {
+        return Some(s.claims_broken.clone());
     }
     let keyed: BTreeSet<String> = s.serial_keys.keys().cloned().collect();
     for (name, ids) in s

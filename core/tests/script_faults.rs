@@ -36,19 +36,20 @@ fn snapshot(server: &RedisServer) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
-/// One state per message: each id of the schedule, the in-flight set and the dead
-/// letters is in one of them only and has an envelope; leases match the in-flight set.
+/// One state per message: each id of the schedule, the leases (what runs) and the dead
+/// letters is in one of them only and has an envelope; the claims hold what runs.
 fn assert_one_state_each(server: &RedisServer, tag: &str) {
     assert_no_leak(server, tag);
     let mut con = server.con();
     let mut seen = BTreeSet::new();
-    for set in ["scheduled", "inflight", "dead"] {
-        let ids: Vec<String> = redis::cmd("ZRANGE")
-            .arg(format!("{tag}:{set}"))
-            .arg(0)
-            .arg(-1)
-            .query(&mut con)
-            .expect("ZRANGE");
+    for set in ["scheduled", "leases", "dead"] {
+        let key = format!("{tag}:{set}");
+        let mut cmd = redis::cmd(if set == "leases" { "HKEYS" } else { "ZRANGE" });
+        cmd.arg(&key);
+        if set != "leases" {
+            cmd.arg(0).arg(-1);
+        }
+        let ids: Vec<String> = cmd.query(&mut con).expect("ids");
         for id in ids {
             let has: bool = redis::cmd("HEXISTS")
                 .arg(format!("{tag}:messages"))

@@ -7,6 +7,7 @@
 -- Counters rather than the # operator, which costs a search of the table per use.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
+-- @include claims
 -- @include clock
 -- @include completed
 -- @include forget
@@ -14,7 +15,7 @@
 -- @include serial
 -- @include stall
 -- @include stamp
--- KEYS: scheduled messages inflight leases attempts errors stats control completed completed_messages traces serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors stats control completed completed_messages traces serial_keys serial_holders serial_line serial_lined claims claim_ids
 run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)
@@ -67,7 +68,7 @@ elseif redis.call('EXISTS', K_DONE) == 1 then
   trim_completed(now, keep, tonumber(ARGV[4]))
 end
 if n_done > 0 then
-  redis.call('ZREM', K_INFLIGHT, unpack(done))
+  leave_claims(tokens_done, n_done)
   free_serial_keys(done)
   forget(done)
   redis.call('HINCRBY', K_STATS, 'acked', n_done)

@@ -10,7 +10,7 @@
 -- @include oom
 -- @include pools
 -- @include stall
--- KEYS: inflight stats workers control
+-- KEYS: inflight stats workers control claims
 run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)

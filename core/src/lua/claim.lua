@@ -37,6 +37,7 @@
 -- per-message Lua work is a look at the envelope's first bytes (its stamp).
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
+-- @include claims
 -- @include clock
 -- @include dead
 -- @include forget
@@ -52,7 +53,7 @@
 -- @include serial
 -- @include stall
 -- @include restamp
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined minutes
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined minutes claims claim_ids
 -- The optional sections, read whole before anything is written.
 local beat, minutes_kept, minute_deltas = nil, nil, nil
 local at = 8
@@ -81,6 +82,9 @@ if beat and not (beat[1] and beat[2] and beat[3]) then
   return redis.error_reply('DQERR malformed beat section')
 end
 
+-- Expired claims reaped per call, each of up to 1000 messages: the calls that follow
+-- reap the rest.
+local CLAIMS_REAPED = 8
 run_even_out_of_memory()
 local batch = tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[4])
@@ -88,8 +92,14 @@ local now = queue_now(true)
 absorb_stall(now, lease_ms)
 
 -- Expired leases go back to the front of the schedule: the message is due already.
--- Their delivery counts as an attempt, with the expiry as its error.
+-- Their delivery counts as an attempt, with the expiry as its error. An older
+-- delayq's deliveries expire one by one, claims whole (see include/claims.lua).
 local expired = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', now, 'LIMIT', 0, batch)
+local older = #expired
+local ended = redis.call('ZRANGEBYSCORE', K_CLAIMS, '-inf', now, 'LIMIT', 0, CLAIMS_REAPED)
+for _, token in ipairs(ended) do
+  held_by(token, expired)
+end
 if #expired > 0 then
   local readd, counted, errors = {}, {}, {}
   local before = redis.call('HMGET', K_ATT, unpack(expired))
@@ -117,7 +127,9 @@ if #expired > 0 then
   end
   -- In the schedule before out of the in-flight set: no message is ever in neither.
   redis.call('ZADD', K_SCHED, unpack(readd))
-  redis.call('ZREM', K_INFLIGHT, unpack(expired))
+  if older > 0 then
+    redis.call('ZREM', K_INFLIGHT, unpack(expired, 1, older))
+  end
   redis.call('HDEL', K_LEASE, unpack(expired))
   redis.call('HSET', K_ATT, unpack(counted))
   redis.call('HSET', K_ERR, unpack(errors))
@@ -126,6 +138,7 @@ if #expired > 0 then
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
   free_serial_keys(expired)
 end
+drop_claims(ended)
 
 trim_dead(now, tonumber(ARGV[5]), tonumber(ARGV[6]))
 if beat then
@@ -224,13 +237,12 @@ if n > 0 then
     end
     blocked, keys = serial_gate(ids, envelopes, scores, now, lease_ms)
   end
-  -- A string once, not a number that each of the n ZADD arguments would format again.
   local deadline = fmt(now + lease_ms)
   -- A stamped message's lease is the claim's token alone: the reply repeats one
   -- string, and the score is in the envelope.
   local token = fmt(next_seq())
   local token_colon = token .. ':'
-  local leases, deadlines, orphans, taken = {}, {}, {}, {}
+  local leases, held, orphans, taken = {}, {}, {}, {}
   local claimed = 0
   for i = 1, n do
     local id = ids[i]
@@ -246,8 +258,7 @@ if n > 0 then
       end
       leases[2 * claimed - 1] = id
       leases[2 * claimed] = lease
-      deadlines[2 * claimed - 1] = deadline
-      deadlines[2 * claimed] = id
+      held[claimed] = id
       deliveries[3 * claimed - 2] = id
       deliveries[3 * claimed - 1] = lease
       deliveries[3 * claimed] = envelope
@@ -269,7 +280,8 @@ if n > 0 then
   -- In flight under a lease before out of the schedule: no message is ever in
   -- neither (the ones the serial gate held back stay, at their new score).
   if claimed > 0 then
-    redis.call('ZADD', K_INFLIGHT, unpack(deadlines))
+    redis.call('ZADD', K_CLAIMS, deadline, token)
+    redis.call('HSET', K_CLAIM_IDS, token, cmsgpack.pack(held), token .. '#', claimed)
     hset_as_hashtable(K_LEASE, leases)
   end
   if #taken > 0 then
@@ -298,11 +310,13 @@ if head then
     next_ms = limited_until()
   end
 end
-local lease_head = redis.call('ZRANGE', K_INFLIGHT, 0, 0, 'WITHSCORES')
-if lease_head[2] then
-  local expiry = tonumber(lease_head[2])
-  if next_ms < 0 or expiry < next_ms then
-    next_ms = expiry
+for _, key in ipairs({K_CLAIMS, K_INFLIGHT}) do
+  local lease_head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if lease_head[2] then
+    local expiry = tonumber(lease_head[2])
+    if next_ms < 0 or expiry < next_ms then
+      next_ms = expiry
+    end
   end
 end
 header[2] = next_ms

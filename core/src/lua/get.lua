@@ -9,9 +9,10 @@
 --   A message in its serial key's line is ready, due when it was due (not when its
 --   safety net would bring it back, see serial_gate).
 -- Faults: it writes nothing.
+-- @include claims
 -- @include clock
 -- @include stamp
--- KEYS: scheduled messages inflight leases attempts errors dead control completed completed_messages traces serial_keys serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors dead control completed completed_messages traces serial_keys serial_lined claims claim_ids
 local id = ARGV[3]
 local envelope = redis.call('HGET', K_MSG, id)
 if not envelope then
@@ -43,7 +44,7 @@ end
 local lease = redis.call('HGET', K_LEASE, id)
 if lease then
   local score = lease_score(lease) or stamp_score(envelope)
-  local lease_until = tonumber(redis.call('ZSCORE', K_INFLIGHT, id)) or -1
+  local lease_until = lease_deadline(id) or -1
   if not score then
     -- Not a lease this version wrote (an older delayq mid-upgrade, or a hand edit).
     return {'inflight', envelope, -1, attempts + 1, err, -1, lease_until, -1, trace, serial}

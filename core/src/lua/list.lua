@@ -9,9 +9,10 @@
 --   shows when it was due (see get.lua).
 -- Read-only; one call reads at most 1000 messages, so Redis is never blocked for long.
 -- Faults: it writes nothing.
+-- @include claims
 -- @include clock
 -- @include stamp
--- KEYS: scheduled messages inflight leases attempts errors control completed completed_messages traces serial_keys serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors control completed completed_messages traces serial_keys serial_lined claims claim_ids
 local now = queue_now(false)
 local limit = tonumber(ARGV[4])
 local start = tonumber(ARGV[5])
@@ -37,8 +38,60 @@ if ARGV[3] == 'completed' then
   end
   return result
 end
+-- In flight: `limit` messages after the first `start`, earliest deadline first, as
+-- {id1, deadline1, ...}: the claims' (include/claims.lua) and an older delayq's
+-- deliveries, merged. A claim's count skips it whole; one is read only to list it.
+local function inflight_page()
+  local older = redis.call('ZRANGE', K_INFLIGHT, 0, start + limit - 1, 'WITHSCORES')
+  local page, skip, o = {}, start, 1
+  local function take(id, deadline)
+    if skip > 0 then
+      skip = skip - 1
+    else
+      page[#page + 1] = id
+      page[#page + 1] = deadline
+    end
+  end
+  local at = 0
+  while #page < 2 * limit do
+    local claims = redis.call('ZRANGE', K_CLAIMS, at, at + 99, 'WITHSCORES')
+    at = at + 100
+    for c = 1, #claims, 2 do
+      local token, deadline = claims[c], tonumber(claims[c + 1])
+      while older[o] and tonumber(older[o + 1]) <= deadline and #page < 2 * limit do
+        take(older[o], tonumber(older[o + 1]))
+        o = o + 2
+      end
+      local count = tonumber(redis.call('HGET', K_CLAIM_IDS, token .. '#')) or 0
+      if skip >= count then
+        skip = skip - count
+      elseif #page < 2 * limit then
+        local ids = {}
+        held_by(token, ids)
+        for _, id in ipairs(ids) do
+          if #page < 2 * limit then
+            take(id, deadline)
+          end
+        end
+      end
+    end
+    if #claims < 200 then
+      break
+    end
+  end
+  while older[o] and #page < 2 * limit do
+    take(older[o], tonumber(older[o + 1]))
+    o = o + 2
+  end
+  return page
+end
 local inflight = ARGV[3] == 'inflight'
-local listed = redis.call('ZRANGE', inflight and K_INFLIGHT or K_SCHED, start, start + limit - 1, 'WITHSCORES')
+local listed
+if inflight then
+  listed = inflight_page()
+else
+  listed = redis.call('ZRANGE', K_SCHED, start, start + limit - 1, 'WITHSCORES')
+end
 local result = {now}
 local n = #listed / 2
 if n == 0 then

@@ -6,7 +6,7 @@
 -- Faults: every delta is read before the first write; a malformed one is a caller bug.
 -- @include clock
 -- @include minutes
--- KEYS: scheduled inflight minutes control
+-- KEYS: scheduled leases control minutes
 local keep = tonumber(ARGV[3])
 if not keep or keep < 1 then
   return redis.error_reply('DQERR minutes kept must be at least 1, got ' .. tostring(ARGV[3]))

@@ -7,6 +7,7 @@
 -- Returns one status per group: 1 retried, 2 buried, 0 lease lost, -1 gone.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
+-- @include claims
 -- @include clock
 -- @include dead
 -- @include oom
@@ -15,7 +16,7 @@
 -- @include serial
 -- @include stall
 -- @include restamp
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined claims claim_ids
 run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)
@@ -24,6 +25,7 @@ local result = {}
 local retried, buried = 0, 0
 local traces_kept = redis.call('EXISTS', K_TRACE) == 1
 local claim_no = nil
+local left = {}
 for i = 5, #ARGV, 6 do
   local id, token, delay, err, trace = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
   local options = ARGV[i + 5]
@@ -69,8 +71,8 @@ for i = 5, #ARGV, 6 do
     elseif traces_kept then
       redis.call('HDEL', K_TRACE, id)
     end
-    redis.call('ZREM', K_INFLIGHT, id)
     redis.call('HDEL', K_LEASE, id)
+    left[#left + 1] = token
     free_serial_keys({id})
   elseif redis.call('HEXISTS', K_MSG, id) == 1 then
     result[#result + 1] = 0
@@ -78,6 +80,7 @@ for i = 5, #ARGV, 6 do
     result[#result + 1] = -1
   end
 end
+leave_claims(left, #left)
 if retried > 0 then
   redis.call('HINCRBY', K_STATS, 'retried', retried)
   wake_if_new_head(old_head)

@@ -25,7 +25,7 @@
 -- @include schedule
 -- @include serial
 -- @include restamp
--- KEYS: scheduled messages inflight attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined claims claim_ids
 local check = ARGV[3] == 'check'
 local n_argv = #ARGV
 -- The runs, read whole before anything is written (the queue clock's read writes it):

@@ -4,18 +4,19 @@
 -- Returns the number released (pairs whose lease was lost are skipped).
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
+-- @include claims
 -- @include clock
 -- @include oom
 -- @include schedule
 -- @include serial
 -- @include stall
 -- @include restamp
--- KEYS: scheduled messages inflight leases stats seq control serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases stats seq control serial_keys serial_holders serial_line serial_lined claims claim_ids
 run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)
 local old_head = head_score()
-local released = 0
+local released, left = 0, {}
 local claim_no = not SEED and claim_number()
 for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
@@ -35,12 +36,13 @@ for i = 3, #ARGV, 2 do
     -- Neither the lease nor the stamp tells its place (a hand edit): due now.
     score = score or score_at(now)
     redis.call('ZADD', K_SCHED, score, id)
-    redis.call('ZREM', K_INFLIGHT, id)
     redis.call('HDEL', K_LEASE, id)
     free_serial_keys({id})
     released = released + 1
+    left[released] = lease
   end
 end
+leave_claims(left, released)
 if released > 0 then
   redis.call('HINCRBY', K_STATS, 'released', released)
   wake_if_new_head(old_head)

@@ -9,7 +9,7 @@
 -- @include schedule
 -- @include serial
 -- @include restamp
--- KEYS: scheduled messages inflight seq control serial_keys serial_holders serial_line serial_lined
+-- KEYS: scheduled messages inflight leases seq control serial_keys serial_holders serial_line serial_lined claims claim_ids
 local id, kind, ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if not redis.call('ZSCORE', K_SCHED, id) then
   return -1

@@ -7,12 +7,12 @@
 -- Faults: it writes nothing.
 -- @include clock
 -- @include schedule
--- KEYS: scheduled inflight dead stats paused limit control completed serial_line
+-- KEYS: scheduled leases dead stats paused limit control completed serial_line
 local now = queue_now(false)
 local waiting = redis.call('ZCARD', K_SCHED)
 local ready = redis.call('ZCOUNT', K_SCHED, '-inf', fmt(due_bound(now)))
 local head = head_score()
-local result = {now, waiting, ready, redis.call('ZCARD', K_INFLIGHT), redis.call('ZCARD', K_DEAD),
+local result = {now, waiting, ready, redis.call('HLEN', K_LEASE), redis.call('ZCARD', K_DEAD),
   head and due_of(head) or -1, tonumber(redis.call('HGET', K_PAUSED, 'since')) or -1}
 local limit = redis.call('HMGET', K_LIMIT, 'total', 'per')
 result[8] = tonumber(limit[1]) or -1

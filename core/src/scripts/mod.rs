@@ -77,7 +77,7 @@ const fn role(name: &'static str, var: &'static str, kind: &'static str) -> Role
 }
 
 /// Every key role, in `Keys::all` order (documented in `lua/include/base.lua`).
-pub const ROLES: [Role; 24] = [
+pub const ROLES: [Role; 26] = [
     role("scheduled", "K_SCHED", "zset"),
     role("messages", "K_MSG", "hash"),
     role("inflight", "K_INFLIGHT", "zset"),
@@ -102,6 +102,8 @@ pub const ROLES: [Role; 24] = [
     role("serial_line", "K_SERIAL_LINE", "zset"),
     role("serial_lined", "K_SERIAL_LINED", "hash"),
     role("minutes", "K_MINUTES", "hash"),
+    role("claims", "K_CLAIMS", "zset"),
+    role("claim_ids", "K_CLAIM_IDS", "hash"),
 ];
 
 /// Redis's arity of each command the scripts run (COMMAND INFO: `n` exactly n words,
@@ -376,6 +378,7 @@ macro_rules! lua_files {
 
 lua_files!(
     "include/base.lua",
+    "include/claims.lua",
     "include/clock.lua",
     "include/completed.lua",
     "include/dead.lua",

@@ -11,7 +11,8 @@
 --   messages   HASH  id -> envelope (opaque to Lua but for its stamp, see
 --                            include/stamp.lua: payload bytes never pass through
 --                            cjson, so 64-bit integers and key order survive)
---   inflight   ZSET  id -> lease deadline (ms, server clock)
+--   inflight   ZSET  id -> lease deadline (ms, server clock) of a delivery that a
+--                            delayq before the lease per claim made
 --   leases     HASH  id -> lease of the current delivery (see lease_score)
 --   attempts   HASH  id -> finished deliveries (written when a delivery fails
 --                            or its lease expires; the running one is attempts + 1)
@@ -54,6 +55,10 @@
 --   serial_lined HASH id -> its member of serial_line
 --   minutes   HASH  minute (queue clock ms / 60000) -> what the consumer pools
 --                            did in it and the backlog then (see minutes_add.lua)
+--   claims    ZSET  claim token -> its lease deadline (ms), while it holds a
+--                            message (see include/claims.lua)
+--   claim_ids HASH  claim token -> its ids (cmsgpack); "<token>#" -> how many it
+--                            still holds
 -- Scripts return error replies only for caller bugs, as "DQERR <code> <detail>", and
 -- for the faults preflight() finds before the first write.
 

@@ -76,7 +76,7 @@ local function add_minutes(now, keep, deltas)
   if sampling then
     local waiting = redis.call('ZCARD', K_SCHED)
     local ready = redis.call('ZCOUNT', K_SCHED, '-inf', fmt(due_bound(now)))
-    current.backlog = {waiting - ready, ready, redis.call('ZCARD', K_INFLIGHT)}
+    current.backlog = {waiting - ready, ready, redis.call('HLEN', K_LEASE)}
     touched[minute] = current
   end
   for m, rec in pairs(touched) do

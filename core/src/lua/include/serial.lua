@@ -1,4 +1,5 @@
 -- serial.lua: serial keys (messages sharing a key never run at the same time).
+-- @include claims
 -- @include order
 -- @include schedule
 -- Serial keys. A claimed message whose key another delivery holds does not run: it
@@ -77,7 +78,7 @@ local function serial_gate(ids, envelopes, scores, now, lease_ms)
       else
         local holder = redis.call('HGET', K_SERIAL_HOLD, key)
         if holder and holder ~= id then
-          until_ms = tonumber(redis.call('ZSCORE', K_INFLIGHT, holder))
+          until_ms = lease_deadline(holder)
         end
       end
       if until_ms then

@@ -21,16 +21,19 @@ local function absorb_stall(now, lease_ms)
     return
   end
   local grace = now + math.floor(stall_ms * 2 / 3)
-  while true do
-    local ending = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', '(' .. fmt(grace), 'LIMIT', 0, GRACE_STEP)
-    if #ending == 0 then
-      return
+  -- Claims (include/claims.lua), and an older delayq's deliveries one by one.
+  for _, key in ipairs({K_CLAIMS, K_INFLIGHT}) do
+    while true do
+      local ending = redis.call('ZRANGEBYSCORE', key, '-inf', '(' .. fmt(grace), 'LIMIT', 0, GRACE_STEP)
+      if #ending == 0 then
+        break
+      end
+      local moved = {}
+      for i = 1, #ending do
+        moved[2 * i - 1] = fmt(grace)
+        moved[2 * i] = ending[i]
+      end
+      redis.call('ZADD', key, unpack(moved))
     end
-    local moved = {}
-    for i = 1, #ending do
-      moved[2 * i - 1] = fmt(grace)
-      moved[2 * i] = ending[i]
-    end
-    redis.call('ZADD', K_INFLIGHT, unpack(moved))
   end
 end

@@ -1,0 +1,75 @@
+-- claims.lua: a lease per claim. The messages of one claim share one entry in
+-- K_CLAIMS, the claim's token scored by its deadline (a heartbeat moves it), and one
+-- record in K_CLAIM_IDS: "<token>" -> its ids (cmsgpack, so any id fits), "<token>#" ->
+-- how many of them it still holds. Each message's lease (K_LEASE) names its claim's
+-- token, so a completion is fenced per message as before. A message that leaves its
+-- claim (acknowledged, failed, released) lowers the count, and a claim that holds
+-- nothing is deleted; an expired claim's record tells the reaper which messages to
+-- deliver again: those whose lease still names it. So a claim writes two entries
+-- whatever its size, where a deadline per message cost a ZSET entry each way.
+-- Deliveries of a delayq before it keep their own entries in K_INFLIGHT (id ->
+-- deadline) until they end: the reaper, the serial gate and the views read both.
+
+-- The claim token of a lease ("<token>" or "<token>:<score>", see include/base.lua).
+local function claim_token(lease)
+  return string.match(lease, '^[^:]+')
+end
+
+-- The messages holding `leases[1..n]` (one per message) left their claims.
+local function leave_claims(leases, n)
+  local counts, token_of = {}, {}
+  for i = 1, n do
+    local lease = leases[i]
+    local token = token_of[lease]
+    if not token then
+      token = claim_token(lease)
+      token_of[lease] = token
+    end
+    counts[token] = (counts[token] or 0) + 1
+  end
+  for token, count in pairs(counts) do
+    if redis.call('HINCRBY', K_CLAIM_IDS, token .. '#', -count) <= 0 then
+      redis.call('HDEL', K_CLAIM_IDS, token, token .. '#')
+      redis.call('ZREM', K_CLAIMS, token)
+    end
+  end
+end
+
+-- The lease deadline (ms) of a running message, nil if it does not run.
+local function lease_deadline(id)
+  local older = redis.call('ZSCORE', K_INFLIGHT, id)
+  if older then
+    return tonumber(older)
+  end
+  local lease = redis.call('HGET', K_LEASE, id)
+  return lease and tonumber(redis.call('ZSCORE', K_CLAIMS, claim_token(lease)))
+end
+
+-- The ids an expired claim still held, appended to `out`.
+local function held_by(token, out)
+  local packed = redis.call('HGET', K_CLAIM_IDS, token)
+  if not packed then
+    return
+  end
+  local ids = cmsgpack.unpack(packed)
+  local leases = redis.call('HMGET', K_LEASE, unpack(ids))
+  for i = 1, #ids do
+    if leases[i] and claim_token(leases[i]) == token then
+      out[#out + 1] = ids[i]
+    end
+  end
+end
+
+-- Delete claims (their entry and record).
+local function drop_claims(tokens)
+  if #tokens == 0 then
+    return
+  end
+  local fields = {}
+  for i = 1, #tokens do
+    fields[2 * i - 1] = tokens[i]
+    fields[2 * i] = tokens[i] .. '#'
+  end
+  redis.call('ZREM', K_CLAIMS, unpack(tokens))
+  redis.call('HDEL', K_CLAIM_IDS, unpack(fields))
+end

@@ -1,0 +1,156 @@
+//! A lease per claim (lua/include/claims.lua): the messages of one claim share one
+//! deadline; what leaves the claim lowers its count, and an expired claim gives back
+//! exactly what it still held.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{RedisServer, assert_no_leak, wait_for};
+use delayq::{Delivery, Due, PushOptions, Received, Retry, Worker, WorkerOptions};
+
+fn next(c: &delayq::Consumer) -> Delivery {
+    match c.recv_timeout(Duration::from_secs(5)) {
+        Received::Message(d) => d,
+        other => panic!("expected a delivery, got {other:?}"),
+    }
+}
+
+fn count(server: &RedisServer, cmd: &str, key: &str) -> u64 {
+    redis::cmd(cmd).arg(key).query(&mut server.con()).expect("count")
+}
+
+fn push(q: &delayq::Queue, id: &str, due: Due) {
+    let opts = PushOptions {
+        id: Some(id.to_owned()),
+        ..PushOptions::default()
+    };
+    q.push_json(format!(r#"{{"id":"{id}"}}"#), due, &opts).expect("push");
+}
+
+#[test]
+fn an_expired_claim_gives_back_exactly_what_it_still_held() {
+    let server = RedisServer::start();
+    let q = server.queue("claims");
+    for id in ["m0", "m1", "m2", "m3"] {
+        push(&q, id, Due::NOW);
+    }
+    let hangs = WorkerOptions {
+        threads: 1,
+        lease: Duration::from_millis(300),
+        timeout: Some(Duration::from_millis(50)),
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(100),
+        ..WorkerOptions::default()
+    };
+    // Pool A takes all four in one claim: one deadline, one record.
+    let a = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            prefetch: 4,
+            ..hangs.clone()
+        },
+    )
+    .expect("worker a");
+    let ca = a.start_with(4).expect("start a");
+    let mut got: Vec<Delivery> = (0..4).map(|_| next(&ca)).collect();
+    got.sort_by(|x, y| x.id.cmp(&y.id));
+    assert!(got.iter().all(|d| d.token() == got[0].token()), "one claim");
+    assert_eq!(count(&server, "ZCARD", "{dq:claims}:claims"), 1);
+    assert_eq!(
+        count(&server, "ZCARD", "{dq:claims}:inflight"),
+        0,
+        "no deadline per message"
+    );
+    let [m0, m1, m2, m3]: [Delivery; 4] = got.try_into().expect("four");
+    // m0 is acknowledged and pushed again under its id, due later; m1 fails for a
+    // retry a minute on. A holds m2 and m3 and "hangs": its heartbeat stops at timeout.
+    ca.ack(m0);
+    ca.fail_with(m1, "later", Retry::After(Duration::from_secs(60)));
+    wait_for(Duration::from_secs(5), "m0 acknowledged and m1 waiting", || {
+        q.stats().is_ok_and(|s| s.inflight == 2 && s.scheduled == 1)
+    });
+    push(&q, "m0", Due::In(Duration::from_secs(60)));
+    // Pool B reaps A's claim once its lease ran out: m2 and m3 again, nothing else.
+    let b = Worker::new(q.clone(), hangs).expect("worker b");
+    let cb = b.start_with(4).expect("start b");
+    let mut again: Vec<Delivery> = (0..2).map(|_| next(&cb)).collect();
+    again.sort_by(|x, y| x.id.cmp(&y.id));
+    assert_eq!(
+        again.iter().map(|d| (d.id.as_str(), d.attempt)).collect::<Vec<_>>(),
+        [("m2", 2), ("m3", 2)]
+    );
+    assert!(matches!(cb.recv_timeout(Duration::from_millis(300)), Received::Idle));
+    let s = q.stats().expect("stats");
+    assert_eq!((s.scheduled, s.inflight, s.total("expired")), (2, 2, 2));
+    for d in again {
+        cb.ack(d);
+    }
+    // A's late completions find their claim gone: lease lost.
+    ca.ack(m2);
+    ca.ack(m3);
+    assert_eq!(ca.finish().lease_lost, 2);
+    assert_eq!(cb.finish().acked, 2);
+    assert_eq!(count(&server, "ZCARD", "{dq:claims}:claims"), 0);
+    assert_eq!(count(&server, "HLEN", "{dq:claims}:claim_ids"), 0);
+    assert_no_leak(&server, "{dq:claims}");
+}
+
+#[test]
+fn the_running_list_pages_through_claims_by_deadline() {
+    let server = RedisServer::start();
+    let q = server.queue("claims");
+    for n in 0..7 {
+        push(&q, &format!("m{n}"), Due::NOW);
+    }
+    let holds = |prefetch: usize| WorkerOptions {
+        threads: 1,
+        prefetch,
+        lease: Duration::from_secs(60),
+        ..WorkerOptions::default()
+    };
+    // Two claims, one after the other: of three, then of four.
+    let a = Worker::new(q.clone(), holds(3)).expect("worker a");
+    let ca = a.start_with(3).expect("start a");
+    let held_a: Vec<Delivery> = (0..3).map(|_| next(&ca)).collect();
+    std::thread::sleep(Duration::from_millis(20));
+    let b = Worker::new(q.clone(), holds(4)).expect("worker b");
+    let cb = b.start_with(4).expect("start b");
+    let held_b: Vec<Delivery> = (0..4).map(|_| next(&cb)).collect();
+    assert_eq!(count(&server, "ZCARD", "{dq:claims}:claims"), 2);
+    let all = q.list(delayq::Listing::Inflight, 10).expect("list");
+    let ids = |list: &[delayq::MessageInfo]| list.iter().map(|m| m.id.clone()).collect::<Vec<_>>();
+    let mut expected: Vec<String> = held_a.iter().chain(&held_b).map(|d| d.id.clone()).collect();
+    let mut listed = ids(&all);
+    assert!(
+        all.windows(2).all(|w| w[0].lease_until_ms <= w[1].lease_until_ms),
+        "by deadline"
+    );
+    assert!(
+        all[..3].iter().all(|m| held_a.iter().any(|d| d.id == m.id)),
+        "A's claim first"
+    );
+    expected.sort();
+    listed.sort();
+    assert_eq!(listed, expected);
+    for start in 0..8 {
+        for limit in 1..8 {
+            let page = q.list_page(delayq::Listing::Inflight, start, limit).expect("page");
+            let end = (start + limit).min(all.len());
+            assert_eq!(
+                ids(&page),
+                ids(&all[start.min(end)..end]),
+                "start {start} limit {limit}"
+            );
+        }
+    }
+    for d in held_a {
+        ca.ack(d);
+    }
+    for d in held_b {
+        cb.ack(d);
+    }
+    ca.finish();
+    cb.finish();
+    assert_no_leak(&server, "{dq:claims}");
+}
