@@ -157,3 +157,101 @@ fn the_running_list_pages_through_claims_by_deadline() {
     cb.finish();
     assert_no_leak(&server, "{dq:claims}");
 }
+
+#[test]
+fn a_handler_past_its_timeout_loses_its_lease_while_its_claims_others_live() {
+    let server = RedisServer::start();
+    let q = server.queue("claims");
+    push(&q, "m0", Due::NOW);
+    push(&q, "m1", Due::NOW);
+    // One claim of both: m0 is handed to a handler that hangs past its timeout, m1
+    // waits prefetched, not started, so the heartbeat renews its claim.
+    let a = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            threads: 1,
+            prefetch: 2,
+            lease: Duration::from_millis(600),
+            timeout: Some(Duration::from_millis(200)),
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker a");
+    let ca = a.start_with(2).expect("start a");
+    let hung = next(&ca);
+    wait_for(Duration::from_secs(5), "both claimed", || {
+        q.stats().is_ok_and(|s| s.inflight == 2)
+    });
+    // B gets the hung one again once its own deadline passed; m1 stays with A.
+    let b = Worker::new(q.clone(), WorkerOptions::default()).expect("worker b");
+    let cb = b.start_with(2).expect("start b");
+    let again = next(&cb);
+    assert_eq!((again.id.as_str(), again.attempt), (hung.id.as_str(), 2));
+    assert!(matches!(cb.recv_timeout(Duration::from_millis(1500)), Received::Idle));
+    cb.ack(again);
+    // The prefetched one is still A's to complete; the hung one's late ack is too late.
+    let waiting = next(&ca);
+    assert_ne!(waiting.id, hung.id);
+    ca.ack(waiting);
+    ca.ack(hung);
+    let summary = ca.finish();
+    assert_eq!((summary.acked, summary.lease_lost), (1, 1));
+    cb.finish();
+    assert_no_leak(&server, "{dq:claims}");
+}
+
+#[test]
+fn a_killed_pools_four_full_claims_are_reaped_a_batch_at_a_time() {
+    let server = RedisServer::start();
+    let q = server.queue("claims");
+    for _ in 0..4 {
+        let batch: Vec<delayq::NewMessage> = (0..1000)
+            .map(|n| delayq::NewMessage::new(&n, Duration::ZERO).expect("msg"))
+            .collect();
+        q.push_many(&batch).expect("push");
+    }
+    // What a pool of four threads leaves when killed mid-drain: four claims of 1000,
+    // written as claim.lua writes them, long expired.
+    let _: () = redis::cmd("EVAL")
+        .arg(
+            r"
+            local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+            for c = 0, 3 do
+              local token = tostring(redis.call('INCR', KEYS[5]))
+              local held, leases = {}, {}
+              for i = 1, 1000 do
+                held[i] = ids[c * 1000 + i]
+                leases[2 * i - 1], leases[2 * i] = held[i], token
+              end
+              redis.call('ZADD', KEYS[3], 1, token)
+              redis.call('HSET', KEYS[4], token, cmsgpack.pack(held), token .. '#', 1000)
+              redis.call('HSET', KEYS[2], unpack(leases))
+              redis.call('ZREM', KEYS[1], unpack(held))
+            end",
+        )
+        .arg(5)
+        .arg("{dq:claims}:scheduled")
+        .arg("{dq:claims}:leases")
+        .arg("{dq:claims}:claims")
+        .arg("{dq:claims}:claim_ids")
+        .arg("{dq:claims}:seq")
+        .query(&mut server.con())
+        .expect("the killed pool's claims");
+    assert_eq!(q.stats().expect("stats").inflight, 4000);
+    let worker = Worker::new(q.clone(), WorkerOptions::default()).expect("worker");
+    let c = worker.start_with(2).expect("start");
+    let mut handled = 0;
+    while handled < 4000 {
+        let d = next(&c);
+        assert_eq!(d.attempt, 2, "{}", d.id);
+        c.ack(d);
+        handled += 1;
+    }
+    c.finish();
+    let s = q.stats().expect("stats");
+    assert_eq!(
+        (s.ready, s.inflight, s.total("expired"), s.total("acked")),
+        (0, 0, 4000, 4000)
+    );
+    assert_no_leak(&server, "{dq:claims}");
+}

@@ -199,7 +199,7 @@ for _, token in ipairs(claims) do
   local held = 0
   for _, id in ipairs(cmsgpack.unpack(packed)) do
     local lease = by_id[id]
-    if lease and string.match(lease, '^[^:]+') == token then
+    if lease and string.match(lease, '^[^:]+') == token and not redis.call('ZSCORE', KEYS[4], id) then
       held = held + 1
       by_id[id] = nil
     end

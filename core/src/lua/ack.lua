@@ -68,9 +68,11 @@ elseif redis.call('EXISTS', K_DONE) == 1 then
   trim_completed(now, keep, tonumber(ARGV[4]))
 end
 if n_done > 0 then
-  leave_claims(tokens_done, n_done)
   free_serial_keys(done)
   forget(done)
+  -- Last: an error before it leaves a claim counting too many, which its reaper
+  -- clears, never a lease without its claim.
+  leave_claims(tokens_done, n_done, done)
   redis.call('HINCRBY', K_STATS, 'acked', n_done)
 end
 return result

@@ -96,9 +96,15 @@ absorb_stall(now, lease_ms)
 -- delayq's deliveries expire one by one, claims whole (see include/claims.lua).
 local expired = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', now, 'LIMIT', 0, batch)
 local older = #expired
-local ended = redis.call('ZRANGEBYSCORE', K_CLAIMS, '-inf', now, 'LIMIT', 0, CLAIMS_REAPED)
-for _, token in ipairs(ended) do
+-- Whole claims, while fewer than a batch are taken: at most 2000 ids, whose lists of
+-- pairs stay within what Lua's unpack takes (8000).
+local ended = {}
+for _, token in ipairs(redis.call('ZRANGEBYSCORE', K_CLAIMS, '-inf', now, 'LIMIT', 0, CLAIMS_REAPED)) do
+  if #expired >= math.max(batch, 1) then
+    break
+  end
   held_by(token, expired)
+  ended[#ended + 1] = token
 end
 if #expired > 0 then
   local readd, counted, errors = {}, {}, {}

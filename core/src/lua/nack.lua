@@ -25,7 +25,7 @@ local result = {}
 local retried, buried = 0, 0
 local traces_kept = redis.call('EXISTS', K_TRACE) == 1
 local claim_no = nil
-local left = {}
+local left, left_ids = {}, {}
 for i = 5, #ARGV, 6 do
   local id, token, delay, err, trace = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
   local options = ARGV[i + 5]
@@ -73,6 +73,7 @@ for i = 5, #ARGV, 6 do
     end
     redis.call('HDEL', K_LEASE, id)
     left[#left + 1] = token
+    left_ids[#left_ids + 1] = id
     free_serial_keys({id})
   elseif redis.call('HEXISTS', K_MSG, id) == 1 then
     result[#result + 1] = 0
@@ -80,7 +81,7 @@ for i = 5, #ARGV, 6 do
     result[#result + 1] = -1
   end
 end
-leave_claims(left, #left)
+leave_claims(left, #left, left_ids)
 if retried > 0 then
   redis.call('HINCRBY', K_STATS, 'retried', retried)
   wake_if_new_head(old_head)

@@ -16,7 +16,7 @@ run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)
 local old_head = head_score()
-local released, left = 0, {}
+local released, left, left_ids = 0, {}, {}
 local claim_no = not SEED and claim_number()
 for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
@@ -40,9 +40,10 @@ for i = 3, #ARGV, 2 do
     free_serial_keys({id})
     released = released + 1
     left[released] = lease
+    left_ids[released] = id
   end
 end
-leave_claims(left, released)
+leave_claims(left, released, left_ids)
 if released > 0 then
   redis.call('HINCRBY', K_STATS, 'released', released)
   wake_if_new_head(old_head)

@@ -1,13 +1,16 @@
-//! extend.lua's contract: renew the leases of deliveries whose handlers still run.
+//! extend.lua's contract: renew the leases of deliveries whose handlers still run, and
+//! detach from their claims those whose handlers ran past their timeout.
 
 use super::complete::{Delivery, Statuses};
 use super::{Call, LuaScript};
 
-/// Renew each delivery's lease to `lease_ms` from now. The reply is one
-/// `complete::Status` per delivery: `Done` renewed, `LeaseLost`, or `Gone`.
+/// Detach `detach` from their claims, then renew each of `deliveries` to `lease_ms`
+/// from now. The reply is one `complete::Status` per delivery of both, in order:
+/// `Done` detached or renewed, `LeaseLost`, or `Gone`.
 #[derive(Debug, Clone)]
 pub(crate) struct Args<'a> {
     pub(crate) lease_ms: u64,
+    pub(crate) detach: Vec<Delivery<'a>>,
     pub(crate) deliveries: Vec<Delivery<'a>>,
 }
 
@@ -19,8 +22,8 @@ impl Call for Args<'_> {
     }
 
     fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
-        inv.arg(self.lease_ms);
-        for d in &self.deliveries {
+        inv.arg(self.lease_ms).arg(self.detach.len());
+        for d in self.detach.iter().chain(&self.deliveries) {
             inv.arg(d.id).arg(d.lease);
         }
     }

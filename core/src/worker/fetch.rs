@@ -251,6 +251,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
                         claimed: now,
                         started: None,
                         timed_out: false,
+                        detached: false,
                         renewed: now,
                     },
                 );

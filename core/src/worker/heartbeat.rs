@@ -236,11 +236,17 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
             release_buffered(pool, &mut slot, ReleaseReason::Outranked);
         }
         let mut running = Vec::new();
+        let mut detaching = Vec::new();
         {
             let mut outstanding = pool.outstanding.lock();
             for ((token, _), o) in outstanding.iter_mut() {
                 let overdue = matches!((pool.opts.timeout, o.started), (Some(t), Some(s)) if now.duration_since(s) > t);
                 if overdue {
+                    // Its claim's other messages renew the claim: out of it, the lease
+                    // of this one ends at the deadline it has now.
+                    if !o.detached {
+                        detaching.push((o.part, o.id.clone(), token.clone()));
+                    }
                     if !o.timed_out {
                         o.timed_out = true;
                         log::warn!(
@@ -255,9 +261,10 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                 running.push((o.part, o.id.clone(), token.clone()));
             }
         }
+        let q = &pool.queue;
+        detach(pool, &mut slot, &mut detaching);
         // By partition, then in scripts of at most MAX_BATCH.
         running.sort_unstable_by_key(|(part, ..)| *part);
-        let q = &pool.queue;
         for chunk in running
             .chunk_by(|a, b| a.0 == b.0)
             .flat_map(|same_part| same_part.chunks(MAX_BATCH))
@@ -265,6 +272,7 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
             let part = chunk[0].0;
             let args = extend::Args {
                 lease_ms: pool.opts.lease.as_millis() as u64,
+                detach: Vec::new(),
                 deliveries: chunk
                     .iter()
                     .map(|(_, id, token)| complete::Delivery { id, lease: token })
@@ -295,6 +303,40 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                 }
                 Err(e) => log::warn!("delayq[{}]: lease extension failed: {e}", pool.queue_name),
             }
+        }
+    }
+}
+
+/// Detach deliveries whose handlers ran past their timeout from their claims (see
+/// extend.lua), by partition; a failed call leaves them to the next heartbeat.
+fn detach(pool: &Pool, slot: &mut ConnSlot, detaching: &mut [(usize, String, String)]) {
+    detaching.sort_unstable_by_key(|(part, ..)| *part);
+    for chunk in detaching
+        .chunk_by(|a, b| a.0 == b.0)
+        .flat_map(|same_part| same_part.chunks(MAX_BATCH))
+    {
+        let args = extend::Args {
+            lease_ms: pool.opts.lease.as_millis() as u64,
+            detach: chunk
+                .iter()
+                .map(|(_, id, token)| complete::Delivery { id, lease: token })
+                .collect(),
+            deliveries: Vec::new(),
+        };
+        match run_call(slot, &pool.queue, chunk[0].0, &args) {
+            // Detached, lost or gone: there is nothing left to detach either way.
+            Ok(complete::Statuses(_)) => {
+                let mut outstanding = pool.outstanding.lock();
+                for (_, id, token) in chunk {
+                    if let Some(o) = outstanding.get_mut(&held_key(token, id)) {
+                        o.detached = true;
+                    }
+                }
+            }
+            Err(e) => log::warn!(
+                "delayq[{}]: detaching a timed-out delivery failed: {e}",
+                pool.queue_name
+            ),
         }
     }
 }

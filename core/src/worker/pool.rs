@@ -29,6 +29,9 @@ pub(super) struct Outstanding {
     pub(super) claimed: Instant,
     pub(super) started: Option<Instant>,
     pub(super) timed_out: bool,
+    /// Detached from its claim once it timed out (see extend.lua): its deadline is its
+    /// own, which no heartbeat renews.
+    pub(super) detached: bool,
     /// When its lease was last known live: the claim, then each renewal.
     pub(super) renewed: Instant,
 }

@@ -7,31 +7,69 @@
 -- nothing is deleted; an expired claim's record tells the reaper which messages to
 -- deliver again: those whose lease still names it. So a claim writes two entries
 -- whatever its size, where a deadline per message cost a ZSET entry each way.
--- Deliveries of a delayq before it keep their own entries in K_INFLIGHT (id ->
--- deadline) until they end: the reaper, the serial gate and the views read both.
+-- A delivery with a deadline of its own in K_INFLIGHT counts in no claim: one whose
+-- handler ran past its timeout (its pool detached it, see detach below), and one that
+-- a delayq before the lease per claim made. The reaper, the serial gate and the views
+-- read both.
 
 -- The claim token of a lease ("<token>" or "<token>:<score>", see include/base.lua).
 local function claim_token(lease)
   return string.match(lease, '^[^:]+')
 end
 
--- The messages holding `leases[1..n]` (one per message) left their claims.
-local function leave_claims(leases, n)
+-- The messages ids[1..n], holding leases[1..n], left their deliveries: each lowers
+-- its claim's count, or leaves K_INFLIGHT if it had a deadline of its own.
+local function leave_claims(leases, n, ids)
+  local own = {}
+  if redis.call('EXISTS', K_INFLIGHT) == 1 then
+    local gone = {}
+    for i = 1, n do
+      if redis.call('ZSCORE', K_INFLIGHT, ids[i]) then
+        own[i] = true
+        gone[#gone + 1] = ids[i]
+      end
+    end
+    if #gone > 0 then
+      redis.call('ZREM', K_INFLIGHT, unpack(gone))
+    end
+  end
   local counts, token_of = {}, {}
   for i = 1, n do
-    local lease = leases[i]
-    local token = token_of[lease]
-    if not token then
-      token = claim_token(lease)
-      token_of[lease] = token
+    if not own[i] then
+      local lease = leases[i]
+      local token = token_of[lease]
+      if not token then
+        token = claim_token(lease)
+        token_of[lease] = token
+      end
+      counts[token] = (counts[token] or 0) + 1
     end
-    counts[token] = (counts[token] or 0) + 1
   end
   for token, count in pairs(counts) do
     if redis.call('HINCRBY', K_CLAIM_IDS, token .. '#', -count) <= 0 then
       redis.call('HDEL', K_CLAIM_IDS, token, token .. '#')
       redis.call('ZREM', K_CLAIMS, token)
     end
+  end
+end
+
+-- The delivery of `id` under `lease` (checked by the caller), whose handler ran past
+-- its timeout, leaves its claim for a deadline of its own: the claim's current one,
+-- which no heartbeat renews. So it expires then, while the claim's other messages,
+-- whose handlers live, keep theirs; the late handler can still complete it until then.
+local function detach(id, lease)
+  if redis.call('ZSCORE', K_INFLIGHT, id) then
+    return
+  end
+  local token = claim_token(lease)
+  local deadline = redis.call('ZSCORE', K_CLAIMS, token)
+  if not deadline then
+    return
+  end
+  redis.call('ZADD', K_INFLIGHT, deadline, id)
+  if redis.call('HINCRBY', K_CLAIM_IDS, token .. '#', -1) <= 0 then
+    redis.call('HDEL', K_CLAIM_IDS, token, token .. '#')
+    redis.call('ZREM', K_CLAIMS, token)
   end
 end
 
@@ -45,7 +83,7 @@ local function lease_deadline(id)
   return lease and tonumber(redis.call('ZSCORE', K_CLAIMS, claim_token(lease)))
 end
 
--- The ids an expired claim still held, appended to `out`.
+-- The ids an expired claim still held (none detached), appended to `out`.
 local function held_by(token, out)
   local packed = redis.call('HGET', K_CLAIM_IDS, token)
   if not packed then
@@ -53,8 +91,10 @@ local function held_by(token, out)
   end
   local ids = cmsgpack.unpack(packed)
   local leases = redis.call('HMGET', K_LEASE, unpack(ids))
+  local detached = redis.call('EXISTS', K_INFLIGHT) == 1
   for i = 1, #ids do
-    if leases[i] and claim_token(leases[i]) == token then
+    if leases[i] and claim_token(leases[i]) == token
+      and not (detached and redis.call('ZSCORE', K_INFLIGHT, ids[i])) then
       out[#out + 1] = ids[i]
     end
   end
