@@ -55,6 +55,15 @@ fn stamped_anew(con: &mut redis::Connection, id: &str, was: Option<(u64, u64)>) 
     stamp(con, id).expect("stamped")
 }
 
+/// The number of the claim that handed `d` out: its lease's token.
+fn claim_of(d: &Delivery) -> u64 {
+    d.token()
+        .split(':')
+        .next()
+        .and_then(|t| t.parse().ok())
+        .expect("a numeric token")
+}
+
 fn next(c: &delayq::Consumer) -> Delivery {
     match c.recv_timeout(Duration::from_secs(5)) {
         Received::Message(d) => d,
@@ -97,7 +106,9 @@ fn every_script_that_schedules_a_message_stamps_it_with_its_score() {
     assert_eq!(d.due_at_ms, (now_at / 4096) as i64);
     assert!(!d.token().contains(':'), "{}", d.token());
     // A failure schedules it again: stamped with the new score and a later sequence.
-    let claims_before = seq(&mut con);
+    // Written after the claim that ran it: a number at least the claim's token (the
+    // push's stamp has a lower one).
+    let claims_before = claim_of(&d);
     let was = stamp(&mut con, &id);
     c.fail_with(d, "boom", Retry::After(Duration::from_secs(1)));
     let (retry_no, retry_at) = stamped_anew(&mut con, &id, was);
@@ -112,7 +123,7 @@ fn every_script_that_schedules_a_message_stamps_it_with_its_score() {
     // A release puts it back at the same score, stamped afresh.
     let d = next(&c);
     assert_eq!(d.due_at_ms, (retry_at / 4096) as i64);
-    let claimed_no = seq(&mut con);
+    let claimed_no = claim_of(&d);
     let was = stamp(&mut con, &id);
     c.release(d);
     let (released_no, released_at) = stamped_anew(&mut con, &id, was);
@@ -170,5 +181,44 @@ fn an_envelope_from_before_the_stamp_runs_at_its_due_time_and_is_stamped_when_pu
     let (_, at) = stamped_anew(&mut con, &second_id, None);
     assert_eq!(Some(at), score(&mut con, &second_id), "waits 30 s at its stamp's score");
     c.ack(third);
+    c.finish();
+}
+
+#[test]
+fn a_stamp_later_than_its_claim_is_not_trusted() {
+    let server = RedisServer::start();
+    let q = server.queue("stamp");
+    let mut con = server.con();
+    let id = q.push(&json!({"n": 1}), Duration::from_secs(60)).expect("push");
+    let (_, stamped_at) = stamp(&mut con, &id).expect("stamped");
+    // What an older delayq's reschedule leaves mid-deploy: due now in the schedule,
+    // the stamp still saying a minute on.
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut con).expect("time");
+    let now_ms = secs * 1000 + micros / 1000;
+    let _: () = redis::cmd("ZADD")
+        .arg(SCHEDULED)
+        .arg(now_ms * 4096)
+        .arg(&id)
+        .query(&mut con)
+        .expect("zadd");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            threads: 1,
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker");
+    let c = worker.start_with(1).expect("start");
+    let d = next(&c);
+    assert!(
+        d.due_at_ms < (stamped_at / 4096) as i64 - 30_000,
+        "due {} from the stamp",
+        d.due_at_ms
+    );
+    let was = stamp(&mut con, &id);
+    c.release(d);
+    let (_, released_at) = stamped_anew(&mut con, &id, was);
+    assert!(released_at < stamped_at - 30_000 * 4096, "put back a minute on");
     c.finish();
 }

@@ -362,7 +362,9 @@ pub(super) fn hand_out(
             );
             continue;
         };
-        let due_at_ms = layout.due_ms_of_score(score);
+        // Never later than the claim: it was due (a stamp that an older delayq's
+        // scripts, mid-deploy, did not move with its message may tell a later time).
+        let due_at_ms = layout.due_ms_of_score(score).min(server_now_ms);
         let decoded = envelope::decode(layout, &stored);
         let max_attempts = decoded
             .as_ref()

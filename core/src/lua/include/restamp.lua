@@ -14,5 +14,9 @@ local function stamped(envelope, claim_no, score_text)
     return envelope
   end
   local _, stamp_end = string.find(envelope, '^{"at":%[%d+,%d+%],')
-  return STAMP_OPEN .. claim_no .. ',' .. score_text .. '],' .. string.sub(envelope, (stamp_end or 1) + 1)
+  local rest = string.sub(envelope, (stamp_end or 1) + 1)
+  if rest == '}' then
+    return STAMP_OPEN .. claim_no .. ',' .. score_text .. ']}'
+  end
+  return STAMP_OPEN .. claim_no .. ',' .. score_text .. '],' .. rest
 end

@@ -5,10 +5,12 @@
 --             prints with printf, the most costly step of a claim; a release puts the
 --             message back there;
 --   claim no  the queue's sequence (K_SEQ) when it was written: every claim made
---             later takes a higher number. Written by every script that puts a
---             message in the schedule or takes it out of a delivery otherwise than by
---             deleting it, so that a lease per claim can tell a message it holds from
---             one pushed or put back after it.
+--             later takes a higher number (kept for a fence that reads the stamp
+--             alone; include/claims.lua's fence is the lease).
+-- Written by every script that puts a native message in the schedule: a push, a
+-- repeat's occurrence, a reschedule, a requeue, a retry, a release, the reaper. A
+-- delayq before the stamp, mid-deploy, moves messages without it: a stamp is trusted
+-- no later than the claim that reads it.
 -- Readers of the envelope skip the field (envelope.rs, and delayq before it), and the
 -- seed layout's bare payloads carry none. Envelopes from a delayq before the stamp
 -- have none until a script puts them in the schedule again: claim.lua then gives their
