@@ -31,7 +31,7 @@ for i = 5, #ARGV, 2 do
     if i < first_extended then
       detach(id, lease)
     elseif own and redis.call('ZSCORE', K_INFLIGHT, id) then
-      redis.call('ZADD', K_INFLIGHT, 'XX', deadline, id)
+      -- Detached: its deadline stays its own (see detach), whatever asks.
     else
       claims[claim_token(lease)] = true
     end

@@ -62,10 +62,8 @@ local function detach(id, lease)
     return
   end
   local token = claim_token(lease)
-  local deadline = redis.call('ZSCORE', K_CLAIMS, token)
-  if not deadline then
-    return
-  end
+  -- No claim holds it (none should be missing): due for the reaper now.
+  local deadline = redis.call('ZSCORE', K_CLAIMS, token) or '0'
   redis.call('ZADD', K_INFLIGHT, deadline, id)
   if redis.call('HINCRBY', K_CLAIM_IDS, token .. '#', -1) <= 0 then
     redis.call('HDEL', K_CLAIM_IDS, token, token .. '#')

@@ -7,8 +7,8 @@ local function claim_number()
 end
 
 -- `envelope` with its stamp set to claim_no and score (both as digits). An envelope
--- that is not a JSON object (a hand edit, a foreign tool) comes back as it is: its
--- claim fails to decode it and buries it.
+-- that is not a JSON object with a field (a hand edit, a foreign tool) comes back as
+-- it is: its claim fails to decode it and buries it.
 local function stamped(envelope, claim_no, score_text)
   if string.byte(envelope, 1) ~= 123 then
     return envelope
@@ -16,7 +16,7 @@ local function stamped(envelope, claim_no, score_text)
   local _, stamp_end = string.find(envelope, '^{"at":%[%d+,%d+%],')
   local rest = string.sub(envelope, (stamp_end or 1) + 1)
   if rest == '}' then
-    return STAMP_OPEN .. claim_no .. ',' .. score_text .. ']}'
+    return envelope
   end
   return STAMP_OPEN .. claim_no .. ',' .. score_text .. '],' .. rest
 end
