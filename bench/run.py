@@ -7,7 +7,11 @@ Each figure is measured 3 times and reported as median and range. Every consumer
 checked from per-message records (lost and duplicated messages); a run that loses a
 message is marked VOID. Writes bench/results/<date>.md and prints it.
 
-    python3 bench/run.py [--quick]
+    python3 bench/run.py [--quick] [--only=drain,...] [--systems=seed,delayq,...]
+
+--only runs some workloads (push, ceiling, drain, lateness, idle, crash, memory) and
+--systems some systems, for a side-by-side run of one change; the result is written
+to bench/results/<date>-<workloads>.md instead.
 """
 
 from __future__ import annotations
@@ -471,7 +475,7 @@ class Bench:
         fig.savefig(path, dpi=110)
         plt.close(fig)
 
-    def report(self, args: list[str], plot: str) -> str:
+    def report(self, args: list[str], plot: str | None) -> str:
         seed = {(r["workload"]): r["median"] for r in self.rows if r["system"] == "seed"}
         lines = [
             f"# delayq benchmark, {datetime.date.today().isoformat()}",
@@ -501,10 +505,8 @@ class Bench:
             "  runs to the last handled message; every message is checked handled exactly once.",
             "- W3: handled time minus requested due time. The recipe scores whole seconds",
             "  (`time() + delay`) and polls every 200 ms, so it runs messages up to a second",
-            "  early and late; negative `earliest` means early. The whole distributions:",
-            f"  [{plot}]({plot}).",
-            "",
-            f"![W3 lateness]({plot})",
+            "  early and late; negative `earliest` means early."
+            + (f" The whole distributions:\n  [{plot}]({plot}).\n\n![W3 lateness]({plot})" if plot else ""),
             "",
             "- W5: commands per second that each idle worker sends Redis (from MONITOR, not",
             "  counting the commands a Lua script runs).",
@@ -560,29 +562,42 @@ def read_records_file(path: Path) -> list[tuple[int, float]]:
     return rows
 
 
+WORKLOADS = ["push", "ceiling", "drain", "lateness", "idle", "crash", "memory"]
+
+
 def main() -> None:
+    global SYSTEMS, OTHERS
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke test")
+    parser.add_argument("--only", help=f"comma-separated workloads of {', '.join(WORKLOADS)}")
+    parser.add_argument("--systems", help=f"comma-separated systems of {', '.join(SYSTEMS + OTHERS)}")
     opts = parser.parse_args()
+    workloads = opts.only.split(",") if opts.only else WORKLOADS
+    systems = opts.systems.split(",") if opts.systems else SYSTEMS + OTHERS
+    for name, wanted, known in (("workload", workloads, WORKLOADS), ("system", systems, SYSTEMS + OTHERS)):
+        if unknown := [w for w in wanted if w not in known]:
+            parser.error(f"unknown {name} {', '.join(unknown)}: choose from {', '.join(known)}")
+    SYSTEMS = [s for s in SYSTEMS if s in systems]
+    OTHERS = [s for s in OTHERS if s in systems]
     for tool in ("taskset", "redis-server", "redis-benchmark", "php", "node", "npm"):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found: run scripts/setup.sh first")
-    install_others()
+    if OTHERS:
+        install_others()
     bench = Bench(opts.quick)
     try:
-        bench.push()
-        bench.ceiling()
-        bench.drain()
-        bench.lateness()
-        bench.idle()
-        bench.crash()
-        bench.memory()
+        for workload in workloads:
+            getattr(bench, workload)()
     finally:
         bench.redis.stop()
-    out = ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}{'-quick' if opts.quick else ''}.md"
-    plot = out.with_name(out.stem + "-lateness.png")
-    bench.plot_lateness(plot)
-    text = bench.report(sys.argv[1:], plot.name)
+    suffix = "-quick" if opts.quick else ""
+    if opts.only or opts.systems:
+        suffix += "-" + "-".join(workloads)
+    out = ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}{suffix}.md"
+    plot = out.with_name(out.stem + "-lateness.png") if "lateness" in workloads else None
+    if plot:
+        bench.plot_lateness(plot)
+    text = bench.report(sys.argv[1:], plot.name if plot else None)
     out.write_text(text)
     print(text)
     print(f"written to {out}")
