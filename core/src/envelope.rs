@@ -439,6 +439,15 @@ pub(crate) fn encode(
     }
 }
 
+/// What push.lua takes of an envelope: a native one without its opening brace, which
+/// the script writes with the stamp (lua/include/stamp.lua); a seed payload whole.
+pub(crate) fn body<'a>(layout: &Layout, envelope: &'a str) -> &'a str {
+    match layout {
+        Layout::Native => envelope.strip_prefix('{').unwrap_or(envelope),
+        Layout::Seed { .. } => envelope,
+    }
+}
+
 /// The schedule score in a native envelope's stamp, `{"at":[<claim no>,<score>],...`
 /// (written by the scripts, see lua/include/stamp.lua; decoding skips it): the score
 /// the message was last scheduled at, which gives its due time. `None` without one.

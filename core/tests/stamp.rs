@@ -64,6 +64,20 @@ fn claim_of(d: &Delivery) -> u64 {
         .expect("a numeric token")
 }
 
+/// A pool of one thread with room for `handlers` deliveries, under a lease of a minute.
+fn pool(q: &delayq::Queue, handlers: usize) -> delayq::Consumer {
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            lease: Duration::from_secs(60),
+            threads: 1,
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker");
+    worker.start_with(handlers).expect("start")
+}
+
 fn next(c: &delayq::Consumer) -> Delivery {
     match c.recv_timeout(Duration::from_secs(5)) {
         Received::Message(d) => d,
@@ -92,16 +106,7 @@ fn every_script_that_schedules_a_message_stamps_it_with_its_score() {
 
     // A claim takes the score from the stamp: the delivery's due time is the stamp's,
     // and its lease is the claim's token alone.
-    let worker = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            lease: Duration::from_secs(60),
-            threads: 1,
-            ..WorkerOptions::default()
-        },
-    )
-    .expect("worker");
-    let c = worker.start_with(1).expect("start");
+    let c = pool(&q, 1);
     let d = next(&c);
     assert_eq!(d.due_at_ms, (now_at / 4096) as i64);
     assert!(!d.token().contains(':'), "{}", d.token());
@@ -152,16 +157,7 @@ fn an_envelope_from_before_the_stamp_runs_at_its_due_time_and_is_stamped_when_pu
             "a waiting message's due time is the schedule's"
         );
     }
-    let worker = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            lease: Duration::from_secs(60),
-            threads: 1,
-            ..WorkerOptions::default()
-        },
-    )
-    .expect("worker");
-    let c = worker.start_with(3).expect("start");
+    let c = pool(&q, 3);
     let mut got: Vec<Delivery> = (0..3).map(|_| next(&c)).collect();
     got.sort_by_key(|d| ids.iter().position(|i| *i == d.id));
     for (i, d) in got.iter().enumerate() {
@@ -201,15 +197,7 @@ fn a_stamp_later_than_its_claim_is_not_trusted() {
         .arg(&id)
         .query(&mut con)
         .expect("zadd");
-    let worker = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            threads: 1,
-            ..WorkerOptions::default()
-        },
-    )
-    .expect("worker");
-    let c = worker.start_with(1).expect("start");
+    let c = pool(&q, 1);
     let d = next(&c);
     assert!(
         d.due_at_ms < (stamped_at / 4096) as i64 - 30_000,

@@ -13,7 +13,9 @@
 --   include/serial.lua), "ordered" (the run's ids increase in push order: the run
 --   takes one place in its millisecond, see include/order.lua, and Redis orders its
 --   messages by id; one score formatted once, where a number per message would be
---   formatted by every ZADD argument); then n messages: id, envelope, and with
+--   formatted by every ZADD argument); then n messages: id, envelope (native: without
+--   its opening brace, which the script writes with the stamp, see include/stamp.lua),
+--   and with
 --   "keyed" the key.
 -- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
 --   (the others existed already and were left).
@@ -92,26 +94,29 @@ for r = 1, n_runs do
     ordered = string.find(options, 'ordered', 1, true) ~= nil
   end
   local keyed = width == 3
-  local score, word
+  local score, word, stamp
   if ordered then
     score = score_at(due)
     word = fmt(score)
+    stamp = claim_no and (STAMP_OPEN .. claim_no .. ',' .. word .. '],')
   end
   for base = first, first + (n - 1) * width, width do
     i = i + 1
     local id = ARGV[base]
     local envelope = ARGV[base + 1]
     local serial = keyed and ARGV[base + 2] or ''
-    if expiring then
-      envelope = with_deadline(envelope, due)
-    end
     if not ordered then
       score = score_at(due)
       -- Formatted here, once for the stamp and the ZADD.
       word = SEED and score or fmt(score)
+      stamp = claim_no and (STAMP_OPEN .. claim_no .. ',' .. word .. '],')
     end
-    if claim_no then
-      envelope = stamped(envelope, claim_no, word)
+    if stamp then
+      -- The body comes without its opening brace: one new string a message.
+      envelope = stamp .. envelope
+    end
+    if expiring then
+      envelope = with_deadline(envelope, due)
     end
     local earlier = seen[id]
     if earlier then

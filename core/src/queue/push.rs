@@ -120,7 +120,7 @@ impl Queue {
                     due: batch[i].due,
                     replace: batch[i].options.replace,
                     expires: batch[i].options.expire_after.is_some(),
-                    envelope: &envelopes[i],
+                    envelope: envelope::body(&inner.opts.layout, &envelopes[i]),
                     serial_key: batch[i].options.serial_key.as_deref(),
                     generated_id: batch[i].options.id.is_none(),
                 })

@@ -14,6 +14,9 @@ pub(crate) struct Message<'a> {
     pub(crate) replace: bool,
     /// The envelope carries an `expire_after` deadline, which counts from the due time.
     pub(crate) expires: bool,
+    /// The native layout's envelope without its opening brace (see `envelope::body`):
+    /// the script writes the brace with the stamp in one string; the seed layout's
+    /// bare payload whole.
     pub(crate) envelope: &'a str,
     pub(crate) serial_key: Option<&'a str>,
     /// Its id is one that delayq made for this push: ids made by one process increase
