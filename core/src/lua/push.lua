@@ -15,8 +15,7 @@
 --   messages by id; one score formatted once, where a number per message would be
 --   formatted by every ZADD argument); then n messages: id, envelope (native: without
 --   its opening brace, which the script writes with the stamp, see include/stamp.lua),
---   and with
---   "keyed" the key.
+--   and with "keyed" the key.
 -- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
 --   (the others existed already and were left).
 -- Faults: permissions and key types are checked before its first write (preflight,
