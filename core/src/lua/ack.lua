@@ -56,7 +56,7 @@ if n_done > 0 and keep > 0 then
   local at, records = {}, {}
   for i = 1, n_done do
     local score = lease_score(tokens_done[i])
-      or (envelopes[i] and stamp_score(envelopes[i]) and math.min(stamp_score(envelopes[i]), due_bound(now)))
+      or stamp_score(envelopes[i], now)
     at[2 * i - 1], at[2 * i] = now_text, done[i]
     records[2 * i - 1] = done[i]
     records[2 * i] = fmt((tonumber(finished[i]) or 0) + 1) .. '|' .. fmt(score and due_of(score) or -1) .. '|'

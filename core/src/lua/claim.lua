@@ -228,10 +228,8 @@ if n > 0 then
     if seed_scores then
       return seed_scores[i]
     end
-    local score = envelopes[i] and stamp_score(envelopes[i])
-    -- Never later than due: an older delayq's scripts, mid-deploy, moved messages
-    -- without stamping them.
-    return score and fmt(math.min(score, due_bound(now))) or redis.call('ZSCORE', K_SCHED, ids[i])
+    local score = stamp_score(envelopes[i], now)
+    return score and fmt(score) or redis.call('ZSCORE', K_SCHED, ids[i])
   end
   local previous = nil
   if redis.call('EXISTS', K_ATT) == 1 then

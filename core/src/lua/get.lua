@@ -43,8 +43,7 @@ if score then
 end
 local lease = redis.call('HGET', K_LEASE, id)
 if lease then
-  -- A stamp is trusted no later than now (see include/stamp.lua).
-  local score = lease_score(lease) or (stamp_score(envelope) and math.min(stamp_score(envelope), due_bound(queue_now(false))))
+  local score = lease_score(lease) or stamp_score(envelope, queue_now(false))
   local lease_until = lease_deadline(id) or -1
   if not score then
     -- Not a lease this version wrote (an older delayq mid-upgrade, or a hand edit).

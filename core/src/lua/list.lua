@@ -119,8 +119,7 @@ for i = 1, n do
     local finished = tonumber(attempts[i]) or 0
     local state, due, attempt, lease_until
     if inflight then
-      local stamped_at = stamp_score(envelopes[i])
-      local claimed_at = leases[i] and (lease_score(leases[i]) or (stamped_at and math.min(stamped_at, ready_bound)))
+      local claimed_at = leases[i] and (lease_score(leases[i]) or stamp_score(envelopes[i], now))
       state, due, attempt, lease_until = 'inflight', claimed_at and due_of(claimed_at) or -1, finished + 1, score
     else
       if lined[i] then

@@ -28,9 +28,7 @@ for i = 3, #ARGV, 2 do
     if claim_no then
       -- Stamped again: the message leaves this claim (see include/stamp.lua).
       local envelope = redis.call('HGET', K_MSG, id)
-      -- A stamp is never later than now: the message was due when it was claimed (an
-      -- older delayq's scripts, mid-deploy, moved messages without stamping them).
-      score = score or (envelope and stamp_score(envelope) and math.min(stamp_score(envelope), due_bound(now)))
+      score = score or stamp_score(envelope, now)
       if envelope and score then
         redis.call('HSET', K_MSG, id, stamped(envelope, claim_no, fmt(score)))
       end

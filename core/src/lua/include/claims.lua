@@ -17,6 +17,14 @@ local function claim_token(lease)
   return string.match(lease, '^[^:]+')
 end
 
+-- `n` messages left the claim `token`: a claim that holds nothing is deleted.
+local function lower_count(token, n)
+  if redis.call('HINCRBY', K_CLAIM_IDS, token .. '#', -n) <= 0 then
+    redis.call('HDEL', K_CLAIM_IDS, token, token .. '#')
+    redis.call('ZREM', K_CLAIMS, token)
+  end
+end
+
 -- The messages ids[1..n], holding leases[1..n], left their deliveries: each lowers
 -- its claim's count, or leaves K_INFLIGHT if it had a deadline of its own.
 local function leave_claims(leases, n, ids)
@@ -46,10 +54,7 @@ local function leave_claims(leases, n, ids)
     end
   end
   for token, count in pairs(counts) do
-    if redis.call('HINCRBY', K_CLAIM_IDS, token .. '#', -count) <= 0 then
-      redis.call('HDEL', K_CLAIM_IDS, token, token .. '#')
-      redis.call('ZREM', K_CLAIMS, token)
-    end
+    lower_count(token, count)
   end
 end
 
@@ -65,10 +70,7 @@ local function detach(id, lease)
   -- No claim holds it (none should be missing): due for the reaper now.
   local deadline = redis.call('ZSCORE', K_CLAIMS, token) or '0'
   redis.call('ZADD', K_INFLIGHT, deadline, id)
-  if redis.call('HINCRBY', K_CLAIM_IDS, token .. '#', -1) <= 0 then
-    redis.call('HDEL', K_CLAIM_IDS, token, token .. '#')
-    redis.call('ZREM', K_CLAIMS, token)
-  end
+  lower_count(token, 1)
 end
 
 -- The lease deadline (ms) of a running message, nil if it does not run.

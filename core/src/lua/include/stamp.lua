@@ -21,7 +21,10 @@ local function is_stamped(envelope)
   return string.sub(envelope, 1, 7) == STAMP_OPEN
 end
 
--- The stamp's score, nil for an envelope without one.
-local function stamp_score(envelope)
-  return tonumber(string.match(envelope, '^{"at":%[%d+,(%d+)%],'))
+-- The score of a message claimed by `now` as its stamp tells it, nil for no envelope
+-- or one without a stamp. No later than now's: a claimed message was due, and a delayq
+-- before the stamp, mid-deploy, moves messages without stamping them again.
+local function stamp_score(envelope, now)
+  local score = envelope and tonumber(string.match(envelope, '^{"at":%[%d+,(%d+)%],'))
+  return score and math.min(score, due_bound(now))
 end
