@@ -397,6 +397,9 @@ fn integer_out_of_range(json: &str) -> Option<(String, String)> {
 /// `,"expire_after_ms":<n>,"expires_ms":0}`: the scripts that set a due time replace
 /// the deadline with due + n on the server's clock (include/base.lua's `with_deadline`), which
 /// finds it by reading the envelope's last bytes only.
+/// With `client_stamp` (a schedule score) the native envelope starts with its stamp
+/// and claim number 0 (push.lua's "stamped" runs), which the push keeps when that
+/// score is the one the message gets.
 pub(crate) fn encode(
     layout: &Layout,
     id: &str,
@@ -404,14 +407,22 @@ pub(crate) fn encode(
     max_attempts: Option<u32>,
     expire_after_ms: Option<u64>,
     created_ms: i64,
+    client_stamp: Option<u64>,
 ) -> String {
     match layout {
         // The recipe stores the bare payload, so its own consumers can read ours.
         Layout::Seed { .. } => payload_json.to_owned(),
         Layout::Native => {
             // Written piece by piece: a push of 1 000 messages writes 1 000 envelopes.
-            let mut out = String::with_capacity(payload_json.len() + id.len() + 96);
-            out.push_str(r#"{"v":1,"id":"#);
+            let mut out = String::with_capacity(payload_json.len() + id.len() + 128);
+            let mut n = itoa::Buffer::new();
+            out.push('{');
+            if let Some(score) = client_stamp {
+                out.push_str(r#""at":[0,"#);
+                out.push_str(n.format(score));
+                out.push_str("],");
+            }
+            out.push_str(r#""v":1,"id":"#);
             if id.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
                 out.push('"');
                 out.push_str(id);
@@ -419,7 +430,6 @@ pub(crate) fn encode(
             } else {
                 out.push_str(&serde_json::Value::String(id.to_owned()).to_string());
             }
-            let mut n = itoa::Buffer::new();
             out.push_str(r#","created_ms":"#);
             out.push_str(n.format(created_ms));
             if let Some(attempts) = max_attempts {
@@ -446,6 +456,11 @@ pub(crate) fn body<'a>(layout: &Layout, envelope: &'a str) -> &'a str {
         Layout::Native => envelope.strip_prefix('{').unwrap_or(envelope),
         Layout::Seed { .. } => envelope,
     }
+}
+
+/// The schedule score of the first place in millisecond `due_ms` (include/order.lua).
+pub(crate) fn first_place_score(due_ms: i64) -> u64 {
+    u64::try_from(due_ms.max(0)).unwrap_or(0) * crate::keys::SEQ_SPAN
 }
 
 /// The schedule score in a native envelope's stamp, `{"at":[<claim no>,<score>],...`
@@ -528,6 +543,23 @@ fn decode_envelope(layout: &Layout, stored: &str) -> Result<Decoded, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_stamp_proposes_a_place_of_its_millisecond() {
+        let score = first_place_score(1_764_460_800_123);
+        let stored = encode(&Layout::Native, "a", "[1]", None, Some(5), 1, Some(score + 1));
+        assert!(
+            stored.starts_with(r#"{"at":[0,7227231437303809],"v":1,"id":"a","#),
+            "{stored}"
+        );
+        assert_eq!(stamp_score(&stored), Some(1_764_460_800_123.0 * 4096.0 + 1.0));
+        assert_eq!(
+            Layout::Native.due_ms_of_score(first_place_score(1_764_460_800_123) as f64),
+            1_764_460_800_123
+        );
+        assert_eq!(decode(&Layout::Native, &stored).expect("decodes").payload_json, "[1]");
+        assert_eq!(first_place_score(-5), 0, "a past time is due now");
+    }
 
     #[test]
     fn the_stamp_gives_the_score_and_decoding_skips_it() {
@@ -663,7 +695,15 @@ mod tests {
     #[test]
     fn payload_bytes_round_trip_exactly() {
         let payload = r#"{"z":1,"a":[9007199254740993,-1.5e300],"ü":"日本\n"}"#;
-        let stored = encode(&Layout::Native, "id\"1", payload, Some(3), None, 1_700_000_000_123);
+        let stored = encode(
+            &Layout::Native,
+            "id\"1",
+            payload,
+            Some(3),
+            None,
+            1_700_000_000_123,
+            None,
+        );
         let back = decode(&Layout::Native, &stored).expect("decodes");
         assert_eq!(back.payload_json, payload);
         assert_eq!(back.max_attempts, Some(3));
@@ -681,12 +721,13 @@ mod tests {
                 "[1]",
                 Some(3),
                 Some(60_000),
-                1_700_000_000_123
+                1_700_000_000_123,
+                None
             ),
             r#"{"v":1,"id":"01a2-b","created_ms":1700000000123,"max_attempts":3,"payload":[1],"expire_after_ms":60000,"expires_ms":0}"#
         );
         assert_eq!(
-            encode(&Layout::Native, "a\"b\\c\u{1}日", "{}", None, None, -5),
+            encode(&Layout::Native, "a\"b\\c\u{1}日", "{}", None, None, -5, None),
             r#"{"v":1,"id":"a\"b\\c\u0001日","created_ms":-5,"payload":{}}"#
         );
     }
@@ -695,7 +736,7 @@ mod tests {
     fn the_expiry_is_the_envelope_tail() {
         // A payload that ends like the tail must not be taken for it.
         let payload = r#"{"expire_after_ms":1,"expires_ms":2}"#;
-        let stored = encode(&Layout::Native, "x", payload, None, Some(60_000), 5);
+        let stored = encode(&Layout::Native, "x", payload, None, Some(60_000), 5, None);
         assert!(
             stored.ends_with(r#"2},"expire_after_ms":60000,"expires_ms":0}"#),
             "{stored}"
@@ -703,16 +744,19 @@ mod tests {
         let back = decode(&Layout::Native, &stored).expect("decodes");
         assert_eq!((back.payload_json.as_str(), back.expiry), (payload, Some((60_000, 0))));
         assert_eq!(
-            decode(&Layout::Native, &encode(&Layout::Native, "x", payload, None, None, 5))
-                .expect("decodes")
-                .expiry,
+            decode(
+                &Layout::Native,
+                &encode(&Layout::Native, "x", payload, None, None, 5, None)
+            )
+            .expect("decodes")
+            .expiry,
             None
         );
     }
 
     #[test]
     fn seed_layout_stores_the_bare_payload() {
-        let stored = encode(&Layout::seed(), "x", "[1,2]", Some(3), Some(5), 1);
+        let stored = encode(&Layout::seed(), "x", "[1,2]", Some(3), Some(5), 1, None);
         assert_eq!(stored, "[1,2]");
         assert_eq!(decode(&Layout::seed(), "[1,2]").expect("ok").max_attempts, None);
     }

@@ -40,11 +40,14 @@ impl Layout {
     /// include/base.lua (native scores keep a sequence number in their low 12 bits).
     pub(crate) fn due_ms_of_score(&self, score: f64) -> i64 {
         match self {
-            Self::Native => (score / 4096.0).floor() as i64,
+            Self::Native => (score / SEQ_SPAN as f64).floor() as i64,
             Self::Seed { .. } => (score * 1000.0) as i64,
         }
     }
 }
+
+/// Places in one millisecond of native scores: include/base.lua's `SEQ_SPAN`.
+pub(crate) const SEQ_SPAN: u64 = 4096;
 
 /// The schedule score in a lease string "<token>:<score>" (see include/base.lua): the
 /// score the message was claimed at, which gives its due time. `None` when malformed.

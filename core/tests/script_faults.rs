@@ -91,6 +91,14 @@ fn operations() -> Vec<Operation> {
             let batch = vec![NewMessage::new(&json!({"n": "batch"}), Duration::from_secs(5)).expect("message")];
             q.push_many(&batch).map(drop)
         }),
+        // A full script of delays (due now, so that the drain below takes them): the
+        // clock read, then envelopes the client stamped.
+        op(&["now", "push"], "push_many_stamped", |q| {
+            let batch: Vec<NewMessage> = (0..delayq::MAX_BATCH)
+                .map(|n| NewMessage::new(&json!({"n": n}), Duration::ZERO).expect("message"))
+                .collect();
+            q.push_many(&batch).map(drop)
+        }),
         op(&["get"], "get", |q| q.get("later-1").map(drop)),
         op(&["stats"], "stats", |q| q.stats().map(drop)),
         op(&["list"], "list", |q| q.list(Listing::Waiting, 10).map(drop)),
@@ -447,8 +455,17 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
             "{what}: {id} is gone, though nothing removed it"
         );
     }
-    for id in admin.list(Listing::Waiting, 100).expect("waiting") {
-        admin.reschedule(&id.id, Duration::ZERO).expect("reschedule");
+    let mut waiting = Vec::new();
+    loop {
+        let page = admin.list_page(Listing::Waiting, waiting.len(), 1000).expect("waiting");
+        let full = page.len() == 1000;
+        waiting.extend(page);
+        if !full {
+            break;
+        }
+    }
+    for m in waiting.iter().filter(|m| m.state == delayq::State::Scheduled) {
+        admin.reschedule(&m.id, Duration::ZERO).expect("reschedule");
     }
     let drained = Mutex::new(BTreeSet::new());
     // Deliveries the faulty pool could not complete come back once their lease (600

@@ -210,3 +210,122 @@ fn a_stamp_later_than_its_claim_is_not_trusted() {
     assert!(released_at < stamped_at - 30_000 * 4096, "put back a minute on");
     c.finish();
 }
+
+/// A batch of `n` new messages alike, due after `delay` or at Unix ms `at`.
+fn batch(n: usize, due: impl Into<delayq::Due> + Copy) -> Vec<delayq::NewMessage> {
+    (0..n)
+        .map(|i| delayq::NewMessage::new(&json!({"n": i}), due).expect("message"))
+        .collect()
+}
+
+#[test]
+fn a_bulk_push_stamps_on_the_client_and_redis_keeps_the_stamp() {
+    let server = RedisServer::start();
+    let q = server.queue("stamp");
+    let mut con = server.con();
+    // Claims were made before: the push's own stamp would carry their number.
+    let _: () = redis::cmd("SET")
+        .arg("{dq:stamp}:seq")
+        .arg(7)
+        .query(&mut con)
+        .expect("set");
+    let before = server.now_ms();
+    let ids = q.push_many(&batch(1500, Duration::from_secs(60))).expect("push");
+    let after = server.now_ms();
+    // Two scripts of one partition: places 0 and 1 of one millisecond, read from the
+    // queue clock once, after the call began.
+    let mut seen = std::collections::BTreeSet::new();
+    for id in &ids {
+        let (claim_no, at) = stamp(&mut con, id).expect("stamped");
+        assert_eq!(claim_no, 0, "stamped by the client");
+        assert_eq!(Some(at), score(&mut con, id), "{id}");
+        seen.insert(at);
+    }
+    let scores: Vec<u64> = seen.into_iter().collect();
+    assert_eq!(scores.len(), 2, "{scores:?}");
+    let due = scores[0] / 4096;
+    assert_eq!((scores[0] % 4096, scores[1]), (0, scores[0] + 1));
+    assert!(
+        (before + 60_000..=after + 60_000).contains(&(due as i64)),
+        "{before} {due} {after}"
+    );
+    assert_eq!(score(&mut con, &ids[999]), Some(scores[0]), "the first script's");
+    assert_eq!(score(&mut con, &ids[1000]), Some(scores[1]), "the second script's");
+    // A small batch of delays reads no clock: the push stamps it.
+    let small = q.push_many(&batch(3, Duration::from_secs(60))).expect("push");
+    assert_eq!(stamp(&mut con, &small[0]).map(|s| s.0), Some(7));
+}
+
+#[test]
+fn a_client_stamp_whose_place_is_taken_is_replaced_by_the_push() {
+    let server = RedisServer::start();
+    let q = server.queue("stamp");
+    let mut con = server.con();
+    let _: () = redis::cmd("SET")
+        .arg("{dq:stamp}:seq")
+        .arg(7)
+        .query(&mut con)
+        .expect("set");
+    let at = server.now_ms() + 60_000;
+    let first = q.push_many(&batch(1, delayq::Due::AtUnixMs(at))).expect("push");
+    assert_eq!(
+        stamp(&mut con, &first[0]),
+        Some((0, at as u64 * 4096)),
+        "a time given needs no read"
+    );
+    // The same millisecond again: its first place is taken, so the run gets the next
+    // one and the push writes its own stamp.
+    let later = q.push_many(&batch(200, delayq::Due::AtUnixMs(at))).expect("push");
+    for id in &later {
+        assert_eq!(stamp(&mut con, id), Some((7, at as u64 * 4096 + 1)), "{id}");
+        assert_eq!(score(&mut con, id), Some(at as u64 * 4096 + 1));
+    }
+    // A claim takes the due time from a client's stamp.
+    let past = server.now_ms() - 5;
+    let due_now = q.push_many(&batch(1, delayq::Due::AtUnixMs(past))).expect("push");
+    assert_eq!(stamp(&mut con, &due_now[0]).map(|s| s.0), Some(0));
+    let c = pool(&q, 1);
+    let d = next(&c);
+    assert_eq!((d.id.as_str(), d.due_at_ms), (due_now[0].as_str(), past));
+    assert!(!d.token().contains(':'), "{}", d.token());
+    c.ack(d);
+    c.finish();
+}
+
+#[test]
+fn a_stamped_run_that_does_not_hold_is_refused_before_anything_is_written() {
+    let server = RedisServer::start();
+    let mut con = server.con();
+    let scripts = delayq::scripts::compose_from_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lua"))
+        .expect("scripts");
+    let push = scripts.iter().find(|s| s.name == "push").expect("push.lua");
+    let at = server.now_ms() + 60_000;
+    let envelope = |score: u64| format!(r#"{{"at":[0,{score}],"v":1,"id":"a","created_ms":1,"payload":1}}"#);
+    for (timing, options, stored) in [
+        ("at", "ordered stamped", envelope(at as u64 * 4096 + 4096)),
+        (
+            "at",
+            "ordered stamped",
+            r#"{"v":1,"id":"a","created_ms":1,"payload":1}"#.to_owned(),
+        ),
+        ("at", "stamped", envelope(at as u64 * 4096)),
+        ("delay", "ordered stamped", envelope(at as u64 * 4096)),
+    ] {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(&push.text).arg(push.keys.len());
+        for role in &push.keys {
+            cmd.arg(format!("{{dq:stamp}}:{role}"));
+        }
+        cmd.arg("native")
+            .arg("wake")
+            .arg("new")
+            .arg(1)
+            .arg(timing)
+            .arg(at)
+            .arg(options);
+        cmd.arg("a").arg(&stored);
+        let err = cmd.query::<redis::Value>(&mut con).expect_err("refused");
+        assert!(err.to_string().contains("\"stamped\" needs"), "{err}");
+        assert_eq!(server.dump_keys(), Vec::<String>::new(), "nothing written");
+    }
+}

@@ -204,7 +204,8 @@ impl PhpDelayQueue {
         self.queue.push_json(json, due, &opts).or_throw()
     }
 
-    /// Schedule many messages in one round trip. Each item is
+    /// Schedule many messages in one round trip (two for 1 000 delays or more, the first
+    /// reading the Redis clock so that the client stamps them). Each item is
     /// `['payload' => …, 'delay' => seconds]` or `['payload' => …, 'at' => time]`, with
     /// optional `'id'`, `'max_attempts'`, `'partition_key'`, `'replace'`, `'expire_after'` and `'serial_key'`. Returns the ids in order. Nothing is
     /// written unless every item is valid.

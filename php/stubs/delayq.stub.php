@@ -77,8 +77,9 @@ final class DelayQueue
     public function pushAt(mixed $payload, float|\DateTimeInterface $at, array $options = []): string {}
 
     /**
-     * Schedules many messages in one round trip. Nothing is written unless every item
-     * is valid.
+     * Schedules many messages in one round trip (two for 1 000 delays or more, the first
+     * reading the Redis clock so that the client stamps them). Nothing is written unless
+     * every item is valid.
      *
      * @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
      *   partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string}> $items

@@ -13,9 +13,13 @@
 --   include/serial.lua), "ordered" (the run's ids increase in push order: the run
 --   takes one place in its millisecond, see include/order.lua, and Redis orders its
 --   messages by id; one score formatted once, where a number per message would be
---   formatted by every ZADD argument); then n messages: id, envelope (native: without
---   its opening brace, which the script writes with the stamp, see include/stamp.lua),
---   and with "keyed" the key.
+--   formatted by every ZADD argument), "stamped" (with "ordered" and "at" only: the
+--   client stamped the envelopes alike, {"at":[0,<score>],..., a score in the run's
+--   millisecond: kept as sent when it is the one the run gets, so that Redis builds no
+--   string a message; claim no 0, as no claim can have held an id made for this
+--   push); then n messages: id, envelope (native: without its opening brace,
+--   which the script writes with the stamp, see include/stamp.lua; whole when
+--   "stamped"), and with "keyed" the key.
 -- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
 --   (the others existed already and were left).
 -- Faults: permissions and key types are checked before its first write (preflight,
@@ -48,8 +52,20 @@ while at <= n_argv do
   if at - 1 > n_argv then
     return redis.error_reply('DQERR malformed push run at argument ' .. (first - 4))
   end
+  -- A client's stamp, read from the run's first envelope: {score, its length}.
+  local sent = nil
+  if string.find(options, 'stamped', 1, true) then
+    local digits = string.match(ARGV[first + 1], '^{"at":%[0,(%d+)%],')
+    local score = tonumber(digits)
+    if SEED or timing ~= 'at' or not string.find(options, 'ordered', 1, true)
+        or not (score and due_of(score) == ms) then
+      return redis.error_reply('DQERR malformed push run at argument ' .. (first - 4)
+        .. ': "stamped" needs "ordered", "at" and envelopes stamped in its millisecond')
+    end
+    sent = {score, #STAMP_OPEN + #digits + 4}
+  end
   n_runs = n_runs + 1
-  runs[n_runs] = {first, n, ms, options, width, timing == 'delay'}
+  runs[n_runs] = {first, n, ms, options, width, timing == 'delay', sent}
   if check then
     for i = first, at - 1, width do
       count = count + 1
@@ -82,10 +98,12 @@ local replaced, n_replaced = {}, 0
 local serial_of, any_serial = {}, false
 local i = 0
 for r = 1, n_runs do
-  local first, n, due, options, width, delayed = unpack(runs[r])
+  local first, n, due, options, width, delayed, sent = unpack(runs[r])
   if delayed then
     due = now + due
   end
+  -- Where the body starts after a client's stamp that is not kept.
+  local body_at = nil
   local replace, expiring, ordered = false, false, false
   if options ~= '' then
     replace = string.find(options, 'replace', 1, true) ~= nil
@@ -98,6 +116,14 @@ for r = 1, n_runs do
     score = score_at(due)
     word = fmt(score)
     stamp = claim_no and (STAMP_OPEN .. claim_no .. ',' .. word .. '],')
+    if sent then
+      if score == sent[1] then
+        stamp = nil
+      else
+        -- Others wait at that millisecond: the run takes another place.
+        body_at = sent[2] + 1
+      end
+    end
   end
   for base = first, first + (n - 1) * width, width do
     i = i + 1
@@ -110,7 +136,9 @@ for r = 1, n_runs do
       word = SEED and score or fmt(score)
       stamp = claim_no and (STAMP_OPEN .. claim_no .. ',' .. word .. '],')
     end
-    if stamp then
+    if body_at then
+      envelope = stamp .. string.sub(envelope, body_at)
+    elseif stamp then
       -- The body comes without its opening brace: one new string a message.
       envelope = stamp .. envelope
     end

@@ -7,9 +7,9 @@ use serde::Serialize;
 use crate::conn::Replay;
 use crate::error::{Error, Result};
 use crate::payload::to_json;
-use crate::scripts::{MAX_BATCH, push};
+use crate::scripts::{Call, MAX_BATCH, now, push};
 use crate::time::Due;
-use crate::{NewMessage, PayloadJson, PushOptions, Queue, envelope};
+use crate::{Layout, NewMessage, PayloadJson, PushOptions, Queue, envelope, keys};
 
 use super::validate::{expire_after_ms, validate_id, validate_key, validate_max_attempts, validate_serial_key};
 
@@ -35,15 +35,17 @@ impl Queue {
     }
 
     /// Schedule a batch in one round trip (scripts of at most 1000 messages each,
-    /// pipelined). Every message is validated before anything is written.
+    /// pipelined; two for `MAX_BATCH` delays or more, see `client_stamps`). Every
+    /// message is validated before anything is written.
     pub fn push_many(&self, batch: &[NewMessage]) -> Result<Vec<String>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
         let inner = &*self.inner;
+        let layout = &inner.opts.layout;
         let created_ms = crate::time::now_unix_ms();
         let mut ids = Vec::with_capacity(batch.len());
-        let mut envelopes = Vec::with_capacity(batch.len());
+        let mut expiries = Vec::with_capacity(batch.len());
         for (i, m) in batch.iter().enumerate() {
             let at = |e: Error| -> Error {
                 if batch.len() == 1 {
@@ -60,14 +62,14 @@ impl Queue {
                 }
             };
             m.payload_json.validate(inner.opts.max_payload_bytes).map_err(at)?;
-            validate_max_attempts(&inner.opts.layout, m.options.max_attempts).map_err(at)?;
-            let expire_after = expire_after_ms(&inner.opts.layout, m.options.expire_after).map_err(at)?;
+            validate_max_attempts(layout, m.options.max_attempts).map_err(at)?;
+            expiries.push(expire_after_ms(layout, m.options.expire_after).map_err(at)?);
             m.due.validate().map_err(at)?;
             if let Some(key) = &m.options.partition_key {
                 validate_key("partition_key", key).map_err(at)?;
             }
             if let Some(key) = &m.options.serial_key {
-                validate_serial_key(&inner.opts.layout, key, m.options.partition_key.as_deref()).map_err(at)?;
+                validate_serial_key(layout, key, m.options.partition_key.as_deref()).map_err(at)?;
             }
             if m.options.replace && m.options.id.is_none() {
                 return Err(at(Error::invalid(
@@ -84,14 +86,6 @@ impl Queue {
                 // id before the first send makes a retried push idempotent.
                 None => crate::fork::new_message_id(),
             };
-            envelopes.push(envelope::encode(
-                &inner.opts.layout,
-                &id,
-                &m.payload_json,
-                m.options.max_attempts,
-                expire_after,
-                created_ms,
-            ));
             ids.push(id);
         }
         // Per partition, in push order, in scripts of at most MAX_BATCH messages.
@@ -101,6 +95,34 @@ impl Queue {
             let key = m.options.partition_key.as_deref().or(m.options.serial_key.as_deref());
             by_part[self.partition_of(&ids[i], key)].push(i);
         }
+        let due_at = self.client_stamps(batch)?;
+        // Each client stamp's due time and the score it proposes: a partition's k-th
+        // script takes place k of the millisecond, if nothing else waits there.
+        let mut stamps: Vec<Option<(i64, u64)>> = vec![None; batch.len()];
+        for members in &by_part {
+            for (k, chunk) in members.chunks(MAX_BATCH).enumerate() {
+                for &i in chunk {
+                    stamps[i] = due_at[i]
+                        .filter(|_| k < keys::SEQ_SPAN as usize)
+                        .map(|ms| (ms, envelope::first_place_score(ms) + k as u64));
+                }
+            }
+        }
+        let envelopes: Vec<String> = batch
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                envelope::encode(
+                    layout,
+                    &ids[i],
+                    &m.payload_json,
+                    m.options.max_attempts,
+                    expiries[i],
+                    created_ms,
+                    stamps[i].map(|(_, score)| score),
+                )
+            })
+            .collect();
         let chunks: Vec<(usize, &[usize])> = by_part
             .iter()
             .enumerate()
@@ -117,12 +139,17 @@ impl Queue {
                 .iter()
                 .map(|&i| push::Message {
                     id: &ids[i],
-                    due: batch[i].due,
+                    due: stamps[i].map_or(batch[i].due, |(ms, _)| Due::AtUnixMs(ms)),
                     replace: batch[i].options.replace,
                     expires: batch[i].options.expire_after.is_some(),
-                    envelope: envelope::body(&inner.opts.layout, &envelopes[i]),
+                    envelope: if stamps[i].is_some() {
+                        &envelopes[i]
+                    } else {
+                        envelope::body(layout, &envelopes[i])
+                    },
                     serial_key: batch[i].options.serial_key.as_deref(),
                     generated_id: batch[i].options.id.is_none(),
+                    stamped: stamps[i].is_some(),
                 })
                 .collect(),
         };
@@ -185,4 +212,49 @@ impl Queue {
         self.register_producer();
         Ok(ids)
     }
+
+    /// The due time (Unix ms) of each message that the client stamps (see push.lua's
+    /// "stamped" runs), so that Redis builds no string for it: a new message with an
+    /// id made here (no claim can have held it) and no expiry, due at a time given, or
+    /// after a delay counted from one read of the queue clock, made when enough
+    /// delayed messages gain from it to pay its round trip (not on a cluster, whose
+    /// partitions may live on other masters). The read comes after the call began:
+    /// no message is due earlier than its delay after it.
+    fn client_stamps(&self, batch: &[NewMessage]) -> Result<Vec<Option<i64>>> {
+        let inner = &*self.inner;
+        let stampable =
+            |m: &NewMessage| m.options.id.is_none() && !m.options.replace && m.options.expire_after.is_none();
+        if !matches!(inner.opts.layout, Layout::Native) {
+            return Ok(vec![None; batch.len()]);
+        }
+        let delayed = batch
+            .iter()
+            .filter(|m| stampable(m) && matches!(m.due, Due::In(_)))
+            .count();
+        let clock_ms = if delayed >= CLOCK_READ_MIN && !inner.endpoint.is_cluster() {
+            let read = now::Args;
+            let now::NowMs(ms) = self.call(0, "push_many", Replay::Safe, read.script(), |inv| read.add_to(inv))?;
+            Some(ms)
+        } else {
+            None
+        };
+        Ok(batch
+            .iter()
+            .map(|m| {
+                if !stampable(m) {
+                    return None;
+                }
+                match (m.due, clock_ms) {
+                    (Due::AtUnixMs(ms), _) => Some(ms.max(0)),
+                    (Due::In(_), Some(now)) => Some(now.saturating_add(m.due.script_args().1)),
+                    (Due::In(_), None) => None,
+                }
+            })
+            .collect())
+    }
 }
+
+/// Delayed messages of one push worth a read of the queue clock: a full script's, so
+/// that the round trip is small beside the call's own time in Redis, even where Redis
+/// is a network away.
+const CLOCK_READ_MIN: usize = MAX_BATCH;

@@ -52,6 +52,7 @@ impl Queue {
             options.max_attempts,
             expire_after,
             now,
+            None,
         );
         let args = repeat_script::Occurrence {
             name,
@@ -141,6 +142,7 @@ impl Queue {
             options.max_attempts,
             expire_after,
             now,
+            None,
         );
         let args = repeat_script::Occurrence {
             name,

@@ -25,6 +25,7 @@ pub(crate) mod dead;
 pub(crate) mod extend;
 pub(crate) mod inspect;
 pub(crate) mod minutes;
+pub(crate) mod now;
 pub(crate) mod push;
 pub(crate) mod repeat;
 pub(crate) mod replies;
@@ -411,6 +412,7 @@ lua_files!(
     "minutes.lua",
     "minutes_add.lua",
     "nack.lua",
+    "now.lua",
     "pause.lua",
     "purge.lua",
     "push.lua",
@@ -478,6 +480,7 @@ scripts!(
     FIND = "find",
     MINUTES_ADD = "minutes_add",
     MINUTES = "minutes",
+    NOW = "now",
 );
 
 /// One script as [`compose_from_dir`] makes it.

@@ -15,13 +15,16 @@ pub(crate) struct Message<'a> {
     /// The envelope carries an `expire_after` deadline, which counts from the due time.
     pub(crate) expires: bool,
     /// The native layout's envelope without its opening brace (see `envelope::body`):
-    /// the script writes the brace with the stamp in one string; the seed layout's
-    /// bare payload whole.
+    /// the script writes the brace with the stamp in one string; whole when `stamped`;
+    /// the seed layout's bare payload whole.
     pub(crate) envelope: &'a str,
     pub(crate) serial_key: Option<&'a str>,
     /// Its id is one that delayq made for this push: ids made by one process increase
     /// in the order they were made.
     pub(crate) generated_id: bool,
+    /// The envelope carries the stamp of its due time's first place, written by the
+    /// client (`envelope::encode`): for a generated id due `Due::AtUnixMs` only.
+    pub(crate) stamped: bool,
 }
 
 /// One push call.
@@ -40,6 +43,7 @@ impl Message<'_> {
             | u8::from(self.expires) << 1
             | u8::from(self.serial_key.is_some()) << 2
             | u8::from(self.generated_id) << 3
+            | u8::from(self.stamped) << 4
     }
 
     /// What a message shares with the others of its run.
@@ -50,7 +54,7 @@ impl Message<'_> {
 }
 
 /// The options words, in the order of `Message::flags`' bits.
-const WORDS: [&str; 4] = ["replace", "expires", "keyed", "ordered"];
+const WORDS: [&str; 5] = ["replace", "expires", "keyed", "ordered", "stamped"];
 
 /// The options of a run, as push.lua reads them.
 fn options(flags: u8) -> String {
@@ -124,6 +128,7 @@ mod tests {
             envelope: "{}",
             serial_key: None,
             generated_id: false,
+            stamped: false,
         };
         assert_eq!(options(m.flags()), "replace expires");
         m.replace = false;
@@ -131,9 +136,12 @@ mod tests {
         m.serial_key = Some("order-1");
         m.generated_id = true;
         assert_eq!(options(m.flags()), "expires keyed ordered");
+        m.stamped = true;
+        assert_eq!(options(m.flags()), "expires keyed ordered stamped");
         m.expires = false;
         m.serial_key = None;
         m.generated_id = false;
+        m.stamped = false;
         assert_eq!(options(m.flags()), "");
     }
 
@@ -147,6 +155,7 @@ mod tests {
             envelope: "{}",
             serial_key: key,
             generated_id: id != "e",
+            stamped: false,
         };
         let args = Args {
             check_existing: false,

@@ -6,11 +6,14 @@
 --             message back there;
 --   claim no  the queue's sequence (K_SEQ) when it was written: every claim made
 --             later takes a higher number (kept for a fence that reads the stamp
---             alone; include/claims.lua's fence is the lease).
--- Written by every script that puts a native message in the schedule: a push, a
--- repeat's occurrence, a reschedule, a requeue, a retry, a release, the reaper. A
--- delayq before the stamp, mid-deploy, moves messages without it: a stamp is trusted
--- no later than the claim that reads it.
+--             alone; include/claims.lua's fence is the lease); 0 where a producer
+--             stamped a new message with an id made for its push, which no claim
+--             can have held (push.lua's "stamped" runs).
+-- Written by every script that puts a native message in the schedule (or, for a
+-- push, checked where the producer wrote it): a push, a repeat's occurrence, a
+-- reschedule, a requeue, a retry, a release, the reaper. A delayq before the stamp,
+-- mid-deploy, moves messages without it: a stamp is trusted no later than the claim
+-- that reads it.
 -- Readers of the envelope skip the field (envelope.rs, and delayq before it), and the
 -- seed layout's bare payloads carry none. Envelopes from a delayq before the stamp
 -- have none until a script puts them in the schedule again: claim.lua then gives their
