@@ -458,9 +458,12 @@ pub(crate) fn body<'a>(layout: &Layout, envelope: &'a str) -> &'a str {
     }
 }
 
-/// The schedule score of the first place in millisecond `due_ms` (include/order.lua).
-pub(crate) fn first_place_score(due_ms: i64) -> u64 {
-    u64::try_from(due_ms.max(0)).unwrap_or(0) * crate::keys::SEQ_SPAN
+/// The schedule score of the first place in millisecond `due_ms` (include/order.lua),
+/// when its places are exact in a double (Redis's scores and Lua's numbers): until
+/// the year 2039; later ones the push stamps itself.
+pub(crate) fn first_place_score(due_ms: i64) -> Option<u64> {
+    let score = u64::try_from(due_ms.max(0)).ok()?.checked_mul(crate::keys::SEQ_SPAN)?;
+    (score + crate::keys::SEQ_SPAN <= 1 << 53).then_some(score)
 }
 
 /// The schedule score in a native envelope's stamp, `{"at":[<claim no>,<score>],...`
@@ -546,19 +549,19 @@ mod tests {
 
     #[test]
     fn a_client_stamp_proposes_a_place_of_its_millisecond() {
-        let score = first_place_score(1_764_460_800_123);
+        let score = first_place_score(1_764_460_800_123).expect("exact");
         let stored = encode(&Layout::Native, "a", "[1]", None, Some(5), 1, Some(score + 1));
         assert!(
             stored.starts_with(r#"{"at":[0,7227231437303809],"v":1,"id":"a","#),
             "{stored}"
         );
         assert_eq!(stamp_score(&stored), Some(1_764_460_800_123.0 * 4096.0 + 1.0));
-        assert_eq!(
-            Layout::Native.due_ms_of_score(first_place_score(1_764_460_800_123) as f64),
-            1_764_460_800_123
-        );
+        assert_eq!(Layout::Native.due_ms_of_score(score as f64), 1_764_460_800_123);
         assert_eq!(decode(&Layout::Native, &stored).expect("decodes").payload_json, "[1]");
-        assert_eq!(first_place_score(-5), 0, "a past time is due now");
+        assert_eq!(first_place_score(-5), Some(0), "a past time is due now");
+        assert_eq!(first_place_score(i64::MAX), None, "past what a double holds exactly");
+        assert_eq!(first_place_score((1 << 53) / 4096), None);
+        assert!(first_place_score((1 << 53) / 4096 - 1).is_some());
     }
 
     #[test]

@@ -280,6 +280,12 @@ fn a_client_stamp_whose_place_is_taken_is_replaced_by_the_push() {
         assert_eq!(stamp(&mut con, id), Some((7, at as u64 * 4096 + 1)), "{id}");
         assert_eq!(score(&mut con, id), Some(at as u64 * 4096 + 1));
     }
+    let info = q.get(&later[199]).expect("get").expect("exists");
+    assert_eq!(
+        info.payload_json, r#"{"n":199}"#,
+        "the body after the replaced stamp, whole"
+    );
+    assert_eq!(info.due_at_ms, Some(at));
     // A claim takes the due time from a client's stamp.
     let past = server.now_ms() - 5;
     let due_now = q.push_many(&batch(1, delayq::Due::AtUnixMs(past))).expect("push");
@@ -301,15 +307,22 @@ fn a_stamped_run_that_does_not_hold_is_refused_before_anything_is_written() {
     let push = scripts.iter().find(|s| s.name == "push").expect("push.lua");
     let at = server.now_ms() + 60_000;
     let envelope = |score: u64| format!(r#"{{"at":[0,{score}],"v":1,"id":"a","created_ms":1,"payload":1}}"#);
-    for (timing, options, stored) in [
-        ("at", "ordered stamped", envelope(at as u64 * 4096 + 4096)),
+    let good = envelope(at as u64 * 4096);
+    let unstamped = r#"{"v":1,"id":"a","created_ms":1,"payload":1}"#.to_owned();
+    for (timing, options, stored, second) in [
+        ("at", "ordered stamped", envelope(at as u64 * 4096 + 4096), None),
+        ("at", "ordered stamped", unstamped.clone(), None),
+        ("at", "ordered stamped", good.replace("[0,", "[0,0"), None),
+        ("at", "stamped", good.clone(), None),
+        ("at", "ordered expires stamped", good.clone(), None),
+        ("delay", "ordered stamped", good.clone(), None),
+        ("at", "ordered stamped", good.clone(), Some(unstamped.clone())),
         (
             "at",
             "ordered stamped",
-            r#"{"v":1,"id":"a","created_ms":1,"payload":1}"#.to_owned(),
+            good.clone(),
+            Some(envelope(at as u64 * 4096 + 1)),
         ),
-        ("at", "stamped", envelope(at as u64 * 4096)),
-        ("delay", "ordered stamped", envelope(at as u64 * 4096)),
     ] {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(&push.text).arg(push.keys.len());
@@ -319,13 +332,77 @@ fn a_stamped_run_that_does_not_hold_is_refused_before_anything_is_written() {
         cmd.arg("native")
             .arg("wake")
             .arg("new")
-            .arg(1)
-            .arg(timing)
-            .arg(at)
-            .arg(options);
-        cmd.arg("a").arg(&stored);
+            .arg(1 + usize::from(second.is_some()));
+        cmd.arg(timing).arg(at).arg(options).arg("a").arg(&stored);
+        if let Some(second) = &second {
+            cmd.arg("b").arg(second);
+        }
         let err = cmd.query::<redis::Value>(&mut con).expect_err("refused");
-        assert!(err.to_string().contains("\"stamped\" needs"), "{err}");
+        assert!(
+            err.to_string().contains("\"stamped\" needs"),
+            "{options} {stored} {second:?}: {err}"
+        );
         assert_eq!(server.dump_keys(), Vec::<String>::new(), "nothing written");
+    }
+}
+
+#[test]
+fn a_resend_takes_the_sequence_as_it_is_now() {
+    let server = RedisServer::start();
+    let mut con = server.con();
+    let _: () = redis::cmd("SET")
+        .arg("{dq:stamp}:seq")
+        .arg(7)
+        .query(&mut con)
+        .expect("set");
+    let scripts = delayq::scripts::compose_from_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lua"))
+        .expect("scripts");
+    let push = scripts.iter().find(|s| s.name == "push").expect("push.lua");
+    let at = server.now_ms() + 60_000;
+    let score = at as u64 * 4096;
+    // A "check" call may resend a push whose first send ran: its ids may have been
+    // claimed since, so the client's claim number 0 is not kept.
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(&push.text).arg(push.keys.len());
+    for role in &push.keys {
+        cmd.arg(format!("{{dq:stamp}}:{role}"));
+    }
+    cmd.arg("native")
+        .arg("wake")
+        .arg("check")
+        .arg(1)
+        .arg("at")
+        .arg(at)
+        .arg("ordered stamped");
+    cmd.arg("a").arg(format!(
+        r#"{{"at":[0,{score}],"v":1,"id":"a","created_ms":1,"payload":1}}"#
+    ));
+    let _: redis::Value = cmd.query(&mut con).expect("pushed");
+    let stored: String = redis::cmd("HGET").arg(MESSAGES).arg("a").query(&mut con).expect("hget");
+    assert_eq!(
+        stored,
+        format!(r#"{{"at":[7,{score}],"v":1,"id":"a","created_ms":1,"payload":1}}"#)
+    );
+}
+
+#[test]
+fn a_mixed_batch_keeps_its_push_order() {
+    let server = RedisServer::start();
+    let q = server.queue("stamp");
+    let mut con = server.con();
+    let mut chosen = delayq::NewMessage::new(&json!({"chosen": 1}), Duration::from_secs(60)).expect("message");
+    chosen.options.id = Some("chosen-1".into());
+    let mut messages = vec![chosen];
+    messages.extend(batch(delayq::MAX_BATCH, Duration::from_secs(60)));
+    let ids = q.push_many(&messages).expect("push");
+    let order: Vec<String> = redis::cmd("ZRANGE")
+        .arg(SCHEDULED)
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .expect("zrange");
+    assert_eq!(order, ids, "every delay counts from the one clock read");
+    for id in &ids {
+        assert_eq!(stamp(&mut con, id).map(|s| s.1), score(&mut con, id), "{id}");
     }
 }

@@ -60,7 +60,8 @@ class AsyncDelayQueue:
                                        serial_key=serial_key)
 
     async def push_many(self, items: Iterable[Union[tuple[Any, float], Mapping[str, Any]]]) -> list[str]:
-        """`DelayQueue.push_many`: one round trip, nothing written unless all are valid."""
+        """`DelayQueue.push_many`: one round trip (two for 1 000 delays or more), nothing
+        written unless all are valid."""
         # A generator must not be consumed on the other thread while this one runs.
         return await asyncio.to_thread(self._queue.push_many, list(items))
 

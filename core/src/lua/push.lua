@@ -13,11 +13,12 @@
 --   include/serial.lua), "ordered" (the run's ids increase in push order: the run
 --   takes one place in its millisecond, see include/order.lua, and Redis orders its
 --   messages by id; one score formatted once, where a number per message would be
---   formatted by every ZADD argument), "stamped" (with "ordered" and "at" only: the
---   client stamped the envelopes alike, {"at":[0,<score>],..., a score in the run's
---   millisecond: kept as sent when it is the one the run gets, so that Redis builds no
---   string a message; claim no 0, as no claim can have held an id made for this
---   push); then n messages: id, envelope (native: without its opening brace,
+--   formatted by every ZADD argument), "stamped" (with "ordered" and "at", without
+--   "replace" and "expires": the client stamped the envelopes alike,
+--   {"at":[0,<score>],..., a score in the run's millisecond: kept as sent by a "new"
+--   call when it is the one the run gets, so that Redis builds no string a message;
+--   claim no 0, as no claim can have held an id made for this push); then n
+--   messages: id, envelope (native: without its opening brace,
 --   which the script writes with the stamp, see include/stamp.lua; whole when
 --   "stamped"), and with "keyed" the key.
 -- Returns {now_ms, created, replaced}: how many messages were new, how many replaced
@@ -52,17 +53,30 @@ while at <= n_argv do
   if at - 1 > n_argv then
     return redis.error_reply('DQERR malformed push run at argument ' .. (first - 4))
   end
-  -- A client's stamp, read from the run's first envelope: {score, its length}.
+  -- A client's stamp, read from the run's first envelope and found at the front of
+  -- every other one (a search, no new string): {score, its length}.
   local sent = nil
   if string.find(options, 'stamped', 1, true) then
     local digits = string.match(ARGV[first + 1], '^{"at":%[0,(%d+)%],')
     local score = tonumber(digits)
-    if SEED or timing ~= 'at' or not string.find(options, 'ordered', 1, true)
-        or not (score and due_of(score) == ms) then
-      return redis.error_reply('DQERR malformed push run at argument ' .. (first - 4)
-        .. ': "stamped" needs "ordered", "at" and envelopes stamped in its millisecond')
+    local fits = not SEED and timing == 'at' and score and fmt(score) == digits and due_of(score) == ms
+      and string.find(options, 'ordered', 1, true)
+      and not (string.find(options, 'replace', 1, true) or string.find(options, 'expires', 1, true))
+    if fits then
+      local prefix = STAMP_OPEN .. '0,' .. digits .. '],'
+      for i = first + width + 1, at - 1, width do
+        if string.find(ARGV[i], prefix, 1, true) ~= 1 then
+          fits = false
+          break
+        end
+      end
+      sent = {score, #prefix}
     end
-    sent = {score, #STAMP_OPEN + #digits + 4}
+    if not fits then
+      return redis.error_reply('DQERR malformed push run at argument ' .. (first - 4)
+        .. ': "stamped" needs "ordered", "at", neither "replace" nor "expires", and envelopes'
+        .. ' that all start with one stamp in its millisecond')
+    end
   end
   n_runs = n_runs + 1
   runs[n_runs] = {first, n, ms, options, width, timing == 'delay', sent}
@@ -117,7 +131,9 @@ for r = 1, n_runs do
     word = fmt(score)
     stamp = claim_no and (STAMP_OPEN .. claim_no .. ',' .. word .. '],')
     if sent then
-      if score == sent[1] then
+      -- Kept on a first send only: a resend may find the id's first message gone
+      -- after a claim held it, so it takes the sequence as it is now.
+      if score == sent[1] and not check then
         stamp = nil
       else
         -- Others wait at that millisecond: the run takes another place.

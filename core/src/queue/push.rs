@@ -95,16 +95,17 @@ impl Queue {
             let key = m.options.partition_key.as_deref().or(m.options.serial_key.as_deref());
             by_part[self.partition_of(&ids[i], key)].push(i);
         }
-        let due_at = self.client_stamps(batch)?;
-        // Each client stamp's due time and the score it proposes: a partition's k-th
-        // script takes place k of the millisecond, if nothing else waits there.
-        let mut stamps: Vec<Option<(i64, u64)>> = vec![None; batch.len()];
+        let resolved = self.client_stamps(batch)?;
+        // Each client stamp's score: a partition's k-th script proposes place k of the
+        // millisecond, which it gets if nothing else waits there.
+        let mut stamps: Vec<Option<u64>> = vec![None; batch.len()];
         for members in &by_part {
             for (k, chunk) in members.chunks(MAX_BATCH).enumerate() {
                 for &i in chunk {
-                    stamps[i] = due_at[i]
-                        .filter(|_| k < keys::SEQ_SPAN as usize)
-                        .map(|ms| (ms, envelope::first_place_score(ms) + k as u64));
+                    stamps[i] = resolved[i]
+                        .filter(|&(_, stamped)| stamped && k < keys::SEQ_SPAN as usize)
+                        .and_then(|(ms, _)| envelope::first_place_score(ms))
+                        .map(|score| score + k as u64);
                 }
             }
         }
@@ -119,7 +120,7 @@ impl Queue {
                     m.options.max_attempts,
                     expiries[i],
                     created_ms,
-                    stamps[i].map(|(_, score)| score),
+                    stamps[i],
                 )
             })
             .collect();
@@ -139,7 +140,7 @@ impl Queue {
                 .iter()
                 .map(|&i| push::Message {
                     id: &ids[i],
-                    due: stamps[i].map_or(batch[i].due, |(ms, _)| Due::AtUnixMs(ms)),
+                    due: resolved[i].map_or(batch[i].due, |(ms, _)| Due::AtUnixMs(ms)),
                     replace: batch[i].options.replace,
                     expires: batch[i].options.expire_after.is_some(),
                     envelope: if stamps[i].is_some() {
@@ -213,25 +214,27 @@ impl Queue {
         Ok(ids)
     }
 
-    /// The due time (Unix ms) of each message that the client stamps (see push.lua's
-    /// "stamped" runs), so that Redis builds no string for it: a new message with an
-    /// id made here (no claim can have held it) and no expiry, due at a time given, or
-    /// after a delay counted from one read of the queue clock, made when enough
-    /// delayed messages gain from it to pay its round trip (not on a cluster, whose
-    /// partitions may live on other masters). The read comes after the call began:
-    /// no message is due earlier than its delay after it.
-    fn client_stamps(&self, batch: &[NewMessage]) -> Result<Vec<Option<i64>>> {
+    /// Each message's due time in Unix ms where the client resolves it, and whether
+    /// the client stamps it (see push.lua's "stamped" runs), so that Redis builds no
+    /// string for it: a new message with an id made here (no claim can have held it)
+    /// and no expiry, due at a time given, or after a delay counted from one read of
+    /// the queue clock. The read is made when enough delayed messages gain from it to
+    /// pay its round trip, on one partition (each partition keeps its own clock, see
+    /// include/clock.lua) and not on a cluster; it comes after the call began, so no
+    /// message is due earlier than its delay after it. Then every delay of the batch
+    /// counts from it, so that the batch keeps its push order.
+    fn client_stamps(&self, batch: &[NewMessage]) -> Result<Vec<Option<(i64, bool)>>> {
         let inner = &*self.inner;
-        let stampable =
-            |m: &NewMessage| m.options.id.is_none() && !m.options.replace && m.options.expire_after.is_none();
         if !matches!(inner.opts.layout, Layout::Native) {
             return Ok(vec![None; batch.len()]);
         }
+        let stampable =
+            |m: &NewMessage| m.options.id.is_none() && !m.options.replace && m.options.expire_after.is_none();
         let delayed = batch
             .iter()
             .filter(|m| stampable(m) && matches!(m.due, Due::In(_)))
             .count();
-        let clock_ms = if delayed >= CLOCK_READ_MIN && !inner.endpoint.is_cluster() {
+        let clock_ms = if delayed >= CLOCK_READ_MIN && self.partitions() == 1 && !inner.endpoint.is_cluster() {
             let read = now::Args;
             let now::NowMs(ms) = self.call(0, "push_many", Replay::Safe, read.script(), |inv| read.add_to(inv))?;
             Some(ms)
@@ -241,14 +244,12 @@ impl Queue {
         Ok(batch
             .iter()
             .map(|m| {
-                if !stampable(m) {
-                    return None;
-                }
-                match (m.due, clock_ms) {
-                    (Due::AtUnixMs(ms), _) => Some(ms.max(0)),
-                    (Due::In(_), Some(now)) => Some(now.saturating_add(m.due.script_args().1)),
-                    (Due::In(_), None) => None,
-                }
+                let due_ms = match (m.due, clock_ms) {
+                    (Due::AtUnixMs(ms), _) => ms.max(0),
+                    (Due::In(_), Some(now)) => now.saturating_add(m.due.script_args().1),
+                    (Due::In(_), None) => return None,
+                };
+                Some((due_ms, stampable(m) && envelope::first_place_score(due_ms).is_some()))
             })
             .collect())
     }
