@@ -211,6 +211,25 @@ fn a_stamp_later_than_its_claim_is_not_trusted() {
     c.finish();
 }
 
+/// The queue's sequence set to `n`, as claims made before would leave it.
+fn set_seq(con: &mut redis::Connection, n: u64) {
+    let _: () = redis::cmd("SET").arg("{dq:stamp}:seq").arg(n).query(con).expect("set");
+}
+
+/// push.lua called directly, as the core never would: its words after the layout and
+/// the wake-up channel.
+fn push_directly(con: &mut redis::Connection, words: &[String]) -> redis::RedisResult<redis::Value> {
+    let scripts = delayq::scripts::compose_from_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lua"))
+        .expect("scripts");
+    let push = scripts.iter().find(|s| s.name == "push").expect("push.lua");
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(&push.text).arg(push.keys.len());
+    for role in &push.keys {
+        cmd.arg(format!("{{dq:stamp}}:{role}"));
+    }
+    cmd.arg("native").arg("wake").arg(words).query(con)
+}
+
 /// A batch of `n` new messages alike, due after `delay` or at Unix ms `at`.
 fn batch(n: usize, due: impl Into<delayq::Due> + Copy) -> Vec<delayq::NewMessage> {
     (0..n)
@@ -224,11 +243,7 @@ fn a_bulk_push_stamps_on_the_client_and_redis_keeps_the_stamp() {
     let q = server.queue("stamp");
     let mut con = server.con();
     // Claims were made before: the push's own stamp would carry their number.
-    let _: () = redis::cmd("SET")
-        .arg("{dq:stamp}:seq")
-        .arg(7)
-        .query(&mut con)
-        .expect("set");
+    set_seq(&mut con, 7);
     let before = server.now_ms();
     let ids = q.push_many(&batch(1500, Duration::from_secs(60))).expect("push");
     let after = server.now_ms();
@@ -261,11 +276,7 @@ fn a_client_stamp_whose_place_is_taken_is_replaced_by_the_push() {
     let server = RedisServer::start();
     let q = server.queue("stamp");
     let mut con = server.con();
-    let _: () = redis::cmd("SET")
-        .arg("{dq:stamp}:seq")
-        .arg(7)
-        .query(&mut con)
-        .expect("set");
+    set_seq(&mut con, 7);
     let at = server.now_ms() + 60_000;
     let first = q.push_many(&batch(1, delayq::Due::AtUnixMs(at))).expect("push");
     assert_eq!(
@@ -302,9 +313,6 @@ fn a_client_stamp_whose_place_is_taken_is_replaced_by_the_push() {
 fn a_stamped_run_that_does_not_hold_is_refused_before_anything_is_written() {
     let server = RedisServer::start();
     let mut con = server.con();
-    let scripts = delayq::scripts::compose_from_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lua"))
-        .expect("scripts");
-    let push = scripts.iter().find(|s| s.name == "push").expect("push.lua");
     let at = server.now_ms() + 60_000;
     let envelope = |score: u64| format!(r#"{{"at":[0,{score}],"v":1,"id":"a","created_ms":1,"payload":1}}"#);
     let good = envelope(at as u64 * 4096);
@@ -324,20 +332,14 @@ fn a_stamped_run_that_does_not_hold_is_refused_before_anything_is_written() {
             Some(envelope(at as u64 * 4096 + 1)),
         ),
     ] {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(&push.text).arg(push.keys.len());
-        for role in &push.keys {
-            cmd.arg(format!("{{dq:stamp}}:{role}"));
-        }
-        cmd.arg("native")
-            .arg("wake")
-            .arg("new")
-            .arg(1 + usize::from(second.is_some()));
-        cmd.arg(timing).arg(at).arg(options).arg("a").arg(&stored);
+        let n = 1 + usize::from(second.is_some());
+        let mut words: Vec<String> = ["new", &n.to_string(), timing, &at.to_string(), options, "a", &stored]
+            .map(String::from)
+            .into();
         if let Some(second) = &second {
-            cmd.arg("b").arg(second);
+            words.extend(["b".to_owned(), second.clone()]);
         }
-        let err = cmd.query::<redis::Value>(&mut con).expect_err("refused");
+        let err = push_directly(&mut con, &words).expect_err("refused");
         assert!(
             err.to_string().contains("\"stamped\" needs"),
             "{options} {stored} {second:?}: {err}"
@@ -350,34 +352,14 @@ fn a_stamped_run_that_does_not_hold_is_refused_before_anything_is_written() {
 fn a_resend_takes_the_sequence_as_it_is_now() {
     let server = RedisServer::start();
     let mut con = server.con();
-    let _: () = redis::cmd("SET")
-        .arg("{dq:stamp}:seq")
-        .arg(7)
-        .query(&mut con)
-        .expect("set");
-    let scripts = delayq::scripts::compose_from_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lua"))
-        .expect("scripts");
-    let push = scripts.iter().find(|s| s.name == "push").expect("push.lua");
+    set_seq(&mut con, 7);
     let at = server.now_ms() + 60_000;
     let score = at as u64 * 4096;
     // A "check" call may resend a push whose first send ran: its ids may have been
     // claimed since, so the client's claim number 0 is not kept.
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(&push.text).arg(push.keys.len());
-    for role in &push.keys {
-        cmd.arg(format!("{{dq:stamp}}:{role}"));
-    }
-    cmd.arg("native")
-        .arg("wake")
-        .arg("check")
-        .arg(1)
-        .arg("at")
-        .arg(at)
-        .arg("ordered stamped");
-    cmd.arg("a").arg(format!(
-        r#"{{"at":[0,{score}],"v":1,"id":"a","created_ms":1,"payload":1}}"#
-    ));
-    let _: redis::Value = cmd.query(&mut con).expect("pushed");
+    let envelope = format!(r#"{{"at":[0,{score}],"v":1,"id":"a","created_ms":1,"payload":1}}"#);
+    let words = ["check", "1", "at", &at.to_string(), "ordered stamped", "a", &envelope].map(String::from);
+    push_directly(&mut con, &words).expect("pushed");
     let stored: String = redis::cmd("HGET").arg(MESSAGES).arg("a").query(&mut con).expect("hget");
     assert_eq!(
         stored,
