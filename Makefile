@@ -53,8 +53,8 @@ bench-cluster: ## One queue with 1 and 3 partitions on a 3-master cluster, next 
 bench-redis-cost: ## Redis time per drained message: delayq's scripts against the recipe's pop
 	python3 bench/redis_cost.py
 
-bench-script-cost: ## Redis time per message of claim.lua and ack.lua, called from one client (DIRS=copies to compare)
-	python3 bench/script_cost.py $(DIRS)
+bench-script-cost: ## Redis time per message of claim.lua and ack.lua, from one client (DIRS=copies to compare; CALLGRIND=1: instructions)
+	python3 bench/script_cost.py $(if $(CALLGRIND),--callgrind) $(DIRS)
 
 bench-model-floor: ## Redis cost per message: the recipe's pop, the least issue 2's data model needs, delayq (CALLGRIND=1: instructions)
 	python3 bench/model_floor.py $(if $(CALLGRIND),--callgrind) $(DIRS)

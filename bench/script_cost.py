@@ -14,7 +14,12 @@ and the roles of its KEYS in order (its `-- KEYS:` header), so a copy with other
 includes or keys works too. Every run must hand out and acknowledge each message once
 and leave the queue empty.
 
-    python3 bench/script_cost.py [--n=200000] [--rounds=3] [--label=NAME] [DIR ...]
+With --callgrind, Redis runs under valgrind's callgrind and each directory gets one row
+of Redis instructions per message, for its claims and its acks apart (read after every
+call): the same count from run to run, where times on a shared 2-core machine move by
+a fifth. Slow: use a small --n.
+
+    python3 bench/script_cost.py [--n=200000] [--rounds=3] [--callgrind] [--label=NAME] [DIR ...]
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import redis as redis_py
 
@@ -66,9 +71,10 @@ def key_list(lua_dir: Path, script: str) -> list[str]:
     return [f"{TAG}:{role}" for role in composed(lua_dir)[script]["keys"]]
 
 
-def claim_and_ack(client: Any, lua_dir: Path) -> tuple[int, int]:
+def claim_and_ack(client: Any, lua_dir: Path, after: Callable[[str], None] = lambda _: None) -> tuple[int, int]:
     """Claims of BATCH and their acks, in two halves as a pool with two completions in
-    flight sends them, until nothing is due: (handed out, acknowledged)."""
+    flight sends them, until nothing is due: (handed out, acknowledged). `after` is
+    called with "claim" or "ack" after each call."""
     scripts = composed(lua_dir)
     claim_keys, ack_keys = key_list(lua_dir, "claim"), key_list(lua_dir, "ack")
     claim = client.register_script(scripts["claim"]["lua"])
@@ -78,6 +84,7 @@ def claim_and_ack(client: Any, lua_dir: Path) -> tuple[int, int]:
     while True:
         # {header, {id1, lease1, envelope1, …}, later, keyed, repeats}: see claim.lua
         reply = claim(keys=claim_keys, args=[*head, BATCH, LEASE_MS, DEAD_MAX, DEAD_TTL_MS, "0"])
+        after("claim")
         deliveries = reply[1]
         count = len(deliveries) // 3
         if count == 0:
@@ -88,11 +95,14 @@ def claim_and_ack(client: Any, lua_dir: Path) -> tuple[int, int]:
         for part in (pairs[:half], pairs[half:]):
             if part:
                 statuses = ack(keys=ack_keys, args=[*head, 0, 0, *part])
+                after("ack")
                 acked += sum(1 for s in statuses if s == 1)
 
 
-def drain(lua_dir: Path, n: int) -> dict[str, tuple[int, int]]:
-    redis = run.Redis()
+def drain(lua_dir: Path, n: int, callgrind: bool = False) -> dict[str, tuple[int, int]]:
+    """INFO commandstats over a drain of n messages: {command: (calls, µs)}; with
+    `callgrind`, {"claim": (calls, instructions), "ack": (calls, instructions)}."""
+    redis = run.CallgrindRedis() if callgrind else run.Redis()
     try:
         client = redis_py.Redis(port=redis.port)
         composed(lua_dir)  # before the fill: a failed composition costs no fill
@@ -100,8 +110,18 @@ def drain(lua_dir: Path, n: int) -> dict[str, tuple[int, int]]:
             run.fill("delayq", f"--n={n}", f"--url={redis.url}", f"--due-file={tmp}/due")
         client.delete("bench:filled")
         redis.cli("CONFIG", "RESETSTAT")
-        handed, acked = claim_and_ack(client, lua_dir)
-        stats = commandstats(redis)
+        counted = {"claim": [0, 0], "ack": [0, 0]}
+        cg = redis if isinstance(redis, run.CallgrindRedis) else None
+
+        def after(script: str) -> None:
+            if cg:
+                counted[script][0] += 1
+                counted[script][1] += cg.instructions()
+
+        if cg:
+            cg.instructions()  # zeroes the count: the fill is not measured
+        handed, acked = claim_and_ack(client, lua_dir, after)
+        stats = {k: (c, i) for k, (c, i) in counted.items()} if callgrind else commandstats(redis)
         left = client.zcard(f"{TAG}:scheduled") + client.hlen(f"{TAG}:messages") + client.zcard(f"{TAG}:inflight")
         if handed != n or acked != n or left:
             sys.exit(f"{lua_dir}: {handed} handed out, {acked} acknowledged of {n}, {left} entries left: void")
@@ -123,33 +143,56 @@ def row(label: str, stats: dict[str, tuple[int, int]], n: int) -> str:
     return f"| {label} | {scripts / n:.2f} | {inner / n:.2f} | {(scripts - inner) / n:.2f} | {top} |"
 
 
+def redis_version() -> str:
+    out = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, check=True).stdout
+    return next(w[2:] for w in out.split() if w.startswith("v="))
+
+
+def instruction_row(label: str, stats: dict[str, tuple[int, int]], n: int) -> str:
+    claim, ack = stats["claim"][1] / n, stats["ack"][1] / n
+    return f"| {label} | {claim:,.0f} | {ack:,.0f} | {claim + ack:,.0f} | {stats['claim'][0]} + {stats['ack'][0]} |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("dirs", nargs="*", type=Path, default=[ROOT / "core" / "src" / "lua"])
     parser.add_argument("--n", type=int, default=200000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--callgrind", action="store_true", help="count Redis instructions under valgrind")
     parser.add_argument("--label", default="script-cost", help="results file: bench/results/<date>-<label>.md")
     opts = parser.parse_args()
+    show = instruction_row if opts.callgrind else row
     # The client on the other core, as every bench's clients.
     os.sched_setaffinity(0, {1})
     results: dict[Path, list[dict[str, tuple[int, int]]]] = {d: [] for d in opts.dirs}
     for _ in range(opts.rounds):
         for lua_dir, runs in results.items():
-            runs.append(drain(lua_dir, opts.n))
-            print(row(shown(lua_dir), runs[-1], opts.n), flush=True)
-    lines = [
-        f"# Redis time per message of claim.lua and ack.lua, {datetime.date.today().isoformat()}",
-        "",
-        f"Command: `python3 bench/script_cost.py --n={opts.n} --rounds={opts.rounds} "
-        + " ".join(shown(d) for d in opts.dirs)
-        + "` (one client calling the scripts, claims of 1000; a private Redis pinned to CPU 0;",
-        "microseconds of Redis time per message, from `INFO commandstats`; one row per run).",
-        "",
-        "| scripts | in scripts | in Redis commands | in Lua | commands |",
-        "|---|---|---|---|---|",
-    ]
+            runs.append(drain(lua_dir, opts.n, opts.callgrind))
+            print(show(shown(lua_dir), runs[-1], opts.n), flush=True)
+    command = (f"Command: `python3 bench/script_cost.py --n={opts.n} --rounds={opts.rounds} "
+               + ("--callgrind " if opts.callgrind else "") + " ".join(shown(d) for d in opts.dirs) + "`")
+    if opts.callgrind:
+        lines = [
+            f"# Redis instructions per message of claim.lua and ack.lua, {datetime.date.today().isoformat()}",
+            "",
+            command + " (one client calling the scripts, claims of 1000 acknowledged in two halves;",
+            f"a private Redis {redis_version()} under callgrind; instructions per message, one row per run).",
+            "",
+            "| scripts | claims | acks | both | calls |",
+            "|---|---|---|---|---|",
+        ]
+    else:
+        lines = [
+            f"# Redis time per message of claim.lua and ack.lua, {datetime.date.today().isoformat()}",
+            "",
+            command + " (one client calling the scripts, claims of 1000; a private Redis pinned to CPU 0;",
+            "microseconds of Redis time per message, from `INFO commandstats`; one row per run).",
+            "",
+            "| scripts | in scripts | in Redis commands | in Lua | commands |",
+            "|---|---|---|---|---|",
+        ]
     for lua_dir, runs in results.items():
-        lines += [row(shown(lua_dir), stats, opts.n) for stats in runs]
+        lines += [show(shown(lua_dir), stats, opts.n) for stats in runs]
     run.write_results(f"-{opts.label}", "\n".join(lines) + "\n")
 
 
