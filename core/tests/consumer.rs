@@ -774,6 +774,61 @@ fn an_idle_pool_is_woken_by_a_push_instead_of_polling() {
     assert_eq!(consumer.finish().acked, 1);
 }
 
+#[test]
+fn a_resubscribed_pool_looks_at_once_for_what_it_was_not_told() {
+    let server = RedisServer::start();
+    let q = server.queue("resub");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            threads: 1,
+            idle_check: Duration::from_secs(30),
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let consumer = worker.start().expect("start");
+    let id = q.push(&"late news", Duration::from_secs(3600)).expect("push");
+    let mut claims_before = claim_calls(&server);
+    wait_for(Duration::from_secs(10), "the pool settled", || {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = claim_calls(&server);
+        std::mem::replace(&mut claims_before, now) == now
+    });
+    // Due now with no announcement: what a producer's wake-up, published while the
+    // pool was not subscribed, would have told it.
+    let mut con = server.con();
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut con).expect("time");
+    let _: () = redis::cmd("ZADD")
+        .arg("{dq:resub}:scheduled")
+        .arg("XX")
+        .arg((secs * 1000 + micros / 1000) * 4096)
+        .arg(&id)
+        .query(&mut con)
+        .expect("zadd");
+    assert!(
+        matches!(consumer.recv_timeout(Duration::from_millis(500)), Received::Idle),
+        "a sleeping pool does not see it"
+    );
+    // The subscription drops: the pool subscribes again and looks at once, long before
+    // its 30 s idle check.
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut con)
+        .expect("client kill");
+    assert_eq!(killed, 1, "the pool's subscriber");
+    match consumer.recv_timeout(Duration::from_secs(3)) {
+        Received::Message(d) => {
+            assert_eq!(d.id, id);
+            consumer.ack(d);
+        }
+        other => panic!("expected the message, got {other:?}"),
+    }
+    assert_eq!(consumer.finish().acked, 1);
+}
+
 fn claim_calls(server: &RedisServer) -> i64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
