@@ -789,6 +789,16 @@ fn a_resubscribed_pool_looks_at_once_for_what_it_was_not_told() {
     .expect("worker");
     let consumer = worker.start().expect("start");
     let id = q.push(&"late news", Duration::from_secs(3600)).expect("push");
+    let mut con = server.con();
+    // Subscribed (and its look after subscribing made), then settled.
+    wait_for(Duration::from_secs(10), "the pool subscribed", || {
+        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("{dq:resub}:wake")
+            .query(&mut server.con())
+            .expect("pubsub numsub");
+        counts.first().is_some_and(|(_, n)| *n == 1)
+    });
     let mut claims_before = claim_calls(&server);
     wait_for(Duration::from_secs(10), "the pool settled", || {
         std::thread::sleep(Duration::from_millis(300));
@@ -796,8 +806,8 @@ fn a_resubscribed_pool_looks_at_once_for_what_it_was_not_told() {
         std::mem::replace(&mut claims_before, now) == now
     });
     // Due now with no announcement: what a producer's wake-up, published while the
-    // pool was not subscribed, would have told it.
-    let mut con = server.con();
+    // pool was not subscribed, would have told it. (The stamp still says an hour on:
+    // a claim trusts it no later than itself, as with an older delayq's reschedule.)
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut con).expect("time");
     let _: () = redis::cmd("ZADD")
         .arg("{dq:resub}:scheduled")
@@ -810,6 +820,7 @@ fn a_resubscribed_pool_looks_at_once_for_what_it_was_not_told() {
         matches!(consumer.recv_timeout(Duration::from_millis(500)), Received::Idle),
         "a sleeping pool does not see it"
     );
+    assert_eq!(claim_calls(&server), claims_before, "nor does it look");
     // The subscription drops: the pool subscribes again and looks at once, long before
     // its 30 s idle check.
     let killed: i64 = redis::cmd("CLIENT")
