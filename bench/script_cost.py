@@ -16,8 +16,9 @@ and leave the queue empty.
 
 With --callgrind, Redis runs under valgrind's callgrind and each directory gets one row
 of Redis instructions per message, for its claims and its acks apart (read after every
-call): the same count from run to run, where times on a shared 2-core machine move by
-a fifth. Slow: use a small --n.
+call, with both scripts loaded before the count starts): counts that repeat within a
+few percent, where times on a shared 2-core machine move by a fifth. Slow: 20 000
+messages and one round unless told otherwise.
 
     python3 bench/script_cost.py [--n=200000] [--rounds=3] [--callgrind] [--label=NAME] [DIR ...]
 """
@@ -104,7 +105,7 @@ def drain(lua_dir: Path, n: int, callgrind: bool = False) -> dict[str, tuple[int
     `callgrind`, {"claim": (calls, instructions), "ack": (calls, instructions)}."""
     redis = run.CallgrindRedis() if callgrind else run.Redis()
     try:
-        client = redis_py.Redis(port=redis.port)
+        client: Any = redis_py.Redis(port=redis.port)
         composed(lua_dir)  # before the fill: a failed composition costs no fill
         with tempfile.TemporaryDirectory() as tmp:
             run.fill("delayq", f"--n={n}", f"--url={redis.url}", f"--due-file={tmp}/due")
@@ -119,7 +120,12 @@ def drain(lua_dir: Path, n: int, callgrind: bool = False) -> dict[str, tuple[int
                 counted[script][1] += cg.instructions()
 
         if cg:
-            cg.instructions()  # zeroes the count: the fill is not measured
+            # Loaded and connected first, then the count zeroed: neither the fill nor
+            # a script's first compile is measured.
+            for name in ("claim", "ack"):
+                client.script_load(composed(lua_dir)[name]["lua"])
+            client.ping()
+            cg.instructions()
         handed, acked = claim_and_ack(client, lua_dir, after)
         stats = {k: (c, i) for k, (c, i) in counted.items()} if callgrind else commandstats(redis)
         left = client.zcard(f"{TAG}:scheduled") + client.hlen(f"{TAG}:messages") + client.zcard(f"{TAG}:inflight")
@@ -156,11 +162,13 @@ def instruction_row(label: str, stats: dict[str, tuple[int, int]], n: int) -> st
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("dirs", nargs="*", type=Path, default=[ROOT / "core" / "src" / "lua"])
-    parser.add_argument("--n", type=int, default=200000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--n", type=int, default=None, help="messages per run (200000; 20000 with --callgrind)")
+    parser.add_argument("--rounds", type=int, default=None, help="runs per directory (3; 1 with --callgrind)")
     parser.add_argument("--callgrind", action="store_true", help="count Redis instructions under valgrind")
     parser.add_argument("--label", default="script-cost", help="results file: bench/results/<date>-<label>.md")
     opts = parser.parse_args()
+    opts.n = opts.n or (20000 if opts.callgrind else 200000)
+    opts.rounds = opts.rounds or (1 if opts.callgrind else 3)
     show = instruction_row if opts.callgrind else row
     # The client on the other core, as every bench's clients.
     os.sched_setaffinity(0, {1})
