@@ -5,8 +5,13 @@ A private Redis under valgrind's callgrind, filled by bench/php/fill.php with 5 
 messages due now (delayq's envelopes, as the other benches push them). Each step is a
 small Lua script called with the ids of 500 of them as ARGV (a claim's half, as an ack
 gets it), 10 times; reported: Redis instructions per id, and above the empty script's,
-which is what passing the ids costs. A step that reads `KEYS[1]` reads the envelopes;
-`KEYS[2]` is a fresh hash of short values beside them (a lease per message).
+which is what passing the ids costs. `KEYS[1]` holds the envelopes; `KEYS[2]`, a hash
+of a short value per id (a lease per message); `KEYS[3]`, a hash of its own per call,
+empty until the step that writes leases as a claim does (a hashtable from the start,
+as include/hashtable.lua writes them), and emptied by the step that deletes them as an
+ack does. A step that checks stamps returns how many it matched, which must be every id
+(fill.php's envelopes all carry a producer's stamp), so a check that fails at once
+cannot pass for a cheap one.
 
     python3 bench/lua_steps.py
 """
@@ -19,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import redis as redis_py
 
@@ -31,26 +37,29 @@ from script_cost import TAG  # noqa: E402
 IDS = 500
 CALLS = 10
 READ = "local e = redis.call('HMGET', KEYS[1], unpack(ARGV)) "
-STEPS = {
-    "empty script (the ids as ARGV)": "return 0",
-    "HMGET of the envelopes": READ + "return 0",
-    "HMGET of short values (a lease per message)": "local e = redis.call('HMGET', KEYS[2], unpack(ARGV)) return 0",
-    "HSET of short values (a lease per message, written again)":
-        "local a = {} for i = 1, #ARGV do a[2 * i - 1] = ARGV[i] a[2 * i] = '123456' end "
-        "redis.call('HSET', KEYS[2], unpack(a)) return 0",
-    "a table of (id, value) pairs, as that HSET builds":
-        "local a = {} for i = 1, #ARGV do a[2 * i - 1] = ARGV[i] a[2 * i] = '123456' end return 0",
+PAIRS = "local a = {} for i = 1, #ARGV do a[2 * i - 1] = ARGV[i] a[2 * i] = '123456' end "
+# name -> (Lua, how many ids it must return: None for a step that returns 0)
+STEPS: dict[str, tuple[str, int | None]] = {
+    "empty script (the ids as ARGV)": ("return 0", None),
+    "HMGET of the envelopes": (READ + "return 0", None),
+    "HMGET of short values (a lease per message)": ("local e = redis.call('HMGET', KEYS[2], unpack(ARGV)) return 0", None),
+    "a table of (id, value) pairs, as a claim builds for its leases": (PAIRS + "return 0", None),
+    "that table and HSET of it into a fresh hash (a claim's leases)":
+        (PAIRS + "a[#a + 1] = '' a[#a + 1] = string.rep('-', 65) redis.call('HSET', KEYS[3], unpack(a)) "
+         "redis.call('HDEL', KEYS[3], '') return 0", None),
+    "HDEL of those leases (an ack's)": ("redis.call('HDEL', KEYS[3], unpack(ARGV)) return 0", None),
     "HMGET of the envelopes, string.sub of the first 7 bytes":
-        READ + "local s = 0 for i = 1, #e do if string.sub(e[i], 1, 7) == '{\"at\":[' then s = s + 1 end end return s",
+        (READ + "local s = 0 for i = 1, #e do if string.sub(e[i], 1, 7) == '{\"at\":[' then s = s + 1 end end "
+         "return s", IDS),
     "HMGET of the envelopes, string.byte of 4 bytes":
-        READ + "local s, b = 0, string.byte for i = 1, #e do local w, x, y, z = b(e[i], 6, 9) "
-        "if w == 58 and x == 91 and y == 48 and z == 44 then s = s + 1 end end return s",
+        (READ + "local s, b = 0, string.byte for i = 1, #e do local w, x, y, z = b(e[i], 6, 9) "
+         "if w == 58 and x == 91 and y == 48 and z == 44 then s = s + 1 end end return s", IDS),
     "HMGET of the envelopes, string.match of the stamp's claim number":
-        READ + "local s = 0 for i = 1, #e do local c = tonumber(string.match(e[i], '^{\"at\":%[(%d+),%d+%],')) "
-        "if c then s = s + 1 end end return s",
+        (READ + "local s = 0 for i = 1, #e do local c = tonumber(string.match(e[i], '^{\"at\":%[(%d+),%d+%],')) "
+         "if c then s = s + 1 end end return s", IDS),
     "a table of the ids as keys (a check for ids named twice)":
-        "local seen = {} for i = 1, #ARGV do seen[ARGV[i]] = true end return 0",
-    "cmsgpack.pack of the ids (a claim's record)": "local p = cmsgpack.pack(ARGV) return 0",
+        ("local seen = {} for i = 1, #ARGV do seen[ARGV[i]] = true end return 0", None),
+    "cmsgpack.pack of the ids (a claim's record)": ("local p = cmsgpack.pack(ARGV) return 0", None),
 }
 
 
@@ -60,25 +69,31 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             run.fill("delayq", "--n=5000", f"--url={redis.url}", f"--due-file={tmp}/due")
-        client = redis_py.Redis(port=redis.port)
-        ids = [i for i in client.zrange(f"{TAG}:scheduled", 0, IDS - 1) if isinstance(i, bytes)]
-        keys = [f"{TAG}:messages", f"{TAG}:steps_short"]
+        client: Any = redis_py.Redis(port=redis.port)
+        ids: list[bytes] = client.zrange(f"{TAG}:scheduled", 0, IDS - 1)
+        short = f"{TAG}:steps_short"
         # A hashtable from the start, as include/hashtable.lua writes the leases.
-        client.hset(keys[1], "", "-" * 65)
-        client.hset(keys[1], mapping={i: "123456" for i in ids})
-        envelope = client.hget(keys[0], ids[0]) or b""
+        client.hset(short, "", "-" * 65)
+        client.hset(short, mapping={i: "123456" for i in ids})
+        envelope = client.hget(f"{TAG}:messages", ids[0]) or b""
         rows = []
         base = None
-        for name, lua in STEPS.items():
+        for name, (lua, expected) in STEPS.items():
             sha = client.script_load(lua)
-            client.evalsha(sha, len(keys), *keys, *ids)  # loaded and warm
-            redis.instructions()
-            for _ in range(CALLS):
-                client.evalsha(sha, len(keys), *keys, *ids)
+            # Call -1 warms the script; calls 0.. are counted. Each has its own fresh hash.
+            for call in range(-1, CALLS):
+                keys = [f"{TAG}:messages", short, f"{TAG}:steps_fresh:{call}"]
+                if call == 0:
+                    redis.instructions()
+                got = client.evalsha(sha, len(keys), *keys, *ids)
+                if expected is not None and got != expected:
+                    sys.exit(f"{name}: matched {got} of {expected} ids: the step does not check what it claims")
             per_id = redis.instructions() / (CALLS * IDS)
             base = per_id if base is None else base
             rows.append(f"| {name} | {per_id:,.0f} | {per_id - base:,.0f} |")
             print(rows[-1], flush=True)
+        if client.keys(f"{TAG}:steps_fresh:*"):
+            sys.exit("the deleting step left leases behind")
     finally:
         redis.stop()
     version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, check=True).stdout.split()
