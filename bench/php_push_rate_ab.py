@@ -1,0 +1,88 @@
+"""`make bench`'s W1 push (PHP, one `push` a message) with two or more builds of the
+extension, in turns with the recipe's producer and `redis-benchmark -c 1 -t zadd` (issue
+29's yardstick for a push per call), so that every build sees the machine in the same
+moods: to tell a change to the push from the machine's hour. Each build is a delayq.so
+given by path; this machine's own delayq ini is left out of its PHP runs.
+
+    python3 bench/php_push_rate_ab.py [--n=20000] [--rounds=5] [--label=NAME] LABEL=PATH.so ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import run  # noqa: E402
+from php_drain_ab import ini_dir_without_delayq  # noqa: E402
+
+PUSH = str(ROOT / "bench" / "php" / "push.php")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("builds", nargs="+", help="LABEL=PATH of a delayq.so")
+    parser.add_argument("--n", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--label", default="php-push-rate-ab", help="results file: bench/results/<date>-<label>.md")
+    opts = parser.parse_args()
+    builds = dict(b.split("=", 1) for b in opts.builds)
+    for label, path in builds.items():
+        if not Path(path).is_file():
+            parser.error(f"{label}: no file {path}")
+    env = {**os.environ, "PHP_INI_SCAN_DIR": str(ini_dir_without_delayq(Path(tempfile.mkdtemp())))}
+    env.pop("DELAYQ_EXTENSION", None)
+    rates: dict[str, list[float]] = {label: [] for label in [*builds, "recipe", "zadd"]}
+    redis = run.Redis()
+
+    def push(system: str, *php_args: str) -> float:
+        redis.cli("FLUSHALL")
+        out = subprocess.run(["taskset", "-c", "1", "php", *php_args, PUSH, f"--system={system}", "--mode=single",
+                              f"--n={opts.n}", f"--url={redis.url}"], capture_output=True, text=True, env=env,
+                             check=True).stdout
+        result = json.loads(out)
+        if result["stored"] != opts.n:
+            sys.exit(f"{system} {php_args}: {result['stored']} of {opts.n} stored: the run is void")
+        return float(result["rate"])
+
+    try:
+        for _ in range(opts.rounds):
+            for label, path in builds.items():
+                rates[label].append(push("delayq", "-d", f"extension={path}"))
+            rates["recipe"].append(push("seed"))
+            out = subprocess.run(["taskset", "-c", "1", "redis-benchmark", "-p", str(redis.port), "-c", "1",
+                                  "-n", str(opts.n), "-t", "zadd", "-q"], capture_output=True, text=True, check=True)
+            rates["zadd"].append(float(out.stdout.strip().split("ZADD:")[-1].split()[0]))
+            print({k: round(v[-1]) for k, v in rates.items()}, flush=True)
+    finally:
+        redis.stop()
+    zadd = statistics.median(rates["zadd"])
+    names = {**{label: f"delayq `push`, {label}" for label in builds},
+             "recipe": "the recipe (phpredis HSET + ZADD)", "zadd": "`redis-benchmark -c 1 -t zadd`"}
+    lines = [
+        f"# A push per call from PHP, builds side by side, {time.strftime('%Y-%m-%d %H:%M')} UTC",
+        "",
+        f"Command: `python3 bench/php_push_rate_ab.py --n={opts.n} --rounds={opts.rounds} "
+        + " ".join(f"{label}=<{Path(path).name}>" for label, path in builds.items())
+        + "` (a private Redis pinned to CPU 0, every client pinned to CPU 1, in turns; median of the rounds, range in brackets).",
+        "",
+        "| client | per second | range | vs ZADD |",
+        "|---|---|---|---|",
+    ]
+    for key, values in rates.items():
+        mid = statistics.median(values)
+        lines.append(f"| {names[key]} | {mid:,.0f} | {min(values):,.0f} .. {max(values):,.0f} | {mid / zadd:.2f}x |")
+    run.write_results(f"-{opts.label}", "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
