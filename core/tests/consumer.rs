@@ -733,19 +733,25 @@ fn stop_before_run_returns_at_once_and_the_worker_can_run_again() {
     c.finish();
 }
 
-#[test]
-fn an_idle_pool_is_woken_by_a_push_instead_of_polling() {
-    let server = RedisServer::start();
-    let q = server.queue("idle");
-    let worker = Worker::new(
+/// A worker on `threads` threads whose idle pool looks at Redis on its own only every
+/// 30 s: what it does sooner, something told it to.
+fn rarely_looking_worker(q: &delayq::Queue, threads: usize) -> Worker {
+    Worker::new(
         q.clone(),
         WorkerOptions {
-            threads: 2,
+            threads,
             idle_check: Duration::from_secs(30),
             ..opts()
         },
     )
-    .expect("worker");
+    .expect("worker")
+}
+
+#[test]
+fn an_idle_pool_is_woken_by_a_push_instead_of_polling() {
+    let server = RedisServer::start();
+    let q = server.queue("idle");
+    let worker = rarely_looking_worker(&q, 2);
     let consumer = worker.start().expect("start");
     assert!(matches!(
         consumer.recv_timeout(Duration::from_millis(300)),
@@ -753,12 +759,7 @@ fn an_idle_pool_is_woken_by_a_push_instead_of_polling() {
     ));
     // Settled first: a start's own claims (each fetcher's, the heartbeat's join, the
     // check after subscribing) can come late on a loaded machine.
-    let mut claims_before = claim_calls(&server);
-    wait_for(Duration::from_secs(10), "the pool settled", || {
-        std::thread::sleep(Duration::from_millis(300));
-        let now = claim_calls(&server);
-        std::mem::replace(&mut claims_before, now) == now
-    });
+    let claims_before = settled_claim_calls(&server);
     std::thread::sleep(Duration::from_millis(1000));
     assert_eq!(
         claim_calls(&server) - claims_before,
@@ -778,15 +779,7 @@ fn an_idle_pool_is_woken_by_a_push_instead_of_polling() {
 fn a_resubscribed_pool_looks_at_once_for_what_it_was_not_told() {
     let server = RedisServer::start();
     let q = server.queue("resub");
-    let worker = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            threads: 1,
-            idle_check: Duration::from_secs(30),
-            ..opts()
-        },
-    )
-    .expect("worker");
+    let worker = rarely_looking_worker(&q, 1);
     let consumer = worker.start().expect("start");
     let id = q.push(&"late news", Duration::from_secs(3600)).expect("push");
     let mut con = server.con();
@@ -799,12 +792,7 @@ fn a_resubscribed_pool_looks_at_once_for_what_it_was_not_told() {
             .expect("pubsub numsub");
         counts.first().is_some_and(|(_, n)| *n == 1)
     });
-    let mut claims_before = claim_calls(&server);
-    wait_for(Duration::from_secs(10), "the pool settled", || {
-        std::thread::sleep(Duration::from_millis(300));
-        let now = claim_calls(&server);
-        std::mem::replace(&mut claims_before, now) == now
-    });
+    let claims_before = settled_claim_calls(&server);
     // Due now with no announcement: what a producer's wake-up, published while the
     // pool was not subscribed, would have told it. (The stamp still says an hour on:
     // a claim trusts it no later than itself, as with an older delayq's reschedule.)
@@ -838,6 +826,17 @@ fn a_resubscribed_pool_looks_at_once_for_what_it_was_not_told() {
         other => panic!("expected the message, got {other:?}"),
     }
     assert_eq!(consumer.finish().acked, 1);
+}
+
+/// The script calls so far, once no new one came for 300 ms.
+fn settled_claim_calls(server: &RedisServer) -> i64 {
+    let mut before = claim_calls(server);
+    wait_for(Duration::from_secs(10), "the pool settled", || {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = claim_calls(server);
+        std::mem::replace(&mut before, now) == now
+    });
+    before
 }
 
 fn claim_calls(server: &RedisServer) -> i64 {
