@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -96,11 +95,10 @@ def main() -> None:
             sys.exit("the deleting step left leases behind")
     finally:
         redis.stop()
-    version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, check=True).stdout.split()
     lines = [
         f"# What single script steps cost Redis per message, {datetime.date.today().isoformat()}",
         "",
-        f"Command: `python3 bench/lua_steps.py` (Redis {next(w[2:] for w in version if w.startswith('v='))} under "
+        f"Command: `python3 bench/lua_steps.py` (Redis {run.server_version()} under "
         f"callgrind; {IDS} ids a call, {CALLS} calls; envelopes of {len(envelope)} bytes, as fill.php pushes them).",
         "",
         "| step | instructions per id | above the empty script |",

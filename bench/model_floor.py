@@ -43,7 +43,6 @@ import argparse
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -70,12 +69,6 @@ class ChrootRedis(run.Redis):
 
     def __init__(self, root: str) -> None:
         super().__init__(launcher=["chroot", root], server_dir="/tmp")
-
-
-def server_version(root: str | None) -> str:
-    cmd = ["chroot", root, "redis-server", "--version"] if root else ["redis-server", "--version"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return next(w[2:] for w in out.split() if w.startswith("v="))
 
 
 def drain_seed(client: Any) -> int:
@@ -188,7 +181,7 @@ def main() -> None:
     if opts.callgrind and opts.root:
         parser.error("--callgrind runs this machine's redis-server: it cannot take --root")
     n = opts.n or (20000 if opts.callgrind else 200000)
-    version = server_version(opts.root)
+    version = run.server_version(opts.root)
     systems = ["seed", "floor", "fenced", "claimed", *opts.dirs]
     os.sched_setaffinity(0, {1})
     runs = run.in_turns(systems, lambda s: measure(s, n, opts.callgrind, opts.root), opts.rounds, name=label)

@@ -39,9 +39,10 @@ def main() -> None:
     for label, path in builds.items():
         if not Path(path).is_file():
             parser.error(f"{label}: no file {path}")
-    env = {**os.environ, "PHP_INI_SCAN_DIR": str(ini_dir_without_delayq(Path(tempfile.mkdtemp())))}
-    env.pop("DELAYQ_EXTENSION", None)
     rates: dict[str, list[float]] = {label: [] for label in [*builds, "recipe", "zadd"]}
+    ini = tempfile.TemporaryDirectory()
+    env = {**os.environ, "PHP_INI_SCAN_DIR": str(ini_dir_without_delayq(Path(ini.name)))}
+    env.pop("DELAYQ_EXTENSION", None)
     redis = run.Redis()
 
     def push(system: str, *php_args: str) -> float:
@@ -59,12 +60,11 @@ def main() -> None:
             for label, path in builds.items():
                 rates[label].append(push("delayq", "-d", f"extension={path}"))
             rates["recipe"].append(push("seed"))
-            out = subprocess.run(["taskset", "-c", "1", "redis-benchmark", "-p", str(redis.port), "-c", "1",
-                                  "-n", str(opts.n), "-t", "zadd", "-q"], capture_output=True, text=True, check=True)
-            rates["zadd"].append(float(out.stdout.strip().split("ZADD:")[-1].split()[0]))
+            rates["zadd"].append(run.benchmark_rate(redis.port, "zadd", opts.n))
             print({k: round(v[-1]) for k, v in rates.items()}, flush=True)
     finally:
         redis.stop()
+        ini.cleanup()
     zadd = statistics.median(rates["zadd"])
     names = {**{label: f"delayq `push`, {label}" for label in builds},
              "recipe": "the recipe (phpredis HSET + ZADD)", "zadd": "`redis-benchmark -c 1 -t zadd`"}

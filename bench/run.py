@@ -49,6 +49,23 @@ LABEL = {"seed": "seed recipe (PHP + phpredis)", "delayq": "delayq (PHP extensio
 DRAIN_N = {"arq": 20000, "bullmq": 50000, "laravel": 50000}
 
 
+def server_version(root: str | None = None) -> str:
+    """The version of redis-server on PATH, or of the system in the chroot `root`."""
+    cmd = ["chroot", root, "redis-server", "--version"] if root else ["redis-server", "--version"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return next(w[2:] for w in out.split() if w.startswith("v="))
+
+
+def benchmark_rate(port: int, test: str, n: int, pipeline: int = 1) -> float:
+    """Requests a second of `redis-benchmark -c 1 -t <test>`, pinned as every client."""
+    out = subprocess.run(
+        ["taskset", "-c", "1", "redis-benchmark", "-p", str(port), "-c", "1",
+         "-n", str(n), "-P", str(pipeline), "-t", test, "--csv"],
+        capture_output=True, text=True, check=True).stdout
+    line = [row for row in out.splitlines() if row.startswith('"') and not row.startswith('"test"')][0]
+    return float(line.split(",")[1].strip('"'))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -290,14 +307,7 @@ class Bench:
         n = 20000
         for pipeline, label in ((1, "ceiling 1 client"), (50, "ceiling -P 50")):
             for test in ("zadd", "hset"):
-                values = []
-                for _ in range(3):
-                    out = subprocess.run(
-                        ["taskset", "-c", "1", "redis-benchmark", "-p", str(self.redis.port), "-c", "1",
-                         "-n", str(n), "-P", str(pipeline), "-t", test, "--csv"],
-                        capture_output=True, text=True).stdout
-                    line = [row for row in out.splitlines() if row.startswith('"') and not row.startswith('"test"')][0]
-                    values.append(float(line.split(",")[1].strip('"')))
+                values = [benchmark_rate(self.redis.port, test, n, pipeline) for _ in range(3)]
                 self.record(label, test.upper(), "req/s", values)
 
     def drain(self) -> None:

@@ -173,11 +173,6 @@ def row(label: str, stats: dict[str, tuple[int, int]], n: int) -> str:
     return f"| {label} | {scripts / n:.2f} | {inner / n:.2f} | {(scripts - inner) / n:.2f} | {top} |"
 
 
-def redis_version() -> str:
-    out = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, check=True).stdout
-    return next(w[2:] for w in out.split() if w.startswith("v="))
-
-
 def instruction_row(label: str, stats: dict[str, tuple[int, int]], n: int) -> str:
     claim, ack = stats["claim"][1] / n, stats["ack"][1] / n
     return f"| {label} | {claim:,.0f} | {ack:,.0f} | {claim + ack:,.0f} | {stats['claim'][0]} + {stats['ack'][0]} |"
@@ -210,7 +205,7 @@ def main() -> None:
             f"# Redis instructions per message of claim.lua and ack.lua, {datetime.date.today().isoformat()}",
             "",
             command + " (one client calling the scripts, claims of 1000 acknowledged in two halves;",
-            f"a private Redis {redis_version()} under callgrind; instructions per message, one row per run).",
+            f"a private Redis {run.server_version()} under callgrind; instructions per message, one row per run).",
             "",
             "| scripts | claims | acks | both | calls |",
             "|---|---|---|---|---|",
