@@ -59,6 +59,10 @@ STEPS: dict[str, tuple[str, int | None]] = {
     "a table of the ids as keys (a check for ids named twice)":
         ("local seen = {} for i = 1, #ARGV do seen[ARGV[i]] = true end return 0", None),
     "cmsgpack.pack of the ids (a claim's record)": ("local p = cmsgpack.pack(ARGV) return 0", None),
+    "a table of the ids copied from ARGV": ("local t = {} for i = 1, #ARGV do t[i] = ARGV[i] end return 0", None),
+    "tonumber of each id (a C call per id)":
+        ("local s = 0 for i = 1, #ARGV do if tonumber(ARGV[i]) then s = s + 1 end end return s", 0),
+    "a status per id returned (a table of 1s)": ("local r = {} for i = 1, #ARGV do r[i] = 1 end return r", None),
 }
 
 
