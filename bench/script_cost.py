@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import itertools
 import json
 import os
 import subprocess
@@ -87,21 +88,39 @@ def claim_and_ack(client: Any, lua_dir: Path, after: Callable[[str], None] = lam
     head = ["native", f"{TAG}:wake"]
     handed = acked = 0
     while True:
-        # {header, {id1, lease1, envelope1, …}, later, keyed, repeats}: see claim.lua
+        # {header, deliveries, later, keyed, repeats, lease}: see claim.lua. A claim.lua
+        # before 2026-12-04 answered {id, lease, envelope} triples and no lease part, and
+        # its ack.lua took (id, lease) pairs, so older copies can be priced beside it.
         reply = claim(keys=claim_keys, args=[*head, BATCH, LEASE_MS, DEAD_MAX, DEAD_TTL_MS, "0"])
         after("claim")
+        token_once = len(reply) > 5
+        group = 2 if token_once else 3
         deliveries = reply[1]
-        count = len(deliveries) // 3
+        count = len(deliveries) // group
         if count == 0:
             return handed, acked
         handed += count
-        pairs = [v for j in range(count) for v in (deliveries[3 * j], deliveries[3 * j + 1])]
-        half = count // 2 * 2
-        for part in (pairs[:half], pairs[half:]):
-            if part:
-                statuses = ack(keys=ack_keys, args=[*head, 0, 0, *part])
-                after("ack")
-                acked += sum(1 for s in statuses if s == 1)
+        leases = [reply[5][0]] * count if token_once else [deliveries[3 * j + 1] for j in range(count)]
+        if token_once:
+            for j, lease in zip(reply[5][1::2], reply[5][2::2]):
+                leases[j - 1] = lease
+        ids = deliveries[::group]
+        half = count // 2
+        for lo, hi in ((0, half), (half, count)):
+            if hi == lo:
+                continue
+            if token_once:
+                # Runs of one lease: the lease, how many, the ids.
+                part = []
+                for lease, run in itertools.groupby(zip(leases[lo:hi], ids[lo:hi]), key=lambda p: p[0]):
+                    run_ids = [i for _, i in run]
+                    part += [lease, len(run_ids), *run_ids]
+            else:
+                part = [v for j in range(lo, hi) for v in (ids[j], leases[j])]
+            statuses = ack(keys=ack_keys, args=[*head, 0, 0, *part])
+            after("ack")
+            # A count when every delivery was acknowledged, else a status each.
+            acked += statuses if isinstance(statuses, int) else sum(1 for s in statuses if s == 1)
 
 
 # Rewrites every envelope of the hash without the fields a drain does not read.

@@ -255,3 +255,122 @@ fn a_killed_pools_four_full_claims_are_reaped_a_batch_at_a_time() {
     );
     assert_no_leak(&server, "{dq:claims}");
 }
+
+/// claim.lua called directly for up to `batch` due messages: (the claim's token, the
+/// ids handed out, the leases named apart from the token).
+fn claim_directly(con: &mut redis::Connection, tag: &str, batch: usize) -> (String, Vec<String>, Vec<redis::Value>) {
+    let words: Vec<String> = [
+        batch.to_string(),
+        "60000".into(),
+        "100".into(),
+        "60000".into(),
+        "0".into(),
+    ]
+    .into();
+    let reply: Vec<redis::Value> =
+        redis::from_redis_value(common::call_script(con, "claim", tag, &words).expect("claim")).expect("parts");
+    let deliveries: Vec<String> = redis::from_redis_value(reply[1].clone()).expect("deliveries");
+    let mut leases: Vec<redis::Value> = redis::from_redis_value(reply[5].clone()).expect("leases");
+    let token: String = redis::from_redis_value(leases.remove(0)).expect("token");
+    (token, deliveries.into_iter().step_by(2).collect(), leases)
+}
+
+fn ack_directly(con: &mut redis::Connection, tag: &str, runs: &[(&str, &[&str])]) -> redis::RedisResult<redis::Value> {
+    let mut words: Vec<String> = vec!["0".into(), "0".into()];
+    for (lease, ids) in runs {
+        words.push((*lease).to_owned());
+        words.push(ids.len().to_string());
+        words.extend(ids.iter().map(|&id| id.to_owned()));
+    }
+    common::call_script(con, "ack", tag, &words)
+}
+
+#[test]
+fn an_ack_answers_a_count_when_all_held_and_a_status_each_when_not() {
+    let server = RedisServer::start();
+    let q = server.queue("runs");
+    for id in ["a", "b", "c", "d", "e"] {
+        push(&q, id, Due::NOW);
+    }
+    let mut con = server.con();
+    // One message from a delayq before the stamp: its lease carries its score.
+    let e: String = redis::cmd("HGET")
+        .arg("{dq:runs}:messages")
+        .arg("e")
+        .query(&mut con)
+        .expect("e");
+    let bare = e.replacen(&e[..e.find("\"v\"").expect("the envelope's version")], "{", 1);
+    let _: () = redis::cmd("HSET")
+        .arg("{dq:runs}:messages")
+        .arg("e")
+        .arg(&bare)
+        .query(&mut con)
+        .expect("unstamp");
+    let (token, ids, apart) = claim_directly(&mut con, "runs", 10);
+    assert_eq!(ids, ["a", "b", "c", "d", "e"]);
+    assert_eq!(
+        apart.len(),
+        2,
+        "only the unstamped one's lease is named apart: {apart:?}"
+    );
+    let e_lease: String = redis::from_redis_value(apart[1].clone()).expect("lease");
+    assert!(e_lease.starts_with(&format!("{token}:")), "{e_lease}");
+
+    // Two runs, every delivery held: a count.
+    let both = ack_directly(&mut con, "runs", &[(&token, &["a"]), (&e_lease, &["e"])]).expect("ack");
+    assert_eq!(both, redis::Value::Int(2));
+
+    // b's lease passed to another delivery, c was acknowledged already (as when a
+    // resend follows a write that went through): a status each, in order, and only d
+    // leaves its claim.
+    let _: () = redis::cmd("HSET")
+        .arg("{dq:runs}:leases")
+        .arg("b")
+        .arg("999")
+        .query(&mut con)
+        .expect("b");
+    assert_eq!(
+        ack_directly(&mut con, "runs", &[(&token, &["c"])]).expect("ack"),
+        redis::Value::Int(1)
+    );
+    let each = ack_directly(&mut con, "runs", &[(&token, &["b", "c", "d"])]).expect("ack");
+    assert_eq!(
+        each,
+        redis::Value::Array(vec![redis::Value::Int(0), redis::Value::Int(-1), redis::Value::Int(1)])
+    );
+    let held: Vec<Option<String>> = redis::cmd("HMGET")
+        .arg("{dq:runs}:messages")
+        .arg(&["a", "b", "c", "d", "e"])
+        .query(&mut con)
+        .expect("messages");
+    assert_eq!(
+        held.iter().map(Option::is_some).collect::<Vec<_>>(),
+        [false, true, false, false, false]
+    );
+    let left: u64 = redis::cmd("HGET")
+        .arg("{dq:runs}:claim_ids")
+        .arg(format!("{token}#"))
+        .query(&mut con)
+        .expect("count");
+    assert_eq!(left, 1, "b still counts in the claim, until its reaper");
+
+    // A run that names more ids than follow is refused before anything is written.
+    let state = |con: &mut redis::Connection| -> Vec<Vec<Vec<u8>>> {
+        ["messages", "leases", "claim_ids"]
+            .iter()
+            .map(|role| {
+                let mut all: Vec<Vec<u8>> = redis::cmd("HGETALL")
+                    .arg(format!("{{dq:runs}}:{role}"))
+                    .query(con)
+                    .expect("hash");
+                all.sort();
+                all
+            })
+            .collect()
+    };
+    let before = state(&mut con);
+    let words: Vec<String> = ["0", "0", &token, "3", "b"].map(str::to_owned).into();
+    let err = common::call_script(&mut con, "ack", "runs", &words).expect_err("refused");
+    assert!(err.to_string().contains("malformed ack run"), "{err}");
+    assert_eq!(state(&mut con), before);
+}

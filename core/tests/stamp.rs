@@ -216,18 +216,9 @@ fn set_seq(con: &mut redis::Connection, n: u64) {
     let _: () = redis::cmd("SET").arg("{dq:stamp}:seq").arg(n).query(con).expect("set");
 }
 
-/// push.lua called directly, as the core never would: its words after the layout and
-/// the wake-up channel.
+/// push.lua called directly, as the core never would.
 fn push_directly(con: &mut redis::Connection, words: &[String]) -> redis::RedisResult<redis::Value> {
-    let scripts = delayq::scripts::compose_from_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lua"))
-        .expect("scripts");
-    let push = scripts.iter().find(|s| s.name == "push").expect("push.lua");
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(&push.text).arg(push.keys.len());
-    for role in &push.keys {
-        cmd.arg(format!("{{dq:stamp}}:{role}"));
-    }
-    cmd.arg("native").arg("wake").arg(words).query(con)
+    common::call_script(con, "push", "stamp", words)
 }
 
 /// A batch of `n` new messages alike, due after `delay` or at Unix ms `at`.

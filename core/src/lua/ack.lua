@@ -1,10 +1,12 @@
 -- ack.lua: complete deliveries; only the delivery holding the lease may do so
 -- (fencing: a worker whose lease expired cannot complete the re-delivery).
 -- ARGV[3] completed messages to keep (0: none)   ARGV[4] for how long (ms)
--- ARGV[5..] pairs: id, lease (as claim returned it).
--- Returns one status per pair: 1 acked, 0 lease lost (the message lives on under
+-- ARGV[5..] runs of deliveries holding one lease (as claim returned it): the lease,
+--   how many ids follow, the ids. A claim's messages share its lease, so the ids of a
+--   pool's batch mostly come in one run.
+-- Returns the number of deliveries when every one was acked, else one status per
+--   delivery, in the order sent: 1 acked, 0 lease lost (the message lives on under
 --   another delivery), -1 gone (already completed, cancelled or purged).
--- Counters rather than the # operator, which costs a search of the table per use.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include claims
@@ -20,60 +22,94 @@ run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)
 local keep = tonumber(ARGV[3])
-local ids, tokens, n = {}, {}, 0
-for i = 5, #ARGV, 2 do
-  n = n + 1
-  ids[n] = ARGV[i]
-  tokens[n] = ARGV[i + 1]
+-- The runs, read whole before anything is written: {lease, first, last, lost}, where
+-- first..last are the ARGV indexes of its ids and lost[i] is true for its i-th id if
+-- that delivery no longer holds the lease.
+local runs, total, any_lost = {}, 0, false
+local at = 5
+while ARGV[at] do
+  local lease, count = ARGV[at], tonumber(ARGV[at + 1])
+  local first, last = at + 2, at + 1 + (count or 0)
+  if not (count and count >= 1 and ARGV[last]) then
+    return redis.error_reply('DQERR malformed ack run at argument ' .. at)
+  end
+  -- Whole-run reads: a fixed number of calls per batch, and per message only a
+  -- comparison (no C call, no table of the ids: they stay in ARGV).
+  local held = redis.call('HMGET', K_LEASE, unpack(ARGV, first, last))
+  local lost = {}
+  for i = 1, count do
+    if held[i] ~= lease then
+      lost[i] = true
+      any_lost = true
+    end
+  end
+  runs[#runs + 1] = {lease, first, last, lost}
+  total = total + count
+  at = last + 1
 end
--- Whole-batch reads and writes: a fixed number of calls per batch, not per message.
-local leases = redis.call('HMGET', K_LEASE, unpack(ids))
-local result, done, tokens_done, others, other_at = {}, {}, {}, {}, {}
-local n_done, n_others = 0, 0
-for i = 1, n do
-  if leases[i] == tokens[i] then
-    n_done = n_done + 1
-    done[n_done] = ids[i]
-    tokens_done[n_done] = tokens[i]
-    result[i] = 1
-  else
-    n_others = n_others + 1
-    others[n_others] = ids[i]
-    other_at[n_others] = i
+
+-- The acknowledged ones: done[first..last], each holding leases[i] (nil: all the
+-- first run's lease). The usual batch, one claim's deliveries all still held, is
+-- ARGV's range itself.
+local result, done, leases, first, last = total, ARGV, nil, 5, 4
+if #runs == 1 and not any_lost then
+  first, last = runs[1][2], runs[1][3]
+elseif #runs > 0 then
+  done, leases, first, last = {}, {}, 1, 0
+  local each, others, other_at = {}, {}, {}
+  for _, run in ipairs(runs) do
+    local lease, lost = run[1], run[4]
+    for i = run[2], run[3] do
+      if lost[i - run[2] + 1] then
+        others[#others + 1] = ARGV[i]
+        other_at[#others] = #each + 1
+        each[#each + 1] = 0
+      else
+        last = last + 1
+        done[last], leases[last] = ARGV[i], lease
+        each[#each + 1] = 1
+      end
+    end
+  end
+  if any_lost then
+    local alive = redis.call('HMGET', K_MSG, unpack(others))
+    for j = 1, #others do
+      each[other_at[j]] = alive[j] and 0 or -1
+    end
+    result = each
   end
 end
-if n_others > 0 then
-  local alive = redis.call('HMGET', K_MSG, unpack(others))
-  for j = 1, n_others do
-    result[other_at[j]] = alive[j] and 0 or -1
-  end
-end
+local n_done = last - first + 1
 if n_done > 0 and keep > 0 then
   -- Kept as they were at their end: envelope, attempts, the due time they ran for.
-  local envelopes = redis.call('HMGET', K_MSG, unpack(done))
+  local ids = {unpack(done, first, last)}
+  local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
   local now_text = fmt(now)
-  local finished = redis.call('HMGET', K_ATT, unpack(done))
-  local at, records = {}, {}
+  local finished = redis.call('HMGET', K_ATT, unpack(ids))
+  local when, records = {}, {}
   for i = 1, n_done do
-    local score = lease_score(tokens_done[i])
-      or stamp_score(envelopes[i], now)
-    at[2 * i - 1], at[2 * i] = now_text, done[i]
-    records[2 * i - 1] = done[i]
+    local score = lease_score(leases and leases[i] or runs[1][1]) or stamp_score(envelopes[i], now)
+    when[2 * i - 1], when[2 * i] = now_text, ids[i]
+    records[2 * i - 1] = ids[i]
     records[2 * i] = fmt((tonumber(finished[i]) or 0) + 1) .. '|' .. fmt(score and due_of(score) or -1) .. '|'
       .. (envelopes[i] or '')
   end
-  redis.call('ZADD', K_DONE, unpack(at))
+  redis.call('ZADD', K_DONE, unpack(when))
   redis.call('HSET', K_DONE_MSG, unpack(records))
   trim_completed(now, keep, tonumber(ARGV[4]))
 elseif redis.call('EXISTS', K_DONE) == 1 then
   trim_completed(now, keep, tonumber(ARGV[4]))
 end
 if n_done > 0 then
-  free_serial_keys(done)
-  forget(done)
+  free_serial_keys(done, first, last)
+  forget(done, first, last)
   -- Last: an error before it leaves a claim counting too many, which its reaper
   -- clears, never a lease without its claim.
-  leave_claims(tokens_done, n_done, done)
+  if leases then
+    leave_claims(leases, n_done, done)
+  else
+    leave_claim(runs[1][1], done, first, last)
+  end
   redis.call('HINCRBY', K_STATS, 'acked', n_done)
 end
 return result

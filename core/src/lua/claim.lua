@@ -6,7 +6,7 @@
 --   they cost no command of their own: "beat" pool id, ttl_ms, info JSON (the claiming
 --   pool's heartbeat, see beat.lua); "minutes" minutes kept, n, then n deltas (the
 --   pool's per-minute records, see minutes_add.lua).
--- Returns {header, deliveries, later, keyed, repeats} (decoded by scripts/claim.rs):
+-- Returns {header, deliveries, later, keyed, repeats, lease} (decoded by scripts/claim.rs):
 --   header {now_ms, next_ms, reaped, limited, restart_generation, minute, us_past_ms}:
 --     minute: the current minute (queue clock ms / 60000) when the claim carried the
 --     per-minute records, else -1.
@@ -19,10 +19,12 @@
 --     rate limit held back: when its window frees), -1 if none, -2 if the queue is
 --     paused; the caller sleeps until then unless a producer publishes an earlier due
 --     time.
---   deliveries {id1, lease1, envelope1, ..., idn, leasen, envelopen}: the n messages
---     claimed. lease: the claim's token for a stamped envelope, whose stamp gives the
---     due time (see include/stamp.lua), else "<token>:<score>" (see include/base.lua);
---     the caller sends it back whole to complete the delivery.
+--   deliveries {id1, envelope1, ..., idn, envelopen}: the n messages claimed.
+--   lease {token, j1, lease1, ...}: each delivery's lease, which the caller sends back
+--     whole to complete it: the claim's token (absent when nothing was claimed) for a
+--     stamped envelope, whose stamp gives the due time (see include/stamp.lua); the
+--     pairs after it name the others, "<token>:<score>" (see include/base.lua). So the
+--     reply carries the token once, not once per message.
 --   later {i1, attempt1, ...}: which of them are on a later attempt; every other one
 --     is on its first (nearly all are, so the reply does not repeat it).
 --   keyed {j1, key1, ...}: the serial key of the claimed messages pushed with one (see
@@ -166,14 +168,14 @@ if ARGV[7] == '1' then
   end
 end
 local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_gen')) or 0, -1, queue_now_us}
-local deliveries, later, keyed = {}, {}, {}
+local deliveries, later, keyed, lease_part = {}, {}, {}, {}
 -- The per-minute records are written last, when nothing else can fail: a claim that
 -- raised leaves them to be sent again, not counted twice.
 local function reply()
   if minute_deltas then
     header[6] = add_minutes(now, minutes_kept, minute_deltas)
   end
-  return {header, deliveries, later, keyed, broken}
+  return {header, deliveries, later, keyed, broken, lease_part}
 end
 if redis.call('EXISTS', K_PAUSED) == 1 then
   -- Nothing to wake for: resuming publishes the schedule's head (see pause.lua).
@@ -244,11 +246,12 @@ if n > 0 then
     blocked, keys = serial_gate(ids, envelopes, scores, now, lease_ms)
   end
   local deadline = fmt(now + lease_ms)
-  -- A stamped message's lease is the claim's token alone: the reply repeats one
-  -- string, and the score is in the envelope.
+  -- A stamped message's lease is the claim's token alone: the reply carries it once,
+  -- and the score is in the envelope.
   local token = fmt(next_seq())
   local token_colon = token .. ':'
   local leases, held, orphans, taken = {}, {}, {}, {}
+  lease_part[1] = token
   local claimed = 0
   for i = 1, n do
     local id = ids[i]
@@ -261,13 +264,14 @@ if n > 0 then
       local lease = token
       if seed_scores or not is_stamped(envelope) then
         lease = token_colon .. score_of(i)
+        lease_part[#lease_part + 1] = claimed
+        lease_part[#lease_part + 1] = lease
       end
       leases[2 * claimed - 1] = id
       leases[2 * claimed] = lease
       held[claimed] = id
-      deliveries[3 * claimed - 2] = id
-      deliveries[3 * claimed - 1] = lease
-      deliveries[3 * claimed] = envelope
+      deliveries[2 * claimed - 1] = id
+      deliveries[2 * claimed] = envelope
       local finished = previous and tonumber(previous[i])
       if finished then
         later[#later + 1] = claimed
@@ -282,6 +286,9 @@ if n > 0 then
       orphans[#orphans + 1] = id
       taken[#taken + 1] = id
     end
+  end
+  if claimed == 0 then
+    lease_part[1] = nil
   end
   -- In flight under a lease before out of the schedule: no message is ever in
   -- neither (the ones the serial gate held back stay, at their new score).

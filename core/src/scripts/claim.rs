@@ -104,36 +104,46 @@ fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
 
 impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let [header, deliveries, later, keyed, repeats]: [Vec<Value>; 5] = decode(&v)?;
+        let [header, deliveries, later, keyed, repeats, leases]: [Vec<Value>; 6] = decode(&v)?;
         let [now, next, reaped, limited, generation, minute, now_us]: [i64; 7] =
             FromRedisValue::from_redis_value(Value::Array(header))?;
         if !(0..1000).contains(&now_us) {
             return Err(format!("{now_us} microseconds past a millisecond").into());
         }
-        if !deliveries.len().is_multiple_of(3)
+        if !deliveries.len().is_multiple_of(2)
             || !later.len().is_multiple_of(2)
             || !keyed.len().is_multiple_of(2)
             || !repeats.len().is_multiple_of(3)
+            || leases.is_empty() != deliveries.is_empty()
+            || (!leases.is_empty() && leases.len().is_multiple_of(2))
         {
             return Err("a part of the reply has a length that is not a multiple of its group".into());
         }
+        // The claim's token is every delivery's lease but those named after it.
+        let token: String = match leases.first() {
+            Some(t) => decode(t)?,
+            None => String::new(),
+        };
         let mut items = deliveries
-            .chunks_exact(3)
+            .chunks_exact(2)
             .map(|c| {
-                let lease: String = decode(&c[1])?;
-                let envelope: String = decode(&c[2])?;
-                let score = lease_score(&lease).or_else(|| stamp_score(&envelope));
                 Ok(Claimed {
                     id: decode(&c[0])?,
-                    lease,
-                    score,
-                    envelope,
+                    lease: token.clone(),
+                    score: None,
+                    envelope: decode(&c[1])?,
                     attempt: 1,
                     serial_key: None,
                 })
             })
             .collect::<Result<Vec<_>, ParsingError>>()?;
         let n = items.len();
+        for pair in leases.get(1..).unwrap_or_default().chunks_exact(2) {
+            items[index(&pair[0], n)?].lease = decode(&pair[1])?;
+        }
+        for item in &mut items {
+            item.score = lease_score(&item.lease).or_else(|| stamp_score(&item.envelope));
+        }
         for pair in later.chunks_exact(2) {
             items[index(&pair[0], n)?].attempt = decode_unsigned(&pair[1])?;
         }
@@ -195,18 +205,16 @@ mod tests {
             ]),
             Value::Array(vec![
                 s("a"),
-                s("7:4096"),
                 s("{}"),
                 s("b"),
-                s("7:8192"),
                 s("[]"),
                 s("c"),
-                s("7"),
                 s(r#"{"at":[6,12289],"v":1}"#),
             ]),
             Value::Array(vec![Value::Int(2), Value::Int(3)]),
             Value::Array(vec![Value::Int(1), s("customer-7")]),
             Value::Array(vec![s("hourly"), s("{\"every\":1}"), Value::Int(-1)]),
+            Value::Array(vec![s("7"), Value::Int(1), s("7:4096"), Value::Int(2), s("7:8192")]),
         ]);
         let r = Reply::from_redis_value(v).expect("decodes");
         assert_eq!(
@@ -221,8 +229,12 @@ mod tests {
         );
         assert_eq!(r.items.len(), 3);
         assert_eq!(
-            (r.items[0].attempt, r.items[0].serial_key.as_deref()),
-            (1, Some("customer-7"))
+            (
+                r.items[0].attempt,
+                r.items[0].serial_key.as_deref(),
+                r.items[0].lease.as_str()
+            ),
+            (1, Some("customer-7"), "7:4096")
         );
         assert_eq!(
             (r.items[1].id.as_str(), r.items[1].attempt, r.items[1].lease.as_str()),
@@ -242,54 +254,62 @@ mod tests {
         let header_with = |generation: i64, us_past_ms: i64| ints(&[1000, -1, 0, 0, generation, -1, us_past_ms]);
         let header = || header_with(0, 0);
         let empty = || Value::Array(vec![]);
-        // A well-formed reply is taken; each one below has one part wrong.
-        let good = Value::Array(vec![
-            header(),
-            Value::Array(vec![s("a"), s("1:2"), s("{}")]),
-            empty(),
-            empty(),
-            empty(),
-        ]);
-        assert!(Reply::from_redis_value(good).is_ok());
+        let reply = |deliveries: Vec<Value>, later: Vec<Value>, leases: Vec<Value>| {
+            Value::Array(vec![
+                header(),
+                Value::Array(deliveries),
+                Value::Array(later),
+                empty(),
+                empty(),
+                Value::Array(leases),
+            ])
+        };
+        // A well-formed reply is taken, and so is an empty one; each one below has one
+        // part wrong.
+        assert!(
+            Reply::from_redis_value(reply(
+                vec![s("a"), s("{}")],
+                vec![],
+                vec![s("1"), Value::Int(1), s("1:2")]
+            ))
+            .is_ok()
+        );
+        assert!(Reply::from_redis_value(reply(vec![], vec![], vec![])).is_ok());
         // A token alone with an envelope whose stamp does not parse: the one message
         // has no due time (the pool buries it), the reply stands.
-        let unstamped = Value::Array(vec![
-            header(),
-            Value::Array(vec![s("a"), s("7"), s("{}")]),
-            empty(),
-            empty(),
-            empty(),
-        ]);
-        let r = Reply::from_redis_value(unstamped).expect("decodes");
-        assert_eq!(r.items[0].score, None);
+        let r = Reply::from_redis_value(reply(vec![s("a"), s("{}")], vec![], vec![s("7")])).expect("decodes");
+        assert_eq!((r.items[0].lease.as_str(), r.items[0].score), ("7", None));
         for bad in [
-            Value::Array(vec![header_with(-1, 0), empty(), empty(), empty(), empty()]),
-            Value::Array(vec![header_with(0, 1000), empty(), empty(), empty(), empty()]),
+            Value::Array(vec![header_with(-1, 0), empty(), empty(), empty(), empty(), empty()]),
+            Value::Array(vec![header_with(0, 1000), empty(), empty(), empty(), empty(), empty()]),
             // The header of a claim.lua from before the microseconds.
-            Value::Array(vec![ints(&[1000, -1, 0, 0, 0, -1]), empty(), empty(), empty(), empty()]),
+            Value::Array(vec![
+                ints(&[1000, -1, 0, 0, 0, -1]),
+                empty(),
+                empty(),
+                empty(),
+                empty(),
+                empty(),
+            ]),
             // The flat reply of an older claim.lua.
             ints(&[1000, -1, 0, 0, 0, -1, 0, 0]),
+            // The reply of a claim.lua from before the token came once.
             Value::Array(vec![
                 header(),
-                Value::Array(vec![s("a"), s("1:2")]),
+                Value::Array(vec![s("a"), s("1"), s("{}")]),
                 empty(),
                 empty(),
                 empty(),
             ]),
-            Value::Array(vec![
-                header(),
-                empty(),
-                Value::Array(vec![Value::Int(1), Value::Int(2)]),
-                empty(),
-                empty(),
-            ]),
-            Value::Array(vec![
-                header(),
-                Value::Array(vec![s("a"), Value::Nil, s("{}")]),
-                empty(),
-                empty(),
-                empty(),
-            ]),
+            reply(vec![s("a")], vec![], vec![s("1")]),
+            reply(vec![], vec![Value::Int(1), Value::Int(2)], vec![]),
+            reply(vec![s("a"), Value::Nil], vec![], vec![s("1")]),
+            // Deliveries without their token, a token without deliveries, a lease
+            // named for no delivery, a pair cut short.
+            reply(vec![s("a"), s("{}")], vec![], vec![]),
+            reply(vec![], vec![], vec![s("1")]),
+            reply(vec![s("a"), s("{}")], vec![], vec![s("1"), Value::Int(2), s("1:2")]),
+            reply(vec![s("a"), s("{}")], vec![], vec![s("1"), Value::Int(1)]),
             Value::Nil,
         ] {
             assert!(Reply::from_redis_value(bad.clone()).is_err(), "{bad:?}");

@@ -64,16 +64,22 @@ pub(crate) struct Release<'a> {
 }
 
 impl Call for Ack<'_> {
-    type Reply = Statuses;
+    type Reply = Acked;
 
     fn script(&self) -> &'static LuaScript {
         ack()
     }
 
+    /// Runs of deliveries holding one lease, in the order given: the lease, how many,
+    /// their ids. A claim's deliveries share its lease, so a batch is mostly one run
+    /// and the lease is sent once.
     fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
         inv.arg(self.keep).arg(self.keep_ms);
-        for d in &self.deliveries {
-            inv.arg(d.id).arg(d.lease);
+        for run in self.deliveries.chunk_by(|a, b| a.lease == b.lease) {
+            inv.arg(run[0].lease).arg(run.len());
+            for d in run {
+                inv.arg(d.id);
+            }
         }
     }
 }
@@ -147,6 +153,42 @@ impl FromRedisValue for Statuses {
     }
 }
 
+/// What an ack returns: how many were acknowledged when every delivery was (the usual
+/// batch), else one status per delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Acked {
+    All(usize),
+    Each(Statuses),
+}
+
+impl Acked {
+    /// One status per delivery of the `sent`; an error if the reply does not fit them.
+    pub(crate) fn statuses(self, sent: usize) -> Result<Vec<Status>, String> {
+        let statuses = match self {
+            Self::All(n) => vec![Status::Done; n],
+            Self::Each(Statuses(each)) => each,
+        };
+        if statuses.len() == sent {
+            Ok(statuses)
+        } else {
+            Err(format!(
+                "ack answered for {} deliveries of the {sent} sent",
+                statuses.len()
+            ))
+        }
+    }
+}
+
+impl FromRedisValue for Acked {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(_) => decode_unsigned(&v).map(Self::All),
+            Value::Array(_) => Statuses::from_redis_value(v).map(Self::Each),
+            other => Err(format!("an ack reply of {other:?}").into()),
+        }
+    }
+}
+
 /// How many deliveries a release returned to the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Released(pub(crate) u64);
@@ -182,6 +224,35 @@ mod tests {
         assert!(Statuses::from_redis_value(Value::Array(vec![Value::Int(7)])).is_err());
         assert!(Statuses::from_redis_value(Value::Int(1)).is_err());
         assert_eq!(Released::from_redis_value(Value::Int(3)).expect("decodes"), Released(3));
+        assert!(Released::from_redis_value(Value::Int(-3)).is_err());
+    }
+
+    #[test]
+    fn an_ack_reply_is_a_count_or_a_status_each_and_must_fit_what_was_sent() {
+        let all = Acked::from_redis_value(Value::Int(2)).expect("decodes");
+        assert_eq!(all.clone().statuses(2), Ok(vec![Status::Done, Status::Done]));
+        assert!(all.statuses(3).is_err());
+        let each = Acked::from_redis_value(Value::Array(vec![Value::Int(1), Value::Int(-1)])).expect("decodes");
+        assert_eq!(each.clone().statuses(2), Ok(vec![Status::Done, Status::Gone]));
+        assert!(each.statuses(1).is_err());
+        assert!(Acked::from_redis_value(Value::Int(-1)).is_err());
+        assert!(Acked::from_redis_value(Value::Nil).is_err());
+    }
+
+    #[test]
+    fn an_ack_sends_each_lease_once_per_run() {
+        let d = |id, lease| Delivery { id, lease };
+        let ack = Ack {
+            keep: 0,
+            keep_ms: 0,
+            deliveries: vec![d("a", "7"), d("b", "7"), d("c", "7:4096"), d("d", "7"), d("e", "8")],
+        };
+        assert_eq!(
+            super::super::sent_args(|inv| ack.add_to(inv)),
+            [
+                "0", "0", "7", "2", "a", "b", "7:4096", "1", "c", "7", "1", "d", "8", "1", "e"
+            ]
+        );
         assert!(Released::from_redis_value(Value::Int(-3)).is_err());
     }
 }

@@ -519,6 +519,23 @@ pub fn compose_from_dir(dir: &std::path::Path) -> Result<Vec<ComposedScript>, St
 /// Most ids one script call handles; bounds how long any call blocks Redis.
 pub const MAX_BATCH: usize = 1000;
 
+/// The arguments that `add_to` gives a script call, as sent.
+#[cfg(test)]
+pub(crate) fn sent_args(add_to: impl FnOnce(&mut redis::ScriptInvocation<'_>)) -> Vec<String> {
+    let script = redis::Script::new("return 1");
+    let mut inv = script.prepare_invoke();
+    add_to(&mut inv);
+    // The words as sent: EVALSHA, the hash, the key count, then the arguments.
+    let packed = redis::pipe().invoke_script(&inv).get_packed_pipeline();
+    let text = String::from_utf8(packed).expect("text");
+    text.split("\r\n")
+        .skip(2)
+        .step_by(2)
+        .skip(3)
+        .map(str::to_owned)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

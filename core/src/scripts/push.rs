@@ -167,15 +167,8 @@ mod tests {
                 m("e", 9, Some("k")),
             ],
         };
-        let script = redis::Script::new("return 1");
-        let mut inv = script.prepare_invoke();
-        args.add_to(&mut inv);
-        // The words as sent: EVALSHA, the hash, the key count, then the arguments.
-        let packed = redis::pipe().invoke_script(&inv).get_packed_pipeline();
-        let text = String::from_utf8(packed).expect("text");
-        let words: Vec<&str> = text.split("\r\n").skip(2).step_by(2).skip(3).collect();
         assert_eq!(
-            words,
+            crate::scripts::sent_args(|inv| args.add_to(inv)),
             [
                 "new",
                 "2",

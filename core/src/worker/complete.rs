@@ -120,7 +120,14 @@ pub(super) fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize,
             keep_ms: qo.keep_completed_for.as_millis() as u64,
             deliveries: acks.iter().map(Outcome::delivery).collect(),
         };
-        if let Some((complete::Statuses(statuses), retried)) = write_with_retry(pool, slot, part, acks.len(), &args) {
+        let written = write_with_retry(pool, slot, part, acks.len(), &args)
+            .map(|(acked, retried)| (acked.statuses(acks.len()), retried));
+        if let Some((Err(e), _)) = &written {
+            // Written, but what became of each delivery is unknown: the counters skip
+            // them rather than guess.
+            log::error!("delayq[{}]: {e}", pool.queue_name);
+        }
+        if let Some((Ok(statuses), retried)) = written {
             for (o, s) in acks.iter().zip(statuses) {
                 match s {
                     Status::Done => Counters::add(&c.acked, 1),

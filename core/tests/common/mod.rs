@@ -213,6 +213,25 @@ pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
 /// HLEN of the message hash equals the entries of all states: no envelope leaks. What
 /// runs is what has a lease: held by a claim, whose counts add up to the leases (or an
 /// older delayq's delivery, in the in-flight set).
+/// A script of src/lua called directly on queue `tag`'s keys, as the core never would:
+/// its words after the layout and the wake-up channel.
+pub fn call_script(
+    con: &mut redis::Connection,
+    name: &str,
+    tag: &str,
+    words: &[String],
+) -> redis::RedisResult<redis::Value> {
+    let scripts = delayq::scripts::compose_from_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lua"))
+        .expect("scripts");
+    let script = scripts.iter().find(|s| s.name == name).expect("a script of that name");
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(&script.text).arg(script.keys.len());
+    for role in &script.keys {
+        cmd.arg(format!("{{dq:{tag}}}:{role}"));
+    }
+    cmd.arg("native").arg("wake").arg(words).query(con)
+}
+
 pub fn assert_no_leak(server: &RedisServer, tag: &str) {
     let mut con = server.con();
     let k = |s: &str| format!("{tag}:{s}");

@@ -58,6 +58,19 @@ local function leave_claims(leases, n, ids)
   end
 end
 
+-- The messages list[first..last], all holding `lease`, left their deliveries.
+local function leave_claim(lease, list, first, last)
+  if redis.call('EXISTS', K_INFLIGHT) == 1 then
+    local ids, leases = {}, {}
+    for i = first, last do
+      ids[#ids + 1] = list[i]
+      leases[#leases + 1] = lease
+    end
+    return leave_claims(leases, #ids, ids)
+  end
+  lower_count(claim_token(lease), last - first + 1)
+end
+
 -- The delivery of `id` under `lease` (checked by the caller), whose handler ran past
 -- its timeout, leaves its claim for a deadline of its own: the claim's current one,
 -- which no heartbeat renews. So it expires then, while the claim's other messages,

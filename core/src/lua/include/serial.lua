@@ -47,10 +47,15 @@ local function wake_line(key)
   end
 end
 
--- The leases of ids ended: the keys they held are free, and their lines move on.
-local function free_serial_keys(ids)
-  if #ids == 0 or redis.call('EXISTS', K_SERIAL_HOLD) == 0 then
+-- The leases of ids[first..last] (default: all) ended: the keys they held are free,
+-- and their lines move on.
+local function free_serial_keys(ids, first, last)
+  first, last = first or 1, last or #ids
+  if last < first or redis.call('EXISTS', K_SERIAL_HOLD) == 0 then
     return
+  end
+  if first ~= 1 or last ~= #ids then
+    ids = {unpack(ids, first, last)}
   end
   local keys = redis.call('HMGET', K_SERIAL, unpack(ids))
   for i = 1, #ids do
