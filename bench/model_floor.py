@@ -32,9 +32,10 @@ CPU time on a shared 2-core machine moves by 20% or more. It runs the first
 redis-server on PATH, so a Redis built from source can be counted too.
 
 With --root=DIR, the redis-server is the one of the system in DIR (a chroot, as
-scripts/chroots.sh makes them: trixie's Redis 8.0, for one), to compare Redis versions.
+scripts/chroots.sh makes them: trixie's Redis 8.0, for one), to compare Redis versions;
+with --callgrind too, that system's valgrind counts it (the chroot must have valgrind).
 
-    python3 bench/model_floor.py [--n=200000] [--rounds=3] [--callgrind | --root=DIR] [DIR ...]
+    python3 bench/model_floor.py [--n=200000] [--rounds=3] [--callgrind] [--root=DIR] [DIR ...]
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def cpu_seconds(redis: run.Redis) -> float:
 def measure(system: str, n: int, callgrind: bool, root: str | None) -> dict[str, float]:
     if Path(system).is_dir():
         composed(Path(system))  # cargo runs here, not in the timed clients (forked, they inherit it)
-    redis = run.CallgrindRedis() if callgrind else ChrootRedis(root) if root else run.Redis()
+    redis = run.CallgrindRedis(root) if callgrind else ChrootRedis(root) if root else run.Redis()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             run.fill("delayq" if Path(system).is_dir() else "seed", f"--n={n}", f"--url={redis.url}",
@@ -178,8 +179,6 @@ def main() -> None:
     parser.add_argument("--callgrind", action="store_true", help="count instructions under valgrind")
     parser.add_argument("--root", help="run the redis-server of the system in this chroot")
     opts = parser.parse_args()
-    if opts.callgrind and opts.root:
-        parser.error("--callgrind runs this machine's redis-server: it cannot take --root")
     n = opts.n or (20000 if opts.callgrind else 200000)
     version = run.server_version(opts.root)
     systems = ["seed", "floor", "fenced", "claimed", *opts.dirs]

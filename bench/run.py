@@ -112,21 +112,35 @@ class Redis:
 
 
 class CallgrindRedis(Redis):
-    """Redis under callgrind; `instructions()` reads and zeroes its count."""
+    """Redis under callgrind; `instructions()` reads and zeroes its count. With `root`,
+    the redis-server and valgrind of the system in that chroot (which must have
+    valgrind installed), in its own /tmp."""
 
-    def __init__(self) -> None:
-        self.out = f"{tempfile.mkdtemp(prefix='delayq-callgrind-')}/callgrind.out"
-        super().__init__(launcher=["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}"], start_s=30)
+    def __init__(self, root: str | None = None) -> None:
+        self.root = root
+        # Valgrind reads /proc/self: a chroot gets it for as long as this Redis runs.
+        self.proc_mount = f"{root}/proc" if root and not os.path.ismount(f"{root}/proc") else None
+        if self.proc_mount:
+            subprocess.run(["mount", "-t", "proc", "proc", self.proc_mount], check=True)
+        out_dir = tempfile.mkdtemp(prefix="delayq-callgrind-", dir=f"{root}/tmp" if root else None)
+        self.out = f"{out_dir}/callgrind.out"
+        inside = self.out.removeprefix(root) if root else self.out
+        self.enter = ["chroot", root] if root else []
+        super().__init__(launcher=[*self.enter, "valgrind", "--tool=callgrind", f"--callgrind-out-file={inside}"],
+                         server_dir="/tmp" if root else None, start_s=30)
 
     def stop(self) -> None:
         super().stop()
         shutil.rmtree(Path(self.out).parent, ignore_errors=True)
+        if self.proc_mount:
+            subprocess.run(["umount", self.proc_mount], check=True)
 
     def instructions(self) -> int:
         """Instructions since the last call (a dump zeroes callgrind's counters)."""
         for old in glob.glob(self.out + "*"):
             os.unlink(old)
-        subprocess.run(["callgrind_control", "--dump", str(self.proc.pid)], check=True, capture_output=True)
+        subprocess.run([*self.enter, "callgrind_control", "--dump", str(self.proc.pid)], check=True,
+                       capture_output=True)
         dumps = glob.glob(self.out + ".*")
         if not dumps:
             raise RuntimeError("callgrind wrote no dump")
