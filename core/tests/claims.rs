@@ -275,8 +275,29 @@ fn claim_directly(con: &mut redis::Connection, tag: &str, batch: usize) -> (Stri
     (token, deliveries.into_iter().step_by(2).collect(), leases)
 }
 
-fn ack_directly(con: &mut redis::Connection, tag: &str, runs: &[(&str, &[&str])]) -> redis::RedisResult<redis::Value> {
-    let mut words: Vec<String> = vec!["0".into(), "0".into()];
+/// The score in a stamped envelope's stamp, `{"at":[<claim no>,<score>],...`.
+fn stamp_score(con: &mut redis::Connection, id: &str) -> u64 {
+    let envelope: String = redis::cmd("HGET")
+        .arg("{dq:runs}:messages")
+        .arg(id)
+        .query(con)
+        .expect("envelope");
+    envelope
+        .strip_prefix("{\"at\":[")
+        .and_then(|rest| rest.split(']').next())
+        .and_then(|pair| pair.split(',').nth(1))
+        .and_then(|score| score.parse().ok())
+        .expect("a stamp")
+}
+
+/// ack.lua called directly with runs of (lease, ids), keeping `keep` completed messages.
+fn ack_directly(
+    con: &mut redis::Connection,
+    tag: &str,
+    keep: usize,
+    runs: &[(&str, &[&str])],
+) -> redis::RedisResult<redis::Value> {
+    let mut words: Vec<String> = vec![keep.to_string(), "60000".into()];
     for (lease, ids) in runs {
         words.push((*lease).to_owned());
         words.push(ids.len().to_string());
@@ -306,6 +327,7 @@ fn an_ack_answers_a_count_when_all_held_and_a_status_each_when_not() {
         .arg(&bare)
         .query(&mut con)
         .expect("unstamp");
+    let a_stamp_before = stamp_score(&mut con, "a");
     let (token, ids, apart) = claim_directly(&mut con, "runs", 10);
     assert_eq!(ids, ["a", "b", "c", "d", "e"]);
     assert_eq!(
@@ -316,9 +338,20 @@ fn an_ack_answers_a_count_when_all_held_and_a_status_each_when_not() {
     let e_lease: String = redis::from_redis_value(apart[1].clone()).expect("lease");
     assert!(e_lease.starts_with(&format!("{token}:")), "{e_lease}");
 
-    // Two runs, every delivery held: a count.
-    let both = ack_directly(&mut con, "runs", &[(&token, &["a"]), (&e_lease, &["e"])]).expect("ack");
+    // Two runs, every delivery held: a count. Kept completed, each with the due time
+    // it ran for: a's from its stamp, e's from its lease.
+    let a_stamp = a_stamp_before;
+    let both = ack_directly(&mut con, "runs", 10, &[(&token, &["a"]), (&e_lease, &["e"])]).expect("ack");
     assert_eq!(both, redis::Value::Int(2));
+    let e_score: u64 = e_lease.split(':').nth(1).and_then(|x| x.parse().ok()).expect("a score");
+    for (id, score) in [("a", a_stamp), ("e", e_score)] {
+        let kept: String = redis::cmd("HGET")
+            .arg("{dq:runs}:completed_messages")
+            .arg(id)
+            .query(&mut con)
+            .expect("kept");
+        assert!(kept.starts_with(&format!("1|{}|", score / 4096)), "{id}: {kept}");
+    }
 
     // b's lease passed to another delivery, c was acknowledged already (as when a
     // resend follows a write that went through): a status each, in order, and only d
@@ -330,10 +363,10 @@ fn an_ack_answers_a_count_when_all_held_and_a_status_each_when_not() {
         .query(&mut con)
         .expect("b");
     assert_eq!(
-        ack_directly(&mut con, "runs", &[(&token, &["c"])]).expect("ack"),
+        ack_directly(&mut con, "runs", 0, &[(&token, &["c"])]).expect("ack"),
         redis::Value::Int(1)
     );
-    let each = ack_directly(&mut con, "runs", &[(&token, &["b", "c", "d"])]).expect("ack");
+    let each = ack_directly(&mut con, "runs", 0, &[(&token, &["b", "c", "d"])]).expect("ack");
     assert_eq!(
         each,
         redis::Value::Array(vec![redis::Value::Int(0), redis::Value::Int(-1), redis::Value::Int(1)])
@@ -356,7 +389,7 @@ fn an_ack_answers_a_count_when_all_held_and_a_status_each_when_not() {
 
     // A run that names more ids than follow is refused before anything is written.
     let state = |con: &mut redis::Connection| -> Vec<Vec<Vec<u8>>> {
-        ["messages", "leases", "claim_ids"]
+        ["messages", "leases", "claim_ids", "control", "stats"]
             .iter()
             .map(|role| {
                 let mut all: Vec<Vec<u8>> = redis::cmd("HGETALL")

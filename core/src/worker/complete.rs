@@ -115,6 +115,9 @@ pub(super) fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize,
     let qo = q.options();
     let c = &pool.counters;
     if !acks.is_empty() {
+        // Completions of several claims arrive interleaved: side by side, each claim's
+        // are one run of its lease (the statuses come back in this order).
+        acks.sort_by(|a, b| a.token().cmp(b.token()));
         let args = complete::Ack {
             keep: qo.keep_completed,
             keep_ms: qo.keep_completed_for.as_millis() as u64,

@@ -210,9 +210,6 @@ pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// HLEN of the message hash equals the entries of all states: no envelope leaks. What
-/// runs is what has a lease: held by a claim, whose counts add up to the leases (or an
-/// older delayq's delivery, in the in-flight set).
 /// A script of src/lua called directly on queue `tag`'s keys, as the core never would:
 /// its words after the layout and the wake-up channel.
 pub fn call_script(
@@ -232,6 +229,9 @@ pub fn call_script(
     cmd.arg("native").arg("wake").arg(words).query(con)
 }
 
+/// HLEN of the message hash equals the entries of all states: no envelope leaks. What
+/// runs is what has a lease: held by a claim, whose counts add up to the leases (or an
+/// older delayq's delivery, in the in-flight set).
 pub fn assert_no_leak(server: &RedisServer, tag: &str) {
     let mut con = server.con();
     let k = |s: &str| format!("{tag}:{s}");
