@@ -117,23 +117,35 @@ class CallgrindRedis(Redis):
     valgrind installed), in its own /tmp."""
 
     def __init__(self, root: str | None = None) -> None:
-        self.root = root
+        root = os.path.realpath(root) if root else None
         # Valgrind reads /proc/self: a chroot gets it for as long as this Redis runs.
         self.proc_mount = f"{root}/proc" if root and not os.path.ismount(f"{root}/proc") else None
         if self.proc_mount:
             subprocess.run(["mount", "-t", "proc", "proc", self.proc_mount], check=True)
-        out_dir = tempfile.mkdtemp(prefix="delayq-callgrind-", dir=f"{root}/tmp" if root else None)
-        self.out = f"{out_dir}/callgrind.out"
-        inside = self.out.removeprefix(root) if root else self.out
-        self.enter = ["chroot", root] if root else []
-        super().__init__(launcher=[*self.enter, "valgrind", "--tool=callgrind", f"--callgrind-out-file={inside}"],
-                         server_dir="/tmp" if root else None, start_s=30)
+        self.out = ""
+        try:
+            out_dir = tempfile.mkdtemp(prefix="delayq-callgrind-", dir=f"{root}/tmp" if root else None)
+            self.out = f"{out_dir}/callgrind.out"
+            inside = self.out.removeprefix(root) if root else self.out
+            self.enter = ["chroot", root] if root else []
+            super().__init__(launcher=[*self.enter, "valgrind", "--tool=callgrind", f"--callgrind-out-file={inside}"],
+                             server_dir="/tmp" if root else None, start_s=30)
+        except BaseException:
+            # Nobody will stop a Redis that did not start: what was made for it goes now.
+            if hasattr(self, "proc"):
+                Redis.stop(self)
+            self.release()
+            raise
+
+    def release(self) -> None:
+        if self.out:
+            shutil.rmtree(Path(self.out).parent, ignore_errors=True)
+        if self.proc_mount:
+            subprocess.run(["umount", self.proc_mount], check=True)
 
     def stop(self) -> None:
         super().stop()
-        shutil.rmtree(Path(self.out).parent, ignore_errors=True)
-        if self.proc_mount:
-            subprocess.run(["umount", self.proc_mount], check=True)
+        self.release()
 
     def instructions(self) -> int:
         """Instructions since the last call (a dump zeroes callgrind's counters)."""
