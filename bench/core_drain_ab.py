@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -41,22 +40,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--label", default="core-drain-ab")
     opts = parser.parse_args()
-    builds: dict[str, str] = {}
-    for given in opts.builds:
-        label, _, binary = given.partition("=")
-        if not (label and binary):
-            parser.error(f"{given!r}: a build is LABEL=PATH")
-        if label in builds:
-            parser.error(f"{label}: given twice")
-        if not Path(binary).is_file():
-            parser.error(f"{label}: no file {binary}")
-        builds[label] = str(Path(binary).resolve())
+    builds = run.builds_given(parser, opts.builds)
     bench = run.Bench(quick=False)
     try:
         runs = run.in_turns(builds, lambda label: {"rate": drain_once(bench, builds[label], opts.n)}, opts.rounds)
     finally:
         bench.redis.stop()
-    first = statistics.median(r["rate"] for r in runs[next(iter(builds))])
     lines = [
         f"# W2 drain of the core alone with {len(builds)} builds, in turns, {time.strftime('%Y-%m-%d')}",
         "",
@@ -65,12 +54,8 @@ def main() -> None:
         + "` (core/examples/drain.rs, 4 threads, a no-op handler, as `make bench`'s W2 \"rust\" row; "
         "Redis pinned to CPU 0, the example to CPU 1; medians, range in brackets).",
         "",
-        "| build | messages/s | vs the first |",
-        "|---|---|---|",
+        *run.rate_rows(runs),
     ]
-    for label, found in runs.items():
-        rates = [r["rate"] for r in found]
-        lines.append(f"| {label} | {run.cell(rates, ',.0f')} | {statistics.median(rates) / first:.2f}x |")
     run.write_results(f"-{opts.label}", "\n".join(lines) + "\n")
 
 

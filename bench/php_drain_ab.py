@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,16 +53,7 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=0)
     parser.add_argument("--label", default="php-drain-ab")
     opts = parser.parse_args()
-    builds: dict[str, str] = {}
-    for given in opts.builds:
-        label, _, so = given.partition("=")
-        if not (label and so):
-            parser.error(f"{given!r}: a build is LABEL=PATH.so")
-        if label in builds:
-            parser.error(f"{label}: given twice")
-        if not Path(so).is_file():
-            parser.error(f"{label}: no file {so}")
-        builds[label] = so
+    builds = run.builds_given(parser, opts.builds)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PHP_INI_SCAN_DIR"] = str(ini_dir_without_delayq(Path(tmp) / "conf.d"))
         # Else every run would load the machine's own build beside the given one.
@@ -77,7 +67,6 @@ def main() -> None:
             runs = run.in_turns(builds, measure, opts.rounds)
         finally:
             bench.redis.stop()
-    first = statistics.median(r["rate"] for r in runs[next(iter(builds))])
     lines = [
         f"# W2 drain from PHP with {len(builds)} builds of the extension, in turns, {time.strftime('%Y-%m-%d')}",
         "",
@@ -85,12 +74,8 @@ def main() -> None:
         + " ".join(f"{label}=…" for label in builds)
         + "` (4 PHP worker processes, a no-op handler, as `make bench`'s W2; medians, range in brackets).",
         "",
-        "| build | messages/s | vs the first |",
-        "|---|---|---|",
+        *run.rate_rows(runs),
     ]
-    for label, found in runs.items():
-        rates = [r["rate"] for r in found]
-        lines.append(f"| {label} | {run.cell(rates, ',.0f')} | {statistics.median(rates) / first:.2f}x |")
     run.write_results(f"-{opts.label}", "\n".join(lines) + "\n")
 
 

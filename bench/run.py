@@ -270,6 +270,32 @@ def in_turns(variants: Iterable[V], measure: Callable[[V], dict[str, float]], ru
     return results
 
 
+def builds_given(parser: Any, given: list[str]) -> dict[str, str]:
+    """The LABEL=PATH arguments of a side-by-side run of builds: label -> absolute path,
+    each file present and each label once (else the parser's error)."""
+    builds: dict[str, str] = {}
+    for word in given:
+        label, _, path = word.partition("=")
+        if not (label and path):
+            parser.error(f"{word!r}: a build is LABEL=PATH")
+        if label in builds:
+            parser.error(f"{label}: given twice")
+        if not Path(path).is_file():
+            parser.error(f"{label}: no file {path}")
+        builds[label] = str(Path(path).resolve())
+    return builds
+
+
+def rate_rows(runs: dict[str, list[dict[str, float]]]) -> list[str]:
+    """A side-by-side run's table: each build's messages/s and its ratio to the first's."""
+    first = statistics.median(r["rate"] for r in next(iter(runs.values())))
+    lines = ["| build | messages/s | vs the first |", "|---|---|---|"]
+    for label, found in runs.items():
+        rates = [r["rate"] for r in found]
+        lines.append(f"| {label} | {cell(rates, ',.0f')} | {statistics.median(rates) / first:.2f}x |")
+    return lines
+
+
 def cell(values: list[float], fmt: str) -> str:
     """The median of the runs, their range in brackets."""
     return f"{statistics.median(values):{fmt}} ({min(values):{fmt}} .. {max(values):{fmt}})"
