@@ -466,11 +466,20 @@ pub(crate) fn first_place_score(due_ms: i64) -> Option<u64> {
     (score + crate::keys::SEQ_SPAN <= 1 << 53).then_some(score)
 }
 
+/// How a stamped envelope begins (lua/include/stamp.lua's `STAMP_OPEN`).
+const STAMP_OPEN: &str = r#"{"at":["#;
+
+/// Whether a native envelope begins with a stamp (well formed or not): one without
+/// was written by a delayq before the stamp.
+pub(crate) fn has_stamp(stored: &str) -> bool {
+    stored.starts_with(STAMP_OPEN)
+}
+
 /// The schedule score in a native envelope's stamp, `{"at":[<claim no>,<score>],...`
 /// (written by the scripts, see lua/include/stamp.lua; decoding skips it): the score
 /// the message was last scheduled at, which gives its due time. `None` without one.
 pub(crate) fn stamp_score(stored: &str) -> Option<f64> {
-    let rest = stored.strip_prefix(r#"{"at":["#)?;
+    let rest = stored.strip_prefix(STAMP_OPEN)?;
     let (claim_no, rest) = rest.split_once(',')?;
     let (score, _) = rest.split_once("],")?;
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
@@ -583,6 +592,12 @@ mod tests {
         ] {
             assert_eq!(stamp_score(without), None, "{without:?}");
         }
+        // Begun (a stamp that does not parse, which buries the message) or not at all
+        // (a delayq before the stamp wrote it).
+        assert!(has_stamp(stamped));
+        assert!(has_stamp(r#"{"at":[41],"v":1}"#));
+        assert!(!has_stamp(r#"{"v":1,"id":"a","created_ms":1,"payload":[1]}"#));
+        assert!(!has_stamp(r#" {"at":[4,5],"v":1}"#));
     }
 
     /// What the one-pass check says of `json`, held to serde_json and `scan`: it may

@@ -216,7 +216,7 @@ impl Keys {
     pub(crate) fn scheduled(&self) -> &str {
         &self.all[0]
     }
-    #[cfg(test)]
+    /// The messages hash (the seed layout's payload hash).
     pub(crate) fn messages(&self) -> &str {
         &self.all[1]
     }

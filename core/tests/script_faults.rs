@@ -135,8 +135,8 @@ fn operations() -> Vec<Operation> {
     ]
 }
 
-/// Scripts only a pool runs.
-const POOL_SCRIPTS: [&str; 8] = [
+/// Scripts only a pool runs (orphans: on the queue of its own, see `one_fault`).
+const POOL_SCRIPTS: [&str; 9] = [
     "claim",
     "ack",
     "nack",
@@ -145,6 +145,7 @@ const POOL_SCRIPTS: [&str; 8] = [
     "beat",
     "repeat_next",
     "minutes_add",
+    "orphans",
 ];
 
 /// A queue with messages in every state: waiting (some with a serial key), due, dead,
@@ -308,6 +309,19 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
     let purge_admin = server.queue(&purge_name);
     purge_admin.push(&json!({"n": "purged"}), Duration::ZERO).expect("push");
     let mut con = server.con();
+    // orphans.lua runs where a claim hands out an id without an envelope on a queue
+    // without serial keys (whose claims leave the envelopes to the pool): a queue of
+    // its own holds such an id, left by hand.
+    let orphan_name = format!("{name}-orphan");
+    let orphan_tag = format!("{{dq:{orphan_name}}}");
+    let orphan_admin = server.queue(&orphan_name);
+    orphan_admin.push(&json!({"n": "beside"}), Duration::ZERO).expect("push");
+    let _: () = redis::cmd("ZADD")
+        .arg(format!("{orphan_tag}:scheduled"))
+        .arg(0)
+        .arg("stray")
+        .query(&mut con)
+        .expect("ZADD");
 
     let before = ids_alive(server, &tag);
     // The fault, and the user the operations run as.
@@ -325,7 +339,7 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
             format!("without {c}")
         }
         Fault::WrongType(role, kind) => {
-            for t in [&tag, &purge_tag] {
+            for t in [&tag, &purge_tag, &orphan_tag] {
                 let key = format!("{t}:{role}");
                 let exists: bool = redis::cmd("EXISTS").arg(&key).query(&mut con).expect("EXISTS");
                 if exists {
@@ -349,12 +363,15 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
             format!("{tag}:{role} of the wrong type")
         }
     };
-    // The purge queue's keys and channel too.
-    for w in purge_admin.acl_rule("faulty").split_whitespace() {
+    // The purge and orphan queues' keys and channels too.
+    for w in [&purge_admin, &orphan_admin]
+        .iter()
+        .flat_map(|q| q.acl_rule("faulty").split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+    {
         if w.starts_with('~') {
-            words.insert(3, w.to_owned());
+            words.insert(3, w);
         } else if w.starts_with('&') {
-            words.push(w.to_owned());
+            words.push(w);
         }
     }
     let mut setuser = redis::cmd("ACL");
@@ -413,6 +430,31 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
         }
     }
     let claim_hit = fault.hits(scripts["claim"]);
+    let orphans = Queue::new(&url, &orphan_name, QueueOptions::default()).expect("queue");
+    let snap = snapshot(server);
+    match run_pool(&orphans) {
+        Ok(_) => assert!(!claim_hit, "orphan pool {what}: ran, though claim needs what the fault takes"),
+        Err(e) => {
+            assert!(claim_hit, "orphan pool {what}: {e}");
+            fault.check_error(&e, &format!("orphan pool {what}"));
+            assert!(
+                snapshot(server) == snap,
+                "orphan pool {what}: failed at its start, and wrote before it did"
+            );
+        }
+    }
+    let orphaned = || -> redis::RedisResult<Option<u64>> {
+        redis::cmd("HGET")
+            .arg(format!("{orphan_tag}:stats"))
+            .arg("orphaned")
+            .query(&mut server.con())
+    };
+    // (A stray stats key of the wrong type hits the claim: then nothing is dropped.)
+    assert_eq!(
+        orphaned().ok().flatten().is_some(),
+        !claim_hit && !fault.hits(scripts["orphans"]),
+        "{what}: the stray id dropped or not"
+    );
     let snap = snapshot(server);
     match run_pool(&q) {
         Ok(handled) => {
@@ -431,7 +473,7 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
 
     // The fault goes; every message is still in one state, and a pool drains them all.
     if let Fault::WrongType(role, _) = fault {
-        for t in [&tag, &purge_tag] {
+        for t in [&tag, &purge_tag, &orphan_tag] {
             let key = format!("{t}:{role}");
             let _: () = redis::cmd("DEL").arg(&key).query(&mut con).expect("DEL");
             let saved: bool = redis::cmd("EXISTS")
@@ -448,6 +490,16 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
         }
     }
     assert_one_state_each(server, &tag);
+    // A stray id the fault left under a lease is dropped once that lease (600 ms) has
+    // passed: the reaper puts it back, and the next claim hands it out again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while orphaned().expect("HGET").is_none() {
+        assert!(std::time::Instant::now() < deadline, "{what}: the stray id was never dropped");
+        run_until_empty(&orphan_admin, WorkerOptions::default(), |_| Ok(()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(orphaned().expect("HGET"), Some(1), "{what}");
+    assert_one_state_each(server, &orphan_tag);
     let after = ids_alive(server, &tag);
     for id in &before {
         assert!(

@@ -6,7 +6,8 @@
 --   they cost no command of their own: "beat" pool id, ttl_ms, info JSON (the claiming
 --   pool's heartbeat, see beat.lua); "minutes" minutes kept, n, then n deltas (the
 --   pool's per-minute records, see minutes_add.lua).
--- Returns {header, deliveries, later, keyed, repeats, lease} (decoded by scripts/claim.rs):
+-- Returns {header, ids, envelopes, later, keyed, repeats, lease} (decoded by
+--   scripts/claim.rs):
 --   header {now_ms, next_ms, reaped, limited, restart_generation, minute, us_past_ms}:
 --     minute: the current minute (queue clock ms / 60000) when the claim carried the
 --     per-minute records, else -1.
@@ -19,12 +20,16 @@
 --     rate limit held back: when its window frees), -1 if none, -2 if the queue is
 --     paused; the caller sleeps until then unless a producer publishes an earlier due
 --     time.
---   deliveries {id1, envelope1, ..., idn, envelopen}: the n messages claimed.
+--   ids {id1, ..., idn}: the n messages claimed.
+--   envelopes {envelope1, ..., envelopen} when the claim read them (serial keys need
+--     their stamps), else empty: the caller then reads them (see below).
 --   lease {token, j1, lease1, ...}: each delivery's lease, which the caller sends back
---     whole to complete it: the claim's token (absent when nothing was claimed) for a
---     stamped envelope, whose stamp gives the due time (see include/stamp.lua); the
---     pairs after it name the others, "<token>:<score>" (see include/base.lua). So the
---     reply carries the token once, not once per message.
+--     whole to complete it: the claim's token (absent when nothing was claimed), and
+--     after it pairs that name the others, "<token>:<score>" (see include/base.lua):
+--     the seed layout's, and a read envelope without a stamp. So the reply carries the
+--     token once, not once per message. A stamp gives the due time (include/stamp.lua);
+--     an unread envelope without one (written by a delayq before the stamp) runs
+--     with the claim's time as its due time, and a release puts it back due at once.
 --   later {i1, attempt1, ...}: which of them are on a later attempt; every other one
 --     is on its first (nearly all are, so the reply does not repeat it).
 --   keyed {j1, key1, ...}: the serial key of the claimed messages pushed with one (see
@@ -35,8 +40,8 @@
 --     next occurrence (repeat_next.lua). mark: the due time of the latest occurrence,
 --     -1 if none.
 -- This script runs once per batch of up to 1000 messages and is the drain's hot path:
--- every per-message step below is one element of a variadic call, and the only
--- per-message Lua work is a look at the envelope's first bytes (its stamp).
+-- every per-message step below is one element of a variadic call, and no envelope
+-- passes through it unless serial keys need their stamps.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include claims
@@ -168,14 +173,14 @@ if ARGV[7] == '1' then
   end
 end
 local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_gen')) or 0, -1, queue_now_us}
-local deliveries, later, keyed, lease_part = {}, {}, {}, {}
+local claimed_ids, claimed_envelopes, later, keyed, lease_part = {}, {}, {}, {}, {}
 -- The per-minute records are written last, when nothing else can fail: a claim that
 -- raised leaves them to be sent again, not counted twice.
 local function reply()
   if minute_deltas then
     header[6] = add_minutes(now, minutes_kept, minute_deltas)
   end
-  return {header, deliveries, later, keyed, broken, lease_part}
+  return {header, claimed_ids, claimed_envelopes, later, keyed, broken, lease_part}
 end
 if redis.call('EXISTS', K_PAUSED) == 1 then
   -- Nothing to wake for: resuming publishes the schedule's head (see pause.lua).
@@ -223,9 +228,19 @@ if batch > 0 then
 end
 local n = #ids
 if n > 0 then
-  local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
-  -- The score a message was claimed at, as text: its stamp's, the schedule's for
-  -- one without (the seed layout, or a delayq before the stamp).
+  local previous = nil
+  if redis.call('EXISTS', K_ATT) == 1 then
+    previous = redis.call('HMGET', K_ATT, unpack(ids))
+  end
+  -- The envelopes are read here only where serial keys need their stamps: passing
+  -- them through Lua costs Redis more than the rest of the claim (it hashes every
+  -- byte of every string it receives), so otherwise the caller reads them with one
+  -- HMGET once it holds the leases (see scripts/claim.rs), and ends the deliveries
+  -- of ids that have none (orphans.lua).
+  local envelopes, blocked, keys = nil, nil, nil
+  -- The score a message was claimed at, as text: the schedule's in the seed layout;
+  -- else its stamp's, or the schedule's for an envelope without one (a delayq before
+  -- the stamp).
   local function score_of(i)
     if seed_scores then
       return seed_scores[i]
@@ -233,58 +248,73 @@ if n > 0 then
     local score = stamp_score(envelopes[i], now)
     return score and fmt(score) or redis.call('ZSCORE', K_SCHED, ids[i])
   end
-  local previous = nil
-  if redis.call('EXISTS', K_ATT) == 1 then
-    previous = redis.call('HMGET', K_ATT, unpack(ids))
-  end
-  local blocked, keys = nil, nil
   if redis.call('EXISTS', K_SERIAL) == 1 then
+    envelopes = redis.call('HMGET', K_MSG, unpack(ids))
     local scores = {}
     for i = 1, n do
       scores[i] = score_of(i)
     end
     blocked, keys = serial_gate(ids, envelopes, scores, now, lease_ms)
   end
+  -- Usually every id read is handed out: the list ZRANGEBYSCORE gave is the reply's,
+  -- with no copy per message. Ids the serial gate held back (back in the schedule,
+  -- see serial_gate) or without an envelope (written by hand or by a foreign tool)
+  -- are left out of copies; at[j] is then the read index of the j-th one handed out.
+  local taken, orphans, at = ids, {}, nil
+  local whole = not (blocked and next(blocked))
+  if whole and envelopes then
+    for i = 1, n do
+      if not envelopes[i] then
+        whole = false
+        break
+      end
+    end
+  end
+  if whole then
+    claimed_ids = ids
+    claimed_envelopes = envelopes or claimed_envelopes
+  else
+    taken, at = {}, {}
+    for i = 1, n do
+      if not blocked[i] then
+        taken[#taken + 1] = ids[i]
+        if envelopes[i] then
+          claimed_ids[#claimed_ids + 1] = ids[i]
+          claimed_envelopes[#claimed_ids] = envelopes[i]
+          at[#claimed_ids] = i
+        else
+          orphans[#orphans + 1] = ids[i]
+        end
+      end
+    end
+  end
+  local claimed = #claimed_ids
   local deadline = fmt(now + lease_ms)
-  -- A stamped message's lease is the claim's token alone: the reply carries it once,
-  -- and the score is in the envelope.
+  -- The lease is the claim's token alone for a stamped message, and for one whose
+  -- envelope the claim did not read: the reply carries it once, and the stamp tells
+  -- the score (see include/stamp.lua).
   local token = fmt(next_seq())
   local token_colon = token .. ':'
-  local leases, held, orphans, taken = {}, {}, {}, {}
+  local leases = {}
   lease_part[1] = token
-  local claimed = 0
-  for i = 1, n do
-    local id = ids[i]
-    local envelope = envelopes[i]
-    if blocked and blocked[i] then
-      -- Back in the schedule: its serial key is held (see serial_gate).
-    elseif envelope then
-      claimed = claimed + 1
-      taken[#taken + 1] = id
-      local lease = token
-      if seed_scores or not is_stamped(envelope) then
-        lease = token_colon .. score_of(i)
-        lease_part[#lease_part + 1] = claimed
-        lease_part[#lease_part + 1] = lease
-      end
-      leases[2 * claimed - 1] = id
-      leases[2 * claimed] = lease
-      held[claimed] = id
-      deliveries[2 * claimed - 1] = id
-      deliveries[2 * claimed] = envelope
-      local finished = previous and tonumber(previous[i])
-      if finished then
-        later[#later + 1] = claimed
-        later[#later + 1] = finished + 1
-      end
-      if keys and keys[i] then
-        keyed[#keyed + 1] = claimed
-        keyed[#keyed + 1] = keys[i]
-      end
-    else
-      -- A scheduled id without an envelope was written by hand or by a foreign tool.
-      orphans[#orphans + 1] = id
-      taken[#taken + 1] = id
+  for j = 1, claimed do
+    local i = at and at[j] or j
+    local lease = token
+    if seed_scores or (envelopes and not is_stamped(envelopes[i])) then
+      lease = token_colon .. score_of(i)
+      lease_part[#lease_part + 1] = j
+      lease_part[#lease_part + 1] = lease
+    end
+    leases[2 * j - 1] = claimed_ids[j]
+    leases[2 * j] = lease
+    local finished = previous and tonumber(previous[i])
+    if finished then
+      later[#later + 1] = j
+      later[#later + 1] = finished + 1
+    end
+    if keys and keys[i] then
+      keyed[#keyed + 1] = j
+      keyed[#keyed + 1] = keys[i]
     end
   end
   if claimed == 0 then
@@ -294,7 +324,7 @@ if n > 0 then
   -- neither (the ones the serial gate held back stay, at their new score).
   if claimed > 0 then
     redis.call('ZADD', K_CLAIMS, deadline, token)
-    redis.call('HSET', K_CLAIM_IDS, token, cmsgpack.pack(held), token .. '#', claimed)
+    redis.call('HSET', K_CLAIM_IDS, token, cmsgpack.pack(claimed_ids), token .. '#', claimed)
     hset_as_hashtable(K_LEASE, leases)
   end
   if #taken > 0 then

@@ -25,16 +25,15 @@ for i = 3, #ARGV, 2 do
     -- Back to the score it was claimed at: its place in line is kept, and the
     -- delivery never ran, so it does not count as an attempt.
     local score = lease_score(lease)
-    if claim_no then
-      -- Stamped again: the message leaves this claim (see include/stamp.lua).
-      local envelope = redis.call('HGET', K_MSG, id)
-      score = score or stamp_score(envelope, now)
-      if envelope and score then
-        redis.call('HSET', K_MSG, id, stamped(envelope, claim_no, fmt(score)))
-      end
-    end
-    -- Neither the lease nor the stamp tells its place (a hand edit): due now.
+    local envelope = claim_no and redis.call('HGET', K_MSG, id)
+    score = score or (envelope and stamp_score(envelope, now))
+    -- Neither the lease nor the stamp tells its place (an envelope from a delayq
+    -- before the stamp, which its claim did not read; a hand edit): due now.
     score = score or score_at(now)
+    if envelope then
+      -- Stamped again: the message leaves this claim (see include/stamp.lua).
+      redis.call('HSET', K_MSG, id, stamped(envelope, claim_no, fmt(score)))
+    end
     redis.call('ZADD', K_SCHED, score, id)
     redis.call('HDEL', K_LEASE, id)
     free_serial_keys({id})

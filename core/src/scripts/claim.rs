@@ -57,8 +57,10 @@ pub(crate) struct Claimed {
     /// whole to complete the delivery.
     pub(crate) lease: String,
     /// The schedule score it was claimed at (the lease's or the stamp's): its due time.
-    /// None for a stamp that does not parse (a hand edit): the message is buried.
+    /// None for an envelope without a stamp (see `envelope::has_stamp`) or with one
+    /// that does not parse (a hand edit: the message is buried).
     pub(crate) score: Option<f64>,
+    /// Empty until read, when the claim left that to its caller (`Reply::unread`).
     pub(crate) envelope: String,
     /// Which delivery of the message this is (1 = its first).
     pub(crate) attempt: u32,
@@ -91,6 +93,57 @@ pub(crate) struct Reply {
     pub(crate) broken_repeats: Vec<BrokenRepeat>,
     /// The queue's current minute, when the claim carried the per-minute records.
     pub(crate) minute: Option<i64>,
+    /// The claim left the envelopes to its caller (see claim.lua), who reads them with
+    /// `envelopes_query` and `take_envelopes` before anything else looks at the items.
+    pub(crate) unread: bool,
+}
+
+impl Claimed {
+    fn find_score(&mut self) {
+        self.score = lease_score(&self.lease).or_else(|| stamp_score(&self.envelope));
+    }
+}
+
+impl Reply {
+    /// The HMGET of the claimed ids' envelopes, from `messages` (the partition's key of
+    /// that role), for a claim that left them unread.
+    pub(crate) fn envelopes_query(&self, messages: &str) -> redis::Cmd {
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(messages);
+        for item in &self.items {
+            cmd.arg(&item.id);
+        }
+        cmd
+    }
+
+    /// Gives each item its envelope from the reply of `envelopes_query`, and its
+    /// score. Returns the items whose id had none, taken out of `items`: orphans, whose
+    /// deliveries the caller ends (orphans.lua).
+    pub(crate) fn take_envelopes(&mut self, v: &Value) -> Result<Vec<Claimed>, ParsingError> {
+        let envelopes: Vec<Option<String>> = decode(v)?;
+        if envelopes.len() != self.items.len() {
+            return Err(format!(
+                "{} envelopes read for the {} messages claimed",
+                envelopes.len(),
+                self.items.len()
+            )
+            .into());
+        }
+        let mut orphans = Vec::new();
+        let items = std::mem::take(&mut self.items);
+        for (mut item, envelope) in items.into_iter().zip(envelopes) {
+            match envelope {
+                Some(envelope) => {
+                    item.envelope = envelope;
+                    item.find_score();
+                    self.items.push(item);
+                }
+                None => orphans.push(item),
+            }
+        }
+        self.unread = false;
+        Ok(orphans)
+    }
 }
 
 /// The (1-based) index into the claimed messages of a `later` or `keyed` pair.
@@ -104,34 +157,45 @@ fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
 
 impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let [header, deliveries, later, keyed, repeats, leases]: [Vec<Value>; 6] = decode(&v)?;
+        let [header, ids, envelopes, later, keyed, repeats, leases]: [Vec<Value>; 7] = decode(&v)?;
         let [now, next, reaped, limited, generation, minute, now_us]: [i64; 7] =
             FromRedisValue::from_redis_value(Value::Array(header))?;
         if !(0..1000).contains(&now_us) {
             return Err(format!("{now_us} microseconds past a millisecond").into());
         }
-        if !deliveries.len().is_multiple_of(2)
+        let unread = envelopes.is_empty() && !ids.is_empty();
+        if (ids.len() != envelopes.len() && !unread)
             || !later.len().is_multiple_of(2)
             || !keyed.len().is_multiple_of(2)
             || !repeats.len().is_multiple_of(3)
-            || leases.is_empty() != deliveries.is_empty()
+            || leases.is_empty() != ids.is_empty()
             || (!leases.is_empty() && leases.len().is_multiple_of(2))
         {
-            return Err("a part of the reply has a length that is not a multiple of its group".into());
+            return Err(format!(
+                "the reply's parts do not fit together: {} ids, {} envelopes, {} later, {} keyed, {} repeats, {} lease",
+                ids.len(),
+                envelopes.len(),
+                later.len(),
+                keyed.len(),
+                repeats.len(),
+                leases.len()
+            )
+            .into());
         }
         // The claim's token is every delivery's lease but those named after it.
         let token: String = match leases.first() {
             Some(t) => decode(t)?,
             None => String::new(),
         };
-        let mut items = deliveries
-            .chunks_exact(2)
-            .map(|c| {
+        let mut items = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
                 Ok(Claimed {
-                    id: decode(&c[0])?,
+                    id: decode(id)?,
                     lease: token.clone(),
                     score: None,
-                    envelope: decode(&c[1])?,
+                    envelope: envelopes.get(i).map(decode).transpose()?.unwrap_or_default(),
                     attempt: 1,
                     serial_key: None,
                 })
@@ -141,8 +205,8 @@ impl FromRedisValue for Reply {
         for pair in leases.get(1..).unwrap_or_default().chunks_exact(2) {
             items[index(&pair[0], n)?].lease = decode(&pair[1])?;
         }
-        for item in &mut items {
-            item.score = lease_score(&item.lease).or_else(|| stamp_score(&item.envelope));
+        if !unread {
+            items.iter_mut().for_each(Claimed::find_score);
         }
         for pair in later.chunks_exact(2) {
             items[index(&pair[0], n)?].attempt = decode_unsigned(&pair[1])?;
@@ -174,6 +238,7 @@ impl FromRedisValue for Reply {
             items,
             broken_repeats,
             minute: (minute >= 0).then_some(minute),
+            unread,
         })
     }
 }
@@ -203,14 +268,8 @@ mod tests {
                 Value::Int(29_000_000),
                 Value::Int(250),
             ]),
-            Value::Array(vec![
-                s("a"),
-                s("{}"),
-                s("b"),
-                s("[]"),
-                s("c"),
-                s(r#"{"at":[6,12289],"v":1}"#),
-            ]),
+            Value::Array(vec![s("a"), s("b"), s("c")]),
+            Value::Array(vec![s("{}"), s("[]"), s(r#"{"at":[6,12289],"v":1}"#)]),
             Value::Array(vec![Value::Int(2), Value::Int(3)]),
             Value::Array(vec![Value::Int(1), s("customer-7")]),
             Value::Array(vec![s("hourly"), s("{\"every\":1}"), Value::Int(-1)]),
@@ -254,65 +313,128 @@ mod tests {
         let header_with = |generation: i64, us_past_ms: i64| ints(&[1000, -1, 0, 0, generation, -1, us_past_ms]);
         let header = || header_with(0, 0);
         let empty = || Value::Array(vec![]);
-        let reply = |deliveries: Vec<Value>, later: Vec<Value>, leases: Vec<Value>| {
+        // (id, envelope) pairs, as the claim answers them in two lists.
+        let reply = |deliveries: Vec<(Value, Value)>, later: Vec<Value>, leases: Vec<Value>| {
+            let (ids, envelopes): (Vec<Value>, Vec<Value>) = deliveries.into_iter().unzip();
             Value::Array(vec![
                 header(),
-                Value::Array(deliveries),
+                Value::Array(ids),
+                Value::Array(envelopes),
                 Value::Array(later),
                 empty(),
                 empty(),
                 Value::Array(leases),
             ])
         };
+        let one = || vec![(s("a"), s("{}"))];
         // A well-formed reply is taken, and so is an empty one; each one below has one
         // part wrong.
-        assert!(
-            Reply::from_redis_value(reply(
-                vec![s("a"), s("{}")],
-                vec![],
-                vec![s("1"), Value::Int(1), s("1:2")]
-            ))
-            .is_ok()
-        );
+        assert!(Reply::from_redis_value(reply(one(), vec![], vec![s("1"), Value::Int(1), s("1:2")])).is_ok());
         assert!(Reply::from_redis_value(reply(vec![], vec![], vec![])).is_ok());
         // A token alone with an envelope whose stamp does not parse: the one message
         // has no due time (the pool buries it), the reply stands.
-        let r = Reply::from_redis_value(reply(vec![s("a"), s("{}")], vec![], vec![s("7")])).expect("decodes");
+        let r = Reply::from_redis_value(reply(one(), vec![], vec![s("7")])).expect("decodes");
         assert_eq!((r.items[0].lease.as_str(), r.items[0].score), ("7", None));
+        let parts = |header: Value| {
+            let mut all = vec![header];
+            all.extend((0..6).map(|_| empty()));
+            Value::Array(all)
+        };
         for bad in [
-            Value::Array(vec![header_with(-1, 0), empty(), empty(), empty(), empty(), empty()]),
-            Value::Array(vec![header_with(0, 1000), empty(), empty(), empty(), empty(), empty()]),
+            parts(header_with(-1, 0)),
+            parts(header_with(0, 1000)),
             // The header of a claim.lua from before the microseconds.
-            Value::Array(vec![
-                ints(&[1000, -1, 0, 0, 0, -1]),
-                empty(),
-                empty(),
-                empty(),
-                empty(),
-                empty(),
-            ]),
+            parts(ints(&[1000, -1, 0, 0, 0, -1])),
             // The flat reply of an older claim.lua.
             ints(&[1000, -1, 0, 0, 0, -1, 0, 0]),
-            // The reply of a claim.lua from before the token came once.
+            // The reply of a claim.lua from before the ids and envelopes came apart:
+            // {id, envelope} pairs in one part.
             Value::Array(vec![
                 header(),
-                Value::Array(vec![s("a"), s("1"), s("{}")]),
+                Value::Array(vec![s("a"), s("{}")]),
                 empty(),
                 empty(),
                 empty(),
+                Value::Array(vec![s("1")]),
             ]),
-            reply(vec![s("a")], vec![], vec![s("1")]),
+            // Envelopes for fewer ids than claimed (none: left to the caller, below),
+            // an envelope without its id, a nil envelope.
+            Value::Array(vec![
+                header(),
+                Value::Array(vec![s("a"), s("b")]),
+                Value::Array(vec![s("{}")]),
+                empty(),
+                empty(),
+                empty(),
+                Value::Array(vec![s("1")]),
+            ]),
+            Value::Array(vec![
+                header(),
+                empty(),
+                Value::Array(vec![s("{}")]),
+                empty(),
+                empty(),
+                empty(),
+                Value::Array(vec![s("1")]),
+            ]),
+            reply(vec![(s("a"), Value::Nil)], vec![], vec![s("1")]),
             reply(vec![], vec![Value::Int(1), Value::Int(2)], vec![]),
-            reply(vec![s("a"), Value::Nil], vec![], vec![s("1")]),
             // Deliveries without their token, a token without deliveries, a lease
             // named for no delivery, a pair cut short.
-            reply(vec![s("a"), s("{}")], vec![], vec![]),
+            reply(one(), vec![], vec![]),
             reply(vec![], vec![], vec![s("1")]),
-            reply(vec![s("a"), s("{}")], vec![], vec![s("1"), Value::Int(2), s("1:2")]),
-            reply(vec![s("a"), s("{}")], vec![], vec![s("1"), Value::Int(1)]),
+            reply(one(), vec![], vec![s("1"), Value::Int(2), s("1:2")]),
+            reply(one(), vec![], vec![s("1"), Value::Int(1)]),
             Value::Nil,
         ] {
             assert!(Reply::from_redis_value(bad.clone()).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_claim_that_left_the_envelopes_takes_them_from_the_read() {
+        let header = Value::Array([1000, -1, 0, 0, 0, -1, 0].map(Value::Int).to_vec());
+        let v = Value::Array(vec![
+            header,
+            Value::Array(vec![s("a"), s("b"), s("c")]),
+            Value::Array(vec![]),
+            Value::Array(vec![]),
+            Value::Array(vec![]),
+            Value::Array(vec![]),
+            Value::Array(vec![s("7"), Value::Int(3), s("7:8192")]),
+        ]);
+        let mut r = Reply::from_redis_value(v).expect("decodes");
+        assert!(r.unread);
+        assert!(r.items.iter().all(|i| i.envelope.is_empty() && i.score.is_none()));
+        let query = r.envelopes_query("{dq:x}:messages");
+        let words: Vec<Vec<u8>> = query
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(w) => w.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(
+            words,
+            ["HMGET", "{dq:x}:messages", "a", "b", "c"].map(|w| w.as_bytes().to_vec())
+        );
+        // A read of the wrong length is refused and changes nothing.
+        assert!(r.take_envelopes(&Value::Array(vec![s("{}")])).is_err());
+        assert_eq!(r.items.len(), 3);
+        let orphans = r
+            .take_envelopes(&Value::Array(vec![
+                s(r#"{"at":[6,12289],"v":1}"#),
+                Value::Nil,
+                s(r#"{"v":1}"#),
+            ]))
+            .expect("read");
+        assert!(!r.unread);
+        assert_eq!(orphans.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(r.items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), ["a", "c"]);
+        // The stamp gives the score; a lease that names one gives it; the others have
+        // none.
+        assert_eq!((r.items[0].score, r.items[0].lease.as_str()), (Some(12289.0), "7"));
+        assert_eq!((r.items[1].score, r.items[1].lease.as_str()), (Some(8192.0), "7:8192"));
+        assert_eq!(r.items[1].envelope, r#"{"v":1}"#);
     }
 }

@@ -13,7 +13,8 @@ use crate::error::{Category, Error, Result};
 use crate::keys::Layout;
 use crate::metrics::Batch;
 use crate::queue::Queue;
-use crate::scripts::claim;
+use crate::scripts::replies::Count;
+use crate::scripts::{claim, complete, orphans};
 use crate::{envelope, repeat};
 
 use super::complete::Outcome;
@@ -81,7 +82,12 @@ pub(super) fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) 
         heartbeat: beat.as_ref().map(|(id, ttl, info)| (*id, *ttl, info.as_str())),
         minutes: deltas.as_deref().map(|d| (crate::metrics::KEEP_MINUTES, d)),
     };
-    let res = run_call(slot, q, part, &args);
+    let res = run_call(slot, q, part, &args).and_then(|mut reply| {
+        if reply.unread {
+            read_envelopes(pool, slot, part, &mut reply)?;
+        }
+        Ok(reply)
+    });
     match &res {
         Ok(reply) => {
             if let Some(minute) = reply.minute {
@@ -98,6 +104,96 @@ pub(super) fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) 
         }
     }
     res
+}
+
+/// Tries at reading a claim's envelopes before its deliveries are given back.
+const ENVELOPE_READS: u32 = 3;
+
+/// The envelopes a claim left to its caller (see claim.lua): one HMGET, tried again
+/// after a failure while the pool runs. Ids found without one end their deliveries
+/// (orphans.lua). When the read keeps failing, the deliveries are given back
+/// (release.lua), so that they wait for no lease to expire; if that fails too, their
+/// leases expire and the reaper delivers them again.
+fn read_envelopes(pool: &Pool, slot: &mut ConnSlot, part: usize, reply: &mut claim::Reply) -> Result<()> {
+    let q = &pool.queue;
+    let messages = q.inner.parts[part].messages();
+    let mut pause = Duration::from_millis(50);
+    let mut tries = 0;
+    let read = loop {
+        let read = slot
+            .run_once(&q.inner.endpoint, "claim", |con| {
+                reply.envelopes_query(messages).query::<redis::Value>(con)
+            })
+            .and_then(|v| {
+                reply.take_envelopes(&v).map_err(|e| Error::Protocol {
+                    script: "claim".to_owned(),
+                    reason: format!("reading the envelopes: {e}"),
+                })
+            });
+        tries += 1;
+        match read {
+            Err(e) if tries < ENVELOPE_READS && !pool.control.stopped() && e.is_retryable() => {
+                pause_unless_stopped(pool, pause);
+                pause *= 2;
+            }
+            read => break read,
+        }
+    };
+    match read {
+        Ok(orphans) => {
+            end_orphans(pool, slot, part, &orphans);
+            Ok(())
+        }
+        Err(e) => {
+            let args = complete::Release {
+                deliveries: reply
+                    .items
+                    .iter()
+                    .map(|item| complete::Delivery {
+                        id: &item.id,
+                        lease: &item.lease,
+                    })
+                    .collect(),
+            };
+            if let Err(release) = run_call(slot, q, part, &args) {
+                log::warn!(
+                    "delayq[{}]: {} claimed messages could not be read ({e}) nor given back ({release}); they run \
+                     again once their lease expires",
+                    pool.queue_name,
+                    reply.items.len()
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+/// End the deliveries of claimed ids that have no envelope; a failure leaves them to
+/// their lease's expiry, after which the next claim finds them again.
+fn end_orphans(pool: &Pool, slot: &mut ConnSlot, part: usize, orphans: &[claim::Claimed]) {
+    if orphans.is_empty() {
+        return;
+    }
+    let args = orphans::Args {
+        deliveries: orphans
+            .iter()
+            .map(|item| complete::Delivery {
+                id: &item.id,
+                lease: &item.lease,
+            })
+            .collect(),
+    };
+    match run_call(slot, &pool.queue, part, &args) {
+        Ok(Count(n)) => log::warn!(
+            "delayq[{}]: {n} scheduled id(s) without a message (written by hand or by another tool) dropped",
+            pool.queue_name
+        ),
+        Err(e) => log::warn!(
+            "delayq[{}]: {} scheduled id(s) without a message could not be dropped: {e}",
+            pool.queue_name,
+            orphans.len()
+        ),
+    }
 }
 
 /// Claims due messages into the prefetch buffer. Partitions are taken in rotation
@@ -349,22 +445,27 @@ pub(super) fn hand_out(
             envelope: stored,
             serial_key,
         } = item;
-        let Some(score) = score else {
-            log::error!(
-                "delayq[{}]: message {id} has a malformed stamp, dead-lettered",
-                pool.queue_name
-            );
-            bury(
-                id,
-                token,
-                "poison message: its stamp tells no due time".to_owned(),
-                false,
-            );
-            continue;
+        let due_at_ms = match score {
+            // Never later than the claim: it was due (a stamp that an older delayq's
+            // scripts, mid-deploy, did not move with its message may tell a later time).
+            Some(score) => layout.due_ms_of_score(score).min(server_now_ms),
+            // Written by a delayq before the stamp, and the claim did not read it: its
+            // due time is unknown, and had come by the claim.
+            None if !envelope::has_stamp(&stored) => server_now_ms,
+            None => {
+                log::error!(
+                    "delayq[{}]: message {id} has a malformed stamp, dead-lettered",
+                    pool.queue_name
+                );
+                bury(
+                    id,
+                    token,
+                    "poison message: its stamp tells no due time".to_owned(),
+                    false,
+                );
+                continue;
+            }
         };
-        // Never later than the claim: it was due (a stamp that an older delayq's
-        // scripts, mid-deploy, did not move with its message may tell a later time).
-        let due_at_ms = layout.due_ms_of_score(score).min(server_now_ms);
         let decoded = envelope::decode(layout, &stored);
         let max_attempts = decoded
             .as_ref()
