@@ -9,9 +9,10 @@ use crate::keys::Layout;
 use crate::queue::Queue;
 use crate::scripts;
 
-/// What delayq sends outside its scripts: the script calls themselves and the pool's
-/// wake-up subscription. `PING` answers `Queue::ping`.
-const CLIENT_COMMANDS: [&str; 5] = ["EVALSHA", "SCRIPT|LOAD", "SUBSCRIBE", "UNSUBSCRIBE", "PING"];
+/// What delayq sends outside its scripts: the script calls themselves, the pool's
+/// wake-up subscription, and its read of the envelopes a claim handed out (see
+/// claim.lua). `PING` answers `Queue::ping`.
+const CLIENT_COMMANDS: [&str; 6] = ["EVALSHA", "SCRIPT|LOAD", "SUBSCRIBE", "UNSUBSCRIBE", "PING", "HMGET"];
 
 /// An ACL pattern matching exactly `literal` (ACL patterns are globs).
 fn exact(literal: &str) -> String {

@@ -448,3 +448,91 @@ fn a_scheduled_id_without_an_envelope_is_dropped_once_claimed() {
     assert_eq!(count(&server, "ZCARD", "{dq:orphans}:claims"), 0);
     assert_no_leak(&server, "{dq:orphans}");
 }
+
+#[test]
+fn orphans_lua_drops_an_id_claimed_without_an_envelope_and_spares_one_pushed_since() {
+    let server = RedisServer::start();
+    let q = server.queue("strays");
+    let mut con = server.con();
+    for id in ["stray", "late"] {
+        let _: () = redis::cmd("ZADD")
+            .arg("{dq:strays}:scheduled")
+            .arg(0)
+            .arg(id)
+            .query(&mut con)
+            .expect("zadd");
+    }
+    // The claim hands them out under its lease: it reads no envelopes.
+    let (token, ids, apart) = claim_directly(&mut con, "strays", 10);
+    assert_eq!(ids, ["late", "stray"]);
+    assert!(apart.is_empty(), "every lease is the token: {apart:?}");
+    // "late" is pushed while its stray delivery holds the lease.
+    push(&q, "late", Due::NOW);
+    let words: Vec<String> = ["stray", token.as_str(), "late", token.as_str()]
+        .map(str::to_owned)
+        .into();
+    let dropped = common::call_script(&mut con, "orphans", "strays", &words).expect("orphans");
+    assert_eq!(dropped, redis::Value::Int(1));
+    let leases: u64 = count(&server, "HLEN", "{dq:strays}:leases");
+    assert_eq!(leases, 0, "both deliveries ended");
+    let waiting: Vec<String> = redis::cmd("ZRANGE")
+        .arg("{dq:strays}:scheduled")
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .expect("zrange");
+    assert_eq!(waiting, ["late"], "the pushed one waits, the stray is gone");
+    let stats = q.stats().expect("stats");
+    assert_eq!(
+        (stats.totals.get("orphaned"), stats.totals.get("delivered")),
+        (Some(&1), Some(&0)),
+        "neither counts as delivered"
+    );
+    assert_no_leak(&server, "{dq:strays}");
+    // A resend finds the leases gone and changes nothing.
+    assert_eq!(
+        common::call_script(&mut con, "orphans", "strays", &words).expect("orphans"),
+        redis::Value::Int(0)
+    );
+    let cut: Vec<String> = vec!["stray".into()];
+    let err = common::call_script(&mut con, "orphans", "strays", &cut).expect_err("refused");
+    assert!(err.to_string().contains("cut short"), "{err}");
+}
+
+#[test]
+fn a_release_stamps_what_has_no_stamp_and_leaves_a_stamp_that_does_not_parse() {
+    let server = RedisServer::start();
+    let mut con = server.con();
+    let bare = r#"{"v":1,"id":"bare","created_ms":1,"payload":1}"#;
+    let broken = r#"{"at":[1,due],"v":1,"id":"broken","created_ms":1,"payload":1}"#;
+    for (id, text) in [("bare", bare), ("broken", broken)] {
+        let _: () = redis::pipe()
+            .hset("{dq:loose}:messages", id, text)
+            .zadd("{dq:loose}:scheduled", id, 1)
+            .query(&mut con)
+            .expect("write by hand");
+    }
+    let (token, ids, _) = claim_directly(&mut con, "loose", 10);
+    assert_eq!(ids, ["bare", "broken"]);
+    let words: Vec<String> = ["bare", token.as_str(), "broken", token.as_str()]
+        .map(str::to_owned)
+        .into();
+    let released = common::call_script(&mut con, "release", "loose", &words).expect("release");
+    assert_eq!(released, redis::Value::Int(2));
+    let stored: Vec<String> = redis::cmd("HMGET")
+        .arg("{dq:loose}:messages")
+        .arg(&["bare", "broken"])
+        .query(&mut con)
+        .expect("hmget");
+    let score: u64 = redis::cmd("ZSCORE")
+        .arg("{dq:loose}:scheduled")
+        .arg("bare")
+        .query(&mut con)
+        .expect("zscore");
+    assert!(
+        stored[0].starts_with(&format!(r#"{{"at":[{token},{score}],"v":1,"#)),
+        "due at once, stamped with its score: {} at {score}",
+        stored[0]
+    );
+    assert_eq!(stored[1], broken, "left for its next claim to bury");
+}

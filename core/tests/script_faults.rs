@@ -315,7 +315,9 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
     let orphan_name = format!("{name}-orphan");
     let orphan_tag = format!("{{dq:{orphan_name}}}");
     let orphan_admin = server.queue(&orphan_name);
-    orphan_admin.push(&json!({"n": "beside"}), Duration::ZERO).expect("push");
+    orphan_admin
+        .push(&json!({"n": "beside"}), Duration::ZERO)
+        .expect("push");
     let _: () = redis::cmd("ZADD")
         .arg(format!("{orphan_tag}:scheduled"))
         .arg(0)
@@ -364,10 +366,12 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
         }
     };
     // The purge and orphan queues' keys and channels too.
-    for w in [&purge_admin, &orphan_admin]
-        .iter()
-        .flat_map(|q| q.acl_rule("faulty").split_whitespace().map(str::to_owned).collect::<Vec<_>>())
-    {
+    for w in [&purge_admin, &orphan_admin].iter().flat_map(|q| {
+        q.acl_rule("faulty")
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    }) {
         if w.starts_with('~') {
             words.insert(3, w);
         } else if w.starts_with('&') {
@@ -433,7 +437,10 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
     let orphans = Queue::new(&url, &orphan_name, QueueOptions::default()).expect("queue");
     let snap = snapshot(server);
     match run_pool(&orphans) {
-        Ok(_) => assert!(!claim_hit, "orphan pool {what}: ran, though claim needs what the fault takes"),
+        Ok(_) => assert!(
+            !claim_hit,
+            "orphan pool {what}: ran, though claim needs what the fault takes"
+        ),
         Err(e) => {
             assert!(claim_hit, "orphan pool {what}: {e}");
             fault.check_error(&e, &format!("orphan pool {what}"));
@@ -494,7 +501,10 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
     // passed: the reaper puts it back, and the next claim hands it out again.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while orphaned().expect("HGET").is_none() {
-        assert!(std::time::Instant::now() < deadline, "{what}: the stray id was never dropped");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the stray id was never dropped"
+        );
         run_until_empty(&orphan_admin, WorkerOptions::default(), |_| Ok(()));
         std::thread::sleep(Duration::from_millis(100));
     }

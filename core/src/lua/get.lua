@@ -46,7 +46,8 @@ if lease then
   local score = lease_score(lease) or stamp_score(envelope, queue_now(false))
   local lease_until = lease_deadline(id) or -1
   if not score then
-    -- Not a lease this version wrote (an older delayq mid-upgrade, or a hand edit).
+    -- Nothing tells its due time: an envelope without a stamp (from a delayq before
+    -- it) that its claim did not read, a lease of an older delayq, or a hand edit.
     return {'inflight', envelope, -1, attempts + 1, err, -1, lease_until, -1, trace, serial}
   end
   return {'inflight', envelope, due_of(score), attempts + 1, err, -1, lease_until, -1, trace, serial}

@@ -2,8 +2,11 @@
 -- envelope its caller then found missing (scheduled by hand or by a foreign tool
 -- without one: claim.lua reads the envelopes only where serial keys need them).
 -- ARGV[3..] pairs: id, lease (as claim returned it).
--- Returns the number ended. A pair whose lease was lost, or whose id has an envelope
--- after all, is left as it is: its lease expires and the reaper delivers it again.
+-- Returns the number of ids dropped. A pair whose lease was lost is left as it is;
+-- one whose id was pushed in the meantime (an envelope, and in the schedule) only
+-- ends its delivery; one that has an envelope and no other state keeps its lease,
+-- which expires: the reaper then schedules the message. The rate limit's window
+-- keeps counting what the claim granted them, which errs on the side of the limit.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include claims
@@ -15,20 +18,34 @@ if #ARGV % 2 ~= 0 then
   return redis.error_reply('DQERR orphans takes (id, lease) pairs: the last is cut short')
 end
 run_even_out_of_memory()
-local ids, leases = {}, {}
+local ids, leases, pushed, pushed_leases = {}, {}, {}, {}
 for i = 3, #ARGV, 2 do
   local id, lease = ARGV[i], ARGV[i + 1]
-  if redis.call('HGET', K_LEASE, id) == lease and redis.call('HEXISTS', K_MSG, id) == 0 then
-    ids[#ids + 1] = id
-    leases[#ids] = lease
+  if redis.call('HGET', K_LEASE, id) == lease then
+    if redis.call('HEXISTS', K_MSG, id) == 0 then
+      ids[#ids + 1] = id
+      leases[#ids] = lease
+    elseif redis.call('ZSCORE', K_SCHED, id) then
+      pushed[#pushed + 1] = id
+      pushed_leases[#pushed] = lease
+    end
   end
 end
 if #ids > 0 then
   free_serial_keys(ids)
   forget(ids)
   leave_claims(leases, #ids, ids)
+end
+if #pushed > 0 then
+  redis.call('HDEL', K_LEASE, unpack(pushed))
+  leave_claims(pushed_leases, #pushed, pushed)
+end
+local ended = #ids + #pushed
+if ended > 0 then
   -- Their claim counted them delivered.
-  redis.call('HINCRBY', K_STATS, 'delivered', -#ids)
+  redis.call('HINCRBY', K_STATS, 'delivered', -ended)
+end
+if #ids > 0 then
   redis.call('HINCRBY', K_STATS, 'orphaned', #ids)
 end
 return #ids

@@ -27,11 +27,13 @@ for i = 3, #ARGV, 2 do
     local score = lease_score(lease)
     local envelope = claim_no and redis.call('HGET', K_MSG, id)
     score = score or (envelope and stamp_score(envelope, now))
+    -- Stamped again: the message leaves this claim (see include/stamp.lua). A stamp
+    -- that does not parse (a hand edit) stays as it is: the next claim buries it.
+    local restamp = envelope and (score or not is_stamped(envelope))
     -- Neither the lease nor the stamp tells its place (an envelope from a delayq
     -- before the stamp, which its claim did not read; a hand edit): due now.
     score = score or score_at(now)
-    if envelope then
-      -- Stamped again: the message leaves this claim (see include/stamp.lua).
+    if restamp then
       redis.call('HSET', K_MSG, id, stamped(envelope, claim_no, fmt(score)))
     end
     redis.call('ZADD', K_SCHED, score, id)

@@ -46,7 +46,9 @@ pub struct MessageInfo {
     /// The payload as JSON text (or the raw stored text when it is not valid JSON).
     pub payload_json: String,
     /// Due time of the pending or current delivery (of a completed message: of the
-    /// delivery that completed it), Unix ms; `None` once dead.
+    /// delivery that completed it), Unix ms; `None` once dead, and for a message
+    /// pushed by a delayq before 2026-12-03 that runs or ran since (nothing tells it,
+    /// see docs/workers.md).
     pub due_at_ms: Option<i64>,
     /// Deliveries so far.
     pub attempts: u32,

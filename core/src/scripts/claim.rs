@@ -163,8 +163,10 @@ impl FromRedisValue for Reply {
         if !(0..1000).contains(&now_us) {
             return Err(format!("{now_us} microseconds past a millisecond").into());
         }
+        // Serial keys make the claim read the envelopes, so keys come with them.
         let unread = envelopes.is_empty() && !ids.is_empty();
         if (ids.len() != envelopes.len() && !unread)
+            || (unread && !keyed.is_empty())
             || !later.len().is_multiple_of(2)
             || !keyed.len().is_multiple_of(2)
             || !repeats.len().is_multiple_of(3)
@@ -378,6 +380,16 @@ mod tests {
                 Value::Array(vec![s("1")]),
             ]),
             reply(vec![(s("a"), Value::Nil)], vec![], vec![s("1")]),
+            // Serial keys for a claim that left the envelopes unread.
+            Value::Array(vec![
+                header(),
+                Value::Array(vec![s("a")]),
+                empty(),
+                empty(),
+                Value::Array(vec![Value::Int(1), s("k")]),
+                empty(),
+                Value::Array(vec![s("1")]),
+            ]),
             reply(vec![], vec![Value::Int(1), Value::Int(2)], vec![]),
             // Deliveries without their token, a token without deliveries, a lease
             // named for no delivery, a pair cut short.

@@ -65,8 +65,9 @@ pub(super) fn check_access(queue: &Queue, lease: Duration, control: &Control) ->
 }
 
 /// One claim of up to `want` messages on partition `part`, its heartbeat and its
-/// per-minute records carried when due: an idle pool's looks are all it sends.
-pub(super) fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<claim::Reply> {
+/// per-minute records carried when due: an idle pool's looks are all it sends. Returns
+/// the reply, its envelopes read, and when it came: the leases run from then.
+pub(super) fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<(claim::Reply, Instant)> {
     let q = &pool.queue;
     let qo = q.options();
     let beat = pool.registration.take_pending(pool);
@@ -82,63 +83,48 @@ pub(super) fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) 
         heartbeat: beat.as_ref().map(|(id, ttl, info)| (*id, *ttl, info.as_str())),
         minutes: deltas.as_deref().map(|d| (crate::metrics::KEEP_MINUTES, d)),
     };
-    let res = run_call(slot, q, part, &args).and_then(|mut reply| {
-        if reply.unread {
-            read_envelopes(pool, slot, part, &mut reply)?;
-        }
-        Ok(reply)
-    });
-    match &res {
-        Ok(reply) => {
-            if let Some(minute) = reply.minute {
-                pool.minutes.sent(part, minute);
-            }
-        }
-        Err(_) => {
+    let mut reply = match run_call(slot, q, part, &args) {
+        Ok(reply) => reply,
+        Err(e) => {
             if let Some((_, _, info)) = beat {
                 pool.registration.put_back(info);
             }
             if let Some(batch) = minutes {
                 pool.minutes.put_back(batch, now_ms);
             }
+            return Err(e);
         }
+    };
+    let replied = Instant::now();
+    // Written by the claim, whatever becomes of its envelopes.
+    if let Some(minute) = reply.minute {
+        pool.minutes.sent(part, minute);
     }
-    res
+    if reply.unread {
+        read_envelopes(pool, slot, part, &mut reply)?;
+    }
+    Ok((reply, replied))
 }
 
-/// Tries at reading a claim's envelopes before its deliveries are given back.
-const ENVELOPE_READS: u32 = 3;
-
-/// The envelopes a claim left to its caller (see claim.lua): one HMGET, tried again
-/// after a failure while the pool runs. Ids found without one end their deliveries
-/// (orphans.lua). When the read keeps failing, the deliveries are given back
-/// (release.lua), so that they wait for no lease to expire; if that fails too, their
-/// leases expire and the reaper delivers them again.
+/// The envelopes a claim left to its caller (see claim.lua): one HMGET right after
+/// the claim, on its connection. Ids found without one end their deliveries
+/// (orphans.lua). A failed read is not tried again, which could hand out a message
+/// after its lease passed on (or, after a failover, one the new master never saw
+/// claimed): the deliveries are given back at once (release.lua, fenced by the
+/// leases), or, if that fails too, expire and are delivered again.
 fn read_envelopes(pool: &Pool, slot: &mut ConnSlot, part: usize, reply: &mut claim::Reply) -> Result<()> {
     let q = &pool.queue;
     let messages = q.inner.parts[part].messages();
-    let mut pause = Duration::from_millis(50);
-    let mut tries = 0;
-    let read = loop {
-        let read = slot
-            .run_once(&q.inner.endpoint, "claim", |con| {
-                reply.envelopes_query(messages).query::<redis::Value>(con)
+    let read = slot
+        .run_once(&q.inner.endpoint, "claim", |con| {
+            reply.envelopes_query(messages).query::<redis::Value>(con)
+        })
+        .and_then(|v| {
+            reply.take_envelopes(&v).map_err(|e| Error::Protocol {
+                script: "claim".to_owned(),
+                reason: format!("reading the envelopes: {e}"),
             })
-            .and_then(|v| {
-                reply.take_envelopes(&v).map_err(|e| Error::Protocol {
-                    script: "claim".to_owned(),
-                    reason: format!("reading the envelopes: {e}"),
-                })
-            });
-        tries += 1;
-        match read {
-            Err(e) if tries < ENVELOPE_READS && !pool.control.stopped() && e.is_retryable() => {
-                pause_unless_stopped(pool, pause);
-                pause *= 2;
-            }
-            read => break read,
-        }
-    };
+        });
     match read {
         Ok(orphans) => {
             end_orphans(pool, slot, part, &orphans);
@@ -184,6 +170,7 @@ fn end_orphans(pool: &Pool, slot: &mut ConnSlot, part: usize, orphans: &[claim::
             .collect(),
     };
     match run_call(slot, &pool.queue, part, &args) {
+        Ok(Count(0)) => {}
         Ok(Count(n)) => log::warn!(
             "delayq[{}]: {n} scheduled id(s) without a message (written by hand or by another tool) dropped",
             pool.queue_name
@@ -300,7 +287,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         let started = Instant::now();
         last_look = started;
         wake.begin_claim(part, started);
-        let claimed = match claim(pool, &mut slot, part, room) {
+        let (claimed, replied) = match claim(pool, &mut slot, part, room) {
             Ok(c) => c,
             Err(e) => {
                 control.slots.release(room);
@@ -328,7 +315,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         };
         error_pause = Duration::from_millis(50);
         pool.claims_failing.store(false, Ordering::Release);
-        wake.set_clock(started, Instant::now(), claimed.server_now_us);
+        wake.set_clock(started, replied, claimed.server_now_us);
         let paused = claimed.next_ms == PAUSED;
         pool.note_paused(paused);
         pool.rate_limited[part].store(claimed.rate_limited, Ordering::Relaxed);
@@ -337,18 +324,17 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         control.slots.release(room - got);
         {
             let mut outstanding = pool.outstanding.lock();
-            let now = Instant::now();
             for item in &claimed.items {
                 outstanding.insert(
                     held_key(&item.lease, &item.id),
                     Outstanding {
                         part,
                         id: item.id.clone(),
-                        claimed: now,
+                        claimed: replied,
                         started: None,
                         timed_out: false,
                         detached: false,
-                        renewed: now,
+                        renewed: replied,
                     },
                 );
             }
@@ -451,7 +437,7 @@ pub(super) fn hand_out(
             Some(score) => layout.due_ms_of_score(score).min(server_now_ms),
             // Written by a delayq before the stamp, and the claim did not read it: its
             // due time is unknown, and had come by the claim.
-            None if !envelope::has_stamp(&stored) => server_now_ms,
+            None if matches!(layout, Layout::Native) && !envelope::has_stamp(&stored) => server_now_ms,
             None => {
                 log::error!(
                     "delayq[{}]: message {id} has a malformed stamp, dead-lettered",

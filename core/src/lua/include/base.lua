@@ -139,10 +139,11 @@ local function with_deadline(envelope, due_ms)
 end
 
 -- A lease is the fencing token of one claim (unique; one claim's deliveries share
--- it, and one claim holds a message at most once), followed for a message without a
--- stamp (include/stamp.lua) by ":<score>", the schedule score it was claimed at (a
--- release puts it back there, and it gives the due time); a stamped message's stamp
--- holds that score. Completions send the whole string back and compare it as one
+-- it, and one claim holds a message at most once), followed by ":<score>", the
+-- schedule score it was claimed at (a release puts it back there, and it gives the
+-- due time), where the claim knows the score and no stamp (include/stamp.lua) tells
+-- it: in the seed layout, and for an envelope without a stamp that the claim read
+-- (serial keys); a stamped message's stamp holds that score. Completions send the whole string back and compare it as one
 -- value: no parsing on the hot path. Which delivery of the message this is needs no
 -- storing: attempts holds the finished ones, so the running one is attempts + 1.
 -- Returns the score a lease carries, nil for a token alone.

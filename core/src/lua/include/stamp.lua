@@ -16,8 +16,10 @@
 -- that reads it.
 -- Readers of the envelope skip the field (envelope.rs, and delayq before it), and the
 -- seed layout's bare payloads carry none. Envelopes from a delayq before the stamp
--- have none until a script puts them in the schedule again: claim.lua then gives their
--- lease the score ("<token>:<score>", see include/base.lua).
+-- have none until a script puts them in the schedule again. A claim that reads the
+-- envelopes (serial keys) gives such a lease the score ("<token>:<score>", see
+-- include/base.lua); one that leaves them to its caller cannot tell them apart, and
+-- the message runs with the claim's time as its due time.
 local STAMP_OPEN = '{"at":['
 
 local function is_stamped(envelope)
