@@ -19,7 +19,8 @@ consumers of the same N due messages:
   the schedule write, here written by the fill, `fill.php --stamp`): nothing is
   written per message from the claim to the ack.
 - delayq: core/src/lua's claim.lua and ack.lua, as a pool calls them (claims of 1000,
-  acks in two halves), or other copies of that directory given as arguments.
+  each followed by one HMGET of its envelopes where the claim leaves them to its
+  caller, acks in two halves), or other copies of that directory given as arguments.
 
 Four client processes (pinned to CPU 1) drain a private redis-server (pinned to CPU 0)
 filled by bench/php/fill.php, so ids and payloads have the shapes the other benches

@@ -5,9 +5,10 @@ change to the scripts before building it into the crate: each directory is drain
 turn, `--rounds` times.
 
 A private Redis pinned to CPU 0; N messages due now, pushed by bench/php/fill.php
-(as the other benches do); then claims of 1000 (the pool's batch) and their acks, sent
-back in two halves (as a pool with two completions in flight does), until the queue is
-empty. After the fill, `CONFIG RESETSTAT`; after the drain, `INFO commandstats`. The
+(as the other benches do); then claims of 1000 (the pool's batch), each followed by
+the HMGET of their envelopes that a pool sends where the claim leaves them to it
+(counted with the claim), and their acks, sent back in two halves (as a pool with two
+completions in flight does), until the queue is empty. After the fill, `CONFIG RESETSTAT`; after the drain, `INFO commandstats`. The
 scripts are composed by the crate itself (`cargo run --example scripts DIR`, once per
 directory, from the repo root): the text sent to Redis, with its `-- @include` pieces,
 and the roles of its KEYS in order (its `-- KEYS:` header), so a copy with other
@@ -88,23 +89,30 @@ def claim_and_ack(client: Any, lua_dir: Path, after: Callable[[str], None] = lam
     head = ["native", f"{TAG}:wake"]
     handed = acked = 0
     while True:
-        # {header, deliveries, later, keyed, repeats, lease}: see claim.lua. A claim.lua
-        # before 2026-12-04 answered {id, lease, envelope} triples and no lease part, and
-        # its ack.lua took (id, lease) pairs, so older copies can be priced beside it.
+        # {header, ids, envelopes, later, keyed, repeats, lease}: see claim.lua. Older
+        # copies can be priced beside it: before 2026-12-05 the claim answered {id,
+        # envelope} pairs in one part (6 parts); before 2026-12-04 {id, lease, envelope}
+        # triples and no lease part (5 parts), and its ack.lua took (id, lease) pairs.
+        # Since 2026-12-05 the claim leaves the envelopes to its caller, as a pool
+        # reads them: one HMGET, counted with the claim.
         reply = claim(keys=claim_keys, args=[*head, BATCH, LEASE_MS, DEAD_MAX, DEAD_TTL_MS, "0"])
-        after("claim")
         token_once = len(reply) > 5
-        group = 2 if token_once else 3
-        deliveries = reply[1]
-        count = len(deliveries) // group
+        if len(reply) == 7:
+            ids = reply[1]
+            if ids and not reply[2] and not all(client.hmget(f"{TAG}:messages", ids)):
+                sys.exit(f"{lua_dir}: a claimed message has no envelope")
+        else:
+            ids = reply[1][::2 if token_once else 3]
+        after("claim")
+        count = len(ids)
         if count == 0:
             return handed, acked
         handed += count
-        leases = [reply[5][0]] * count if token_once else [deliveries[3 * j + 1] for j in range(count)]
+        lease_part = reply[-1]
+        leases = [lease_part[0]] * count if token_once else reply[1][1::3]
         if token_once:
-            for j, lease in zip(reply[5][1::2], reply[5][2::2]):
+            for j, lease in zip(lease_part[1::2], lease_part[2::2]):
                 leases[j - 1] = lease
-        ids = deliveries[::group]
         half = count // 2
         for lo, hi in ((0, half), (half, count)):
             if hi == lo:
