@@ -3,6 +3,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
+use super::complete::Delivery;
 use super::{Call, LuaScript, decode, decode_unsigned};
 use crate::envelope::stamp_score;
 use crate::keys::lease_score;
@@ -99,6 +100,14 @@ pub(crate) struct Reply {
 }
 
 impl Claimed {
+    /// The delivery, as completions name it.
+    pub(crate) fn delivery(&self) -> Delivery<'_> {
+        Delivery {
+            id: &self.id,
+            lease: &self.lease,
+        }
+    }
+
     fn find_score(&mut self) {
         self.score = lease_score(&self.lease).or_else(|| stamp_score(&self.envelope));
     }

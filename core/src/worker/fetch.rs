@@ -132,14 +132,7 @@ fn read_envelopes(pool: &Pool, slot: &mut ConnSlot, part: usize, reply: &mut cla
         }
         Err(e) => {
             let args = complete::Release {
-                deliveries: reply
-                    .items
-                    .iter()
-                    .map(|item| complete::Delivery {
-                        id: &item.id,
-                        lease: &item.lease,
-                    })
-                    .collect(),
+                deliveries: reply.items.iter().map(claim::Claimed::delivery).collect(),
             };
             if let Err(release) = run_call(slot, q, part, &args) {
                 log::warn!(
@@ -161,13 +154,7 @@ fn end_orphans(pool: &Pool, slot: &mut ConnSlot, part: usize, orphans: &[claim::
         return;
     }
     let args = orphans::Args {
-        deliveries: orphans
-            .iter()
-            .map(|item| complete::Delivery {
-                id: &item.id,
-                lease: &item.lease,
-            })
-            .collect(),
+        deliveries: orphans.iter().map(claim::Claimed::delivery).collect(),
     };
     match run_call(slot, &pool.queue, part, &args) {
         Ok(Count(0)) => {}
