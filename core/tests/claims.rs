@@ -468,7 +468,8 @@ fn orphans_lua_drops_an_id_claimed_without_an_envelope_and_spares_one_pushed_sin
     assert!(apart.is_empty(), "every lease is the token: {apart:?}");
     // "late" is pushed while its stray delivery holds the lease.
     push(&q, "late", Due::NOW);
-    let words: Vec<String> = ["stray", token.as_str(), "late", token.as_str()]
+    // "stray" named twice, as no pool sends it: it leaves its claim once.
+    let words: Vec<String> = ["stray", token.as_str(), "late", token.as_str(), "stray", token.as_str()]
         .map(str::to_owned)
         .into();
     let dropped = common::call_script(&mut con, "orphans", "strays", &words).expect("orphans");
@@ -514,7 +515,16 @@ fn a_release_stamps_what_has_no_stamp_and_leaves_a_stamp_that_does_not_parse() {
     }
     let (token, ids, _) = claim_directly(&mut con, "loose", 10);
     assert_eq!(ids, ["bare", "broken"]);
-    let words: Vec<String> = ["bare", token.as_str(), "broken", token.as_str()]
+    // "broken" under a lease that names its score, as a claim that read the envelopes
+    // gives one: the release puts it back there, and still leaves its stamp alone.
+    let scored = format!("{token}:4096");
+    let _: () = redis::cmd("HSET")
+        .arg("{dq:loose}:leases")
+        .arg("broken")
+        .arg(&scored)
+        .query(&mut con)
+        .expect("hset");
+    let words: Vec<String> = ["bare", token.as_str(), "broken", scored.as_str()]
         .map(str::to_owned)
         .into();
     let released = common::call_script(&mut con, "release", "loose", &words).expect("release");
@@ -535,4 +545,10 @@ fn a_release_stamps_what_has_no_stamp_and_leaves_a_stamp_that_does_not_parse() {
         stored[0]
     );
     assert_eq!(stored[1], broken, "left for its next claim to bury");
+    let broken_at: u64 = redis::cmd("ZSCORE")
+        .arg("{dq:loose}:scheduled")
+        .arg("broken")
+        .query(&mut con)
+        .expect("zscore");
+    assert_eq!(broken_at, 4096, "back at the score its lease named");
 }

@@ -29,7 +29,7 @@ for i = 3, #ARGV, 2 do
     score = score or (envelope and stamp_score(envelope, now))
     -- Stamped again: the message leaves this claim (see include/stamp.lua). A stamp
     -- that does not parse (a hand edit) stays as it is: the next claim buries it.
-    local restamp = envelope and (score or not is_stamped(envelope))
+    local restamp = envelope and (not is_stamped(envelope) or stamp_score(envelope, now) ~= nil)
     -- Neither the lease nor the stamp tells its place (an envelope from a delayq
     -- before the stamp, which its claim did not read; a hand edit): due now.
     score = score or score_at(now)

@@ -100,8 +100,12 @@ pub(super) fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) 
     if let Some(minute) = reply.minute {
         pool.minutes.sent(part, minute);
     }
-    if reply.unread {
-        read_envelopes(pool, slot, part, &mut reply)?;
+    if reply.unread
+        && let Err(e) = read_envelopes(pool, slot, part, &mut reply)
+    {
+        // The reply is dropped with its repeats whose chain broke: look again soon.
+        pool.recheck_repeats_soon(part);
+        return Err(e);
     }
     Ok((reply, replied))
 }
