@@ -128,8 +128,9 @@ impl Reply {
     /// Gives each item its envelope from the reply of `envelopes_query`, and its
     /// score. Returns the items whose id had none, taken out of `items`: orphans, whose
     /// deliveries the caller ends (orphans.lua).
-    pub(crate) fn take_envelopes(&mut self, v: &Value) -> Result<Vec<Claimed>, ParsingError> {
-        let envelopes: Vec<Option<String>> = decode(v)?;
+    pub(crate) fn take_envelopes(&mut self, v: Value) -> Result<Vec<Claimed>, ParsingError> {
+        // Owned: each envelope's bytes become its String without a copy.
+        let envelopes: Vec<Option<String>> = FromRedisValue::from_redis_value(v)?;
         if envelopes.len() != self.items.len() {
             return Err(format!(
                 "{} envelopes read for the {} messages claimed",
@@ -440,10 +441,10 @@ mod tests {
             ["HMGET", "{dq:x}:messages", "a", "b", "c"].map(|w| w.as_bytes().to_vec())
         );
         // A read of the wrong length is refused and changes nothing.
-        assert!(r.take_envelopes(&Value::Array(vec![s("{}")])).is_err());
+        assert!(r.take_envelopes(Value::Array(vec![s("{}")])).is_err());
         assert_eq!(r.items.len(), 3);
         let orphans = r
-            .take_envelopes(&Value::Array(vec![
+            .take_envelopes(Value::Array(vec![
                 s(r#"{"at":[6,12289],"v":1}"#),
                 Value::Nil,
                 s(r#"{"v":1}"#),

@@ -124,7 +124,7 @@ fn read_envelopes(pool: &Pool, slot: &mut ConnSlot, part: usize, reply: &mut cla
             reply.envelopes_query(messages).query::<redis::Value>(con)
         })
         .and_then(|v| {
-            reply.take_envelopes(&v).map_err(|e| Error::Protocol {
+            reply.take_envelopes(v).map_err(|e| Error::Protocol {
                 script: "claim".to_owned(),
                 reason: format!("reading the envelopes: {e}"),
             })
