@@ -77,6 +77,14 @@ pub fn decode_payload<T: serde::de::DeserializeOwned>(json: &str) -> Result<T> {
 /// no tree in between.
 pub fn decode_payload_with<'de, S: serde::de::DeserializeSeed<'de>>(json: &'de str, seed: S) -> Result<S::Value> {
     check_shape(json, false)?;
+    decode_checked_with(json, seed)
+}
+
+/// `decode_payload_with` for JSON whose shape was checked already (a claimed payload).
+pub(crate) fn decode_checked_with<'de, S: serde::de::DeserializeSeed<'de>>(
+    json: &'de str,
+    seed: S,
+) -> Result<S::Value> {
     let mut de = serde_json::Deserializer::from_str(json);
     // The depth is bounded above, so recursion is too.
     de.disable_recursion_limit();
@@ -504,31 +512,45 @@ struct Stored<'a> {
     expires_ms: Option<i64>,
 }
 
-/// A decoded envelope: the payload's JSON text and the per-message attempt limit.
+/// A decoded envelope: the payload's JSON text (within the envelope's) and the
+/// per-message attempt limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Decoded {
-    pub(crate) payload_json: String,
+pub(crate) struct Decoded<'a> {
+    pub(crate) payload_json: &'a str,
     pub(crate) max_attempts: Option<u32>,
     pub(crate) created_ms: Option<i64>,
     /// (expire_after, deadline on the server's clock): not to be started after it.
     pub(crate) expiry: Option<(u64, i64)>,
 }
 
-pub(crate) fn decode(layout: &Layout, stored: &str) -> Result<Decoded, String> {
+pub(crate) fn decode<'a>(layout: &Layout, stored: &'a str) -> Result<Decoded<'a>, String> {
     let decoded = decode_envelope(layout, stored)?;
     // A payload no consumer could decode goes to the dead letters at its claim.
-    check_shape(&decoded.payload_json, false).map_err(|e| match e {
+    check_shape(decoded.payload_json, false).map_err(|e| match e {
         Error::PayloadNotSerializable(reason) => format!("payload cannot be decoded: {reason}"),
         other => other.to_string(),
     })?;
     Ok(decoded)
 }
 
-fn decode_envelope(layout: &Layout, stored: &str) -> Result<Decoded, String> {
+impl Decoded<'_> {
+    /// Where the payload lies in `stored`, the envelope it was decoded from.
+    pub(crate) fn payload_span(&self, stored: &str) -> std::ops::Range<usize> {
+        let start = (self.payload_json.as_ptr() as usize).wrapping_sub(stored.as_ptr() as usize);
+        let span = start..start.wrapping_add(self.payload_json.len());
+        debug_assert!(
+            stored.get(span.clone()) == Some(self.payload_json),
+            "not from this envelope"
+        );
+        span
+    }
+}
+
+fn decode_envelope<'a>(layout: &Layout, stored: &'a str) -> Result<Decoded<'a>, String> {
     match layout {
         Layout::Seed { .. } => match serde_json::from_str::<&RawValue>(stored) {
             Ok(raw) => Ok(Decoded {
-                payload_json: raw.get().to_owned(),
+                payload_json: raw.get(),
                 max_attempts: None,
                 created_ms: None,
                 expiry: None,
@@ -542,7 +564,7 @@ fn decode_envelope(layout: &Layout, stored: &str) -> Result<Decoded, String> {
         }
         Layout::Native => match serde_json::from_str::<Stored<'_>>(stored) {
             Ok(s) => Ok(Decoded {
-                payload_json: s.payload.get().to_owned(),
+                payload_json: s.payload.get(),
                 max_attempts: s.max_attempts,
                 created_ms: s.created_ms,
                 expiry: s.expire_after_ms.zip(s.expires_ms),
@@ -760,7 +782,7 @@ mod tests {
             "{stored}"
         );
         let back = decode(&Layout::Native, &stored).expect("decodes");
-        assert_eq!((back.payload_json.as_str(), back.expiry), (payload, Some((60_000, 0))));
+        assert_eq!((back.payload_json, back.expiry), (payload, Some((60_000, 0))));
         assert_eq!(
             decode(
                 &Layout::Native,

@@ -564,7 +564,8 @@ impl delayq::host::Handler for PhpHandler<'_> {
     }
 
     fn prepare(&mut self, delivery: &delayq::Delivery) -> Result<PhpCall, String> {
-        let payload = delayq::decode_payload_with(delivery.payload_json(), convert::ZvalSeed)
+        let payload = delivery
+            .decode_payload_with(convert::ZvalSeed)
             .map_err(|e| format!("stored payload cannot be decoded: {e}"))?;
         let decision = Decision::default();
         let message = PhpMessage {

@@ -159,8 +159,20 @@ fn write_json(value: &Bound<'_, PyAny>, out: &mut PayloadWriter) -> Result<(), F
 /// JSON text to Python objects, as `json.loads` would return them: built as the text
 /// is read (the core's checks, no tree in between).
 pub(crate) fn json_to_py<'py>(py: Python<'py>, json: &str) -> PyResult<Bound<'py, PyAny>> {
+    built_with(py, |seed| delayq::decode_payload_with(json, seed))
+}
+
+/// A delivery's payload as Python objects, as `json_to_py` builds them.
+pub(crate) fn payload_to_py<'py>(py: Python<'py>, delivery: &delayq::Delivery) -> PyResult<Bound<'py, PyAny>> {
+    built_with(py, |seed| delivery.decode_payload_with(seed))
+}
+
+fn built_with<'py>(
+    py: Python<'py>,
+    decode: impl FnOnce(PySeed<'_, 'py>) -> delayq::Result<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
     let failed = std::cell::RefCell::new(None);
-    delayq::decode_payload_with(json, PySeed { py, failed: &failed }).map_err(|e| {
+    decode(PySeed { py, failed: &failed }).map_err(|e| {
         // An error of Python's own (out of memory) stays itself.
         failed.take().unwrap_or_else(|| {
             errors::new_err(

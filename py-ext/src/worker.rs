@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::convert::{self, json_to_py};
+use crate::convert::{self, payload_to_py};
 use crate::errors::{self, OrRaise};
 use crate::queue::PyQueue;
 use crate::supervisor::PySlot;
@@ -439,7 +439,7 @@ impl<'py> delayq::host::Handler for PyHandler<'py, '_> {
 
     fn prepare(&mut self, delivery: &delayq::Delivery) -> Result<PyCall<'py>, String> {
         let py = self.py;
-        let payload = json_to_py(py, delivery.payload_json()).map_err(|e| describe(py, &e))?;
+        let payload = payload_to_py(py, delivery).map_err(|e| describe(py, &e))?;
         let message = Bound::new(py, message(delivery)).map_err(|e| describe(py, &e))?;
         Ok(PyCall { payload, message })
     }
@@ -691,7 +691,7 @@ impl PyConsumer {
         let delayq::Received::Message(d) = received else {
             return Ok(None);
         };
-        let payload = match json_to_py(py, d.payload_json()) {
+        let payload = match payload_to_py(py, &d) {
             Ok(p) => p.unbind(),
             Err(e) => {
                 let text = describe(py, &e);

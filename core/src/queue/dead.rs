@@ -28,7 +28,7 @@ impl Queue {
                 .map(|r| DeadLetter {
                     id: r.id,
                     payload_json: envelope::decode(&self.inner.opts.layout, &r.stored)
-                        .map(|d| d.payload_json)
+                        .map(|d| d.payload_json.to_owned())
                         .unwrap_or(r.stored),
                     attempts: r.attempts,
                     last_error: r.last_error.unwrap_or_default(),

@@ -172,11 +172,10 @@ impl Queue {
     }
 
     pub(super) fn message_info(&self, id: String, r: inspect::Record) -> MessageInfo {
-        let (payload_json, max_attempts, created_at_ms, expiry) =
-            match envelope::decode(&self.inner.opts.layout, &r.stored) {
-                Ok(d) => (d.payload_json, d.max_attempts, d.created_ms, d.expiry),
-                Err(_) => (r.stored, None, None, None),
-            };
+        let decoded = envelope::decode(&self.inner.opts.layout, &r.stored)
+            .ok()
+            .map(|d| (d.payload_json.to_owned(), d.max_attempts, d.created_ms, d.expiry));
+        let (payload_json, max_attempts, created_at_ms, expiry) = decoded.unwrap_or((r.stored, None, None, None));
         MessageInfo {
             id,
             state: r.state,

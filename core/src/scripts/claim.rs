@@ -1,6 +1,8 @@
 //! claim.lua's contract: what a pool sends to take due messages under a lease, and
 //! the reply it reads (the Lua's header says what each part means).
 
+use std::sync::Arc;
+
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::complete::Delivery;
@@ -55,8 +57,8 @@ impl Call for Args<'_> {
 pub(crate) struct Claimed {
     pub(crate) id: String,
     /// The claim's token, with ":<score>" for an envelope without a stamp: sent back
-    /// whole to complete the delivery.
-    pub(crate) lease: String,
+    /// whole to complete the delivery. The messages of one claim share its text.
+    pub(crate) lease: Arc<str>,
     /// The schedule score it was claimed at (the lease's or the stamp's): its due time.
     /// None for an envelope without a stamp (see `envelope::has_stamp`) or with one
     /// that does not parse (a hand edit: the message is buried).
@@ -167,7 +169,9 @@ fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
 
 impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let [header, ids, envelopes, later, keyed, repeats, leases]: [Vec<Value>; 7] = decode(&v)?;
+        // By value: each id's bytes become its String without a copy.
+        let [header, ids, envelopes, later, keyed, repeats, leases]: [Vec<Value>; 7] =
+            FromRedisValue::from_redis_value(v)?;
         let [now, next, reaped, limited, generation, minute, now_us]: [i64; 7] =
             FromRedisValue::from_redis_value(Value::Array(header))?;
         if !(0..1000).contains(&now_us) {
@@ -195,19 +199,23 @@ impl FromRedisValue for Reply {
             .into());
         }
         // The claim's token is every delivery's lease but those named after it.
-        let token: String = match leases.first() {
-            Some(t) => decode(t)?,
-            None => String::new(),
+        let token: Arc<str> = match leases.first() {
+            Some(t) => decode::<String>(t)?.into(),
+            None => Arc::from(""),
         };
+        let mut envelopes = envelopes.into_iter();
         let mut items = ids
-            .iter()
-            .enumerate()
-            .map(|(i, id)| {
+            .into_iter()
+            .map(|id| {
                 Ok(Claimed {
-                    id: decode(id)?,
-                    lease: token.clone(),
+                    id: FromRedisValue::from_redis_value(id)?,
+                    lease: Arc::clone(&token),
                     score: None,
-                    envelope: envelopes.get(i).map(decode).transpose()?.unwrap_or_default(),
+                    envelope: envelopes
+                        .next()
+                        .map(FromRedisValue::from_redis_value)
+                        .transpose()?
+                        .unwrap_or_default(),
                     attempt: 1,
                     serial_key: None,
                 })
@@ -215,7 +223,7 @@ impl FromRedisValue for Reply {
             .collect::<Result<Vec<_>, ParsingError>>()?;
         let n = items.len();
         for pair in leases.get(1..).unwrap_or_default().chunks_exact(2) {
-            items[index(&pair[0], n)?].lease = decode(&pair[1])?;
+            items[index(&pair[0], n)?].lease = decode::<String>(&pair[1])?.into();
         }
         if !unread {
             items.iter_mut().for_each(Claimed::find_score);
@@ -300,20 +308,16 @@ mod tests {
         );
         assert_eq!(r.items.len(), 3);
         assert_eq!(
-            (
-                r.items[0].attempt,
-                r.items[0].serial_key.as_deref(),
-                r.items[0].lease.as_str()
-            ),
+            (r.items[0].attempt, r.items[0].serial_key.as_deref(), &*r.items[0].lease),
             (1, Some("customer-7"), "7:4096")
         );
         assert_eq!(
-            (r.items[1].id.as_str(), r.items[1].attempt, r.items[1].lease.as_str()),
+            (r.items[1].id.as_str(), r.items[1].attempt, &*r.items[1].lease),
             ("b", 3, "7:8192")
         );
         assert_eq!(r.items[1].score, Some(8192.0));
         // A stamped envelope's lease is the token alone: the stamp gives the score.
-        assert_eq!((r.items[2].lease.as_str(), r.items[2].score), ("7", Some(12289.0)));
+        assert_eq!((&*r.items[2].lease, r.items[2].score), ("7", Some(12289.0)));
         assert_eq!(r.broken_repeats[0].mark, None);
         assert_eq!(r.minute, Some(29_000_000), "the claim carried the per-minute records");
         assert_eq!(r.server_now_us, 1_000_250);
@@ -346,7 +350,7 @@ mod tests {
         // A token alone with an envelope whose stamp does not parse: the one message
         // has no due time (the pool buries it), the reply stands.
         let r = Reply::from_redis_value(reply(one(), vec![], vec![s("7")])).expect("decodes");
-        assert_eq!((r.items[0].lease.as_str(), r.items[0].score), ("7", None));
+        assert_eq!((&*r.items[0].lease, r.items[0].score), ("7", None));
         let parts = |header: Value| {
             let mut all = vec![header];
             all.extend((0..6).map(|_| empty()));
@@ -455,8 +459,8 @@ mod tests {
         assert_eq!(r.items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), ["a", "c"]);
         // The stamp gives the score; a lease that names one gives it; the others have
         // none.
-        assert_eq!((r.items[0].score, r.items[0].lease.as_str()), (Some(12289.0), "7"));
-        assert_eq!((r.items[1].score, r.items[1].lease.as_str()), (Some(8192.0), "7:8192"));
+        assert_eq!((r.items[0].score, &*r.items[0].lease), (Some(12289.0), "7"));
+        assert_eq!((r.items[1].score, &*r.items[1].lease), (Some(8192.0), "7:8192"));
         assert_eq!(r.items[1].envelope, r#"{"v":1}"#);
     }
 }

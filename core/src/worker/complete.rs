@@ -1,6 +1,7 @@
 //! The completer thread: writes acks, nacks and releases in batches per partition,
 //! retries them while their lease lasts, and counts what was lost or gone.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
@@ -10,7 +11,7 @@ use crate::error::Error;
 use crate::scripts::complete::Status;
 use crate::scripts::{Call, MAX_BATCH, complete};
 
-use super::pool::{Pool, held_key};
+use super::pool::{Pool, Ticket};
 use super::summary::Counters;
 use super::{Delivery, run_call};
 
@@ -18,13 +19,15 @@ pub(super) enum Outcome {
     Ack {
         part: usize,
         id: String,
-        token: String,
+        token: Arc<str>,
+        ticket: Ticket,
     },
     /// `delay_ms` < 0 buries the message in the dead-letter set.
     Nack {
         part: usize,
         id: String,
-        token: String,
+        token: Arc<str>,
+        ticket: Ticket,
         delay_ms: i64,
         error: String,
         /// Empty when there is none.
@@ -38,7 +41,8 @@ pub(super) enum Outcome {
     Release {
         part: usize,
         id: String,
-        token: String,
+        token: Arc<str>,
+        ticket: Ticket,
     },
 }
 
@@ -58,6 +62,12 @@ impl Outcome {
         }
     }
 
+    pub(super) fn ticket(&self) -> Ticket {
+        match self {
+            Self::Ack { ticket, .. } | Self::Nack { ticket, .. } | Self::Release { ticket, .. } => *ticket,
+        }
+    }
+
     pub(super) fn part(&self) -> usize {
         match self {
             Self::Ack { part, .. } | Self::Nack { part, .. } | Self::Release { part, .. } => *part,
@@ -69,6 +79,7 @@ impl Outcome {
             part: d.part,
             id: d.id,
             token: d.token,
+            ticket: d.ticket,
         }
     }
 }
@@ -225,7 +236,7 @@ pub(super) fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize,
 pub(super) fn lease_was_live(pool: &Pool, o: &Outcome) -> bool {
     pool.outstanding
         .lock()
-        .get(&held_key(o.token(), o.delivery().id))
+        .get(&o.ticket())
         .is_some_and(|held| !held.timed_out && held.renewed.elapsed() < pool.opts.lease)
 }
 
@@ -260,7 +271,7 @@ pub(super) fn lease_lost(pool: &Pool, o: &Outcome) {
 pub(super) fn forget(pool: &Pool, done: &[Outcome]) {
     let mut outstanding = pool.outstanding.lock();
     for o in done {
-        outstanding.remove(&held_key(o.token(), o.delivery().id));
+        outstanding.remove(&o.ticket());
     }
     drop(outstanding);
     pool.control.slots.release(done.len());

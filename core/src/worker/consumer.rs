@@ -14,7 +14,7 @@ use crate::time::MAX_DELAY;
 use super::complete::Outcome;
 use super::control::{Control, group_stopped};
 use super::heartbeat::queue_now_ms;
-use super::pool::{Pool, YIELD_RECHECK, held_key};
+use super::pool::{Pool, YIELD_RECHECK};
 use super::summary::Counters;
 use super::{Delivery, Fate, Received, Releaser, Retry, Stopper, Summary};
 
@@ -155,12 +155,13 @@ impl Consumer {
             self.send(Outcome::release(d));
             return Received::Stopped;
         }
-        if let Some(o) = self.pool.outstanding.lock().get_mut(&held_key(&d.token, &d.id)) {
-            o.started = Some(Instant::now());
+        let now = Instant::now();
+        if let Some(o) = self.pool.outstanding.lock().get_mut(&d.ticket) {
+            o.started = Some(now);
         }
         Counters::add(&self.pool.counters.handled, 1);
-        self.pool.record_start(&d);
-        d.handed_out = Some(Instant::now());
+        self.pool.record_start(&d, now);
+        d.handed_out = Some(now);
         Received::Message(d)
     }
 
@@ -185,6 +186,7 @@ impl Consumer {
             part: d.part,
             id: d.id,
             token: d.token,
+            ticket: d.ticket,
         });
     }
 
@@ -241,6 +243,7 @@ impl Consumer {
             part: d.part,
             id: d.id,
             token: d.token,
+            ticket: d.ticket,
             delay_ms,
             error,
             trace: cut_trace(trace, owner.pool.opts.max_trace_bytes),

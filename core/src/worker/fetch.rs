@@ -20,7 +20,7 @@ use crate::{envelope, repeat};
 use super::complete::Outcome;
 use super::control::Control;
 use super::heartbeat::queue_now_ms;
-use super::pool::{ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, YIELD_RECHECK, held_key};
+use super::pool::{ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, Ticket, YIELD_RECHECK};
 use super::wake::Pick;
 use super::{Delivery, pause_unless_stopped, run_call};
 
@@ -313,13 +313,15 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         pool.note_restart_request(part, claimed.restart_generation);
         let got = claimed.items.len();
         control.slots.release(room - got);
+        let first_ticket = pool.tickets.fetch_add(got as u64, Ordering::Relaxed);
         {
             let mut outstanding = pool.outstanding.lock();
-            for item in &claimed.items {
+            for (ticket, item) in (first_ticket..).zip(&claimed.items) {
                 outstanding.insert(
-                    held_key(&item.lease, &item.id),
+                    ticket,
                     Outstanding {
                         part,
+                        lease: Arc::clone(&item.lease),
                         id: item.id.clone(),
                         claimed: replied,
                         started: None,
@@ -338,7 +340,15 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             .iter()
             .filter_map(|item| repeat::occurrence_of(&item.id).map(|(name, due)| (name.to_owned(), due)))
             .collect();
-        hand_out(pool, part, claimed.server_now_ms, claimed.items, deliveries, outcomes);
+        hand_out(
+            pool,
+            part,
+            claimed.server_now_ms,
+            first_ticket,
+            claimed.items,
+            deliveries,
+            outcomes,
+        );
         wake.end_claim(part, got == room, if paused { -1 } else { claimed.next_ms });
         // After the hand-out, so that handlers need not wait for it.
         push_next_occurrences(pool, part, &occurrences, &claimed.broken_repeats);
@@ -387,13 +397,14 @@ pub(super) fn push_next_occurrences(
     }
 }
 
-/// Pass claimed messages to the handlers; bury the unreadable and the over-tried.
-/// Messages past their `expire_after` deadline (at `server_now_ms`, the claim's reading
-/// of the Redis clock) are buried unrun.
+/// Pass claimed messages, held from `first_ticket` on, to the handlers; bury the
+/// unreadable and the over-tried. Messages past their `expire_after` deadline (at
+/// `server_now_ms`, the claim's reading of the Redis clock) are buried unrun.
 pub(super) fn hand_out(
     pool: &Pool,
     part: usize,
     server_now_ms: i64,
+    first_ticket: Ticket,
     items: Vec<claim::Claimed>,
     deliveries: &Sender<Delivery>,
     outcomes: &Sender<Outcome>,
@@ -401,11 +412,12 @@ pub(super) fn hand_out(
     let layout = &pool.queue.options().layout;
     let mut expired = 0;
     // Straight to the dead letters, without counting as a failed handler call.
-    let bury = |id, token, error, past_max_attempts| {
+    let bury = |id, token, ticket, error, past_max_attempts| {
         let _ = outcomes.send(Outcome::Nack {
             part,
             id,
             token,
+            ticket,
             delay_ms: -1,
             error,
             trace: String::new(),
@@ -413,7 +425,7 @@ pub(super) fn hand_out(
             past_max_attempts,
         });
     };
-    for item in items {
+    for (ticket, item) in (first_ticket..).zip(items) {
         let claim::Claimed {
             id,
             lease: token,
@@ -437,6 +449,7 @@ pub(super) fn hand_out(
                 bury(
                     id,
                     token,
+                    ticket,
                     "poison message: its stamp tells no due time".to_owned(),
                     false,
                 );
@@ -455,7 +468,7 @@ pub(super) fn hand_out(
                     "delayq[{}]: message {id} is unreadable, dead-lettered: {reason}",
                     pool.queue_name
                 );
-                bury(id, token, format!("poison message: {reason}"), false);
+                bury(id, token, ticket, format!("poison message: {reason}"), false);
             }
             // Its earlier deliveries failed or ended with an expired lease (the worker
             // died or hung), or this pool allows fewer than the one before: running it
@@ -470,6 +483,7 @@ pub(super) fn hand_out(
                 bury(
                     id,
                     token,
+                    ticket,
                     format!("gave up after {} attempts (max_attempts {max_attempts})", attempt - 1),
                     true,
                 );
@@ -480,6 +494,7 @@ pub(super) fn hand_out(
                 bury(
                     id,
                     token,
+                    ticket,
                     format!(
                         "expired: not started within {} of its due time (expire_after); the deadline passed {} ago",
                         crate::time::human_ms(i64::try_from(after_ms).unwrap_or(i64::MAX)),
@@ -489,6 +504,7 @@ pub(super) fn hand_out(
                 );
             }
             Ok(d) => {
+                let payload = d.payload_span(&stored);
                 let _ = deliveries.send(Delivery {
                     id,
                     attempt,
@@ -497,9 +513,11 @@ pub(super) fn hand_out(
                     max_attempts,
                     expires_at_ms: d.expiry.map(|(_, deadline)| deadline),
                     serial_key,
-                    payload_json: d.payload_json,
+                    stored,
+                    payload,
                     token,
                     part,
+                    ticket,
                     member: pool.member,
                     handed_out: None,
                 });

@@ -4,6 +4,7 @@
 //! registry of queues (`send_minutes`), and releases prefetched deliveries when every
 //! handler is stuck.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use crate::conn::ConnSlot;
 use crate::scripts::complete::Status;
 use crate::scripts::{MAX_BATCH, beat, complete, extend};
 
-use super::pool::{Pool, held_key};
+use super::pool::{Pool, Ticket};
 use super::release::{ReleaseReason, release_buffered};
 use super::{WorkerOptions, run_call};
 
@@ -239,13 +240,13 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
         let mut detaching = Vec::new();
         {
             let mut outstanding = pool.outstanding.lock();
-            for ((token, _), o) in outstanding.iter_mut() {
+            for (ticket, o) in outstanding.iter_mut() {
                 let overdue = matches!((pool.opts.timeout, o.started), (Some(t), Some(s)) if now.duration_since(s) > t);
                 if overdue {
                     // Its claim's other messages renew the claim: out of it, the lease
                     // of this one ends at the deadline it has now.
                     if !o.detached {
-                        detaching.push((o.part, o.id.clone(), token.clone()));
+                        detaching.push((o.part, *ticket, o.id.clone(), Arc::clone(&o.lease)));
                     }
                     if !o.timed_out {
                         o.timed_out = true;
@@ -258,7 +259,7 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                     }
                     continue;
                 }
-                running.push((o.part, o.id.clone(), token.clone()));
+                running.push((o.part, *ticket, o.id.clone(), Arc::clone(&o.lease)));
             }
         }
         let q = &pool.queue;
@@ -275,25 +276,25 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                 detach: Vec::new(),
                 deliveries: chunk
                     .iter()
-                    .map(|(_, id, token)| complete::Delivery { id, lease: token })
+                    .map(|(_, _, id, lease)| complete::Delivery { id, lease })
                     .collect(),
             };
             match run_call(&mut slot, q, part, &args) {
                 Ok(complete::Statuses(statuses)) => {
                     let renewed_at = Instant::now();
                     let mut outstanding = pool.outstanding.lock();
-                    for ((_, id, token), s) in chunk.iter().zip(&statuses) {
+                    for ((_, ticket, ..), s) in chunk.iter().zip(&statuses) {
                         if *s == Status::Done
-                            && let Some(o) = outstanding.get_mut(&held_key(token, id))
+                            && let Some(o) = outstanding.get_mut(ticket)
                         {
                             o.renewed = renewed_at;
                         }
                     }
                     drop(outstanding);
-                    for ((_, id, token), s) in chunk.iter().zip(statuses) {
+                    for ((_, ticket, id, _), s) in chunk.iter().zip(statuses) {
                         // A completion written since the snapshot above is no loss: its
                         // message is gone or it has left `outstanding` by now.
-                        if s == Status::LeaseLost && pool.outstanding.lock().contains_key(&held_key(token, id)) {
+                        if s == Status::LeaseLost && pool.outstanding.lock().contains_key(ticket) {
                             log::warn!(
                                 "delayq[{}]: lease of {id} was lost before the handler finished",
                                 pool.queue_name
@@ -309,7 +310,7 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
 
 /// Detach deliveries whose handlers ran past their timeout from their claims (see
 /// extend.lua), by partition; a failed call leaves them to the next heartbeat.
-fn detach(pool: &Pool, slot: &mut ConnSlot, detaching: &mut [(usize, String, String)]) {
+fn detach(pool: &Pool, slot: &mut ConnSlot, detaching: &mut [(usize, Ticket, String, Arc<str>)]) {
     detaching.sort_unstable_by_key(|(part, ..)| *part);
     for chunk in detaching
         .chunk_by(|a, b| a.0 == b.0)
@@ -319,7 +320,7 @@ fn detach(pool: &Pool, slot: &mut ConnSlot, detaching: &mut [(usize, String, Str
             lease_ms: pool.opts.lease.as_millis() as u64,
             detach: chunk
                 .iter()
-                .map(|(_, id, token)| complete::Delivery { id, lease: token })
+                .map(|(_, _, id, lease)| complete::Delivery { id, lease })
                 .collect(),
             deliveries: Vec::new(),
         };
@@ -327,8 +328,8 @@ fn detach(pool: &Pool, slot: &mut ConnSlot, detaching: &mut [(usize, String, Str
             // Detached, lost or gone: there is nothing left to detach either way.
             Ok(complete::Statuses(_)) => {
                 let mut outstanding = pool.outstanding.lock();
-                for (_, id, token) in chunk {
-                    if let Some(o) = outstanding.get_mut(&held_key(token, id)) {
+                for (_, ticket, ..) in chunk {
+                    if let Some(o) = outstanding.get_mut(ticket) {
                         o.detached = true;
                     }
                 }

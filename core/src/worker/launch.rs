@@ -1,7 +1,6 @@
 //! `Worker`: the handle users make. Checks the options, and starts a pool's threads
 //! (fetchers, completer, heartbeat, wake-up subscriber, Sentinel watch) per queue.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
@@ -16,7 +15,7 @@ use super::complete::complete_loop;
 use super::control::Control;
 use super::fetch::{check_access, fetch_loop};
 use super::heartbeat::{Lateness, Registration, heartbeat_loop};
-use super::pool::Pool;
+use super::pool::{HeldMap, Pool};
 use super::summary::Counters;
 use super::wake::{Slots, Wake};
 use super::wakeups::{subscribe_loop, watch_sentinels};
@@ -214,7 +213,8 @@ impl Worker {
             opts: self.opts.clone(),
             control: Arc::clone(&self.control),
             counters: Counters::default(),
-            outstanding: Mutex::new(HashMap::new()),
+            outstanding: Mutex::new(HeldMap::default()),
+            tickets: AtomicU64::new(0),
             handlers,
             stalled: AtomicBool::new(false),
             buffered: deliver_rx.clone(),

@@ -1,7 +1,6 @@
 //! The state one running pool shares among its threads: what it holds, its
 //! counters, the prefetch room, and the priority rules between a worker's queues.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -16,15 +15,16 @@ use super::heartbeat::{Lateness, Registration};
 use super::summary::Counters;
 use super::{Delivery, WorkerOptions};
 
-/// A delivery in `Pool::outstanding`: its lease (token) and message id.
-pub(super) type HeldKey = (String, String);
+/// A delivery in `Pool::outstanding`: the number its claim gave it, unique in its pool.
+/// Completions find their delivery by it without comparing text.
+pub(super) type Ticket = u64;
 
-pub(super) fn held_key(token: &str, id: &str) -> HeldKey {
-    (token.to_owned(), id.to_owned())
-}
+pub(super) type HeldMap = hashbrown::HashMap<Ticket, Outstanding>;
 
 pub(super) struct Outstanding {
     pub(super) part: usize,
+    /// Its lease (its claim's deliveries share the text) and message id.
+    pub(super) lease: Arc<str>,
     pub(super) id: String,
     pub(super) claimed: Instant,
     pub(super) started: Option<Instant>,
@@ -42,9 +42,10 @@ pub(super) struct Pool {
     pub(super) opts: WorkerOptions,
     pub(super) control: Arc<Control>,
     pub(super) counters: Counters,
-    /// Claimed, not yet completed, by lease and id (`held_key`): messages of one
-    /// claim due at one score share their lease text.
-    pub(super) outstanding: Mutex<HashMap<HeldKey, Outstanding>>,
+    /// Claimed, not yet completed, by ticket.
+    pub(super) outstanding: Mutex<HeldMap>,
+    /// The next claim's first ticket.
+    pub(super) tickets: AtomicU64,
     /// Deliveries the caller works on at once (its handler threads or tasks).
     pub(super) handlers: usize,
     /// Every handler is past `timeout`: claim nothing, and give prefetched deliveries
@@ -312,8 +313,9 @@ impl Pool {
     }
 
     /// A handler starts `d`: how late after its due time, on the server's clock.
-    pub(super) fn record_start(&self, d: &Delivery) {
-        if let Some(now) = self.control.wake.server_now_ms() {
+    /// `d` was handed to its handler at `at`.
+    pub(super) fn record_start(&self, d: &Delivery, at: Instant) {
+        if let Some(now) = self.control.wake.server_ms_at(at) {
             self.lateness.lock().0.add((now - d.due_at_ms).max(0));
             self.minutes.record_start(d.part, now, now - d.due_at_ms);
         }

@@ -9,7 +9,7 @@ use redis::Value;
 use crate::conn::{ConnSlot, Replay};
 use crate::scripts::{self, Call, MAX_BATCH, complete};
 
-use super::pool::{HeldKey, Outstanding, Pool, held_key};
+use super::pool::{Outstanding, Pool};
 use super::summary::Counters;
 use super::{Delivery, Summary, run_call};
 
@@ -56,7 +56,7 @@ impl Releaser {
     /// the supervisor to fail. Returns how many went back.
     pub fn stop_and_release_all_but(&self, member: usize, lease: &str, id: &str) -> usize {
         let waiting = self.stop_and_release_waiting();
-        let running = self.stop_and_release(Some((member, held_key(lease, id))));
+        let running = self.stop_and_release(Some((member, lease, id)));
         if running > 0 {
             log::warn!(
                 "delayq: a handler blocked the other handlers of its process past the timeout; {running} of their \
@@ -67,35 +67,38 @@ impl Releaser {
     }
 
     /// Stop and release every delivery the pools hold but `spared` (the index of its
-    /// queue in the worker, and its key).
-    fn stop_and_release(&self, spared: Option<(usize, HeldKey)>) -> usize {
+    /// queue in the worker, its lease and its id).
+    fn stop_and_release(&self, spared: Option<(usize, &str, &str)>) -> usize {
         let mut total = 0;
         for (member, pool) in self.0.iter().enumerate() {
             pool.control.stop();
-            let held: Vec<(HeldKey, Outstanding)> = {
+            let held: Vec<Outstanding> = {
                 let mut outstanding = pool.outstanding.lock();
-                match &spared {
-                    Some((m, key)) if *m == member => {
-                        let kept = outstanding.remove(key);
-                        let rest = outstanding.drain().collect();
-                        if let Some(kept) = kept {
-                            outstanding.insert(key.clone(), kept);
-                        }
-                        rest
-                    }
-                    _ => outstanding.drain().collect(),
-                }
+                let kept = match spared {
+                    Some((m, lease, id)) if m == member => outstanding
+                        .iter()
+                        .find(|(_, o)| &*o.lease == lease && o.id == id)
+                        .map(|(ticket, _)| *ticket),
+                    _ => None,
+                };
+                outstanding
+                    .extract_if(|ticket, _| Some(*ticket) != kept)
+                    .map(|(_, o)| o)
+                    .collect()
             };
             let q = &pool.queue;
             let mut slot = ConnSlot::new();
             let mut released = 0;
             for part in 0..q.partitions() {
-                let mine: Vec<&(HeldKey, Outstanding)> = held.iter().filter(|(_, o)| o.part == part).collect();
+                let mine: Vec<&Outstanding> = held.iter().filter(|o| o.part == part).collect();
                 for chunk in mine.chunks(MAX_BATCH) {
                     let args = complete::Release {
                         deliveries: chunk
                             .iter()
-                            .map(|((token, id), _)| complete::Delivery { id, lease: token })
+                            .map(|o| complete::Delivery {
+                                id: &o.id,
+                                lease: &o.lease,
+                            })
                             .collect(),
                     };
                     let res = slot
@@ -199,7 +202,7 @@ pub(super) fn release_buffered(pool: &Pool, slot: &mut ConnSlot, why: ReleaseRea
     }
     let mut outstanding = pool.outstanding.lock();
     for d in &waiting {
-        outstanding.remove(&held_key(&d.token, &d.id));
+        outstanding.remove(&d.ticket);
     }
     drop(outstanding);
     pool.control.slots.release(waiting.len());

@@ -115,8 +115,13 @@ impl Wake {
 
     /// The Redis server's clock now, from the last claim's reading.
     pub(super) fn server_now_ms(&self) -> Option<i64> {
+        self.server_ms_at(Instant::now())
+    }
+
+    /// The Redis server's clock at `at` (no earlier than the last claim's reading).
+    pub(super) fn server_ms_at(&self, at: Instant) -> Option<i64> {
         let r = self.state.lock().clock?;
-        let elapsed = i64::try_from(r.local.elapsed().as_micros()).unwrap_or(i64::MAX / 2);
+        let elapsed = i64::try_from(at.saturating_duration_since(r.local).as_micros()).unwrap_or(i64::MAX / 2);
         Some(r.server_us.saturating_add(elapsed).div_euclid(1000))
     }
 
