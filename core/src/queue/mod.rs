@@ -21,7 +21,7 @@ use redis::{FromRedisValue, RedisResult, Value};
 use crate::conn::{Conn, ConnSlot, Endpoint, Replay};
 use crate::error::{Error, Result};
 use crate::keys::{Keys, Layout, partition_of, partition_tags, validate_name};
-use crate::scripts::{self, LuaScript, MAX_BATCH};
+use crate::scripts::{self, Invocation, LuaScript, MAX_BATCH};
 
 pub use options::{
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEEP_COMPLETED, MAX_PAYLOAD_BYTES, MAX_RATE_LIMIT_PERIOD, NewMessage, PushOptions,
@@ -178,7 +178,7 @@ impl Queue {
         operation: &str,
         replay: Replay,
         script: &LuaScript,
-        build: impl Fn(&mut redis::ScriptInvocation<'_>),
+        build: impl Fn(&mut Invocation<'_>),
     ) -> Result<R> {
         let inner = &*self.inner;
         let v: Value = inner.conn.lock().run(&inner.endpoint, operation, replay, |con| {
@@ -197,7 +197,7 @@ impl Queue {
         operation: &str,
         replay: Replay,
         script: &LuaScript,
-        build: impl Fn(&mut redis::ScriptInvocation<'_>),
+        build: impl Fn(&mut Invocation<'_>),
         found: impl Fn(&R) -> bool,
     ) -> Result<R> {
         let n = self.partitions();
@@ -214,12 +214,9 @@ impl Queue {
 
     /// A call of `script` on partition `part`: the keys its header declares, then the
     /// layout and the wake-up channel.
-    pub(crate) fn invocation<'a>(&'a self, part: usize, script: &'a LuaScript) -> redis::ScriptInvocation<'a> {
+    pub(crate) fn invocation<'a>(&'a self, part: usize, script: &'a LuaScript) -> Invocation<'a> {
         let keys = &self.inner.parts[part];
-        let mut inv = script.script.prepare_invoke();
-        for &k in &script.keys {
-            inv.key(&keys.all[k]);
-        }
+        let mut inv = Invocation::new(script, script.keys.iter().map(|&k| keys.all[k].as_str()));
         inv.arg(self.inner.opts.layout.script_name()).arg(&keys.wake_channel);
         inv
     }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::conn::Replay;
 use crate::error::{Error, Result};
 use crate::payload::to_json;
-use crate::scripts::{Call, MAX_BATCH, now, push};
+use crate::scripts::{Call, Invocation, MAX_BATCH, now, push};
 use crate::time::Due;
 use crate::{Layout, NewMessage, PayloadJson, PushOptions, Queue, envelope, keys};
 
@@ -154,7 +154,7 @@ impl Queue {
                 })
                 .collect(),
         };
-        let add_chunk = |inv: &mut redis::ScriptInvocation<'_>, members: &[usize]| {
+        let add_chunk = |inv: &mut Invocation<'_>, members: &[usize]| {
             args_of(members).add_to(inv);
         };
         let waits = inner.opts.wait_replicas > 0;
@@ -194,7 +194,7 @@ impl Queue {
                     for &(part, members) in &chunks {
                         let mut inv = self.invocation(part, push::script());
                         add_chunk(&mut inv, members);
-                        pipe.invoke_script(&inv).ignore();
+                        pipe.add_command(inv.into_cmd()).ignore();
                     }
                     sent.set(true);
                     if waits {

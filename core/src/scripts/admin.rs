@@ -4,7 +4,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{LuaScript, decode};
+use super::{Invocation, LuaScript, decode};
 use crate::time::Due;
 
 /// cancel.lua: delete those of `ids` that still wait, counted under `counter`
@@ -16,7 +16,7 @@ pub(crate) struct Cancel<'a> {
 }
 
 impl Cancel<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.counter);
         for id in &self.ids {
             inv.arg(*id);
@@ -32,7 +32,7 @@ pub(crate) struct Reschedule<'a> {
 }
 
 impl Reschedule<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         let (timing, ms) = self.due.script_args();
         inv.arg(self.id).arg(timing).arg(ms);
     }
@@ -59,7 +59,7 @@ pub(crate) struct Pause {
 }
 
 impl Pause {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(u8::from(self.paused));
     }
 }
@@ -73,7 +73,7 @@ pub(crate) struct Limit {
 }
 
 impl Limit {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         match self.set {
             Some((share, per_ms, max)) => inv.arg(share).arg(per_ms).arg(max),
             None => inv.arg("").arg("").arg(""),

@@ -3,7 +3,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{Call, LuaScript, decode_unsigned};
+use super::{Call, Invocation, LuaScript, decode_unsigned};
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Args<'a> {
@@ -20,7 +20,7 @@ impl Call for Args<'_> {
         script()
     }
 
-    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.pool_id).arg(self.ttl_ms).arg(self.info);
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::complete::Delivery;
-use super::{Call, LuaScript, decode, decode_unsigned};
+use super::{Call, Invocation, LuaScript, decode, decode_unsigned};
 use crate::envelope::stamp_score;
 use crate::keys::lease_score;
 
@@ -34,7 +34,7 @@ impl Call for Args<'_> {
         script()
     }
 
-    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.batch)
             .arg(self.lease_ms)
             .arg(self.dead_max)

@@ -4,7 +4,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{Call, LuaScript, decode, decode_unsigned};
+use super::{Call, Invocation, LuaScript, decode, decode_unsigned};
 
 /// A delivery, as its claim returned it.
 #[derive(Debug, Clone, Copy)]
@@ -73,7 +73,7 @@ impl Call for Ack<'_> {
     /// Runs of deliveries holding one lease, in the order given: the lease, how many,
     /// their ids. A claim's deliveries share its lease, so a batch is mostly one run
     /// and the lease is sent once.
-    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.keep).arg(self.keep_ms);
         for run in self.deliveries.chunk_by(|a, b| a.lease == b.lease) {
             inv.arg(run[0].lease).arg(run.len());
@@ -91,7 +91,7 @@ impl Call for Nack<'_> {
         nack()
     }
 
-    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.dead_max).arg(self.dead_ttl_ms);
         for f in &self.failures {
             let delay = f.retry_in_ms.map_or(-1, |ms| i64::try_from(ms).unwrap_or(i64::MAX));
@@ -112,7 +112,7 @@ impl Call for Release<'_> {
         release()
     }
 
-    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    fn add_to(&self, inv: &mut Invocation<'_>) {
         for d in &self.deliveries {
             inv.arg(d.id).arg(d.lease);
         }

@@ -4,7 +4,7 @@
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::replies::optional_text;
-use super::{LuaScript, decode, decode_unsigned};
+use super::{Invocation, LuaScript, decode, decode_unsigned};
 
 /// dead.lua: the newest `limit` dead letters.
 #[derive(Debug, Clone, Copy)]
@@ -15,7 +15,7 @@ pub(crate) struct List {
 }
 
 impl List {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.limit).arg(self.start);
     }
 }
@@ -68,7 +68,7 @@ pub(crate) enum Selection<'a> {
 }
 
 impl Selection<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         match self {
             Self::One(id) => inv.arg(*id).arg(1),
             Self::Oldest(n) => inv.arg("").arg(*n),
@@ -86,7 +86,7 @@ pub(crate) struct Matching<'a> {
 }
 
 impl Matching<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.first).arg(self.count).arg(self.text);
     }
 }

@@ -2,7 +2,7 @@
 //! detach from their claims those whose handlers ran past their timeout.
 
 use super::complete::{Delivery, Statuses};
-use super::{Call, LuaScript};
+use super::{Call, Invocation, LuaScript};
 
 /// Detach `detach` from their claims, then renew each of `deliveries` to `lease_ms`
 /// from now. The reply is one `complete::Status` per delivery of both, in order:
@@ -21,7 +21,7 @@ impl Call for Args<'_> {
         script()
     }
 
-    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.lease_ms).arg(self.detach.len());
         for d in self.detach.iter().chain(&self.deliveries) {
             inv.arg(d.id).arg(d.lease);

@@ -4,7 +4,7 @@
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::replies::{optional_ms, optional_text};
-use super::{LuaScript, decode, decode_unsigned};
+use super::{Invocation, LuaScript, decode, decode_unsigned};
 use crate::queue::State;
 
 /// What a script knows of one message.
@@ -73,7 +73,7 @@ pub(crate) struct Get<'a> {
 }
 
 impl Get<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.id);
     }
 }
@@ -114,7 +114,7 @@ pub(crate) struct List<'a> {
 }
 
 impl List<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.which).arg(self.limit).arg(self.start);
     }
 }
@@ -151,7 +151,7 @@ pub(crate) struct Find<'a> {
 }
 
 impl Find<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.which).arg(self.cursor).arg(self.text).arg(self.count);
     }
 }

@@ -4,7 +4,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{Call, LuaScript, decode};
+use super::{Call, Invocation, LuaScript, decode};
 
 /// minutes_add.lua: the deltas, each as `metrics::Delta::encode` writes it.
 #[derive(Debug, Clone)]
@@ -20,7 +20,7 @@ impl Call for Add {
         &super::MINUTES_ADD
     }
 
-    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.keep_minutes);
         for d in &self.deltas {
             inv.arg(d);

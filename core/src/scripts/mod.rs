@@ -39,7 +39,50 @@ pub(crate) trait Call {
     /// The script the arguments are for.
     fn script(&self) -> &'static LuaScript;
     /// Add the arguments after the layout and the wake-up channel.
-    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>);
+    fn add_to(&self, inv: &mut Invocation<'_>);
+}
+
+/// One call of a script, written as it is added into the command that is sent
+/// (EVALSHA, the hash, the keys, the arguments): no buffer of its own per argument,
+/// which a batch of a thousand ids would pay for a thousand times.
+pub(crate) struct Invocation<'a> {
+    script: &'a LuaScript,
+    cmd: redis::Cmd,
+}
+
+impl<'a> Invocation<'a> {
+    /// A call of `script` with `keys`, which must be as many as its header declares.
+    pub(crate) fn new<'k>(script: &'a LuaScript, keys: impl ExactSizeIterator<Item = &'k str>) -> Self {
+        debug_assert_eq!(keys.len(), script.keys.len(), "the keys of {}", script.name);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
+        }
+        Self { script, cmd }
+    }
+
+    /// Add one argument (or several, as `ToRedisArgs` writes them).
+    pub(crate) fn arg<T: redis::ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Run it, loading the script first if the server does not know it.
+    pub(crate) fn invoke<T: FromRedisValue>(&self, con: &mut dyn redis::ConnectionLike) -> redis::RedisResult<T> {
+        match self.cmd.query(con) {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.script.script.load(con)?;
+                self.cmd.query(con)
+            }
+            result => result,
+        }
+    }
+
+    /// The command, for a pipeline (whose own SCRIPT LOAD goes before it).
+    pub(crate) fn into_cmd(self) -> redis::Cmd {
+        self.cmd
+    }
 }
 
 /// One part of a reply as `T`, or why not: never a default.
@@ -526,12 +569,17 @@ pub const MAX_BATCH: usize = 1000;
 
 /// The arguments that `add_to` gives a script call, as sent.
 #[cfg(test)]
-pub(crate) fn sent_args(add_to: impl FnOnce(&mut redis::ScriptInvocation<'_>)) -> Vec<String> {
-    let script = redis::Script::new("return 1");
-    let mut inv = script.prepare_invoke();
+pub(crate) fn sent_args(add_to: impl FnOnce(&mut Invocation<'_>)) -> Vec<String> {
+    let script = LuaScript {
+        name: "test",
+        script: redis::Script::new("return 1"),
+        keys: Vec::new(),
+        commands: Vec::new(),
+    };
+    let mut inv = Invocation::new(&script, std::iter::empty());
     add_to(&mut inv);
     // The words as sent: EVALSHA, the hash, the key count, then the arguments.
-    let packed = redis::pipe().invoke_script(&inv).get_packed_pipeline();
+    let packed = inv.into_cmd().get_packed_command();
     let text = String::from_utf8(packed).expect("text");
     text.split("\r\n")
         .skip(2)

@@ -2,7 +2,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{Call, LuaScript, decode};
+use super::{Call, Invocation, LuaScript, decode};
 
 /// No arguments: the clock of the queue the call is made on.
 #[derive(Debug, Clone, Copy)]
@@ -15,7 +15,7 @@ impl Call for Args {
         &super::NOW
     }
 
-    fn add_to(&self, _inv: &mut redis::ScriptInvocation<'_>) {}
+    fn add_to(&self, _inv: &mut Invocation<'_>) {}
 }
 
 /// The queue clock's reading (Unix ms, see include/clock.lua).

@@ -3,7 +3,7 @@
 
 use super::complete::Delivery;
 use super::replies::Count;
-use super::{Call, LuaScript};
+use super::{Call, Invocation, LuaScript};
 
 /// The deliveries to end; the reply counts those ended.
 #[derive(Debug, Clone)]
@@ -18,7 +18,7 @@ impl Call for Args<'_> {
         script()
     }
 
-    fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    fn add_to(&self, inv: &mut Invocation<'_>) {
         for d in &self.deliveries {
             inv.arg(d.id).arg(d.lease);
         }

@@ -2,7 +2,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{LuaScript, decode, decode_unsigned};
+use super::{Invocation, LuaScript, decode, decode_unsigned};
 use crate::time::Due;
 
 /// One message of a push.
@@ -71,7 +71,7 @@ impl Args<'_> {
     /// The messages as runs of those that share their timing and options: a batch
     /// pushed alike sends two words a message, not six, and its run of generated ids
     /// takes one score.
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(if self.check_existing { "check" } else { "new" });
         for run in self.messages.chunk_by(|a, b| a.run_key() == b.run_key()) {
             let (timing, ms, flags) = run[0].run_key();

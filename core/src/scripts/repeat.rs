@@ -5,7 +5,7 @@
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::replies::optional_ms;
-use super::{LuaScript, decode};
+use super::{Invocation, LuaScript, decode};
 
 /// An occurrence to push (repeat_set.lua, repeat_next.lua). repeat_set replies the
 /// due time (ms) of the next occurrence, repeat_next a `replies::Flag` (pushed).
@@ -19,7 +19,7 @@ pub(crate) struct Occurrence<'a> {
 }
 
 impl Occurrence<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.name)
             .arg(self.definition)
             .arg(self.due_ms)
@@ -35,7 +35,7 @@ pub(crate) struct Named<'a> {
 }
 
 impl Named<'_> {
-    pub(crate) fn add_to(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.name);
     }
 }
