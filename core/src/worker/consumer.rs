@@ -156,7 +156,9 @@ impl Consumer {
             return Received::Stopped;
         }
         let now = Instant::now();
-        if let Some(o) = self.pool.outstanding.lock().get_mut(&d.ticket) {
+        if self.pool.reads_starts()
+            && let Some(o) = self.pool.outstanding.lock().get_mut(&d.ticket)
+        {
             o.started = Some(now);
         }
         Counters::add(&self.pool.counters.handled, 1);

@@ -27,6 +27,7 @@ pub(super) struct Outstanding {
     pub(super) lease: Arc<str>,
     pub(super) id: String,
     pub(super) claimed: Instant,
+    /// When its handler started; kept only where it is read (`Pool::reads_starts`).
     pub(super) started: Option<Instant>,
     pub(super) timed_out: bool,
     /// Detached from its claim once it timed out (see extend.lua): its deadline is its
@@ -208,6 +209,13 @@ impl Pool {
         !self.control.stopped()
             && !self.claims_failing.load(Ordering::Acquire)
             && (!self.buffered.is_empty() || self.claiming.load(Ordering::Acquire) > 0 || self.control.wake.due_now())
+    }
+
+    /// Whether anything reads when handlers started (`Outstanding::started`): the
+    /// timeout, and a lower queue's check for deliveries kept waiting. Elsewhere the
+    /// hand-out skips a lookup in `outstanding` per delivery.
+    pub(super) fn reads_starts(&self) -> bool {
+        self.opts.timeout.is_some() || self.member > 0
     }
 
     /// Deliveries it claimed before `since` still wait unstarted while the higher
