@@ -4,6 +4,7 @@
 //! the `delayq` crate; each file here mirrors one part of its API.
 
 mod args;
+mod callable;
 mod convert;
 mod errors;
 mod logs;

@@ -10,9 +10,10 @@ use std::os::fd::OwnedFd;
 use delayq::host::{self, Asked, Report, Slot, SlotTable, StopReason};
 use ext_php_rs::boxed::ZBox;
 use ext_php_rs::exception::PhpException;
-use ext_php_rs::types::{ZendCallable, ZendHashTable};
+use ext_php_rs::types::ZendHashTable;
 use ext_php_rs::zend::ExecutorGlobals;
 
+use crate::callable::Callee;
 use crate::errors;
 use crate::signals;
 use crate::worker::{PhpWorker, RunSummary, summary_array};
@@ -30,7 +31,7 @@ pub(crate) fn report_ended_at_once(mut report: File, counts: delayq::Summary) {
 }
 
 /// In the child: run, report, and leave without running the parent's script further.
-fn child_main(worker: &PhpWorker, handler: &ZendCallable, slot: &Slot, mut report: File, parent: libc::pid_t) -> ! {
+fn child_main(worker: &PhpWorker, handler: &Callee, slot: &Slot, mut report: File, parent: libc::pid_t) -> ! {
     signals::clear();
     host::stop_with_supervisor(parent);
     let describe_pending = |fallback: String| {
@@ -70,8 +71,8 @@ fn child_main(worker: &PhpWorker, handler: &ZendCallable, slot: &Slot, mut repor
 
 struct PhpSpawner<'a> {
     worker: &'a PhpWorker,
-    handler: &'a ZendCallable<'a>,
-    dispatch: Option<ZendCallable<'static>>,
+    handler: &'a Callee<'a>,
+    dispatch: Option<Callee<'static>>,
 }
 
 impl host::Spawner for PhpSpawner<'_> {
@@ -97,7 +98,7 @@ impl host::Spawner for PhpSpawner<'_> {
         crate::logs::flush();
         if let Some(f) = &self.dispatch {
             // Lets the script's own pcntl_signal() handlers run (they may call stop()).
-            let _ = f.try_call(vec![]);
+            let _ = f.call([]);
         }
         let stop = if signals::take() {
             Some(StopReason::Signal)
@@ -113,7 +114,7 @@ impl host::Spawner for PhpSpawner<'_> {
     }
 }
 
-pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult<ZBox<ZendHashTable>> {
+pub(crate) fn supervise(worker: &PhpWorker, handler: &Callee) -> PhpResult<ZBox<ZendHashTable>> {
     let settings = worker.settings();
     // Before any fork: processes forked later belong to this start (a restart request
     // made after it stops them too), and a user without access fails here, once.
@@ -130,7 +131,7 @@ pub(crate) fn supervise(worker: &PhpWorker, handler: &ZendCallable) -> PhpResult
     let mut spawner = PhpSpawner {
         worker,
         handler,
-        dispatch: ZendCallable::try_from_name("pcntl_signal_dispatch").ok(),
+        dispatch: Callee::by_name("pcntl_signal_dispatch"),
     };
     let pool = host::supervise(&mut spawner, opts, slots);
     crate::logs::flush();

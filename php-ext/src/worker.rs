@@ -14,6 +14,7 @@ use ext_php_rs::prelude::*;
 use ext_php_rs::types::{ZendCallable, ZendClassObject, ZendHashTable, ZendObject, Zval};
 use ext_php_rs::zend::{BailoutGuard, ClassEntry, ExecutorGlobals, ce};
 
+use crate::callable::Callee;
 use crate::convert::{self, Options, OptionsArg, Seconds, zv};
 use crate::errors::{self, OrThrow};
 use crate::queue::PhpDelayQueue;
@@ -373,7 +374,7 @@ impl PhpWorker {
     /// run that a second signal ends at once.
     pub(crate) fn consume(
         &self,
-        handler: &ZendCallable,
+        handler: &Callee,
         slot: Option<&Slot>,
         report: Option<std::fs::File>,
     ) -> PhpResult<RunSummary> {
@@ -394,7 +395,7 @@ impl PhpWorker {
         let mut side = PhpHandler {
             worker: self,
             handler,
-            dispatch: ZendCallable::try_from_name("pcntl_signal_dispatch").ok(),
+            dispatch: Callee::by_name("pcntl_signal_dispatch"),
         };
         let recycle = self.settings.recycle();
         let served = delayq::host::serve(&consumer, &mut side, slot, recycle);
@@ -521,9 +522,9 @@ impl PhpWorker {
 /// The PHP side of the core's receive loop (`delayq::host::serve`), on the PHP thread.
 struct PhpHandler<'a> {
     worker: &'a PhpWorker,
-    handler: &'a ZendCallable<'a>,
+    handler: &'a Callee<'a>,
     /// `pcntl_signal_dispatch`, when pcntl is loaded.
-    dispatch: Option<ZendCallable<'static>>,
+    dispatch: Option<Callee<'static>>,
 }
 
 /// A handler's arguments, kept for the hooks.
@@ -546,7 +547,7 @@ impl delayq::host::Handler for PhpHandler<'_> {
         let signalled = !ending && signals::take();
         if let Some(f) = &self.dispatch {
             // Lets the script's own pcntl_signal() handlers run (they may call stop()).
-            let _ = f.try_call(vec![]);
+            let _ = f.call([]);
         }
         Ok(signalled.then_some(StopReason::Signal))
     }
@@ -588,7 +589,7 @@ impl delayq::host::Handler for PhpHandler<'_> {
     }
 
     fn call(&mut self, call: &PhpCall) -> Self::Return {
-        self.handler.try_call(vec![&call.payload, &call.message])
+        self.handler.call([&call.payload, &call.message])
     }
 
     fn outcome(&mut self, returned: Self::Return) -> Called<Self::Thrown, Self::Raise> {
@@ -803,7 +804,7 @@ impl PhpWorker {
     ///   scaled_up: int, scaled_down: int}
     pub fn run(&self, handler: HandlerArg<'_>) -> PhpResult<ZBox<ZendHashTable>> {
         check_handler_signature(handler.0)?;
-        let handler = ZendCallable::new(handler.0).map_err(|e| errors::type_error(format!("handler: {e}")))?;
+        let handler = Callee::new(handler.0).map_err(|e| errors::type_error(format!("handler: {e}")))?;
         if self.running.swap(true, Ordering::AcqRel) {
             return Err(errors::invalid("this DelayQueueWorker is already running"));
         }

@@ -138,6 +138,53 @@ final class WorkerTest extends TestCase
         $this->assertStringContainsString('the handler returned a Generator', $info['last_error']);
     }
 
+    /** @return array<string, array{0: callable(RecordingHandler): callable}> */
+    public static function handlerKinds(): array
+    {
+        return [
+            'closure' => [fn (RecordingHandler $r) => function ($payload, DelayQueueMessage $m) use ($r) {
+                $r->record($payload, $m);
+            }],
+            'arrow function' => [fn (RecordingHandler $r) => fn ($payload, $m) => $r->record($payload, $m)],
+            'named function' => [function (RecordingHandler $r) {
+                RecordingHandler::$current = $r;
+                return 'delayq_test_recording_handler';
+            }],
+            'static method by name' => [function (RecordingHandler $r) {
+                RecordingHandler::$current = $r;
+                return 'RecordingHandler::handleStatic';
+            }],
+            'method array' => [fn (RecordingHandler $r) => [$r, 'handle']],
+            'invokable object' => [fn (RecordingHandler $r) => $r],
+            'first-class callable' => [fn (RecordingHandler $r) => $r->handle(...)],
+            '__call' => [fn (RecordingHandler $r) => [$r, 'viaMagic']],
+        ];
+    }
+
+    /** @dataProvider handlerKinds */
+    public function testEveryKindOfCallableHandlesEachMessageWithItsOwnArguments(callable $make): void
+    {
+        $this->fill(5);
+        $recorder = new RecordingHandler();
+        $seen = [];
+        $w = new DelayQueueWorker($this->q, ['threads' => 1, 'stop_when_empty' => true,
+            'on_failure' => function ($payload, $m, Throwable $e) use (&$seen) {
+                $seen[] = $e->getMessage();
+            }]);
+        $summary = $w->run($make($recorder));
+        $this->assertSame([], $seen);
+        $this->assertSame([5, 0], [$summary['acked'], $summary['failed']]);
+        sort($recorder->got);
+        $this->assertSame(['0 1', '1 1', '2 1', '3 1', '4 1'], $recorder->got, 'each payload once, with its own message');
+        // The same callable again, throwing: the exception reaches the worker each time.
+        $this->fill(2);
+        $recorder->throw = true;
+        $w = new DelayQueueWorker($this->q, ['threads' => 1, 'stop_when_empty' => true, 'max_attempts' => 1]);
+        $summary = $w->run($make($recorder));
+        $this->assertSame([0, 2, 2], [$summary['acked'], $summary['failed'], $summary['dead']]);
+        $this->assertStringContainsString('RuntimeException: refused', $this->q->deadLetters()[0]['last_error']);
+    }
+
     public function testASignalThatComesAsARunEndsForAnotherReasonIsNotLost(): void
     {
         // The run ends for max_jobs with a SIGTERM just in: the script's own handler
@@ -1503,4 +1550,47 @@ final class HandlerOfThree
 
 function delayq_test_handler_of_three(mixed $payload, DelayQueueMessage $message, mixed $extra): void
 {
+}
+
+/** A handler in each of PHP's callable forms, recording what it was given. */
+final class RecordingHandler
+{
+    public static ?RecordingHandler $current = null;
+    /** @var list<string> "payload-n attempt" */
+    public array $got = [];
+    public bool $throw = false;
+
+    public function record(mixed $payload, DelayQueueMessage $message): void
+    {
+        if ($this->throw) {
+            throw new RuntimeException('refused');
+        }
+        $this->got[] = $payload['n'] . ' ' . $message->attempt;
+    }
+
+    public function __invoke(mixed $payload, DelayQueueMessage $message): void
+    {
+        $this->record($payload, $message);
+    }
+
+    public function handle(mixed $payload, DelayQueueMessage $message): void
+    {
+        $this->record($payload, $message);
+    }
+
+    public static function handleStatic(mixed $payload, DelayQueueMessage $message): void
+    {
+        self::$current->record($payload, $message);
+    }
+
+    /** @param array{0: mixed, 1: DelayQueueMessage} $args */
+    public function __call(string $name, array $args): void
+    {
+        $this->record(...$args);
+    }
+}
+
+function delayq_test_recording_handler(mixed $payload, DelayQueueMessage $message): void
+{
+    RecordingHandler::$current->record($payload, $message);
 }
