@@ -169,9 +169,13 @@ fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
 
 impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        // By value: each id's bytes become its String without a copy.
-        let [header, ids, envelopes, later, keyed, repeats, leases]: [Vec<Value>; 7] =
-            FromRedisValue::from_redis_value(v)?;
+        // By value: each id's bytes become its String without a copy (redis-rs's
+        // arrays of N decode by reference, copying every part).
+        let parts: Vec<Vec<Value>> = FromRedisValue::from_redis_value(v)?;
+        let n = parts.len();
+        let Ok([header, ids, envelopes, later, keyed, repeats, leases]) = <[Vec<Value>; 7]>::try_from(parts) else {
+            return Err(format!("a reply of {n} parts, not 7").into());
+        };
         let [now, next, reaped, limited, generation, minute, now_us]: [i64; 7] =
             FromRedisValue::from_redis_value(Value::Array(header))?;
         if !(0..1000).contains(&now_us) {
