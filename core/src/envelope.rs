@@ -225,6 +225,11 @@ impl Quick<'_> {
     fn string(&mut self) -> Option<()> {
         self.i += 1;
         loop {
+            // The plain run first, in one tight loop.
+            let plain = self.b[self.i..]
+                .iter()
+                .position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
+            self.i += plain;
             match self.peek()? {
                 b'"' => {
                     self.i += 1;
@@ -275,6 +280,44 @@ impl Quick<'_> {
             self.digits()?;
         }
         Some(())
+    }
+
+    /// `text`, byte for byte (no blanks before it).
+    fn exactly(&mut self, text: &[u8]) -> Option<()> {
+        self.b[self.i..].starts_with(text).then(|| self.i += text.len())
+    }
+
+    /// A JSON integer without a sign that fits in a u64.
+    fn unsigned(&mut self) -> Option<u64> {
+        digits_value(self.integer(false)?.as_bytes())
+    }
+
+    /// A JSON integer that fits in an i64.
+    fn signed(&mut self) -> Option<i64> {
+        let text = self.integer(true)?.as_bytes();
+        match text.strip_prefix(b"-") {
+            Some(digits) => 0i64.checked_sub_unsigned(digits_value(digits)?),
+            None => i64::try_from(digits_value(text)?).ok(),
+        }
+    }
+
+    /// The text of a JSON integer (no leading zeros, no "-0"), with a minus if `sign`
+    /// allows.
+    fn integer(&mut self, sign: bool) -> Option<&str> {
+        let start = self.i;
+        if sign && self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        let digits = self.i;
+        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+            self.i += 1;
+        }
+        let run = &self.b[digits..self.i];
+        // serde_json reads "-0" as a float, which an integer field refuses.
+        if run.is_empty() || (run[0] == b'0' && (run.len() > 1 || digits > start)) {
+            return None;
+        }
+        std::str::from_utf8(&self.b[start..self.i]).ok()
     }
 
     /// One digit or more; a run of 19 or more is what `Shape::long_digits` notes.
@@ -487,15 +530,33 @@ pub(crate) fn has_stamp(stored: &str) -> bool {
 /// (written by the scripts, see lua/include/stamp.lua; decoding skips it): the score
 /// the message was last scheduled at, which gives its due time. `None` without one.
 pub(crate) fn stamp_score(stored: &str) -> Option<f64> {
-    let rest = stored.strip_prefix(STAMP_OPEN)?;
-    let (claim_no, rest) = rest.split_once(',')?;
-    let (score, _) = rest.split_once("],")?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(claim_no) || !digits(score) {
+    // `[<claim number>,<score>],`, read byte by byte: it is read for every claimed
+    // message.
+    let rest = stored.strip_prefix(STAMP_OPEN)?.as_bytes();
+    let digit_run = |b: &[u8]| b.iter().position(|c| !c.is_ascii_digit()).unwrap_or(b.len());
+    let claim_no = digit_run(rest);
+    if claim_no == 0 || rest.get(claim_no) != Some(&b',') {
+        return None;
+    }
+    let rest = &rest[claim_no + 1..];
+    let score = digit_run(rest);
+    if rest.get(score..score + 2) != Some(b"],") {
         return None;
     }
     // As Redis keeps it: a double (past 2^53 rounded alike).
-    score.parse::<u64>().ok().map(|s| s as f64)
+    digits_value(&rest[..score]).map(|s| s as f64)
+}
+
+/// The value of a run of ASCII digits (at least one) that fits in a u64.
+fn digits_value(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        let d = d.wrapping_sub(b'0');
+        (d < 10).then_some(())?;
+        n.checked_mul(10)?.checked_add(u64::from(d))
+    })
 }
 
 #[derive(Deserialize)]
@@ -524,6 +585,9 @@ pub(crate) struct Decoded<'a> {
 }
 
 pub(crate) fn decode<'a>(layout: &Layout, stored: &'a str) -> Result<Decoded<'a>, String> {
+    if let Some(decoded) = decode_written(layout, stored) {
+        return Ok(decoded);
+    }
     let decoded = decode_envelope(layout, stored)?;
     // A payload no consumer could decode goes to the dead letters at its claim.
     check_shape(decoded.payload_json, false).map_err(|e| match e {
@@ -544,6 +608,72 @@ impl Decoded<'_> {
         );
         span
     }
+}
+
+/// An envelope as `encode` writes it (the scripts may restamp it and set its
+/// deadline), read in one pass that also checks the payload's syntax and depth, as
+/// every claimed message is: what `decode_envelope` and `check_shape` would find.
+/// None for anything else (a hand edit, an older delayq's envelope, a payload too
+/// deep), which they then read and judge.
+fn decode_written<'a>(layout: &Layout, stored: &'a str) -> Option<Decoded<'a>> {
+    let mut q = Quick {
+        b: stored.as_bytes(),
+        i: 0,
+        depth: 0,
+        shape: Shape {
+            depth: 0,
+            long_digits: false,
+        },
+    };
+    if let Layout::Seed { .. } = layout {
+        // The bare payload, without the blanks around it that a raw value leaves out.
+        let trimmed = stored.trim_matches([' ', '\n', '\r', '\t']).len() == stored.len();
+        q.value()?;
+        return (trimmed && q.i == q.b.len()).then_some(Decoded {
+            payload_json: stored,
+            max_attempts: None,
+            created_ms: None,
+            expiry: None,
+        });
+    }
+    q.exactly(b"{")?;
+    if q.exactly(br#""at":["#).is_some() {
+        q.unsigned()?;
+        q.exactly(b",")?;
+        q.unsigned()?;
+        q.exactly(b"],")?;
+    }
+    q.exactly(br#""v":1,"id":"#)?;
+    if q.peek()? != b'"' {
+        return None;
+    }
+    q.string()?;
+    q.exactly(br#","created_ms":"#)?;
+    let created_ms = q.signed()?;
+    let max_attempts = match q.exactly(br#","max_attempts":"#) {
+        Some(()) => Some(u32::try_from(q.unsigned()?).ok()?),
+        None => None,
+    };
+    q.exactly(br#","payload":"#)?;
+    q.ws();
+    let start = q.i;
+    q.value()?;
+    let payload_json = &stored[start..q.i];
+    let expiry = match q.exactly(br#","expire_after_ms":"#) {
+        Some(()) => {
+            let after = q.unsigned()?;
+            q.exactly(br#","expires_ms":"#)?;
+            Some((after, q.signed()?))
+        }
+        None => None,
+    };
+    q.exactly(b"}")?;
+    (q.i == q.b.len()).then_some(Decoded {
+        payload_json,
+        max_attempts,
+        created_ms: Some(created_ms),
+        expiry,
+    })
 }
 
 fn decode_envelope<'a>(layout: &Layout, stored: &'a str) -> Result<Decoded<'a>, String> {
@@ -608,6 +738,10 @@ mod tests {
             r#"{"at":[,5],"v":1}"#,
             r#"{"at":[4a,5],"v":1}"#,
             r#"{"at":[4,5.5],"v":1}"#,
+            r#"{"at":[4,],"v":1}"#,
+            r#"{"at":[4,5]}"#,
+            r#"{"at":[4,5]"#,
+            r#"{"at":[4,99999999999999999999],"v":1}"#,
             r#" {"at":[4,5],"v":1}"#,
             "[1,2]",
             "",
@@ -730,6 +864,121 @@ mod tests {
             answered += usize::from(quick_shape(&json).is_some());
         }
         assert!(answered > 1000, "the random texts hold valid JSON too: {answered}");
+    }
+
+    /// What `decode` finds without its one-pass reading of written envelopes.
+    fn by_serde<'a>(layout: &Layout, stored: &'a str) -> Result<Decoded<'a>, String> {
+        let decoded = decode_envelope(layout, stored)?;
+        check_shape(decoded.payload_json, false).map_err(|e| e.to_string())?;
+        Ok(decoded)
+    }
+
+    fn written_envelopes() -> Vec<String> {
+        let payloads = [
+            r#"{"order_id":10086,"action":"close"}"#,
+            r#"[1,-2.5e10,0,-0,1E+2,true,false,null,"a\"b\\c\/\n\u00e9\u001f"]"#,
+            " { \"a\" : [ ] , \"b\" : { } }",
+            "\"é中\"",
+            r#"{"big":12345678901234567890}"#,
+            "0",
+        ];
+        let mut out = Vec::new();
+        for (i, payload) in payloads.iter().enumerate() {
+            for (id, attempts, expiry, stamp) in [
+                ("01a2-b", None, None, None),
+                ("a\"b\\c\u{1}日", Some(3), Some(60_000), Some(7_358_308_274_262_016)),
+                ("x", Some(0), None, Some(0)),
+                ("y", None, Some(1), None),
+            ] {
+                out.push(encode(
+                    &Layout::Native,
+                    id,
+                    payload,
+                    attempts,
+                    expiry,
+                    1_700_000_000_123 - i as i64,
+                    stamp,
+                ));
+            }
+        }
+        // As the scripts leave them: restamped by a claim, the deadline set.
+        out.push(r#"{"at":[12,7358308274262017],"v":1,"id":"q","created_ms":-5,"payload":{},"expire_after_ms":60000,"expires_ms":1796462051021}"#.to_owned());
+        out
+    }
+
+    #[test]
+    fn written_envelopes_are_read_in_one_pass_as_serde_json_reads_them() {
+        for stored in written_envelopes() {
+            let fast = decode_written(&Layout::Native, &stored);
+            assert!(fast.is_some(), "{stored}");
+            assert_eq!(fast.map(Ok), Some(by_serde(&Layout::Native, &stored)), "{stored}");
+        }
+        for seed in [r#"{"order_id":1}"#, "[1,2]", "\"x\""] {
+            let layout = Layout::seed();
+            assert_eq!(
+                decode_written(&layout, seed).map(Ok),
+                Some(by_serde(&layout, seed)),
+                "{seed}"
+            );
+        }
+        let deep = format!(
+            r#"{{"v":1,"id":"d","created_ms":1,"payload":{}{}}}"#,
+            "[".repeat(MAX_DEPTH + 1),
+            "]".repeat(MAX_DEPTH + 1)
+        );
+        assert_eq!(decode_written(&Layout::Native, &deep), None, "left to the exact error");
+        assert!(decode(&Layout::Native, &deep).is_err());
+    }
+
+    #[test]
+    fn envelopes_edited_at_random_are_read_as_serde_json_reads_them_or_left_to_it() {
+        use rand::{Rng, SeedableRng};
+        let pieces = [
+            "{",
+            "}",
+            "[",
+            "]",
+            ",",
+            ":",
+            "\"",
+            "\\",
+            " ",
+            "0",
+            "01",
+            "-",
+            "1e5",
+            "18446744073709551616",
+            r#""max_attempts":"#,
+            r#","expires_ms":"#,
+            r#""v":2,"#,
+            "null",
+            "\u{1}",
+        ];
+        let envelopes = written_envelopes();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(30);
+        let (mut fast, mut left) = (0, 0);
+        for _ in 0..100_000 {
+            let mut stored = envelopes[rng.random_range(0..envelopes.len())].clone();
+            for _ in 0..rng.random_range(1..3) {
+                let mut at = rng.random_range(0..=stored.len());
+                while !stored.is_char_boundary(at) {
+                    at -= 1;
+                }
+                if rng.random_bool(0.5) {
+                    stored.insert_str(at, pieces[rng.random_range(0..pieces.len())]);
+                } else if let Some(c) = stored[at..].chars().next() {
+                    stored.replace_range(at..at + c.len_utf8(), "");
+                }
+            }
+            match decode_written(&Layout::Native, &stored) {
+                Some(d) => {
+                    fast += 1;
+                    assert_eq!(Ok(d), by_serde(&Layout::Native, &stored), "{stored}");
+                }
+                None => left += 1,
+            }
+        }
+        assert!(fast > 1000 && left > 1000, "both ways taken: {fast} read, {left} left");
     }
 
     #[test]
