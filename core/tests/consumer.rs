@@ -1554,3 +1554,43 @@ fn a_working_pools_counts_in_the_list_of_pools_stay_fresh_between_heartbeats() {
         worker.stop();
     });
 }
+
+#[test]
+fn a_delivery_completed_on_another_consumer_leaves_that_consumers_deliveries_alone() {
+    let server = RedisServer::start();
+    let (qa, qb) = (server.queue("stale-a"), server.queue("stale-b"));
+    qa.push(&"a", Duration::ZERO).expect("push a");
+    qb.push(&"b", Duration::ZERO).expect("push b");
+    let short = WorkerOptions {
+        lease: Duration::from_millis(200),
+        ..opts()
+    };
+    let a = Worker::new(qa.clone(), short.clone())
+        .expect("worker a")
+        .start_with(1)
+        .expect("start a");
+    // Room for two, so that a redelivery of its running message would reach b.
+    let b = Worker::new(qb.clone(), short)
+        .expect("worker b")
+        .start_with(2)
+        .expect("start b");
+    let next = |c: &delayq::Consumer| match c.recv_timeout(Duration::from_secs(10)) {
+        Received::Message(d) => d,
+        other => panic!("expected a delivery, got {other:?}"),
+    };
+    let (da, db) = (next(&a), next(&b));
+    let id_b = db.id.clone();
+
+    // Misuse: a's delivery completed on b. It must not touch b's bookkeeping of its
+    // own delivery, whose heartbeats keep its lease while it runs.
+    b.ack(da);
+    if let Received::Message(again) = b.recv_timeout(Duration::from_millis(1_200)) {
+        panic!("b's running message was delivered again: {again:?}");
+    }
+    b.ack(db);
+    let summary = b.finish();
+    assert_eq!((summary.acked, summary.lease_lost), (1, 1), "{summary:?}");
+    assert_eq!(qb.stats().expect("stats").total("expired"), 0);
+    assert_eq!(qb.get(&id_b).expect("get").map(|m| m.state), None, "acked, gone");
+    a.finish();
+}

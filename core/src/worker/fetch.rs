@@ -20,7 +20,7 @@ use crate::{envelope, repeat};
 use super::complete::Outcome;
 use super::control::Control;
 use super::heartbeat::queue_now_ms;
-use super::pool::{ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, Ticket, YIELD_RECHECK};
+use super::pool::{ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, Ticket, YIELD_RECHECK, take_tickets};
 use super::wake::Pick;
 use super::{Delivery, pause_unless_stopped, run_call};
 
@@ -313,7 +313,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         pool.note_restart_request(part, claimed.restart_generation);
         let got = claimed.items.len();
         control.slots.release(room - got);
-        let first_ticket = pool.tickets.fetch_add(got as u64, Ordering::Relaxed);
+        let first_ticket = take_tickets(got);
         {
             let mut outstanding = pool.outstanding.lock();
             for (ticket, item) in (first_ticket..).zip(&claimed.items) {

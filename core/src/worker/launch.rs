@@ -214,7 +214,6 @@ impl Worker {
             control: Arc::clone(&self.control),
             counters: Counters::default(),
             outstanding: Mutex::new(HeldMap::default()),
-            tickets: AtomicU64::new(0),
             handlers,
             stalled: AtomicBool::new(false),
             buffered: deliver_rx.clone(),

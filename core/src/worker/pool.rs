@@ -19,6 +19,17 @@ use super::{Delivery, WorkerOptions};
 /// Completions find their delivery by it without comparing text.
 pub(super) type Ticket = u64;
 
+/// The next claim's first ticket. One count for the whole process, not one per pool:
+/// a delivery completed on another consumer than its own (a stale one kept past
+/// `finish`, another worker's) then names no entry there, where a per-pool count
+/// could name a live delivery of that pool and stop its heartbeats.
+static TICKETS: AtomicU64 = AtomicU64::new(0);
+
+/// `n` fresh tickets, the first returned.
+pub(super) fn take_tickets(n: usize) -> Ticket {
+    TICKETS.fetch_add(n as u64, Ordering::Relaxed)
+}
+
 pub(super) type HeldMap = hashbrown::HashMap<Ticket, Outstanding>;
 
 pub(super) struct Outstanding {
@@ -45,8 +56,6 @@ pub(super) struct Pool {
     pub(super) counters: Counters,
     /// Claimed, not yet completed, by ticket.
     pub(super) outstanding: Mutex<HeldMap>,
-    /// The next claim's first ticket.
-    pub(super) tickets: AtomicU64,
     /// Deliveries the caller works on at once (its handler threads or tasks).
     pub(super) handlers: usize,
     /// Every handler is past `timeout`: claim nothing, and give prefetched deliveries
