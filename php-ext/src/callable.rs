@@ -22,17 +22,28 @@ pub(crate) struct Resolved {
     /// Holds the closure or object alive while the cache points into it.
     callable: Zval,
     fcc: zend_fcall_info_cache,
+    /// A reference to the cache's object (`$this`), which the cache itself does not
+    /// hold. A closure is `callable` itself.
+    _object: Zval,
+}
+
+/// What looking a callable up once found.
+enum Lookup {
+    Resolved(Resolved),
+    /// Callable, but to be looked up on each call: a trampoline (`__call`,
+    /// `__callStatic`), which the engine frees after one call, or an array holding a
+    /// reference (`[&$obj, 'handle']`), whose target may change between calls.
+    EachCall,
+    NotCallable,
 }
 
 impl Resolved {
-    /// `callable` resolved, or None when it is not callable or resolves to a
-    /// trampoline (`__call`, `__callStatic`), which the engine frees after one call:
-    /// those go through `ZendCallable` as before.
-    pub(crate) fn new(callable: &Zval) -> Option<Self> {
+    fn lookup(callable: &Zval) -> Lookup {
         let mut resolved = Self {
             callable: callable.shallow_clone(),
             // SAFETY: all-null is the engine's empty cache.
             fcc: unsafe { std::mem::zeroed() },
+            _object: Zval::new(),
         };
         // SAFETY: the zval is live; the engine fills the cache and does not change
         // the zval. A cache filled here is released by Drop.
@@ -47,10 +58,22 @@ impl Resolved {
             )
         };
         // SAFETY: null or the engine's function, alive while the callable is.
-        let function = unsafe { resolved.fcc.function_handler.as_ref() }?;
+        let Some(function) = (unsafe { resolved.fcc.function_handler.as_ref() }).filter(|_| found) else {
+            return Lookup::NotCallable;
+        };
         // SAFETY: `common` is the part every kind of function shares.
         let flags = unsafe { function.common.fn_flags };
-        (found && flags & ext_php_rs::ffi::ZEND_ACC_CALL_VIA_TRAMPOLINE == 0).then_some(resolved)
+        let holds_reference = callable
+            .array()
+            .is_some_and(|parts| parts.values().any(Zval::is_reference));
+        if flags & ext_php_rs::ffi::ZEND_ACC_CALL_VIA_TRAMPOLINE != 0 || holds_reference {
+            return Lookup::EachCall;
+        }
+        // SAFETY: null or an object the engine just resolved, alive now.
+        if let Some(object) = unsafe { resolved.fcc.object.as_mut() } {
+            resolved._object.set_object(object);
+        }
+        Lookup::Resolved(resolved)
     }
 
     /// Call it with `args` passed by value. Err when it could not be called or
@@ -107,9 +130,10 @@ pub(crate) enum Callee<'a> {
 
 impl<'a> Callee<'a> {
     pub(crate) fn new(callable: &'a Zval) -> Result<Self> {
-        match Resolved::new(callable) {
-            Some(resolved) => Ok(Self::Resolved(resolved)),
-            None => ZendCallable::new(callable).map(Self::Plain),
+        match Resolved::lookup(callable) {
+            Lookup::Resolved(resolved) => Ok(Self::Resolved(resolved)),
+            Lookup::EachCall => ZendCallable::new(callable).map(Self::Plain),
+            Lookup::NotCallable => Err(Error::Callable),
         }
     }
 
@@ -117,9 +141,10 @@ impl<'a> Callee<'a> {
     pub(crate) fn by_name(name: &str) -> Option<Callee<'static>> {
         let mut callable = Zval::new();
         callable.set_string(name, false).ok()?;
-        match Resolved::new(&callable) {
-            Some(resolved) => Some(Callee::Resolved(resolved)),
-            None => ZendCallable::new_owned(callable).ok().map(Callee::Plain),
+        match Resolved::lookup(&callable) {
+            Lookup::Resolved(resolved) => Some(Callee::Resolved(resolved)),
+            Lookup::EachCall => ZendCallable::new_owned(callable).ok().map(Callee::Plain),
+            Lookup::NotCallable => None,
         }
     }
 

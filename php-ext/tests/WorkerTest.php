@@ -185,6 +185,39 @@ final class WorkerTest extends TestCase
         $this->assertStringContainsString('RuntimeException: refused', $this->q->deadLetters()[0]['last_error']);
     }
 
+    public function testAHandlerArrayHoldingAReferenceCallsWhatTheReferenceHoldsNow(): void
+    {
+        // [&$h, 'handle'] calls the object $h holds at each call, as call_user_func
+        // would, and the object it held before may be freed meanwhile. In a process of
+        // its own, as a stale object would crash it.
+        foreach ([1, 2, 3] as $n) {
+            $this->q->push(['n' => $n]);
+        }
+        $code = <<<'PHP'
+            final class H
+            {
+                public function __construct(public string $name) {}
+                public function handle(mixed $payload): void
+                {
+                    global $h, $seen;
+                    $seen[] = $this->name;
+                    $h = new H('replaced ' . count($seen));
+                    gc_collect_cycles();
+                }
+            }
+            $h = new H('first');
+            $seen = [];
+            $w = new DelayQueueWorker(new DelayQueue($argv[1], 'jobs'), ['threads' => 1, 'stop_when_empty' => true]);
+            $s = $w->run([&$h, 'handle']);
+            echo json_encode([$s['acked'], $seen]), "\n";
+            PHP;
+        $out = [];
+        exec(implode(' ', array_map('escapeshellarg', array_merge(delayq_php_command(),
+            ['-r', $code, $GLOBALS['DELAYQ_REDIS']->url()]))) . ' 2>&1', $out, $status);
+        $this->assertSame(0, $status, implode("\n", $out));
+        $this->assertSame(['[3,["first","replaced 1","replaced 2"]]'], $out);
+    }
+
     public function testASignalThatComesAsARunEndsForAnotherReasonIsNotLost(): void
     {
         // The run ends for max_jobs with a SIGTERM just in: the script's own handler
