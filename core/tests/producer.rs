@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use common::{RedisServer, assert_no_leak};
+use common::{RedisServer, assert_no_leak, wait_for};
 use delayq::{Due, NewMessage, PushOptions, State};
 use serde_json::json;
 
@@ -337,4 +337,60 @@ fn a_shared_queue_keeps_its_connection_and_the_least_recently_used_goes_first() 
     assert_eq!(connections() - before, 0, "still kept");
     shared("kept").ping().expect("ping");
     assert_eq!(connections() - before, 1, "dropped, so connected anew");
+}
+
+#[test]
+fn scripts_flushed_from_redis_are_loaded_again_by_every_kind_of_call() {
+    let server = RedisServer::start();
+    let q = server.queue("flushed");
+    let flush = || {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut server.con())
+            .expect("SCRIPT FLUSH");
+    };
+    let mut ids = vec![q.push(&json!({"n": 0}), Duration::ZERO).expect("push")];
+    // One script call (EVALSHA, NOSCRIPT, loaded, called again) and one pipeline.
+    flush();
+    ids.push(q.push(&json!({"n": 1}), Duration::ZERO).expect("push after a flush"));
+    flush();
+    let batch: Vec<NewMessage> = (2..5)
+        .map(|n| NewMessage::new(&json!({"n": n}), Duration::ZERO).expect("message"))
+        .collect();
+    ids.extend(q.push_many(&batch).expect("push_many after a flush"));
+    let stats = q.stats().expect("stats");
+    assert_eq!(stats.scheduled + stats.ready, 5, "{stats:?}");
+
+    // A pool's claims and acks, each after a flush.
+    let c = delayq::Worker::new(q.clone(), delayq::WorkerOptions::default())
+        .expect("worker")
+        .start_with(1)
+        .expect("start");
+    let mut got = Vec::new();
+    while got.len() < ids.len() {
+        flush();
+        match c.recv_timeout(Duration::from_secs(10)) {
+            delayq::Received::Message(d) => {
+                let id = d.id.clone();
+                c.ack(d);
+                // Written before the next flush, which would otherwise race the
+                // ack's own reload.
+                wait_for(Duration::from_secs(5), "the ack written", || {
+                    q.get(&id).expect("get").is_none()
+                });
+                got.push(id);
+            }
+            other => panic!("expected a delivery, got {other:?}"),
+        }
+    }
+    let summary = c.finish();
+    assert_eq!(
+        (summary.acked, summary.lease_lost, summary.unwritten),
+        (5, 0, 0),
+        "{summary:?}"
+    );
+    got.sort();
+    ids.sort();
+    assert_eq!(got, ids);
+    assert_no_leak(&server, "{dq:flushed}");
 }
