@@ -170,8 +170,18 @@ fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
 impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         // By value: each id's bytes become its String without a copy (redis-rs's
-        // arrays of N decode by reference, copying every part).
-        let parts: Vec<Vec<Value>> = FromRedisValue::from_redis_value(v)?;
+        // arrays of N decode by reference, copying every part). By hand: redis-rs
+        // reads a nil as an empty list, which would pass for a claim of nothing.
+        let Value::Array(parts) = v else {
+            return Err(format!("a reply of {v:?}, not 7 parts").into());
+        };
+        let parts = parts
+            .into_iter()
+            .map(|part| match part {
+                Value::Array(values) => Ok(values),
+                other => Err(format!("a reply part {other:?} that is not a list").into()),
+            })
+            .collect::<Result<Vec<_>, ParsingError>>()?;
         let n = parts.len();
         let Ok([header, ids, envelopes, later, keyed, repeats, leases]) = <[Vec<Value>; 7]>::try_from(parts) else {
             return Err(format!("a reply of {n} parts, not 7").into());
@@ -416,6 +426,26 @@ mod tests {
             reply(one(), vec![], vec![s("1"), Value::Int(2), s("1:2")]),
             reply(one(), vec![], vec![s("1"), Value::Int(1)]),
             Value::Nil,
+            // A part that is not a list, nil above all: it must not pass for an empty
+            // one.
+            Value::Array(vec![
+                header(),
+                Value::Nil,
+                empty(),
+                empty(),
+                empty(),
+                empty(),
+                Value::Nil,
+            ]),
+            Value::Array(vec![
+                header(),
+                Value::Array(vec![s("a")]),
+                Value::Array(vec![s("{}")]),
+                empty(),
+                empty(),
+                empty(),
+                s("1"),
+            ]),
         ] {
             assert!(Reply::from_redis_value(bad.clone()).is_err(), "{bad:?}");
         }
