@@ -6,7 +6,7 @@ use std::sync::Arc;
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::complete::Delivery;
-use super::{Call, Invocation, LuaScript, decode, decode_unsigned};
+use super::{Call, Invocation, LuaScript, decode, decode_list, decode_unsigned};
 use crate::envelope::stamp_score;
 use crate::keys::lease_score;
 
@@ -170,18 +170,11 @@ fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
 impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         // By value: each id's bytes become its String without a copy (redis-rs's
-        // arrays of N decode by reference, copying every part). By hand: redis-rs
-        // reads a nil as an empty list, which would pass for a claim of nothing.
-        let Value::Array(parts) = v else {
-            return Err(format!("a reply of {v:?}, not 7 parts").into());
-        };
-        let parts = parts
+        // arrays of N decode by reference, copying every part).
+        let parts = decode_list(v)?
             .into_iter()
-            .map(|part| match part {
-                Value::Array(values) => Ok(values),
-                other => Err(format!("a reply part {other:?} that is not a list").into()),
-            })
-            .collect::<Result<Vec<_>, ParsingError>>()?;
+            .map(decode_list)
+            .collect::<Result<Vec<_>, _>>()?;
         let n = parts.len();
         let Ok([header, ids, envelopes, later, keyed, repeats, leases]) = <[Vec<Value>; 7]>::try_from(parts) else {
             return Err(format!("a reply of {n} parts, not 7").into());

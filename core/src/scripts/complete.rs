@@ -4,7 +4,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{Call, Invocation, LuaScript, decode, decode_unsigned};
+use super::{Call, Invocation, LuaScript, decode, decode_list, decode_unsigned};
 
 /// A delivery, as its claim returned it.
 #[derive(Debug, Clone, Copy)]
@@ -138,7 +138,7 @@ pub(crate) struct Statuses(pub(crate) Vec<Status>);
 
 impl FromRedisValue for Statuses {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let codes: Vec<Value> = decode(&v)?;
+        let codes = decode_list(v)?;
         codes
             .iter()
             .map(|c| match decode::<i64>(c)? {
@@ -230,6 +230,7 @@ mod tests {
         );
         assert!(Statuses::from_redis_value(Value::Array(vec![Value::Int(7)])).is_err());
         assert!(Statuses::from_redis_value(Value::Int(1)).is_err());
+        assert!(Statuses::from_redis_value(Value::Nil).is_err(), "a nil is no statuses");
         assert_eq!(Released::from_redis_value(Value::Int(3)).expect("decodes"), Released(3));
         assert!(Released::from_redis_value(Value::Int(-3)).is_err());
     }

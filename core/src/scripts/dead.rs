@@ -4,7 +4,7 @@
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::replies::optional_text;
-use super::{Invocation, LuaScript, decode, decode_unsigned};
+use super::{Invocation, LuaScript, decode, decode_list, decode_unsigned};
 
 /// dead.lua: the newest `limit` dead letters.
 #[derive(Debug, Clone, Copy)]
@@ -37,7 +37,7 @@ pub(crate) struct Rows(pub(crate) Vec<Row>);
 
 impl FromRedisValue for Rows {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items: Vec<Value> = decode(&v)?;
+        let items = decode_list(v)?;
         if !items.len().is_multiple_of(6) {
             return Err(format!("{} values, not groups of 6", items.len()).into());
         }
@@ -100,7 +100,7 @@ pub(crate) struct MatchStep {
 
 impl FromRedisValue for MatchStep {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items: Vec<Value> = decode(&v)?;
+        let items = decode_list(v)?;
         let Some((next, ids)) = items.split_first() else {
             return Err("an empty reply".into());
         };

@@ -4,7 +4,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{Call, Invocation, LuaScript, decode};
+use super::{Call, Invocation, LuaScript, decode, decode_list};
 
 /// minutes_add.lua: the deltas, each as `metrics::Delta::encode` writes it.
 #[derive(Debug, Clone)]
@@ -47,7 +47,7 @@ pub(crate) struct Records {
 
 impl FromRedisValue for Records {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items: Vec<Value> = decode(&v)?;
+        let items = decode_list(v)?;
         let Some((now, entries)) = items.split_first() else {
             return Err("an empty reply".into());
         };

@@ -90,6 +90,15 @@ pub(crate) fn decode<T: FromRedisValue>(v: &Value) -> Result<T, ParsingError> {
     T::from_redis_value_ref(v)
 }
 
+/// A reply that is a list, as its items; anything else is refused: redis-rs reads a
+/// nil as an empty list, which would pass for a reply of nothing.
+pub(crate) fn decode_list(v: Value) -> Result<Vec<Value>, ParsingError> {
+    match v {
+        Value::Array(items) => Ok(items),
+        other => Err(format!("{other:?} where a list was due").into()),
+    }
+}
+
 /// A count or index, which the scripts send as an integer: refused when negative or
 /// past `T` (redis-rs would wrap it).
 pub(crate) fn decode_unsigned<T: TryFrom<i64>>(v: &Value) -> Result<T, ParsingError> {

@@ -5,7 +5,7 @@
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::replies::optional_ms;
-use super::{Invocation, LuaScript, decode};
+use super::{Invocation, LuaScript, decode, decode_list};
 
 /// An occurrence to push (repeat_set.lua, repeat_next.lua). repeat_set replies the
 /// due time (ms) of the next occurrence, repeat_next a `replies::Flag` (pushed).
@@ -54,7 +54,7 @@ pub(crate) struct Definitions(pub(crate) Vec<Definition>);
 
 impl FromRedisValue for Definitions {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items: Vec<Value> = decode(&v)?;
+        let items = decode_list(v)?;
         if !items.len().is_multiple_of(3) {
             return Err(format!("{} values, not groups of 3", items.len()).into());
         }

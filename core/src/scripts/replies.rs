@@ -2,7 +2,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{decode, decode_unsigned};
+use super::{decode, decode_list, decode_unsigned};
 
 /// A count (messages requeued, deleted, released ...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +34,7 @@ pub(crate) struct Ids(pub(crate) Vec<String>);
 
 impl FromRedisValue for Ids {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items: Vec<Value> = decode(&v)?;
+        let items = decode_list(v)?;
         items.iter().map(decode).collect::<Result<_, _>>().map(Self)
     }
 }
@@ -66,6 +66,10 @@ mod tests {
         let ids = Value::Array(vec![Value::BulkString(b"a".to_vec())]);
         assert_eq!(Ids::from_redis_value(ids).expect("ids").0, ["a"]);
         assert!(Ids::from_redis_value(Value::Array(vec![Value::Nil])).is_err());
+        // A nil is not a list of nothing, nor is a lone string a list of one.
+        assert_eq!(Ids::from_redis_value(Value::Array(vec![])).expect("none").0, [""; 0]);
+        assert!(Ids::from_redis_value(Value::Nil).is_err());
+        assert!(Ids::from_redis_value(Value::BulkString(b"a".to_vec())).is_err());
         assert_eq!(optional_text(&Value::Nil).expect("none"), None);
         assert_eq!(optional_text(&Value::BulkString(Vec::new())).expect("none"), None);
         assert_eq!(optional_ms(&Value::Int(-1)).expect("none"), None);
