@@ -1,6 +1,8 @@
 """`make bench`'s W1 push (PHP, one `push` a message) with two or more builds of the
-extension, in turns with the recipe's producer and `redis-benchmark -c 1 -t zadd` (issue
-29's yardstick for a push per call), so that every build sees the machine in the same
+extension, in turns with the recipe's producer, two yardsticks from phpredis (one ZADD a
+call: what any PHP producer pays for a round trip; one script a call that only ZADDs,
+with push.lua's 17 keys: what a push that is one script pays at least) and
+`redis-benchmark -c 1 -t zadd` (issue 29's yardstick for a push per call), so that every build sees the machine in the same
 moods: to tell a change to the push from the machine's hour. Each build is a delayq.so
 given by path; this machine's own delayq ini is left out of its PHP runs.
 
@@ -39,7 +41,7 @@ def main() -> None:
     for label, path in builds.items():
         if not Path(path).is_file():
             parser.error(f"{label}: no file {path}")
-    rates: dict[str, list[float]] = {label: [] for label in [*builds, "recipe", "zadd"]}
+    rates: dict[str, list[float]] = {label: [] for label in [*builds, "recipe", "phpredis", "script", "zadd"]}
     ini = tempfile.TemporaryDirectory()
     env = {**os.environ, "PHP_INI_SCAN_DIR": str(ini_dir_without_delayq(Path(ini.name)))}
     env.pop("DELAYQ_EXTENSION", None)
@@ -60,6 +62,8 @@ def main() -> None:
             for label, path in builds.items():
                 rates[label].append(push("delayq", "-d", f"extension={path}"))
             rates["recipe"].append(push("seed"))
+            rates["phpredis"].append(push("zadd"))
+            rates["script"].append(push("script"))
             rates["zadd"].append(run.benchmark_rate(redis.port, "zadd", opts.n))
             print({k: round(v[-1]) for k, v in rates.items()}, flush=True)
     finally:
@@ -67,11 +71,13 @@ def main() -> None:
         ini.cleanup()
     zadd = statistics.median(rates["zadd"])
     names = {**{label: f"delayq `push`, {label}" for label in builds},
-             "recipe": "the recipe (phpredis HSET + ZADD)", "zadd": "`redis-benchmark -c 1 -t zadd`"}
+             "recipe": "the recipe (phpredis HSET + ZADD)",
+             "phpredis": "phpredis ZADD alone, no payload (a yardstick)",
+             "script": "phpredis EVALSHA of a script that only ZADDs, 17 keys (a yardstick)", "zadd": "`redis-benchmark -c 1 -t zadd`"}
     lines = [
         f"# A push per call from PHP, builds side by side, {time.strftime('%Y-%m-%d %H:%M')} UTC",
         "",
-        f"Command: `python3 bench/php_push_rate_ab.py --n={opts.n} --rounds={opts.rounds} "
+        f"Command: `python3 bench/php_push_rate_ab.py --n={opts.n} --rounds={opts.rounds} --label={opts.label} "
         + " ".join(f"{label}=<{Path(path).name}>" for label, path in builds.items())
         + "` (a private Redis pinned to CPU 0, every client pinned to CPU 1, in turns; median of the rounds, range in brackets).",
         "",

@@ -1,6 +1,6 @@
 <?php
 // W1 / W1b: push N messages, one call each or in batches.
-//   php push.php --system=seed|delayq --mode=single|bulk --n=20000 --url=redis://...
+//   php push.php --system=seed|zadd|script|delayq --mode=single|bulk --n=20000 --url=redis://...
 declare(strict_types=1);
 require __DIR__ . '/common.php';
 
@@ -31,6 +31,29 @@ if ($system === 'seed') {
                 $pipe->zAdd('delay_queue:zset', time() + 60, $msgId);
             }
             $pipe->exec();
+        }
+    }
+    $secs = microtime(true) - $t0;
+    $stored = $redis->zCard('delay_queue:zset');
+} elseif ($system === 'zadd' || $system === 'script') {
+    // Yardsticks, not queues (issue 29, item 4): one phpredis ZADD a call, the least
+    // any PHP producer pays for one round trip; or one script a call that does only
+    // that ZADD, with as many keys as push.lua takes: the least a push pays that is
+    // one script.
+    if ($mode !== 'single') {
+        fwrite(STDERR, "push.php: --system=$system has --mode=single only\n");
+        exit(2);
+    }
+    $redis = bench_redis($url);
+    $keys = array_map(fn (int $k) => "{bench}:k$k", range(1, 17));
+    $keys[0] = 'delay_queue:zset';
+    $sha = $redis->script('load', "redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2]) return 1");
+    $t0 = microtime(true);
+    for ($i = 0; $i < $n; $i++) {
+        if ($system === 'zadd') {
+            $redis->zAdd('delay_queue:zset', time() + 60, "msg_$i");
+        } else {
+            $redis->evalSha($sha, [...$keys, time() + 60, "msg_$i"], 17);
         }
     }
     $secs = microtime(true) - $t0;
