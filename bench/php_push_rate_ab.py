@@ -4,7 +4,10 @@ call: what any PHP producer pays for a round trip; one script a call that only Z
 with push.lua's 17 keys: what a push that is one script pays at least) and
 `redis-benchmark -c 1 -t zadd` (issue 29's yardstick for a push per call), so that every build sees the machine in the same
 moods: to tell a change to the push from the machine's hour. Each build is a delayq.so
-given by path; this machine's own delayq ini is left out of its PHP runs.
+given by path, built from the commit its label names; this machine's own delayq ini is
+left out of its PHP runs. Each client's ratio to `redis-benchmark` is taken round by
+round, then the median of those. `redis-benchmark -t zadd` sets one member again and
+again where the PHP clients add N; the two ZADD rates match all the same.
 
     python3 bench/php_push_rate_ab.py [--n=20000] [--rounds=5] [--label=NAME] LABEL=PATH.so ...
 """
@@ -28,6 +31,14 @@ import run  # noqa: E402
 from php_drain_ab import ini_dir_without_delayq  # noqa: E402
 
 PUSH = str(ROOT / "bench" / "php" / "push.php")
+
+
+def versions(env: dict[str, str]) -> str:
+    """PHP's and phpredis's versions, as the runs' PHP reports them."""
+    code = 'echo PHP_VERSION, " ", phpversion("redis") ?: "none";'
+    php, phpredis = subprocess.run(["php", "-r", code], capture_output=True, text=True, env=env,
+                                   check=True).stdout.split()
+    return f"PHP {php}, phpredis {phpredis}"
 
 
 def main() -> None:
@@ -69,7 +80,6 @@ def main() -> None:
     finally:
         redis.stop()
         ini.cleanup()
-    zadd = statistics.median(rates["zadd"])
     names = {**{label: f"delayq `push`, {label}" for label in builds},
              "recipe": "the recipe (phpredis HSET + ZADD)",
              "phpredis": "phpredis ZADD alone, no payload (a yardstick)",
@@ -77,16 +87,19 @@ def main() -> None:
     lines = [
         f"# A push per call from PHP, builds side by side, {time.strftime('%Y-%m-%d %H:%M')} UTC",
         "",
+        f"Redis {run.server_version()}, {versions(env)}.",
+        "",
         f"Command: `python3 bench/php_push_rate_ab.py --n={opts.n} --rounds={opts.rounds} --label={opts.label} "
         + " ".join(f"{label}=<{Path(path).name}>" for label, path in builds.items())
         + "` (a private Redis pinned to CPU 0, every client pinned to CPU 1, in turns; median of the rounds, range in brackets).",
         "",
-        "| client | per second | range | vs ZADD |",
-        "|---|---|---|---|",
+        "| client | per second | range | vs `redis-benchmark` ZADD (median of the rounds' ratios) | range |",
+        "|---|---|---|---|---|",
     ]
     for key, values in rates.items():
-        mid = statistics.median(values)
-        lines.append(f"| {names[key]} | {mid:,.0f} | {min(values):,.0f} .. {max(values):,.0f} | {mid / zadd:.2f}x |")
+        ratios = [v / z for v, z in zip(values, rates["zadd"])]
+        lines.append(f"| {names[key]} | {statistics.median(values):,.0f} | {min(values):,.0f} .. {max(values):,.0f} "
+                     f"| {statistics.median(ratios):.2f}x | {min(ratios):.2f}x .. {max(ratios):.2f}x |")
     run.write_results(f"-{opts.label}", "\n".join(lines) + "\n")
 
 
