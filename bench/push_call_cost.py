@@ -1,10 +1,12 @@
 """Where Redis spends a push of one message (issue 29, item 4: a push per call against
 `redis-benchmark -c 1 -t zadd`). push.lua as the crate composes it, and copies of it
 with one part cut out, each sent N times with one message from one client; Redis's own
-time per call from `INFO commandstats` (`usec_per_call` of EVALSHA). The cut copies
-are not valid scripts for the queue: they price the parts.
+time per call from `INFO commandstats` (`usec_per_call` of EVALSHA), or with
+--callgrind Redis's instructions per call under valgrind's callgrind (one round: counts
+repeat where times move; the first call, which compiles the script, is not counted).
+The cut copies are not valid scripts for the queue: they price the parts.
 
-    python3 bench/push_call_cost.py [--n=3000] [--label=NAME]
+    python3 bench/push_call_cost.py [--n=3000] [--rounds=3] [--callgrind] [--label=NAME]
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def variants(lua: str) -> dict[str, str]:
         "without the ACL checks of its preflight": lua.replace("if redis.acl_check_cmd then", "if false then"),
         "without the key type checks of its preflight": lua.replace("for i = 1, #typed, 2 do", "for i = 1, 0, 2 do"),
         "without its preflight": no_preflight,
+        "returning where its preflight starts (the call and the includes' definitions)":
+            lua.replace("local preflight_fault = preflight(", "do return 1 end\nlocal preflight_fault = preflight(", 1),
         "returning before anything (the call itself)": "do return 1 end\n" + lua,
         "`return 1` with the same keys and arguments": "return 1",
     }
@@ -42,43 +46,62 @@ def variants(lua: str) -> dict[str, str]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=3000)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=None, help="3; 1 with --callgrind")
+    p.add_argument("--callgrind", action="store_true", help="count Redis instructions under valgrind")
     p.add_argument("--label", default="push-call-cost")
     args = p.parse_args()
+    rounds = args.rounds or (1 if args.callgrind else 3)
     script = composed(ROOT / "core" / "src" / "lua")["push"]
     keys = ["{dq:bench}:" + role for role in script["keys"]]
-    server = run.Redis()
     rows: dict[str, list[float]] = {}
-    try:
-        r = redis_py.Redis(port=server.port)
-        for _ in range(args.rounds):
-            for name, text in variants(script["lua"]).items():
-                r.flushall()
-                r.config_resetstat()
+
+    def push(r: redis_py.Redis, sha: str, i: int) -> None:
+        mid = str(uuid.uuid4())
+        # The body without its opening brace, as the core sends it (the script writes
+        # the stamp and the brace).
+        body = '"v":1,"id":"%s","created_ms":1,"payload":{"order_id":%d,"action":"close"}}' % (mid, i)
+        r.evalsha(sha, len(keys), *keys, "native", "{dq:bench}:wake", "new", 1, "delay", 60000, "ordered", mid, body)
+
+    for _ in range(rounds):
+        for name, text in variants(script["lua"]).items():
+            server = run.CallgrindRedis() if args.callgrind else run.Redis()
+            try:
+                r = redis_py.Redis(port=server.port)
                 sha = r.script_load(text)
-                for i in range(args.n):
-                    mid = str(uuid.uuid4())
-                    envelope = '{"v":1,"id":"%s","created_ms":1,"payload":{"order_id":%d,"action":"close"}}' % (mid, i)
-                    r.evalsha(sha, len(keys), *keys, "native", "{dq:bench}:wake", "new", 1, "delay", 60000,
-                              "ordered", mid, envelope)
-                rows.setdefault(name, []).append(float(r.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]))
-    finally:
-        server.stop()
+                push(r, sha, 0)
+                if isinstance(server, run.CallgrindRedis):
+                    server.instructions()
+                    for i in range(1, args.n + 1):
+                        push(r, sha, i)
+                    rows.setdefault(name, []).append(server.instructions() / args.n)
+                else:
+                    r.config_resetstat()
+                    for i in range(1, args.n + 1):
+                        push(r, sha, i)
+                    rows.setdefault(name, []).append(
+                        float(r.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]))
+            finally:
+                server.stop()
+            print(name, rows[name][-1], flush=True)
     version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
+    flags = f"--n={args.n} --rounds={rounds}" + (" --callgrind" if args.callgrind else "")
+    unit = "Redis instructions per call" if args.callgrind else "µs per call"
+    how = ("a private Redis under callgrind; the first call, which compiles the script, not counted" if args.callgrind
+           else "a private Redis pinned to CPU 0; Redis's `usec_per_call` of EVALSHA")
     lines = [
         f"# Redis time of a push of one message, {datetime.date.today()} ({version})",
         "",
-        f"Command: `python3 bench/push_call_cost.py --n={args.n} --rounds={args.rounds} --label={args.label}` "
-        "(a private Redis pinned to CPU 0; one client; Redis's `usec_per_call` of EVALSHA, median of the rounds).",
+        f"Command: `python3 bench/push_call_cost.py {flags} --label={args.label}` "
+        f"(one client; {how}; median of the rounds).",
         "",
-        "| script | µs per call (median) | range |",
+        f"| script | {unit} (median) | range |",
         "|---|---|---|",
     ]
+    fmt = "{:,.0f}" if args.callgrind else "{:.2f}"
     for name, values in rows.items():
-        lines.append(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f} .. {max(values):.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    (ROOT / "bench" / "results" / f"{datetime.date.today()}-{args.label}.md").write_text(text)
+        lines.append(f"| {name} | {fmt.format(statistics.median(values))} | "
+                     f"{fmt.format(min(values))} .. {fmt.format(max(values))} |")
+    run.write_results(f"-{args.label}", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
