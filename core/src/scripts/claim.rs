@@ -132,7 +132,10 @@ impl Reply {
     /// deliveries the caller ends (orphans.lua).
     pub(crate) fn take_envelopes(&mut self, v: Value) -> Result<Vec<Claimed>, ParsingError> {
         // Owned: each envelope's bytes become its String without a copy.
-        let envelopes: Vec<Option<String>> = FromRedisValue::from_redis_value(v)?;
+        let envelopes = decode_list(v, "the envelopes read")?
+            .into_iter()
+            .map(Option::<String>::from_redis_value)
+            .collect::<Result<Vec<_>, _>>()?;
         if envelopes.len() != self.items.len() {
             return Err(format!(
                 "{} envelopes read for the {} messages claimed",
@@ -167,13 +170,25 @@ fn index(v: &Value, n: usize) -> Result<usize, ParsingError> {
     Ok(i - 1)
 }
 
+/// A part of the claim's reply, as an error names it: "part 2 (ids)".
+struct Part(usize);
+
+impl std::fmt::Display for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const NAMES: [&str; 7] = ["header", "ids", "envelopes", "later", "keyed", "repeats", "leases"];
+        let name = NAMES.get(self.0).copied().unwrap_or("one too many");
+        write!(f, "part {} ({name})", self.0 + 1)
+    }
+}
+
 impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         // By value: each id's bytes become its String without a copy (redis-rs's
         // arrays of N decode by reference, copying every part).
-        let parts = decode_list(v)?
+        let parts = decode_list(v, "the reply")?
             .into_iter()
-            .map(decode_list)
+            .enumerate()
+            .map(|(i, part)| decode_list(part, Part(i)))
             .collect::<Result<Vec<_>, _>>()?;
         let n = parts.len();
         let Ok([header, ids, envelopes, later, keyed, repeats, leases]) = <[Vec<Value>; 7]>::try_from(parts) else {
@@ -471,8 +486,13 @@ mod tests {
             words,
             ["HMGET", "{dq:x}:messages", "a", "b", "c"].map(|w| w.as_bytes().to_vec())
         );
-        // A read of the wrong length is refused and changes nothing.
+        // A read of the wrong length, or no list, is refused and changes nothing.
         assert!(r.take_envelopes(Value::Array(vec![s("{}")])).is_err());
+        let nil = r.take_envelopes(Value::Nil).expect_err("a nil is no envelopes");
+        assert!(
+            nil.to_string().contains("the envelopes read is nil, not a list"),
+            "{nil}"
+        );
         assert_eq!(r.items.len(), 3);
         let orphans = r
             .take_envelopes(Value::Array(vec![
@@ -489,5 +509,34 @@ mod tests {
         assert_eq!((r.items[0].score, &*r.items[0].lease), (Some(12289.0), "7"));
         assert_eq!((r.items[1].score, &*r.items[1].lease), (Some(8192.0), "7:8192"));
         assert_eq!(r.items[1].envelope, r#"{"v":1}"#);
+
+        // One message claimed, one string read: redis-rs would take it for a list of one.
+        let header = Value::Array([1000, -1, 0, 0, 0, -1, 0].map(Value::Int).to_vec());
+        let v = Value::Array(vec![
+            header,
+            Value::Array(vec![s("a")]),
+            Value::Array(vec![]),
+            Value::Array(vec![]),
+            Value::Array(vec![]),
+            Value::Array(vec![]),
+            Value::Array(vec![s("7")]),
+        ]);
+        let mut one = Reply::from_redis_value(v).expect("decodes");
+        assert!(one.take_envelopes(s("{}")).is_err());
+        assert_eq!(one.items.len(), 1);
+    }
+
+    #[test]
+    fn an_error_names_the_part_that_is_not_a_list() {
+        let v = Value::Array(vec![
+            Value::Array([1000, -1, 0, 0, 0, -1, 0].map(Value::Int).to_vec()),
+            Value::Nil,
+        ]);
+        let e = Reply::from_redis_value(v).expect_err("a nil part");
+        assert!(e.to_string().contains("part 2 (ids) is nil, not a list"), "{e}");
+        let long = "x".repeat(500);
+        let e = Reply::from_redis_value(s(&long)).expect_err("a string");
+        assert!(e.to_string().contains("the reply is "), "{e}");
+        assert!(e.to_string().len() < 200, "the error shows the value's start only: {e}");
     }
 }

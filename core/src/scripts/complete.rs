@@ -138,7 +138,7 @@ pub(crate) struct Statuses(pub(crate) Vec<Status>);
 
 impl FromRedisValue for Statuses {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let codes = decode_list(v)?;
+        let codes = decode_list(v, "the reply")?;
         codes
             .iter()
             .map(|c| match decode::<i64>(c)? {

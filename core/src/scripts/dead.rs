@@ -37,7 +37,7 @@ pub(crate) struct Rows(pub(crate) Vec<Row>);
 
 impl FromRedisValue for Rows {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items = decode_list(v)?;
+        let items = decode_list(v, "the reply")?;
         if !items.len().is_multiple_of(6) {
             return Err(format!("{} values, not groups of 6", items.len()).into());
         }
@@ -100,7 +100,7 @@ pub(crate) struct MatchStep {
 
 impl FromRedisValue for MatchStep {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items = decode_list(v)?;
+        let items = decode_list(v, "the reply")?;
         let Some((next, ids)) = items.split_first() else {
             return Err("an empty reply".into());
         };
@@ -147,6 +147,9 @@ mod tests {
             (3, Some("boom"), None)
         );
         assert!(Rows::from_redis_value(Value::Array(row[..5].to_vec())).is_err());
+        // redis-rs reads a nil as an empty list: not here.
+        assert!(Rows::from_redis_value(Value::Nil).is_err());
+        assert!(MatchStep::from_redis_value(Value::Nil).is_err());
         let step = MatchStep::from_redis_value(Value::Array(vec![Value::Int(-1), s("a")])).expect("decodes");
         assert_eq!((step.next, step.ids.len()), (None, 1));
     }

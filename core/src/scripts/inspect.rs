@@ -87,7 +87,7 @@ impl FromRedisValue for Found {
         if v == Value::Nil {
             return Ok(Self(None));
         }
-        let items = decode_list(v)?;
+        let items = decode_list(v, "the reply")?;
         let [state, stored, due, attempts, error, dead_at, rest @ ..] = items.as_slice() else {
             return Err(format!("{} fields where 10 were due", items.len()).into());
         };
@@ -125,7 +125,7 @@ pub(crate) struct Listed(pub(crate) Vec<(String, Record)>);
 
 impl FromRedisValue for Listed {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items = decode_list(v)?;
+        let items = decode_list(v, "the reply")?;
         let Some((_now, groups)) = items.split_first() else {
             return Err("an empty reply".into());
         };
@@ -165,7 +165,7 @@ pub(crate) struct FindStep {
 
 impl FromRedisValue for FindStep {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items = decode_list(v)?;
+        let items = decode_list(v, "the reply")?;
         let Some((cursor, ids)) = items.split_first() else {
             return Err("an empty reply".into());
         };
@@ -195,7 +195,7 @@ pub(crate) struct Depth {
 
 impl FromRedisValue for Depth {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items = decode_list(v)?;
+        let items = decode_list(v, "the reply")?;
         let [
             _now,
             waiting,
@@ -245,7 +245,7 @@ pub(crate) struct Pools {
 
 impl FromRedisValue for Pools {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items = decode_list(v)?;
+        let items = decode_list(v, "the reply")?;
         let Some((now, entries)) = items.split_first() else {
             return Err("an empty reply".into());
         };

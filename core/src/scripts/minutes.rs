@@ -47,7 +47,7 @@ pub(crate) struct Records {
 
 impl FromRedisValue for Records {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items = decode_list(v)?;
+        let items = decode_list(v, "the reply")?;
         let Some((now, entries)) = items.split_first() else {
             return Err("an empty reply".into());
         };

@@ -91,11 +91,25 @@ pub(crate) fn decode<T: FromRedisValue>(v: &Value) -> Result<T, ParsingError> {
 }
 
 /// A reply that is a list, as its items; anything else is refused: redis-rs reads a
-/// nil as an empty list, which would pass for a reply of nothing.
-pub(crate) fn decode_list(v: Value) -> Result<Vec<Value>, ParsingError> {
+/// nil as an empty list, which would pass for a reply of nothing. `what` names the
+/// part in the error ("the reply", "part 2 (ids)").
+pub(crate) fn decode_list(v: Value, what: impl std::fmt::Display) -> Result<Vec<Value>, ParsingError> {
     match v {
         Value::Array(items) => Ok(items),
-        other => Err(format!("{other:?} where a list was due").into()),
+        other => Err(format!("{what} is {}, not a list", shown(&other)).into()),
+    }
+}
+
+/// A value as an error shows it: its start only, as a part can hold a whole envelope.
+fn shown(v: &Value) -> String {
+    const MAX: usize = 60;
+    if *v == Value::Nil {
+        return "nil".to_owned();
+    }
+    let text = format!("{v:?}");
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
     }
 }
 

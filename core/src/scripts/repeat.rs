@@ -54,7 +54,7 @@ pub(crate) struct Definitions(pub(crate) Vec<Definition>);
 
 impl FromRedisValue for Definitions {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items = decode_list(v)?;
+        let items = decode_list(v, "the reply")?;
         if !items.len().is_multiple_of(3) {
             return Err(format!("{} values, not groups of 3", items.len()).into());
         }
@@ -100,5 +100,7 @@ mod tests {
         let d = Definitions::from_redis_value(v).expect("decodes").0;
         assert_eq!((d[0].name.as_str(), d[0].mark), ("h", None));
         assert!(Definitions::from_redis_value(Value::Array(vec![Value::Int(1)])).is_err());
+        // redis-rs reads a nil as an empty list: not here.
+        assert!(Definitions::from_redis_value(Value::Nil).is_err());
     }
 }

@@ -34,7 +34,7 @@ pub(crate) struct Ids(pub(crate) Vec<String>);
 
 impl FromRedisValue for Ids {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let items = decode_list(v)?;
+        let items = decode_list(v, "the reply")?;
         items.iter().map(decode).collect::<Result<_, _>>().map(Self)
     }
 }
