@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import statistics
 import subprocess
 import sys
@@ -29,15 +28,25 @@ import run  # noqa: E402
 from script_cost import composed  # noqa: E402
 
 
+def cut(lua: str, start: str, end: str) -> str:
+    """`lua` without the lines from the one that starts with `start` through the one
+    that starts with `end`."""
+    a = lua.index(start)
+    b = lua.index("\n", lua.index(end, a)) + 1
+    return lua[:a] + lua[b:]
+
+
 def variants(lua: str) -> dict[str, str]:
-    no_preflight = re.sub(r"local preflight_fault = preflight\(.*\)\n", "local preflight_fault = nil\n", lua)
+    # The preflight's two parts, as scripts::compose writes them.
+    acl = ("-- preflight: permissions", "end -- preflight: permissions")
+    types = ("-- preflight: key types", "end -- preflight: key types")
     return {
         "push.lua as committed": lua,
-        "without the ACL checks of its preflight": lua.replace("if redis.acl_check_cmd then", "if false then"),
-        "without the key type checks of its preflight": lua.replace("for i = 1, #typed, 2 do", "for i = 1, 0, 2 do"),
-        "without its preflight": no_preflight,
+        "without the ACL checks of its preflight": cut(lua, *acl),
+        "without the key type checks of its preflight": cut(lua, *types),
+        "without its preflight": cut(lua, acl[0], types[1]),
         "returning where its preflight starts (the call and the includes' definitions)":
-            lua.replace("local preflight_fault = preflight(", "do return 1 end\nlocal preflight_fault = preflight(", 1),
+            lua.replace(acl[0], "do return 1 end\n" + acl[0], 1),
         "returning before anything (the call itself)": "do return 1 end\n" + lua,
         "`return 1` with the same keys and arguments": "return 1",
     }

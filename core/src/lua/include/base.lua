@@ -60,37 +60,22 @@
 --   claim_ids HASH  claim token -> its ids (cmsgpack); "<token>#" -> how many it
 --                            still holds
 -- Scripts return error replies only for caller bugs, as "DQERR <code> <detail>", and
--- for the faults preflight() finds before the first write.
+-- for the faults the preflight finds before the first write (below).
 
--- Before a script's first write: every command it can run is allowed for this user on
--- these keys and channel (Redis 7.0+ can tell; before it a missing command still
--- stops the script at that command), and no key holds another type than its role's
--- (checked only where the user may run TYPE: rules written before delayq asked for
--- it go on working). A fault found here leaves every key as it was; one found later
+-- The preflight, which scripts::compose writes into every script after its includes
+-- and before its own code, line by line (a table of its arguments, built at every
+-- call, cost more than the checks around it): before a script's first write, every
+-- command it can run is allowed for this user on these keys and channel (Redis 7.0+
+-- can tell; before it a missing command still stops the script at that command),
+-- each checked once with a key or channel of this queue, and no key holds another
+-- type than its role's (checked only where the user may run TYPE: rules written
+-- before delayq asked for it go on working). A fault found there is the script's
+-- error reply ("NOPERM delayq script S runs C on K", "WRONGTYPE delayq script S: key K
+-- holds a T, delayq keeps a U there") and leaves every key as it was; one found later
 -- would have kept the writes made before it (Redis does not roll a script back), so
 -- a script that moves a message between states writes the new state before it leaves
 -- the old one (claim, nack): even an error past the preflight leaves no message
 -- without a state.
--- `calls` holds each command once, with a key or channel of this queue to check.
--- Returns the fault, or nil; the script then returns it as its error reply (Redis
--- before 7.0 cannot raise a table from a nested function).
-local function preflight(script, typed, calls)
-  if redis.acl_check_cmd then
-    for i = 1, #calls do
-      local call = calls[i]
-      if not redis.acl_check_cmd(unpack(call)) then
-        return 'NOPERM delayq script ' .. script .. ' runs ' .. call[1] .. (call[2] and (' on ' .. call[2]) or '')
-      end
-    end
-  end
-  for i = 1, #typed, 2 do
-    local held = redis.pcall('TYPE', typed[i])
-    if held.ok and held.ok ~= 'none' and held.ok ~= typed[i + 1] then
-      return 'WRONGTYPE delayq script ' .. script .. ': key ' .. typed[i] .. ' holds a ' .. held.ok
-        .. ', delayq keeps a ' .. typed[i + 1] .. ' there'
-    end
-  end
-end
 
 -- Native scores are due_ms * SEQ_SPAN plus the message's place among those due in
 -- the same millisecond (see include/order.lua). due_ms * 4096 stays below 2^53, where
