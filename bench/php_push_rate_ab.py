@@ -56,6 +56,8 @@ def main() -> None:
     ini = tempfile.TemporaryDirectory()
     env = {**os.environ, "PHP_INI_SCAN_DIR": str(ini_dir_without_delayq(Path(ini.name)))}
     env.pop("DELAYQ_EXTENSION", None)
+    # Before the runs: the ini copy is gone after them.
+    php_versions = versions(env)
     redis = run.Redis()
 
     def push(system: str, *php_args: str) -> float:
@@ -87,7 +89,7 @@ def main() -> None:
     lines = [
         f"# A push per call from PHP, builds side by side, {time.strftime('%Y-%m-%d %H:%M')} UTC",
         "",
-        f"Redis {run.server_version()}, {versions(env)}.",
+        f"Redis {run.server_version()}, {php_versions}.",
         "",
         f"Command: `python3 bench/php_push_rate_ab.py --n={opts.n} --rounds={opts.rounds} --label={opts.label} "
         + " ".join(f"{label}=<{Path(path).name}>" for label, path in builds.items())
