@@ -299,6 +299,47 @@ fn a_replacing_push_debounces_a_waiting_message_revives_a_dead_one_and_leaves_a_
     assert_no_leak(&server, "{dq:carts}");
 }
 
+/// push.lua takes the keys of a push without a replacing run only; a batch with one
+/// goes to push_replace.lua, which also takes what a replaced message leaves.
+#[test]
+fn a_batch_with_a_replacing_push_goes_to_the_script_that_holds_its_keys() {
+    let server = RedisServer::start();
+    let mut con = server.con();
+    // push.lua refuses a replacing run before it writes anything.
+    let words: Vec<String> = ["new", "1", "delay", "1000", "replace", "m-1", r#""v":1}"#]
+        .map(str::to_owned)
+        .into();
+    let err = common::call_script(&mut con, "push", "split", &words).expect_err("refused");
+    assert!(err.to_string().contains("push_replace.lua"), "{err}");
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*split*").query(&mut con).expect("KEYS");
+    assert!(keys.is_empty(), "{keys:?}");
+    assert!(common::call_script(&mut con, "push_replace", "split", &words).is_ok());
+
+    // Through the API: a batch of a new message and a replacing one is one call.
+    let q = server.queue("carts");
+    let keep = PushOptions {
+        id: Some("cart-1".into()),
+        ..Default::default()
+    };
+    q.push_json(r#"{"v":1}"#.to_owned(), Duration::from_secs(60).into(), &keep)
+        .expect("push");
+    let mut plain = NewMessage::new(&json!({"v": "plain"}), Duration::from_secs(60)).expect("message");
+    plain.options.id = Some("cart-2".into());
+    let mut again = NewMessage::new(&json!({"v": 2}), Duration::from_secs(60)).expect("message");
+    again.options = PushOptions {
+        replace: true,
+        ..keep.clone()
+    };
+    // The EVAL above left push_replace.lua in Redis's script cache: no load.
+    let before = commands_processed(&server);
+    q.push_many(&[plain, again]).expect("push_many");
+    assert_eq!(commands_processed(&server) - before, 1, "one script call");
+    assert_eq!(q.get("cart-1").expect("get").expect("kept").payload_json, r#"{"v":2}"#);
+    assert!(q.get("cart-2").expect("get").is_some());
+    let s = q.stats().expect("stats");
+    assert_eq!((s.scheduled, s.total("pushed"), s.total("replaced")), (2, 2, 1));
+}
+
 #[test]
 fn a_shared_queue_keeps_its_connection_and_the_least_recently_used_goes_first() {
     use delayq::{MAX_SHARED_QUEUES, Queue, QueueOptions};

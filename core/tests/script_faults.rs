@@ -99,6 +99,14 @@ fn operations() -> Vec<Operation> {
                 .collect();
             q.push_many(&batch).map(drop)
         }),
+        // A replacing push, of a message that waits: the script that takes the keys a
+        // replaced message leaves.
+        op(&["push_replace"], "push_replace", |q| {
+            let mut m = NewMessage::new(&json!({"n": "later-3 again"}), Duration::from_secs(3600)).expect("message");
+            m.options.id = Some("later-3".into());
+            m.options.replace = true;
+            q.push_many(&[m]).map(drop)
+        }),
         op(&["get"], "get", |q| q.get("later-1").map(drop)),
         op(&["stats"], "stats", |q| q.stats().map(drop)),
         op(&["list"], "list", |q| q.list(Listing::Waiting, 10).map(drop)),

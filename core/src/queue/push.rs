@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::conn::Replay;
 use crate::error::{Error, Result};
 use crate::payload::to_json;
-use crate::scripts::{Call, Invocation, MAX_BATCH, now, push};
+use crate::scripts::{Call, MAX_BATCH, now, push};
 use crate::time::Due;
 use crate::{Layout, NewMessage, PayloadJson, PushOptions, Queue, envelope, keys};
 
@@ -154,9 +154,6 @@ impl Queue {
                 })
                 .collect(),
         };
-        let add_chunk = |inv: &mut Invocation<'_>, members: &[usize]| {
-            args_of(members).add_to(inv);
-        };
         let waits = inner.opts.wait_replicas > 0;
         if inner.endpoint.is_cluster() {
             // Each partition may live on another master: one call per script, and the
@@ -166,8 +163,9 @@ impl Queue {
                     .conn
                     .lock()
                     .run_conn(&inner.endpoint, "push", Replay::Safe, |con| {
-                        let mut inv = self.invocation(part, push::script());
-                        add_chunk(&mut inv, members);
+                        let args = args_of(members);
+                        let mut inv = self.invocation(part, args.script());
+                        args.add_to(&mut inv);
                         inv.invoke::<push::Reply>(con.as_dyn())?;
                         if waits {
                             self.confirm_replicated(con, part)
@@ -179,8 +177,9 @@ impl Queue {
             }
         } else if chunks.len() == 1 && !waits {
             let (part, members) = chunks[0];
-            let _: push::Reply = self.call(part, "push", Replay::Safe, push::script(), |inv| {
-                add_chunk(inv, members);
+            let script = args_of(members).script();
+            let _: push::Reply = self.call(part, "push", Replay::Safe, script, |inv| {
+                args_of(members).add_to(inv);
                 sent.set(true);
             })?;
         } else {
@@ -190,10 +189,18 @@ impl Queue {
                 .lock()
                 .run_conn(&inner.endpoint, "push_many", Replay::Safe, |con| {
                     let mut pipe = redis::pipe();
-                    pipe.load_script(&push::script().script).ignore();
-                    for &(part, members) in &chunks {
-                        let mut inv = self.invocation(part, push::script());
-                        add_chunk(&mut inv, members);
+                    let calls: Vec<_> = chunks.iter().map(|&(part, members)| (part, args_of(members))).collect();
+                    let mut loaded: Vec<&str> = Vec::new();
+                    for (_, args) in &calls {
+                        let script = args.script();
+                        if !loaded.contains(&script.name) {
+                            pipe.load_script(&script.script).ignore();
+                            loaded.push(script.name);
+                        }
+                    }
+                    for (part, args) in &calls {
+                        let mut inv = self.invocation(*part, args.script());
+                        args.add_to(&mut inv);
                         pipe.add_command(inv.into_cmd()).ignore();
                     }
                     sent.set(true);

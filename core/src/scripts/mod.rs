@@ -473,7 +473,9 @@ lua_files!(
     "include/oom.lua",
     "include/order.lua",
     "include/pools.lua",
+    "include/push_runs.lua",
     "include/repeat.lua",
+    "include/replace.lua",
     "include/schedule.lua",
     "include/seq.lua",
     "include/stall.lua",
@@ -500,6 +502,7 @@ lua_files!(
     "pause.lua",
     "purge.lua",
     "push.lua",
+    "push_replace.lua",
     "release.lua",
     "repeat_del.lua",
     "repeat_next.lua",
@@ -537,6 +540,7 @@ macro_rules! scripts {
 
 scripts!(
     PUSH = "push",
+    PUSH_REPLACE = "push_replace",
     CLAIM = "claim",
     ACK = "ack",
     NACK = "nack",

@@ -1,4 +1,5 @@
-//! push.lua's contract: one or many messages scheduled in one call, idempotent per id.
+//! push.lua's contract (push_replace.lua's too): one or many messages scheduled in one
+//! call, idempotent per id.
 
 use redis::{FromRedisValue, ParsingError, Value};
 
@@ -107,9 +108,16 @@ impl FromRedisValue for Reply {
     }
 }
 
-/// The script.
-pub(crate) fn script() -> &'static LuaScript {
-    &super::PUSH
+impl Args<'_> {
+    /// The script for these messages: push_replace.lua where one replaces, which
+    /// takes the keys a replaced message leaves; push.lua, with 6 keys, otherwise.
+    pub(crate) fn script(&self) -> &'static LuaScript {
+        if self.messages.iter().any(|m| m.replace) {
+            &super::PUSH_REPLACE
+        } else {
+            &super::PUSH
+        }
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +125,27 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn a_replacing_message_takes_the_batch_to_push_replace() {
+        let m = |replace| Message {
+            id: "a",
+            due: Due::In(Duration::from_millis(5)),
+            replace,
+            expires: false,
+            envelope: "{}",
+            serial_key: None,
+            generated_id: false,
+            stamped: false,
+        };
+        let args = |messages| Args {
+            check_existing: true,
+            messages,
+        };
+        assert_eq!(args(vec![m(false), m(false)]).script().name, "push");
+        assert_eq!(args(vec![m(false), m(true)]).script().name, "push_replace");
+        assert_eq!(super::super::PUSH.keys.len(), 6);
+    }
 
     #[test]
     fn options_are_named_words() {
