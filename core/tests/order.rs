@@ -87,6 +87,25 @@ fn pushes_one_after_another_due_in_one_millisecond_keep_their_order() {
     assert_eq!(drained_order(&q), (0..12).collect::<Vec<_>>());
 }
 
+/// The same below a message due later: the millisecond's last place is read from the
+/// schedule, where above it the schedule's highest score gives it.
+#[test]
+fn pushes_due_before_a_later_message_keep_their_order() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    let due = one_millisecond(&server);
+    let Due::AtUnixMs(ms) = due else { unreachable!() };
+    q.push(&json!({"n": 100}), Due::AtUnixMs(ms + 500)).expect("push");
+    for n in 0..8 {
+        q.push(&json!({"n": n}), due).expect("push");
+    }
+    let batch: Vec<NewMessage> = (8..12)
+        .map(|n| NewMessage::new(&json!({"n": n}), due).expect("message"))
+        .collect();
+    q.push_many(&batch).expect("push_many");
+    assert_eq!(drained_order(&q), (0..12).chain([100]).collect::<Vec<_>>());
+}
+
 #[test]
 fn each_partition_keeps_push_order_within_a_millisecond() {
     let server = RedisServer::start();

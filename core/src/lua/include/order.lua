@@ -5,7 +5,8 @@
 -- push first. Past 4096 waiting in one millisecond the place stays at 4095 (Redis then
 -- orders them by id). A script asks the schedule once for its highest score; only due
 -- times at or below it are looked up, one range read each (once per millisecond per
--- script): a push due later than everything waiting, the common case, reads nothing more.
+-- script): a push due later than everything waiting, the common case, reads nothing more,
+-- nor does one due at the millisecond of the highest score, which is the last there.
 local order_last = {}
 local order_tail = nil
 local function score_at(due_ms)
@@ -21,7 +22,7 @@ local function score_at(due_ms)
       order_tail = tonumber(tail[2]) or -1
     end
     place = -1
-    if base <= order_tail then
+    if order_tail >= base + SEQ_SPAN then
       -- The last of that millisecond, with commands that ACL rules written before this
       -- (which grant no ZREVRANGEBYSCORE) allow.
       local lo, hi = fmt(base), fmt(base + SEQ_SPAN - 1)
@@ -30,6 +31,10 @@ local function score_at(due_ms)
         local last = redis.call('ZRANGEBYSCORE', K_SCHED, lo, hi, 'WITHSCORES', 'LIMIT', waiting - 1, 1)
         place = tonumber(last[2]) - base
       end
+    elseif order_tail >= base then
+      -- The schedule's highest score is due at that millisecond: it is the last there
+      -- (pushes a moment apart with one delay land here).
+      place = order_tail - base
     end
   end
   place = math.min(place + 1, SEQ_SPAN - 1)
