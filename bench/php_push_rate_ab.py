@@ -1,7 +1,7 @@
 """`make bench`'s W1 push (PHP, one `push` a message) with two or more builds of the
 extension, in turns with the recipe's producer, two yardsticks from phpredis (one ZADD a
 call: what any PHP producer pays for a round trip; one script a call that only ZADDs,
-with push.lua's 17 keys: what a push that is one script pays at least) and
+with push.lua's 6 keys: what a push that is one script pays at least) and
 `redis-benchmark -c 1 -t zadd` (issue 29's yardstick for a push per call), so that every build sees the machine in the same
 moods: to tell a change to the push from the machine's hour. Each build is a delayq.so
 given by path, built from the commit its label names; this machine's own delayq ini is
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import run  # noqa: E402
+from bulk_push import redis_cpu  # noqa: E402
 from php_drain_ab import ini_dir_without_delayq  # noqa: E402
 
 PUSH = str(ROOT / "bench" / "php" / "push.php")
@@ -60,15 +61,24 @@ def main() -> None:
     php_versions = versions(env)
     redis = run.Redis()
 
+    cpu: dict[str, list[float]] = {label: [] for label in rates}
+
     def push(system: str, *php_args: str) -> float:
         redis.cli("FLUSHALL")
+        before = redis_cpu(redis)
         out = subprocess.run(["taskset", "-c", "1", "php", *php_args, PUSH, f"--system={system}", "--mode=single",
                               f"--n={opts.n}", f"--url={redis.url}"], capture_output=True, text=True, env=env,
                              check=True).stdout
         result = json.loads(out)
         if result["stored"] != opts.n:
             sys.exit(f"{system} {php_args}: {result['stored']} of {opts.n} stored: the run is void")
+        cpu[label_of(system, php_args)].append((redis_cpu(redis) - before) / opts.n * 1e6)
         return float(result["rate"])
+
+    def label_of(system: str, php_args: tuple[str, ...]) -> str:
+        if system == "delayq":
+            return next(label for label, path in builds.items() if php_args[-1] == f"extension={path}")
+        return {"seed": "recipe", "zadd": "phpredis", "script": "script"}[system]
 
     try:
         for _ in range(opts.rounds):
@@ -85,7 +95,7 @@ def main() -> None:
     names = {**{label: f"delayq `push`, {label}" for label in builds},
              "recipe": "the recipe (phpredis HSET + ZADD)",
              "phpredis": "phpredis ZADD alone, no payload (a yardstick)",
-             "script": "phpredis EVALSHA of a script that only ZADDs, 17 keys (a yardstick)", "zadd": "`redis-benchmark -c 1 -t zadd`"}
+             "script": "phpredis EVALSHA of a script that only ZADDs, 6 keys (a yardstick)", "zadd": "`redis-benchmark -c 1 -t zadd`"}
     lines = [
         f"# A push per call from PHP, builds side by side, {time.strftime('%Y-%m-%d %H:%M')} UTC",
         "",
@@ -95,13 +105,15 @@ def main() -> None:
         + " ".join(f"{label}=<{Path(path).name}>" for label, path in builds.items())
         + "` (a private Redis pinned to CPU 0, every client pinned to CPU 1, in turns; median of the rounds, range in brackets).",
         "",
-        "| client | per second | range | vs `redis-benchmark` ZADD (median of the rounds' ratios) | range |",
-        "|---|---|---|---|---|",
+        "| client | per second | range | vs `redis-benchmark` ZADD (median of the rounds' ratios) | range "
+        "| Redis CPU µs a message (median) |",
+        "|---|---|---|---|---|---|",
     ]
     for key, values in rates.items():
         ratios = [v / z for v, z in zip(values, rates["zadd"])]
+        used = f"{statistics.median(cpu[key]):.1f}" if cpu[key] else ""
         lines.append(f"| {names[key]} | {statistics.median(values):,.0f} | {min(values):,.0f} .. {max(values):,.0f} "
-                     f"| {statistics.median(ratios):.2f}x | {min(ratios):.2f}x .. {max(ratios):.2f}x |")
+                     f"| {statistics.median(ratios):.2f}x | {min(ratios):.2f}x .. {max(ratios):.2f}x | {used} |")
     run.write_results(f"-{opts.label}", "\n".join(lines) + "\n")
 
 

@@ -45,7 +45,7 @@ if ($system === 'seed') {
         exit(2);
     }
     $redis = bench_redis($url);
-    $keys = array_map(fn (int $k) => "{bench}:k$k", range(1, 17));
+    $keys = array_map(fn (int $k) => "{bench}:k$k", range(1, 6));
     $keys[0] = 'delay_queue:zset';
     $sha = $redis->script('load', "redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2]) return 1");
     $t0 = microtime(true);
@@ -53,7 +53,7 @@ if ($system === 'seed') {
         if ($system === 'zadd') {
             $redis->zAdd('delay_queue:zset', time() + 60, "msg_$i");
         } else {
-            $redis->evalSha($sha, [...$keys, time() + 60, "msg_$i"], 17);
+            $redis->evalSha($sha, [...$keys, time() + 60, "msg_$i"], 6);
         }
     }
     $secs = microtime(true) - $t0;
