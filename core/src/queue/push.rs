@@ -177,7 +177,7 @@ impl Queue {
             }
         } else if chunks.len() == 1 && !waits {
             let (part, members) = chunks[0];
-            let script = args_of(members).script();
+            let script = push::script_for(members.iter().any(|&i| batch[i].options.replace));
             let _: push::Reply = self.call(part, "push", Replay::Safe, script, |inv| {
                 args_of(members).add_to(inv);
                 sent.set(true);

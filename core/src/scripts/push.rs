@@ -109,15 +109,16 @@ impl FromRedisValue for Reply {
 }
 
 impl Args<'_> {
-    /// The script for these messages: push_replace.lua where one replaces, which
-    /// takes the keys a replaced message leaves; push.lua, with 6 keys, otherwise.
+    /// The script for these messages (see `script_for`).
     pub(crate) fn script(&self) -> &'static LuaScript {
-        if self.messages.iter().any(|m| m.replace) {
-            &super::PUSH_REPLACE
-        } else {
-            &super::PUSH
-        }
+        script_for(self.messages.iter().any(|m| m.replace))
     }
+}
+
+/// push_replace.lua for a call where a message replaces, which takes the keys a
+/// replaced message leaves; push.lua, with 6 keys, otherwise.
+pub(crate) fn script_for(replacing: bool) -> &'static LuaScript {
+    if replacing { &super::PUSH_REPLACE } else { &super::PUSH }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 -- orders them by id). A script asks the schedule once for its highest score; only due
 -- times at or below it are looked up, one range read each (once per millisecond per
 -- script): a push due later than everything waiting, the common case, reads nothing more,
--- nor does one due at the millisecond of the highest score, which is the last there.
+-- nor does the first one due at the millisecond of the highest score, the last there.
 local order_last = {}
 local order_tail = nil
 local function score_at(due_ms)
@@ -17,12 +17,20 @@ local function score_at(due_ms)
   local base = due_ms * SEQ_SPAN
   local place = order_last[due_ms]
   if place == nil then
-    if order_tail == nil then
+    -- Read in this call, the highest score is the schedule's now; read before, it may
+    -- be passed by a score the script wrote without score_at (wake_line).
+    local fresh = order_tail == nil
+    if fresh then
       local tail = redis.call('ZRANGE', K_SCHED, -1, -1, 'WITHSCORES')
-      order_tail = tonumber(tail[2]) or -1
+      -- An empty schedule has nothing at or above any due time.
+      order_tail = tonumber(tail[2]) or -math.huge
     end
     place = -1
-    if order_tail >= base + SEQ_SPAN then
+    if fresh and order_tail >= base and order_tail < base + SEQ_SPAN then
+      -- The highest score is due at that millisecond: it is the last there (pushes a
+      -- moment apart with one delay land here).
+      place = order_tail - base
+    elseif base <= order_tail then
       -- The last of that millisecond, with commands that ACL rules written before this
       -- (which grant no ZREVRANGEBYSCORE) allow.
       local lo, hi = fmt(base), fmt(base + SEQ_SPAN - 1)
@@ -31,10 +39,6 @@ local function score_at(due_ms)
         local last = redis.call('ZRANGEBYSCORE', K_SCHED, lo, hi, 'WITHSCORES', 'LIMIT', waiting - 1, 1)
         place = tonumber(last[2]) - base
       end
-    elseif order_tail >= base then
-      -- The schedule's highest score is due at that millisecond: it is the last there
-      -- (pushes a moment apart with one delay land here).
-      place = order_tail - base
     end
   end
   place = math.min(place + 1, SEQ_SPAN - 1)
