@@ -75,16 +75,19 @@ fn pushes_one_after_another_due_in_one_millisecond_keep_their_order() {
     let server = RedisServer::start();
     let q = server.queue("orders");
     set_counter(&server, "{dq:orders}:seq", 4093);
-    let due = one_millisecond(&server);
+    push_twelve(&q, one_millisecond(&server));
+    assert_eq!(drained_order(&q), (0..12).collect::<Vec<_>>());
+}
+
+/// Messages 0 to 11 due at `due`: 8 pushes one after another, then a batch of 4.
+fn push_twelve(q: &Queue, due: Due) {
     for n in 0..8 {
         q.push(&json!({"n": n}), due).expect("push");
     }
-    // And a later batch after them, in the same millisecond.
     let batch: Vec<NewMessage> = (8..12)
         .map(|n| NewMessage::new(&json!({"n": n}), due).expect("message"))
         .collect();
     q.push_many(&batch).expect("push_many");
-    assert_eq!(drained_order(&q), (0..12).collect::<Vec<_>>());
 }
 
 /// The same below a message due later: the millisecond's last place is read from the
@@ -96,13 +99,7 @@ fn pushes_due_before_a_later_message_keep_their_order() {
     let due = one_millisecond(&server);
     let Due::AtUnixMs(ms) = due else { unreachable!() };
     q.push(&json!({"n": 100}), Due::AtUnixMs(ms + 500)).expect("push");
-    for n in 0..8 {
-        q.push(&json!({"n": n}), due).expect("push");
-    }
-    let batch: Vec<NewMessage> = (8..12)
-        .map(|n| NewMessage::new(&json!({"n": n}), due).expect("message"))
-        .collect();
-    q.push_many(&batch).expect("push_many");
+    push_twelve(&q, due);
     assert_eq!(drained_order(&q), (0..12).chain([100]).collect::<Vec<_>>());
 }
 
