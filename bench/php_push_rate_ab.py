@@ -63,7 +63,8 @@ def main() -> None:
 
     cpu: dict[str, list[float]] = {label: [] for label in rates}
 
-    def push(system: str, *php_args: str) -> float:
+    def push(label: str, system: str, *php_args: str) -> None:
+        """One run of `system`, recorded under `label`: its rate and Redis's CPU a message."""
         redis.cli("FLUSHALL")
         before = redis_cpu(redis)
         out = subprocess.run(["taskset", "-c", "1", "php", *php_args, PUSH, f"--system={system}", "--mode=single",
@@ -72,21 +73,16 @@ def main() -> None:
         result = json.loads(out)
         if result["stored"] != opts.n:
             sys.exit(f"{system} {php_args}: {result['stored']} of {opts.n} stored: the run is void")
-        cpu[label_of(system, php_args)].append((redis_cpu(redis) - before) / opts.n * 1e6)
-        return float(result["rate"])
-
-    def label_of(system: str, php_args: tuple[str, ...]) -> str:
-        if system == "delayq":
-            return next(label for label, path in builds.items() if php_args[-1] == f"extension={path}")
-        return {"seed": "recipe", "zadd": "phpredis", "script": "script"}[system]
+        cpu[label].append((redis_cpu(redis) - before) / opts.n * 1e6)
+        rates[label].append(float(result["rate"]))
 
     try:
         for _ in range(opts.rounds):
             for label, path in builds.items():
-                rates[label].append(push("delayq", "-d", f"extension={path}"))
-            rates["recipe"].append(push("seed"))
-            rates["phpredis"].append(push("zadd"))
-            rates["script"].append(push("script"))
+                push(label, "delayq", "-d", f"extension={path}")
+            push("recipe", "seed")
+            push("phpredis", "zadd")
+            push("script", "script")
             rates["zadd"].append(run.benchmark_rate(redis.port, "zadd", opts.n))
             print({k: round(v[-1]) for k, v in rates.items()}, flush=True)
     finally:
