@@ -118,7 +118,7 @@ impl PayloadFault {
 pub struct PayloadWriter {
     out: String,
     /// The open containers, innermost last.
-    open: Vec<Container>,
+    open: Open,
     /// Levels of the binding's own that write nothing (see `enter`).
     entered: usize,
     /// A value was written at this level: the next one needs a comma.
@@ -136,6 +136,46 @@ enum Container {
     Object,
 }
 
+/// The open containers as bits, one a level (set: an object): a payload is written
+/// without a heap allocation for them, as `MAX_DEPTH` levels fit in one word.
+#[derive(Debug, Default)]
+struct Open {
+    objects: u128,
+    depth: usize,
+}
+
+const _: () = assert!(MAX_DEPTH <= u128::BITS as usize);
+
+impl Open {
+    fn push(&mut self, c: Container) {
+        let bit = 1u128 << self.depth;
+        match c {
+            Container::Object => self.objects |= bit,
+            Container::List => self.objects &= !bit,
+        }
+        self.depth += 1;
+    }
+
+    fn pop(&mut self) -> Option<Container> {
+        let last = self.last()?;
+        self.depth -= 1;
+        Some(last)
+    }
+
+    fn last(&self) -> Option<Container> {
+        let top = self.depth.checked_sub(1)?;
+        Some(if self.objects >> top & 1 == 1 {
+            Container::Object
+        } else {
+            Container::List
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.depth == 0
+    }
+}
+
 impl Default for PayloadWriter {
     fn default() -> Self {
         Self::new()
@@ -147,7 +187,7 @@ impl PayloadWriter {
     pub fn new() -> Self {
         Self {
             out: String::with_capacity(64),
-            open: Vec::new(),
+            open: Open::default(),
             entered: 0,
             comma: false,
             after_key: false,
@@ -225,7 +265,7 @@ impl PayloadWriter {
 
     /// The key of the next value in the open object.
     pub fn key(&mut self, k: &str) {
-        if self.open.last() != Some(&Container::Object) || self.after_key {
+        if self.open.last() != Some(Container::Object) || self.after_key {
             self.misused = true;
         }
         if self.comma {
@@ -269,7 +309,7 @@ impl PayloadWriter {
     }
 
     fn begin(&mut self, container: Container) -> std::result::Result<(), PayloadFault> {
-        if self.open.len() >= MAX_DEPTH {
+        if self.open.depth >= MAX_DEPTH {
             return Err(PayloadFault::TooDeep);
         }
         self.before_value();
@@ -408,8 +448,10 @@ mod tests {
             *state ^= *state << 17;
             *state
         }
-        const TEXTS: [&str; 6] = [
+        const TEXTS: [&str; 8] = [
             "",
+            "plain",
+            "del \u{7f} and \u{1f}",
             "a\"b\\c",
             "line\nbreak\t\u{1}",
             "日本語 ✓",
