@@ -473,14 +473,14 @@ impl Endpoint {
     pub(crate) fn connect(&self) -> Result<(Conn, Option<String>)> {
         let conn = match &self.client {
             ClientKind::Single(client) => {
-                Conn::Single(self.timed_connection(client).map_err(|e| self.connect_error(&e))?)
+                Conn::single(self.timed_connection(client).map_err(|e| self.connect_error(&e))?)
             }
             ClientKind::Cluster(client, _) => {
                 Conn::Cluster(Box::new(client.get_connection().map_err(|e| self.connect_error(&e))?))
             }
             ClientKind::Sentinel(s) => {
                 let (con, addr) = self.connect_via_sentinels(s)?;
-                return Ok((Conn::Single(con), Some(addr)));
+                return Ok((Conn::single(con), Some(addr)));
             }
         };
         Ok((conn, None))
@@ -520,14 +520,25 @@ impl Endpoint {
 
 /// One live connection.
 pub(crate) enum Conn {
-    Single(redis::Connection),
+    Single {
+        con: redis::Connection,
+        /// The scripts a stream has seen its server run (see `scripts::Stream`).
+        streamed: Vec<&'static str>,
+    },
     Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
 impl Conn {
+    fn single(con: redis::Connection) -> Self {
+        Self::Single {
+            con,
+            streamed: Vec::new(),
+        }
+    }
+
     pub(crate) fn as_dyn(&mut self) -> &mut dyn ConnectionLike {
         match self {
-            Self::Single(c) => c,
+            Self::Single { con, .. } => con,
             Self::Cluster(c) => &mut **c,
         }
     }
@@ -537,7 +548,7 @@ impl Conn {
     pub(crate) fn query_on_key_node(&mut self, cmd: &redis::Cmd, key: &str) -> RedisResult<i64> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
         match self {
-            Self::Single(c) => cmd.query(c),
+            Self::Single { con, .. } => cmd.query(con),
             Self::Cluster(c) => {
                 let route = Route::with_key(key, SlotAddr::Master);
                 let v = c.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)))?;

@@ -460,12 +460,42 @@ pub(crate) fn encode(
     created_ms: i64,
     client_stamp: Option<u64>,
 ) -> String {
+    let mut out = String::with_capacity(encoded_len(payload_json, id));
+    encode_into(
+        &mut out,
+        layout,
+        id,
+        payload_json,
+        max_attempts,
+        expire_after_ms,
+        created_ms,
+        client_stamp,
+    );
+    out
+}
+
+/// About the length of an envelope (`encode`), to reserve for it.
+pub(crate) fn encoded_len(payload_json: &str, id: &str) -> usize {
+    payload_json.len() + id.len() + 128
+}
+
+/// `encode`, appended to `out`: a push writes a script's envelopes into one string.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn encode_into(
+    out: &mut String,
+    layout: &Layout,
+    id: &str,
+    payload_json: &str,
+    max_attempts: Option<u32>,
+    expire_after_ms: Option<u64>,
+    created_ms: i64,
+    client_stamp: Option<u64>,
+) {
     match layout {
         // The recipe stores the bare payload, so its own consumers can read ours.
-        Layout::Seed { .. } => payload_json.to_owned(),
+        Layout::Seed { .. } => out.push_str(payload_json),
         Layout::Native => {
             // Written piece by piece: a push of 1 000 messages writes 1 000 envelopes.
-            let mut out = String::with_capacity(payload_json.len() + id.len() + 128);
             let mut n = itoa::Buffer::new();
             out.push('{');
             if let Some(score) = client_stamp {
@@ -495,7 +525,6 @@ pub(crate) fn encode(
                 out.push_str(r#","expires_ms":0"#);
             }
             out.push('}');
-            out
         }
     }
 }

@@ -98,8 +98,9 @@ fn push_many_is_one_round_trip_or_two_and_keeps_order() {
     assert_eq!(ids.len(), 2500);
     let calls = commands_processed(&server) - calls_before;
     // The clock read (now.lua; its first call loads it: three commands), then,
-    // pipelined, three script calls of at most 1000 and one SCRIPT LOAD; the recipe
-    // needs 5000 commands for the same batch.
+    // streamed in one round trip, one SCRIPT LOAD (the connection's first stream) and
+    // three script calls of at most 1000; the recipe needs 5000 commands for the same
+    // batch.
     assert_eq!(calls, 7, "push_many sent {calls} script commands");
     let stats = q.stats().expect("stats");
     assert_eq!(stats.ready, 2500);
@@ -381,6 +382,53 @@ fn a_shared_queue_keeps_its_connection_and_the_least_recently_used_goes_first() 
 }
 
 #[test]
+fn a_streamed_batch_that_fails_writes_nothing_and_leaves_the_connection_in_step() {
+    let server = RedisServer::start();
+    let q = server.queue("streamed");
+    let mut con = server.con();
+    // A string where the stats hash goes: every call of the batch is refused before
+    // it writes.
+    let _: () = redis::cmd("SET")
+        .arg("{dq:streamed}:stats")
+        .arg("stray")
+        .query(&mut con)
+        .expect("SET");
+    let batch = |from: usize| -> Vec<NewMessage> {
+        (from..from + 1500)
+            .map(|i| NewMessage::new(&json!({"i": i}), Duration::from_secs(60)).expect("message"))
+            .collect()
+    };
+    let err = q.push_many(&batch(0)).expect_err("a stats key of the wrong type");
+    assert!(
+        err.to_string().contains("key {dq:streamed}:stats holds a string"),
+        "{err}"
+    );
+    let written: i64 = redis::cmd("EXISTS")
+        .arg("{dq:streamed}:scheduled")
+        .arg("{dq:streamed}:messages")
+        .query(&mut con)
+        .expect("EXISTS");
+    assert_eq!(written, 0, "a refused batch wrote");
+    // Every reply of the failed stream was read: the next calls on the same connection
+    // get their own.
+    let _: () = redis::cmd("DEL")
+        .arg("{dq:streamed}:stats")
+        .query(&mut con)
+        .expect("DEL");
+    let ids = q.push_many(&batch(1500)).expect("push_many");
+    let one = q.push(&json!({"i": "last"}), Duration::from_secs(60)).expect("push");
+    assert_eq!(
+        q.get(&one).expect("get").expect("exists").payload_json,
+        r#"{"i":"last"}"#
+    );
+    assert_eq!(
+        q.get(&ids[1499]).expect("get").expect("exists").payload_json,
+        r#"{"i":2999}"#
+    );
+    assert_eq!(q.stats().expect("stats").scheduled, 1501);
+}
+
+#[test]
 fn scripts_flushed_from_redis_are_loaded_again_by_every_kind_of_call() {
     let server = RedisServer::start();
     let q = server.queue("flushed");
@@ -399,6 +447,23 @@ fn scripts_flushed_from_redis_are_loaded_again_by_every_kind_of_call() {
         .map(|n| NewMessage::new(&json!({"n": n}), Duration::ZERO).expect("message"))
         .collect();
     ids.extend(q.push_many(&batch).expect("push_many after a flush"));
+    // A batch streamed as several calls, all sent before the first reply comes back:
+    // the connection's first stream loads the script before its calls, and one that
+    // finds it flushed (its calls run nothing) goes again.
+    let streamed = server.queue("flushed_streamed");
+    for round in 1..=2 {
+        flush();
+        let batch: Vec<NewMessage> = (0..1500)
+            .map(|n| NewMessage::new(&json!({"n": n}), Duration::from_secs(3600)).expect("message"))
+            .collect();
+        streamed.push_many(&batch).expect("a streamed push_many after a flush");
+        let stats = streamed.stats().expect("stats");
+        assert_eq!(
+            (stats.scheduled, stats.total("pushed")),
+            (1500 * round, 1500 * round),
+            "{stats:?}"
+        );
+    }
     let stats = q.stats().expect("stats");
     assert_eq!(stats.scheduled + stats.ready, 5, "{stats:?}");
 

@@ -224,10 +224,15 @@ impl Queue {
     /// Ask Redis to confirm that `wait_replicas` replicas have the writes made so far
     /// on this connection to partition `part`'s master.
     pub(super) fn confirm_replicated(&self, con: &mut Conn, part: usize) -> RedisResult<i64> {
+        con.query_on_key_node(&self.wait_command(), &self.inner.parts[part].all[0])
+    }
+
+    /// WAIT for `wait_replicas` replicas, at most `wait_timeout`.
+    pub(super) fn wait_command(&self) -> redis::Cmd {
         let o = &self.inner.opts;
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(o.wait_replicas).arg(o.wait_timeout.as_millis() as u64);
-        con.query_on_key_node(&cmd, &self.inner.parts[part].all[0])
+        cmd
     }
 
     pub(super) fn check_replicated(&self, confirmed: i64) -> Result<()> {

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::conn::Replay;
 use crate::error::{Error, Result};
 use crate::payload::to_json;
-use crate::scripts::{Call, MAX_BATCH, now, push};
+use crate::scripts::{self, Call, Invocation, MAX_BATCH, Stream, Streamed, now, push};
 use crate::time::Due;
 use crate::{Layout, NewMessage, PayloadJson, PushOptions, Queue, envelope, keys};
 
@@ -34,9 +34,12 @@ impl Queue {
         Ok(ids.remove(0))
     }
 
-    /// Schedule a batch in one round trip (scripts of at most 1000 messages each,
-    /// pipelined; two for `MAX_BATCH` delays or more, see `client_stamps`). Every
-    /// message is validated before anything is written.
+    /// Schedule a batch in one round trip (two for `MAX_BATCH` delays or more, see
+    /// `client_stamps`). Every message is validated before anything is written. Up to
+    /// `MAX_BATCH` messages of a partition are one script: all written or, on an
+    /// error, none. A larger batch is several, each sent as soon as it is written; an
+    /// error may leave the ones before it written, so a retry pushes those again
+    /// unless their ids were given.
     pub fn push_many(&self, batch: &[NewMessage]) -> Result<Vec<String>> {
         if batch.is_empty() {
             return Ok(Vec::new());
@@ -109,21 +112,6 @@ impl Queue {
                 }
             }
         }
-        let envelopes: Vec<String> = batch
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                envelope::encode(
-                    layout,
-                    &ids[i],
-                    &m.payload_json,
-                    m.options.max_attempts,
-                    expiries[i],
-                    created_ms,
-                    stamps[i],
-                )
-            })
-            .collect();
         let chunks: Vec<(usize, &[usize])> = by_part
             .iter()
             .enumerate()
@@ -134,25 +122,58 @@ impl Queue {
         // caller chose are looked up. The cluster client resends on its own, so there
         // every send looks up.
         let sent = Cell::new(inner.endpoint.is_cluster());
-        let args_of = |members: &[usize]| push::Args {
-            check_existing: sent.get() || members.iter().any(|&i| batch[i].options.id.is_some()),
-            messages: members
+        // One script call, its envelopes written as it is built: a batch of several
+        // writes the next call's while Redis runs the one before.
+        let call_of = |part: usize, members: &[usize]| -> Invocation<'_> {
+            // One string for the call's envelopes, each a range of it.
+            let reserve = members
                 .iter()
-                .map(|&i| push::Message {
-                    id: &ids[i],
-                    due: resolved[i].map_or(batch[i].due, |(ms, _)| Due::AtUnixMs(ms)),
-                    replace: batch[i].options.replace,
-                    expires: batch[i].options.expire_after.is_some(),
-                    envelope: if stamps[i].is_some() {
-                        &envelopes[i]
-                    } else {
-                        envelope::body(layout, &envelopes[i])
-                    },
-                    serial_key: batch[i].options.serial_key.as_deref(),
-                    generated_id: batch[i].options.id.is_none(),
-                    stamped: stamps[i].is_some(),
-                })
-                .collect(),
+                .map(|&i| envelope::encoded_len(&batch[i].payload_json, &ids[i]))
+                .sum();
+            let mut written = String::with_capacity(reserve);
+            let mut ends = Vec::with_capacity(members.len());
+            for &i in members {
+                let m = &batch[i];
+                envelope::encode_into(
+                    &mut written,
+                    layout,
+                    &ids[i],
+                    &m.payload_json,
+                    m.options.max_attempts,
+                    expiries[i],
+                    created_ms,
+                    stamps[i],
+                );
+                ends.push(written.len());
+            }
+            let starts = std::iter::once(0).chain(ends.iter().copied());
+            let args = push::Args {
+                check_existing: sent.get() || members.iter().any(|&i| batch[i].options.id.is_some()),
+                messages: members
+                    .iter()
+                    .zip(starts.zip(&ends))
+                    .map(|(&i, (start, &end))| {
+                        let envelope = &written[start..end];
+                        push::Message {
+                            id: &ids[i],
+                            due: resolved[i].map_or(batch[i].due, |(ms, _)| Due::AtUnixMs(ms)),
+                            replace: batch[i].options.replace,
+                            expires: batch[i].options.expire_after.is_some(),
+                            envelope: if stamps[i].is_some() {
+                                envelope
+                            } else {
+                                envelope::body(layout, envelope)
+                            },
+                            serial_key: batch[i].options.serial_key.as_deref(),
+                            generated_id: batch[i].options.id.is_none(),
+                            stamped: stamps[i].is_some(),
+                        }
+                    })
+                    .collect(),
+            };
+            let mut inv = self.invocation(part, args.script());
+            args.add_to(&mut inv);
+            inv
         };
         let waits = inner.opts.wait_replicas > 0;
         if inner.endpoint.is_cluster() {
@@ -163,10 +184,7 @@ impl Queue {
                     .conn
                     .lock()
                     .run_conn(&inner.endpoint, "push", Replay::Safe, |con| {
-                        let args = args_of(members);
-                        let mut inv = self.invocation(part, args.script());
-                        args.add_to(&mut inv);
-                        inv.invoke::<push::Reply>(con.as_dyn())?;
+                        call_of(part, members).invoke::<push::Reply>(con.as_dyn())?;
                         if waits {
                             self.confirm_replicated(con, part)
                         } else {
@@ -178,43 +196,59 @@ impl Queue {
         } else if chunks.len() == 1 && !waits {
             let (part, members) = chunks[0];
             let script = push::script_for(members.iter().any(|&i| batch[i].options.replace));
-            let _: push::Reply = self.call(part, "push", Replay::Safe, script, |inv| {
-                args_of(members).add_to(inv);
+            let v: redis::Value = inner.conn.lock().run(&inner.endpoint, "push", Replay::Safe, |con| {
+                let inv = call_of(part, members);
                 sent.set(true);
+                inv.invoke(con)
             })?;
+            scripts::read::<push::Reply>(script, v)?;
         } else {
-            // One round trip for the whole batch, the WAIT included.
-            let confirmed = inner
+            // One round trip for the whole batch, the WAIT included: each call goes out
+            // as soon as it is built, so Redis runs one while the next is written.
+            let replies = inner
                 .conn
                 .lock()
                 .run_conn(&inner.endpoint, "push_many", Replay::Safe, |con| {
-                    let mut pipe = redis::pipe();
-                    let calls: Vec<_> = chunks.iter().map(|&(part, members)| (part, args_of(members))).collect();
-                    let mut loaded: Vec<&str> = Vec::new();
-                    for (_, args) in &calls {
-                        let script = args.script();
-                        if !loaded.contains(&script.name) {
-                            pipe.load_script(&script.script).ignore();
-                            loaded.push(script.name);
+                    let mut again = false;
+                    loop {
+                        let mut stream = Stream::new(con)?;
+                        for &(part, members) in &chunks {
+                            stream.send(call_of(part, members))?;
+                        }
+                        sent.set(true);
+                        if waits {
+                            stream.send_command(&self.wait_command())?;
+                        }
+                        match stream.finish()? {
+                            Streamed::Replies(replies) => return Ok(replies),
+                            // A call that found no script ran nothing, but a later one
+                            // may have (another client loaded it in between): the batch
+                            // goes again, loading its scripts first, as a resend, which
+                            // looks its ids up.
+                            Streamed::ScriptsMissing if !again => again = true,
+                            Streamed::ScriptsMissing => {
+                                return Err(redis::RedisError::from((
+                                    redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+                                    "the push scripts were flushed again as soon as they were loaded",
+                                )));
+                            }
                         }
                     }
-                    for (part, args) in &calls {
-                        let mut inv = self.invocation(*part, args.script());
-                        args.add_to(&mut inv);
-                        pipe.add_command(inv.into_cmd()).ignore();
-                    }
-                    sent.set(true);
-                    if waits {
-                        pipe.cmd("WAIT")
-                            .arg(inner.opts.wait_replicas)
-                            .arg(inner.opts.wait_timeout.as_millis() as u64);
-                        let (confirmed,): (i64,) = pipe.query(con.as_dyn())?;
-                        Ok(confirmed)
-                    } else {
-                        pipe.query::<()>(con.as_dyn())?;
-                        Ok(i64::MAX)
-                    }
                 })?;
+            let mut confirmed = i64::MAX;
+            for (script, v) in replies {
+                match script {
+                    Some(script) => {
+                        scripts::read::<push::Reply>(script, v)?;
+                    }
+                    None => {
+                        confirmed = redis::FromRedisValue::from_redis_value(v).map_err(|e| Error::Protocol {
+                            script: "WAIT".to_owned(),
+                            reason: e.to_string(),
+                        })?;
+                    }
+                }
+            }
             self.check_replicated(confirmed)?;
         }
         self.register_producer();

@@ -78,10 +78,128 @@ impl<'a> Invocation<'a> {
             result => result,
         }
     }
+}
 
-    /// The command, for a pipeline (whose own SCRIPT LOAD goes before it).
-    pub(crate) fn into_cmd(self) -> redis::Cmd {
-        self.cmd
+/// Commands written to one connection each as soon as it is built, their replies read
+/// after the last: Redis runs one call while the client builds the next, where a
+/// pipeline would build them all before Redis starts. Every reply is read, errors
+/// included, so the connection stays in step.
+pub(crate) struct Stream<'c, 's> {
+    con: &'c mut redis::Connection,
+    /// The scripts this connection's server has run for a stream: no need to load.
+    streamed: &'c mut Vec<&'static str>,
+    sent: Vec<Sent<'s>>,
+    packed: Vec<u8>,
+}
+
+/// One command of a stream, to read its reply as.
+enum Sent<'s> {
+    Load,
+    Call(&'s LuaScript),
+    Command,
+}
+
+/// What a stream's replies came to.
+pub(crate) enum Streamed<'s> {
+    /// The replies to the calls and plain commands, each with its call's script (`None`
+    /// for a plain command), in the order sent.
+    Replies(Vec<(Option<&'s LuaScript>, Value)>),
+    /// A call found its script missing (NOSCRIPT) and ran nothing; a later stream
+    /// loads it before its first call.
+    ScriptsMissing,
+}
+
+impl<'c, 's> Stream<'c, 's> {
+    /// A stream on a single server's connection; a cluster routes command by command.
+    pub(crate) fn new(con: &'c mut crate::conn::Conn) -> redis::RedisResult<Self> {
+        match con {
+            crate::conn::Conn::Single { con, streamed } => Ok(Self {
+                con,
+                streamed,
+                sent: Vec::new(),
+                packed: Vec::new(),
+            }),
+            crate::conn::Conn::Cluster(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "a stream needs one server's connection, not a cluster's",
+            ))),
+        }
+    }
+
+    /// Send a script call; a script that no stream has seen this connection's
+    /// server run is loaded before it: a NOSCRIPT reply would come back only after
+    /// the calls behind it were sent.
+    pub(crate) fn send(&mut self, inv: Invocation<'s>) -> redis::RedisResult<()> {
+        let script = inv.script;
+        let loading = !self.streamed.contains(&script.name)
+            && !self
+                .sent
+                .iter()
+                .any(|s| matches!(s, Sent::Call(c) if c.name == script.name));
+        if loading {
+            let mut load = redis::pipe();
+            load.load_script(&script.script);
+            self.con.send_packed_command(&load.get_packed_pipeline())?;
+            self.sent.push(Sent::Load);
+        }
+        self.write(&inv.cmd)?;
+        self.sent.push(Sent::Call(script));
+        Ok(())
+    }
+
+    /// Send a plain command.
+    pub(crate) fn send_command(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<()> {
+        self.write(cmd)?;
+        self.sent.push(Sent::Command);
+        Ok(())
+    }
+
+    fn write(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<()> {
+        self.packed.clear();
+        cmd.write_packed_command(&mut self.packed);
+        self.con.send_packed_command(&self.packed)
+    }
+
+    /// Read every reply. A server error other than NOSCRIPT is returned (the first),
+    /// after all replies are read.
+    pub(crate) fn finish(self) -> redis::RedisResult<Streamed<'s>> {
+        let mut replies = Vec::with_capacity(self.sent.len());
+        let mut missing = false;
+        let mut failed: Option<redis::RedisError> = None;
+        for sent in self.sent {
+            let error = match self.con.recv_response() {
+                Ok(Value::ServerError(e)) => redis::RedisError::from(e),
+                Ok(v) => {
+                    match sent {
+                        Sent::Load => {}
+                        Sent::Call(script) => {
+                            if !self.streamed.contains(&script.name) {
+                                self.streamed.push(script.name);
+                            }
+                            replies.push((Some(script), v));
+                        }
+                        Sent::Command => replies.push((None, v)),
+                    }
+                    continue;
+                }
+                Err(e) if e.is_io_error() || e.is_unrecoverable_error() => return Err(e),
+                Err(e) => e,
+            };
+            match sent {
+                Sent::Call(script) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    self.streamed.retain(|name| *name != script.name);
+                    missing = true;
+                }
+                _ => {
+                    failed.get_or_insert(error);
+                }
+            }
+        }
+        match (failed, missing) {
+            (Some(e), _) => Err(e),
+            (None, true) => Ok(Streamed::ScriptsMissing),
+            (None, false) => Ok(Streamed::Replies(replies)),
+        }
     }
 }
 
@@ -622,7 +740,7 @@ pub(crate) fn sent_args(add_to: impl FnOnce(&mut Invocation<'_>)) -> Vec<String>
     let mut inv = Invocation::new(&script, std::iter::empty());
     add_to(&mut inv);
     // The words as sent: EVALSHA, the hash, the key count, then the arguments.
-    let packed = inv.into_cmd().get_packed_command();
+    let packed = inv.cmd.get_packed_command();
     let text = String::from_utf8(packed).expect("text");
     text.split("\r\n")
         .skip(2)
