@@ -229,9 +229,16 @@ fn is_list(table: &ZendHashTable) -> bool {
     if packed && table.nNumUsed == table.nNumOfElements {
         return true;
     }
-    entries(table)
-        .enumerate()
-        .all(|(i, (key, _))| matches!(key, Key::Index(n) if usize::try_from(n) == Ok(i)))
+    // Keys read in place: an object's first string key ends the walk, with no copy.
+    let mut items = Iter::new(table);
+    let mut i = 0;
+    while let Some((key, _)) = items.next_zval() {
+        if key.long().and_then(|n| usize::try_from(n).ok()) != Some(i) {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 fn write_object(object: &ZendObject, out: &mut PayloadWriter) -> Result<(), Fault> {
@@ -424,10 +431,50 @@ pub(crate) struct Options<'a> {
     what: Cow<'static, str>,
     /// The item of a list the array is (`pushMany item 3 key`), its index and suffix.
     item: Option<(usize, &'static str)>,
-    known: Vec<&'static str>,
+    /// The keys asked for while some entry was not found yet: all of them when an
+    /// entry is left over, which `finish` refuses and names them for.
+    known: Known,
     /// Entries of the table found by `get` so far: once all are, every key left to read
     /// is absent, and every key present is known.
     found: usize,
+}
+
+/// The keys of an options array asked for: held in place up to `Known::INLINE`, as
+/// a `pushMany` of 1 000 items reads 1 000 arrays.
+struct Known {
+    inline: [&'static str; Known::INLINE],
+    len: usize,
+    more: Vec<&'static str>,
+}
+
+impl Known {
+    const INLINE: usize = 16;
+
+    fn new() -> Self {
+        Self {
+            inline: [""; Self::INLINE],
+            len: 0,
+            more: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, key: &'static str) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => {
+                *slot = key;
+                self.len += 1;
+            }
+            None => self.more.push(key),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.inline[..self.len].iter().chain(&self.more).copied()
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        self.iter().any(|k| k == key)
+    }
 }
 
 /// A seconds value without PHP's coercion (the common case), or None.
@@ -442,7 +489,7 @@ impl<'a> Options<'a> {
             table,
             what: what.into(),
             item: None,
-            known: Vec::with_capacity(16),
+            known: Known::new(),
             found: 0,
         }
     }
@@ -463,19 +510,26 @@ impl<'a> Options<'a> {
     }
 
     pub(crate) fn get(&mut self, key: &'static str) -> Option<&'a Zval> {
-        let again = self.known.contains(&key);
+        let table = self.table?;
+        let again = self.known.contains(key);
+        if self.found == table.len() && !again {
+            // Every entry is found: this key is absent, and `finish` will not need it.
+            return None;
+        }
         if !again {
             self.known.push(key);
-        }
-        let table = self.table?;
-        if self.found == table.len() && !again {
-            return None;
         }
         let value = table.get(key)?;
         if !again {
             self.found += 1;
         }
         Some(value).filter(|v| !v.dereference().is_null())
+    }
+
+    /// Every entry of the array was read: any other key is absent, and `finish`
+    /// passes.
+    pub(crate) fn exhausted(&self) -> bool {
+        self.table.is_none_or(|t| self.found == t.len())
     }
 
     pub(crate) fn string(&mut self, key: &'static str) -> PhpResult<Option<String>> {
@@ -603,7 +657,7 @@ impl<'a> Options<'a> {
             let known = key
                 .zend_str()
                 .and_then(|k| std::str::from_utf8(k.as_bytes()).ok())
-                .is_some_and(|k| self.known.contains(&k));
+                .is_some_and(|k| self.known.contains(k));
             if !known {
                 return false;
             }
@@ -614,10 +668,10 @@ impl<'a> Options<'a> {
     /// Fails on any key that was not read, naming it and the accepted ones.
     pub(crate) fn finish(&self) -> PhpResult<()> {
         let Some(table) = self.table else { return Ok(()) };
-        if self.found == table.len() || (table.len() <= self.known.len() && self.all_known(table)) {
+        if self.found == table.len() || (table.len() <= self.known.iter().count() && self.all_known(table)) {
             return Ok(());
         }
-        let mut known = self.known.clone();
+        let mut known: Vec<&str> = self.known.iter().collect();
         known.sort_unstable();
         for (key, _) in entries(table) {
             let name = match key {
@@ -631,7 +685,7 @@ impl<'a> Options<'a> {
                     )));
                 }
             };
-            if !self.known.contains(&name.as_str()) {
+            if !self.known.contains(&name) {
                 return Err(errors::invalid(format!(
                     "unknown {} '{name}' (known: {})",
                     self.what(),

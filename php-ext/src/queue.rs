@@ -52,6 +52,10 @@ fn push_options(options: Option<&ZendHashTable>, what: &'static str) -> PhpResul
 
 /// The per-message options of push(), pushAt() and a pushMany() item.
 fn read_push_options(o: &mut Options<'_>) -> PhpResult<delayq::PushOptions> {
+    if o.exhausted() {
+        // The common `pushMany` item: a payload and a delay, nothing else.
+        return Ok(delayq::PushOptions::default());
+    }
     Ok(delayq::PushOptions {
         id: o.string("id")?,
         max_attempts: o.int("max_attempts", 1, i64::from(u32::MAX))?.map(|n| n as u32),
