@@ -26,6 +26,9 @@ fn duration(py: Python<'_>, name: &str, secs: Option<f64>) -> PyResult<Option<Du
 fn delay_due(py: Python<'_>, value: &Bound<'_, PyAny>, name: impl Fn() -> String) -> PyResult<delayq::Due> {
     let secs = match value.cast::<pyo3::types::PyFloat>() {
         Ok(f) => f.value(),
+        // A plain int (a bool is an int too, and refused): read without putting
+        // `name` together, which only an error needs.
+        Err(_) if value.cast_exact::<pyo3::types::PyInt>().is_ok() => value.extract::<f64>()?,
         Err(_) => convert::seconds(py, value, &name())?,
     };
     match delayq::delay_from_secs("delay", secs) {
