@@ -161,7 +161,7 @@ impl<'c, 's> Stream<'c, 's> {
     }
 
     /// Read every reply. A server error other than NOSCRIPT is returned (the first),
-    /// after all replies are read.
+    /// after all replies are read (Redis sends errors as replies).
     pub(crate) fn finish(self) -> redis::RedisResult<Streamed<'s>> {
         let mut replies = Vec::with_capacity(self.sent.len());
         let mut missing = false;
@@ -182,8 +182,8 @@ impl<'c, 's> Stream<'c, 's> {
                     }
                     continue;
                 }
-                Err(e) if e.is_io_error() || e.is_unrecoverable_error() => return Err(e),
-                Err(e) => e,
+                // The connection failed or sent what is not a reply: as a pipeline's.
+                Err(e) => return Err(e),
             };
             match sent {
                 Sent::Call(script) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
