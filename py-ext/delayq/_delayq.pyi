@@ -122,7 +122,9 @@ class DelayQueue:
         reading the Redis clock so that the client stamps them): ``(payload, delay)`` tuples or dicts
         with ``payload`` and optional ``delay`` or ``at``, ``id``, ``max_attempts``,
         ``partition_key``, ``replace``, ``expire_after``, ``serial_key``. Nothing is written unless every
-        item is valid."""
+        item is valid. Up to 1 000 messages of one partition are one script, written all or none;
+        a larger batch is several, and an error may leave the earlier ones written (give ids to
+        make a retry safe)."""
     def cancel(self, id: str) -> bool:
         """Delete a message that has not been claimed yet; False when it is unknown,
         running or dead."""
