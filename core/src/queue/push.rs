@@ -37,9 +37,9 @@ impl Queue {
     /// Schedule a batch in one round trip (two for `MAX_BATCH` delays or more, see
     /// `client_stamps`). Every message is validated before anything is written. Up to
     /// `MAX_BATCH` messages of a partition are one script: all written or, on an
-    /// error, none. A larger batch is several, each sent as soon as it is written; an
-    /// error may leave the ones before it written, so a retry pushes those again
-    /// unless their ids were given.
+    /// error, none. A batch of several (more messages, or several partitions) sends
+    /// each as soon as it is written; an error in one leaves the others written, so a
+    /// retry pushes those again unless their ids were given.
     pub fn push_many(&self, batch: &[NewMessage]) -> Result<Vec<String>> {
         if batch.is_empty() {
             return Ok(Vec::new());
@@ -205,10 +205,16 @@ impl Queue {
         } else {
             // One round trip for the whole batch, the WAIT included: each call goes out
             // as soon as it is built, so Redis runs one while the next is written.
+            let streamed = Cell::new(false);
             let replies = inner
                 .conn
                 .lock()
                 .run_conn(&inner.endpoint, "push_many", Replay::Safe, |con| {
+                    // Calls go out as they are built: a rerun after a failure part way
+                    // (a write that timed out, a reset) may follow calls that ran.
+                    if streamed.replace(true) {
+                        sent.set(true);
+                    }
                     let mut again = false;
                     loop {
                         let mut stream = Stream::new(con)?;
