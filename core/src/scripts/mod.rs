@@ -182,8 +182,16 @@ impl<'c, 's> Stream<'c, 's> {
                     }
                     continue;
                 }
-                // The connection failed or sent what is not a reply: as a pipeline's.
-                Err(e) => return Err(e),
+                // The connection failed, or sent what is not a reply: the replies left
+                // cannot be told apart, so the connection goes (an I/O error is one the
+                // caller reconnects after).
+                Err(e) if e.is_io_error() => return Err(e),
+                Err(e) => {
+                    return Err(redis::RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("a streamed reply could not be read: {e}"),
+                    )));
+                }
             };
             match sent {
                 Sent::Call(script) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
