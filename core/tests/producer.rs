@@ -119,6 +119,11 @@ fn push_many_is_one_round_trip_or_two_and_keeps_order() {
             .map(|i| NewMessage::new(&json!({"i": i}), Duration::from_secs(60)).expect("message"))
             .collect()
     };
+    // A connection loads a script before its first stream only.
+    let calls_before = commands_processed(&server);
+    q.push_many(&batch).expect("push_many");
+    let calls = commands_processed(&server) - calls_before;
+    assert_eq!(calls, 4, "a second stream sent {calls} script commands");
     for (n, expected) in [(999, 1), (1000, 2)] {
         let calls_before = commands_processed(&server);
         q.push_many(&delayed(n)).expect("push_many");
@@ -426,6 +431,70 @@ fn a_streamed_batch_that_fails_writes_nothing_and_leaves_the_connection_in_step(
         r#"{"i":2999}"#
     );
     assert_eq!(q.stats().expect("stats").scheduled, 1501);
+}
+
+#[test]
+fn a_batch_over_partitions_that_fails_in_one_writes_the_others_and_stays_in_step() {
+    let server = RedisServer::start();
+    let q = server.queue_with(
+        "parted",
+        delayq::QueueOptions {
+            partitions: 2,
+            ..delayq::QueueOptions::default()
+        },
+    );
+    let batch = |from: usize, n: usize| -> Vec<NewMessage> {
+        (from..from + n)
+            .map(|i| NewMessage::new(&json!({"i": i}), Duration::from_secs(60)).expect("message"))
+            .collect()
+    };
+    // Both partitions' keys exist after a first batch.
+    q.push_many(&batch(0, 200)).expect("push_many");
+    let mut con = server.con();
+    let mut stats: Vec<String> = redis::cmd("KEYS")
+        .arg("{dq:parted*:stats")
+        .query(&mut con)
+        .expect("KEYS");
+    stats.sort();
+    assert_eq!(stats.len(), 2, "{stats:?}");
+    let schedule = |stats_key: &str| stats_key.replace(":stats", ":scheduled");
+    let sizes = |con: &mut redis::Connection| -> Vec<i64> {
+        stats
+            .iter()
+            .map(|k| redis::cmd("ZCARD").arg(schedule(k)).query(con).expect("ZCARD"))
+            .collect()
+    };
+    let before = sizes(&mut con);
+    // One partition's stats hash becomes a string: its script is refused before it
+    // writes; the other partition's, sent in the same stream, runs.
+    let _: () = redis::cmd("DEL").arg(&stats[0]).query(&mut con).expect("DEL");
+    let _: () = redis::cmd("SET")
+        .arg(&stats[0])
+        .arg("stray")
+        .query(&mut con)
+        .expect("SET");
+    let err = q
+        .push_many(&batch(200, 1000))
+        .expect_err("a stats key of the wrong type");
+    assert!(
+        err.to_string().contains(&format!("key {} holds a string", stats[0])),
+        "{err}"
+    );
+    let after = sizes(&mut con);
+    assert_eq!(after[0], before[0], "the refused partition wrote");
+    assert!(
+        after[1] > before[1],
+        "the other partition's script did not run: {after:?}"
+    );
+    // Every reply was read: the next calls on the same connection get their own.
+    let _: () = redis::cmd("DEL").arg(&stats[0]).query(&mut con).expect("DEL");
+    let ids = q.push_many(&batch(1200, 1000)).expect("push_many");
+    assert_eq!(
+        q.get(&ids[999]).expect("get").expect("exists").payload_json,
+        r#"{"i":2199}"#
+    );
+    let total: i64 = sizes(&mut con).iter().sum();
+    assert_eq!(total, before.iter().sum::<i64>() + (after[1] - before[1]) + 1000);
 }
 
 #[test]
