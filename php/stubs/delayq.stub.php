@@ -80,8 +80,8 @@ final class DelayQueue
      * Schedules many messages in one round trip (two for 1 000 delays or more, the first
      * reading the Redis clock so that the client stamps them). Nothing is written unless
      * every item is valid. Up to 1 000 messages of one partition are one script, written
-     * all or none; a larger batch is several, and an error may leave the earlier ones
-     * written (give ids to make a retry safe).
+     * all or none; a batch of several (more messages, or several partitions) that fails
+     * in one may have written the others (give ids to make a retry safe).
      *
      * @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
      *   partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string}> $items

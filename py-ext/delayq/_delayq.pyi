@@ -123,8 +123,8 @@ class DelayQueue:
         with ``payload`` and optional ``delay`` or ``at``, ``id``, ``max_attempts``,
         ``partition_key``, ``replace``, ``expire_after``, ``serial_key``. Nothing is written unless every
         item is valid. Up to 1 000 messages of one partition are one script, written all or none;
-        a larger batch is several, and an error may leave the earlier ones written (give ids to
-        make a retry safe)."""
+        a batch of several (more messages, or several partitions) that fails in one may have
+        written the others (give ids to make a retry safe)."""
     def cancel(self, id: str) -> bool:
         """Delete a message that has not been claimed yet; False when it is unknown,
         running or dead."""
