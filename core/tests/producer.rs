@@ -498,6 +498,47 @@ fn a_batch_over_partitions_that_fails_in_one_writes_the_others_and_stays_in_step
 }
 
 #[test]
+fn a_stream_cut_after_its_first_call_ran_is_sent_again_as_a_resend() {
+    let server = RedisServer::start();
+    // Redis refuses a bulk argument longer than this with a protocol error and closes
+    // the connection: the second call of the batch below, after the first has run.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("proto-max-bulk-len")
+        .arg("1mb")
+        .query(&mut server.con())
+        .expect("CONFIG SET");
+    let q = server.queue_with(
+        "cut",
+        delayq::QueueOptions {
+            max_payload_bytes: 4 << 20,
+            connect: delayq::ConnectOptions {
+                retry_timeout: Duration::from_millis(500),
+                ..delayq::ConnectOptions::default()
+            },
+            ..delayq::QueueOptions::default()
+        },
+    );
+    let big = "x".repeat(1_200_000);
+    let batch: Vec<NewMessage> = (0..3000)
+        .map(|i| {
+            let payload = if i == 1000 {
+                json!({"i": i, "pad": big})
+            } else {
+                json!({"i": i})
+            };
+            NewMessage::new(&payload, Duration::from_secs(60)).expect("message")
+        })
+        .collect();
+    q.push_many(&batch)
+        .expect_err("the second call is refused, and its connection closed, every time");
+    // The first call ran once: each rerun looked its ids up rather than writing them
+    // again.
+    let stats = q.stats().expect("stats");
+    assert_eq!((stats.scheduled, stats.total("pushed")), (1000, 1000), "{stats:?}");
+}
+
+#[test]
 fn scripts_flushed_from_redis_are_loaded_again_by_every_kind_of_call() {
     let server = RedisServer::start();
     let q = server.queue("flushed");
