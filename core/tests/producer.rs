@@ -511,7 +511,7 @@ fn a_stream_cut_after_its_first_call_ran_is_sent_again_as_a_resend() {
     let q = server.queue_with(
         "cut",
         delayq::QueueOptions {
-            max_payload_bytes: 4 << 20,
+            max_payload_bytes: 32 << 20,
             connect: delayq::ConnectOptions {
                 retry_timeout: Duration::from_millis(500),
                 ..delayq::ConnectOptions::default()
@@ -519,7 +519,8 @@ fn a_stream_cut_after_its_first_call_ran_is_sent_again_as_a_resend() {
             ..delayq::QueueOptions::default()
         },
     );
-    let big = "x".repeat(1_200_000);
+    // Far past what the socket's buffers take, so that the write fails part way.
+    let big = "x".repeat(16 << 20);
     let batch: Vec<NewMessage> = (0..3000)
         .map(|i| {
             let payload = if i == 1000 {
@@ -530,8 +531,20 @@ fn a_stream_cut_after_its_first_call_ran_is_sent_again_as_a_resend() {
             NewMessage::new(&payload, Duration::from_secs(60)).expect("message")
         })
         .collect();
+    let connections = || -> i64 {
+        let info: String = redis::cmd("INFO").arg("stats").query(&mut server.con()).expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("total_connections_received")
+    };
+    let before = connections();
     q.push_many(&batch)
         .expect_err("the second call is refused, and its connection closed, every time");
+    // It reconnected and sent the batch again (the count includes the first of these
+    // two looks' own connection).
+    let reconnects = connections() - before - 1;
+    assert!(reconnects >= 1, "no rerun: {reconnects} reconnects");
     // The first call ran once: each rerun looked its ids up rather than writing them
     // again.
     let stats = q.stats().expect("stats");
