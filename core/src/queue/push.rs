@@ -37,9 +37,10 @@ impl Queue {
     /// Schedule a batch in one round trip (two for `MAX_BATCH` delays or more, see
     /// `client_stamps`). Every message is validated before anything is written. Up to
     /// `MAX_BATCH` messages of a partition are one script: all written or, on an
-    /// error, none. A batch of several (more messages, or several partitions) sends
-    /// each as soon as it is written; an error in one leaves the others written, so a
-    /// retry pushes those again unless their ids were given.
+    /// error, none. A batch of several (more messages, or several partitions) that fails
+    /// in one may have written the others, so a retry pushes those again unless their
+    /// ids were given. On one server its scripts are streamed: each is sent as soon as it
+    /// is written.
     pub fn push_many(&self, batch: &[NewMessage]) -> Result<Vec<String>> {
         if batch.is_empty() {
             return Ok(Vec::new());
