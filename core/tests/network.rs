@@ -235,3 +235,72 @@ fn a_push_whose_lost_reply_is_sent_again_without_making_a_second_message() {
     );
     assert_no_leak(&server, "{dq:lostreply}");
 }
+
+#[test]
+fn a_pool_cut_off_past_its_lease_starts_none_of_its_prefetched_deliveries() {
+    let server = RedisServer::start();
+    let direct = server.queue("fence");
+    let proxy = Proxy::start(server.port);
+    let batch: Vec<NewMessage> = (0..200u64)
+        .map(|n| NewMessage::new(&json!({"n": n}), Duration::ZERO).expect("msg"))
+        .collect();
+    direct.push_many(&batch).expect("push");
+    let opts = WorkerOptions {
+        threads: 1,
+        batch: 20,
+        prefetch: 20,
+        lease: Duration::from_millis(600),
+        ..WorkerOptions::default()
+    };
+    let cut_off = Worker::new(through(&proxy, "fence"), opts.clone())
+        .expect("worker")
+        .start_with(1)
+        .expect("start");
+    // Quick handlers: the pool measures them and holds its whole prefetch.
+    let next = |c: &delayq::Consumer| match c.recv_timeout(Duration::from_secs(5)) {
+        delayq::Received::Message(d) => Some(d),
+        delayq::Received::Idle => None,
+        delayq::Received::Stopped => panic!("stopped"),
+    };
+    for _ in 0..40 {
+        let d = next(&cut_off).expect("a delivery");
+        cut_off.ack(d);
+    }
+    wait_for(Duration::from_secs(10), "a full prefetch", || {
+        direct.stats().is_ok_and(|s| s.inflight >= 15)
+    });
+    // Its link stalls past the lease (its handler thread, busy elsewhere, asks for
+    // nothing meanwhile); another pool reaps its claims and runs everything.
+    proxy.stall(true);
+    std::thread::sleep(Duration::from_millis(1200));
+    let other = Worker::new(direct.clone(), opts)
+        .expect("worker")
+        .start_with(1)
+        .expect("start");
+    let mut ran_elsewhere = HashSet::new();
+    while let Some(d) = next(&other) {
+        ran_elsewhere.insert(n_of(&d).expect("n"));
+        other.ack(d);
+        if direct.stats().is_ok_and(|s| s.ready + s.inflight == 0) {
+            break;
+        }
+    }
+    assert_eq!(ran_elsewhere.len(), 160, "everything not acked before the stall");
+    proxy.stall(false);
+    // Back in touch: whatever it still held went to the other pool, so it starts none.
+    let mut started_late = Vec::new();
+    while let Some(d) = next(&cut_off) {
+        started_late.push(n_of(&d).expect("n"));
+        cut_off.ack(d);
+    }
+    let twice: Vec<u64> = started_late
+        .iter()
+        .copied()
+        .filter(|n| ran_elsewhere.contains(n))
+        .collect();
+    assert!(twice.is_empty(), "started after their lease passed on: {twice:?}");
+    let summary = cut_off.finish();
+    other.finish();
+    assert_eq!(summary.lease_lost, 0, "{summary:?}");
+    assert_no_leak(&server, "{dq:fence}");
+}

@@ -237,7 +237,7 @@ pub(super) fn lease_was_live(pool: &Pool, o: &Outcome) -> bool {
     pool.outstanding
         .lock()
         .get(&o.ticket())
-        .is_some_and(|held| !held.timed_out && held.renewed.elapsed() < pool.opts.lease)
+        .is_some_and(|held| !held.timed_out && pool.lease_live_at(held.renewed, Instant::now()))
 }
 
 /// The message of a completion was deleted while it ran: no lease was lost, and no

@@ -81,25 +81,32 @@ impl Consumer {
         if !self.lower.is_empty() {
             return self.recv_by_priority(timeout);
         }
-        if self.pool.control.stopped() {
-            return Received::Stopped;
-        }
-        match self.deliveries.recv_timeout(timeout) {
-            Ok(d) => self.accept(d),
-            Err(RecvTimeoutError::Timeout) => {
-                if self.pool.control.stopped() {
-                    Received::Stopped
-                } else {
-                    Received::Idle
-                }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.pool.control.stopped() {
+                return Received::Stopped;
             }
-            Err(RecvTimeoutError::Disconnected) => Received::Stopped,
+            match self.deliveries.recv_deadline(deadline) {
+                Ok(d) => match self.accept(d) {
+                    Some(received) => return received,
+                    // Its lease ended unstarted: the next one, within the same wait.
+                    None => continue,
+                },
+                Err(RecvTimeoutError::Timeout) => {
+                    return if self.pool.control.stopped() {
+                        Received::Stopped
+                    } else {
+                        Received::Idle
+                    };
+                }
+                Err(RecvTimeoutError::Disconnected) => return Received::Stopped,
+            }
         }
     }
 
     pub(super) fn recv_by_priority(&self, timeout: Duration) -> Received {
         let deadline = Instant::now() + timeout;
-        loop {
+        'turn: loop {
             if group_stopped(&self.controls()) {
                 return Received::Stopped;
             }
@@ -119,9 +126,11 @@ impl Consumer {
                 }
                 match m.deliveries.try_recv() {
                     Ok(d) => match m.accept(d) {
-                        Received::Message(d) => return Received::Message(d),
+                        Some(Received::Message(d)) => return Received::Message(d),
+                        // Its lease ended unstarted: this queue may hold more.
+                        None => continue 'turn,
                         // Stopped meanwhile: its delivery went back; look further.
-                        _ => continue,
+                        Some(_) => continue,
                     },
                     Err(TryRecvError::Empty) => {
                         select.recv(&m.deliveries);
@@ -148,23 +157,39 @@ impl Consumer {
         }
     }
 
-    /// Hand `d`, just taken from this pool's buffer, to the caller.
-    pub(super) fn accept(&self, mut d: Delivery) -> Received {
+    /// Hand `d`, just taken from this pool's buffer, to the caller; `None` when its
+    /// lease may have ended (the pool was frozen, or could not renew it): another
+    /// consumer may run it already, so it is given back unstarted.
+    pub(super) fn accept(&self, mut d: Delivery) -> Option<Received> {
         if self.pool.control.stopped() {
             // Not started: give it back at once rather than after its lease.
             self.send(Outcome::release(d));
-            return Received::Stopped;
+            return Some(Received::Stopped);
         }
         let now = Instant::now();
-        if self.pool.reads_starts()
-            && let Some(o) = self.pool.outstanding.lock().get_mut(&d.ticket)
-        {
-            o.started = Some(now);
+        let live = match self.pool.outstanding.lock().get_mut(&d.ticket) {
+            Some(o) if self.pool.lease_live_at(o.renewed, now) => {
+                if self.pool.reads_starts() {
+                    o.started = Some(now);
+                }
+                true
+            }
+            _ => false,
+        };
+        if !live {
+            log::warn!(
+                "delayq[{}]: message {} was not started: its lease may have ended while the pool was paused \
+                 or could not reach Redis; given back for another delivery",
+                self.pool.queue_name,
+                d.id
+            );
+            self.send(Outcome::release(d));
+            return None;
         }
         Counters::add(&self.pool.counters.handled, 1);
         self.pool.record_start(&d, now);
         d.handed_out = Some(now);
-        Received::Message(d)
+        Some(Received::Message(d))
     }
 
     pub(super) fn members(&self) -> impl Iterator<Item = &Consumer> {

@@ -327,7 +327,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
                         started: None,
                         timed_out: false,
                         detached: false,
-                        renewed: replied,
+                        renewed: started,
                     },
                 );
             }

@@ -279,9 +279,9 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                     .map(|(_, _, id, lease)| complete::Delivery { id, lease })
                     .collect(),
             };
+            let renewed_at = Instant::now();
             match run_call(&mut slot, q, part, &args) {
                 Ok(complete::Statuses(statuses)) => {
-                    let renewed_at = Instant::now();
                     let mut outstanding = pool.outstanding.lock();
                     for ((_, ticket, ..), s) in chunk.iter().zip(&statuses) {
                         if *s == Status::Done

@@ -44,7 +44,8 @@ pub(super) struct Outstanding {
     /// Detached from its claim once it timed out (see extend.lua): its deadline is its
     /// own, which no heartbeat renews.
     pub(super) detached: bool,
-    /// When its lease was last known live: the claim, then each renewal.
+    /// When the call that last set its lease's deadline was sent (the claim, then
+    /// each renewal): Redis counted the lease from a moment after it.
     pub(super) renewed: Instant,
 }
 
@@ -137,6 +138,10 @@ pub(super) const EMPTY_POLL: Duration = Duration::from_millis(20);
 /// work, while they have.
 pub(super) const YIELD_RECHECK: Duration = Duration::from_millis(5);
 
+/// A delivery is not started within the last 1/50 of its lease (see `lease_live_at`):
+/// room for clocks that run at different rates and a deadline set a little late.
+pub(super) const LEASE_MARGIN_DIVISOR: u32 = 50;
+
 /// claim.lua's `next_ms` when the queue is paused.
 pub(super) const PAUSED: i64 = -2;
 
@@ -162,6 +167,16 @@ impl Pool {
             );
             self.control.stop();
         }
+    }
+
+    /// Whether a lease whose deadline was last set by a call sent at `renewed` still
+    /// runs at `at`, by this process's monotonic clock, with a margin for the rates of
+    /// Redis's clock and ours. A frozen process, or one cut off from Redis, finds its
+    /// prefetched deliveries' leases over when it resumes: the reaper may have given
+    /// them to another consumer.
+    pub(super) fn lease_live_at(&self, renewed: Instant, at: Instant) -> bool {
+        let lease = self.opts.lease;
+        at.saturating_duration_since(renewed) + lease / LEASE_MARGIN_DIVISOR < lease
     }
 
     /// Nothing claimed is running or waiting for a handler, and no claim is under way.

@@ -22,7 +22,9 @@ pub struct Summary {
     /// Completions of messages deleted while they ran (`cancel`, `purge`, a flush of
     /// Redis): nothing was left to complete.
     pub gone: u64,
-    /// Prefetched, never-started deliveries released at stop.
+    /// Prefetched, never-started deliveries given back: at stop, and those whose
+    /// lease may have ended before a handler could start them (the pool was paused or
+    /// cut off from Redis). Those another delivery held already are not counted.
     pub released: u64,
     /// Completions that could not be written before their lease ran out (Redis
     /// unreachable); those messages will be delivered again.
