@@ -155,7 +155,7 @@ pub(crate) fn partition_of(key: &str, n: usize) -> usize {
 /// The names after the first two keys (the schedule and the messages), in the order
 /// of `scripts::ROLES`; native keys put them after the hash tag, the seed layout after
 /// the recipe's ZSET name.
-const SUFFIXES: [&str; 24] = [
+const SUFFIXES: [&str; 25] = [
     "inflight",
     "leases",
     "attempts",
@@ -180,6 +180,7 @@ const SUFFIXES: [&str; 24] = [
     "minutes",
     "claims",
     "claim_ids",
+    "quarantine",
 ];
 
 impl Keys {

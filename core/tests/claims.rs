@@ -83,7 +83,9 @@ fn an_expired_claim_gives_back_exactly_what_it_still_held() {
         again.iter().map(|d| (d.id.as_str(), d.attempt)).collect::<Vec<_>>(),
         [("m2", 2), ("m3", 2)]
     );
-    assert!(matches!(cb.recv_timeout(Duration::from_millis(300)), Received::Idle));
+    // Well within the lease of B's own claim, whose handlers time out (50 ms) and are
+    // not renewed: B takes its messages again once that lease ends.
+    assert!(matches!(cb.recv_timeout(Duration::from_millis(150)), Received::Idle));
     let s = q.stats().expect("stats");
     assert_eq!((s.scheduled, s.inflight, s.total("expired")), (2, 2, 2));
     for d in again {
@@ -243,7 +245,9 @@ fn a_killed_pools_four_full_claims_are_reaped_a_batch_at_a_time() {
     let mut handled = 0;
     while handled < 4000 {
         let d = next(&c);
-        assert_eq!(d.attempt, 2, "{}", d.id);
+        // No handler may have started any of them, as far as Redis knows: uncharged,
+        // and quarantined in claims of at most 500 (half of the claim they left).
+        assert_eq!(d.attempt, 1, "{}", d.id);
         c.ack(d);
         handled += 1;
     }
@@ -253,6 +257,11 @@ fn a_killed_pools_four_full_claims_are_reaped_a_batch_at_a_time() {
         (s.ready, s.inflight, s.total("expired"), s.total("acked")),
         (0, 0, 4000, 4000)
     );
+    let quarantined: u64 = redis::cmd("EXISTS")
+        .arg("{dq:claims}:quarantine")
+        .query(&mut server.con())
+        .expect("EXISTS");
+    assert_eq!(quarantined, 0);
     assert_no_leak(&server, "{dq:claims}");
 }
 
@@ -551,4 +560,157 @@ fn a_release_stamps_what_has_no_stamp_and_leaves_a_stamp_that_does_not_parse() {
         .query(&mut con)
         .expect("zscore");
     assert_eq!(broken_at, 4096, "back at the score its lease named");
+}
+
+/// claim.lua called directly under a lease of `lease_ms`, saying "alone" when asked:
+/// (the ids handed out, their leases in order, whether a quarantined one was passed).
+fn claim_quarantined(
+    con: &mut redis::Connection,
+    tag: &str,
+    batch: usize,
+    lease_ms: u64,
+    alone: bool,
+) -> (Vec<String>, Vec<String>, bool) {
+    let mut words: Vec<String> = vec![
+        batch.to_string(),
+        lease_ms.to_string(),
+        "100".into(),
+        "60000".into(),
+        "0".into(),
+    ];
+    if alone {
+        words.push("alone".into());
+    }
+    let reply: Vec<redis::Value> =
+        redis::from_redis_value(common::call_script(con, "claim", tag, &words).expect("claim")).expect("parts");
+    let header: Vec<i64> = redis::from_redis_value(reply[0].clone()).expect("header");
+    let ids: Vec<String> = redis::from_redis_value(reply[1].clone()).expect("ids");
+    let later: Vec<i64> = redis::from_redis_value(reply[3].clone()).expect("later");
+    assert!(later.is_empty(), "no attempt was counted yet: {later:?}");
+    let lease_part: Vec<redis::Value> = redis::from_redis_value(reply[6].clone()).expect("leases");
+    let mut leases = Vec::new();
+    if let Some(token) = lease_part.first() {
+        let token: String = redis::from_redis_value(token.clone()).expect("token");
+        leases = vec![token; ids.len()];
+        for pair in lease_part[1..].chunks(2) {
+            let j: usize = redis::from_redis_value(pair[0].clone()).expect("index");
+            leases[j - 1] = redis::from_redis_value(pair[1].clone()).expect("lease");
+        }
+    }
+    (ids, leases, header[7] == 1)
+}
+
+/// Wait out leases of `lease_ms`, as pools that keep claiming (batch 0: only reaping)
+/// would: a gap with no pool script at all looks like a Redis that stood still, and
+/// gets a grace period (include/stall.lua).
+fn wait_out(con: &mut redis::Connection, tag: &str, lease_ms: u64) {
+    let until = std::time::Instant::now() + Duration::from_millis(lease_ms + 150);
+    let words: Vec<String> = vec![
+        "0".into(),
+        lease_ms.to_string(),
+        "100".into(),
+        "60000".into(),
+        "0".into(),
+    ];
+    while std::time::Instant::now() < until {
+        common::call_script(con, "claim", tag, &words).expect("claim");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn attempts_of(con: &mut redis::Connection, tag: &str, id: &str) -> Option<u32> {
+    redis::cmd("HGET")
+        .arg(format!("{tag}:attempts"))
+        .arg(id)
+        .query(con)
+        .expect("HGET")
+}
+
+#[test]
+fn an_expired_claim_charges_none_and_its_messages_are_claimed_apart_by_halves() {
+    let server = RedisServer::start();
+    let q = server.queue("quarantine");
+    let tag = "{dq:quarantine}";
+    let mut con = server.con();
+    for id in ["a", "b", "c", "d"] {
+        push(&q, id, Due::NOW);
+    }
+    // A pool claims all four and dies (or freezes) before it finishes any.
+    let (ids, ..) = claim_quarantined(&mut con, "quarantine", 4, 300, false);
+    assert_eq!(ids, ["a", "b", "c", "d"]);
+    wait_out(&mut con, "quarantine", 300);
+    // Reaped uncharged: each may be claimed again in a group of two, apart from any
+    // other message; the other two wait for the next claim.
+    push(&q, "fresh", Due::NOW);
+    let (ids, leases, passed) = claim_quarantined(&mut con, "quarantine", 10, 300, false);
+    assert_eq!(ids, ["a", "b", "fresh"]);
+    assert!(leases[0].starts_with('g') && leases[0] == leases[1], "{leases:?}");
+    assert!(!leases[2].starts_with('g'), "{leases:?}");
+    assert!(passed);
+    for id in ["a", "b", "c", "d"] {
+        assert_eq!(attempts_of(&mut con, tag, id), None, "{id}");
+    }
+    let s = q.stats().expect("stats");
+    assert_eq!(s.total("expired"), 4);
+    // The group expires too: halved, each of it is now claimed alone, and only by a
+    // pool that says it has a handler free for it ("alone").
+    wait_out(&mut con, "quarantine", 300);
+    let (ids, _, passed) = claim_quarantined(&mut con, "quarantine", 10, 300, false);
+    assert_eq!(ids, ["c", "d"], "the group of two that was left, not a or b");
+    assert!(passed);
+    wait_out(&mut con, "quarantine", 300);
+    let (ids, leases, _) = claim_quarantined(&mut con, "quarantine", 10, 300, true);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(leases[0].starts_with('q'), "{leases:?}");
+    for id in ["a", "b", "c", "d", "fresh"] {
+        assert_eq!(attempts_of(&mut con, tag, id), None, "{id}");
+    }
+    assert_no_leak(&server, tag);
+}
+
+#[test]
+fn a_message_claimed_alone_is_charged_when_its_claim_expires_and_kept_when_released() {
+    let server = RedisServer::start();
+    let q = server.queue("alone");
+    let tag = "{dq:alone}";
+    let mut con = server.con();
+    push(&q, "poison", Due::NOW);
+    push(&q, "other", Due::NOW);
+    claim_quarantined(&mut con, "alone", 2, 300, false);
+    wait_out(&mut con, "alone", 300);
+    // Halved to one each: without "alone" the claim takes neither, and says so.
+    let (ids, _, passed) = claim_quarantined(&mut con, "alone", 2, 300, false);
+    assert!(ids.is_empty() && passed, "{ids:?}");
+    let (ids, leases, _) = claim_quarantined(&mut con, "alone", 2, 300, true);
+    assert_eq!(ids, ["poison"], "one alone, the other passed over");
+    assert!(leases[0].starts_with('q'));
+    // Claimed alone and expired: its handler may have started it, and nothing else ran
+    // under its claim, so this one counts.
+    wait_out(&mut con, "alone", 300);
+    let (ids, leases, _) = claim_quarantined(&mut con, "alone", 2, 60_000, true);
+    assert_eq!(ids, ["other"], "the other is due first now");
+    assert_eq!(attempts_of(&mut con, tag, "poison"), Some(1));
+    assert_eq!(attempts_of(&mut con, tag, "other"), None);
+    let error: String = redis::cmd("HGET")
+        .arg(format!("{tag}:errors"))
+        .arg("poison")
+        .query(&mut con)
+        .expect("HGET");
+    assert_eq!(error, "lease expired during attempt 1 (worker stopped or hung)");
+    // A pool that gives back what it claimed alone, unstarted, puts it back in the
+    // quarantine: it is still to be claimed alone.
+    let released =
+        common::call_script(&mut con, "release", "alone", &["other".to_owned(), leases[0].clone()]).expect("release");
+    assert_eq!(released, redis::Value::Int(1));
+    let (ids, _, passed) = claim_quarantined(&mut con, "alone", 2, 60_000, false);
+    assert!(ids.is_empty() && passed, "{ids:?}");
+    // Cancelling what waits in the quarantine leaves nothing of it behind.
+    assert!(q.cancel("other").expect("cancel"));
+    assert!(q.cancel("poison").expect("cancel"));
+    assert_no_leak(&server, tag);
+    let left: u64 = redis::cmd("EXISTS")
+        .arg(format!("{tag}:quarantine"))
+        .query(&mut con)
+        .expect("EXISTS");
+    assert_eq!(left, 0);
 }

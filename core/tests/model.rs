@@ -48,6 +48,8 @@ struct Snapshot {
     completed_messages: BTreeSet<String>,
     /// What breaks the claims' rule (CLAIMS_RULE), "" if nothing.
     claims_broken: String,
+    /// Waiting to be claimed apart after their claim expired (include/quarantine.lua).
+    quarantined: BTreeSet<String>,
     /// Native layout only: each scheduled message's score, and each envelope.
     scores: BTreeMap<String, f64>,
     envelopes: BTreeMap<String, String>,
@@ -124,8 +126,9 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
         .arg(k("claims"))
         .arg(k("claim_ids"))
         .arg(k("inflight"));
+    pipe.cmd("HKEYS").arg(k("quarantine"));
     #[allow(clippy::type_complexity)]
-    let (sets, hashes, maps, scores, envelopes, claims_broken): (
+    let (sets, hashes, maps, scores, envelopes, claims_broken, quarantined): (
         (Vec<String>, Vec<String>, Vec<String>, Vec<String>, Vec<String>),
         (
             Vec<String>,
@@ -143,6 +146,7 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
         BTreeMap<String, f64>,
         BTreeMap<String, String>,
         String,
+        Vec<String>,
     ) = {
         let v: Vec<redis::Value> = pipe.query(con).expect("snapshot");
         let set = |i: usize| -> Vec<String> { redis::from_redis_value(v[i].clone()).expect("set") };
@@ -154,6 +158,7 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
             redis::from_redis_value(v[14].clone()).expect("scores"),
             map(15),
             redis::from_redis_value(v[16].clone()).expect("claims rule"),
+            set(17),
         )
     };
     let to_set = |v: Vec<String>| v.into_iter().collect::<BTreeSet<_>>();
@@ -174,6 +179,7 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
         holders: maps.1,
         lined: maps.2,
         claims_broken,
+        quarantined: to_set(quarantined),
         scores: if names.native { scores } else { BTreeMap::new() },
         envelopes: if names.native { envelopes } else { BTreeMap::new() },
     }
@@ -254,6 +260,9 @@ fn broken_rule(s: &Snapshot) -> Option<String> {
         if let Some(id) = ids.difference(&s.messages).next() {
             return Some(format!("{name} keeps {id}, which has no envelope"));
         }
+    }
+    if let Some(id) = s.quarantined.difference(&s.scheduled).next() {
+        return Some(format!("{id} is quarantined but does not wait"));
     }
     for (key, id) in &s.holders {
         if !s.inflight.contains(id) || s.serial_keys.get(id) != Some(key) {

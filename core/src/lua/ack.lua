@@ -17,7 +17,7 @@
 -- @include serial
 -- @include stall
 -- @include stamp
--- KEYS: scheduled messages inflight leases attempts errors stats control completed completed_messages traces serial_keys serial_holders serial_line serial_lined claims claim_ids
+-- KEYS: scheduled messages inflight leases attempts errors stats control completed completed_messages traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 -- The runs, read whole before anything is written, so that a malformed one writes
 -- nothing: {lease, first, last, lost}, where first..last are the ARGV indexes of its
 -- ids and lost[i] is true for its i-th id if that delivery no longer holds the lease.

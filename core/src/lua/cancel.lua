@@ -5,7 +5,7 @@
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include forget
--- KEYS: scheduled messages inflight leases attempts errors stats traces serial_keys serial_holders serial_line serial_lined claims claim_ids
+-- KEYS: scheduled messages inflight leases attempts errors stats traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 local removed = {}
 for i = 4, #ARGV do
   if redis.call('ZREM', K_SCHED, ARGV[i]) == 1 then

@@ -5,13 +5,18 @@
 -- ARGV[8..]: optional sections, each a name and its words, carried by a claim so that
 --   they cost no command of their own: "beat" pool id, ttl_ms, info JSON (the claiming
 --   pool's heartbeat, see beat.lua); "minutes" minutes kept, n, then n deltas (the
---   pool's per-minute records, see minutes_add.lua).
+--   pool's per-minute records, see minutes_add.lua); "alone" (no words): the
+--   claiming pool has a handler free and holds no quarantined message, so it may take
+--   one (below).
 -- Returns {header, ids, envelopes, later, keyed, repeats, lease} (decoded by
 --   scripts/claim.rs):
---   header {now_ms, next_ms, reaped, limited, restart_generation, minute, us_past_ms}:
+--   header {now_ms, next_ms, reaped, limited, restart_generation, minute, us_past_ms,
+--     quarantined_left}:
 --     minute: the current minute (queue clock ms / 60000) when the claim carried the
 --     per-minute records, else -1.
 --     us_past_ms: the microseconds past now_ms (0..999) of the clock reading.
+--     quarantined_left: 1 if a quarantined message was due and not taken (the caller
+--     did not say "alone", or took one already), else 0.
 --     limited: 1 if a rate limit is in force (the caller then claims only for idle
 --     handlers, so that a message starts as it is handed out, see limit.lua), else 0.
 --     restart_generation: how many requests that running pools stop were made (see
@@ -39,6 +44,16 @@
 --     push the next, or purge or cancel took it); the caller computes and pushes their
 --     next occurrence (repeat_next.lua). mark: the due time of the latest occurrence,
 --     -1 if none.
+-- Quarantine: a claim that expires (its pool died, froze or was cut off) charges none
+-- of its messages an attempt: which ones its handlers had started, and which one killed
+-- the pool, is not known. They go to the quarantine instead (include/quarantine.lua),
+-- each allowed a claim half the size of the expired one: a group ("g<token>") of such
+-- messages is claimed apart from the others, and halves again if it expires, down to a
+-- message claimed alone ("q<token>"), by a pool with a handler free to start it at once
+-- and no other such message in hand. Only that claim's expiry is charged: its handler
+-- may have started it, and nothing else ran under it. So a message that kills its
+-- worker reaches the dead letters after max_attempts (and a few more deaths, one per
+-- halving), and the messages that shared its claims come back with the attempts they had.
 -- This script runs once per batch of up to 1000 messages and is the drain's hot path:
 -- every per-message step below is one element of a variadic call, and no envelope
 -- passes through it unless serial keys need their stamps.
@@ -46,6 +61,7 @@
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include claims
 -- @include clock
+-- @include quarantine
 -- @include dead
 -- @include forget
 -- @include hashtable
@@ -60,9 +76,9 @@
 -- @include serial
 -- @include stall
 -- @include restamp
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined minutes claims claim_ids
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined minutes claims claim_ids quarantine
 -- The optional sections, read whole before anything is written.
-local beat, minutes_kept, minute_deltas = nil, nil, nil
+local beat, minutes_kept, minute_deltas, alone_ok = nil, nil, nil, false
 local at = 8
 while ARGV[at] do
   local section = ARGV[at]
@@ -81,6 +97,9 @@ while ARGV[at] do
       return redis.error_reply('DQERR ' .. malformed)
     end
     at = at + 3 + n
+  elseif section == 'alone' then
+    alone_ok = true
+    at = at + 1
   else
     return redis.error_reply('DQERR unknown claim section ' .. section)
   end
@@ -99,31 +118,44 @@ local now = queue_now(true)
 absorb_stall(now, lease_ms)
 
 -- Expired leases go back to the front of the schedule: the message is due already.
--- Their delivery counts as an attempt, with the expiry as its error. An older
--- delayq's deliveries expire one by one, claims whole (see include/claims.lua).
+-- A delivery with a deadline of its own (a handler past its timeout, or an older
+-- delayq's) and one claimed alone count as an attempt, with the expiry as its error;
+-- the messages of an expired claim of several go to the quarantine uncharged (see
+-- above). Claims expire whole (see include/claims.lua).
 local expired = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', now, 'LIMIT', 0, batch)
 local older = #expired
 -- Whole claims, while fewer than a batch are taken: at most 2000 ids, whose lists of
 -- pairs stay within what Lua's unpack takes (8000).
-local ended = {}
+local ended, quarantined, uncharged = {}, {}, {}
 for _, token in ipairs(redis.call('ZRANGEBYSCORE', K_CLAIMS, '-inf', now, 'LIMIT', 0, CLAIMS_REAPED)) do
   if #expired >= math.max(batch, 1) then
     break
   end
+  local first = #expired + 1
   held_by(token, expired)
+  local alone = string.sub(token, 1, 1) == 'q'
+  local size = alone and 1 or quarantine_size(#expired - first + 1)
+  for i = first, #expired do
+    uncharged[i] = not alone
+    quarantined[#quarantined + 1] = expired[i]
+    quarantined[#quarantined + 1] = size
+  end
   ended[#ended + 1] = token
 end
 if #expired > 0 then
-  local readd, counted, errors = {}, {}, {}
+  local readd, counted, errors, charged = {}, {}, {}, {}
   local before = redis.call('HMGET', K_ATT, unpack(expired))
   for i, id in ipairs(expired) do
     readd[#readd + 1] = fmt(score_at(now))
     readd[#readd + 1] = id
-    local attempt = (tonumber(before[i]) or 0) + 1
-    counted[#counted + 1] = id
-    counted[#counted + 1] = attempt
-    errors[#errors + 1] = id
-    errors[#errors + 1] = 'lease expired during attempt ' .. attempt .. ' (worker stopped or hung)'
+    if not uncharged[i] then
+      local attempt = (tonumber(before[i]) or 0) + 1
+      counted[#counted + 1] = id
+      counted[#counted + 1] = attempt
+      errors[#errors + 1] = id
+      errors[#errors + 1] = 'lease expired during attempt ' .. attempt .. ' (worker stopped or hung)'
+      charged[#charged + 1] = id
+    end
   end
   if not SEED then
     local envelopes = redis.call('HMGET', K_MSG, unpack(expired))
@@ -144,10 +176,15 @@ if #expired > 0 then
     redis.call('ZREM', K_INFLIGHT, unpack(expired, 1, older))
   end
   redis.call('HDEL', K_LEASE, unpack(expired))
-  redis.call('HSET', K_ATT, unpack(counted))
-  redis.call('HSET', K_ERR, unpack(errors))
-  -- A trace from an earlier attempt would not belong to this error.
-  hdel_if_any(K_TRACE, expired)
+  if #charged > 0 then
+    redis.call('HSET', K_ATT, unpack(counted))
+    redis.call('HSET', K_ERR, unpack(errors))
+    -- A trace from an earlier attempt would not belong to this error.
+    hdel_if_any(K_TRACE, charged)
+  end
+  if #quarantined > 0 then
+    redis.call('HSET', K_QUARANTINE, unpack(quarantined))
+  end
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
   free_serial_keys(expired)
 end
@@ -172,7 +209,7 @@ if ARGV[7] == '1' then
     end
   end
 end
-local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_gen')) or 0, -1, queue_now_us}
+local header = {now, -1, #expired, 0, tonumber(redis.call('HGET', K_CONTROL, 'restart_gen')) or 0, -1, queue_now_us, 0}
 local claimed_ids, claimed_envelopes, later, keyed, lease_part = {}, {}, {}, {}, {}
 -- The per-minute records are written last, when nothing else can fail: a claim that
 -- raised leaves them to be sent again, not counted twice.
@@ -213,17 +250,23 @@ if limit[1] then
 end
 -- The seed layout's bare payloads carry no stamp: there the schedule tells the
 -- scores (see include/stamp.lua).
-local ids, seed_scores = {}, nil
+local ids, seed_scores, group, group_kind = {}, nil, nil, nil
 if batch > 0 then
+  -- Quarantined messages are passed over, but for one group: read past them.
+  local quarantine = redis.call('EXISTS', K_QUARANTINE) == 1
+  local read = quarantine and batch + math.min(redis.call('HLEN', K_QUARANTINE), 1000) or batch
   if SEED then
-    local due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'WITHSCORES', 'LIMIT', 0, batch)
+    local due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'WITHSCORES', 'LIMIT', 0, read)
     seed_scores = {}
     for i = 1, #due / 2 do
       ids[i] = due[2 * i - 1]
       seed_scores[i] = due[2 * i]
     end
   else
-    ids = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'LIMIT', 0, batch)
+    ids = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'LIMIT', 0, read)
+  end
+  if quarantine and #ids > 0 then
+    ids, seed_scores, group, group_kind, header[8] = pass_quarantined(ids, seed_scores, batch, alone_ok)
   end
 end
 local n = #ids
@@ -295,6 +338,13 @@ if n > 0 then
   -- the score (see include/stamp.lua).
   local token = fmt(next_seq())
   local token_colon = token .. ':'
+  -- The quarantined group, those of it that the serial gate let through: first in
+  -- line (so that a free handler starts one taken alone at once), under a claim of
+  -- its own.
+  local grouped = 0
+  while group and claimed_ids[grouped + 1] and group[claimed_ids[grouped + 1]] do
+    grouped = grouped + 1
+  end
   local leases = {}
   lease_part[1] = token
   for j = 1, claimed do
@@ -302,6 +352,11 @@ if n > 0 then
     local lease = token
     if seed_scores or (envelopes and not is_stamped(envelopes[i])) then
       lease = token_colon .. score_of(i)
+    end
+    if j <= grouped then
+      lease = group_kind .. lease
+    end
+    if lease ~= token then
       lease_part[#lease_part + 1] = j
       lease_part[#lease_part + 1] = lease
     end
@@ -322,9 +377,18 @@ if n > 0 then
   end
   -- In flight under a lease before out of the schedule: no message is ever in
   -- neither (the ones the serial gate held back stay, at their new score).
-  if claimed > 0 then
+  if grouped > 0 then
+    local members = {unpack(claimed_ids, 1, grouped)}
+    redis.call('ZADD', K_CLAIMS, deadline, group_kind .. token)
+    redis.call('HSET', K_CLAIM_IDS, group_kind .. token, cmsgpack.pack(members), group_kind .. token .. '#', grouped)
+    redis.call('HDEL', K_QUARANTINE, unpack(members))
+  end
+  if claimed > grouped then
     redis.call('ZADD', K_CLAIMS, deadline, token)
-    redis.call('HSET', K_CLAIM_IDS, token, cmsgpack.pack(claimed_ids), token .. '#', claimed)
+    redis.call('HSET', K_CLAIM_IDS, token, cmsgpack.pack(grouped > 0 and {unpack(claimed_ids, grouped + 1)} or claimed_ids),
+      token .. '#', claimed - grouped)
+  end
+  if claimed > 0 then
     hset_as_hashtable(K_LEASE, leases)
   end
   if #taken > 0 then

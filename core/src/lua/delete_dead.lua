@@ -6,7 +6,7 @@
 --   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include dead
 -- @include forget
--- KEYS: scheduled messages inflight leases attempts errors dead stats traces serial_keys serial_holders serial_line serial_lined claims claim_ids
+-- KEYS: scheduled messages inflight leases attempts errors dead stats traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 local ids = chosen_dead()
 if #ids == 0 then
   return 0

@@ -16,7 +16,7 @@
 -- @include serial
 -- @include stall
 -- @include restamp
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined claims claim_ids
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)

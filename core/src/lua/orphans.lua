@@ -14,7 +14,7 @@
 -- @include forget
 -- @include oom
 -- @include serial
--- KEYS: scheduled messages inflight leases attempts errors stats traces serial_keys serial_holders serial_line serial_lined claims claim_ids
+-- KEYS: scheduled messages inflight leases attempts errors stats traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 if #ARGV % 2 ~= 0 then
   return redis.error_reply('DQERR orphans takes (id, lease) pairs: the last is cut short')
 end

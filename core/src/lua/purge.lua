@@ -6,9 +6,9 @@
 -- Returns the number of messages deleted.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
--- KEYS: scheduled messages inflight leases attempts errors dead stats completed completed_messages traces serial_keys serial_holders serial_line serial_lined claims claim_ids
+-- KEYS: scheduled messages inflight leases attempts errors dead stats completed completed_messages traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 local count = redis.call('HLEN', K_MSG)
 redis.call('UNLINK', K_SCHED, K_MSG, K_INFLIGHT, K_LEASE, K_ATT, K_ERR, K_DEAD, K_DONE, K_DONE_MSG, K_TRACE,
-  K_SERIAL, K_SERIAL_HOLD, K_SERIAL_LINE, K_SERIAL_LINED, K_CLAIMS, K_CLAIM_IDS)
+  K_SERIAL, K_SERIAL_HOLD, K_SERIAL_LINE, K_SERIAL_LINED, K_CLAIMS, K_CLAIM_IDS, K_QUARANTINE)
 redis.call('HINCRBY', K_STATS, 'purged', count)
 return count

@@ -11,7 +11,7 @@
 -- @include serial
 -- @include stall
 -- @include restamp
--- KEYS: scheduled messages inflight leases stats seq control serial_keys serial_holders serial_line serial_lined claims claim_ids
+-- KEYS: scheduled messages inflight leases stats seq control serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)
@@ -38,6 +38,13 @@ for i = 3, #ARGV, 2 do
     end
     redis.call('ZADD', K_SCHED, score, id)
     redis.call('HDEL', K_LEASE, id)
+    -- Claimed from the quarantine (see claim.lua), and never started: back in it, in
+    -- a claim no larger than the one it leaves.
+    local kind = string.sub(lease, 1, 1)
+    if kind == 'q' or kind == 'g' then
+      local held = tonumber(redis.call('HGET', K_CLAIM_IDS, claim_token(lease) .. '#')) or 1
+      redis.call('HSET', K_QUARANTINE, id, kind == 'q' and 1 or math.max(held, 2))
+    end
     free_serial_keys({id})
     released = released + 1
     left[released] = lease

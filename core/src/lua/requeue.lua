@@ -10,7 +10,7 @@
 -- @include order
 -- @include schedule
 -- @include restamp
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined claims claim_ids
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 local ids = chosen_dead()
 if #ids == 0 then
   return 0

@@ -25,6 +25,9 @@ pub(crate) struct Args<'a> {
     /// The pool's per-minute records, carried by the claim: (minutes kept, deltas as
     /// `metrics::Delta::encode` writes them).
     pub(crate) minutes: Option<(u32, &'a [String])>,
+    /// The pool may take a quarantined message alone (see claim.lua): it has a
+    /// handler free to start it at once and holds no other such message.
+    pub(crate) alone: bool,
 }
 
 impl Call for Args<'_> {
@@ -48,6 +51,9 @@ impl Call for Args<'_> {
             for d in deltas {
                 inv.arg(d);
             }
+        }
+        if self.alone {
+            inv.arg("alone");
         }
     }
 }
@@ -96,6 +102,8 @@ pub(crate) struct Reply {
     pub(crate) broken_repeats: Vec<BrokenRepeat>,
     /// The queue's current minute, when the claim carried the per-minute records.
     pub(crate) minute: Option<i64>,
+    /// A quarantined message was due and not taken (see claim.lua).
+    pub(crate) quarantined_left: bool,
     /// The claim left the envelopes to its caller (see claim.lua), who reads them with
     /// `envelopes_query` and `take_envelopes` before anything else looks at the items.
     pub(crate) unread: bool,
@@ -194,7 +202,7 @@ impl FromRedisValue for Reply {
         let Ok([header, ids, envelopes, later, keyed, repeats, leases]) = <[Vec<Value>; 7]>::try_from(parts) else {
             return Err(format!("a reply of {n} parts, not 7").into());
         };
-        let [now, next, reaped, limited, generation, minute, now_us]: [i64; 7] =
+        let [now, next, reaped, limited, generation, minute, now_us, quarantined_left]: [i64; 8] =
             FromRedisValue::from_redis_value(Value::Array(header))?;
         if !(0..1000).contains(&now_us) {
             return Err(format!("{now_us} microseconds past a millisecond").into());
@@ -280,6 +288,7 @@ impl FromRedisValue for Reply {
             items,
             broken_repeats,
             minute: (minute >= 0).then_some(minute),
+            quarantined_left: quarantined_left == 1,
             unread,
         })
     }
@@ -309,6 +318,7 @@ mod tests {
                 Value::Int(3),
                 Value::Int(29_000_000),
                 Value::Int(250),
+                Value::Int(0),
             ]),
             Value::Array(vec![s("a"), s("b"), s("c")]),
             Value::Array(vec![s("{}"), s("[]"), s(r#"{"at":[6,12289],"v":1}"#)]),
@@ -348,7 +358,7 @@ mod tests {
     #[test]
     fn a_reply_that_does_not_fit_is_refused_not_defaulted() {
         let ints = |xs: &[i64]| Value::Array(xs.iter().map(|&x| Value::Int(x)).collect());
-        let header_with = |generation: i64, us_past_ms: i64| ints(&[1000, -1, 0, 0, generation, -1, us_past_ms]);
+        let header_with = |generation: i64, us_past_ms: i64| ints(&[1000, -1, 0, 0, generation, -1, us_past_ms, 0]);
         let header = || header_with(0, 0);
         let empty = || Value::Array(vec![]);
         // (id, envelope) pairs, as the claim answers them in two lists.
@@ -461,7 +471,7 @@ mod tests {
 
     #[test]
     fn a_claim_that_left_the_envelopes_takes_them_from_the_read() {
-        let header = Value::Array([1000, -1, 0, 0, 0, -1, 0].map(Value::Int).to_vec());
+        let header = Value::Array([1000, -1, 0, 0, 0, -1, 0, 0].map(Value::Int).to_vec());
         let v = Value::Array(vec![
             header,
             Value::Array(vec![s("a"), s("b"), s("c")]),
@@ -511,7 +521,7 @@ mod tests {
         assert_eq!(r.items[1].envelope, r#"{"v":1}"#);
 
         // One message claimed, one string read: redis-rs would take it for a list of one.
-        let header = Value::Array([1000, -1, 0, 0, 0, -1, 0].map(Value::Int).to_vec());
+        let header = Value::Array([1000, -1, 0, 0, 0, -1, 0, 0].map(Value::Int).to_vec());
         let v = Value::Array(vec![
             header,
             Value::Array(vec![s("a")]),
@@ -529,7 +539,7 @@ mod tests {
     #[test]
     fn an_error_names_the_part_that_is_not_a_list() {
         let v = Value::Array(vec![
-            Value::Array([1000, -1, 0, 0, 0, -1, 0].map(Value::Int).to_vec()),
+            Value::Array([1000, -1, 0, 0, 0, -1, 0, 0].map(Value::Int).to_vec()),
             Value::Nil,
         ]);
         let e = Reply::from_redis_value(v).expect_err("a nil part");

@@ -271,7 +271,7 @@ const fn role(name: &'static str, var: &'static str, kind: &'static str) -> Role
 }
 
 /// Every key role, in `Keys::all` order (documented in `lua/include/base.lua`).
-pub const ROLES: [Role; 26] = [
+pub const ROLES: [Role; 27] = [
     role("scheduled", "K_SCHED", "zset"),
     role("messages", "K_MSG", "hash"),
     role("inflight", "K_INFLIGHT", "zset"),
@@ -298,6 +298,7 @@ pub const ROLES: [Role; 26] = [
     role("minutes", "K_MINUTES", "hash"),
     role("claims", "K_CLAIMS", "zset"),
     role("claim_ids", "K_CLAIM_IDS", "hash"),
+    role("quarantine", "K_QUARANTINE", "hash"),
 ];
 
 /// Redis's arity of each command the scripts run (COMMAND INFO: `n` exactly n words,
@@ -600,6 +601,7 @@ lua_files!(
     "include/order.lua",
     "include/pools.lua",
     "include/push_runs.lua",
+    "include/quarantine.lua",
     "include/repeat.lua",
     "include/replace.lua",
     "include/schedule.lua",

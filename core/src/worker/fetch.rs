@@ -50,6 +50,7 @@ pub(super) fn check_access(queue: &Queue, lease: Duration, control: &Control) ->
             check_repeats: false,
             heartbeat: None,
             minutes: None,
+            alone: false,
         };
         match run_call(&mut slot, queue, part, &args) {
             Ok(reply) => {
@@ -66,8 +67,15 @@ pub(super) fn check_access(queue: &Queue, lease: Duration, control: &Control) ->
 
 /// One claim of up to `want` messages on partition `part`, its heartbeat and its
 /// per-minute records carried when due: an idle pool's looks are all it sends. Returns
-/// the reply, its envelopes read, and when it came: the leases run from then.
-pub(super) fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) -> Result<(claim::Reply, Instant)> {
+/// the reply, its envelopes read, and when it came. With `alone`, it may take a
+/// quarantined message alone (see `Pool::alone_turn`).
+pub(super) fn claim(
+    pool: &Pool,
+    slot: &mut ConnSlot,
+    part: usize,
+    want: usize,
+    alone: bool,
+) -> Result<(claim::Reply, Instant)> {
     let q = &pool.queue;
     let qo = q.options();
     let beat = pool.registration.take_pending(pool);
@@ -82,6 +90,7 @@ pub(super) fn claim(pool: &Pool, slot: &mut ConnSlot, part: usize, want: usize) 
         check_repeats: pool.repeat_check_due(part),
         heartbeat: beat.as_ref().map(|(id, ttl, info)| (*id, *ttl, info.as_str())),
         minutes: deltas.as_deref().map(|d| (crate::metrics::KEEP_MINUTES, d)),
+        alone,
     };
     let mut reply = match run_call(slot, q, part, &args) {
         Ok(reply) => reply,
@@ -262,7 +271,13 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             wake.wait(Some(now + YIELD_RECHECK), wake.epoch(), &control.stop);
             continue;
         }
+        if pool.waits_for_alone_turn(part) {
+            control.slots.wait_for_release(Duration::from_millis(100));
+            continue;
+        }
         cursor = (part + 1) % parts;
+        // Before this claim's own reservation, which would count against the free handler.
+        let alone = pool.alone_turn();
         let reservation = pool.reserve_room(share, pool.is_rate_limited());
         let share = reservation.n;
         if share == 0 {
@@ -278,7 +293,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         let started = Instant::now();
         last_look = started;
         wake.begin_claim(part, started);
-        let (claimed, replied) = match claim(pool, &mut slot, part, room) {
+        let (claimed, replied) = match claim(pool, &mut slot, part, room, alone.taken()) {
             Ok(c) => c,
             Err(e) => {
                 control.slots.release(room);
@@ -310,6 +325,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         let paused = claimed.next_ms == PAUSED;
         pool.note_paused(paused);
         pool.rate_limited[part].store(claimed.rate_limited, Ordering::Relaxed);
+        pool.quarantine_due[part].store(claimed.quarantined_left, Ordering::Relaxed);
         pool.note_restart_request(part, claimed.restart_generation);
         let got = claimed.items.len();
         control.slots.release(room - got);
@@ -327,6 +343,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
                         started: None,
                         timed_out: false,
                         detached: false,
+                        alone: item.lease.starts_with('q'),
                         renewed: started,
                     },
                 );
@@ -335,6 +352,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         // The claimed deliveries count as held from here on.
         drop(reservation);
         drop(under_way);
+        drop(alone);
         let occurrences: Vec<(String, i64)> = claimed
             .items
             .iter()
@@ -350,6 +368,12 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             outcomes,
         );
         wake.end_claim(part, got == room, if paused { -1 } else { claimed.next_ms });
+        if got == 0 && claimed.quarantined_left {
+            // All that is due waits in the quarantine for a turn this pool cannot take
+            // yet (it holds such a message, or no handler is free): look again once a
+            // delivery completes, not at once.
+            control.slots.wait_for_release(Duration::from_millis(100));
+        }
         // After the hand-out, so that handlers need not wait for it.
         push_next_occurrences(pool, part, &occurrences, &claimed.broken_repeats);
     }

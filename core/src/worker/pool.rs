@@ -44,6 +44,8 @@ pub(super) struct Outstanding {
     /// Detached from its claim once it timed out (see extend.lua): its deadline is its
     /// own, which no heartbeat renews.
     pub(super) detached: bool,
+    /// Claimed alone from the quarantine (see claim.lua).
+    pub(super) alone: bool,
     /// When the call that last set its lease's deadline was sent (the claim, then
     /// each renewal): Redis counted the lease from a moment after it.
     pub(super) renewed: Instant,
@@ -76,11 +78,17 @@ pub(super) struct Pool {
     pub(super) repeat_checks: Mutex<Vec<Instant>>,
     /// Per partition: its last claim found a rate limit in force.
     pub(super) rate_limited: Vec<AtomicBool>,
+    /// Per partition: its last claim passed over a quarantined message due (see
+    /// `waits_for_alone_turn`).
+    pub(super) quarantine_due: Vec<AtomicBool>,
     /// When its `Worker` was made, locally and on the server's clock (learnt from the
     /// first claim): restart requests before it are not meant for it.
 
     /// Deliveries that claims under way may bring (see `reserve_room`).
     pub(super) reserved: Mutex<usize>,
+    /// A claim that may take a quarantined message alone is under way (see
+    /// `alone_turn`).
+    pub(super) claiming_alone: AtomicBool,
     /// Claims sent and not yet counted as outstanding (for `stop_when_empty`).
     pub(super) claiming: AtomicUsize,
     /// Its place among its worker's queues: 0 for the worker's own, then the lower
@@ -102,6 +110,24 @@ pub(super) struct Pool {
 pub(super) struct Reservation<'a> {
     pub(super) reserved: &'a Mutex<usize>,
     pub(super) n: usize,
+}
+
+/// The right of one claim to take a quarantined message alone, until the deliveries
+/// it brought are outstanding (see `Pool::alone_turn`).
+pub(super) struct AloneTurn<'a>(Option<&'a AtomicBool>);
+
+impl AloneTurn<'_> {
+    pub(super) fn taken(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl Drop for AloneTurn<'_> {
+    fn drop(&mut self) {
+        if let Some(flag) = self.0 {
+            flag.store(false, Ordering::Release);
+        }
+    }
 }
 
 /// Counts a claim as under way until the deliveries it brought are outstanding.
@@ -177,6 +203,40 @@ impl Pool {
     pub(super) fn lease_live_at(&self, renewed: Instant, at: Instant) -> bool {
         let lease = self.opts.lease;
         at.saturating_duration_since(renewed) + lease / LEASE_MARGIN_DIVISOR < lease
+    }
+
+    /// Whether the next claim may take a quarantined message alone (see claim.lua):
+    /// the pool holds none and no other claim may take one, and it holds fewer
+    /// deliveries than it has handlers (counting those claims under way may bring), so
+    /// a handler is free to start it at once. Its expiry then counts as an attempt: a
+    /// message that waited in a buffer would be charged for a start it never had.
+    pub(super) fn alone_turn(&self) -> AloneTurn<'_> {
+        let taken = matches!(self.alone_room(), (false, true))
+            && self
+                .claiming_alone
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        AloneTurn(taken.then_some(&self.claiming_alone))
+    }
+
+    /// Whether it holds a message claimed alone, and whether a handler is free (fewer
+    /// deliveries held than handlers, counting those claims under way may bring).
+    fn alone_room(&self) -> (bool, bool) {
+        let reserved = *self.reserved.lock();
+        let outstanding = self.outstanding.lock();
+        (
+            outstanding.values().any(|o| o.alone),
+            outstanding.len() + reserved < self.handlers,
+        )
+    }
+
+    /// A quarantined message waits for a pool to take it alone (see claim.lua), and
+    /// this pool could once a handler is free: it claims nothing more until then, or
+    /// under a steady backlog its prefetch would keep every handler busy, and the
+    /// message would wait for the backlog to drain.
+    pub(super) fn waits_for_alone_turn(&self, part: usize) -> bool {
+        self.quarantine_due.get(part).is_some_and(|d| d.load(Ordering::Relaxed))
+            && matches!(self.alone_room(), (false, false))
     }
 
     /// Nothing claimed is running or waiting for a handler, and no claim is under way.

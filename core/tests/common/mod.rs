@@ -262,6 +262,17 @@ pub fn assert_no_leak(server: &RedisServer, tag: &str) {
         held + older,
         "leases and what the claims hold disagree under {tag}"
     );
+    let stray: u64 = redis::cmd("EVAL")
+        .arg(
+            "local n = 0 for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do \
+             if not redis.call('ZSCORE', KEYS[2], id) then n = n + 1 end end return n",
+        )
+        .arg(2)
+        .arg(k("quarantine"))
+        .arg(k("scheduled"))
+        .query(&mut con)
+        .expect("EVAL");
+    assert_eq!(stray, 0, "quarantined messages that do not wait under {tag}");
 }
 
 /// Stops a pool when dropped, also while a failed assertion unwinds: inside

@@ -14,8 +14,9 @@
 --   inflight   ZSET  id -> lease deadline (ms, server clock) of a delivery that a
 --                            delayq before the lease per claim made
 --   leases     HASH  id -> lease of the current delivery (see lease_score)
---   attempts   HASH  id -> finished deliveries (written when a delivery fails
---                            or its lease expires; the running one is attempts + 1)
+--   attempts   HASH  id -> finished deliveries (written when a delivery fails, or
+--                            its lease expires claimed alone or past its timeout, see
+--                            claim.lua; the running one is attempts + 1)
 --   errors     HASH  id -> last error text
 --   dead       ZSET  id -> time of death (ms)
 --   stats      HASH  counters: pushed delivered acked retried dead ...
@@ -59,6 +60,8 @@
 --                            message (see include/claims.lua)
 --   claim_ids HASH  claim token -> its ids (cmsgpack); "<token>#" -> how many it
 --                            still holds
+--   quarantine HASH id -> the size of claim a waiting message whose claim expired
+--                            may next be taken in (see include/quarantine.lua)
 -- Scripts return error replies only for caller bugs, as "DQERR <code> <detail>", and
 -- for the faults the preflight finds before the first write (below).
 

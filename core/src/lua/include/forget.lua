@@ -17,5 +17,6 @@ local function forget(ids, first, last)
   hdel_if_any(K_ATT, ids, first, last)
   hdel_if_any(K_ERR, ids, first, last)
   hdel_if_any(K_TRACE, ids, first, last)
+  hdel_if_any(K_QUARANTINE, ids, first, last)
   redis.call('HDEL', K_LEASE, unpack(ids, first, last))
 end

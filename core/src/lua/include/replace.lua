@@ -14,6 +14,7 @@ local REPLACING = {
   -- one they were pushed with now.
   forget = function(replaced, n)
     hdel_if_any(K_ATT, replaced)
+    hdel_if_any(K_QUARANTINE, replaced)
     hdel_if_any(K_ERR, replaced)
     hdel_if_any(K_TRACE, replaced)
     unline(replaced)
