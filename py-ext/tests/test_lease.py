@@ -1,0 +1,102 @@
+"""The edges of a lease, with worker processes: a pool frozen past its lease starts none
+of what it prefetched, and a message that kills its worker takes no other message with
+it when the worker is started again after each death."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import delayq
+import pytest
+from harness import HERE, drained, wait_for
+
+
+@pytest.fixture
+def log() -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as d:
+        yield os.path.join(d, "runs")
+
+
+def start_worker(url: str, log: str, **options: object) -> subprocess.Popen[bytes]:
+    script = os.path.join(HERE, "lease_worker.py")
+    return subprocess.Popen([sys.executable, script, url, "jobs", log, json.dumps(options)])
+
+
+def runs(log: str) -> list[tuple[int, int, int, float]]:
+    try:
+        with open(log) as f:
+            lines = [line.split() for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+    return [(int(n), int(attempt), int(pid), float(start)) for n, attempt, pid, start in lines]
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.terminate()
+    for p in procs:
+        p.wait(timeout=20)
+
+
+def test_a_pool_frozen_past_its_lease_starts_none_of_its_prefetched_deliveries(
+    queue: delayq.DelayQueue, redis_url: str, log: str
+) -> None:
+    queue.push_many([{"payload": {"n": n}} for n in range(3000)])
+    options = {"lease": 1.0, "batch": 20, "prefetch": 20, "_sleep": 0.002}
+    frozen = start_worker(redis_url, log, **options)
+    procs = [frozen]
+    try:
+        wait_for(20, "a full prefetch", lambda: len(runs(log)) >= 100 and queue.stats()["inflight"] >= 10)
+        # A VM pause or a long GC: longer than the lease, while another pool goes on.
+        frozen.send_signal(signal.SIGSTOP)
+        procs.append(start_worker(redis_url, log, **options))
+        time.sleep(3)
+        resumed = time.time()
+        frozen.send_signal(signal.SIGCONT)
+        wait_for(60, "the queue to drain", lambda: drained(queue))
+    finally:
+        stop_all(procs)
+    all_runs = runs(log)
+    elsewhere = {n for n, _, pid, _ in all_runs if pid != frozen.pid}
+    assert elsewhere, "the other pool ran messages"
+    twice = [n for n, _, pid, start in all_runs if pid == frozen.pid and start >= resumed and n in elsewhere]
+    assert twice == [], "started by the frozen pool after their lease passed to the other"
+    assert len({n for n, *_ in all_runs}) == 3000, "every message ran"
+
+
+def test_a_poison_message_takes_no_other_with_it_when_its_worker_is_restarted(
+    queue: delayq.DelayQueue, redis_url: str, log: str
+) -> None:
+    queue.push_many([{"payload": {"n": n, "kill": n == 7}, "id": f"m{n}"} for n in range(31)])
+    options = {"lease": 1.0, "max_attempts": 3, "_sleep": 0.02}
+    # Started again after each death, as systemd or supervisord would.
+    deadline = time.monotonic() + 90
+    proc = start_worker(redis_url, log, **options)
+    procs, starts = [proc], 1
+    try:
+        while not drained(queue):
+            assert time.monotonic() < deadline, f"not drained after {starts} starts"
+            if proc.poll() is not None:
+                proc = start_worker(redis_url, log, **options)
+                procs.append(proc)
+                starts += 1
+            time.sleep(0.02)
+    finally:
+        stop_all(procs)
+    assert [d["id"] for d in queue.dead_letters()] == ["m7"], "the poison alone is buried"
+    first: dict[int, int] = {}
+    for n, attempt, _, _ in runs(log):
+        first.setdefault(n, attempt)
+    others = {n: a for n, a in first.items() if n != 7}
+    assert len(others) == 30, "every other message ran"
+    assert others == {n: 1 for n in others}, "each other first ran as attempt 1"
+    assert queue.stats()["acked"] == 30
