@@ -149,18 +149,24 @@ def test_old_and_new_pools_drain_one_queue_through_a_rolling_deploy(redis_url: s
                     f"message {n} ran again after it succeeded: {message_runs}"
         last = message_runs[-1]
         assert last[4] is not None, f"message {n}: its last run did not end: {message_runs}"
-        # Every earlier run counted as an attempt, and so did, at most once, a delivery
-        # that the killed pool held without starting it; a graceful stop's release does
-        # not count.
+        # Every earlier run of a live pool counted as an attempt. A run of the killed
+        # pool counts only where its claim's expiry was charged: by an old pool's
+        # reaper, or a new one's for a message claimed alone (a new reaper charges none
+        # of an expired claim of several, see claim.lua); so may, at most once, a
+        # delivery that the killed pool held without starting it. A graceful stop's
+        # release does not count.
         earlier = message_runs[:-1]
-        extra = last[1] - 1 - len(earlier)
-        assert extra in (0, 1), f"message {n}: attempts not counted per delivery: {message_runs}"
+        killed = sum(1 for run in earlier if run[0] == "old-killed")
+        live = len(earlier) - killed
+        assert live <= last[1] - 1 <= live + killed + 1, \
+            f"message {n}: attempts not counted per delivery: {message_runs}"
         counted_before_the_last += last[1] - 1
 
     stats = queue.stats()
     assert (stats["acked"], stats["dead"], stats["died"]) == (N, 0, 0), stats
-    # Every attempt before a message's last ended as a retry or an expired lease.
-    assert stats["retried"] + stats["expired"] == counted_before_the_last, stats
+    # Every attempt before a message's last ended as a retry or an expired lease (not
+    # every expired lease counts: see above).
+    assert stats["retried"] + stats["expired"] >= counted_before_the_last, stats
     assert stats["retried"] <= sum(1 for n in range(N) if payload(n)["fail"]), stats
     assert stats["expired"] >= killed_runs, stats
     # Each build ran what the other pushed; every pool ran messages.
