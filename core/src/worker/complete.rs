@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::scripts::complete::Status;
 use crate::scripts::{Call, MAX_BATCH, complete};
 
+use super::fetch::is_setup_fault;
 use super::pool::{Pool, Ticket};
 use super::summary::Counters;
 use super::{Delivery, run_call};
@@ -86,6 +87,7 @@ impl Outcome {
 
 pub(super) fn complete_loop(pool: &Pool, outcomes: &Receiver<Outcome>) {
     let mut slot = ConnSlot::new();
+    let mut refusals = Refusals::default();
     while let Ok(first) = outcomes.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -94,13 +96,68 @@ pub(super) fn complete_loop(pool: &Pool, outcomes: &Receiver<Outcome>) {
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
-        write_outcomes(pool, &mut slot, batch);
+        write_outcomes(pool, &mut slot, &mut refusals, batch);
     }
 }
 
-pub(super) fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, batch: Vec<Outcome>) {
+/// A fault that the completer's writes meet, from the first try it refused to the
+/// first write that goes through: it is logged when it begins and when it ends, not
+/// at every try of every batch.
+#[derive(Default)]
+pub(super) struct Refusals {
+    /// When it began, how many tries it refused, and whether it is a setup fault.
+    since: Option<(Instant, u64, bool)>,
+}
+
+impl Refusals {
+    fn refused(&mut self, queue: &str, operation: &str, e: &Error, setup: bool) {
+        match &mut self.since {
+            // A new kind of fault is news; more of the same is not.
+            Some((_, tries, was_setup)) if *was_setup == setup => *tries += 1,
+            since => {
+                *since = Some((Instant::now(), 1, setup));
+                if setup {
+                    log::error!(
+                        "delayq[{queue}]: {operation} refused: {e}; acks, nacks and releases are tried again \
+                         with backoff while their leases last (the heartbeat renews them), and logged again \
+                         when they go through or are given up"
+                    );
+                } else {
+                    log::warn!(
+                        "delayq[{queue}]: {operation} failed: {e}; acks, nacks and releases are tried again \
+                         with backoff while their leases last, and logged again when they go through or are \
+                         given up"
+                    );
+                }
+            }
+        }
+    }
+
+    fn written(&mut self, queue: &str) {
+        if let Some((since, tries, _)) = self.since.take() {
+            log::warn!(
+                "delayq[{queue}]: acks, nacks and releases go through again, after {tries} failed {} \
+                 over {:.1} s",
+                if tries == 1 { "try" } else { "tries" },
+                since.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+/// A refusal that wrote nothing and that an operator may mend while the lease lives:
+/// a permission taken away, or a key of the queue holding a stray type. Redis 7.0 and
+/// later refuse those in the scripts' preflight (include/base.lua), before the first
+/// write, or refuse the call itself; Redis 6 refuses a command inside a script where
+/// it comes ("the user executing the script ..."), maybe after writes, so that one is
+/// not tried again.
+fn refused_unwritten(e: &Error) -> bool {
+    is_setup_fault(e) && !e.to_string().contains("executing the script")
+}
+
+pub(super) fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, refusals: &mut Refusals, batch: Vec<Outcome>) {
     if pool.queue.partitions() == 1 {
-        return write_part_outcomes(pool, slot, 0, batch);
+        return write_part_outcomes(pool, slot, refusals, 0, batch);
     }
     let mut by_part: Vec<Vec<Outcome>> = (0..pool.queue.partitions()).map(|_| Vec::new()).collect();
     for o in batch {
@@ -108,12 +165,18 @@ pub(super) fn write_outcomes(pool: &Pool, slot: &mut ConnSlot, batch: Vec<Outcom
     }
     for (part, outcomes) in by_part.into_iter().enumerate() {
         if !outcomes.is_empty() {
-            write_part_outcomes(pool, slot, part, outcomes);
+            write_part_outcomes(pool, slot, refusals, part, outcomes);
         }
     }
 }
 
-pub(super) fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize, batch: Vec<Outcome>) {
+pub(super) fn write_part_outcomes(
+    pool: &Pool,
+    slot: &mut ConnSlot,
+    refusals: &mut Refusals,
+    part: usize,
+    batch: Vec<Outcome>,
+) {
     let (mut acks, mut nacks, mut releases) = (Vec::new(), Vec::new(), Vec::new());
     for o in batch {
         match o {
@@ -134,20 +197,20 @@ pub(super) fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize,
             keep_ms: qo.keep_completed_for.as_millis() as u64,
             deliveries: acks.iter().map(Outcome::delivery).collect(),
         };
-        let written = write_with_retry(pool, slot, part, acks.len(), &args)
-            .map(|(acked, retried)| (acked.statuses(acks.len()), retried));
+        let written = write_with_retry(pool, slot, refusals, part, acks.len(), &args)
+            .map(|(acked, maybe_applied)| (acked.statuses(acks.len()), maybe_applied));
         if let Some((Err(e), _)) = &written {
             // Written, but what became of each delivery is unknown: the counters skip
             // them rather than guess.
             log::error!("delayq[{}]: {e}", pool.queue_name);
         }
-        if let Some((Ok(statuses), retried)) = written {
+        if let Some((Ok(statuses), maybe_applied)) = written {
             for (o, s) in acks.iter().zip(statuses) {
                 match s {
                     Status::Done => Counters::add(&c.acked, 1),
-                    // After a retried write, "gone" means the first try went through
+                    // After a try whose reply was lost, "gone" means that try went through
                     // before the connection broke.
-                    Status::Gone if retried => Counters::add(&c.acked, 1),
+                    Status::Gone if maybe_applied => Counters::add(&c.acked, 1),
                     Status::Gone if lease_was_live(pool, o) => gone(pool, o),
                     _ => lease_lost(pool, o),
                 }
@@ -180,7 +243,9 @@ pub(super) fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize,
                 })
                 .collect(),
         };
-        if let Some((complete::Statuses(statuses), _)) = write_with_retry(pool, slot, part, nacks.len(), &args) {
+        if let Some((complete::Statuses(statuses), _)) =
+            write_with_retry(pool, slot, refusals, part, nacks.len(), &args)
+        {
             for (o, s) in nacks.iter().zip(statuses) {
                 let counted = matches!(o, Outcome::Nack { counted: true, .. });
                 match s {
@@ -222,7 +287,7 @@ pub(super) fn write_part_outcomes(pool: &Pool, slot: &mut ConnSlot, part: usize,
         let args = complete::Release {
             deliveries: releases.iter().map(Outcome::delivery).collect(),
         };
-        if let Some((complete::Released(n), _)) = write_with_retry(pool, slot, part, releases.len(), &args) {
+        if let Some((complete::Released(n), _)) = write_with_retry(pool, slot, refusals, part, releases.len(), &args) {
             Counters::add(&c.released, n);
         }
         forget(pool, &releases);
@@ -277,12 +342,15 @@ pub(super) fn forget(pool: &Pool, done: &[Outcome]) {
     pool.control.slots.release(done.len());
 }
 
-/// Write one script call, reconnecting with backoff. Gives up once the lease has run
-/// out: by then the message is due for another delivery and the write is moot.
-/// Returns the script's reply and whether the call had to be sent again.
+/// Write one script call, trying again with backoff while it fails on the network
+/// (reconnecting) or is refused by a fault that wrote nothing (`refused_unwritten`),
+/// until the lease would have run out: the heartbeat renews it meanwhile, and past it
+/// the message is due for another delivery and the write is moot. Returns the
+/// script's reply and whether an earlier try may have been applied (its reply lost).
 pub(super) fn write_with_retry<C: Call>(
     pool: &Pool,
     slot: &mut ConnSlot,
+    refusals: &mut Refusals,
     part: usize,
     count: usize,
     call: &C,
@@ -291,28 +359,31 @@ pub(super) fn write_with_retry<C: Call>(
     let q = &pool.queue;
     let give_up = Instant::now() + pool.opts.lease;
     let mut pause = Duration::from_millis(20);
-    let mut retried = false;
+    let mut maybe_applied = false;
     loop {
         let res = run_call(slot, q, part, call);
-        match res {
-            Ok(reply) => return Some((reply, retried)),
-            Err(e) if e.is_retryable() && Instant::now() + pause < give_up => {
-                retried = true;
-                log::warn!(
-                    "delayq[{}]: {operation} failed: {e}; retrying in {pause:?}",
-                    pool.queue_name
-                );
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_secs(1));
+        let e = match res {
+            Ok(reply) => {
+                refusals.written(&pool.queue_name);
+                return Some((reply, maybe_applied));
             }
-            Err(e) => {
-                log::error!(
-                    "delayq[{}]: could not write {count} {operation}(s): {e}; they will be delivered again",
-                    pool.queue_name
-                );
-                Counters::add(&pool.counters.unwritten, count as u64);
-                return None;
-            }
+            Err(e) => e,
+        };
+        let unwritten = refused_unwritten(&e);
+        if (unwritten || e.is_retryable()) && Instant::now() + pause < give_up {
+            // A refused call ran no write; a broken connection may have lost the reply
+            // of one that did.
+            maybe_applied |= !unwritten;
+            refusals.refused(&pool.queue_name, operation, &e, unwritten);
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
+            continue;
         }
+        log::error!(
+            "delayq[{}]: could not write {count} {operation}(s): {e}; they will be delivered again",
+            pool.queue_name
+        );
+        Counters::add(&pool.counters.unwritten, count as u64);
+        return None;
     }
 }
