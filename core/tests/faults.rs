@@ -423,3 +423,121 @@ fn a_redis_out_of_memory_refuses_pushes_whole_and_the_pool_still_drains() {
     q.push(&json!({"n": 2000}), Duration::ZERO)
         .expect("push once memory is free");
 }
+
+/// A key of the queue of another type for a moment (another program wrote it, then
+/// removed it) refuses acks and nacks in the scripts' preflight, before they write:
+/// they are tried again while their leases live and go through once the key is gone.
+/// No message runs again, every count adds up, and the fault is logged once.
+#[test]
+fn completions_refused_for_a_moment_by_a_stray_key_go_through_once_it_is_gone() {
+    assert!(
+        delayq::capture_logs(log::LevelFilter::Warn),
+        "the only logger of this test binary"
+    );
+    // Only acks touch `completed`; acks, nacks, releases and claims touch `serial_line`.
+    // Both are empty here: the stray value destroys nothing.
+    for role in ["completed", "serial_line"] {
+        completions_refused_for_a_moment(role);
+    }
+}
+
+fn completions_refused_for_a_moment(role: &str) {
+    const N: u64 = 120;
+    let server = RedisServer::start();
+    let name = format!("stray-{role}");
+    let q = server.queue(&name);
+    let batch: Vec<NewMessage> = (0..N)
+        .map(|n| NewMessage::new(&json!({"n": n}), Duration::from_millis(n * 15)).expect("msg"))
+        .collect();
+    q.push_many(&batch).expect("push");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            threads: 4,
+            lease: Duration::from_secs(3),
+            backoff_base: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(20),
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker");
+    let stopper = worker.stopper();
+    let runs: Mutex<HashMap<u64, u32>> = Mutex::new(HashMap::new());
+    let mine = format!("delayq[{name}]");
+    let mut logs = Vec::new();
+    let take_logs = |logs: &mut Vec<delayq::LogRecord>| {
+        logs.extend(delayq::take_logs().into_iter().filter(|r| r.message.contains(&mine)));
+    };
+    let summary = std::thread::scope(|s| {
+        let _stop = StopOnDrop(stopper.clone());
+        let run = s.spawn(|| {
+            worker
+                .run(4, |d| {
+                    let n = n_of(d)?;
+                    let runs = {
+                        let mut all = runs.lock();
+                        let r = all.entry(n).or_insert(0);
+                        *r += 1;
+                        *r
+                    };
+                    std::thread::sleep(Duration::from_millis(40));
+                    if n % 3 == 0 && runs == 1 {
+                        return Err("fails once".into());
+                    }
+                    Ok(())
+                })
+                .expect("run")
+        });
+        wait_for(Duration::from_secs(10), "the first runs", || runs.lock().len() >= 20);
+        let stray = format!("{{dq:{name}}}:{role}");
+        let _: () = redis::cmd("SET")
+            .arg(&stray)
+            .arg("x")
+            .query(&mut server.con())
+            .expect("SET");
+        std::thread::sleep(Duration::from_millis(700));
+        let _: () = redis::cmd("DEL").arg(&stray).query(&mut server.con()).expect("DEL");
+        wait_for(Duration::from_secs(30), "everything acknowledged", || {
+            take_logs(&mut logs);
+            q.stats().is_ok_and(|s| s.ready + s.scheduled + s.inflight == 0)
+        });
+        stopper.stop();
+        run.join().expect("run thread")
+    });
+    take_logs(&mut logs);
+    let runs = runs.into_inner();
+    let again: Vec<(u64, u32)> = (0..N)
+        .map(|n| (n, runs.get(&n).copied().unwrap_or(0)))
+        .filter(|&(n, r)| r != if n % 3 == 0 { 2 } else { 1 })
+        .collect();
+    assert!(
+        again.is_empty(),
+        "{role}: ran another number of times: {again:?}; {summary:?}"
+    );
+    assert_eq!(
+        (
+            summary.acked,
+            summary.retried,
+            summary.lease_lost,
+            summary.gone,
+            summary.unwritten
+        ),
+        (N, N.div_ceil(3), 0, 0, 0),
+        "{role}: {summary:?}"
+    );
+    // The claims' own retries (a stray `serial_line` refuses them too) are theirs to log.
+    let completer: Vec<&str> = logs
+        .iter()
+        .map(|r| r.message.as_str())
+        .filter(|m| !m.contains("claim failed"))
+        .collect();
+    let refused: Vec<&&str> = completer.iter().filter(|m| m.contains("holds a string")).collect();
+    assert_eq!(refused.len(), 1, "{role}: the fault is logged once: {completer:#?}");
+    assert!(refused[0].contains("refused"), "{}", refused[0]);
+    assert_eq!(
+        completer.iter().filter(|m| m.contains("go through again")).count(),
+        1,
+        "{role}: and its end once: {completer:#?}"
+    );
+    assert_no_leak(&server, &format!("{{dq:{name}}}"));
+}
