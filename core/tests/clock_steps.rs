@@ -278,3 +278,125 @@ fn after_a_step_back_the_queue_clock_goes_on_and_meets_redis_time_again() {
         now - hi <= 0
     });
 }
+
+/// A measurement, not a check (`cargo test -p delayq --test clock_steps -- --ignored
+/// --nocapture lateness`): how late delays of 1 to 4 s run on a running pool, without a
+/// step, when pushed right after a step back of 300 s, and when waiting at the step
+/// (with and without a script run right after it, by a push of one more message).
+#[test]
+#[ignore = "a measurement: run it by name"]
+#[expect(clippy::print_stdout, reason = "the measurement is its output")]
+fn lateness_of_delays_around_a_step_back() {
+    const N: u64 = 40;
+    const ROUNDS: usize = 3;
+    const POKE: u64 = 2000;
+    // (case, when the step comes after the last push (None: before the pushes), a
+    // push right after the step); the first case has no step.
+    let cases: [(&str, Option<Duration>, bool); 5] = [
+        ("no step", None, false),
+        ("pushed after the step", None, false),
+        (
+            "waiting, step 0.2 s after the pushes",
+            Some(Duration::from_millis(200)),
+            false,
+        ),
+        (
+            "waiting, step 0.9 s after the pushes",
+            Some(Duration::from_millis(900)),
+            false,
+        ),
+        (
+            "waiting, step 0.2 s after the pushes, a push right after it",
+            Some(Duration::from_millis(200)),
+            true,
+        ),
+    ];
+    println!("| case | round | queue clock stood still, ms | min ms | median ms | max ms | max - delay/9, ms |");
+    println!("|---|---|---|---|---|---|---|");
+    for (i, (case, step_after, poke)) in cases.into_iter().enumerate() {
+        for round in 0..ROUNDS {
+            let mut redis = ShiftedRedis::start(&format!("late-{i}-{round}"));
+            let q = redis.server.queue("steps");
+            let worker = Worker::new(
+                q.clone(),
+                WorkerOptions {
+                    threads: 4,
+                    ..WorkerOptions::default()
+                },
+            )
+            .expect("worker");
+            let handled: Mutex<HashMap<u64, Instant>> = Mutex::new(HashMap::new());
+            let mut pushed: HashMap<u64, (Instant, Duration)> = HashMap::new();
+            std::thread::scope(|s| {
+                let _stop = StopOnDrop(worker.stopper());
+                s.spawn(|| {
+                    worker
+                        .run(4, |d| {
+                            let at = Instant::now();
+                            let n = d.payload::<serde_json::Value>().expect("payload")["n"]
+                                .as_u64()
+                                .expect("n");
+                            handled.lock().expect("lock").insert(n, at);
+                            Ok(())
+                        })
+                        .expect("run")
+                });
+                // A first message through the running pool.
+                q.push(&json!({"n": 1000}), Duration::ZERO).expect("push");
+                wait_for(Duration::from_secs(10), "the first message", || {
+                    handled.lock().expect("lock").contains_key(&1000)
+                });
+                if i == 1 {
+                    redis.step(-300_000);
+                }
+                for n in 0..N {
+                    let delay = Duration::from_millis(1000 + n * 3000 / (N - 1));
+                    let at = Instant::now();
+                    q.push(&json!({"n": n}), delay).expect("push");
+                    pushed.insert(n, (at, delay));
+                }
+                if let Some(after) = step_after {
+                    std::thread::sleep(after);
+                    redis.step(-300_000);
+                }
+                if poke {
+                    q.push(&json!({"n": POKE}), Duration::ZERO).expect("push");
+                }
+                let all = N + 1 + u64::from(poke);
+                wait_for(Duration::from_secs(30), "every delay handled", || {
+                    handled.lock().expect("lock").len() as u64 == all
+                });
+                worker.stop();
+            });
+            // The offset learned at the step: 300 s less the Redis time that passed
+            // between the last script before it and the first one after it, during
+            // which the queue clock stood still.
+            let learned: Option<i64> = redis::cmd("HGET")
+                .arg("{dq:steps}:control")
+                .arg("step_ms")
+                .query(&mut redis.server.con())
+                .expect("HGET");
+            let handled = handled.into_inner().expect("lock");
+            let mut late: Vec<f64> = Vec::new();
+            let mut over_ninth = f64::MIN;
+            for (n, (at, delay)) in &pushed {
+                let ran = handled[n];
+                let ms = if ran >= *at + *delay {
+                    (ran - (*at + *delay)).as_secs_f64() * 1000.0
+                } else {
+                    -((*at + *delay - ran).as_secs_f64() * 1000.0)
+                };
+                over_ninth = over_ninth.max(ms - delay.as_secs_f64() * 1000.0 / 9.0);
+                late.push(ms);
+            }
+            late.sort_by(f64::total_cmp);
+            println!(
+                "| {case} | {round} | {} | {:.0} | {:.0} | {:.0} | {over_ninth:.0} |",
+                learned.map_or_else(|| "-".to_owned(), |ms| (300_000 - ms).to_string()),
+                late[0],
+                late[late.len() / 2],
+                late[late.len() - 1]
+            );
+        }
+    }
+}
