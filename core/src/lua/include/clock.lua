@@ -9,8 +9,11 @@
 -- Redis time below clock_ms is a step back: the offset grows by its size, so queue
 -- time goes on from where it stood, and is then phased out at PHASE_OUT of the time
 -- that passes (the queue clock runs at 1 - PHASE_OUT of Redis's speed until they
--- meet, S / PHASE_OUT later): delays in that time run up to PHASE_OUT long, and a
--- message pushed for an absolute time can run up to the remaining offset early.
+-- meet, S / PHASE_OUT later): a delay in that time takes up to 1 / (1 - PHASE_OUT) of
+-- itself, and a message pushed for an absolute time can run up to the remaining
+-- offset early. When the step came between clock_ms and now cannot be told (Redis
+-- gives scripts no other clock), so queue time stands still over all of it rather
+-- than run anything early: messages waiting at the step run that much later.
 -- A step forward is not undone (a queue clock behind a clock that was set right
 -- would stay wrong): messages due within it run early, and include/stall.lua keeps
 -- it from expiring live leases.
