@@ -11,10 +11,9 @@ use crate::error::Error;
 use crate::scripts::complete::Status;
 use crate::scripts::{Call, MAX_BATCH, complete};
 
-use super::fetch::is_setup_fault;
 use super::pool::{Pool, Ticket};
 use super::summary::Counters;
-use super::{Delivery, run_call};
+use super::{Delivery, is_setup_fault, run_call};
 
 pub(super) enum Outcome {
     Ack {

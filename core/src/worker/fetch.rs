@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use crate::conn::ConnSlot;
-use crate::error::{Category, Error, Result};
+use crate::error::{Error, Result};
 use crate::keys::Layout;
 use crate::metrics::Batch;
 use crate::queue::Queue;
@@ -22,16 +22,10 @@ use super::control::Control;
 use super::heartbeat::queue_now_ms;
 use super::pool::{ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, Ticket, YIELD_RECHECK, take_tickets};
 use super::wake::Pick;
-use super::{Delivery, pause_unless_stopped, run_call};
+use super::{Delivery, is_setup_fault, pause_unless_stopped, run_call};
 
 /// The longest a seed-layout pool waits between looks (see `fetch_loop`).
 const SEED_LOOK: Duration = Duration::from_secs(1);
-
-/// A fault that retrying cannot mend: the user may not run the scripts, or a key of
-/// the queue holds a stray type. The scripts stop before their first write on it.
-pub(super) fn is_setup_fault(e: &Error) -> bool {
-    e.category() == Category::Auth || matches!(e, Error::WrongType(_))
-}
 
 /// Before a pool starts: a claim of nothing on each partition, so that a user who
 /// may not run the scripts, or a stray key, fails the start with that error instead

@@ -39,7 +39,7 @@ use crate::{Queue, scripts};
 use redis::Value;
 
 use crate::conn::ConnSlot;
-use crate::error::Result;
+use crate::error::{Category, Error, Result};
 use crate::scripts::Call;
 
 pub use consumer::Consumer;
@@ -54,6 +54,13 @@ pub use summary::Summary;
 fn pause_unless_stopped(pool: &Pool, pause: Duration) {
     let w = &pool.control.wake;
     w.wait(Some(Instant::now() + pause), w.epoch(), &pool.control.stop);
+}
+
+/// A fault that retrying at once cannot mend: the user may not run the scripts, or a
+/// key of the queue holds a stray type. The scripts stop before their first write on
+/// it; an operator may mend it.
+fn is_setup_fault(e: &Error) -> bool {
+    e.category() == Category::Auth || matches!(e, Error::WrongType(_))
 }
 
 /// Send one script call over `slot` (no retry) and decode its reply.
