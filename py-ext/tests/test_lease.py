@@ -73,11 +73,16 @@ def test_a_pool_frozen_past_its_lease_starts_none_of_its_prefetched_deliveries(
     assert len({n for n, *_ in all_runs}) == 3000, "every message ran"
 
 
+@pytest.mark.parametrize("concurrency", [None, 4], ids=["sync", "asyncio-4"])
 def test_a_poison_message_takes_no_other_with_it_when_its_worker_is_restarted(
-    queue: delayq.DelayQueue, redis_url: str, log: str
+    queue: delayq.DelayQueue, redis_url: str, log: str, concurrency: int | None
 ) -> None:
     queue.push_many([{"payload": {"n": n, "kill": n == 7}, "id": f"m{n}"} for n in range(31)])
-    options = {"lease": 1.0, "max_attempts": 3, "_sleep": 0.02}
+    options: dict[str, object] = {"lease": 1.0, "max_attempts": 3, "_sleep": 0.02}
+    if concurrency:
+        # Handlers of one process run side by side: those beside the poison when it
+        # kills the process come back uncharged too.
+        options.update(concurrency=concurrency, _async=True)
     # Started again after each death, as systemd or supervisord would.
     deadline = time.monotonic() + 90
     proc = start_worker(redis_url, log, **options)
