@@ -11,8 +11,9 @@
 //! - `report.rs`: what a supervised process tells its supervisor when it ends;
 //! - `supervisor.rs`: the process supervisor (spawn through the binding, reap, the
 //!   hung-handler kill, scaling, one summary), with `respawn.rs` (when a dead process
-//!   is started again, and when the pool gives up), `hung.rs` (the hung-handler clock,
-//!   the timeout errors) and `signals.rs` (a first and a second stop signal).
+//!   is started again, and when the pool gives up: never on deaths in a handler),
+//!   `hung.rs` (the hung-handler clock, the timeout errors) and `signals.rs` (a first
+//!   and a second stop signal).
 
 mod hung;
 mod options;
@@ -28,7 +29,7 @@ mod supervisor;
 pub use hung::{CANCEL_GRACE, COROUTINE_GRACE, HungClock, cancel_error, timeout_error};
 pub use options::{WORKER_OPTIONS, WorkerSettings, worker_option};
 pub use report::Report;
-pub use respawn::{Respawn, RespawnPolicy, Respawns};
+pub use respawn::{Death, Respawn, RespawnPolicy, Respawns};
 pub use run::{AfterSettle, Outcome, Recycle, Verdict, after_settle, ended_by, settle};
 pub use serve::{Called, Handler, Served, serve};
 pub use signals::{StopSignals, URGENT_AFTER, stop_with_supervisor};

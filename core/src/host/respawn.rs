@@ -1,11 +1,13 @@
 //! When a supervisor starts a dead process again, and when it gives up: a process that
-//! lived is replaced at once; one that died at its start, after a back-off that
-//! doubles, and after a few such deaths in a row the pool stops (a handler module that
-//! fails on import would otherwise loop).
+//! lived is replaced at once, and so is one that its handler ended (its message pays
+//! for that death); one that died at its start, or otherwise outside a handler, after a
+//! back-off that doubles, and after a few such deaths in a row the pool stops (a
+//! handler module that fails on import would otherwise loop).
 
 use std::time::Duration;
 
 use super::hung::secs;
+use super::slot::SlotView;
 
 /// When processes that die are started again, and when the pool gives up on them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +31,33 @@ impl Default for RespawnPolicy {
             max_backoff: Duration::from_secs(5),
             give_up_after: 5,
         }
+    }
+}
+
+/// What a process that ended unasked was doing, as its slot shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Death {
+    /// A handler ran: the handler ended its process (a kill of its own, a crash in
+    /// native code, the OOM killer at its allocation). Its message pays for that: the
+    /// supervisor fails the delivery the slot names, counted as an attempt; one it
+    /// cannot name comes back when its lease ends, counted too. So `max_attempts`
+    /// bounds how often one message ends a process, and the death is not the pool's
+    /// to count: a few poison messages must not stop a pool that works.
+    InHandler,
+    /// No handler ran: the process died at its start (a broken bootstrap, a handler
+    /// module that fails on import), between messages, or after its handler returned
+    /// (while it completed the message, in a hook). No message surely pays for it: the
+    /// handler's may have been acknowledged, so it is not failed, and a process that
+    /// dies there each time would be started for ever.
+    Outside,
+}
+
+impl Death {
+    /// How the process of `view`, its slot after its death, died. A running handler
+    /// whose delivery the slot cannot name (a lease too long to keep) ended it all the
+    /// same: its message comes back after its lease, counted as an attempt.
+    pub fn seen_in(view: &SlotView) -> Self {
+        if view.busy { Self::InHandler } else { Self::Outside }
     }
 }
 
@@ -57,10 +86,19 @@ impl Respawns {
     }
 
     /// A process ended unasked (a crash, an exit without report, a stop of its own)
-    /// after it lived `lived`.
-    pub fn died(&mut self, lived: Duration) -> Respawn {
+    /// after it lived `lived`, as `death` says.
+    ///
+    /// A process that lived past `quick_death` starts the count afresh, whatever ended
+    /// it. A quick death in a handler is replaced at once and leaves the count as it
+    /// was: it neither adds to it (nor to the back-off) nor resets it, so handler kills
+    /// between quick deaths at the start hide no crash loop, and however many there
+    /// are, the pool does not give up on them.
+    pub fn died(&mut self, lived: Duration, death: Death) -> Respawn {
         if lived >= self.policy.quick_death {
             self.in_a_row = 0;
+            return Respawn::Now;
+        }
+        if death == Death::InHandler {
             return Respawn::Now;
         }
         self.in_a_row += 1;
@@ -76,7 +114,7 @@ impl Respawns {
         )
     }
 
-    /// Deaths at the start in a row so far.
+    /// Deaths at the start in a row so far (deaths in a handler skipped).
     pub fn in_a_row(&self) -> u32 {
         self.in_a_row
     }
@@ -84,7 +122,8 @@ impl Respawns {
     /// Why the pool gave up, for the log and the error.
     pub fn give_up_text(&self) -> String {
         format!(
-            "{} worker processes in a row ended within {} s of their start; giving up (their errors are above)",
+            "{} worker processes in a row ended within {} s of their start; giving up (their errors are \
+             above; deaths in a handler count against their messages instead)",
             self.in_a_row,
             secs(self.policy.quick_death)
         )
@@ -94,6 +133,7 @@ impl Respawns {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::Held;
 
     fn policy() -> RespawnPolicy {
         RespawnPolicy {
@@ -104,11 +144,12 @@ mod tests {
         }
     }
 
+    const QUICK: Duration = Duration::from_millis(300);
+
     #[test]
     fn quick_deaths_back_off_doubling_up_to_the_cap_then_give_up() {
         let mut r = Respawns::new(policy());
-        let quick = Duration::from_millis(300);
-        let pauses: Vec<Respawn> = (0..5).map(|_| r.died(quick)).collect();
+        let pauses: Vec<Respawn> = (0..5).map(|_| r.died(QUICK, Death::Outside)).collect();
         assert_eq!(
             pauses,
             [
@@ -130,14 +171,99 @@ mod tests {
         let mut r = Respawns::new(policy());
         let quick = Duration::from_millis(10);
         for _ in 0..4 {
-            assert_ne!(r.died(quick), Respawn::GiveUp);
+            assert_ne!(r.died(quick, Death::Outside), Respawn::GiveUp);
         }
-        assert_eq!(r.died(Duration::from_secs(3)), Respawn::Now);
+        assert_eq!(r.died(Duration::from_secs(3), Death::Outside), Respawn::Now);
         assert_eq!(r.in_a_row(), 0);
         assert_eq!(
-            r.died(quick),
+            r.died(quick, Death::Outside),
             Respawn::After(Duration::from_millis(100)),
             "counted afresh"
+        );
+        for _ in 0..3 {
+            r.died(quick, Death::Outside);
+        }
+        assert_eq!(
+            r.died(Duration::from_secs(3), Death::InHandler),
+            Respawn::Now,
+            "a handler's kill after a life resets as well"
+        );
+        assert_eq!(r.in_a_row(), 0);
+    }
+
+    #[test]
+    fn quick_deaths_in_a_handler_are_replaced_at_once_and_never_give_up() {
+        let mut r = Respawns::new(policy());
+        for n in 0..50 {
+            assert_eq!(r.died(QUICK, Death::InHandler), Respawn::Now, "death {n}");
+        }
+        assert_eq!(r.in_a_row(), 0);
+        assert_eq!(
+            r.died(QUICK, Death::Outside),
+            Respawn::After(Duration::from_millis(100)),
+            "no back-off grew from them"
+        );
+    }
+
+    #[test]
+    fn handler_deaths_between_quick_deaths_at_the_start_neither_hide_nor_reset_them() {
+        let mut r = Respawns::new(policy());
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            seen.push(r.died(QUICK, Death::Outside));
+            // Each replaced at once, without waiting out the back-off of the others.
+            assert_eq!(r.died(QUICK, Death::InHandler), Respawn::Now);
+            assert_eq!(r.died(Duration::ZERO, Death::InHandler), Respawn::Now);
+        }
+        assert_eq!(
+            seen,
+            [
+                Respawn::After(Duration::from_millis(100)),
+                Respawn::After(Duration::from_millis(200)),
+                Respawn::After(Duration::from_millis(400)),
+                Respawn::After(Duration::from_millis(500)),
+                Respawn::GiveUp,
+            ],
+            "the same as without the handler deaths"
+        );
+    }
+
+    #[test]
+    fn only_a_running_handler_makes_a_death_its_own() {
+        let held = Held {
+            member: 0,
+            part: 0,
+            id: "order-10086".into(),
+            lease: "17:1700000000000".into(),
+            attempt: 1,
+            max_attempts: 3,
+        };
+        let running = SlotView {
+            starts: 3,
+            busy: true,
+            held: Some(held.clone()),
+            ..SlotView::default()
+        };
+        assert_eq!(Death::seen_in(&running), Death::InHandler);
+        let unnamed = SlotView {
+            held: None,
+            ..running.clone()
+        };
+        assert_eq!(
+            Death::seen_in(&unnamed),
+            Death::InHandler,
+            "its message comes back after its lease, counted"
+        );
+        let returned = SlotView { busy: false, ..running };
+        assert_eq!(
+            Death::seen_in(&returned),
+            Death::Outside,
+            "its handler returned: its message may be acknowledged"
+        );
+        assert_eq!(
+            Death::seen_in(&SlotView::default()),
+            Death::Outside,
+            "no handler started"
         );
     }
 }

@@ -9,8 +9,10 @@
 //!   (from the slot for a process that died before it could report);
 //! - respawn: a recycled process (max_jobs, max_time, max_memory) is replaced at once;
 //!   one that died is too, unless it died within [`RespawnPolicy::quick_death`] of its
-//!   start: then after a back-off, and after [`RespawnPolicy::give_up_after`] such deaths
-//!   in a row the pool gives up ([`Respawns`]);
+//!   start with no handler running: then after a back-off, and after
+//!   [`RespawnPolicy::give_up_after`] such deaths in a row the pool gives up
+//!   ([`Respawns`]). A death while a handler ran fails that handler's message, counted
+//!   as an attempt, and is not counted toward giving up ([`Death`]);
 //! - stop the whole pool when a process says so: `stop()` in a handler, a restart
 //!   request, a handler that ended its process (exit); under `stop_when_empty`, end
 //!   once every process found the queue empty, not while one still runs a message;
@@ -26,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use super::hung::{HungClock, secs, timeout_error};
 use super::report::Report;
-use super::respawn::{Respawn, RespawnPolicy, Respawns};
+use super::respawn::{Death, Respawn, RespawnPolicy, Respawns};
 use super::signals::URGENT_AFTER;
 use super::slot::{Held, SlotTable, SlotView};
 use super::stop::StopReason;
@@ -268,18 +270,18 @@ impl<S: Spawner> Pool<'_, S> {
             }
             Err(e) => {
                 log::error!("cannot start a worker process: {e}");
-                self.respawn(i, Some(Duration::ZERO));
+                self.respawn(i, Some((Duration::ZERO, Death::Outside)));
             }
         }
     }
 
-    /// Plan slot `i`'s next process: `died_after` is the life of a process that
-    /// ended unasked (None: as planned, replaced at once).
-    fn respawn(&mut self, i: usize, died_after: Option<Duration>) {
+    /// Plan slot `i`'s next process: `died` is the life of a process that ended
+    /// unasked and how it died (None: as planned, replaced at once).
+    fn respawn(&mut self, i: usize, died: Option<(Duration, Death)>) {
         if self.stopping || !self.wanted[i] || self.found_empty[i] {
             return;
         }
-        let pause = match died_after.map(|lived| self.respawns.died(lived)) {
+        let pause = match died.map(|(lived, death)| self.respawns.died(lived, death)) {
             None | Some(Respawn::Now) => Duration::ZERO,
             Some(Respawn::After(pause)) => {
                 log::warn!(
@@ -399,31 +401,33 @@ impl<S: Spawner> Pool<'_, S> {
                                 other.map_or("without a reason", StopReason::as_str)
                             );
                         }
-                        self.respawn(i, Some(lived));
+                        // It reported: its run ended, no handler was running.
+                        self.respawn(i, Some((lived, Death::Outside)));
                     }
                 }
             }
             None => {
-                let death = describe_death(status);
-                let fate = self.fail_held(
-                    &view,
-                    None,
-                    &format!("the worker process {death} while its handler ran"),
-                );
+                let how = describe_death(status);
+                let fate = self.fail_held(&view, None, &format!("the worker process {how} while its handler ran"));
                 let mut counts = view.counts.clone();
                 count_failure(&mut counts, fate.as_ref());
                 self.summary.counts += &counts;
+                let death = Death::seen_in(&view);
                 let held = match fate {
                     Some(Fate::Retry(_)) => "; the message its handler held is due again at once",
                     Some(Fate::Dead(_)) => "; the message its handler held went to the dead letters",
+                    // A delivery the slot could not name (see `Death::seen_in`).
+                    None if death == Death::InHandler && view.held.is_none() => {
+                        "; the message its handler held is delivered again when its lease ends"
+                    }
                     None => "",
                 };
                 let replaced = !self.stopping && self.wanted[i];
                 log::warn!(
-                    "worker process {pid} {death}{}{held}",
+                    "worker process {pid} {how}{}{held}",
                     if replaced { "; starting another" } else { "" }
                 );
-                self.respawn(i, Some(lived));
+                self.respawn(i, Some((lived, death)));
             }
         }
     }
