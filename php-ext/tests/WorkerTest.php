@@ -1313,6 +1313,58 @@ final class WorkerTest extends TestCase
         $this->assertSame(0, $this->q->get($id)['attempts']);
     }
 
+    /**
+     * Issue 51 (3): a handler that kills its own process fails its message, counted as an
+     * attempt, and is not counted toward giving up: the pool goes on, the poison messages end
+     * in the dead letters after max_attempts.
+     */
+    public function testHandlersThatKillTheirOwnProcessFailTheirMessagesAndThePoolGoesOn(): void
+    {
+        $items = [];
+        for ($n = 0; $n < 100; $n++) {
+            // The others are given attempts to spare: one that shared a claim with a poison
+            // message comes back when its lease ends, counted as an attempt.
+            $items[] = $n % 20 === 7 ? ['payload' => ['n' => $n, 'kill' => true]]
+                : ['payload' => ['n' => $n], 'max_attempts' => 50];
+        }
+        $ids = $this->q->pushMany($items);
+        // One delivery held at a time: every attempt of a poison message runs, and kills (none
+        // ends unrun in the lease of a claim that another's kill cut short).
+        $proc = $this->startWorker(['processes' => 2, 'max_attempts' => 3, 'lease' => 1.0, 'prefetch' => 1]);
+        $exit = null;
+        delayq_wait_for(90, 'the others acked and the poison dead, or the pool gone', function () use ($proc, &$exit) {
+            $status = proc_get_status($proc);
+            if (!$status['running']) {
+                $exit = $status['exitcode'];
+                return true;
+            }
+            return $this->drained() && $this->q->stats()['dead'] === 5;
+        });
+        $stderr = (string) file_get_contents("{$this->log}.stderr");
+        $this->assertNull($exit, "the pool ended by itself (exit $exit):\n$stderr");
+        proc_terminate($proc, SIGTERM);
+        $this->assertSame(0, proc_close($proc));
+        $summary = $this->summary();
+        $this->assertSame('signal', $summary['stopped_by']);
+        $this->assertSame(15, $summary['restarts'], 'each kill replaced, 3 for each poison message');
+        foreach ($ids as $n => $id) {
+            if ($n % 20 === 7) {
+                $info = $this->q->get($id);
+                $this->assertSame(['dead', 3], [$info['state'], $info['attempts']], "poison message $n");
+                $this->assertStringContainsString('was killed by signal 9', $info['last_error']);
+                $this->assertStringContainsString('gave up after 3 attempts', $info['last_error']);
+            } else {
+                $this->assertNull($this->q->get($id), "message $n acked");
+            }
+        }
+        $this->assertSame(5, $this->q->stats()['dead']);
+        $this->assertEqualsCanonicalizing(array_values(array_diff(range(0, 99), [7, 27, 47, 67, 87])),
+            array_values(array_unique(array_column($this->handled(), 0))));
+        $stderr = (string) file_get_contents("{$this->log}.stderr");
+        $this->assertStringNotContainsString('giving up', $stderr);
+        $this->assertStringNotContainsString('the next starts in', $stderr, 'replaced at once, no back-off');
+    }
+
     /** Issue 28 (d): a handler killed at its timeout fails its message at once, counted. */
     public function testAHandlerKilledAtItsTimeoutFailsItsMessageAtOnceAndKeepsTheCounts(): void
     {

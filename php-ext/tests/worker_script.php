@@ -3,6 +3,7 @@
 //   php worker_script.php URL QUEUE LOG OPTIONS_JSON
 // Appends "<n> <attempt> <pid> <partition> <queue>\n" to LOG for every handled message. A
 // payload with "hang" sleeps forever on its first attempt; one with "exit" calls exit(3);
+// one with "kill" kills its own process (SIGKILL) on every attempt;
 // one with "hold" never returns (and touches LOG.holding); one with "span" appends
 // "<n> <start> <end>" (microtime) to LOG.spans.
 // OPTIONS_JSON holds worker options, "_queue" the queue's own options and "_lower" the
@@ -35,6 +36,9 @@ $summary = $worker->run(function ($payload, DelayQueueMessage $m) use ($log, $sl
     }
     if ($payload['exit'] ?? false) {
         exit(3);
+    }
+    if ($payload['kill'] ?? false) {
+        posix_kill(getmypid(), SIGKILL);
     }
     $start = microtime(true);
     usleep($sleepMs * 1000);

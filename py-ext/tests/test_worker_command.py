@@ -23,7 +23,7 @@ from delayq._delayq import _Slot, _SlotTable
 from harness import wait_for
 
 TASKS = '''
-import json, os, sys, time
+import json, os, signal, sys, time
 
 LOG = os.environ["TASKS_LOG"]
 
@@ -47,6 +47,8 @@ def handle(payload, msg):
     if payload.get("exit") and not os.path.exists(LOG + ".exited"):
         open(LOG + ".exited", "w").close()
         raise SystemExit(3)
+    if payload.get("kill"):
+        os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(payload.get("sleep", 0.002))
     with open(LOG, "a") as f:
         f.write(json.dumps([payload["n"], msg.attempt, os.getpid()]) + "\\n")
@@ -367,6 +369,41 @@ def test_a_pool_whose_processes_keep_dying_at_their_start_gives_up(
     assert "worker processes in a row ended within 2 s of their start; giving up" in done.stderr
     assert json.loads(done.stdout)["stopped_by"] == "error"
     assert queue.stats()["ready"] == 1
+
+
+def test_handlers_that_kill_their_own_process_fail_their_messages_and_the_pool_goes_on(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    # Issue 51 (3): a death in a handler fails its message, counted as an attempt, and is
+    # not counted toward giving up. The others are given attempts to spare: one that
+    # shared a claim with a poison message comes back when its lease ends, counted.
+    poison = [7, 27, 47, 67, 87]
+    ids = queue.push_many([{"payload": {"n": n, "kill": True}} if n in poison
+                           else {"payload": {"n": n}, "max_attempts": 50} for n in range(100)])
+    # One delivery held at a time: every attempt of a poison message runs, and kills (none
+    # ends unrun in the lease of a claim that another's kill cut short).
+    pool = start(started, redis_url, tasks, "tasks:handle", "--processes", "2", "--max-attempts", "3",
+                 "--lease", "1", "--prefetch", "1")
+    wait_for(120, "the others acked and the poison dead, or the pool gone",
+             lambda: pool.poll() is not None or (drained(queue) and queue.stats()["dead"] == 5))
+    assert pool.poll() is None, (tasks / "stderr.log").read_text()
+    out, err = finish(pool, tasks)
+    assert pool.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["stopped_by"] == "signal", summary
+    assert summary["restarts"] == 15, "each kill replaced, 3 for each poison message"
+    for n, id in enumerate(ids):
+        info = queue.get(id)
+        if n in poison:
+            assert (info["state"], info["attempts"]) == ("dead", 3), info
+            assert "was killed by signal 9" in info["last_error"], info
+            assert "gave up after 3 attempts" in info["last_error"], info
+        else:
+            assert info is None, f"message {n} acked"
+    assert queue.stats()["dead"] == 5
+    assert {n for n, _, _ in handled(tasks)} == set(range(100)) - set(poison)
+    assert "giving up" not in err
+    assert "the next starts in" not in err, "replaced at once, no back-off"
 
 
 def test_max_jobs_recycles_the_processes_of_a_pool_and_loses_nothing(
