@@ -120,6 +120,29 @@ pub enum Error {
         reason: String,
     },
 
+    /// A batch of several scripts (`push_many` of more than `MAX_BATCH` messages of a
+    /// partition, or of several partitions) failed after some of them were written, or
+    /// when whether they were is unknown. Each script is written whole or not at all;
+    /// the scripts of a batch are not. Its category, and the `is_*` tests, are those of
+    /// `cause`. Pushing the whole batch again would push the written messages twice
+    /// where delayq made their ids: push again only the messages not written, or the
+    /// whole batch with each message given its id from `ids`, since a push under an id
+    /// that exists leaves that message as it is.
+    #[error("{}", partly_written_text(ids.len(), written.len(), unknown.len(), cause))]
+    PartlyWritten {
+        /// Every id of the batch, in batch order: the ones the caller gave and the ones
+        /// delayq made.
+        ids: Vec<String>,
+        /// The ids of the messages written, in batch order.
+        written: Vec<String>,
+        /// The ids of the messages whose script was sent but whose reply never came
+        /// (the connection failed): written or not, nobody can tell. Pushing them again
+        /// under these ids is safe while they exist.
+        unknown: Vec<String>,
+        /// Why the others were not written: the first failure.
+        cause: Box<Error>,
+    },
+
     /// A delayq Lua script or Redis returned an error that is not one of the above.
     #[error("Redis error: {0}")]
     Redis(String),
@@ -166,6 +189,7 @@ impl Error {
             Self::AuthFailed(_) => Category::Auth,
             Self::LeaseLost { .. } => Category::LeaseLost,
             Self::OutOfMemory(_) => Category::OutOfMemory,
+            Self::PartlyWritten { cause, .. } => cause.category(),
             Self::UnknownId(_) | Self::Redis(_) | Self::WrongType(_) | Self::Protocol { .. } | Self::State(_) => {
                 Category::Other
             }
@@ -174,12 +198,18 @@ impl Error {
 
     /// The operation ran out of time.
     pub fn is_timeout(&self) -> bool {
-        matches!(self, Self::Timeout { .. } | Self::NotReplicated { .. })
+        match self {
+            Self::PartlyWritten { cause, .. } => cause.is_timeout(),
+            other => matches!(other, Self::Timeout { .. } | Self::NotReplicated { .. }),
+        }
     }
 
     /// Redis could not be reached or the connection broke.
     pub fn is_connection(&self) -> bool {
-        matches!(self, Self::Connection { .. } | Self::ConnectionLost(_))
+        match self {
+            Self::PartlyWritten { cause, .. } => cause.is_connection(),
+            other => matches!(other, Self::Connection { .. } | Self::ConnectionLost(_)),
+        }
     }
 
     /// Trying again later may succeed (the fault is in the network or server, not in
@@ -190,7 +220,10 @@ impl Error {
 
     /// Redis is at its maxmemory: a push may succeed once consumers freed memory.
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, Self::OutOfMemory(_))
+        match self {
+            Self::PartlyWritten { cause, .. } => cause.is_out_of_memory(),
+            other => matches!(other, Self::OutOfMemory(_)),
+        }
     }
 
     /// The caller passed something wrong; retrying the same call cannot succeed.
@@ -202,6 +235,15 @@ impl Error {
                 | Self::PayloadNotSerializable(_)
                 | Self::PayloadTooLarge { .. }
         )
+    }
+
+    /// The ids a batch wrote before it failed (`PartlyWritten`), in batch order; empty
+    /// for any other error, which writes nothing.
+    pub fn written_ids(&self) -> &[String] {
+        match self {
+            Self::PartlyWritten { written, .. } => written,
+            _ => &[],
+        }
     }
 
     pub(crate) fn invalid(name: impl Into<String>, reason: impl fmt::Display) -> Self {
@@ -284,6 +326,34 @@ impl Error {
             }
         }
     }
+}
+
+/// `PartlyWritten`'s text: how many of the batch were written, how many not, how many
+/// may have been, then the cause, whose words are said of its own script.
+fn partly_written_text(total: usize, written: usize, unknown: usize, cause: &Error) -> String {
+    let not = total - written - unknown;
+    let what = match (written, unknown) {
+        (w, 0) if w == total => format!("all {total} messages of the batch were written, then the push failed"),
+        (w, 0) => format!("{w} of the batch's {total} messages were written and the other {not} were not"),
+        (0, u) => format!(
+            "none of the batch's {total} messages is known to be written: {not} were not, and whether the other {u} \
+             were is unknown (their script was sent, its reply lost)"
+        ),
+        (w, u) => format!(
+            "{w} of the batch's {total} messages were written and {not} were not; whether the other {u} were is \
+             unknown (their script was sent, its reply lost)"
+        ),
+    };
+    // A script refused before its first write says that nothing was written: true of
+    // that script, not of the batch.
+    let cause = cause
+        .to_string()
+        .replace("; nothing was written", "")
+        .replace(" stopped before writing anything", " stopped");
+    format!(
+        "{what} (the error carries the ids written; push again only the rest, or the whole batch under the ids it \
+         carries, which leaves those written as they are): {cause}"
+    )
 }
 
 /// How to get the exact ACL rule, for every permission error.
@@ -426,6 +496,62 @@ mod tests {
             "{text}"
         );
         assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn a_batch_written_in_part_says_how_much_keeps_its_category_and_never_says_nothing_was_written() {
+        let ids: Vec<String> = (0..5).map(|i| format!("id-{i}")).collect();
+        let partly = |cause: Error, written: usize, unknown: usize| Error::PartlyWritten {
+            written: ids[..written].to_vec(),
+            unknown: ids[written..written + unknown].to_vec(),
+            ids: ids.clone(),
+            cause: Box::new(cause),
+        };
+        let causes = [
+            Error::OutOfMemory("OOM command not allowed".into()),
+            server_error(
+                ServerErrorKind::NoPerm,
+                "delayq script push runs ZADD on {dq:o}:scheduled",
+            ),
+            server_error(
+                ServerErrorKind::ResponseError,
+                "WRONGTYPE delayq script push: key {dq:o}:stats holds a string, delayq keeps a hash there",
+            ),
+        ];
+        for cause in causes {
+            assert!(cause.to_string().contains("nothing was written") || cause.to_string().contains("before writing"));
+            let category = cause.category();
+            let err = partly(cause, 2, 0);
+            assert_eq!(err.category(), category);
+            let text = err.to_string();
+            assert!(
+                text.starts_with("2 of the batch's 5 messages were written and the other 3 were not"),
+                "{text}"
+            );
+            assert!(
+                !text.contains("nothing was written") && !text.contains("before writing"),
+                "{text}"
+            );
+        }
+        let oom = partly(Error::OutOfMemory("OOM command not allowed".into()), 2, 0);
+        assert!(oom.is_out_of_memory() && !oom.is_retryable());
+        assert_eq!(oom.written_ids(), &ids[..2]);
+        let cut = partly(Error::ConnectionLost("reset".into()), 1, 2);
+        assert!(cut.is_connection() && cut.is_retryable());
+        assert!(
+            cut.to_string().starts_with(
+                "1 of the batch's 5 messages were written and 2 were not; whether the other 2 were is unknown"
+            ),
+            "{cut}"
+        );
+        let none = partly(Error::ConnectionLost("reset".into()), 0, 3);
+        assert!(
+            none.to_string().starts_with(
+                "none of the batch's 5 messages is known to be written: 2 were not, and whether the other 3"
+            ),
+            "{none}"
+        );
+        assert!(Error::ConnectionLost("reset".into()).written_ids().is_empty());
     }
 
     #[test]

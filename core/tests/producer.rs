@@ -486,6 +486,29 @@ fn a_batch_over_partitions_that_fails_in_one_writes_the_others_and_stays_in_step
         after[1] > before[1],
         "the other partition's script did not run: {after:?}"
     );
+    // The error names what the other partition's script wrote: as many as it added,
+    // each stored there.
+    let stored: std::collections::BTreeSet<String> = redis::cmd("HKEYS")
+        .arg(stats[1].replace(":stats", ":messages"))
+        .query(&mut con)
+        .expect("HKEYS");
+    let delayq::Error::PartlyWritten {
+        ids, written, unknown, ..
+    } = &err
+    else {
+        panic!("not PartlyWritten: {err:?}");
+    };
+    assert_eq!((ids.len(), unknown.len()), (1000, 0));
+    assert_eq!(written.len() as i64, after[1] - before[1]);
+    assert!(written.iter().all(|id| stored.contains(id)));
+    assert!(
+        err.to_string().contains(&format!(
+            "{} of the batch's 1000 messages were written and the other {} were not",
+            written.len(),
+            1000 - written.len()
+        )),
+        "{err}"
+    );
     // Every reply was read: the next calls on the same connection get their own.
     let _: () = redis::cmd("DEL").arg(&stats[0]).query(&mut con).expect("DEL");
     let ids = q.push_many(&batch(1200, 1000)).expect("push_many");
@@ -539,7 +562,8 @@ fn a_stream_cut_after_its_first_call_ran_is_sent_again_as_a_resend() {
             .expect("total_connections_received")
     };
     let before = connections();
-    q.push_many(&batch)
+    let err = q
+        .push_many(&batch)
         .expect_err("the second call is refused, and its connection closed, every time");
     // It reconnected and sent the batch again (the count includes the first of these
     // two looks' own connection).
@@ -549,6 +573,22 @@ fn a_stream_cut_after_its_first_call_ran_is_sent_again_as_a_resend() {
     // again.
     let stats = q.stats().expect("stats");
     assert_eq!((stats.scheduled, stats.total("pushed")), (1000, 1000), "{stats:?}");
+    // And the error says which: the first call's reply was read after the failed
+    // write, the second call never reached Redis whole, the third was not sent.
+    assert!(err.is_connection(), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("1000 of the batch's 3000 messages were written and the other 2000 were not"),
+        "{err}"
+    );
+    let delayq::Error::PartlyWritten {
+        ids, written, unknown, ..
+    } = &err
+    else {
+        panic!("not PartlyWritten: {err:?}");
+    };
+    assert_eq!((&written[..], unknown.len()), (&ids[..1000], 0));
+    assert!(q.get(&written[999]).expect("get").is_some());
 }
 
 #[test]
@@ -622,4 +662,118 @@ fn scripts_flushed_from_redis_are_loaded_again_by_every_kind_of_call() {
     ids.sort();
     assert_eq!(got, ids);
     assert_no_leak(&server, "{dq:flushed}");
+}
+
+fn used_memory(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO").arg("memory").query(&mut server.con()).expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("used_memory")
+}
+
+fn set_maxmemory(server: &RedisServer, bytes: u64) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(bytes)
+        .query(&mut server.con())
+        .expect("CONFIG SET");
+}
+
+/// Push `batch`, two scripts of `MAX_BATCH`, under `maxmemory` limits until one lets
+/// the first script in and refuses the second, and return that push's error. Each try
+/// starts from an empty server; one that wrote everything had too high a limit, one
+/// that wrote nothing too low. Searched for rather than computed: what a script's
+/// arguments take while it runs differs between Redis versions.
+fn refused_after_its_first_script(server: &RedisServer, q: &delayq::Queue, batch: &[NewMessage]) -> delayq::Error {
+    let messages = "{dq:full}:messages";
+    let stored = || -> usize { redis::cmd("HLEN").arg(messages).query(&mut server.con()).expect("HLEN") };
+    let empty = || {
+        set_maxmemory(server, 0);
+        let _: () = redis::cmd("FLUSHALL").query(&mut server.con()).expect("FLUSHALL");
+    };
+    // The scripts loaded, then what one script's messages take.
+    q.push_many(&batch[..10]).expect("push");
+    empty();
+    let before = used_memory(server);
+    q.push_many(&batch[..delayq::MAX_BATCH]).expect("push");
+    let one = used_memory(server).saturating_sub(before);
+    empty();
+    let (mut low, mut high) = (before, before + 2 * one);
+    for _ in 0..30 {
+        let limit = low + (high - low) / 2;
+        set_maxmemory(server, limit);
+        let result = q.push_many(batch);
+        set_maxmemory(server, 0);
+        match (result, stored()) {
+            (Err(e), n) if n == delayq::MAX_BATCH => return e,
+            (Ok(_), _) => high = limit,
+            (Err(e), 0) => {
+                assert!(e.is_out_of_memory(), "{e}");
+                low = limit;
+            }
+            (result, n) => panic!("{n} messages stored, {result:?}"),
+        }
+        empty();
+    }
+    panic!("no maxmemory between {low} and {high} lets one script of the batch in and not the other");
+}
+
+#[test]
+fn a_streamed_batch_refused_for_memory_after_its_first_script_names_the_ids_it_wrote() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    let q = server.queue("full");
+    let batch: Vec<NewMessage> = (0..2 * delayq::MAX_BATCH)
+        .map(|i| NewMessage::new(&json!({"i": i, "pad": "x".repeat(100)}), Duration::from_secs(60)).expect("message"))
+        .collect();
+    let err = refused_after_its_first_script(&server, &q, &batch);
+    // Still the out-of-memory error it was, for code that catches that.
+    assert!(err.is_out_of_memory() && !err.is_retryable(), "{err:?}");
+    assert_eq!(err.category(), delayq::Category::OutOfMemory);
+    let text = err.to_string();
+    assert!(
+        text.contains("1000 of the batch's 2000 messages were written and the other 1000 were not"),
+        "{text}"
+    );
+    assert!(!text.contains("nothing was written"), "{text}");
+    let delayq::Error::PartlyWritten {
+        ids, written, unknown, ..
+    } = &err
+    else {
+        panic!("not PartlyWritten: {err:?}");
+    };
+    assert_eq!(ids.len(), batch.len());
+    assert_eq!(
+        written[..],
+        ids[..delayq::MAX_BATCH],
+        "the first script's ids, in batch order"
+    );
+    assert_eq!(err.written_ids(), &written[..]);
+    assert!(unknown.is_empty(), "{unknown:?}");
+    // Exactly those are stored, with their payloads.
+    let mut con = server.con();
+    let mut stored: Vec<String> = redis::cmd("HKEYS")
+        .arg("{dq:full}:messages")
+        .query(&mut con)
+        .expect("HKEYS");
+    stored.sort();
+    let mut expected = written.clone();
+    expected.sort();
+    assert_eq!(stored, expected);
+    assert_eq!(q.stats().expect("stats").total("pushed"), 1000);
+    let last = q.get(&written[999]).expect("get").expect("exists");
+    assert!(last.payload_json.starts_with(r#"{"i":999,"#), "{}", last.payload_json);
+    // The advice holds: the whole batch again under those ids writes the rest once.
+    let again: Vec<NewMessage> = batch
+        .iter()
+        .zip(ids)
+        .map(|(m, id)| {
+            let mut m = m.clone();
+            m.options.id = Some(id.clone());
+            m
+        })
+        .collect();
+    assert_eq!(&q.push_many(&again).expect("push_many"), ids);
+    assert_eq!(q.stats().expect("stats").scheduled, 2000);
 }

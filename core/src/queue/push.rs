@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::conn::Replay;
 use crate::error::{Error, Result};
 use crate::payload::to_json;
-use crate::scripts::{self, Call, Invocation, MAX_BATCH, Stream, Streamed, now, push};
+use crate::scripts::{self, Answer, Call, Finished, Invocation, MAX_BATCH, Stream, now, push};
 use crate::time::Due;
 use crate::{Layout, NewMessage, PayloadJson, PushOptions, Queue, envelope, keys};
 
@@ -37,10 +37,15 @@ impl Queue {
     /// Schedule a batch in one round trip (two for `MAX_BATCH` delays or more, see
     /// `client_stamps`). Every message is validated before anything is written. Up to
     /// `MAX_BATCH` messages of a partition are one script: all written or, on an
-    /// error, none. A batch of several (more messages, or several partitions) that fails
-    /// in one may have written the others, so a retry pushes those again unless their
-    /// ids were given. On one server its scripts are streamed: each is sent as soon as it
-    /// is written.
+    /// error, none, and the error is the cause itself. A batch of several scripts (more
+    /// messages, or several partitions) that fails in one may have written others:
+    /// then the error is [`Error::PartlyWritten`], which carries every id of the batch,
+    /// those written and those whose script was sent without a reply (a connection
+    /// that failed), and the cause, whose category it keeps; only when no script may
+    /// have written is it the cause alone. On one server the scripts are streamed: each
+    /// is sent as soon as it is written, and every reply is read, so a script refused
+    /// in the middle leaves the others written; on a cluster they go one by one and stop
+    /// at the first that fails.
     pub fn push_many(&self, batch: &[NewMessage]) -> Result<Vec<String>> {
         if batch.is_empty() {
             return Ok(Vec::new());
@@ -177,22 +182,43 @@ impl Queue {
             inv
         };
         let waits = inner.opts.wait_replicas > 0;
+        // What each script came to, over every send of it: the error of a batch of
+        // several says what they wrote.
+        let mut known = vec![Known::NotWritten; chunks.len()];
+        let fail = |cause: Error, known: &[Known]| partly_written(cause, &ids, &chunks, known);
         if inner.endpoint.is_cluster() {
             // Each partition may live on another master: one call per script, and the
             // WAIT on the connection to that master.
-            for (part, members) in chunks {
-                let confirmed = inner
+            for (c, &(part, members)) in chunks.iter().enumerate() {
+                let (tries, ran) = (Cell::new(0), Cell::new(false));
+                let result = inner
                     .conn
                     .lock()
                     .run_conn(&inner.endpoint, "push", Replay::Safe, |con| {
-                        call_of(part, members).invoke::<push::Reply>(con.as_dyn())?;
-                        if waits {
-                            self.confirm_replicated(con, part)
+                        tries.set(tries.get() + 1);
+                        let v: redis::Value = call_of(part, members).invoke(con.as_dyn())?;
+                        ran.set(true);
+                        let confirmed = if waits {
+                            self.confirm_replicated(con, part)?
                         } else {
-                            Ok(i64::MAX)
-                        }
-                    })?;
-                self.check_replicated(confirmed)?;
+                            i64::MAX
+                        };
+                        Ok((v, confirmed))
+                    });
+                // A refusal of the only send wrote nothing (a script checks before its
+                // first write); a send that failed otherwise may have run.
+                known[c] = match &result {
+                    _ if ran.get() => Known::Written,
+                    Err(e) if tries.get() == 1 && !e.is_retryable() => Known::NotWritten,
+                    _ => Known::Unknown,
+                };
+                let (v, confirmed) = result.map_err(|e| fail(e, &known))?;
+                let script = push::script_for(members.iter().any(|&i| batch[i].options.replace));
+                if let Err(e) = scripts::read::<push::Reply>(script, v) {
+                    known[c] = Known::Unknown;
+                    return Err(fail(e, &known));
+                }
+                self.check_replicated(confirmed).map_err(|e| fail(e, &known))?;
             }
         } else if chunks.len() == 1 && !waits {
             let (part, members) = chunks[0];
@@ -207,6 +233,7 @@ impl Queue {
             // One round trip for the whole batch, the WAIT included: each call goes out
             // as soon as it is built, so Redis runs one while the next is written.
             let streamed = Cell::new(false);
+            let seen = std::cell::RefCell::new(std::mem::take(&mut known));
             let replies = inner
                 .conn
                 .lock()
@@ -219,43 +246,94 @@ impl Queue {
                     let mut again = false;
                     loop {
                         let mut stream = Stream::new(con)?;
-                        for &(part, members) in &chunks {
-                            stream.send(call_of(part, members))?;
-                        }
-                        sent.set(true);
-                        if waits {
-                            stream.send_command(&self.wait_command())?;
-                        }
-                        match stream.finish()? {
-                            Streamed::Replies(replies) => return Ok(replies),
-                            // A call that found no script ran nothing, but a later one
-                            // may have (another client loaded it in between): the batch
-                            // goes again, loading its scripts first, as a resend, which
-                            // looks its ids up.
-                            Streamed::ScriptsMissing if !again => again = true,
-                            Streamed::ScriptsMissing => {
-                                return Err(redis::RedisError::from((
-                                    redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
-                                    "the push scripts were flushed again as soon as they were loaded",
-                                )));
+                        // What this send of each script came to: a call sent whole may
+                        // run until its reply says otherwise; one whose write failed
+                        // did not reach Redis whole, so it ran nothing.
+                        let mut pass = vec![Known::NotWritten; chunks.len()];
+                        let mut sending = Ok(());
+                        for (c, &(part, members)) in chunks.iter().enumerate() {
+                            sending = stream.send(call_of(part, members));
+                            if sending.is_err() {
+                                break;
                             }
+                            pass[c] = Known::Unknown;
                         }
+                        if sending.is_ok() && waits {
+                            sending = stream.send_command(&self.wait_command());
+                        }
+                        let failed = sending.err();
+                        if failed.is_none() {
+                            sent.set(true);
+                        }
+                        // After a failed write the replies Redis sent before it closed
+                        // are still read, to learn what ran; not after a write that
+                        // timed out, where a read would wait as long.
+                        let mut done = match &failed {
+                            Some(e) if e.is_timeout() => Finished::default(),
+                            _ => stream.finish(),
+                        };
+                        for (p, answer) in pass.iter_mut().zip(&done.answers) {
+                            *p = match answer {
+                                Answer::Reply(..) => Known::Written,
+                                Answer::Refused | Answer::Missing => Known::NotWritten,
+                            };
+                        }
+                        for (k, p) in seen.borrow_mut().iter_mut().zip(&pass) {
+                            *k = (*k).max(*p);
+                        }
+                        if let Some(e) = failed.or(done.cut.take()).or(done.refused.take()) {
+                            return Err(e);
+                        }
+                        if !done.scripts_missing() {
+                            return Ok(done
+                                .answers
+                                .into_iter()
+                                .filter_map(|a| match a {
+                                    Answer::Reply(script, v) => Some((script, v)),
+                                    Answer::Refused | Answer::Missing => None,
+                                })
+                                .collect::<Vec<_>>());
+                        }
+                        // A call that found no script ran nothing, but a later one may
+                        // have (another client loaded it in between): the batch goes
+                        // again, loading its scripts first, as a resend, which looks its
+                        // ids up.
+                        if again {
+                            return Err(redis::RedisError::from((
+                                redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+                                "the push scripts were flushed again as soon as they were loaded",
+                            )));
+                        }
+                        again = true;
                     }
-                })?;
+                });
+            known = seen.into_inner();
+            let replies = replies.map_err(|e| fail(e, &known))?;
             let mut confirmed = i64::MAX;
-            for (script, v) in replies {
+            for (c, (script, v)) in replies.into_iter().enumerate() {
                 match script {
                     Some(script) => {
-                        scripts::read::<push::Reply>(script, v)?;
+                        if let Err(e) = scripts::read::<push::Reply>(script, v) {
+                            // It answered, but not as a push does: whether it wrote is
+                            // unknown.
+                            known[c] = Known::Unknown;
+                            return Err(fail(e, &known));
+                        }
                     }
                     None => {
-                        confirmed = redis::FromRedisValue::from_redis_value(v).map_err(|e| Error::Protocol {
-                            script: "WAIT".to_owned(),
-                            reason: e.to_string(),
+                        confirmed = redis::FromRedisValue::from_redis_value(v).map_err(|e| {
+                            fail(
+                                Error::Protocol {
+                                    script: "WAIT".to_owned(),
+                                    reason: e.to_string(),
+                                },
+                                &known,
+                            )
                         })?;
                     }
                 }
             }
+            // Every script wrote: NotReplicated says so itself.
             self.check_replicated(confirmed)?;
         }
         self.register_producer();
@@ -307,3 +385,44 @@ impl Queue {
 /// that the round trip is small beside the call's own time in Redis, even where Redis
 /// is a network away.
 const CLOCK_READ_MIN: usize = MAX_BATCH;
+
+/// What is known of one script of a batch over every send of it, in the order in which
+/// a later send's outcome does not undo an earlier one's: one that ran stays written,
+/// one that may have run stays unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Known {
+    /// Not sent, or refused: a refused script wrote nothing.
+    NotWritten,
+    /// Sent, and no reply read: it may have run.
+    Unknown,
+    /// It replied.
+    Written,
+}
+
+/// The error of a batch whose scripts `known` came to: `cause` itself for one script,
+/// which is written whole or not at all, or when no script may have written;
+/// otherwise `PartlyWritten` with the ids of each kind, in batch order.
+fn partly_written(cause: Error, ids: &[String], chunks: &[(usize, &[usize])], known: &[Known]) -> Error {
+    if chunks.len() < 2 || known.iter().all(|k| *k == Known::NotWritten) {
+        return cause;
+    }
+    let mut of = vec![Known::NotWritten; ids.len()];
+    for (&(_, members), &k) in chunks.iter().zip(known) {
+        for &i in members {
+            of[i] = k;
+        }
+    }
+    let kind = |want: Known| -> Vec<String> {
+        ids.iter()
+            .zip(&of)
+            .filter(|&(_, &k)| k == want)
+            .map(|(id, _)| id.clone())
+            .collect()
+    };
+    Error::PartlyWritten {
+        ids: ids.to_vec(),
+        written: kind(Known::Written),
+        unknown: kind(Known::Unknown),
+        cause: Box::new(cause),
+    }
+}

@@ -99,14 +99,36 @@ enum Sent<'s> {
     Command,
 }
 
+/// What Redis answered to one call or plain command of a stream.
+pub(crate) enum Answer<'s> {
+    /// It ran and replied: a call with its script, a plain command with `None`.
+    Reply(Option<&'s LuaScript>, Value),
+    /// An error reply. A script's is raised before its first write (the preflight,
+    /// a full Redis's refusal of that write, or its checks of the arguments): it wrote
+    /// nothing.
+    Refused,
+    /// NOSCRIPT: it ran nothing; a later stream loads its script before its first call.
+    Missing,
+}
+
 /// What a stream's replies came to.
-pub(crate) enum Streamed<'s> {
-    /// The replies to the calls and plain commands, each with its call's script (`None`
-    /// for a plain command), in the order sent.
-    Replies(Vec<(Option<&'s LuaScript>, Value)>),
-    /// A call found its script missing (NOSCRIPT) and ran nothing; a later stream
-    /// loads it before its first call.
-    ScriptsMissing,
+#[derive(Default)]
+pub(crate) struct Finished<'s> {
+    /// One answer per call or plain command, in the order sent, as far as they were
+    /// read: after a `cut`, the rest may or may not have run.
+    pub(crate) answers: Vec<Answer<'s>>,
+    /// The first error reply other than NOSCRIPT (a load's, a call's or a command's).
+    pub(crate) refused: Option<redis::RedisError>,
+    /// The connection failed, or sent what is not a reply, before every reply was
+    /// read: the connection goes (an I/O error is one the caller reconnects after).
+    pub(crate) cut: Option<redis::RedisError>,
+}
+
+impl Finished<'_> {
+    /// A call found its script missing.
+    pub(crate) fn scripts_missing(&self) -> bool {
+        self.answers.iter().any(|a| matches!(a, Answer::Missing))
+    }
 }
 
 impl<'c, 's> Stream<'c, 's> {
@@ -160,12 +182,14 @@ impl<'c, 's> Stream<'c, 's> {
         self.con.send_packed_command(&self.packed)
     }
 
-    /// Read every reply. A server error other than NOSCRIPT is returned (the first),
-    /// after all replies are read (Redis sends errors as replies).
-    pub(crate) fn finish(self) -> redis::RedisResult<Streamed<'s>> {
-        let mut replies = Vec::with_capacity(self.sent.len());
-        let mut missing = false;
-        let mut failed: Option<redis::RedisError> = None;
+    /// Read every reply, errors included (Redis sends them as replies), until the
+    /// connection fails.
+    pub(crate) fn finish(self) -> Finished<'s> {
+        let mut done = Finished {
+            answers: Vec::with_capacity(self.sent.len()),
+            refused: None,
+            cut: None,
+        };
         for sent in self.sent {
             let error = match self.con.recv_response() {
                 Ok(Value::ServerError(e)) => redis::RedisError::from(e),
@@ -176,38 +200,40 @@ impl<'c, 's> Stream<'c, 's> {
                             if !self.streamed.contains(&script.name) {
                                 self.streamed.push(script.name);
                             }
-                            replies.push((Some(script), v));
+                            done.answers.push(Answer::Reply(Some(script), v));
                         }
-                        Sent::Command => replies.push((None, v)),
+                        Sent::Command => done.answers.push(Answer::Reply(None, v)),
                     }
                     continue;
                 }
-                // The connection failed, or sent what is not a reply: the replies left
-                // cannot be told apart, so the connection goes (an I/O error is one the
-                // caller reconnects after).
-                Err(e) if e.is_io_error() => return Err(e),
+                // The replies left cannot be told apart.
+                Err(e) if e.is_io_error() => {
+                    done.cut = Some(e);
+                    return done;
+                }
                 Err(e) => {
-                    return Err(redis::RedisError::from(std::io::Error::new(
+                    done.cut = Some(redis::RedisError::from(std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
                         format!("a streamed reply could not be read: {e}"),
                     )));
+                    return done;
                 }
             };
             match sent {
                 Sent::Call(script) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                     self.streamed.retain(|name| *name != script.name);
-                    missing = true;
+                    done.answers.push(Answer::Missing);
                 }
-                _ => {
-                    failed.get_or_insert(error);
+                Sent::Load => {
+                    done.refused.get_or_insert(error);
+                }
+                Sent::Call(_) | Sent::Command => {
+                    done.refused.get_or_insert(error);
+                    done.answers.push(Answer::Refused);
                 }
             }
         }
-        match (failed, missing) {
-            (Some(e), _) => Err(e),
-            (None, true) => Ok(Streamed::ScriptsMissing),
-            (None, false) => Ok(Streamed::Replies(replies)),
-        }
+        done
     }
 }
 
