@@ -213,9 +213,11 @@ impl PhpDelayQueue {
     /// `['payload' => …, 'delay' => seconds]` or `['payload' => …, 'at' => time]`, with
     /// optional `'id'`, `'max_attempts'`, `'partition_key'`, `'replace'`, `'expire_after'` and `'serial_key'`. Returns the ids in order. Nothing is
     /// written unless every item is valid. Up to 1 000 messages of one partition are one
-    /// script, written all or none; a batch of several (more messages, or several
-    /// partitions) that fails in one may have written the others (give ids to make a
-    /// retry safe).
+    /// script, written all or none, and its error is the one a push throws. A batch of
+    /// several scripts (more messages, or several partitions) that fails in one may have
+    /// written others: then it throws a `DelayQueuePartialPushException` (errors.rs),
+    /// which names every id of the batch, those written and those whose outcome is
+    /// unknown, and is also the class its cause throws.
     ///
     /// @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
     ///   partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string}> $items

@@ -135,6 +135,97 @@ final class QueueTest extends TestCase
         }
     }
 
+    public function testAStreamedBatchRefusedForMemoryAfterItsFirstScriptNamesTheIdsItWrote(): void
+    {
+        $server = new RedisServer(['--maxmemory-policy', 'noeviction']);
+        try {
+            $q = new DelayQueue($server->url(), 'full');
+            $redis = $server->redis();
+            $items = [];
+            for ($i = 0; $i < 2000; $i++) {
+                $items[] = ['payload' => ['i' => $i, 'pad' => str_repeat('x', 100)], 'delay' => 60];
+            }
+            $e = $this->refusedAfterItsFirstScript($q, $redis, $items);
+            // Still the class it was, for code that catches that.
+            $this->assertInstanceOf(DelayQueueOutOfMemoryException::class, $e);
+            $this->assertInstanceOf(DelayQueuePartialPushException::class, $e);
+            $this->assertStringContainsString(
+                "1000 of the batch's 2000 messages were written and the other 1000 were not",
+                $e->getMessage()
+            );
+            $this->assertStringNotContainsString('nothing was written', $e->getMessage());
+            $ids = $e->getIds();
+            $this->assertCount(2000, $ids);
+            $this->assertSame(array_slice($ids, 0, 1000), $e->getWrittenIds(), "the first script's ids, in order");
+            $this->assertSame(1000, $e->getWrittenCount());
+            $this->assertSame([], $e->getUnknownIds());
+            $stored = $redis->hKeys('{dq:full}:messages');
+            sort($stored);
+            $written = $e->getWrittenIds();
+            sort($written);
+            $this->assertSame($written, $stored);
+            $this->assertSame(1000, $redis->hLen('{dq:full}:messages'));
+            $this->assertSame(['i' => 999, 'pad' => str_repeat('x', 100)], $q->get($e->getWrittenIds()[999])['payload']);
+            // The whole batch again under those ids writes the rest, once.
+            foreach ($items as $n => &$item) {
+                $item['id'] = $ids[$n];
+            }
+            unset($item);
+            $this->assertSame($ids, $q->pushMany($items));
+            $this->assertSame(2000, $redis->hLen('{dq:full}:messages'));
+        } finally {
+            $server->stop();
+        }
+    }
+
+    /**
+     * Pushes $items, two scripts of 1 000, under maxmemory limits until one lets the
+     * first script in and refuses the second, and returns that push's exception. Each
+     * try starts from an empty server; one that wrote everything had too high a limit,
+     * one that wrote nothing too low. Searched for: what a script's arguments take
+     * while it runs differs between Redis versions.
+     */
+    private function refusedAfterItsFirstScript(DelayQueue $q, Redis $redis, array $items): DelayQueueException
+    {
+        $used = fn (): int => (int) $redis->info('memory')['used_memory'];
+        $empty = function () use ($redis): void {
+            $redis->config('SET', 'maxmemory', '0');
+            $redis->flushAll();
+        };
+        $q->pushMany(array_slice($items, 0, 10));
+        $empty();
+        $before = $used();
+        $q->pushMany(array_slice($items, 0, 1000));
+        $one = $used() - $before;
+        $empty();
+        [$low, $high] = [$before, $before + 2 * $one];
+        for ($try = 0; $try < 30; $try++) {
+            $limit = $low + intdiv($high - $low, 2);
+            $redis->config('SET', 'maxmemory', (string) $limit);
+            $caught = null;
+            try {
+                $q->pushMany($items);
+            } catch (DelayQueueException $e) {
+                $caught = $e;
+            }
+            $redis->config('SET', 'maxmemory', '0');
+            $stored = $redis->hLen('{dq:full}:messages');
+            if ($caught !== null && $stored === 1000) {
+                return $caught;
+            }
+            if ($caught === null) {
+                $high = $limit;
+            } elseif ($stored === 0) {
+                $this->assertInstanceOf(DelayQueueOutOfMemoryException::class, $caught);
+                $low = $limit;
+            } else {
+                $this->fail("$stored messages stored: " . $caught->getMessage());
+            }
+            $empty();
+        }
+        $this->fail("no maxmemory between $low and $high lets one script of the batch in and not the other");
+    }
+
     public function testAPersistentQueueKeepsItsConnectionFromRequestToRequest(): void
     {
         $server = new RedisServer();

@@ -80,12 +80,18 @@ final class DelayQueue
      * Schedules many messages in one round trip (two for 1 000 delays or more, the first
      * reading the Redis clock so that the client stamps them). Nothing is written unless
      * every item is valid. Up to 1 000 messages of one partition are one script, written
-     * all or none; a batch of several (more messages, or several partitions) that fails
-     * in one may have written the others (give ids to make a retry safe).
+     * all or none, and its error is the one a push throws. A batch of several scripts
+     * (more messages, or several partitions) that fails in one may have written others:
+     * then it throws a DelayQueuePartialPushException, which names every id of the batch,
+     * those written and those whose outcome is unknown (a connection that failed), and is
+     * also the class its cause throws (DelayQueueOutOfMemoryException for a full Redis);
+     * only when none may have been written is it the cause's own exception.
      *
      * @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
      *   partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string}> $items
      * @return list<string> the ids, in order
+     * @throws DelayQueuePartialPushException when some scripts of the batch were written (or may
+     *   have been) and another failed
      */
     public function pushMany(array $items): array {}
 
@@ -563,5 +569,99 @@ class DelayQueuePayloadException extends DelayQueueException {}
 /** A delivery no longer holds its lease. */
 class DelayQueueLeaseLostException extends DelayQueueException {}
 
-/** Redis is at its maxmemory and refused a push; nothing was written (workers still drain the queue, which frees memory). */
+/** Redis is at its maxmemory and refused a push; nothing was written (workers still drain the queue, which frees memory). A batch of several scripts refused after some were written throws DelayQueueOutOfMemoryPartialPushException, a subclass that says what was. */
 class DelayQueueOutOfMemoryException extends DelayQueueException {}
+
+/**
+ * A pushMany() of several scripts (over 1 000 messages of a partition, or several
+ * partitions) failed after some of them were written, or when whether they were is
+ * unknown. Each script is written whole or not at all; a batch of several is not. The
+ * exception thrown is also the class its cause throws (one of the classes below), so
+ * that a catch of that class still catches it. Pushing the whole batch again would push
+ * the written messages twice where delayq made their ids: push again only the items not
+ * written, or every item with its 'id' from getIds(), since a push under an id that
+ * exists leaves that message as it is.
+ */
+interface DelayQueuePartialPushException
+{
+    /** @return list<string> every id of the batch, in item order: those given and those delayq made */
+    public function getIds(): array;
+
+    /** @return list<string> the ids of the messages written, in item order */
+    public function getWrittenIds(): array;
+
+    /** How many messages of the batch were written. */
+    public function getWrittenCount(): int;
+
+    /**
+     * @return list<string> the ids whose script was sent but whose reply never came (the
+     *   connection failed): written or not, nobody can tell; pushing them again under their
+     *   ids is safe while they exist
+     */
+    public function getUnknownIds(): array;
+}
+
+/** A batch written in part whose cause is a Redis error of no other class. */
+final class DelayQueueRedisPartialPushException extends DelayQueueException implements DelayQueuePartialPushException
+{
+    private $ids;
+    private $writtenIds;
+    private $unknownIds;
+
+    public function getIds(): array {}
+    public function getWrittenIds(): array {}
+    public function getWrittenCount(): int {}
+    public function getUnknownIds(): array {}
+}
+
+/** A batch written in part whose cause is a connection error. */
+final class DelayQueueConnectionPartialPushException extends DelayQueueConnectionException implements DelayQueuePartialPushException
+{
+    private $ids;
+    private $writtenIds;
+    private $unknownIds;
+
+    public function getIds(): array {}
+    public function getWrittenIds(): array {}
+    public function getWrittenCount(): int {}
+    public function getUnknownIds(): array {}
+}
+
+/** A batch written in part whose cause is a timeout. */
+final class DelayQueueTimeoutPartialPushException extends DelayQueueTimeoutException implements DelayQueuePartialPushException
+{
+    private $ids;
+    private $writtenIds;
+    private $unknownIds;
+
+    public function getIds(): array {}
+    public function getWrittenIds(): array {}
+    public function getWrittenCount(): int {}
+    public function getUnknownIds(): array {}
+}
+
+/** A batch written in part whose cause is an auth or permission error. */
+final class DelayQueueAuthPartialPushException extends DelayQueueAuthException implements DelayQueuePartialPushException
+{
+    private $ids;
+    private $writtenIds;
+    private $unknownIds;
+
+    public function getIds(): array {}
+    public function getWrittenIds(): array {}
+    public function getWrittenCount(): int {}
+    public function getUnknownIds(): array {}
+}
+
+/** A batch written in part whose other scripts a full Redis refused. */
+final class DelayQueueOutOfMemoryPartialPushException extends DelayQueueOutOfMemoryException implements DelayQueuePartialPushException
+{
+    private $ids;
+    private $writtenIds;
+    private $unknownIds;
+
+    public function getIds(): array {}
+    public function getWrittenIds(): array {}
+    public function getWrittenCount(): int {}
+    public function getUnknownIds(): array {}
+}
