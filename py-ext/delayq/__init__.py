@@ -52,6 +52,7 @@ from .errors import (
     InvalidArgumentError,
     LeaseLostError,
     OutOfMemoryError,
+    PartialPushError,
     PayloadError,
     TimeoutError,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "LeaseLostError",
     "OutOfMemoryError",
     "Message",
+    "PartialPushError",
     "PayloadError",
     "QUEUE_OPTIONS",
     "TimeoutError",

@@ -21,6 +21,7 @@ from .errors import DelayQueueError as DelayQueueError
 from .errors import InvalidArgumentError as InvalidArgumentError
 from .errors import LeaseLostError as LeaseLostError
 from .errors import OutOfMemoryError as OutOfMemoryError
+from .errors import PartialPushError as PartialPushError
 from .errors import PayloadError as PayloadError
 from .errors import TimeoutError as TimeoutError
 
@@ -35,6 +36,7 @@ __all__ = [
     "LeaseLostError",
     "OutOfMemoryError",
     "Message",
+    "PartialPushError",
     "PayloadError",
     "QUEUE_OPTIONS",
     "TimeoutError",

@@ -122,9 +122,12 @@ class DelayQueue:
         reading the Redis clock so that the client stamps them): ``(payload, delay)`` tuples or dicts
         with ``payload`` and optional ``delay`` or ``at``, ``id``, ``max_attempts``,
         ``partition_key``, ``replace``, ``expire_after``, ``serial_key``. Nothing is written unless every
-        item is valid. Up to 1 000 messages of one partition are one script, written all or none;
-        a batch of several (more messages, or several partitions) that fails in one may have
-        written the others (give ids to make a retry safe)."""
+        item is valid. Up to 1 000 messages of one partition are one script, written all or none,
+        and its error is the one a push raises. A batch of several scripts (more messages, or
+        several partitions) that fails in one may have written others: then it raises a
+        ``PartialPushError`` whose ``written_ids``, ``unknown_ids`` and ``ids`` say what was
+        written, what may have been (a connection lost before the reply) and every id of the
+        batch; it is also the class its cause raises (``OutOfMemoryError`` for a full Redis)."""
     def cancel(self, id: str) -> bool:
         """Delete a message that has not been claimed yet; False when it is unknown,
         running or dead."""

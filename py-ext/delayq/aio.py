@@ -61,7 +61,8 @@ class AsyncDelayQueue:
 
     async def push_many(self, items: Iterable[Union[tuple[Any, float], Mapping[str, Any]]]) -> list[str]:
         """`DelayQueue.push_many`: one round trip (two for 1 000 delays or more), nothing
-        written unless all are valid."""
+        written unless all are valid; a batch of several scripts that fails part way
+        raises `PartialPushError`, which names the ids written."""
         # A generator must not be consumed on the other thread while this one runs.
         return await asyncio.to_thread(self._queue.push_many, list(items))
 

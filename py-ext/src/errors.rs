@@ -31,6 +31,22 @@ pub(crate) enum Kind {
     OutOfMemory = 7,
 }
 
+/// The class of a batch written in part (`delayq::Error::PartlyWritten`), by its
+/// cause's kind: a subclass of both `PartialPushError` and the cause's class (see
+/// errors.py). A push refuses bad input before it sends anything, so those kinds take
+/// `PartialPushError` itself.
+static PARTIAL_CLASSES: [PyOnceLock<Py<PyType>>; 8] = [const { PyOnceLock::new() }; 8];
+const PARTIAL_NAMES: [&str; 8] = [
+    "PartialPushError",
+    "PartialPushError",
+    "PartialConnectionError",
+    "PartialTimeoutError",
+    "PartialAuthError",
+    "PartialPushError",
+    "PartialPushError",
+    "PartialOutOfMemoryError",
+];
+
 pub(crate) fn new_err(py: Python<'_>, kind: Kind, message: String) -> PyErr {
     match CLASSES[kind as usize].import(py, "delayq.errors", NAMES[kind as usize]) {
         Ok(ty) => PyErr::from_type(ty.clone(), message),
@@ -51,7 +67,30 @@ pub(crate) fn to_py(py: Python<'_>, err: &delayq::Error) -> PyErr {
         C::OutOfMemory => Kind::OutOfMemory,
         _ => Kind::Root,
     };
+    if let delayq::Error::PartlyWritten {
+        ids, written, unknown, ..
+    } = err
+    {
+        return partial(py, kind, err.to_string(), ids, written, unknown).unwrap_or_else(|e| e);
+    }
     new_err(py, kind, err.to_string())
+}
+
+/// The exception of a batch written in part, with its ids as attributes.
+fn partial(
+    py: Python<'_>,
+    kind: Kind,
+    message: String,
+    ids: &[String],
+    written: &[String],
+    unknown: &[String],
+) -> PyResult<PyErr> {
+    let ty = PARTIAL_CLASSES[kind as usize].import(py, "delayq.errors", PARTIAL_NAMES[kind as usize])?;
+    let exception = ty.call1((message,))?;
+    exception.setattr("ids", ids)?;
+    exception.setattr("written_ids", written)?;
+    exception.setattr("unknown_ids", unknown)?;
+    Ok(PyErr::from_value(exception))
 }
 
 pub(crate) fn invalid(py: Python<'_>, message: impl Into<String>) -> PyErr {

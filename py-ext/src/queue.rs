@@ -170,9 +170,11 @@ impl PyQueue {
     /// reading the Redis clock so that the client stamps them): `(payload, delay)` tuples or dicts
     /// with `payload` and optional `delay` or `at`, `id`, `max_attempts`, `partition_key`, `replace`,
     /// `expire_after`, `serial_key`. Nothing is written unless every item is valid. Up
-    /// to 1 000 messages of one partition are one script, written all or none; a batch of
-    /// several (more messages, or several partitions) that fails in one may have written
-    /// the others (give ids to make a retry safe).
+    /// to 1 000 messages of one partition are one script, written all or none, and its
+    /// error is the one a push raises. A batch of several scripts (more messages, or
+    /// several partitions) that fails in one may have written others: then it raises a
+    /// `PartialPushError` (errors.rs) with the ids written, those unknown and every id of
+    /// the batch, which is also the class its cause raises.
     fn push_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
         let mut batch = Vec::new();
         for (i, item) in items.try_iter()?.enumerate() {

@@ -230,6 +230,73 @@ def test_a_full_redis_refuses_pushes_with_their_own_error_and_workers_still_drai
         full.stop()
 
 
+def refused_after_its_first_script(server: RedisServer, q: delayq.DelayQueue, items: list[dict]) -> delayq.DelayQueueError:
+    """Push ``items``, two scripts of 1 000, under maxmemory limits until one lets the
+    first script in and refuses the second, and return that push's error. Each try
+    starts from an empty server; one that wrote everything had too high a limit, one
+    that wrote nothing too low. Searched for: what a script's arguments take while it
+    runs differs between Redis versions."""
+
+    def used() -> int:
+        return int(server.cli("INFO", "memory").split("used_memory:")[1].split()[0])
+
+    def empty() -> None:
+        server.cli("CONFIG", "SET", "maxmemory", "0")
+        server.cli("FLUSHALL")
+
+    q.push_many(items[:10])
+    empty()
+    before = used()
+    q.push_many(items[:1000])
+    one = used() - before
+    empty()
+    low, high = before, before + 2 * one
+    for _ in range(30):
+        limit = low + (high - low) // 2
+        server.cli("CONFIG", "SET", "maxmemory", str(limit))
+        caught = None
+        try:
+            q.push_many(items)
+        except delayq.DelayQueueError as e:
+            caught = e
+        server.cli("CONFIG", "SET", "maxmemory", "0")
+        stored = int(server.cli("HLEN", "{dq:full}:messages"))
+        if caught is not None and stored == 1000:
+            return caught
+        if caught is None:
+            high = limit
+        elif stored == 0:
+            assert isinstance(caught, delayq.OutOfMemoryError), caught
+            low = limit
+        else:
+            raise AssertionError(f"{stored} messages stored: {caught}")
+        empty()
+    raise AssertionError(f"no maxmemory between {low} and {high} lets one script of the batch in and not the other")
+
+
+def test_a_streamed_batch_refused_for_memory_after_its_first_script_names_the_ids_it_wrote() -> None:
+    full = RedisServer("--maxmemory-policy", "noeviction")
+    try:
+        q = delayq.DelayQueue(full.url, "full")
+        items = [{"payload": {"i": i, "pad": "x" * 100}, "delay": 60} for i in range(2000)]
+        e = refused_after_its_first_script(full, q, items)
+        # Still the class it was, for code that catches that.
+        assert isinstance(e, delayq.OutOfMemoryError) and isinstance(e, delayq.PartialPushError), type(e)
+        assert "1000 of the batch's 2000 messages were written and the other 1000 were not" in str(e), str(e)
+        assert "nothing was written" not in str(e)
+        assert len(e.ids) == 2000
+        assert e.written_ids == e.ids[:1000], "the first script's ids, in order"
+        assert e.written == 1000 and e.unknown_ids == []
+        assert sorted(full.cli("HKEYS", "{dq:full}:messages").split()) == sorted(e.written_ids)
+        assert full.cli("HLEN", "{dq:full}:messages") == "1000"
+        assert q.get(e.written_ids[999])["payload"] == {"i": 999, "pad": "x" * 100}  # type: ignore[index]
+        # The whole batch again under those ids writes the rest, once.
+        assert q.push_many([dict(item, id=id) for item, id in zip(items, e.ids)]) == e.ids
+        assert full.cli("HLEN", "{dq:full}:messages") == "2000"
+    finally:
+        full.stop()
+
+
 def test_errors_share_one_root() -> None:
     for e in (delayq.InvalidArgumentError, delayq.PayloadError, delayq.ConnectionError, delayq.TimeoutError,
               delayq.AuthError, delayq.LeaseLostError, delayq.OutOfMemoryError):
