@@ -206,7 +206,9 @@ impl Queue {
                         Ok((v, confirmed))
                     });
                 // A refusal of the only send wrote nothing (a script checks before its
-                // first write); a send that failed otherwise may have run.
+                // first write); a send that failed otherwise may have run. (The cluster
+                // client resends a call whose connection failed on its own: a refusal
+                // of such a resend, a full Redis's, is taken as the call's.)
                 known[c] = match &result {
                     _ if ran.get() => Known::Written,
                     Err(e) if tries.get() == 1 && !e.is_retryable() => Known::NotWritten,
