@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use common::{RedisServer, assert_no_leak, wait_for};
@@ -488,7 +489,7 @@ fn a_batch_over_partitions_that_fails_in_one_writes_the_others_and_stays_in_step
     );
     // The error names what the other partition's script wrote: as many as it added,
     // each stored there.
-    let stored: std::collections::BTreeSet<String> = redis::cmd("HKEYS")
+    let stored: BTreeSet<String> = redis::cmd("HKEYS")
         .arg(stats[1].replace(":stats", ":messages"))
         .query(&mut con)
         .expect("HKEYS");
@@ -776,4 +777,78 @@ fn a_streamed_batch_refused_for_memory_after_its_first_script_names_the_ids_it_w
         .collect();
     assert_eq!(&q.push_many(&again).expect("push_many"), ids);
     assert_eq!(q.stats().expect("stats").scheduled, 2000);
+}
+
+/// On a cluster a batch's scripts go one by one, and stop at the first refused: the
+/// error names the ids of the partitions before it, and those after it were not sent.
+#[test]
+fn a_cluster_batch_refused_in_its_second_partition_names_the_first_partitions_ids() {
+    let cluster = common::Cluster::start(3, 0);
+    let q = delayq::Queue::new(
+        &cluster.url(),
+        "parts",
+        delayq::QueueOptions {
+            partitions: 3,
+            ..delayq::QueueOptions::default()
+        },
+    )
+    .expect("cluster queue");
+    let batch = |from: usize, n: usize| -> Vec<NewMessage> {
+        (from..from + n)
+            .map(|i| NewMessage::new(&json!({"i": i}), Duration::from_secs(60)).expect("message"))
+            .collect()
+    };
+    // Every partition's keys exist after a first batch.
+    q.push_many(&batch(0, 300)).expect("push_many");
+    let key = |part: usize, role: &str| format!("{}:{role}", q.hash_tag(part).expect("tag"));
+    let con = |key: &str| cluster.nodes[cluster.master_of(key)].con();
+    let stored = |part: usize| -> BTreeSet<String> {
+        let messages = key(part, "messages");
+        redis::cmd("HKEYS")
+            .arg(&messages)
+            .query(&mut con(&messages))
+            .expect("HKEYS")
+    };
+    let before: Vec<BTreeSet<String>> = (0..3).map(stored).collect();
+    // Partition 1's stats hash becomes a string: its script is refused before it writes.
+    let stats = key(1, "stats");
+    let _: () = redis::cmd("DEL").arg(&stats).query(&mut con(&stats)).expect("DEL");
+    let _: () = redis::cmd("SET")
+        .arg(&stats)
+        .arg("stray")
+        .query(&mut con(&stats))
+        .expect("SET");
+    let err = q
+        .push_many(&batch(300, 300))
+        .expect_err("a stats key of the wrong type");
+    let after: Vec<BTreeSet<String>> = (0..3).map(stored).collect();
+    assert_eq!(
+        (&after[1], &after[2]),
+        (&before[1], &before[2]),
+        "partition 1 was refused, partition 2 not sent"
+    );
+    let added: Vec<&String> = after[0].difference(&before[0]).collect();
+    assert!(!added.is_empty(), "partition 0's script did not run");
+    let delayq::Error::PartlyWritten {
+        ids,
+        written,
+        unknown,
+        cause,
+    } = &err
+    else {
+        panic!("not PartlyWritten: {err:?}");
+    };
+    assert!(matches!(**cause, delayq::Error::WrongType(_)), "{cause:?}");
+    assert_eq!((ids.len(), unknown.len()), (300, 0));
+    let mut named: Vec<&String> = written.iter().collect();
+    named.sort();
+    assert_eq!(named, added, "the ids named written are the ones partition 0 stored");
+    assert!(
+        err.to_string().contains(&format!(
+            "{} of the batch's 300 messages were written and the other {} were not",
+            written.len(),
+            300 - written.len()
+        )),
+        "{err}"
+    );
 }
