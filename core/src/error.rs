@@ -127,7 +127,8 @@ pub enum Error {
     /// `cause`. Pushing the whole batch again would push the written messages twice
     /// where delayq made their ids: push again only the messages not written, or the
     /// whole batch with each message given its id from `ids`, since a push under an id
-    /// that exists leaves that message as it is.
+    /// that exists does not push it twice (it leaves it as it is, or, with `replace`,
+    /// replaces it).
     #[error("{}", partly_written_text(ids.len(), written.len(), unknown.len(), cause))]
     PartlyWritten {
         /// Every id of the batch, in batch order: the ones the caller gave and the ones
@@ -352,7 +353,7 @@ fn partly_written_text(total: usize, written: usize, unknown: usize, cause: &Err
         .replace(" stopped before writing anything", " stopped");
     format!(
         "{what} (the error carries the ids written; push again only the rest, or the whole batch under the ids it \
-         carries, which leaves those written as they are): {cause}"
+         carries, which does not push those written twice): {cause}"
     )
 }
 

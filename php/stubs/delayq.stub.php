@@ -580,7 +580,7 @@ class DelayQueueOutOfMemoryException extends DelayQueueException {}
  * that a catch of that class still catches it. Pushing the whole batch again would push
  * the written messages twice where delayq made their ids: push again only the items not
  * written, or every item with its 'id' from getIds(), since a push under an id that
- * exists leaves that message as it is.
+ * exists does not push it twice (it leaves it as it is, or, with 'replace', replaces it).
  */
 interface DelayQueuePartialPushException
 {

@@ -71,7 +71,8 @@ class PartialPushError(DelayQueueError):
     ``unknown_ids``: those whose script was sent but whose reply never came (the
     connection failed), written or not. Push again only the messages not written, or
     the whole batch with each item given its id from ``ids``: a push under an id that
-    exists leaves that message as it is."""
+    exists does not push it twice (it leaves it as it is, or, with ``replace``,
+    replaces it)."""
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
