@@ -291,7 +291,7 @@ def test_a_streamed_batch_refused_for_memory_after_its_first_script_names_the_id
         assert full.cli("HLEN", "{dq:full}:messages") == "1000"
         assert q.get(e.written_ids[999])["payload"] == {"i": 999, "pad": "x" * 100}  # type: ignore[index]
         # The whole batch again under those ids writes the rest, once.
-        assert q.push_many([dict(item, id=id) for item, id in zip(items, e.ids)]) == e.ids
+        assert q.push_many([dict(item, id=given) for item, given in zip(items, e.ids)]) == e.ids
         assert full.cli("HLEN", "{dq:full}:messages") == "2000"
     finally:
         full.stop()
