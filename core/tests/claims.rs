@@ -562,7 +562,8 @@ fn a_release_stamps_what_has_no_stamp_and_leaves_a_stamp_that_does_not_parse() {
     assert_eq!(broken_at, 4096, "back at the score its lease named");
 }
 
-/// claim.lua called directly under a lease of `lease_ms`, saying "alone" when asked:
+/// claim.lua called directly under a lease of `lease_ms`, taking quarantined messages
+/// alone when asked, else in groups:
 /// (the ids handed out, their leases in order, whether a quarantined one was passed).
 fn claim_quarantined(
     con: &mut redis::Connection,
@@ -578,9 +579,8 @@ fn claim_quarantined(
         "60000".into(),
         "0".into(),
     ];
-    if alone {
-        words.push("alone".into());
-    }
+    words.push("quarantine".into());
+    words.push(if alone { "alone" } else { "groups" }.into());
     let reply: Vec<redis::Value> =
         redis::from_redis_value(common::call_script(con, "claim", tag, &words).expect("claim")).expect("parts");
     let header: Vec<i64> = redis::from_redis_value(reply[0].clone()).expect("header");
@@ -713,4 +713,31 @@ fn a_message_claimed_alone_is_charged_when_its_claim_expires_and_kept_when_relea
         .query(&mut con)
         .expect("EXISTS");
     assert_eq!(left, 0);
+}
+
+#[test]
+fn a_message_of_a_serial_key_waits_behind_a_quarantined_one_of_its_key() {
+    let server = RedisServer::start();
+    let q = server.queue("keyed");
+    let tag = "{dq:keyed}";
+    let mut con = server.con();
+    let keyed = |id: &str| PushOptions {
+        id: Some(id.to_owned()),
+        serial_key: Some("order:1".to_owned()),
+        ..PushOptions::default()
+    };
+    q.push_json("1", Due::NOW, &keyed("close")).expect("push");
+    claim_quarantined(&mut con, "keyed", 1, 300, false);
+    wait_out(&mut con, "keyed", 300);
+    // "close" waits to be claimed alone; "refund", due after it with its key, must not
+    // start first through a claim that passes "close" over.
+    q.push_json("2", Due::NOW, &keyed("refund")).expect("push");
+    push(&q, "other", Due::NOW);
+    let (ids, _, passed) = claim_quarantined(&mut con, "keyed", 10, 300, false);
+    assert_eq!(ids, ["other"]);
+    assert!(passed);
+    let (ids, leases, _) = claim_quarantined(&mut con, "keyed", 10, 300, true);
+    assert_eq!(ids, ["close"], "the key's first, alone; refund waits for the key");
+    assert!(leases[0].starts_with('q'));
+    assert_eq!(attempts_of(&mut con, tag, "refund"), None);
 }

@@ -1,13 +1,15 @@
 -- claim.lua: hand up to ARGV[3] due messages to one consumer under a lease, after
 -- re-scheduling deliveries whose lease expired (their worker died or hung).
 -- ARGV[3] batch (1..1000)   ARGV[4] lease_ms   ARGV[5] dead_max   ARGV[6] dead_ttl_ms
--- ARGV[7] "1" to look for repeating messages with no occurrence pending (see below)
+-- ARGV[7] "1" to look for repeating messages with no occurrence pending (see below),
+--   and to sweep a page of quarantine entries whose message no longer waits
 -- ARGV[8..]: optional sections, each a name and its words, carried by a claim so that
 --   they cost no command of their own: "beat" pool id, ttl_ms, info JSON (the claiming
 --   pool's heartbeat, see beat.lua); "minutes" minutes kept, n, then n deltas (the
---   pool's per-minute records, see minutes_add.lua); "alone" (no words): the
---   claiming pool has a handler free and holds no quarantined message, so it may take
---   one (below).
+--   pool's per-minute records, see minutes_add.lua); "quarantine" and a mode (below):
+--   "groups", the claiming pool holds no message claimed alone, so it may take a
+--   group; "alone", it also has a handler free to start one at once, so it may take a
+--   message claimed alone. Without it, the claim takes no quarantined message.
 -- Returns {header, ids, envelopes, later, keyed, repeats, lease} (decoded by
 --   scripts/claim.rs):
 --   header {now_ms, next_ms, reaped, limited, restart_generation, minute, us_past_ms,
@@ -15,8 +17,8 @@
 --     minute: the current minute (queue clock ms / 60000) when the claim carried the
 --     per-minute records, else -1.
 --     us_past_ms: the microseconds past now_ms (0..999) of the clock reading.
---     quarantined_left: 1 if a quarantined message was due and not taken (the caller
---     did not say "alone", or took one already), else 0.
+--     quarantined_left: 1 if a quarantined message was due and not taken (its mode
+--     did not allow it, or the claim took another group), else 0.
 --     limited: 1 if a rate limit is in force (the caller then claims only for idle
 --     handlers, so that a message starts as it is handed out, see limit.lua), else 0.
 --     restart_generation: how many requests that running pools stop were made (see
@@ -78,7 +80,7 @@
 -- @include restamp
 -- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined minutes claims claim_ids quarantine
 -- The optional sections, read whole before anything is written.
-local beat, minutes_kept, minute_deltas, alone_ok = nil, nil, nil, false
+local beat, minutes_kept, minute_deltas, quarantine_mode = nil, nil, nil, nil
 local at = 8
 while ARGV[at] do
   local section = ARGV[at]
@@ -97,9 +99,12 @@ while ARGV[at] do
       return redis.error_reply('DQERR ' .. malformed)
     end
     at = at + 3 + n
-  elseif section == 'alone' then
-    alone_ok = true
-    at = at + 1
+  elseif section == 'quarantine' then
+    quarantine_mode = ARGV[at + 1]
+    if quarantine_mode ~= 'groups' and quarantine_mode ~= 'alone' then
+      return redis.error_reply('DQERR malformed quarantine section')
+    end
+    at = at + 2
   else
     return redis.error_reply('DQERR unknown claim section ' .. section)
   end
@@ -198,6 +203,9 @@ end
 -- Rare (the caller asks about once a minute) and small: one entry per repeat.
 local broken = {}
 if ARGV[7] == '1' then
+  if redis.call('EXISTS', K_QUARANTINE) == 1 then
+    sweep_quarantine()
+  end
   local all = redis.call('HGETALL', K_REPEATS)
   for i = 1, #all, 2 do
     local mark = tonumber(redis.call('HGET', K_MARKS, all[i]))
@@ -266,7 +274,7 @@ if batch > 0 then
     ids = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'LIMIT', 0, read)
   end
   if quarantine and #ids > 0 then
-    ids, seed_scores, group, group_kind, header[8] = pass_quarantined(ids, seed_scores, batch, alone_ok)
+    ids, seed_scores, group, group_kind, header[8] = pass_quarantined(ids, seed_scores, batch, quarantine_mode)
   end
 end
 local n = #ids

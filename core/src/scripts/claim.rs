@@ -25,9 +25,19 @@ pub(crate) struct Args<'a> {
     /// The pool's per-minute records, carried by the claim: (minutes kept, deltas as
     /// `metrics::Delta::encode` writes them).
     pub(crate) minutes: Option<(u32, &'a [String])>,
-    /// The pool may take a quarantined message alone (see claim.lua): it has a
-    /// handler free to start it at once and holds no other such message.
-    pub(crate) alone: bool,
+    /// Which quarantined messages the claim may take (see claim.lua).
+    pub(crate) quarantine: Quarantine,
+}
+
+/// Which quarantined messages a claim may take (claim.lua's "quarantine" section).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Quarantine {
+    /// None: the pool holds a message claimed alone.
+    None,
+    /// A group of several.
+    Groups,
+    /// A group, or a message claimed alone: a handler is free to start it at once.
+    Alone,
 }
 
 impl Call for Args<'_> {
@@ -52,8 +62,14 @@ impl Call for Args<'_> {
                 inv.arg(d);
             }
         }
-        if self.alone {
-            inv.arg("alone");
+        match self.quarantine {
+            Quarantine::None => {}
+            Quarantine::Groups => {
+                inv.arg("quarantine").arg("groups");
+            }
+            Quarantine::Alone => {
+                inv.arg("quarantine").arg("alone");
+            }
         }
     }
 }

@@ -339,6 +339,10 @@ pub(super) fn forget(pool: &Pool, done: &[Outcome]) {
     }
     drop(outstanding);
     pool.control.slots.release(done.len());
+    if pool.quarantine_waits() {
+        // A handler is free: the fetchers may take what waits in the quarantine now.
+        pool.control.wake.kick();
+    }
 }
 
 /// Write one script call, trying again with backoff while it fails on the network

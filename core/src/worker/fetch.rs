@@ -20,7 +20,9 @@ use crate::{envelope, repeat};
 use super::complete::Outcome;
 use super::control::Control;
 use super::heartbeat::queue_now_ms;
-use super::pool::{ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, Ticket, YIELD_RECHECK, take_tickets};
+use super::pool::{
+    ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, QUARANTINE_RECHECK, Ticket, YIELD_RECHECK, take_tickets,
+};
 use super::wake::Pick;
 use super::{Delivery, is_setup_fault, pause_unless_stopped, run_call};
 
@@ -44,7 +46,7 @@ pub(super) fn check_access(queue: &Queue, lease: Duration, control: &Control) ->
             check_repeats: false,
             heartbeat: None,
             minutes: None,
-            alone: false,
+            quarantine: claim::Quarantine::None,
         };
         match run_call(&mut slot, queue, part, &args) {
             Ok(reply) => {
@@ -61,14 +63,14 @@ pub(super) fn check_access(queue: &Queue, lease: Duration, control: &Control) ->
 
 /// One claim of up to `want` messages on partition `part`, its heartbeat and its
 /// per-minute records carried when due: an idle pool's looks are all it sends. Returns
-/// the reply, its envelopes read, and when it came. With `alone`, it may take a
-/// quarantined message alone (see `Pool::alone_turn`).
+/// the reply, its envelopes read, and when it came. `quarantine` says which
+/// quarantined messages it may take (see `Pool::quarantine_turn`).
 pub(super) fn claim(
     pool: &Pool,
     slot: &mut ConnSlot,
     part: usize,
     want: usize,
-    alone: bool,
+    quarantine: claim::Quarantine,
 ) -> Result<(claim::Reply, Instant)> {
     let q = &pool.queue;
     let qo = q.options();
@@ -84,7 +86,7 @@ pub(super) fn claim(
         check_repeats: pool.repeat_check_due(part),
         heartbeat: beat.as_ref().map(|(id, ttl, info)| (*id, *ttl, info.as_str())),
         minutes: deltas.as_deref().map(|d| (crate::metrics::KEEP_MINUTES, d)),
-        alone,
+        quarantine,
     };
     let mut reply = match run_call(slot, q, part, &args) {
         Ok(reply) => reply,
@@ -271,7 +273,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         }
         cursor = (part + 1) % parts;
         // Before this claim's own reservation, which would count against the free handler.
-        let alone = pool.alone_turn();
+        let turn = pool.quarantine_turn();
         let reservation = pool.reserve_room(share, pool.is_rate_limited());
         let share = reservation.n;
         if share == 0 {
@@ -287,7 +289,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         let started = Instant::now();
         last_look = started;
         wake.begin_claim(part, started);
-        let (claimed, replied) = match claim(pool, &mut slot, part, room, alone.taken()) {
+        let (claimed, replied) = match claim(pool, &mut slot, part, room, turn.mode) {
             Ok(c) => c,
             Err(e) => {
                 control.slots.release(room);
@@ -346,7 +348,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         // The claimed deliveries count as held from here on.
         drop(reservation);
         drop(under_way);
-        drop(alone);
+        drop(turn);
         let occurrences: Vec<(String, i64)> = claimed
             .items
             .iter()
@@ -361,12 +363,13 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             deliveries,
             outcomes,
         );
-        wake.end_claim(part, got == room, if paused { -1 } else { claimed.next_ms });
+        let next_ms = if paused { -1 } else { claimed.next_ms };
         if got == 0 && claimed.quarantined_left {
             // All that is due waits in the quarantine for a turn this pool cannot take
-            // yet (it holds such a message, or no handler is free): look again once a
-            // delivery completes, not at once.
-            control.slots.wait_for_release(Duration::from_millis(100));
+            // yet: look again once a delivery completes (see complete.rs), or shortly.
+            wake.end_claim_not_before(part, next_ms, Instant::now() + QUARANTINE_RECHECK);
+        } else {
+            wake.end_claim(part, got == room, next_ms);
         }
         // After the hand-out, so that handlers need not wait for it.
         push_next_occurrences(pool, part, &occurrences, &claimed.broken_repeats);

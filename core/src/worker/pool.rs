@@ -9,6 +9,7 @@ use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
 use crate::queue::Queue;
+use crate::scripts::claim;
 
 use super::control::Control;
 use super::heartbeat::{Lateness, Registration};
@@ -87,7 +88,7 @@ pub(super) struct Pool {
     /// Deliveries that claims under way may bring (see `reserve_room`).
     pub(super) reserved: Mutex<usize>,
     /// A claim that may take a quarantined message alone is under way (see
-    /// `alone_turn`).
+    /// `quarantine_turn`); the worker's first pool's flag stands for all its queues.
     pub(super) claiming_alone: AtomicBool,
     /// Claims sent and not yet counted as outstanding (for `stop_when_empty`).
     pub(super) claiming: AtomicUsize,
@@ -112,20 +113,19 @@ pub(super) struct Reservation<'a> {
     pub(super) n: usize,
 }
 
-/// The right of one claim to take a quarantined message alone, until the deliveries
-/// it brought are outstanding (see `Pool::alone_turn`).
-pub(super) struct AloneTurn<'a>(Option<&'a AtomicBool>);
-
-impl AloneTurn<'_> {
-    pub(super) fn taken(&self) -> bool {
-        self.0.is_some()
-    }
+/// Which quarantined messages one claim may take (see `Pool::quarantine_turn`); the
+/// right to take one alone is its worker's until the deliveries it brought are
+/// outstanding.
+pub(super) struct QuarantineTurn {
+    pub(super) mode: claim::Quarantine,
+    /// The pool whose flag this turn holds (its worker's first), if it may take one alone.
+    alone: Option<Arc<Pool>>,
 }
 
-impl Drop for AloneTurn<'_> {
+impl Drop for QuarantineTurn {
     fn drop(&mut self) {
-        if let Some(flag) = self.0 {
-            flag.store(false, Ordering::Release);
+        if let Some(leader) = &self.alone {
+            leader.claiming_alone.store(false, Ordering::Release);
         }
     }
 }
@@ -168,6 +168,10 @@ pub(super) const YIELD_RECHECK: Duration = Duration::from_millis(5);
 /// room for clocks that run at different rates and a deadline set a little late.
 pub(super) const LEASE_MARGIN_DIVISOR: u32 = 50;
 
+/// How soon a pool looks again at a partition where quarantined messages are due that
+/// it could not take (a completion, which may let it, makes it look at once).
+pub(super) const QUARANTINE_RECHECK: Duration = Duration::from_millis(250);
+
 /// claim.lua's `next_ms` when the queue is paused.
 pub(super) const PAUSED: i64 = -2;
 
@@ -205,29 +209,56 @@ impl Pool {
         at.saturating_duration_since(renewed) + lease / LEASE_MARGIN_DIVISOR < lease
     }
 
-    /// Whether the next claim may take a quarantined message alone (see claim.lua):
-    /// the pool holds none and no other claim may take one, and it holds fewer
-    /// deliveries than it has handlers (counting those claims under way may bring), so
-    /// a handler is free to start it at once. Its expiry then counts as an attempt: a
-    /// message that waited in a buffer would be charged for a start it never had.
-    pub(super) fn alone_turn(&self) -> AloneTurn<'_> {
-        let taken = matches!(self.alone_room(), (false, true))
-            && self
+    /// Which quarantined messages the next claim may take (see claim.lua): none while
+    /// its worker holds a message claimed alone (a death then would charge it for
+    /// another's); one alone too when a handler is free to start it at once (its worker,
+    /// over all its queues, holds fewer deliveries than handlers, counting those claims
+    /// under way may bring) and no other claim may take one, else groups. The expiry of
+    /// a message claimed alone counts as an attempt: one that waited in a buffer would
+    /// be charged for a start it never had.
+    pub(super) fn quarantine_turn(&self) -> QuarantineTurn {
+        let (holds_alone, handler_free) = self.alone_room();
+        let without = |mode| QuarantineTurn { mode, alone: None };
+        if holds_alone {
+            return without(claim::Quarantine::None);
+        }
+        let Some(leader) = self.group_pools().into_iter().next() else {
+            return without(claim::Quarantine::Groups);
+        };
+        if handler_free
+            && leader
                 .claiming_alone
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok();
-        AloneTurn(taken.then_some(&self.claiming_alone))
+                .is_ok()
+        {
+            return QuarantineTurn {
+                mode: claim::Quarantine::Alone,
+                alone: Some(leader),
+            };
+        }
+        without(claim::Quarantine::Groups)
     }
 
-    /// Whether it holds a message claimed alone, and whether a handler is free (fewer
-    /// deliveries held than handlers, counting those claims under way may bring).
+    /// The pools of every queue of its worker (itself included): they share the handlers.
+    fn group_pools(&self) -> Vec<Arc<Pool>> {
+        self.group
+            .get()
+            .map(|g| g.iter().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether its worker holds a message claimed alone, and whether a handler is free
+    /// (fewer deliveries held over its queues than handlers, counting those claims
+    /// under way may bring).
     fn alone_room(&self) -> (bool, bool) {
-        let reserved = *self.reserved.lock();
-        let outstanding = self.outstanding.lock();
-        (
-            outstanding.values().any(|o| o.alone),
-            outstanding.len() + reserved < self.handlers,
-        )
+        let (mut held, mut holds_alone) = (0, false);
+        for p in self.group_pools() {
+            held += *p.reserved.lock();
+            let outstanding = p.outstanding.lock();
+            held += outstanding.len();
+            holds_alone |= outstanding.values().any(|o| o.alone);
+        }
+        (holds_alone, held < self.handlers)
     }
 
     /// A quarantined message waits for a pool to take it alone (see claim.lua), and
@@ -237,6 +268,12 @@ impl Pool {
     pub(super) fn waits_for_alone_turn(&self, part: usize) -> bool {
         self.quarantine_due.get(part).is_some_and(|d| d.load(Ordering::Relaxed))
             && matches!(self.alone_room(), (false, false))
+    }
+
+    /// Whether a quarantined message was due and passed over at the last claim of any
+    /// partition: a completion may now let this pool take it.
+    pub(super) fn quarantine_waits(&self) -> bool {
+        self.quarantine_due.iter().any(|d| d.load(Ordering::Relaxed))
     }
 
     /// Nothing claimed is running or waiting for a handler, and no claim is under way.

@@ -214,6 +214,14 @@ impl Wake {
         }
     }
 
+    /// As `end_claim` with nothing more to take now: `part` is next due at `next_ms`,
+    /// but not before `not_before` (what is due there waits for something else).
+    pub(super) fn end_claim_not_before(&self, part: usize, next_ms: i64, not_before: Instant) {
+        let mut st = self.state.lock();
+        let due = (next_ms >= 0).then(|| Self::local_deadline(&st, next_ms)).flatten();
+        st.next_due[part] = Some(due.map_or(not_before, |d| d.max(not_before)));
+    }
+
     /// A claim of `part` failed: look again once the caller's pause is over.
     pub(super) fn retry_claim(&self, part: usize) {
         self.state.lock().announced[part] = Some(Instant::now());
