@@ -12,9 +12,12 @@ function delayq_describe(): array
     $out = [];
     $classes = ['DelayQueue', 'DelayQueueWorker', 'DelayQueueMessage', 'DelayQueueException',
         'DelayQueueInvalidArgumentException', 'DelayQueueConnectionException', 'DelayQueueTimeoutException',
-        'DelayQueueAuthException', 'DelayQueuePayloadException', 'DelayQueueLeaseLostException'];
+        'DelayQueueAuthException', 'DelayQueuePayloadException', 'DelayQueueLeaseLostException',
+        'DelayQueueOutOfMemoryException', 'DelayQueuePartialPushException', 'DelayQueueRedisPartialPushException',
+        'DelayQueueConnectionPartialPushException', 'DelayQueueTimeoutPartialPushException',
+        'DelayQueueAuthPartialPushException', 'DelayQueueOutOfMemoryPartialPushException'];
     foreach ($classes as $name) {
-        if (!class_exists($name)) {
+        if (!class_exists($name) && !interface_exists($name)) {
             $out[$name] = 'missing';
             continue;
         }
