@@ -741,3 +741,27 @@ fn a_message_of_a_serial_key_waits_behind_a_quarantined_one_of_its_key() {
     assert!(leases[0].starts_with('q'));
     assert_eq!(attempts_of(&mut con, tag, "refund"), None);
 }
+
+#[test]
+fn a_single_message_claimed_for_a_free_handler_is_charged_when_its_claim_expires() {
+    let server = RedisServer::start();
+    let q = server.queue("single");
+    let tag = "{dq:single}";
+    let mut con = server.con();
+    push(&q, "slow", Due::NOW);
+    // A pool with a free handler ("alone") starts what it claims at once: a claim of one
+    // is charged when it expires, as a queue:work killed mid-job expects.
+    let (ids, leases, _) = claim_quarantined(&mut con, "single", 1, 300, true);
+    assert_eq!(ids, ["slow"]);
+    assert!(leases[0].starts_with('q'), "{leases:?}");
+    wait_out(&mut con, "single", 300);
+    assert_eq!(attempts_of(&mut con, tag, "slow"), Some(1));
+    // One claimed without a free handler waited in a buffer, maybe: not charged.
+    push(&q, "buffered", Due::NOW);
+    let (ids, leases, _) = claim_quarantined(&mut con, "single", 1, 300, false);
+    assert_eq!(ids, ["buffered"]);
+    assert!(!leases[0].starts_with('q'), "{leases:?}");
+    wait_out(&mut con, "single", 300);
+    assert_eq!(attempts_of(&mut con, tag, "buffered"), None);
+    assert_no_leak(&server, tag);
+}

@@ -52,8 +52,9 @@
 -- each allowed a claim half the size of the expired one: a group ("g<token>") of such
 -- messages is claimed apart from the others, and halves again if it expires, down to a
 -- message claimed alone ("q<token>"), by a pool with a handler free to start it at once
--- and no other such message in hand. Only that claim's expiry is charged: its handler
--- may have started it, and nothing else ran under it. So a message that kills its
+-- and no other such message in hand; so is a claim of a single message for such a
+-- pool. Only such a claim's expiry is charged: its handler may have started it, and
+-- nothing else ran under it. So a message that kills its
 -- worker reaches the dead letters after max_attempts (and a few more deaths, one per
 -- halving), and the messages that shared its claims come back with the attempts they had.
 -- This script runs once per batch of up to 1000 messages and is the drain's hot path:
@@ -352,6 +353,11 @@ if n > 0 then
   local grouped = 0
   while group and claimed_ids[grouped + 1] and group[claimed_ids[grouped + 1]] do
     grouped = grouped + 1
+  end
+  -- A single message taken for a free handler is started at once, as one taken alone
+  -- from the quarantine is: its expiry counts as an attempt too.
+  if grouped == 0 and claimed == 1 and quarantine_mode == 'alone' then
+    grouped, group_kind = 1, 'q'
   end
   local leases = {}
   lease_part[1] = token
