@@ -55,11 +55,13 @@ fn stamped_anew(con: &mut redis::Connection, id: &str, was: Option<(u64, u64)>) 
     stamp(con, id).expect("stamped")
 }
 
-/// The number of the claim that handed `d` out: its lease's token.
+/// The number of the claim that handed `d` out: its lease's token, less the mark of a
+/// claim of its own (see claim.lua's quarantine).
 fn claim_of(d: &Delivery) -> u64 {
     d.token()
         .split(':')
         .next()
+        .map(|t| t.trim_start_matches(['q', 'g']))
         .and_then(|t| t.parse().ok())
         .expect("a numeric token")
 }
