@@ -54,9 +54,9 @@
 -- message claimed alone ("q<token>"), by a pool with a handler free to start it at once
 -- and no other such message in hand; so is a claim of a single message for such a
 -- pool. Only such a claim's expiry is charged: its handler may have started it, and
--- nothing else ran under it. So a message that kills its
--- worker reaches the dead letters after max_attempts (and a few more deaths, one per
--- halving), and the messages that shared its claims come back with the attempts they had.
+-- nothing else ran under it. So a message that kills its worker reaches the dead
+-- letters after max_attempts (and a few more deaths, one per halving), and the
+-- messages that shared its claims come back with the attempts they had.
 -- This script runs once per batch of up to 1000 messages and is the drain's hot path:
 -- every per-message step below is one element of a variadic call, and no envelope
 -- passes through it unless serial keys need their stamps.
