@@ -482,6 +482,14 @@ class Worker:
 
         async def handle(delivery: Any) -> None:
             key = id(delivery)
+            if not consumer.lease_live(delivery):
+                # The loop got to it after its lease may have passed (the process was
+                # frozen since it was received): another worker may run it now.
+                unsettled.pop(key, None)
+                slots.release()
+                with contextlib.suppress(InvalidArgumentError):
+                    consumer.release(delivery)
+                return
             started[key] = delivery
             if len(started) == 1:
                 tell_supervisor()

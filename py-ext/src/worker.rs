@@ -754,6 +754,18 @@ impl PyConsumer {
         self.with(py, |c| c.release(d))
     }
 
+    /// Whether the delivery's lease is still live (see `Consumer::lease_live`).
+    fn lease_live(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<bool> {
+        let d = delivery
+            .delivery
+            .lock_py_attached(py)
+            .map_err(|_| errors::invalid(py, "this delivery is in use on another thread"))?;
+        let Some(d) = d.as_ref() else {
+            return Err(errors::invalid(py, "this delivery was completed already"));
+        };
+        self.with(py, |c| c.lease_live(d))
+    }
+
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |c| c.stop())
     }

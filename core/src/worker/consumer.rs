@@ -280,6 +280,18 @@ impl Consumer {
         fate
     }
 
+    /// Whether `d`'s lease is still live by the pool's clock, as `recv_timeout` checked
+    /// it when it handed `d` out: for a caller that starts the handler later (an
+    /// asyncio task, which runs once the event loop gets to it), which gives `d` back
+    /// (`release`) instead of starting it once the lease may have passed.
+    pub fn lease_live(&self, d: &Delivery) -> bool {
+        let pool = &self.owner(d).pool;
+        pool.outstanding
+            .lock()
+            .get(&d.ticket)
+            .is_some_and(|o| !o.timed_out && pool.lease_live_at(o.renewed, Instant::now()))
+    }
+
     /// Give a delivery back unstarted: due again at once, the attempt not counted.
     pub fn release(&self, d: Delivery) {
         self.owner(&d).send(Outcome::release(d));
