@@ -45,7 +45,8 @@ pub(super) struct Outstanding {
     /// Detached from its claim once it timed out (see extend.lua): its deadline is its
     /// own, which no heartbeat renews.
     pub(super) detached: bool,
-    /// Claimed alone from the quarantine (see claim.lua).
+    /// Claimed alone ("q<token>"): from the quarantine, or a single message for a free
+    /// handler (see claim.lua); its expiry counts as an attempt.
     pub(super) alone: bool,
     /// When the call that last set its lease's deadline was sent (the claim, then
     /// each renewal): Redis counted the lease from a moment after it.
