@@ -47,11 +47,16 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait(timeout=20)
 
 
+@pytest.mark.parametrize("concurrency", [None, 4], ids=["sync", "asyncio-4"])
 def test_a_pool_frozen_past_its_lease_starts_none_of_its_prefetched_deliveries(
-    queue: delayq.DelayQueue, redis_url: str, log: str
+    queue: delayq.DelayQueue, redis_url: str, log: str, concurrency: int | None
 ) -> None:
     queue.push_many([{"payload": {"n": n}} for n in range(3000)])
-    options = {"lease": 1.0, "batch": 20, "prefetch": 20, "_sleep": 0.002}
+    options: dict[str, object] = {"lease": 1.0, "batch": 20, "prefetch": 20, "_sleep": 0.002}
+    if concurrency:
+        # Received on a thread, started when the event loop gets to the task: a freeze
+        # between the two must not start it either.
+        options.update(concurrency=concurrency, _async=True)
     frozen = start_worker(redis_url, log, **options)
     procs = [frozen]
     try:
