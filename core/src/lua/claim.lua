@@ -395,7 +395,10 @@ if n > 0 then
     local members = {unpack(claimed_ids, 1, grouped)}
     redis.call('ZADD', K_CLAIMS, deadline, group_kind .. token)
     redis.call('HSET', K_CLAIM_IDS, group_kind .. token, cmsgpack.pack(members), group_kind .. token .. '#', grouped)
-    redis.call('HDEL', K_QUARANTINE, unpack(members))
+    -- A single message claimed for a free handler (no group read) has no entry.
+    if group then
+      redis.call('HDEL', K_QUARANTINE, unpack(members))
+    end
   end
   if claimed > grouped then
     redis.call('ZADD', K_CLAIMS, deadline, token)
