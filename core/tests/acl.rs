@@ -287,10 +287,7 @@ fn acks_refused_for_a_moment_by_a_permission_taken_away_go_through_once_it_is_ba
     set_user(&mut admin, &rule, "s3cret");
     let url = format!("redis://orders-app:s3cret@127.0.0.1:{}", server.port);
     let q = Queue::new(&url, "orders", QueueOptions::default()).expect("queue");
-    let batch: Vec<NewMessage> = (0..N)
-        .map(|n| NewMessage::new(&json!({"n": n}), Duration::from_millis(n * 15)).expect("msg"))
-        .collect();
-    q.push_many(&batch).expect("push");
+    common::push_spread(&q, N, Duration::from_millis(15));
     let worker = Worker::new(
         q.clone(),
         WorkerOptions {

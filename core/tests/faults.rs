@@ -446,10 +446,7 @@ fn completions_refused_for_a_moment(role: &str) {
     let server = RedisServer::start();
     let name = format!("stray-{role}");
     let q = server.queue(&name);
-    let batch: Vec<NewMessage> = (0..N)
-        .map(|n| NewMessage::new(&json!({"n": n}), Duration::from_millis(n * 15)).expect("msg"))
-        .collect();
-    q.push_many(&batch).expect("push");
+    common::push_spread(&q, N, Duration::from_millis(15));
     let worker = Worker::new(
         q.clone(),
         WorkerOptions {

@@ -275,6 +275,17 @@ pub fn assert_no_leak(server: &RedisServer, tag: &str) {
     assert_eq!(stray, 0, "quarantined messages that do not wait under {tag}");
 }
 
+/// `n` messages `{"n": i}`, the i-th due `step * i` from now, in one `push_many`.
+pub fn push_spread(q: &Queue, n: u64, step: Duration) {
+    let batch: Vec<delayq::NewMessage> = (0..n)
+        .map(|i| {
+            let due = step * u32::try_from(i).expect("a small batch");
+            delayq::NewMessage::new(&serde_json::json!({ "n": i }), due).expect("msg")
+        })
+        .collect();
+    q.push_many(&batch).expect("push");
+}
+
 /// Stops a pool when dropped, also while a failed assertion unwinds: inside
 /// `thread::scope`, a pool that keeps running turns a failing test into a hang.
 pub struct StopOnDrop(pub delayq::Stopper);
