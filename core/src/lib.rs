@@ -42,6 +42,7 @@ pub mod registry;
 pub mod repeat;
 pub mod scale;
 pub mod scripts;
+mod threads;
 mod time;
 mod worker;
 
@@ -63,6 +64,6 @@ pub use repeat::{RepeatInfo, RepeatOptions, Schedule};
 pub use scripts::MAX_BATCH;
 pub use time::{Due, MAX_DELAY, delay_from_secs};
 pub use worker::{
-    Consumer, Delivery, Fate, MAX_TRACE_BYTES, MAX_WORKER_QUEUES, Received, Releaser, Retry, Stopper, Summary, Worker,
-    WorkerOptions,
+    Consumer, Delivery, Fate, MAX_TRACE_BYTES, MAX_WORKER_QUEUES, Receipt, Received, Releaser, Retry, Stopper, Summary,
+    Worker, WorkerOptions,
 };

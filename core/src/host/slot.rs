@@ -505,45 +505,43 @@ impl Slot {
         let stop = Arc::new(AtomicBool::new(false));
         let slot = self.clone();
         let flag = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("delayq-slot".into())
-            .spawn(move || {
-                let mut clock = HungClock::default();
-                while !flag.load(Ordering::Acquire) {
-                    slot.publish(&releaser.summary());
-                    let c = slot.cells();
-                    let starts = c.starts.load(Ordering::Acquire);
-                    let busy = c.busy.load(Ordering::Acquire) == 1;
-                    if let (Some(t), Some(ran)) = (timeout, clock.observe(starts, busy, Instant::now()))
-                        && HungClock::is_hung(ran, t, Duration::from_millis(c.grace_ms.load(Ordering::Acquire)))
-                        && c.gave_back.load(Ordering::Acquire) != starts
-                    {
-                        // The named blocker is the one hung: every other delivery goes
-                        // back uncounted. Otherwise only the waiting ones can be known
-                        // innocent; the other running ones come back after their lease.
-                        let held = read_held(c);
-                        let blocker = c.blocker.load(Ordering::Acquire);
-                        if c.starts.load(Ordering::Acquire) != starts {
-                            // Its handlers moved on meanwhile: look again next turn.
-                            std::thread::park_timeout(PUBLISH_EVERY);
-                            continue;
-                        }
-                        match held {
-                            Some(held) if blocker == starts => {
-                                releaser.stop_and_release_all_but(held.member, &held.lease, &held.id);
-                            }
-                            _ => {
-                                releaser.stop_and_release_waiting();
-                            }
-                        }
-                        slot.publish(&releaser.summary());
-                        c.gave_back.store(starts, Ordering::Release);
-                    }
-                    std::thread::park_timeout(PUBLISH_EVERY);
-                }
+        let thread = crate::threads::spawn("delayq-slot".into(), move || {
+            let mut clock = HungClock::default();
+            while !flag.load(Ordering::Acquire) {
                 slot.publish(&releaser.summary());
-            })
-            .ok();
+                let c = slot.cells();
+                let starts = c.starts.load(Ordering::Acquire);
+                let busy = c.busy.load(Ordering::Acquire) == 1;
+                if let (Some(t), Some(ran)) = (timeout, clock.observe(starts, busy, Instant::now()))
+                    && HungClock::is_hung(ran, t, Duration::from_millis(c.grace_ms.load(Ordering::Acquire)))
+                    && c.gave_back.load(Ordering::Acquire) != starts
+                {
+                    // The named blocker is the one hung: every other delivery goes
+                    // back uncounted. Otherwise only the waiting ones can be known
+                    // innocent; the other running ones come back after their lease.
+                    let held = read_held(c);
+                    let blocker = c.blocker.load(Ordering::Acquire);
+                    if c.starts.load(Ordering::Acquire) != starts {
+                        // Its handlers moved on meanwhile: look again next turn.
+                        std::thread::park_timeout(PUBLISH_EVERY);
+                        continue;
+                    }
+                    match held {
+                        Some(held) if blocker == starts => {
+                            releaser.stop_and_release_all_but(held.member, &held.lease, &held.id);
+                        }
+                        _ => {
+                            releaser.stop_and_release_waiting();
+                        }
+                    }
+                    slot.publish(&releaser.summary());
+                    c.gave_back.store(starts, Ordering::Release);
+                }
+                std::thread::park_timeout(PUBLISH_EVERY);
+            }
+            slot.publish(&releaser.summary());
+        })
+        .ok();
         Publisher { stop, thread }
     }
 }

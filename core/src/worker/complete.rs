@@ -338,6 +338,7 @@ pub(super) fn forget(pool: &Pool, done: &[Outcome]) {
         outstanding.remove(&o.ticket());
     }
     drop(outstanding);
+    pool.settled.notify_all();
     pool.control.slots.release(done.len());
     if pool.quarantine_waits() {
         // A handler is free: the fetchers may take what waits in the quarantine now.

@@ -16,7 +16,7 @@ use super::control::{Control, group_stopped};
 use super::heartbeat::queue_now_ms;
 use super::pool::{Pool, YIELD_RECHECK};
 use super::summary::Counters;
-use super::{Delivery, Fate, Received, Releaser, Retry, Stopper, Summary};
+use super::{Delivery, Fate, Receipt, Received, Releaser, Retry, Stopper, Summary};
 
 /// `trace` within `max` bytes: its start and its end around a note of what was left
 /// out, cut on character boundaries.
@@ -290,6 +290,44 @@ impl Consumer {
             .lock()
             .get(&d.ticket)
             .is_some_and(|o| !o.timed_out && pool.lease_live_at(o.renewed, Instant::now()))
+    }
+
+    /// Wait until the completion of the delivery named by `receipt` (an ack, a failure,
+    /// a release) is written to Redis or given up (the completer tries while its lease
+    /// lasts): for a caller that must not go on before its decision is stored, such as
+    /// a framework's worker that may kill its own process next.
+    pub fn wait_written(&self, receipt: Receipt) {
+        if self.in_forked_child() {
+            return;
+        }
+        let pool = &self.members().nth(receipt.member).unwrap_or(self).pool;
+        let mut outstanding = pool.outstanding.lock();
+        while outstanding.contains_key(&receipt.ticket) {
+            pool.settled.wait(&mut outstanding);
+        }
+    }
+
+    /// How soon the next message of its queues is due as far as the pool knows (from
+    /// its last claims and producers' wake-ups): zero when one is due now, `None` when
+    /// none is known. For a caller that waits a while before it asks again (a
+    /// framework's idle sleep), and keeps waiting instead when a message comes sooner.
+    pub fn next_due_in(&self) -> Option<Duration> {
+        let now = Instant::now();
+        self.members()
+            .filter(|m| !m.pool.control.stopped())
+            .filter_map(|m| {
+                let st = m.pool.control.wake.state.lock();
+                (0..st.next_due.len()).filter_map(|part| st.due_at(part)).min()
+            })
+            .min()
+            .map(|at| at.saturating_duration_since(now))
+    }
+
+    /// Why the pool's last claim failed, while its claims fail (Redis cannot be
+    /// reached, a permission was taken away); `None` once a claim goes through. The
+    /// pool keeps trying with a backoff meanwhile.
+    pub fn claim_failure(&self) -> Option<Arc<crate::error::Error>> {
+        self.members().find_map(|m| m.pool.claim_failure.lock().clone())
     }
 
     /// Give a delivery back unstarted: due again at once, the attempt not counted.

@@ -39,6 +39,14 @@ pub enum Fate {
     Dead(String),
 }
 
+/// Names a delivery after it was handed back to its consumer, to wait for its
+/// completion to be written (`Consumer::wait_written`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    pub(super) member: usize,
+    pub(super) ticket: super::pool::Ticket,
+}
+
 /// One delivery of a message to a handler.
 #[derive(Debug, Clone)]
 pub struct Delivery {
@@ -93,6 +101,14 @@ impl Delivery {
     /// another one, and only the current one may complete it.
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// What names it once it is completed, for `Consumer::wait_written`.
+    pub fn receipt(&self) -> Receipt {
+        Receipt {
+            member: self.member,
+            ticket: self.ticket,
+        }
     }
 
     /// The partition of the queue it came from (0 on an unpartitioned queue).

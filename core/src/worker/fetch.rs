@@ -293,7 +293,6 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             Ok(c) => c,
             Err(e) => {
                 control.slots.release(room);
-                pool.claims_failing.store(true, Ordering::Release);
                 // A permission taken away or a stray key: nothing was written, and only
                 // an operator can mend it, so it is an error and the pool asks less often.
                 let most = if is_setup_fault(&e) {
@@ -309,6 +308,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
                     );
                     Duration::from_secs(2)
                 };
+                *pool.claim_failure.lock() = Some(Arc::new(e));
                 pause_unless_stopped(pool, error_pause);
                 error_pause = (error_pause * 2).min(most);
                 wake.retry_claim(part);
@@ -316,7 +316,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             }
         };
         error_pause = Duration::from_millis(50);
-        pool.claims_failing.store(false, Ordering::Release);
+        *pool.claim_failure.lock() = None;
         wake.set_clock(started, replied, claimed.server_now_us);
         let paused = claimed.next_ms == PAUSED;
         pool.note_paused(paused);

@@ -225,12 +225,13 @@ impl Worker {
             rate_limited: (0..self.queue.partitions()).map(|_| AtomicBool::new(false)).collect(),
             quarantine_due: (0..self.queue.partitions()).map(|_| AtomicBool::new(false)).collect(),
             reserved: Mutex::new(0),
+            settled: Condvar::new(),
             claiming: AtomicUsize::new(0),
             claiming_alone: AtomicBool::new(false),
             member,
             group: OnceLock::new(),
             overdue: AtomicUsize::new(0),
-            claims_failing: AtomicBool::new(false),
+            claim_failure: Mutex::new(None),
             minutes: crate::metrics::Tally::new(self.queue.partitions()),
         });
         (pool, deliver_tx, deliver_rx)
@@ -248,10 +249,7 @@ impl Worker {
         let mut fetchers = Vec::new();
         let mut others = Vec::new();
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name)
-                .spawn(f)
-                .map_err(|e| Error::State(format!("cannot start a pool thread: {e}")))
+            crate::threads::spawn(name, f).map_err(|e| Error::State(format!("cannot start a pool thread: {e}")))
         };
         check_access(&pool.queue, pool.opts.lease, &pool.control)?;
         let result = (|| -> Result<()> {

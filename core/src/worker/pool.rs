@@ -6,8 +6,9 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
+use crate::error::Error;
 use crate::queue::Queue;
 use crate::scripts::claim;
 
@@ -61,6 +62,8 @@ pub(super) struct Pool {
     pub(super) counters: Counters,
     /// Claimed, not yet completed, by ticket.
     pub(super) outstanding: Mutex<HeldMap>,
+    /// Notified when completions leave `outstanding` (see `Consumer::wait_written`).
+    pub(super) settled: Condvar,
     /// Deliveries the caller works on at once (its handler threads or tasks).
     pub(super) handlers: usize,
     /// Every handler is past `timeout`: claim nothing, and give prefetched deliveries
@@ -101,8 +104,9 @@ pub(super) struct Pool {
     pub(super) group: OnceLock<Vec<Weak<Pool>>>,
     /// Handlers of its deliveries past `timeout` at the last heartbeat.
     pub(super) overdue: AtomicUsize,
-    /// Its last claim failed (see `yields_to_higher`).
-    pub(super) claims_failing: AtomicBool,
+    /// Why its last claim failed, or `None` when it went through (see
+    /// `yields_to_higher`, `Consumer::claim_failure`).
+    pub(super) claim_failure: Mutex<Option<Arc<Error>>>,
     /// What its handlers did by minute, for the queue's per-minute records.
     pub(super) minutes: crate::metrics::Tally,
 }
@@ -329,7 +333,7 @@ impl Pool {
     /// be due, unless it is stopped or its claims fail (its Redis is down).
     pub(super) fn has_work_for_handlers(&self) -> bool {
         !self.control.stopped()
-            && !self.claims_failing.load(Ordering::Acquire)
+            && self.claim_failure.lock().is_none()
             && (!self.buffered.is_empty() || self.claiming.load(Ordering::Acquire) > 0 || self.control.wake.due_now())
     }
 
