@@ -36,7 +36,12 @@ unsafe extern "C" {
 }
 
 /// The classes whose methods are wrapped.
-const CLASSES: [&str; 3] = ["DelayQueue", "DelayQueueWorker", "DelayQueueMessage"];
+const CLASSES: [&str; 4] = [
+    "DelayQueue",
+    "DelayQueueWorker",
+    "DelayQueueMessage",
+    "DelayQueueConsumer",
+];
 
 const fn may_be(type_: u32) -> u32 {
     1 << type_

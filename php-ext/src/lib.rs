@@ -5,9 +5,11 @@
 
 mod args;
 mod callable;
+mod consumer;
 mod convert;
 mod errors;
 mod logs;
+mod message;
 mod queue;
 mod records;
 mod signals;
@@ -65,5 +67,6 @@ pub fn module(module: ModuleBuilder) -> ModuleBuilder {
         .info_function(info)
         .class::<queue::PhpDelayQueue>()
         .class::<worker::PhpWorker>()
-        .class::<worker::PhpMessage>()
+        .class::<message::PhpMessage>()
+        .class::<consumer::PhpConsumer>()
 }

@@ -2,7 +2,6 @@
 //! (mirrors `delayq::Worker` / `delayq::Consumer`), and in `processes` mode forks and
 //! supervises handler processes (see `supervisor.rs`).
 
-use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,8 +14,10 @@ use ext_php_rs::types::{ZendCallable, ZendClassObject, ZendHashTable, ZendObject
 use ext_php_rs::zend::{BailoutGuard, ClassEntry, ExecutorGlobals, ce};
 
 use crate::callable::Callee;
-use crate::convert::{self, Options, OptionsArg, Seconds, zv};
+use crate::consumer::PhpConsumer;
+use crate::convert::{self, Options, OptionsArg, zv};
 use crate::errors::{self, OrThrow};
+use crate::message::{Decision, PhpMessage};
 use crate::queue::PhpDelayQueue;
 use crate::signals;
 use crate::supervisor;
@@ -139,109 +140,6 @@ unsafe fn function_name(function: &ext_php_rs::ffi::zend_function) -> String {
 
 /// The error of a delivery whose handler called exit() or die().
 const EXIT_ERROR: &str = "the handler called exit() or die(), which stopped the worker";
-
-/// What a handler asked for with retryLater() or deadLetter(); shared with the loop
-/// that reads it once the handler is done (both on the PHP thread).
-type Decision = Rc<RefCell<Option<(delayq::Retry, String)>>>;
-
-/// One delivery, as the handler's second argument.
-#[php_class]
-#[php(name = "DelayQueueMessage")]
-#[php(flags = ext_php_rs::flags::ClassFlags::Final)]
-#[derive(Debug)]
-pub struct PhpMessage {
-    id: String,
-    attempt: i64,
-    max_attempts: i64,
-    due_at: f64,
-    expires_at: Option<f64>,
-    serial_key: Option<String>,
-    queue: String,
-    partition: i64,
-    decision: Decision,
-}
-
-impl PhpMessage {
-    fn decide(&self, retry: delayq::Retry, reason: String) -> PhpResult<()> {
-        let mut decision = self.decision.borrow_mut();
-        if decision.is_some() {
-            return Err(errors::invalid(
-                "retryLater() or deadLetter() was called for this delivery already",
-            ));
-        }
-        *decision = Some((retry, reason));
-        Ok(())
-    }
-}
-
-#[php_impl]
-impl PhpMessage {
-    /// The message id.
-    #[php(getter)]
-    pub fn get_id(&self) -> String {
-        self.id.clone()
-    }
-
-    /// This delivery's number, counting from 1.
-    #[php(getter)]
-    pub fn get_attempt(&self) -> i64 {
-        self.attempt
-    }
-
-    /// Deliveries allowed before the message goes to the dead-letter set.
-    #[php(getter)]
-    pub fn get_max_attempts(&self) -> i64 {
-        self.max_attempts
-    }
-
-    /// When this delivery was due: Unix time in seconds (float).
-    #[php(getter)]
-    pub fn get_due_at(&self) -> f64 {
-        self.due_at
-    }
-
-    /// With the push option 'expire_after': the latest it could start, Unix seconds;
-    /// else null.
-    #[php(getter)]
-    pub fn get_expires_at(&self) -> Option<f64> {
-        self.expires_at
-    }
-
-    /// With the push option 'serial_key': the key, which no other running message
-    /// holds meanwhile; else null.
-    #[php(getter)]
-    pub fn get_serial_key(&self) -> Option<String> {
-        self.serial_key.clone()
-    }
-
-    /// The queue's name.
-    #[php(getter)]
-    pub fn get_queue(&self) -> String {
-        self.queue.clone()
-    }
-
-    /// The partition it came from (0 unless the queue has `partitions`).
-    #[php(getter)]
-    pub fn get_partition(&self) -> i64 {
-        self.partition
-    }
-
-    /// Fail this delivery and run it again after `$delay` seconds (a rate limit's
-    /// "try again in 60 s"), whatever the handler does next. Counts as an attempt:
-    /// past max_attempts the message goes to the dead-letter set.
-    #[php(defaults(reason = "\"retry requested by the handler\""))]
-    pub fn retry_later(&self, delay: Seconds, reason: String) -> PhpResult<()> {
-        let delay = delayq::delay_from_secs("delay", delay.0).or_throw()?;
-        self.decide(delayq::Retry::After(delay), reason)
-    }
-
-    /// Fail this delivery for good: to the dead-letter set now with `$reason`, no
-    /// retries (the order it was about no longer exists), whatever the handler does next.
-    #[php(defaults(reason = "\"dead-lettered by the handler\""))]
-    pub fn dead_letter(&self, reason: String) -> PhpResult<()> {
-        self.decide(delayq::Retry::Never, reason)
-    }
-}
 
 /// A pool of consumers running a PHP callable for each due message.
 /// The worker's callables besides the handler, each run in the worker process.
@@ -568,18 +466,8 @@ impl delayq::host::Handler for PhpHandler<'_> {
         let payload = delivery
             .decode_payload_with(convert::ZvalSeed)
             .map_err(|e| format!("stored payload cannot be decoded: {e}"))?;
-        let decision = Decision::default();
-        let message = PhpMessage {
-            id: delivery.id.clone(),
-            attempt: i64::from(delivery.attempt),
-            max_attempts: i64::from(delivery.max_attempts),
-            due_at: convert::ms_to_secs(delivery.due_at_ms),
-            expires_at: delivery.expires_at_ms.map(convert::ms_to_secs),
-            serial_key: delivery.serial_key.clone(),
-            queue: delivery.queue.to_string(),
-            partition: delivery.partition() as i64,
-            decision: Rc::clone(&decision),
-        };
+        let message = PhpMessage::new(delivery, payload.shallow_clone(), None);
+        let decision = Rc::clone(&message.decision);
         Ok(PhpCall {
             payload,
             message: ZendClassObject::new(message).into_zval(false).unwrap_or_default(),
@@ -822,6 +710,44 @@ impl PhpWorker {
         drop(guard);
         self.running.store(false, Ordering::Release);
         result
+    }
+
+    /// Start the pool in this process and take its messages one at a time with
+    /// DelayQueueConsumer::receive(), deciding each with the message's ack(), fail(),
+    /// release(), retryLater() or deadLetter(); their leases are renewed meanwhile.
+    /// The options that shape run() (processes, timeout, max_jobs, max_time,
+    /// max_memory_mb, the hooks, no_retry) are refused: the caller runs each message
+    /// and decides when to stop.
+    pub fn consumer(&self) -> PhpResult<PhpConsumer> {
+        let s = &self.settings;
+        let h = &self.hooks;
+        let refused: Vec<&str> = [
+            ("processes", s.processes != 1),
+            ("timeout", s.pool.timeout.is_some()),
+            ("max_jobs", s.max_jobs.is_some()),
+            ("max_time", s.max_time.is_some()),
+            ("max_memory_mb", s.max_memory_mb.is_some()),
+            ("on_start", h.on_start.is_some()),
+            ("on_stop", h.on_stop.is_some()),
+            ("on_dead", h.on_dead.is_some()),
+            ("on_failure", h.on_failure.is_some()),
+            ("no_retry", !self.no_retry.is_empty()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect();
+        if !refused.is_empty() {
+            return Err(errors::invalid(format!(
+                "DelayQueueWorker::consumer(): option '{}' applies to run() only: the consumer's caller runs \
+                 each message and decides when to stop",
+                refused.join("', '")
+            )));
+        }
+        if self.running.load(Ordering::Acquire) {
+            return Err(errors::invalid("this DelayQueueWorker is already running"));
+        }
+        crate::logs::sync_level();
+        Ok(PhpConsumer::new(self.worker.start().or_throw()?))
     }
 
     /// Stop gracefully: running handlers finish and are acknowledged, prefetched

@@ -10,7 +10,7 @@ if (isset($argv[1])) {
 function delayq_describe(): array
 {
     $out = [];
-    $classes = ['DelayQueue', 'DelayQueueWorker', 'DelayQueueMessage', 'DelayQueueException',
+    $classes = ['DelayQueue', 'DelayQueueWorker', 'DelayQueueMessage', 'DelayQueueConsumer', 'DelayQueueException',
         'DelayQueueInvalidArgumentException', 'DelayQueueConnectionException', 'DelayQueueTimeoutException',
         'DelayQueueAuthException', 'DelayQueuePayloadException', 'DelayQueueLeaseLostException',
         'DelayQueueOutOfMemoryException', 'DelayQueuePartialPushException', 'DelayQueueRedisPartialPushException',
