@@ -497,6 +497,20 @@ final class DelayQueueWorker
     public function run(callable $handler): array {}
 
     /**
+     * Starts the pool in this process and hands its messages out one at a time,
+     * for code that asks for the next message and decides it later (a framework's
+     * worker): DelayQueueConsumer::receive(), then the message's ack(), fail(),
+     * release(), retryLater() or deadLetter(). Leases are renewed by the pool's threads
+     * meanwhile. The options that shape run() (processes, timeout, max_jobs, max_time,
+     * max_memory_mb, on_start, on_stop, on_dead, on_failure, no_retry) are refused.
+     *
+     * @throws DelayQueueInvalidArgumentException for an option of run(), or while run() runs
+     * @throws DelayQueueConnectionException when Redis cannot be reached
+     * @throws DelayQueueAuthException when the user may not run the queue's scripts
+     */
+    public function consumer(): DelayQueueConsumer {}
+
+    /**
      * Stops gracefully: running handlers finish and are acknowledged, prefetched
      * messages go back to the queue at once, then run() returns. Safe to call from a
      * handler or a pcntl signal handler.
@@ -505,12 +519,58 @@ final class DelayQueueWorker
 }
 
 /**
- * One delivery of a message, passed to the handler. Its properties are read-only.
+ * A running pool whose messages the caller takes one at a time (from
+ * DelayQueueWorker::consumer()). Each message is decided by its ack(), fail(),
+ * release(), retryLater() or deadLetter(), written to Redis before the call returns.
+ */
+final class DelayQueueConsumer
+{
+    /** @internal created by DelayQueueWorker::consumer() */
+    public function __construct() {}
+
+    /**
+     * The next due message, waiting at most $timeout seconds; null when none came,
+     * when the consumer is stopping (see isStopped()), or early when a signal arrived
+     * for one of PHP's handlers (pcntl_async_signals: they run as this returns).
+     *
+     * @throws DelayQueueInvalidArgumentException for a negative timeout, or once stopped
+     * @throws DelayQueueConnectionException when the pool's claims failed for the whole wait
+     *   because Redis cannot be reached (the pool keeps trying); its subclasses and
+     *   DelayQueueAuthException likewise
+     */
+    public function receive(float $timeout = 1.0): ?DelayQueueMessage {}
+
+    /**
+     * Seconds until the next message of its queues is due as far as the pool knows,
+     * 0.0 when one is due now, null when none is known: a caller about to sleep
+     * before it asks again may wait for that message instead.
+     */
+    public function nextDueIn(): ?float {}
+
+    /** Whether the pool stopped (stop(), DelayQueue::restartWorkers()): receive() returns null from now on. */
+    public function isStopped(): bool {}
+
+    /**
+     * Stops: waiting messages go back to the queue at once, every decision made is
+     * written, and the pool's threads end. Messages still undecided can no longer be
+     * decided; they run again after their lease.
+     *
+     * @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int, gone: int,
+     *   released: int, unwritten: int, stopped_by: ?string}
+     */
+    public function stop(): array {}
+}
+
+/**
+ * One delivery of a message: passed to a DelayQueueWorker handler, or returned by
+ * DelayQueueConsumer::receive(). Its properties are read-only.
  */
 final class DelayQueueMessage
 {
     /** @var string the message id */
     public $id;
+    /** @var mixed the payload, as the handler receives it */
+    public $payload;
     /** @var int this delivery's number, counting from 1 */
     public $attempt;
     /** @var int deliveries allowed before the message goes to the dead-letter set */
@@ -531,8 +591,9 @@ final class DelayQueueMessage
 
     /**
      * Fails this delivery and runs it again after $delay seconds (a rate limit's "try
-     * again in 60 s"), whatever the handler does next (return or throw). Counts as an
-     * attempt: past max_attempts the message goes to the dead-letter set.
+     * again in 60 s"). Counts as an attempt: past max_attempts the message goes to the
+     * dead-letter set. In a handler, whatever the handler does next (return or throw);
+     * for a message of a consumer, at once.
      *
      * @throws DelayQueueInvalidArgumentException for a negative or non-finite delay, or a
      *   second decision for the same delivery
@@ -541,11 +602,36 @@ final class DelayQueueMessage
 
     /**
      * Fails this delivery for good: to the dead-letter set now with $reason, no
-     * retries (the order it was about no longer exists), whatever the handler does next.
+     * retries (the order it was about no longer exists). In a handler, whatever the
+     * handler does next; for a message of a consumer, at once.
      *
      * @throws DelayQueueInvalidArgumentException for a second decision for the same delivery
      */
     public function deadLetter(string $reason = "dead-lettered by the handler"): void {}
+
+    /**
+     * A message of a consumer is done: deleted. (In a handler, returning acknowledges.)
+     *
+     * @throws DelayQueueInvalidArgumentException inside a handler, for a second decision,
+     *   or once its consumer was stopped (it then runs again after its lease)
+     */
+    public function ack(): void {}
+
+    /**
+     * A message of a consumer failed with $reason: retried after the worker's backoff,
+     * or past max_attempts moved to the dead-letter set. (In a handler, throw.)
+     *
+     * @throws DelayQueueInvalidArgumentException as ack()
+     */
+    public function fail(string $reason): void {}
+
+    /**
+     * Gives a message of a consumer back unstarted: due again at once, and this
+     * delivery does not count as an attempt.
+     *
+     * @throws DelayQueueInvalidArgumentException as ack()
+     */
+    public function release(): void {}
 }
 
 /** Every error that delayq raises. */

@@ -16,6 +16,11 @@ class DelayqConnector implements ConnectorInterface
 {
     public const KEYS = ['driver', 'url', 'queue', 'retry_after', 'block_for', 'after_commit', 'options'];
 
+    /** @param float $idleSleep see DelayqQueue::setIdleSleep */
+    public function __construct(private float $idleSleep = 0.0)
+    {
+    }
+
     public function connect(array $config)
     {
         if (!extension_loaded('delayq')) {
@@ -29,6 +34,11 @@ class DelayqConnector implements ConnectorInterface
                 implode(', ', self::KEYS),
             ));
         }
+        $url = $config['url'] ?? null;
+        if (!is_string($url) || $url === '') {
+            // A default address could reach another Redis than the one meant.
+            throw new InvalidArgumentException("delayq queue connection: 'url' is not set (a Redis URL such as redis://127.0.0.1:6379, e.g. from env('DELAYQ_URL'))");
+        }
         $options = $config['options'] ?? [];
         if (!is_array($options)) {
             throw new InvalidArgumentException("delayq queue connection: 'options' must be an array of DelayQueue options");
@@ -41,13 +51,15 @@ class DelayqConnector implements ConnectorInterface
         if (!is_numeric($blockFor) || $blockFor < 0) {
             throw new InvalidArgumentException("delayq queue connection: 'block_for' must be a number of seconds, 0 or more");
         }
-        return new DelayqQueue(
-            (string) ($config['url'] ?? 'redis://127.0.0.1:6379'),
+        $queue = new DelayqQueue(
+            $url,
             (string) ($config['queue'] ?? 'default'),
             $options,
             (float) $retryAfter,
             (float) $blockFor,
             (bool) ($config['after_commit'] ?? false),
         );
+        $queue->setIdleSleep($this->idleSleep);
+        return $queue;
     }
 }

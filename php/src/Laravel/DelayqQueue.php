@@ -6,24 +6,27 @@ namespace Delayq\Laravel;
 
 use DateInterval;
 use DateTimeInterface;
-use Delayq\Claim;
-use Delayq\Claimer;
+use Delayq\Receiver;
 use DelayQueue;
+use DelayQueueMessage;
 use Illuminate\Contracts\Queue\ClearableQueue;
 use Illuminate\Contracts\Queue\Queue as QueueContract;
 use Illuminate\Queue\Queue;
 
 /**
  * Laravel's queue on delayq: one DelayQueue per Laravel queue name, on the same Redis.
- * Pushes are one round trip with the due time on the Redis server's clock; pop() leases
- * the message (see Claimer) until the job is deleted, released or failed.
+ * Pushes are one round trip with the due time on the Redis server's clock; pop() takes
+ * the next due message from a consumer that lives as long as the worker process (see
+ * Receiver), leased until the job is deleted, released or failed.
  */
 class DelayqQueue extends Queue implements QueueContract, ClearableQueue
 {
     /** @var array<string, DelayQueue> */
     private array $queues = [];
-    /** @var array<string, Claimer> */
-    private array $claimers = [];
+    /** @var array<string, Receiver> */
+    private array $receivers = [];
+    /** Seconds queue:work sleeps after an empty pop() (see setIdleSleep). */
+    private float $idleSleep = 0.0;
 
     /**
      * @param array<string, mixed> $options DelayQueue options ('prefix', 'persistent', ...)
@@ -40,7 +43,7 @@ class DelayqQueue extends Queue implements QueueContract, ClearableQueue
     ) {
         $this->dispatchAfterCommit = $dispatchAfterCommit;
         // Validates the URL and every option now, without connecting.
-        $this->claimer($default);
+        $this->receiver($default);
     }
 
     public function getDelayQueue(?string $queue = null): DelayQueue
@@ -115,17 +118,45 @@ class DelayqQueue extends Queue implements QueueContract, ClearableQueue
         return $delayQueue->push($decoded, max(0.0, (float) $delay), $pushOptions);
     }
 
+    /**
+     * The next due job, waiting up to block_for seconds for one, and longer for one
+     * due within the worker's sleep (see setIdleSleep).
+     */
     public function pop($queue = null)
     {
-        $name = $this->getQueue($queue);
-        $claim = $this->claimer($name)->claim();
-        return $claim === null ? null : $this->jobFor($claim, $name);
+        $message = $this->receiver($this->getQueue($queue))->receive();
+        return $message === null ? null : $this->jobFor($message, true);
     }
 
-    /** @internal also used by delayq:work for the messages of its native pool */
-    public function jobFor(Claim $claim, string $queue): DelayqJob
+    /**
+     * queue:work sleeps this long after an empty pop() (its --sleep): a job due within
+     * it is waited for inside pop() instead, so that it starts on time. Set by the
+     * service provider when queue:work works one queue of this connection.
+     */
+    public function setIdleSleep(float $seconds): void
     {
-        return new DelayqJob($this->container, $this, $claim, $this->connectionName, $queue);
+        $this->idleSleep = max(0.0, $seconds);
+        foreach ($this->receivers as $receiver) {
+            $receiver->setIdleSleep($this->idleSleep);
+        }
+    }
+
+    /** Gives back what the consumers hold unstarted and ends their threads (a worker's end). */
+    public function stopConsumers(): void
+    {
+        foreach ($this->receivers as $receiver) {
+            $receiver->stop();
+        }
+    }
+
+    /**
+     * @internal also used by delayq:work for the messages of its native pool
+     * @param bool $pulled from pop() (the job decides at once) or a DelayQueueWorker
+     *   handler (whose return acknowledges)
+     */
+    public function jobFor(DelayQueueMessage $message, bool $pulled): DelayqJob
+    {
+        return new DelayqJob($this->container, $this, $message, $pulled, $this->connectionName, $message->queue);
     }
 
     public function clear($queue)
@@ -133,8 +164,8 @@ class DelayqQueue extends Queue implements QueueContract, ClearableQueue
         return $this->getDelayQueue($queue)->purge();
     }
 
-    private function claimer(string $name): Claimer
+    private function receiver(string $name): Receiver
     {
-        return $this->claimers[$name] ??= new Claimer($this->getDelayQueue($name), $this->workerOptions(), $this->blockFor);
+        return $this->receivers[$name] ??= new Receiver($this->getDelayQueue($name), $this->workerOptions(), $this->blockFor, $this->idleSleep);
     }
 }

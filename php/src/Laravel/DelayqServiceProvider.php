@@ -6,21 +6,30 @@ namespace Delayq\Laravel;
 
 use Delayq\Laravel\Console\WorkCommand;
 use Illuminate\Console\Events\CommandFinished;
+use Illuminate\Console\Events\CommandStarting;
+use Illuminate\Queue\Events\JobExceptionOccurred;
+use Illuminate\Queue\Events\WorkerStopping;
 use Illuminate\Queue\QueueManager;
 use Illuminate\Support\ServiceProvider;
 use InvalidArgumentException;
+use Symfony\Component\Console\Input\InputInterface;
 use Throwable;
 
 /**
- * Registers the 'delayq' queue driver and the delayq:work command, and makes
- * queue:restart stop delayq's native pools too. Found by package discovery.
+ * Registers the 'delayq' queue driver and the delayq:work command, makes
+ * queue:restart stop delayq's native pools too, tells pop() how long queue:work
+ * sleeps when idle, keeps a failed job's exception as the reason of its retry, and
+ * stops the consumers when the worker stops. Found by package discovery.
  */
 class DelayqServiceProvider extends ServiceProvider
 {
+    /** queue:work's --sleep when it works one queue, else 0 (see DelayqQueue::setIdleSleep). */
+    private float $idleSleep = 0.0;
+
     public function register()
     {
         $this->app->afterResolving('queue', function (QueueManager $manager) {
-            $manager->addConnector('delayq', fn () => new DelayqConnector());
+            $manager->addConnector('delayq', fn () => new DelayqConnector($this->idleSleep));
         });
         $this->app->singleton(WorkCommand::class, fn ($app) => new WorkCommand($app['queue.worker'], $app['cache.store']));
     }
@@ -30,11 +39,51 @@ class DelayqServiceProvider extends ServiceProvider
         $this->validateConnections();
         if ($this->app->runningInConsole()) {
             $this->commands([WorkCommand::class]);
-            $this->app['events']->listen(CommandFinished::class, function (CommandFinished $event) {
+            $events = $this->app['events'];
+            $events->listen(CommandFinished::class, function (CommandFinished $event) {
                 if ($event->command === 'queue:restart' && $event->exitCode === 0) {
                     $this->restartNativePools();
                 }
             });
+            $events->listen(CommandStarting::class, function (CommandStarting $event) {
+                if ($event->command === 'queue:work') {
+                    $this->idleSleep = self::idleSleepOf($event->input);
+                }
+            });
+            $events->listen(WorkerStopping::class, fn () => $this->stopConsumers());
+            $events->listen(JobExceptionOccurred::class, function (JobExceptionOccurred $event) {
+                if ($event->job instanceof DelayqJob) {
+                    $event->job->noteException($event->exception);
+                }
+            });
+        }
+    }
+
+    /**
+     * queue:work's --sleep (3 by default), or 0 when it works several queues: pop()
+     * waits on one queue at a time, and a wait on one would hold the others back.
+     */
+    private static function idleSleepOf(InputInterface $input): float
+    {
+        $queues = (string) $input->getParameterOption('--queue', '', true);
+        if (str_contains($queues, ',')) {
+            return 0.0;
+        }
+        $sleep = $input->getParameterOption('--sleep', 3, true);
+        return is_numeric($sleep) ? max(0.0, (float) $sleep) : 3.0;
+    }
+
+    /** The worker stops (its end, or the kill of a job past its timeout). */
+    private function stopConsumers(): void
+    {
+        $manager = $this->app['queue'];
+        foreach (array_keys($this->delayqConnections()) as $name) {
+            if ($manager->connected($name)) {
+                $queue = $manager->connection($name);
+                if ($queue instanceof DelayqQueue) {
+                    $queue->stopConsumers();
+                }
+            }
         }
     }
 

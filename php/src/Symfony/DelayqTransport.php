@@ -4,10 +4,10 @@ declare(strict_types=1);
 
 namespace Delayq\Symfony;
 
-use Delayq\Claim;
-use Delayq\Claimer;
+use Delayq\Receiver;
 use DelayQueue;
 use DelayQueueException;
+use DelayQueueMessage;
 use Symfony\Component\Messenger\Envelope;
 use Symfony\Component\Messenger\Exception\LogicException;
 use Symfony\Component\Messenger\Exception\MessageDecodingFailedException;
@@ -22,18 +22,20 @@ use Symfony\Component\Messenger\Transport\TransportInterface;
 
 /**
  * A Messenger transport on one delayq queue. send() pushes the serializer's body and
- * headers, due after the DelayStamp's delay on the Redis server's clock; get() claims
- * one message under a lease (see Claimer), ack() acknowledges it, reject() deletes it
- * (retry "messenger") or fails it into delayq's retries and dead letters (retry "delayq").
+ * headers, due after the DelayStamp's delay on the Redis server's clock; get() takes
+ * the next due message from a consumer that lives as long as the process (see
+ * Receiver), ack() acknowledges it, reject() deletes it (retry "messenger") or fails
+ * it into delayq's retries and dead letters (retry "delayq"). Each decision is
+ * written before the call returns.
  */
 final class DelayqTransport implements TransportInterface, MessageCountAwareInterface, ListableReceiverInterface
 {
-    /** @var array<string, Claim> the deliveries this process holds, by message id */
-    private array $claims = [];
+    /** @var array<string, DelayQueueMessage> the deliveries this process holds, by message id */
+    private array $held = [];
 
     public function __construct(
         private DelayQueue $queue,
-        private Claimer $claimer,
+        private Receiver $receiver,
         private SerializerInterface $serializer,
         private string $retry = 'messenger',
     ) {
@@ -54,49 +56,62 @@ final class DelayqTransport implements TransportInterface, MessageCountAwareInte
     public function get(): iterable
     {
         try {
-            $claim = $this->claimer->claim();
+            $message = $this->receiver->receive();
         } catch (DelayQueueException $e) {
             throw new TransportException($e->getMessage(), 0, $e);
         }
-        if ($claim === null) {
+        if ($message === null) {
             return [];
         }
         try {
-            $envelope = $this->decode($claim->payload);
+            $envelope = $this->decode($message->payload);
         } catch (MessageDecodingFailedException $e) {
             // No consumer will decode it better: keep it where an operator can see it.
-            $claim->deadLetter('cannot decode the Messenger envelope: ' . $e->getMessage());
+            $message->deadLetter('cannot decode the Messenger envelope: ' . $e->getMessage());
             throw $e;
         }
-        $id = $claim->message->id;
-        $this->claims[$id] = $claim;
+        $id = $message->id;
+        $this->held[$id] = $message;
         return [$envelope->with(new DelayqReceivedStamp($id), new TransportMessageIdStamp($id))];
     }
 
     public function ack(Envelope $envelope): void
     {
-        $claim = $this->take($envelope);
-        if ($claim === null) {
+        $message = $this->take($envelope);
+        if ($message === null) {
             // Not a delivery of this process (messenger:failed:retry on a listed message).
             $this->queue->cancel($this->idOf($envelope));
             return;
         }
-        $claim->ack();
+        try {
+            $message->ack();
+        } catch (DelayQueueException $e) {
+            throw new TransportException($e->getMessage(), 0, $e);
+        }
     }
 
     public function reject(Envelope $envelope): void
     {
-        $claim = $this->take($envelope);
-        if ($claim === null) {
+        $message = $this->take($envelope);
+        try {
+            $this->decide($envelope, $message);
+        } catch (DelayQueueException $e) {
+            throw new TransportException($e->getMessage(), 0, $e);
+        }
+    }
+
+    private function decide(Envelope $envelope, ?DelayQueueMessage $message): void
+    {
+        if ($message === null) {
             $this->queue->cancel($this->idOf($envelope));
         } elseif ($this->retry === 'delayq') {
             // AddErrorDetailsStampListener (registered by FrameworkBundle) says why.
             $error = $envelope->last(ErrorDetailsStamp::class);
-            $claim->fail($error === null ? 'rejected by Messenger'
+            $message->fail($error === null ? 'rejected by Messenger'
                 : $error->getExceptionClass() . ': ' . $error->getExceptionMessage());
         } else {
             // Messenger has re-sent it for a retry, or to the failure transport, or given up.
-            $claim->ack();
+            $message->ack();
         }
     }
 
@@ -145,15 +160,15 @@ final class DelayqTransport implements TransportInterface, MessageCountAwareInte
         return $this->serializer->decode(['body' => $body, 'headers' => $payload['headers'] ?? []]);
     }
 
-    private function take(Envelope $envelope): ?Claim
+    private function take(Envelope $envelope): ?DelayQueueMessage
     {
         $id = $envelope->last(DelayqReceivedStamp::class)?->id;
-        if ($id === null || !isset($this->claims[$id])) {
+        if ($id === null || !isset($this->held[$id])) {
             return null;
         }
-        $claim = $this->claims[$id];
-        unset($this->claims[$id]);
-        return $claim;
+        $message = $this->held[$id];
+        unset($this->held[$id]);
+        return $message;
     }
 
     private function idOf(Envelope $envelope): string

@@ -4,7 +4,7 @@ declare(strict_types=1);
 
 namespace Delayq\Symfony;
 
-use Delayq\Claimer;
+use Delayq\Receiver;
 use DelayQueue;
 use DelayQueueException;
 use Symfony\Component\Messenger\Exception\InvalidArgumentException;
@@ -48,8 +48,8 @@ final class DelayqTransportFactory implements TransportFactoryInterface
         if (!in_array($retry, ['messenger', 'delayq'], true)) {
             throw new InvalidArgumentException(sprintf('delayq transport option "retry" must be "messenger" or "delayq", "%s" given', $retry));
         }
-        $lease = (float) ($options['lease'] ?? 60.0);
-        $wait = (float) ($options['wait'] ?? 1.0);
+        $lease = self::seconds($options, 'lease', 60.0, false);
+        $wait = self::seconds($options, 'wait', 1.0, true);
         $worker = ['lease' => $lease];
         foreach (['max_attempts', 'backoff_base', 'backoff_max'] as $key) {
             if (isset($options[$key])) {
@@ -75,11 +75,16 @@ final class DelayqTransportFactory implements TransportFactoryInterface
         $queueOptions = array_diff_key($options, array_flip(self::TRANSPORT_OPTIONS));
         try {
             $delayQueue = new DelayQueue($url, $queue, $queueOptions);
-            $claimer = new Claimer($delayQueue, $worker, $wait);
+            // messenger:consume sleeps 1 s (its --sleep) after an empty get().
+            $receiver = new Receiver($delayQueue, $worker, $wait, 1.0);
         } catch (DelayQueueException $e) {
-            throw new InvalidArgumentException(sprintf('delayq transport "%s": %s', $this->redact($dsn), $e->getMessage()), 0, $e);
+            $message = $e->getMessage();
+            if (str_contains($message, 'unknown')) {
+                $message .= '; the transport\'s own options: ' . implode(', ', array_diff(self::TRANSPORT_OPTIONS, ['transport_name']));
+            }
+            throw new InvalidArgumentException(sprintf('delayq transport "%s": %s', $this->redact($dsn), $message), 0, $e);
         }
-        return new DelayqTransport($delayQueue, $claimer, $serializer, $retry);
+        return new DelayqTransport($delayQueue, $receiver, $serializer, $retry);
     }
 
     public function supports(string $dsn, array $options): bool
@@ -106,8 +111,25 @@ final class DelayqTransportFactory implements TransportFactoryInterface
         };
     }
 
+    /** A number of seconds, above 0 (or 0 too with $zero), from a DSN or option value. */
+    private static function seconds(array $options, string $name, float $default, bool $zero): float
+    {
+        $value = $options[$name] ?? $default;
+        if (!is_int($value) && !is_float($value) || ($zero ? $value < 0 : $value <= 0)) {
+            throw new InvalidArgumentException(sprintf('delayq transport option "%s" must be a number of seconds %s, "%s" given',
+                $name, $zero ? '(0 or more)' : 'above 0', is_scalar($value) ? (string) $value : get_debug_type($value)));
+        }
+        return (float) $value;
+    }
+
+    /** The DSN without what comes before its last "@" (user and password, which may hold "/" or "@"). */
     private function redact(string $dsn): string
     {
-        return (string) preg_replace('#//([^:@/]*):[^@/]*@#', '//$1:****@', $dsn);
+        $at = strrpos($dsn, '@');
+        $scheme = strpos($dsn, '//');
+        if ($at === false || $scheme === false || $at < $scheme) {
+            return $dsn;
+        }
+        return substr($dsn, 0, $scheme + 2) . '****' . substr($dsn, $at);
     }
 }

@@ -4,8 +4,6 @@ declare(strict_types=1);
 
 namespace Delayq\Laravel\Console;
 
-use Delayq\Claim;
-use Delayq\Claimer;
 use Delayq\Laravel\DelayqQueue;
 use DelayQueueMessage;
 use DelayQueueWorker;
@@ -79,8 +77,8 @@ class WorkCommand extends LaravelWorkCommand
 
         $worker = $this->worker->setName($options->name)->setCache($this->cache);
         $exceptions = $this->laravel[ExceptionHandler::class];
-        $summary = $pool->run(function (mixed $payload, DelayQueueMessage $message) use ($delayq, $worker, $connection, $options, $exceptions) {
-            $job = $delayq->jobFor(new Claim($payload, $message, null), $message->queue);
+        $pool->run(function (mixed $payload, DelayQueueMessage $message) use ($delayq, $worker, $connection, $options, $exceptions) {
+            $job = $delayq->jobFor($message, false);
             try {
                 $worker->process($connection, $job, $options);
             } catch (Throwable $e) {
@@ -89,7 +87,6 @@ class WorkCommand extends LaravelWorkCommand
                 $exceptions->report($e);
             }
         });
-        Claimer::afterRun($summary);
         return 0;
     }
 
