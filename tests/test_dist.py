@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -302,6 +303,33 @@ def test_the_php_tarball_holds_the_package(php_package: Path) -> None:
         members = {m.name.split("/", 1)[1]: m for m in archive.getmembers() if "/" in m.name}
     assert {"delayq.so", "delayq.ini", "install.sh", "build-info"} <= set(members), sorted(members)
     assert members["install.sh"].mode & 0o111
+
+
+def test_the_php_tarball_ships_delayq_so_without_debug_info(php_package: Path, tmp_path: Path) -> None:
+    tarball = only(f"delayq-*-php{php_package.name}-*-linux.tar.gz", PHP_DIST, "make php-dist")
+    with tarfile.open(tarball) as archive:
+        archive.extractall(tmp_path, filter="data")
+    (top,) = tmp_path.iterdir()
+    shipped = top / "delayq.so"
+    assert not (top / "delayq.so.debug").exists(), "the debug info belongs beside the package, not in it"
+    sections = run(["readelf", "--section-headers", "--wide", str(shipped)])
+    assert sections.returncode == 0, sections.stderr
+    assert ".debug_info" not in sections.stdout
+    modules = run(["php", "-n", "-d", f"extension={shipped}", "-m"])
+    assert modules.returncode == 0 and "delayq" in modules.stdout.splitlines(), modules.stdout + modules.stderr
+    assert "Warning" not in modules.stdout + modules.stderr
+
+    # The debug info stays in dist/, and the shipped file's .gnu_debuglink names it
+    # with its CRC, as gdb checks it.
+    debug = php_package / "delayq.so.debug"
+    debug_sections = run(["readelf", "--section-headers", "--wide", str(debug)])
+    assert ".debug_info" in debug_sections.stdout, debug_sections.stdout
+    dumped = run(["objcopy", "--dump-section", f".gnu_debuglink={tmp_path / 'debuglink'}", str(shipped),
+                  str(tmp_path / "scratch.so")])
+    assert dumped.returncode == 0, dumped.stderr
+    link = (tmp_path / "debuglink").read_bytes()
+    assert link[:link.index(b"\0")] == b"delayq.so.debug"
+    assert int.from_bytes(link[-4:], "little") == zlib.crc32(debug.read_bytes())
 
 
 def test_the_composer_package_ships_the_stub_and_maps_its_classes() -> None:
