@@ -1,5 +1,6 @@
 """The packages as users receive them: `make dist`'s wheel and sdist, `make php-dist`'s
-extension package, and the Composer package's metadata.
+extension package, and the Composer package (its metadata, and the docs' snippet that
+requires it, installed by Composer).
 
 The wheel goes into a fresh virtual environment whose PATH holds no Rust toolchain,
 and a push, a worker and the `delayq` command run from there; the PHP package's
@@ -330,6 +331,40 @@ def test_the_php_tarball_ships_delayq_so_without_debug_info(php_package: Path, t
     link = (tmp_path / "debuglink").read_bytes()
     assert link[:link.index(b"\0")] == b"delayq.so.debug"
     assert int.from_bytes(link[-4:], "little") == zlib.crc32(debug.read_bytes())
+
+
+def composer_snippet() -> str:
+    """The composer.json that docs/install.md's Composer section gives an application."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    section = text[text.index("## The Composer package"):]
+    found = re.search(r"(?s)^```json\n(.*?)^```$", section, re.MULTILINE)
+    assert found is not None, "no json block in docs/install.md's Composer section"
+    return found.group(1)
+
+
+def test_the_docs_composer_snippet_installs_with_the_default_minimum_stability(tmp_path: Path) -> None:
+    composer = shutil.which("composer")
+    if composer is None:
+        pytest.skip("composer is not installed (Debian: apt-get install composer)")
+    manifest = json.loads(composer_snippet())
+    assert "minimum-stability" not in manifest and "prefer-stable" not in manifest
+    (repository,) = manifest["repositories"]
+    assert repository["type"] == "path"
+    repository["url"] = str(ROOT / "php")
+    # No Composer registry is reachable here: with packagist.org off, a constraint the
+    # path repository cannot meet fails with Composer's reason, not a DNS error.
+    manifest["repositories"].append({"packagist.org": False})
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "composer.json").write_text(json.dumps(manifest, indent=4))
+    env = {**os.environ, "COMPOSER_HOME": str(tmp_path / "composer-home"), "COMPOSER_ALLOW_SUPERUSER": "1",
+           "COMPOSER_NO_INTERACTION": "1"}
+
+    installed = run([composer, "install", "--no-progress", "--ignore-platform-req=ext-delayq"], env=env, cwd=app)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    packages = json.loads((app / "vendor" / "composer" / "installed.json").read_text())["packages"]
+    assert [package["name"] for package in packages] == ["delayq/delayq"]
+    assert (app / "vendor" / "delayq" / "delayq" / "src").resolve() == (ROOT / "php" / "src").resolve()
 
 
 def test_the_composer_package_ships_the_stub_and_maps_its_classes() -> None:
