@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds delayq.so for every PHP installed here and packs each for install elsewhere:
-#   dist/php/<major.minor>/{delayq.so, delayq.ini, install.sh, build-info}
-#   dist/php/delayq-<version>-php<major.minor>-<nts|zts>-<arch>-linux.tar.gz
+#   dist/php/<major.minor>/{delayq.so, delayq.ini, install.sh, build-info, delayq.so.debug}
+#   dist/php/delayq-<version>-php<major.minor>-<nts|zts>-<arch>-linux.tar.gz (all but the .debug)
 # Which PHPs: each /usr/bin/php-config<major.minor> (Debian and Ubuntu name them so), or
 # the plain php-config where there are none (the official Docker images); PHP_CONFIGS
 # (space-separated paths) chooses instead. An extension only loads into the PHP whose
@@ -27,6 +27,7 @@ fi
 package_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
 arch=$(uname -m)
 default_php=$(command -v php || true)
+command -v objcopy >/dev/null || { echo "objcopy not found: install binutils" >&2; exit 1; }
 mkdir -p dist/php
 
 for php_config in "${php_configs[@]}"; do
@@ -52,14 +53,21 @@ for php_config in "${php_configs[@]}"; do
       cargo build -q --release -p delayq-php --target-dir "target/php-dist/$php_version"
     built="target/php-dist/$php_version/release/libdelayq_php.so"
   fi
-  # Refuse to pack an extension its own PHP cannot load.
-  "$php_bin" -n -d "extension=$root/$built" -r 'exit(class_exists("DelayQueue") ? 0 : 1);' \
-    || { echo "the build for PHP $php_version does not load into $php_bin" >&2; exit 1; }
 
   out="dist/php/$php_version"
   rm -rf "$out"
   mkdir -p "$out"
-  install -m 0644 "$built" "$out/delayq.so"
+  # The release build's line tables are three quarters of its size: ship the extension
+  # without them, and keep them beside it, outside the tarball, as delayq.so.debug,
+  # which gdb and perf find through the .gnu_debuglink section. The symbol table stays
+  # (a seventh of the rest): a backtrace on a host without the .debug still names
+  # its functions.
+  objcopy --only-keep-debug "$built" "$out/delayq.so.debug"
+  objcopy --strip-debug --add-gnu-debuglink="$out/delayq.so.debug" "$built" "$out/delayq.so"
+  chmod 0644 "$out/delayq.so" "$out/delayq.so.debug"
+  # Refuse to pack an extension its own PHP cannot load.
+  "$php_bin" -n -d "extension=$root/$out/delayq.so" -r 'exit(class_exists("DelayQueue") ? 0 : 1);' \
+    || { echo "the build for PHP $php_version does not load into $php_bin" >&2; exit 1; }
   cat >"$out/delayq.ini" <<'EOF'
 ; The delayq extension: DelayQueue, DelayQueueWorker (a delay queue on Redis).
 extension=delayq
@@ -74,6 +82,6 @@ EOF
 
   stem="delayq-$package_version-php$php_version-$thread_safety-$arch-linux"
   tarball="dist/php/$stem.tar.gz"
-  tar -czf "$tarball" --owner=0 --group=0 --transform "s|^\\.|$stem|" -C "$out" .
+  tar -czf "$tarball" --owner=0 --group=0 --exclude=./delayq.so.debug --transform "s|^\\.|$stem|" -C "$out" .
   echo "== $out/ and $tarball"
 done

@@ -1,5 +1,6 @@
 """The packages as users receive them: `make dist`'s wheel and sdist, `make php-dist`'s
-extension package, and the Composer package's metadata.
+extension package, and the Composer package (its metadata, and the docs' snippet that
+requires it, installed by Composer).
 
 The wheel goes into a fresh virtual environment whose PATH holds no Rust toolchain,
 and a push, a worker and the `delayq` command run from there; the PHP package's
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -208,6 +210,88 @@ def test_the_php_package_refuses_another_php_and_writes_nothing(php_package: Pat
     assert not extension_dir.exists() and not ini_dir.exists()
 
 
+def test_the_php_package_leaves_an_ini_that_loads_another_delayq_so_alone(php_package: Path,
+                                                                         tmp_path: Path) -> None:
+    extension_dir, ini_dir = tmp_path / "extensions", tmp_path / "conf.d"
+    ini_dir.mkdir()
+    ini = ini_dir / "30-delayq.ini"
+    theirs = "extension=/opt/other-php/delayq.so\n"
+    ini.write_text(theirs)
+    install = [str(php_package / "install.sh"), "--extension-dir", str(extension_dir), "--ini-dir", str(ini_dir)]
+
+    refused = run(install)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert (f"{ini} already exists with 'extension=/opt/other-php/delayq.so', "
+            f"not 'extension={extension_dir}/delayq.so': nothing installed.") in refused.stderr, refused.stderr
+    assert f"--ini-dir DIR to put the ini somewhere else, or --force to replace {ini}" in refused.stderr
+    assert ini.read_text() == theirs
+    assert not extension_dir.exists()
+
+    forced = run([*install, "--force"])
+    assert forced.returncode == 0, forced.stderr
+    assert f"--force: replacing {ini}, which existed with 'extension=/opt/other-php/delayq.so'" in forced.stdout
+    assert ini.read_text().splitlines()[-1] == f"extension={extension_dir}/delayq.so"
+
+    # The ini now loads the file this install writes: installing again (an upgrade in
+    # place) rewrites it without --force.
+    again = run(install)
+    assert again.returncode == 0, again.stderr
+    assert "replacing" not in again.stdout
+
+
+def in_mount_namespace(binds: dict[str, Path], args: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run args in a mount namespace of their own, where each directory of `binds`
+    stands in for the system path it is keyed by. The script under test runs unchanged
+    on the paths it hardcodes, and the machine's own directories there are neither read
+    nor written: the mounts end with the namespace, and none propagates out of it."""
+    mounts = [part for real, fake in binds.items() for part in (str(fake), real)]
+    script = 'while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; shift 2; done; shift; exec "$@"'
+    return run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *mounts, "--", *args])
+
+
+def test_on_debian_the_php_package_leaves_the_system_ini_for_another_delayq_so_alone(
+        php_package: Path, tmp_path: Path) -> None:
+    """install.sh's Debian branch (mods-available and phpenmod) on a copy of the
+    layout: /etc/php, /var/lib/php (phpenmod's state) and PHP's extension_dir are
+    directories of the test's own, in a mount namespace."""
+    if shutil.which("phpenmod") is None or not Path("/var/lib/php").is_dir():
+        pytest.skip("not Debian's PHP layout (phpenmod, /var/lib/php)")
+    if (probe := run(["unshare", "--mount", "true"])).returncode != 0:
+        pytest.skip(f"no mount namespace for the test: {probe.stderr.strip()}")
+    version = php_package.name
+    etc_php, var_lib_php, php_extension_dir = tmp_path / "etc-php", tmp_path / "var-lib-php", tmp_path / "php-ext"
+    mods = etc_php / version / "mods-available"
+    mods.mkdir(parents=True)
+    (etc_php / version / "cli" / "conf.d").mkdir(parents=True)
+    var_lib_php.mkdir()
+    php_extension_dir.mkdir()
+    binds = {"/etc/php": etc_php, "/var/lib/php": var_lib_php, php_config_value("--extension-dir"): php_extension_dir}
+    system_ini = mods / "delayq.ini"
+    system_ini.write_text("extension=delayq.so\n")  # as `make php` (scripts/php-install.sh) writes it
+    real_ini = Path(f"/etc/php/{version}/mods-available/delayq.ini")
+    real_before = real_ini.read_bytes() if real_ini.exists() else None
+    elsewhere = tmp_path / "extensions"
+
+    # --extension-dir alone: the system PHP's ini loads another file, and stays so.
+    refused = in_mount_namespace(binds, [str(php_package / "install.sh"), "--extension-dir", str(elsewhere)])
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert (f"/etc/php/{version}/mods-available/delayq.ini already exists with 'extension=delayq.so', "
+            f"not 'extension={elsewhere}/delayq.so': nothing installed.") in refused.stderr, refused.stderr
+    assert "--ini-dir DIR to put the ini somewhere else, or --force to replace" in refused.stderr
+    assert system_ini.read_text() == "extension=delayq.so\n"
+    assert not elsewhere.exists() and not any(php_extension_dir.iterdir())
+
+    # Into PHP's own extension_dir, over `make php`'s install: the same file, so an
+    # upgrade in place, and phpenmod enables it.
+    upgraded = in_mount_namespace(binds, [str(php_package / "install.sh")])
+    assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+    assert system_ini.read_text().splitlines()[-1] == "extension=delayq"
+    assert (php_extension_dir / "delayq.so").read_bytes() == (php_package / "delayq.so").read_bytes()
+    link = etc_php / version / "cli" / "conf.d" / "20-delayq.ini"
+    assert os.readlink(link) == f"/etc/php/{version}/mods-available/delayq.ini"
+    assert (real_ini.read_bytes() if real_ini.exists() else None) == real_before
+
+
 def test_the_php_install_script_refuses_an_unknown_argument(php_package: Path) -> None:
     out = run([str(php_package / "install.sh"), "--extension-dri", "/tmp"])
     assert out.returncode == 2
@@ -220,6 +304,67 @@ def test_the_php_tarball_holds_the_package(php_package: Path) -> None:
         members = {m.name.split("/", 1)[1]: m for m in archive.getmembers() if "/" in m.name}
     assert {"delayq.so", "delayq.ini", "install.sh", "build-info"} <= set(members), sorted(members)
     assert members["install.sh"].mode & 0o111
+
+
+def test_the_php_tarball_ships_delayq_so_without_debug_info(php_package: Path, tmp_path: Path) -> None:
+    tarball = only(f"delayq-*-php{php_package.name}-*-linux.tar.gz", PHP_DIST, "make php-dist")
+    with tarfile.open(tarball) as archive:
+        archive.extractall(tmp_path, filter="data")
+    (top,) = tmp_path.iterdir()
+    shipped = top / "delayq.so"
+    assert not (top / "delayq.so.debug").exists(), "the debug info belongs beside the package, not in it"
+    sections = run(["readelf", "--section-headers", "--wide", str(shipped)])
+    assert sections.returncode == 0, sections.stderr
+    assert ".debug_info" not in sections.stdout
+    modules = run(["php", "-n", "-d", f"extension={shipped}", "-m"])
+    assert modules.returncode == 0 and "delayq" in modules.stdout.splitlines(), modules.stdout + modules.stderr
+    assert "Warning" not in modules.stdout + modules.stderr
+
+    # The debug info stays in dist/, and the shipped file's .gnu_debuglink names it
+    # with its CRC, as gdb checks it.
+    debug = php_package / "delayq.so.debug"
+    debug_sections = run(["readelf", "--section-headers", "--wide", str(debug)])
+    assert ".debug_info" in debug_sections.stdout, debug_sections.stdout
+    dumped = run(["objcopy", "--dump-section", f".gnu_debuglink={tmp_path / 'debuglink'}", str(shipped),
+                  str(tmp_path / "scratch.so")])
+    assert dumped.returncode == 0, dumped.stderr
+    link = (tmp_path / "debuglink").read_bytes()
+    assert link[:link.index(b"\0")] == b"delayq.so.debug"
+    assert int.from_bytes(link[-4:], "little") == zlib.crc32(debug.read_bytes())
+
+
+def composer_snippet() -> str:
+    """The composer.json that docs/install.md's Composer section gives an application."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    section = text[text.index("## The Composer package"):]
+    found = re.search(r"(?s)^```json\n(.*?)^```$", section, re.MULTILINE)
+    assert found is not None, "no json block in docs/install.md's Composer section"
+    return found.group(1)
+
+
+def test_the_docs_composer_snippet_installs_with_the_default_minimum_stability(tmp_path: Path) -> None:
+    composer = shutil.which("composer")
+    if composer is None:
+        pytest.skip("composer is not installed (Debian: apt-get install composer)")
+    manifest = json.loads(composer_snippet())
+    assert "minimum-stability" not in manifest and "prefer-stable" not in manifest
+    (repository,) = manifest["repositories"]
+    assert repository["type"] == "path"
+    repository["url"] = str(ROOT / "php")
+    # No Composer registry is reachable here: with packagist.org off, a constraint the
+    # path repository cannot meet fails with Composer's reason, not a DNS error.
+    manifest["repositories"].append({"packagist.org": False})
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "composer.json").write_text(json.dumps(manifest, indent=4))
+    env = {**os.environ, "COMPOSER_HOME": str(tmp_path / "composer-home"), "COMPOSER_ALLOW_SUPERUSER": "1",
+           "COMPOSER_NO_INTERACTION": "1"}
+
+    installed = run([composer, "install", "--no-progress", "--ignore-platform-req=ext-delayq"], env=env, cwd=app)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    packages = json.loads((app / "vendor" / "composer" / "installed.json").read_text())["packages"]
+    assert [package["name"] for package in packages] == ["delayq/delayq"]
+    assert (app / "vendor" / "delayq" / "delayq" / "src").resolve() == (ROOT / "php" / "src").resolve()
 
 
 def test_the_composer_package_ships_the_stub_and_maps_its_classes() -> None:
