@@ -13,6 +13,8 @@ apt_packages=(redis-server php8.2-cli php8.2-dev php-redis phpunit clang libclan
   # The framework adapters' tests (php/): Laravel 8.83 and Symfony Messenger 5.4 as Debian
   # ships them, and SQLite for Laravel's failed-jobs table.
   php-laravel-framework php-symfony-messenger php8.2-sqlite3
+  # The install docs' Composer snippet is checked with Debian's composer, offline.
+  composer
   # The dashboard's browser test drives Debian's Chromium, headless, over its DevTools pipe.
   chromium)
 missing=()
