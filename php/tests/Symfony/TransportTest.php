@@ -147,7 +147,10 @@ final class TransportTest extends TestCase
             "delayq://127.0.0.1:$port/orders?prefixx=dq" => "unknown DelayQueue option 'prefixx'",
             "delayq://127.0.0.1:$port/orders?retry=sometimes" => '"retry" must be "messenger" or "delayq"',
             "delayq://127.0.0.1:$port/orders?max_attempts=3" => 'needs retry=delayq',
-            "delayq://127.0.0.1:$port/orders?lease=-1" => 'lease',
+            "delayq://127.0.0.1:$port/orders?lease=-1" => '"lease" must be a number of seconds above 0, "-1" given',
+            "delayq://127.0.0.1:$port/orders?lease=abc" => '"lease" must be a number of seconds above 0, "abc" given',
+            "delayq://127.0.0.1:$port/orders?wait=-1" => '"wait" must be a number of seconds (0 or more), "-1" given',
+            "delayq://127.0.0.1:$port/orders?leas=5" => "the transport's own options: queue, db, lease, wait, retry, max_attempts",
         ];
         foreach ($cases as $dsn => $expected) {
             try {
@@ -159,6 +162,18 @@ final class TransportTest extends TestCase
         }
         $this->assertInstanceOf(TransportInterface::class,
             $factory->createTransport("delayq://127.0.0.1:$port/orders?prefix=dq", ['transport_name' => 'orders'], $serializer));
+
+        // A password holding "/" or "@" is not shown, whatever part of the DSN is wrong.
+        foreach (["delayq://app:Se/cr@et@127.0.0.1:$port/orders?prefixx=dq", "delayq://app:Secr@et@127.0.0.1:$port/orders?prefixx=dq"] as $dsn) {
+            try {
+                $factory->createTransport($dsn, ['transport_name' => 'orders'], $serializer);
+                $this->fail("$dsn was accepted");
+            } catch (InvalidArgumentException $e) {
+                $this->assertStringNotContainsString('Se', $e->getMessage());
+                $this->assertStringNotContainsString('et@', $e->getMessage());
+                $this->assertStringContainsString('delayq://****@127.0.0.1', $e->getMessage());
+            }
+        }
     }
 
     private function transport(string $queue, string $query = ''): TransportInterface
