@@ -2,7 +2,7 @@
 //! `DelayQueueWorker` handler, its return or exception decides, and retryLater() or
 //! deadLetter() change that decision; a message of `DelayQueueConsumer::receive()` is
 //! decided by its own ack(), fail(), release(), retryLater() or deadLetter(), each
-//! written to Redis before it returns.
+//! written to Redis before it returns (or throwing when it could not be).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -109,9 +109,7 @@ impl PhpMessage {
         };
         let receipt = delivery.receipt();
         act(consumer, delivery);
-        consumer.wait_written(receipt);
-        crate::logs::flush();
-        Ok(())
+        consumer.wait_written(receipt).or_throw()
     }
 }
 

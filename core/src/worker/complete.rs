@@ -197,6 +197,8 @@ pub(super) fn write_part_outcomes(
             deliveries: acks.iter().map(Outcome::delivery).collect(),
         };
         let written = write_with_retry(pool, slot, refusals, part, acks.len(), &args)
+            .map_err(|e| note_unwritten(pool, &acks, e))
+            .ok()
             .map(|(acked, maybe_applied)| (acked.statuses(acks.len()), maybe_applied));
         if let Some((Err(e), _)) = &written {
             // Written, but what became of each delivery is unknown: the counters skip
@@ -242,8 +244,8 @@ pub(super) fn write_part_outcomes(
                 })
                 .collect(),
         };
-        if let Some((complete::Statuses(statuses), _)) =
-            write_with_retry(pool, slot, refusals, part, nacks.len(), &args)
+        if let Ok((complete::Statuses(statuses), _)) = write_with_retry(pool, slot, refusals, part, nacks.len(), &args)
+            .map_err(|e| note_unwritten(pool, &nacks, e))
         {
             for (o, s) in nacks.iter().zip(statuses) {
                 let counted = matches!(o, Outcome::Nack { counted: true, .. });
@@ -286,7 +288,9 @@ pub(super) fn write_part_outcomes(
         let args = complete::Release {
             deliveries: releases.iter().map(Outcome::delivery).collect(),
         };
-        if let Some((complete::Released(n), _)) = write_with_retry(pool, slot, refusals, part, releases.len(), &args) {
+        if let Ok((complete::Released(n), _)) = write_with_retry(pool, slot, refusals, part, releases.len(), &args)
+            .map_err(|e| note_unwritten(pool, &releases, e))
+        {
             Counters::add(&c.released, n);
         }
         forget(pool, &releases);
@@ -346,11 +350,26 @@ pub(super) fn forget(pool: &Pool, done: &[Outcome]) {
     }
 }
 
+/// Completions given up on, kept for a caller waiting on one (`Consumer::wait_written`).
+pub(super) const UNWRITTEN_KEPT: usize = 1024;
+
+fn note_unwritten(pool: &Pool, done: &[Outcome], e: Error) {
+    let e = Arc::new(e);
+    let mut kept = pool.unwritten.lock();
+    for o in done {
+        if kept.len() == UNWRITTEN_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back((o.ticket(), Arc::clone(&e)));
+    }
+}
+
 /// Write one script call, trying again with backoff while it fails on the network
 /// (reconnecting) or is refused by a fault that wrote nothing (`refused_unwritten`),
 /// until the lease would have run out: the heartbeat renews it meanwhile, and past it
 /// the message is due for another delivery and the write is moot. Returns the
-/// script's reply and whether an earlier try may have been applied (its reply lost).
+/// script's reply and whether an earlier try may have been applied (its reply lost),
+/// or the error it gave up on.
 pub(super) fn write_with_retry<C: Call>(
     pool: &Pool,
     slot: &mut ConnSlot,
@@ -358,7 +377,7 @@ pub(super) fn write_with_retry<C: Call>(
     part: usize,
     count: usize,
     call: &C,
-) -> Option<(C::Reply, bool)> {
+) -> Result<(C::Reply, bool), Error> {
     let operation = call.script().name;
     let q = &pool.queue;
     let give_up = Instant::now() + pool.opts.lease;
@@ -369,7 +388,7 @@ pub(super) fn write_with_retry<C: Call>(
         let e = match res {
             Ok(reply) => {
                 refusals.written(&pool.queue_name);
-                return Some((reply, maybe_applied));
+                return Ok((reply, maybe_applied));
             }
             Err(e) => e,
         };
@@ -388,6 +407,6 @@ pub(super) fn write_with_retry<C: Call>(
             pool.queue_name
         );
         Counters::add(&pool.counters.unwritten, count as u64);
-        return None;
+        return Err(e);
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TryRecvError};
 
 use crate::backoff::retry_delay;
+use crate::error::{Category, Error};
 use crate::time::MAX_DELAY;
 
 use super::complete::Outcome;
@@ -293,18 +294,31 @@ impl Consumer {
     }
 
     /// Wait until the completion of the delivery named by `receipt` (an ack, a failure,
-    /// a release) is written to Redis or given up (the completer tries while its lease
-    /// lasts): for a caller that must not go on before its decision is stored, such as
-    /// a framework's worker that may kill its own process next.
-    pub fn wait_written(&self, receipt: Receipt) {
+    /// a release) is written to Redis: for a caller that must not go on before its
+    /// decision is stored, such as a framework's worker that may kill its own process
+    /// next. The completer tries while the lease lasts; an error says it gave up, and
+    /// the message runs again after its lease.
+    pub fn wait_written(&self, receipt: Receipt) -> crate::error::Result<()> {
         if self.in_forked_child() {
-            return;
+            return Ok(());
         }
         let pool = &self.members().nth(receipt.member).unwrap_or(self).pool;
         let mut outstanding = pool.outstanding.lock();
         while outstanding.contains_key(&receipt.ticket) {
             pool.settled.wait(&mut outstanding);
         }
+        drop(outstanding);
+        let mut unwritten = pool.unwritten.lock();
+        let Some(at) = unwritten.iter().position(|(t, _)| *t == receipt.ticket) else {
+            return Ok(());
+        };
+        let (_, cause) = unwritten.remove(at).unwrap_or_else(|| unreachable!());
+        let text = format!("the decision was not written to Redis ({cause}); the message runs again after its lease");
+        Err(match cause.category() {
+            Category::Connection | Category::Timeout => Error::ConnectionLost(text),
+            Category::Auth => Error::AuthFailed(text),
+            _ => Error::Redis(text),
+        })
     }
 
     /// How soon the next message of its queues is due as far as the pool knows (from
@@ -326,7 +340,7 @@ impl Consumer {
     /// Why the pool's last claim failed, while its claims fail (Redis cannot be
     /// reached, a permission was taken away); `None` once a claim goes through. The
     /// pool keeps trying with a backoff meanwhile.
-    pub fn claim_failure(&self) -> Option<Arc<crate::error::Error>> {
+    pub fn claim_failure(&self) -> Option<Arc<Error>> {
         self.members().find_map(|m| m.pool.claim_failure.lock().clone())
     }
 

@@ -226,6 +226,7 @@ impl Worker {
             quarantine_due: (0..self.queue.partitions()).map(|_| AtomicBool::new(false)).collect(),
             reserved: Mutex::new(0),
             settled: Condvar::new(),
+            unwritten: Mutex::default(),
             claiming: AtomicUsize::new(0),
             claiming_alone: AtomicBool::new(false),
             member,
