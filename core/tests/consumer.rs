@@ -1594,3 +1594,53 @@ fn a_delivery_completed_on_another_consumer_leaves_that_consumers_deliveries_alo
     assert_eq!(qb.get(&id_b).expect("get").map(|m| m.state), None, "acked, gone");
     a.finish();
 }
+
+/// A caller that drives the pool itself (a framework's worker through the PHP
+/// consumer): it waits until each decision is written, learns when one was given up
+/// on or when claims fail, and when the next message is due.
+#[test]
+fn a_pull_caller_waits_for_its_decisions_and_learns_what_the_pool_meets() {
+    let mut server = RedisServer::start();
+    let q = server.queue("pull");
+    let id = q.push(&json!({"order": 1}), Duration::ZERO).expect("push");
+    let lease = Duration::from_secs(1);
+    let worker = Worker::new(q.clone(), WorkerOptions { lease, ..opts() }).expect("worker");
+    let consumer = worker.start().expect("start");
+    let Received::Message(d) = consumer.recv_timeout(Duration::from_secs(5)) else {
+        panic!("no delivery");
+    };
+    let receipt = d.receipt();
+    consumer.ack(d);
+    consumer.wait_written(receipt).expect("written");
+    assert!(q.get(&id).expect("get").is_none(), "deleted once wait_written returned");
+
+    q.push(&json!({"order": 2}), Duration::from_secs(3)).expect("push");
+    assert!(matches!(
+        consumer.recv_timeout(Duration::from_millis(500)),
+        Received::Idle
+    ));
+    let next = consumer.next_due_in().expect("a due time is known");
+    assert!(
+        next > Duration::from_secs(1) && next <= Duration::from_secs(3),
+        "{next:?}"
+    );
+    assert!(consumer.claim_failure().is_none());
+
+    q.push(&json!({"order": 3}), Duration::ZERO).expect("push");
+    let Received::Message(d) = consumer.recv_timeout(Duration::from_secs(5)) else {
+        panic!("no delivery");
+    };
+    server.kill();
+    let receipt = d.receipt();
+    consumer.ack(d);
+    let e = consumer.wait_written(receipt).expect_err("given up within the lease");
+    assert_eq!(e.category(), delayq::Category::Connection, "{e}");
+    assert!(e.to_string().contains("runs again after its lease"), "{e}");
+    wait_for(Duration::from_secs(10), "claims to fail", || {
+        consumer.claim_failure().is_some()
+    });
+    assert_eq!(
+        consumer.claim_failure().expect("failure").category(),
+        delayq::Category::Connection
+    );
+}
