@@ -241,9 +241,9 @@ final class WorkerTest extends TestCase
 
     public function testAFiberDestroyedWhileItsHandlerIsSuspendedReleasesTheMessage(): void
     {
-        // A framework adapter runs run() in a Fiber and suspends the handler until the
-        // framework decides; a Fiber dropped undecided unwinds with PHP's graceful exit,
-        // which is no Throwable. In a process of its own: before, this crashed it.
+        // Code may run run() in a Fiber and suspend the handler; a Fiber dropped
+        // undecided unwinds with PHP's graceful exit, which is no Throwable. In a
+        // process of its own: before, this crashed it.
         $id = $this->q->push(['n' => 1]);
         $code = <<<'PHP'
             $q = new DelayQueue($argv[1], 'jobs');

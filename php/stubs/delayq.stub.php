@@ -614,6 +614,9 @@ final class DelayQueueMessage
      *
      * @throws DelayQueueInvalidArgumentException inside a handler, for a second decision,
      *   or once its consumer was stopped (it then runs again after its lease)
+     * @throws DelayQueueConnectionException when the decision could not be written while
+     *   the lease lasted (Redis down; DelayQueueAuthException for a refusal): the message
+     *   runs again after its lease
      */
     public function ack(): void {}
 
@@ -621,7 +624,7 @@ final class DelayQueueMessage
      * A message of a consumer failed with $reason: retried after the worker's backoff,
      * or past max_attempts moved to the dead-letter set. (In a handler, throw.)
      *
-     * @throws DelayQueueInvalidArgumentException as ack()
+     * @throws DelayQueueException as ack()
      */
     public function fail(string $reason): void {}
 
@@ -629,7 +632,7 @@ final class DelayQueueMessage
      * Gives a message of a consumer back unstarted: due again at once, and this
      * delivery does not count as an attempt.
      *
-     * @throws DelayQueueInvalidArgumentException as ack()
+     * @throws DelayQueueException as ack()
      */
     public function release(): void {}
 }
