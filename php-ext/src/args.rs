@@ -33,6 +33,58 @@ unsafe extern "C" {
     fn zend_argument_type_error(arg_num: u32, format: *const c_char, ...);
     fn zend_argument_error(error_ce: *mut ffi::zend_class_entry, arg_num: u32, format: *const c_char, ...);
     fn zend_get_resource_handle(module_name: *const c_char) -> c_int;
+    // ZEND_API since PHP 8.0: what `zend_add_parameter_attribute()` (an inline) calls.
+    fn zend_add_attribute(
+        attributes: *mut *mut ffi::HashTable,
+        name: *mut ffi::zend_string,
+        argc: u32,
+        flags: u32,
+        offset: u32,
+        lineno: u32,
+    ) -> *mut c_void;
+}
+
+/// Parameters that hold a secret: `#[\SensitiveParameter]` (PHP 8.2 and later), so that
+/// stack traces with arguments show a `SensitiveParameterValue` in their place.
+const SENSITIVE: [(&str, &str, u32); 1] = [("DelayQueue", "__construct", 0)];
+
+/// `ZEND_ATTRIBUTE_PERSISTENT`: the attribute of an internal function lives as long as it.
+const ATTRIBUTE_PERSISTENT: u32 = 1;
+
+/// After the classes are registered: marks the `SENSITIVE` parameters.
+pub(crate) fn mark_sensitive_parameters() {
+    if ClassEntry::try_find("SensitiveParameter").is_none() {
+        return;
+    }
+    for (class, method, offset) in SENSITIVE {
+        let Some(class) = ClassEntry::try_find(class) else {
+            continue;
+        };
+        let Some(entry) = class.function_table.get(method) else {
+            continue;
+        };
+        // SAFETY: a class's function table holds pointers to its zend_functions.
+        let Some(function) = (unsafe { entry.ptr::<ffi::zend_function>() }) else {
+            continue;
+        };
+        // SAFETY: an internal method of ours, owned by the engine for the life of the
+        // module, changed before a request calls it; the name is a persistent string
+        // that the attribute keeps.
+        unsafe {
+            if u32::from((*function).type_) != ffi::ZEND_INTERNAL_FUNCTION {
+                continue;
+            }
+            let name = ext_php_rs::types::ZendStr::new("SensitiveParameter", true).into_raw();
+            zend_add_attribute(
+                &raw mut (*function).common.attributes,
+                name.cast(),
+                0,
+                ATTRIBUTE_PERSISTENT,
+                offset + 1,
+                0,
+            );
+        }
+    }
 }
 
 /// The classes whose methods are wrapped.

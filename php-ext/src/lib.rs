@@ -44,6 +44,7 @@ extern "C" fn request_startup(_type: i32, _module_number: i32) -> i32 {
     if DECLARATIONS_PENDING.swap(false, Ordering::SeqCst) {
         queue::declare_union_types();
         args::wrap_methods();
+        args::mark_sensitive_parameters();
     }
     0
 }

@@ -746,4 +746,21 @@ final class QueueTest extends TestCase
             $this->assertStringContainsString('user', $e->getMessage());
         }
     }
+
+    public function testTheUrlIsASensitiveParameterInTracesWithArguments(): void
+    {
+        if (PHP_VERSION_ID < 80200) {
+            $this->markTestSkipped('#[\\SensitiveParameter] came with PHP 8.2');
+        }
+        $before = ini_set('zend.exception_ignore_args', '0');
+        try {
+            new DelayQueue('redis://:s3cret@127.0.0.1:1', '');
+            $this->fail('an empty queue name was accepted');
+        } catch (DelayQueueInvalidArgumentException $e) {
+            $this->assertInstanceOf(SensitiveParameterValue::class, $e->getTrace()[0]['args'][0]);
+            $this->assertStringNotContainsString('s3cret', print_r($e->getTrace(), true));
+        } finally {
+            ini_set('zend.exception_ignore_args', (string) $before);
+        }
+    }
 }
