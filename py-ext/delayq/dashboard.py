@@ -29,6 +29,7 @@ import datetime
 import hmac
 import html
 import json
+import re
 import secrets
 import time
 import urllib.parse
@@ -37,7 +38,7 @@ from typing import Any, Callable, Optional
 
 from . import DelayQueue, DelayQueueError
 from .errors import ConnectionError as RedisUnreachable
-from .metrics import NotFound, PageServer, Refused
+from .metrics import BadRequest, NotFound, PageServer, Refused
 
 # How many rows each list shows; the command line shows more.
 ROWS = 10
@@ -573,7 +574,11 @@ def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float =
         pages: dict[str, int] = {}
         for which in _LISTS:
             raw = query.get(f"{which}_page", "0")
-            pages[which] = int(raw) if raw.isdigit() else 0
+            # ASCII digits only: str.isdigit() takes "²", which int() refuses.
+            if not re.fullmatch(r"[0-9]{1,6}", raw) or int(raw) > MAX_PAGED // PAGE_ROWS:
+                raise BadRequest(f"{which}_page must be a page number from 0 to {MAX_PAGED // PAGE_ROWS}, "
+                                 f"got {raw!r}")
+            pages[which] = int(raw)
         return render_queue(q, refresh, find=query.get("find", ""), token=token, done=query.get("done", ""),
                             pages=pages, health=health)
 

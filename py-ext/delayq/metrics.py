@@ -156,8 +156,25 @@ class MetricsServer(PageServer):
         self.queues = queues
 
 
+class BadRequest(Exception):
+    """A request the server cannot read (a bad query value, say): answered 400 with this text."""
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: PageServer
+
+    def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
+        """The status's own reason phrase, and `message` as the body in plain UTF-8 text:
+        the stdlib puts it in the status line, which holds Latin-1 only (a queue name
+        in another script failed there)."""
+        body = (message or self.responses.get(code, ("",))[0]).encode() + b"\n"
+        self.send_response(code)
+        self.send_header("Connection", "close")
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _authorized(self) -> bool:
         expected = self.server.expected_auth
@@ -172,19 +189,31 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         return False
 
+    def _url(self) -> Optional[urllib.parse.SplitResult]:
+        try:
+            return urllib.parse.urlsplit(self.path)
+        except ValueError as e:
+            self.send_error(400, f"cannot read the path {self.path!r}: {e}")
+            return None
+
     def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
         if not self._authorized():
             return
-        url = urllib.parse.urlsplit(self.path)
+        url = self._url()
+        if url is None:
+            return
         run = self.server.actions.get(url.path)
         if run is None:
             self.send_error(405 if url.path in self.server.pages else 404, "no action here")
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        if not 0 <= length <= MAX_FORM_BYTES:
+        raw = self.headers.get("Content-Length") or "0"
+        if not (raw.isascii() and raw.isdigit()):
+            self.send_error(400, f"Content-Length must be a number of bytes, got {raw!r}")
+            return
+        if int(raw) > MAX_FORM_BYTES:
             self.send_error(413, f"a form of at most {MAX_FORM_BYTES} bytes")
             return
-        form = dict(urllib.parse.parse_qsl(self.rfile.read(length).decode("utf-8", "replace")))
+        form = dict(urllib.parse.parse_qsl(self.rfile.read(int(raw)).decode("utf-8", "replace")))
         try:
             location = run(form)
         except Refused as e:
@@ -198,7 +227,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
         if not self._authorized():
             return
-        url = urllib.parse.urlsplit(self.path)
+        url = self._url()
+        if url is None:
+            return
         page = self.server.pages.get(url.path)
         if page is None:
             self.send_error(404, f"only {', '.join(sorted(self.server.pages))} is served here")
@@ -206,6 +237,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         content_type, make = page
         try:
             body = make(dict(urllib.parse.parse_qsl(url.query))).encode()
+        except BadRequest as e:
+            self.send_error(400, str(e))
+            return
         except NotFound as e:
             self.send_error(404, str(e))
             return

@@ -1,0 +1,92 @@
+"""`delayq dashboard` and `delayq serve-metrics` as servers, run as real processes and
+reached over real sockets: a query value the page cannot use is answered 400 or 404
+with a plain text, never a dropped connection and a traceback."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.parse
+from collections.abc import Iterator
+from typing import Optional
+
+import delayq
+from harness import free_port, wait_for
+
+def start(redis_url: str, *args: str, host: str = "127.0.0.1",
+          env: Optional[dict[str, str]] = None) -> tuple[subprocess.Popen[bytes], int]:
+    """`delayq ... ARGS --listen HOST:PORT` on a free port, its stderr kept for the test to read."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "jobs", *args,
+         "--listen", f"{host}:{port}"],
+        stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
+    return proc, port
+
+
+def fetch(port: int, path: str = "/", headers: Optional[dict[str, str]] = None, method: str = "GET",
+          body: Optional[bytes] = None, timeout: float = 5.0) -> tuple[http.client.HTTPResponse, str]:
+    """One request on a connection of its own: the answer and its body."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response, response.read().decode()
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def serving(redis_url: str, *args: str, host: str = "127.0.0.1") -> Iterator[tuple[int, list[str]]]:
+    """The server until the block ends, then SIGINT; yields its port and a list that
+    holds its stderr once stopped: it must hold no traceback."""
+    proc, port = start(redis_url, *args, host=host)
+    errors: list[str] = []
+
+    def answers() -> bool:
+        try:
+            fetch(port, timeout=2)
+            return True
+        except OSError:
+            return False
+
+    try:
+        wait_for(20, f"delayq {args[0]} to answer", answers)
+        yield port, errors
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+        assert proc.stderr is not None
+        errors.append(proc.stderr.read().decode())
+        proc.stderr.close()
+    assert "Traceback" not in errors[0], errors[0]
+
+
+def test_a_query_value_the_page_cannot_use_is_answered_in_plain_text(redis_url: str) -> None:
+    delayq.DelayQueue(redis_url, "中").push({"n": 1}, id="han-1")
+    auth = {"Authorization": "Basic " + base64.b64encode(b"ops:pw").decode()}
+    with serving(redis_url, "dashboard", "--auth", "ops:pw", "--allow-actions") as (port, _):
+        response, body = fetch(port, "/queue?name=%E4%B8%AD", headers=auth)
+        assert response.status == 200 and "queue <code>中</code>" in body and "han-1" in body
+        response, body = fetch(port, "/queue?name=%E5%9B%BD", headers=auth)
+        assert response.status == 404 and body == "no queue '国' on this dashboard\n"
+        assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+        for value in ("%C2%B2", "-1", "x", "1.5", "5001", "99999999999999999999999"):
+            response, body = fetch(port, f"/queue?name=jobs&waiting_page={value}", headers=auth)
+            assert response.status == 400, value
+            shown = repr(urllib.parse.unquote(value))
+            assert body == f"waiting_page must be a page number from 0 to 5000, got {shown}\n", body
+        assert fetch(port, "/queue?name=jobs&dead_page=5000", headers=auth)[0].status == 200
+        # A request target that urllib cannot split (http.client will not send it).
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            raw.sendall(f"GET http://[/ HTTP/1.0\r\nAuthorization: {auth['Authorization']}\r\n\r\n".encode())
+            answer = b"".join(iter(lambda: raw.recv(65536), b"")).decode()
+        assert answer.startswith("HTTP/1.0 400 ") and "cannot read the path 'http://[/'" in answer, answer
+        response, body = fetch(port, "/action", headers={**auth, "Content-Length": "²"}, method="POST")
+        assert response.status == 400 and body == "Content-Length must be a number of bytes, got '²'\n", body
