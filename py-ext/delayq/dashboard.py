@@ -31,6 +31,7 @@ import html
 import json
 import re
 import secrets
+import threading
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -548,15 +549,18 @@ def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float =
     token = secrets.token_urlsafe(24) if actions else None
     health = Reachability()
     found: dict[str, DelayQueue] = {}
+    # Pages are served by several threads: one at a time opens the queues found.
+    discovering = threading.Lock()
 
     def known() -> list[DelayQueue]:
         named = {q.name: q for q in queues}
         if discover is not None:
-            try:
-                for q in discover():
-                    found.setdefault(q.name, q)
-            except DelayQueueError:
-                pass  # the queues' own sections say that Redis is unreachable
+            with discovering:
+                try:
+                    for q in discover():
+                        found.setdefault(q.name, q)
+                except DelayQueueError:
+                    pass  # the queues' own sections say that Redis is unreachable
         return list(named.values()) + [q for name, q in sorted(found.items()) if name not in named]
 
     def lookup(name: str) -> Optional[DelayQueue]:

@@ -9,8 +9,11 @@ from __future__ import annotations
 import base64
 import hmac
 import http.server
-import urllib.parse
+import socketserver
+import sys
+import threading
 import time
+import urllib.parse
 from typing import Any, Callable, Iterable, Optional
 
 from . import DelayQueue, DelayQueueError
@@ -126,15 +129,24 @@ class NotFound(Exception):
 
 #: Largest form an action takes (a few hidden fields).
 MAX_FORM_BYTES = 16 * 1024
+#: Connections served at once, each by a thread of its own; one more is answered 503
+#: at once, so that no number of clients makes the others wait in line.
+MAX_CONNECTIONS = 32
+#: Seconds a connection may send nothing (or take nothing of the answer) before it is
+#: closed: a client that sends half a request and waits holds one thread that long.
+READ_TIMEOUT = 10.0
 
 
-class PageServer(http.server.HTTPServer):
+class PageServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     """Answers `GET` of each path in `pages` (path -> (content type, render)) with a
-    fresh rendering of the request's query (the last value of each name), one request
-    at a time; 404 for any other path. `POST` to a path of `actions` (path -> run)
-    runs it with the form's fields and redirects (303) to the page it returns; an
-    action that raises `Refused` is answered 403. With `auth` ("user:password") every
-    request needs those HTTP Basic credentials."""
+    fresh rendering of the request's query (the last value of each name); 404 for any
+    other path. `POST` to a path of `actions` (path -> run) runs it with the form's
+    fields and redirects (303) to the page it returns; an action that raises `Refused`
+    is answered 403. With `auth` ("user:password") every request needs those HTTP Basic
+    credentials. Each connection has a thread of its own (at most `MAX_CONNECTIONS`)
+    and `READ_TIMEOUT`."""
+
+    daemon_threads = True  # a client that stalls must not delay the process's exit
 
     def __init__(self, address: tuple[str, int],
                  pages: dict[str, tuple[str, Callable[[dict[str, str]], str]]],
@@ -144,6 +156,31 @@ class PageServer(http.server.HTTPServer):
         self.pages = pages
         self.actions = actions or {}
         self.expected_auth = None if auth is None else "Basic " + base64.b64encode(auth.encode()).decode()
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            busy = f"{MAX_CONNECTIONS} connections are open already: try again".encode()
+            try:
+                request.setblocking(False)  # a few bytes into a fresh socket; never wait for this one
+                request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                             + f"Content-Length: {len(busy)}\r\n\r\n".encode() + busy)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away or stalled is not news; anything else keeps its traceback.
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class MetricsServer(PageServer):
@@ -162,6 +199,7 @@ class BadRequest(Exception):
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: PageServer
+    timeout = READ_TIMEOUT
 
     def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
         """The status's own reason phrase, and `message` as the body in plain UTF-8 text:

@@ -1,6 +1,7 @@
 """`delayq dashboard` and `delayq serve-metrics` as servers, run as real processes and
-reached over real sockets: a query value the page cannot use is answered 400 or 404
-with a plain text, never a dropped connection and a traceback."""
+reached over real sockets: a stalled or idle connection holds no other request, and a
+query value the page cannot use is answered 400 or 404 with a plain text, never a
+dropped connection and a traceback."""
 
 from __future__ import annotations
 
@@ -12,12 +13,19 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections.abc import Iterator
 from typing import Optional
 
+import pytest
+
 import delayq
+from delayq.metrics import MAX_CONNECTIONS
 from harness import free_port, wait_for
+
+COMMANDS = ["dashboard", "serve-metrics"]
+
 
 def start(redis_url: str, *args: str, host: str = "127.0.0.1",
           env: Optional[dict[str, str]] = None) -> tuple[subprocess.Popen[bytes], int]:
@@ -66,6 +74,32 @@ def serving(redis_url: str, *args: str, host: str = "127.0.0.1") -> Iterator[tup
         errors.append(proc.stderr.read().decode())
         proc.stderr.close()
     assert "Traceback" not in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_stalled_connection_holds_no_other_request(redis_url: str, command: str) -> None:
+    with serving(redis_url, command) as (port, _):
+        # What Chromium leaves open for the next request: a connection that says nothing.
+        idle = socket.create_connection(("127.0.0.1", port))
+        half = socket.create_connection(("127.0.0.1", port))
+        half.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        try:
+            began = time.monotonic()
+            response, _ = fetch(port)
+            assert response.status == 200 and time.monotonic() - began < 3
+        finally:
+            idle.close()
+            half.close()
+
+        # One connection more than the server serves at once is told so at once.
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CONNECTIONS)]
+        try:
+            response, body = fetch(port)
+            assert response.status == 503 and f"{MAX_CONNECTIONS} connections are open already" in body
+        finally:
+            for s in held:
+                s.close()
+        wait_for(10, "the slots freed", lambda: fetch(port)[0].status == 200)
 
 
 def test_a_query_value_the_page_cannot_use_is_answered_in_plain_text(redis_url: str) -> None:
