@@ -19,8 +19,10 @@ the page holds (a form on another site cannot forge one), behind HTTP Basic auth
 page that another site reaches through DNS rebinding has no credentials).
 
 Payloads and errors are the queue's own data, shown escaped and cut short; the page
-holds them, so serve it where only operators can reach it (the default listens on
-127.0.0.1), with `--auth` beyond one machine.
+holds them, so serve it where only operators can reach it: the default listens on
+127.0.0.1, and any other address needs `--auth` (or `--no-auth`, said on purpose). A
+request whose Host header names another site is refused (DNS rebinding), and the page
+may not be framed; see `metrics.PageServer`.
 """
 
 from __future__ import annotations
@@ -538,12 +540,15 @@ def _actions(lookup: Callable[[str], Optional[DelayQueue]], token: str) -> Calla
 
 def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float = 5.0,
                 auth: Optional[str] = None, actions: bool = False,
-                discover: Optional[Callable[[], list[DelayQueue]]] = None) -> PageServer:
+                discover: Optional[Callable[[], list[DelayQueue]]] = None, no_auth: bool = False,
+                allowed_hosts: Sequence[str] = ()) -> PageServer:
     """A server of the page for `queues` at `/` on `host:port`; call `serve_forever()`.
     `auth` ("user:password") asks every request for HTTP Basic credentials; `actions`
     (only with `auth`) adds the buttons and `POST /action`. `discover` returns the
     queues found in the registry (see `DelayQueue.registered_queues`): `/` lists them
-    with those of `queues`, and `/queue?name=NAME` shows any of them."""
+    with those of `queues`, and `/queue?name=NAME` shows any of them. Without `auth`
+    it serves only a loopback address unless `no_auth`; `allowed_hosts` are the names
+    besides localhost that a request's Host header may give (see `PageServer`)."""
     if actions and auth is None:
         raise ValueError("dashboard actions need auth: without it any page the browser opens could use them")
     token = secrets.token_urlsafe(24) if actions else None
@@ -588,4 +593,5 @@ def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float =
 
     html_type = "text/html; charset=utf-8"
     return PageServer((host, port), {"/": (html_type, page), "/queue": (html_type, queue_page)},
-                      actions={"/action": _actions(lookup, token)} if token else None, auth=auth)
+                      actions={"/action": _actions(lookup, token)} if token else None, auth=auth, no_auth=no_auth,
+                      allowed_hosts=allowed_hosts)

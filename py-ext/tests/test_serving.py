@@ -1,7 +1,9 @@
 """`delayq dashboard` and `delayq serve-metrics` as servers, run as real processes and
-reached over real sockets: a stalled or idle connection holds no other request, and a
-query value the page cannot use is answered 400 or 404 with a plain text, never a
-dropped connection and a traceback."""
+reached over real sockets: a stalled or idle connection holds no other request, an
+address other than loopback needs credentials or --no-auth said on purpose, a Host
+header naming another site is refused (DNS rebinding), every answer forbids framing
+and sniffing, and a query value the page cannot use is answered 400 or 404 with a
+plain text, never a dropped connection and a traceback."""
 
 from __future__ import annotations
 
@@ -50,6 +52,19 @@ def fetch(port: int, path: str = "/", headers: Optional[dict[str, str]] = None, 
         conn.close()
 
 
+def refused(redis_url: str, *args: str, host: str = "127.0.0.1", env: Optional[dict[str, str]] = None) -> str:
+    """The stderr of `delayq ... ARGS`, which must refuse to start (status 2)."""
+    proc, _ = start(redis_url, *args, host=host, env=env)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"delayq {' '.join(args)} on {host!r} started serving") from None
+    assert proc.returncode == 2 and err.startswith(b"delayq: ") and b"Traceback" not in err, (args, err)
+    return err.decode()
+
+
 @contextlib.contextmanager
 def serving(redis_url: str, *args: str, host: str = "127.0.0.1") -> Iterator[tuple[int, list[str]]]:
     """The server until the block ends, then SIGINT; yields its port and a list that
@@ -96,10 +111,80 @@ def test_a_stalled_connection_holds_no_other_request(redis_url: str, command: st
         try:
             response, body = fetch(port)
             assert response.status == 503 and f"{MAX_CONNECTIONS} connections are open already" in body
+            assert response.headers["X-Frame-Options"] == "DENY"
         finally:
             for s in held:
                 s.close()
         wait_for(10, "the slots freed", lambda: fetch(port)[0].status == 200)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_address_beyond_loopback_needs_credentials_or_no_auth(redis_url: str, command: str) -> None:
+    for host in ("0.0.0.0", ""):
+        err = refused(redis_url, command, host=host)
+        assert "not a loopback address" in err and "--auth" in err and "--no-auth" in err, err
+    wrong = [
+        ["--auth", "ops:"], ["--auth", ":pw"], ["--auth", "ops"], ["--auth", "ops:pw", "--no-auth"],
+        ["--allowed-hosts", "a b"],
+    ]
+    if command == "dashboard":
+        wrong += [["--auth", "ops:", "--allow-actions"], ["--allow-actions", "--no-auth"]]
+    for args in wrong:
+        refused(redis_url, command, *args)
+    assert "neither of them empty" in refused(redis_url, command, env={"DELAYQ_DASHBOARD_AUTH": "ops:"})
+
+    with serving(redis_url, command, "--no-auth", host="0.0.0.0") as (port, errors):
+        assert fetch(port)[0].status == 200
+    assert "without credentials (--no-auth)" in errors[0]
+    with serving(redis_url, command, "--auth", "ops:pw", host="0.0.0.0") as (port, _):
+        assert fetch(port)[0].status == 401
+        auth = "Basic " + base64.b64encode(b"ops:pw").decode()
+        assert fetch(port, headers={"Authorization": auth})[0].status == 200
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_host_header_naming_another_site_is_refused(redis_url: str, command: str) -> None:
+    with serving(redis_url, command) as (port, _):
+        for host in ("evil.example", f"evil.example:{port}", "localhost.evil.example", "dq.internal"):
+            response, body = fetch(port, headers={"Host": host})
+            assert response.status == 421, host
+            assert repr(host) in body and "DNS rebinding" in body and "--allowed-hosts" in body, body
+            assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+        for host in (f"127.0.0.1:{port}", "localhost", f"LOCALHOST:{port}", "app.localhost", f"[::1]:{port}",
+                     "10.1.2.3"):
+            assert fetch(port, headers={"Host": host})[0].status == 200, host
+    with serving(redis_url, command, "--allowed-hosts", "dq.internal,ops.example", "--allowed-hosts",
+                 "third.example") as (port, _):
+        for host in ("dq.internal", f"DQ.Internal.:{port}", "ops.example", "third.example"):
+            assert fetch(port, headers={"Host": host})[0].status == 200, host
+        for host in ("evil.example", "dq.internal.evil.example"):
+            assert fetch(port, headers={"Host": host})[0].status == 421, host
+    # The --listen host, when a name, is one of them.
+    with serving(redis_url, command, host="localhost") as (port, _):
+        assert fetch(port, headers={"Host": f"localhost:{port}"})[0].status == 200
+    # With credentials too: a rebinding page would otherwise get the login prompt.
+    with serving(redis_url, command, "--auth", "ops:pw") as (port, _):
+        assert fetch(port, headers={"Host": "evil.example"})[0].status == 421
+
+
+def test_every_answer_forbids_framing_and_sniffing(redis_url: str) -> None:
+    auth = {"Authorization": "Basic " + base64.b64encode(b"ops:pw").decode()}
+    with serving(redis_url, "dashboard", "--auth", "ops:pw", "--allow-actions") as (port, _):
+        answers = [
+            fetch(port, headers=auth), fetch(port), fetch(port, "/nowhere", headers=auth),
+            fetch(port, "/queue?name=nowhere", headers=auth), fetch(port, headers={"Host": "evil.example"}),
+            fetch(port, "/action", headers=auth, method="POST", body=b"do=pause"),
+            fetch(port, "/queue?name=jobs&waiting_page=x", headers=auth),
+        ]
+        assert [r.status for r, _ in answers] == [200, 401, 404, 404, 421, 403, 400]
+        for response, _ in answers:
+            assert response.headers["X-Frame-Options"] == "DENY"
+            assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
+            assert response.headers["X-Content-Type-Options"] == "nosniff"
+    with serving(redis_url, "serve-metrics") as (port, _):
+        response, body = fetch(port, "/metrics")
+        assert response.status == 200 and "delayq_up" in body
+        assert response.headers["X-Frame-Options"] == "DENY" and response.headers["X-Content-Type-Options"] == "nosniff"
 
 
 def test_a_query_value_the_page_cannot_use_is_answered_in_plain_text(redis_url: str) -> None:
