@@ -487,16 +487,23 @@ def _metrics(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace, what: str, path: str, make: Callable[[str, int], Any]) -> int:
     """Serve until SIGINT on --listen; `make(host, port)` builds the server."""
+    from .metrics import Exposed
+
     host, _, port = args.listen.rpartition(":")
-    if not port.isdigit() or int(port) > 65535:
+    if not port.isascii() or not port.isdigit() or int(port) > 65535:
         sys.stderr.write(f"delayq: --listen wants HOST:PORT, got {args.listen!r}\n")
         return 2
     try:
         server = make(host.strip("[]") or "0.0.0.0", int(port))
+    except Exposed as e:
+        raise _BadUsage(f"{what} will not listen on {e.host} without credentials: it is not a loopback address, "
+                        "so anyone who reaches it could read it; give --auth USER:PASSWORD (or "
+                        "DELAYQ_DASHBOARD_AUTH), or --no-auth to serve them all the same") from None
     except OSError as e:
         sys.stderr.write(f"delayq: cannot listen on {args.listen}: {e.strerror}\n")
         return FAILED
-    sys.stderr.write(f"delayq: serving {what} on http://{args.listen}{path}\n")
+    unguarded = " to anyone who reaches it, without credentials (--no-auth)" if args.no_auth else ""
+    sys.stderr.write(f"delayq: serving {what} on http://{args.listen}{path}{unguarded}\n")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -509,9 +516,20 @@ def _serve(args: argparse.Namespace, what: str, path: str, make: Callable[[str, 
 def _auth(args: argparse.Namespace) -> Optional[str]:
     """--auth, else $DELAYQ_DASHBOARD_AUTH (which keeps the password out of `ps`)."""
     auth: Optional[str] = args.auth or os.environ.get("DELAYQ_DASHBOARD_AUTH") or None
-    if auth is not None and (":" not in auth or not auth.partition(":")[0]):
-        raise _BadUsage("--auth (or DELAYQ_DASHBOARD_AUTH) wants USER:PASSWORD")
+    if auth is not None:
+        user, colon, password = auth.partition(":")
+        if not colon or not user or not password:
+            raise _BadUsage("--auth (or DELAYQ_DASHBOARD_AUTH) wants USER:PASSWORD, neither of them empty")
+        if args.no_auth:
+            raise _BadUsage("--no-auth and --auth (or DELAYQ_DASHBOARD_AUTH) contradict each other: give one")
     return auth
+
+
+def _allowed_hosts(args: argparse.Namespace) -> list[str]:
+    names = [name.strip() for names in args.allowed_hosts for name in names.split(",")]
+    if any(not name or "/" in name or " " in name for name in names):
+        raise _BadUsage(f"--allowed-hosts wants host names separated by commas, got {','.join(args.allowed_hosts)!r}")
+    return names
 
 
 def _serve_metrics(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -519,7 +537,9 @@ def _serve_metrics(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int
 
     queues = _metrics_queues(q, args)
     auth = _auth(args)
-    return _serve(args, "metrics", "/metrics", lambda host, port: make_server(queues, host, port, auth))
+    hosts = _allowed_hosts(args)
+    return _serve(args, "metrics", "/metrics",
+                  lambda host, port: make_server(queues, host, port, auth, args.no_auth, hosts))
 
 
 def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -528,6 +548,7 @@ def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     if not args.refresh >= 0:
         raise _BadUsage(f"--refresh must be 0 (never) or more seconds, got {args.refresh}")
     auth = _auth(args)
+    hosts = _allowed_hosts(args)
     if args.allow_actions and auth is None:
         raise _BadUsage("--allow-actions needs --auth USER:PASSWORD (or DELAYQ_DASHBOARD_AUTH): without it any "
                         "web page the browser opens could requeue and delete")
@@ -555,7 +576,8 @@ def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
     return _serve(args, "the dashboard", "/",
                   lambda host, port: dashboard.make_server(queues, host, port, args.refresh, auth,
-                                                           args.allow_actions, discover=discover))
+                                                           args.allow_actions, discover=discover,
+                                                           no_auth=args.no_auth, allowed_hosts=hosts))
 
 
 def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -824,9 +846,9 @@ def _parser() -> argparse.ArgumentParser:
     m.set_defaults(run=_metrics)
     m = sub.add_parser("serve-metrics", help="an HTTP endpoint for Prometheus to scrape: GET /metrics")
     m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to report (default: --queue)")
-    m.add_argument("--listen", default="127.0.0.1:9808", help="HOST:PORT (default: 127.0.0.1:9808; :9808 for all)")
-    m.add_argument("--auth", metavar="USER:PASSWORD",
-                   help="ask for these HTTP Basic credentials (default: $DELAYQ_DASHBOARD_AUTH, else none)")
+    m.add_argument("--listen", default="127.0.0.1:9808",
+                   help="HOST:PORT (default: 127.0.0.1:9808; :9808 for all, with --auth or --no-auth)")
+    _guard_arguments(m)
     m.set_defaults(run=_serve_metrics)
     m = sub.add_parser("dashboard", help="a web page of the queues for people: GET / (read-only unless "
                                          "--allow-actions)")
@@ -836,8 +858,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--listen", default="127.0.0.1:9809",
                    help="HOST:PORT (default: 127.0.0.1:9809; the page shows payloads: keep it private)")
     m.add_argument("--refresh", type=float, default=5.0, help="seconds between reloads of the page (0: never)")
-    m.add_argument("--auth", metavar="USER:PASSWORD",
-                   help="ask for these HTTP Basic credentials (default: $DELAYQ_DASHBOARD_AUTH, else none)")
+    _guard_arguments(m)
     m.add_argument("--allow-actions", action="store_true",
                    help="buttons to requeue and delete dead letters and to pause and resume queues (needs --auth)")
     m.set_defaults(run=_dashboard)
@@ -910,6 +931,18 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--slot-index", type=int, default=0, help=argparse.SUPPRESS)
     w.set_defaults(run=_worker)
     return p
+
+
+def _guard_arguments(m: argparse.ArgumentParser) -> None:
+    """Who may reach serve-metrics and the dashboard: the same options for both."""
+    m.add_argument("--auth", metavar="USER:PASSWORD",
+                   help="ask for these HTTP Basic credentials (default: $DELAYQ_DASHBOARD_AUTH, else none)")
+    m.add_argument("--no-auth", action="store_true",
+                   help="serve without credentials on an address that is not loopback (refused otherwise): "
+                        "anyone who reaches it reads it")
+    m.add_argument("--allowed-hosts", metavar="NAME[,NAME...]", action="append", default=[],
+                   help="host names a request may give besides IP addresses, localhost and the --listen host "
+                        "(other names are refused, against DNS rebinding); for a DNS name or a proxy's Host")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

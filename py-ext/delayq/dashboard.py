@@ -19,8 +19,10 @@ the page holds (a form on another site cannot forge one), behind HTTP Basic auth
 page that another site reaches through DNS rebinding has no credentials).
 
 Payloads and errors are the queue's own data, shown escaped and cut short; the page
-holds them, so serve it where only operators can reach it (the default listens on
-127.0.0.1), with `--auth` beyond one machine.
+holds them, so serve it where only operators can reach it: the default listens on
+127.0.0.1, and any other address needs `--auth` (or `--no-auth`, said on purpose). A
+request whose Host header names another site is refused (DNS rebinding), and the page
+may not be framed; see `metrics.PageServer`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import datetime
 import hmac
 import html
 import json
+import re
 import secrets
+import threading
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -37,7 +41,7 @@ from typing import Any, Callable, Optional
 
 from . import DelayQueue, DelayQueueError
 from .errors import ConnectionError as RedisUnreachable
-from .metrics import NotFound, PageServer, Refused
+from .metrics import BadRequest, NotFound, PageServer, Refused
 
 # How many rows each list shows; the command line shows more.
 ROWS = 10
@@ -536,26 +540,32 @@ def _actions(lookup: Callable[[str], Optional[DelayQueue]], token: str) -> Calla
 
 def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float = 5.0,
                 auth: Optional[str] = None, actions: bool = False,
-                discover: Optional[Callable[[], list[DelayQueue]]] = None) -> PageServer:
+                discover: Optional[Callable[[], list[DelayQueue]]] = None, no_auth: bool = False,
+                allowed_hosts: Sequence[str] = ()) -> PageServer:
     """A server of the page for `queues` at `/` on `host:port`; call `serve_forever()`.
     `auth` ("user:password") asks every request for HTTP Basic credentials; `actions`
     (only with `auth`) adds the buttons and `POST /action`. `discover` returns the
     queues found in the registry (see `DelayQueue.registered_queues`): `/` lists them
-    with those of `queues`, and `/queue?name=NAME` shows any of them."""
+    with those of `queues`, and `/queue?name=NAME` shows any of them. Without `auth`
+    it serves only a loopback address unless `no_auth`; `allowed_hosts` are the names
+    besides localhost that a request's Host header may give (see `PageServer`)."""
     if actions and auth is None:
         raise ValueError("dashboard actions need auth: without it any page the browser opens could use them")
     token = secrets.token_urlsafe(24) if actions else None
     health = Reachability()
     found: dict[str, DelayQueue] = {}
+    # Pages are served by several threads: one at a time opens the queues found.
+    discovering = threading.Lock()
 
     def known() -> list[DelayQueue]:
         named = {q.name: q for q in queues}
         if discover is not None:
-            try:
-                for q in discover():
-                    found.setdefault(q.name, q)
-            except DelayQueueError:
-                pass  # the queues' own sections say that Redis is unreachable
+            with discovering:
+                try:
+                    for q in discover():
+                        found.setdefault(q.name, q)
+                except DelayQueueError:
+                    pass  # the queues' own sections say that Redis is unreachable
         return list(named.values()) + [q for name, q in sorted(found.items()) if name not in named]
 
     def lookup(name: str) -> Optional[DelayQueue]:
@@ -573,10 +583,15 @@ def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float =
         pages: dict[str, int] = {}
         for which in _LISTS:
             raw = query.get(f"{which}_page", "0")
-            pages[which] = int(raw) if raw.isdigit() else 0
+            # ASCII digits only: str.isdigit() takes "²", which int() refuses.
+            if not re.fullmatch(r"[0-9]{1,6}", raw) or int(raw) > MAX_PAGED // PAGE_ROWS:
+                raise BadRequest(f"{which}_page must be a page number from 0 to {MAX_PAGED // PAGE_ROWS}, "
+                                 f"got {raw!r}")
+            pages[which] = int(raw)
         return render_queue(q, refresh, find=query.get("find", ""), token=token, done=query.get("done", ""),
                             pages=pages, health=health)
 
     html_type = "text/html; charset=utf-8"
     return PageServer((host, port), {"/": (html_type, page), "/queue": (html_type, queue_page)},
-                      actions={"/action": _actions(lookup, token)} if token else None, auth=auth)
+                      actions={"/action": _actions(lookup, token)} if token else None, auth=auth, no_auth=no_auth,
+                      allowed_hosts=allowed_hosts)

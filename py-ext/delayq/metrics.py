@@ -9,8 +9,12 @@ from __future__ import annotations
 import base64
 import hmac
 import http.server
-import urllib.parse
+import ipaddress
+import socketserver
+import sys
+import threading
 import time
+import urllib.parse
 from typing import Any, Callable, Iterable, Optional
 
 from . import DelayQueue, DelayQueueError
@@ -126,40 +130,175 @@ class NotFound(Exception):
 
 #: Largest form an action takes (a few hidden fields).
 MAX_FORM_BYTES = 16 * 1024
+#: Connections served at once, each by a thread of its own; one more is answered 503
+#: at once, so that no number of clients makes the others wait in line.
+MAX_CONNECTIONS = 32
+#: Seconds a connection may send nothing (or take nothing of the answer) before it is
+#: closed: a client that sends half a request and waits holds one thread that long.
+READ_TIMEOUT = 10.0
+# Sent with every answer: no page of ours in a frame of another site (clickjacking),
+# nothing loaded or run that the page does not hold (it needs only its inline style),
+# forms posted only to this server, and no guessing of a content type.
+SECURITY_HEADERS = (
+    ("X-Frame-Options", "DENY"),
+    ("Content-Security-Policy",
+     "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+)
 
 
-class PageServer(http.server.HTTPServer):
+class Exposed(ValueError):
+    """A server without credentials asked to listen on an address other than loopback:
+    anyone who reaches the address would read it (or act, with actions)."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"will not serve without credentials on {host}, which is not a loopback address: "
+                         "give auth, or no_auth=True to serve anyone who reaches it")
+        self.host = host
+
+
+def _ip(name: str) -> Optional[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def _host_name(header: str) -> str:
+    """The name of a Host header, without its port and brackets, lower case."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    name, _, port = header.rpartition(":")
+    return (name if name and port.isdigit() else header).rstrip(".")
+
+
+class PageServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     """Answers `GET` of each path in `pages` (path -> (content type, render)) with a
-    fresh rendering of the request's query (the last value of each name), one request
-    at a time; 404 for any other path. `POST` to a path of `actions` (path -> run)
-    runs it with the form's fields and redirects (303) to the page it returns; an
-    action that raises `Refused` is answered 403. With `auth` ("user:password") every
-    request needs those HTTP Basic credentials."""
+    fresh rendering of the request's query (the last value of each name); 404 for any
+    other path. `POST` to a path of `actions` (path -> run) runs it with the form's
+    fields and redirects (303) to the page it returns; an action that raises `Refused`
+    is answered 403. With `auth` ("user:password") every request needs those HTTP Basic
+    credentials.
+
+    Without `auth` it listens only on a loopback address unless `no_auth` says to serve
+    anyone (else `Exposed`). Every request must name in its Host header an IP address,
+    localhost (or a name under .localhost), the host it listens on as given, or one of
+    `allowed_hosts`; any other name is answered 421, so that a site whose name resolves
+    to this server (DNS rebinding) reads nothing through a visitor's browser. Each
+    connection has a thread of its own (at most `MAX_CONNECTIONS`) and `READ_TIMEOUT`."""
+
+    daemon_threads = True  # a client that stalls must not delay the process's exit
 
     def __init__(self, address: tuple[str, int],
                  pages: dict[str, tuple[str, Callable[[dict[str, str]], str]]],
                  actions: Optional[dict[str, Callable[[dict[str, str]], str]]] = None,
-                 auth: Optional[str] = None) -> None:
-        super().__init__(address, _Handler)
+                 auth: Optional[str] = None, no_auth: bool = False,
+                 allowed_hosts: Iterable[str] = ()) -> None:
+        if auth is not None:
+            user, colon, password = auth.partition(":")
+            if not colon or not user or not password:
+                raise ValueError("auth wants USER:PASSWORD, both not empty")
+            if no_auth:
+                raise ValueError("auth and no_auth contradict each other: give one")
+        super().__init__(address, _Handler, bind_and_activate=False)
+        try:
+            self.server_bind()
+            bound = _ip(str(self.server_address[0]))
+            if auth is None and not no_auth and not (bound is not None and bound.is_loopback):
+                raise Exposed(str(self.server_address[0]))
+            self.server_activate()
+        except BaseException:
+            self.server_close()
+            raise
         self.pages = pages
         self.actions = actions or {}
         self.expected_auth = None if auth is None else "Basic " + base64.b64encode(auth.encode()).decode()
+        named = {address[0], *allowed_hosts}
+        self.allowed_hosts = frozenset(_host_name(h) for h in named if h and _ip(h) is None)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def host_allowed(self, header: Optional[str]) -> bool:
+        """Whether a request with this Host header may be answered (see the class)."""
+        if header is None:
+            return True  # not a browser: every browser sends one
+        name = _host_name(header)
+        return (_ip(name) is not None or name == "localhost" or name.endswith(".localhost")
+                or name in self.allowed_hosts)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            busy = f"{MAX_CONNECTIONS} connections are open already: try again".encode()
+            head = "".join(f"{k}: {v}\r\n" for k, v in SECURITY_HEADERS)
+            try:
+                request.setblocking(False)  # a few bytes into a fresh socket; never wait for this one
+                request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                             + head.encode() + f"Content-Length: {len(busy)}\r\n\r\n".encode() + busy)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away or stalled is not news; anything else keeps its traceback.
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class MetricsServer(PageServer):
     """Answers `GET /metrics` (and `/`) with `render(queues)`, reading Redis afresh for
     each scrape; see `make_server`."""
 
-    def __init__(self, address: tuple[str, int], queues: list[DelayQueue], auth: Optional[str] = None) -> None:
+    def __init__(self, address: tuple[str, int], queues: list[DelayQueue], auth: Optional[str] = None,
+                 no_auth: bool = False, allowed_hosts: Iterable[str] = ()) -> None:
         page = (CONTENT_TYPE, lambda query: render(queues))
-        super().__init__(address, {"/": page, "/metrics": page}, auth=auth)
+        super().__init__(address, {"/": page, "/metrics": page}, auth=auth, no_auth=no_auth,
+                         allowed_hosts=allowed_hosts)
         self.queues = queues
+
+
+class BadRequest(Exception):
+    """A request the server cannot read (a bad query value, say): answered 400 with this text."""
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: PageServer
+    timeout = READ_TIMEOUT
 
-    def _authorized(self) -> bool:
+    def end_headers(self) -> None:
+        for name, value in SECURITY_HEADERS:
+            self.send_header(name, value)
+        super().end_headers()
+
+    def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
+        """The status's own reason phrase, and `message` as the body in plain UTF-8 text:
+        the stdlib puts it in the status line, which holds Latin-1 only (a queue name
+        in another script failed there)."""
+        body = (message or self.responses.get(code, ("",))[0]).encode() + b"\n"
+        self.send_response(code)
+        self.send_header("Connection", "close")
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _admitted(self) -> bool:
+        """Whether the Host header names this server and the credentials are right;
+        if not, the answer is sent."""
+        host = self.headers.get("Host")
+        if not self.server.host_allowed(host):
+            self.send_error(421, f"this server does not answer for the host {host!r} (names other than its own "
+                                 "are refused, against DNS rebinding): open it by its IP address or localhost, "
+                                 "or list the name in --allowed-hosts")
+            return False
         expected = self.server.expected_auth
         if expected is None:
             return True
@@ -172,19 +311,31 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         return False
 
+    def _url(self) -> Optional[urllib.parse.SplitResult]:
+        try:
+            return urllib.parse.urlsplit(self.path)
+        except ValueError as e:
+            self.send_error(400, f"cannot read the path {self.path!r}: {e}")
+            return None
+
     def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
-        if not self._authorized():
+        if not self._admitted():
             return
-        url = urllib.parse.urlsplit(self.path)
+        url = self._url()
+        if url is None:
+            return
         run = self.server.actions.get(url.path)
         if run is None:
             self.send_error(405 if url.path in self.server.pages else 404, "no action here")
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        if not 0 <= length <= MAX_FORM_BYTES:
+        raw = self.headers.get("Content-Length") or "0"
+        if not (raw.isascii() and raw.isdigit()):
+            self.send_error(400, f"Content-Length must be a number of bytes, got {raw!r}")
+            return
+        if int(raw) > MAX_FORM_BYTES:
             self.send_error(413, f"a form of at most {MAX_FORM_BYTES} bytes")
             return
-        form = dict(urllib.parse.parse_qsl(self.rfile.read(length).decode("utf-8", "replace")))
+        form = dict(urllib.parse.parse_qsl(self.rfile.read(int(raw)).decode("utf-8", "replace")))
         try:
             location = run(form)
         except Refused as e:
@@ -196,9 +347,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-        if not self._authorized():
+        if not self._admitted():
             return
-        url = urllib.parse.urlsplit(self.path)
+        url = self._url()
+        if url is None:
+            return
         page = self.server.pages.get(url.path)
         if page is None:
             self.send_error(404, f"only {', '.join(sorted(self.server.pages))} is served here")
@@ -206,6 +359,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         content_type, make = page
         try:
             body = make(dict(urllib.parse.parse_qsl(url.query))).encode()
+        except BadRequest as e:
+            self.send_error(400, str(e))
+            return
         except NotFound as e:
             self.send_error(404, str(e))
             return
@@ -220,7 +376,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass  # a scrape every 15 s is not news
 
 
-def make_server(queues: list[DelayQueue], host: str, port: int, auth: Optional[str] = None) -> MetricsServer:
+def make_server(queues: list[DelayQueue], host: str, port: int, auth: Optional[str] = None,
+                no_auth: bool = False, allowed_hosts: Iterable[str] = ()) -> MetricsServer:
     """A server for `queues` on `host:port`; call `serve_forever()` on it. With `auth`
-    ("user:password"), a scrape needs those HTTP Basic credentials."""
-    return MetricsServer((host, port), queues, auth)
+    ("user:password"), a scrape needs those HTTP Basic credentials; without it, only a
+    loopback address is served unless `no_auth` (see `PageServer`)."""
+    return MetricsServer((host, port), queues, auth, no_auth, allowed_hosts)

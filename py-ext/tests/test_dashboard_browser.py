@@ -200,6 +200,11 @@ def test_the_dashboard_in_chromium_charts_the_traffic_and_acts_with_auth(
         assert browser.evaluate("document.querySelector('a[href=\"/queue?name=shop\"]') !== null")
         for chart in ("throughput", "lateness", "backlog"):
             assert points(browser, chart) > 0, f"the overview's {chart} chart has no points"
+        # The page's Content-Security-Policy lets its own inline style through.
+        assert browser.evaluate("getComputedStyle(document.querySelector('th')).backgroundColor") == \
+            "rgb(246, 246, 246)"
+        assert browser.evaluate("getComputedStyle(document.querySelector('figcaption span[style]')).color") == \
+            "rgb(21, 101, 192)"
         browser.screenshot(tmp_path / "overview.png")
 
         browser.click('a[href="/queue?name=shop"]')
