@@ -1620,10 +1620,8 @@ fn a_pull_caller_waits_for_its_decisions_and_learns_what_the_pool_meets() {
         Received::Idle
     ));
     let next = consumer.next_due_in().expect("a due time is known");
-    assert!(
-        next > Duration::from_secs(1) && next <= Duration::from_secs(3),
-        "{next:?}"
-    );
+    // No later than that message; a lease that ends sooner may come first.
+    assert!(next <= Duration::from_secs(3), "{next:?}");
     assert!(consumer.claim_failure().is_none());
 
     q.push(&json!({"order": 3}), Duration::ZERO).expect("push");

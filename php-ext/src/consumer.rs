@@ -109,8 +109,9 @@ impl PhpConsumer {
         Ok(None)
     }
 
-    /// Seconds until the next message of its queues is due as far as the pool knows,
-    /// 0.0 when one is due now, null when none is known: a caller about to sleep
+    /// Seconds until a message of its queues may next be taken as far as the pool
+    /// knows (the next due one, or a lease that ends sooner), 0.0 when one is due now,
+    /// null when none is known: a caller about to sleep
     /// before it asks again may wait for that message instead.
     pub fn next_due_in(&self) -> Option<f64> {
         let shared = self.consumer.borrow();

@@ -321,9 +321,9 @@ impl Consumer {
         })
     }
 
-    /// How soon the next message of its queues is due as far as the pool knows (from
-    /// its last claims and producers' wake-ups): zero when one is due now, `None` when
-    /// none is known. For a caller that waits a while before it asks again (a
+    /// How soon a message of its queues may next be taken, as far as the pool knows
+    /// (from its last claims and producers' wake-ups): the next due message, or a lease
+    /// that ends sooner; zero when one is due now, `None` when none is known. For a caller that waits a while before it asks again (a
     /// framework's idle sleep), and keeps waiting instead when a message comes sooner.
     pub fn next_due_in(&self) -> Option<Duration> {
         let now = Instant::now();
