@@ -165,8 +165,9 @@ final class LaravelApp
             $pipes, $this->dir, $this->environment($env));
     }
 
+    /** @param array<string, ?string> $env a null value unsets the variable */
     private function environment(array $env): array
     {
-        return $env + $this->env + getenv();
+        return array_filter($env + $this->env + getenv(), fn ($value) => $value !== null);
     }
 }
