@@ -226,11 +226,12 @@ final class QueueDriverTest extends TestCase
         $this->assertSame(1, $this->queue()->stats()['acked']);
     }
 
-    public function testDelayedJobStartsOnTimeUnderALongWorkerSleep(): void
+    /** @dataProvider connectionAtBoot */
+    public function testDelayedJobStartsOnTimeUnderALongWorkerSleep(array $env): void
     {
         $due = $this->dispatch(['RecordRun', 'remind-6', '--delay=3']);
         // An empty pop() makes queue:work sleep 10 s: the job due meanwhile must not wait for its end.
-        $worker = $this->app->start(['queue:work', '--sleep=10']);
+        $worker = $this->app->start(['queue:work', '--sleep=10'], $env);
         wait_for(30, 'the job to run', fn () => count($this->app->runs()) === 1);
         $this->waitUntilDrained();
         posix_kill($worker, SIGTERM);
@@ -239,6 +240,14 @@ final class QueueDriverTest extends TestCase
         $at = $this->app->runs()[0]['at'];
         $this->assertGreaterThanOrEqual($due - 0.01, $at, 'not before its due time');
         $this->assertLessThan($due + 2.5, $at, 'started within about a second of its due time, not after the 10 s sleep');
+    }
+
+    public static function connectionAtBoot(): array
+    {
+        return [
+            'connection made by queue:work' => [[]],
+            'connection made at boot, before queue:work starts' => [['DELAYQ_TEST_QUEUE_AT_BOOT' => '1']],
+        ];
     }
 
     public function testQueueWorkWorksEachQueueOfItsList(): void

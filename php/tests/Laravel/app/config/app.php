@@ -21,6 +21,7 @@ return [
         Illuminate\Pipeline\PipelineServiceProvider::class,
         Illuminate\Queue\QueueServiceProvider::class,
         Illuminate\Redis\RedisServiceProvider::class,
+        App\Providers\AppServiceProvider::class,
     ],
     'aliases' => [],
 ];
