@@ -196,7 +196,7 @@ final class QueueDriverTest extends TestCase
         $this->app->mustRun(['migrate', '--force']);
         // SlowJob: $tries = 3, its first attempt sleeps 600 s; the limit is queue:work's --timeout.
         $this->dispatch(['SlowJob', 'refund-4']);
-        $args = ['queue:work', '--sleep=1', '--timeout=2', '--tries=3'];
+        $args = ['queue:work', '--sleep=1', '--timeout=4', '--tries=3'];
         // Two workers at once: the idle one must not get the job while the other runs it,
         // though it runs past retry_after (2 s, the lease, renewed while the job runs).
         $workers = [$this->app->start($args), $this->app->start($args)];
@@ -207,7 +207,7 @@ final class QueueDriverTest extends TestCase
         $this->assertNoStopSignalBlocked($first);
         $this->assertSame(128 + SIGKILL, $this->app->waitFor($first, 25), $this->app->output());
         $killed = microtime(true);
-        $this->assertLessThan($this->app->runs()[0]['at'] + 2 + 4, $killed, 'killed at its timeout');
+        $this->assertLessThan($this->app->runs()[0]['at'] + 4 + 4, $killed, 'killed at its timeout');
         $this->assertSame([], $this->app->failedJobs(), 'attempt 1 of 3: not failed');
 
         // Once the dead worker's lease has passed, the job comes back to the other one.
