@@ -48,6 +48,10 @@ class DelayqServiceProvider extends ServiceProvider
             $events->listen(CommandStarting::class, function (CommandStarting $event) {
                 if ($event->command === 'queue:work') {
                     $this->idleSleep = self::idleSleepOf($event->input);
+                    // A connection the application made at boot was built without it.
+                    foreach ($this->connectedQueues() as $queue) {
+                        $queue->setIdleSleep($this->idleSleep);
+                    }
                 }
             });
             $events->listen(WorkerStopping::class, fn () => $this->stopConsumers());
@@ -76,15 +80,25 @@ class DelayqServiceProvider extends ServiceProvider
     /** The worker stops (its end, or the kill of a job past its timeout). */
     private function stopConsumers(): void
     {
+        foreach ($this->connectedQueues() as $queue) {
+            $queue->stopConsumers();
+        }
+    }
+
+    /** @return list<DelayqQueue> the delayq connections made so far, without making others */
+    private function connectedQueues(): array
+    {
         $manager = $this->app['queue'];
+        $queues = [];
         foreach (array_keys($this->delayqConnections()) as $name) {
             if ($manager->connected($name)) {
                 $queue = $manager->connection($name);
                 if ($queue instanceof DelayqQueue) {
-                    $queue->stopConsumers();
+                    $queues[] = $queue;
                 }
             }
         }
+        return $queues;
     }
 
     /** Each delayq connection's queues, without connecting to Redis. */

@@ -23,6 +23,8 @@ final class LaravelApp
     private array $env;
     /** @var list<array{proc: resource, pid: int}> */
     private array $running = [];
+    /** Background artisan processes started so far, which name their log files. */
+    private int $started = 0;
 
     /** @param array<string, string> $env */
     public function __construct(string $redisUrl, array $env = [])
@@ -82,7 +84,7 @@ final class LaravelApp
      */
     public function start(array $args, array $env = []): int
     {
-        $name = preg_replace('/\W+/', '-', implode(' ', $args)) . '-' . count($this->running);
+        $name = preg_replace('/\W+/', '-', implode(' ', $args)) . '-' . $this->started++;
         $proc = proc_open(
             array_merge(php_command(), ["{$this->dir}/artisan"], $args),
             [0 => ['file', '/dev/null', 'r'],
@@ -165,8 +167,9 @@ final class LaravelApp
             $pipes, $this->dir, $this->environment($env));
     }
 
+    /** @param array<string, ?string> $env a null value unsets the variable */
     private function environment(array $env): array
     {
-        return $env + $this->env + getenv();
+        return array_filter($env + $this->env + getenv(), fn ($value) => $value !== null);
     }
 }

@@ -11,4 +11,9 @@ return [
         ],
     ],
     'migrations' => 'migrations',
+    // For the 'redis' queue connection: Laravel's own Redis driver, the reference of some tests.
+    'redis' => [
+        'client' => 'phpredis',
+        'default' => ['url' => env('DELAYQ_URL')],
+    ],
 ];
