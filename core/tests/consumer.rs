@@ -1642,3 +1642,47 @@ fn a_pull_caller_waits_for_its_decisions_and_learns_what_the_pool_meets() {
         delayq::Category::Connection
     );
 }
+
+/// An outage is logged when it begins and when it ends, not at every retry of the
+/// claims: a caller of the consumer hears of it through `claim_failure` already.
+#[test]
+fn claims_failing_through_an_outage_are_logged_when_it_begins_and_ends() {
+    let _ = delayq::capture_logs(log::LevelFilter::Info);
+    let mut server = RedisServer::start();
+    let q = server.queue("outage");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            idle_check: Duration::from_millis(100),
+            ..opts()
+        },
+    )
+    .expect("worker");
+    let consumer = worker.start().expect("start");
+    assert!(matches!(
+        consumer.recv_timeout(Duration::from_millis(200)),
+        Received::Idle
+    ));
+    server.kill();
+    wait_for(Duration::from_secs(10), "claims to fail", || {
+        consumer.claim_failure().is_some()
+    });
+    // Several retries: 50 ms doubling up to 2 s.
+    std::thread::sleep(Duration::from_secs(3));
+    server.restart();
+    wait_for(Duration::from_secs(10), "claims to work again", || {
+        consumer.claim_failure().is_none()
+    });
+    let mine: Vec<String> = delayq::take_logs()
+        .into_iter()
+        .map(|r| r.message)
+        .filter(|m| m.starts_with("delayq[outage]: claim"))
+        .collect();
+    // The broken connection, then the refused ones: two errors, each logged once.
+    let (last, failed) = mine.split_last().expect("logs");
+    assert!(last.contains("claims work again, after "), "{mine:#?}");
+    assert!(
+        (1..=2).contains(&failed.len()) && failed.iter().all(|m| m.contains("claim failed")),
+        "{mine:#?}"
+    );
+}
