@@ -34,6 +34,7 @@ class DelayqQueue extends Queue implements QueueContract, ClearableQueue
      * @param float $blockFor seconds pop() waits for a due job ('block_for')
      */
     public function __construct(
+        #[\SensitiveParameter]
         private string $url,
         private string $default,
         private array $options,
@@ -44,6 +45,16 @@ class DelayqQueue extends Queue implements QueueContract, ClearableQueue
         $this->dispatchAfterCommit = $dispatchAfterCommit;
         // Validates the URL and every option now, without connecting.
         $this->receiver($default);
+    }
+
+    /** print_r() and var_dump() show the URL without its user and password. */
+    public function __debugInfo(): array
+    {
+        $shown = get_object_vars($this);
+        // Up to the last "@": a password may hold "@" or "/".
+        $shown['url'] = (string) preg_replace('#^([a-z+]+://).*@#is', '$1****@', $this->url);
+        unset($shown['container']);
+        return $shown;
     }
 
     public function getDelayQueue(?string $queue = null): DelayQueue
