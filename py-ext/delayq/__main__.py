@@ -553,30 +553,30 @@ def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         raise _BadUsage("--allow-actions needs --auth USER:PASSWORD (or DELAYQ_DASHBOARD_AUTH): without it any "
                         "web page the browser opens could requeue and delete")
     # A page must not wait for a Redis that is down: one short try per read.
-    def make_queue(name: str) -> DelayQueue:
-        return DelayQueue(args.url, name, prefix=args.prefix, partitions=args.partitions, layout=args.layout,
-                          zset_key=args.zset_key, payload_key=args.payload_key, connect_timeout=0.5,
-                          read_timeout=2.0, retry_timeout=0.0)
+    def make_queue(name: str, partitions: int, layout: str, zset_key: Optional[str],
+                   payload_key: Optional[str]) -> DelayQueue:
+        return DelayQueue(args.url, name, prefix=args.prefix, partitions=partitions, layout=layout,
+                          zset_key=zset_key, payload_key=payload_key, connect_timeout=0.5, read_timeout=2.0,
+                          retry_timeout=0.0)
 
-    queues = [make_queue(name) for name in args.queues] if args.queues else [make_queue(args.queue)]
-    opened: dict[tuple[Any, ...], DelayQueue] = {}
-
-    def discover() -> list[DelayQueue]:
-        """The queues that pools and producers registered under --prefix on --url."""
-        found = []
-        for entry in queues[0].registered_queues():
-            how = (entry["name"], entry["layout"], entry["zset_key"], entry["payload_key"], entry["partitions"])
-            if how not in opened:
-                opened[how] = DelayQueue(args.url, entry["name"], prefix=args.prefix, partitions=entry["partitions"],
-                                         layout=entry["layout"], zset_key=entry["zset_key"],
-                                         payload_key=entry["payload_key"], connect_timeout=0.5, read_timeout=2.0,
-                                         retry_timeout=0.0)
-            found.append(opened[how])
-        return found
+    queues = [make_queue(name, args.partitions, args.layout, args.zset_key, args.payload_key)
+              for name in (args.queues or ([] if args.seed_queue else [args.queue]))]
+    queues += [make_queue(name, 1, "seed", zset_key, payload_key) for name, zset_key, payload_key in args.seed_queue]
+    names = [q.name for q in queues]
+    if len(set(names)) < len(names):
+        raise _BadUsage(f"a queue is named twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
+    # The seed keys the operator named: only registry entries on these keys are opened.
+    seed_keys = [(zset_key, payload_key) for _, zset_key, payload_key in args.seed_queue]
+    if args.layout == "seed" and (args.queues or not args.seed_queue):
+        seed_keys.append((args.zset_key or "delay_queue:zset", args.payload_key or "delay_queue:payload"))
+    registry = dashboard.Registry(
+        queues[0],
+        lambda e: make_queue(e["name"], e["partitions"], e["layout"], e["zset_key"], e["payload_key"]),
+        seed_keys)
 
     return _serve(args, "the dashboard", "/",
                   lambda host, port: dashboard.make_server(queues, host, port, args.refresh, auth,
-                                                           args.allow_actions, discover=discover,
+                                                           args.allow_actions, registry=registry,
                                                            no_auth=args.no_auth, allowed_hosts=hosts))
 
 
@@ -858,6 +858,9 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--listen", default="127.0.0.1:9809",
                    help="HOST:PORT (default: 127.0.0.1:9809; the page shows payloads: keep it private)")
     m.add_argument("--refresh", type=float, default=5.0, help="seconds between reloads of the page (0: never)")
+    m.add_argument("--seed-queue", nargs=3, action="append", default=[], metavar=("NAME", "ZSET_KEY", "PAYLOAD_KEY"),
+                   help="a seed-layout queue on these keys, shown in full with the named queues (repeatable); a "
+                        "registered seed-layout queue is opened only on keys named so (or by --layout seed)")
     _guard_arguments(m)
     m.add_argument("--allow-actions", action="store_true",
                    help="buttons to requeue and delete dead letters and to pause and resume queues (needs --auth)")
