@@ -73,13 +73,40 @@ def _when(seconds: Optional[float]) -> str:
     return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d} UTC"
 
 
-def _clip(text: str, width: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+# Longest payload or error a listing shows of each message (`get` shows them whole).
+CLIP = 160
 
 
-def _payload(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def _clip(text: str, width: int = CLIP) -> str:
+    # Blanks fold into one space; a text far longer than shown is not folded whole.
+    cut = len(text) > 4 * width
+    text = " ".join(text[: 4 * width].split())
+    return text if len(text) <= width and not cut else text[: width - 1] + "…"
+
+
+def _payload(value: Any, width: Optional[int] = None) -> str:
+    """A payload as JSON: whole, or (with `width`) its first characters, without
+    serialising the rest of a huge one."""
+    if width is None:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    from .dashboard import _clipped
+
+    shown, cut = _clipped(value, width, compact=True, strings=True)
+    return _clip(shown + ("…" if cut else ""), width)
+
+
+# What a terminal would act on rather than show: C0 controls but tab (line feed
+# too: one stored text must not forge lines), DEL, C1 controls (0x9b is CSI on some
+# terminals) and the bidirectional overrides that reorder what is shown.
+_UNPRINTABLE = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c != 0x09}
+_UNPRINTABLE.update({c: f"\\u{c:04x}" for c in [0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
+# In JSON, C0 controls are escaped already; the others are escaped as JSON does (same value).
+_UNPRINTABLE_JSON = {c: f"\\u{c:04x}" for c in _UNPRINTABLE if c >= 0x7F}
+
+
+def _printable(line: str) -> str:
+    """`line` with every control character written as an escape (ESC as \\x1b)."""
+    return line.translate(_UNPRINTABLE)
 
 
 class _Output:
@@ -89,10 +116,11 @@ class _Output:
 
     def emit(self, value: Any, human: Callable[[], Sequence[str]]) -> None:
         if self.as_json:
-            self.out.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
+            text = json.dumps(value, ensure_ascii=False, indent=2).translate(_UNPRINTABLE_JSON)
+            self.out.write(text + "\n")
         else:
             for line in human():
-                self.out.write(line + "\n")
+                self.out.write(_printable(line) + "\n")
 
 
 DEPTH = ("scheduled", "ready", "inflight", "dead", "completed")
@@ -202,7 +230,7 @@ def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             lines.append(head)
             if m["last_error"]:
                 lines.append(f"    error:   {_clip(m['last_error'])}")
-            lines.append(f"    payload: {_clip(_payload(m['payload']))}")
+            lines.append(f"    payload: {_payload(m['payload'], CLIP)}")
         return lines
 
     out.emit(messages, human)
@@ -220,7 +248,7 @@ def _dead(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         for d in letters:
             lines.append(f"{d['id']}  died {_when(d['dead_at'])}  after {d['attempts']} attempts")
             lines.append(f"    error:   {_clip(d['last_error'])}")
-            lines.append(f"    payload: {_clip(_payload(d['payload']))}")
+            lines.append(f"    payload: {_payload(d['payload'], CLIP)}")
         return lines
 
     out.emit(letters, human)
@@ -383,7 +411,7 @@ def _repeats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
                 f"  expires {r['expire_after']:g} s after due" if r["expire_after"] is not None else "",
             ])
             lines.append(f"{r['name']}  {every}{limits}  next {_when(r['next_due_at'])}")
-            lines.append(f"    payload: {_clip(_payload(r['payload']))}")
+            lines.append(f"    payload: {_payload(r['payload'], CLIP)}")
         return lines
 
     out.emit(repeats, human)

@@ -198,3 +198,31 @@ def test_huge_texts_are_cut_on_the_page_and_in_listings(redis_url: str) -> None:
         assert done.returncode == 0 and len(done.stdout) < 2_000, (command, len(done.stdout))
         assert "…" in done.stdout
 
+
+ESCAPES = "\x1b[2J\x1b]0;owned\x07\x9b31m\u202e\r"
+
+
+def test_stored_texts_with_terminal_escapes_are_printed_escaped(redis_url: str) -> None:
+    _dead_letter(redis_url, f"bad{ESCAPES}error\nforged line", f"Traceback{ESCAPES}\n  frame", {"s": ESCAPES})
+    delayq.DelayQueue(redis_url, "jobs").push({"w": ESCAPES}, delay=600, id="w1")
+
+    def run(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "jobs", *args],
+                              capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        out = done.stdout.decode()
+        for raw in ("\x1b", "\x9b", "\x07", "\u202e", "\r"):
+            assert raw not in out, (args, raw, out)
+        return out
+
+    for args in (["dead"], ["get", "m1"], ["waiting"], ["find", "w"], ["get", "w1"]):
+        out = run(*args)
+        # Shown escaped: as \x1b, or as \u001b within a payload's JSON.
+        assert ("\\x1b[2J" in out or "\\u001b[2J" in out) and "\\x9b" in out and "\\u202e" in out, (args, out)
+    assert "error\\x0aforged line" in run("get", "m1")
+    assert "forged line" not in run("get", "m1").splitlines()[0]
+    # JSON stays JSON, with the same values.
+    letters = json.loads(run("--json", "dead"))
+    assert letters[0]["last_error"] == f"bad{ESCAPES}error\nforged line" and letters[0]["payload"] == {"s": ESCAPES}
+    info = json.loads(run("--json", "get", "m1"))
+    assert info["error_trace"] == f"Traceback{ESCAPES}\n  frame"
