@@ -881,8 +881,9 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("dashboard", help="a web page of the queues for people: GET / (read-only unless "
                                          "--allow-actions)")
     m.add_argument("queues", nargs="*", metavar="QUEUE",
-                   help="queues shown in full on the first page (default: --queue); every queue that pools or "
-                        "producers registered under --prefix is listed, with a page of its own")
+                   help="queues shown in full on the first page (default: --queue); the queues that pools or "
+                        "producers registered under --prefix are listed, with a page of its own (a seed-layout "
+                        "one only on keys named by --seed-queue)")
     m.add_argument("--listen", default="127.0.0.1:9809",
                    help="HOST:PORT (default: 127.0.0.1:9809; the page shows payloads: keep it private)")
     m.add_argument("--refresh", type=float, default=5.0, help="seconds between reloads of the page (0: never)")

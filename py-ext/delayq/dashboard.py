@@ -6,11 +6,13 @@ alive on every host and in every language, what runs now, what comes next and th
 latest dead letters with their errors. The page reloads itself; every figure is read
 from Redis afresh for each request.
 
-`/` lists every queue that pools or producers registered (`DelayQueue.registered_queues`)
-and those named, and shows the named ones in full; `/queue?name=NAME` is one queue's
-page, with its waiting, running, dead and completed messages a page at a time and a
-search. The charts are inline SVG: the page needs nothing from outside. A Redis that
-does not answer makes the page say so at once rather than wait (see `Reachability`).
+`/` lists the queues named and those that pools or producers registered
+(`DelayQueue.registered_queues`) as far as it may open them (see `Registry`: the
+registry is not trusted, and is read within bounds), and shows the named ones in
+full; `/queue?name=NAME` is one queue's page, with its waiting, running, dead and
+completed messages a page at a time and a search. The charts are inline SVG: the page
+needs nothing from outside. A Redis that does not answer makes the page say so at once
+rather than wait (see `Reachability`).
 
 It is read-only unless started with actions (`--allow-actions`, which needs `--auth`):
 then it has buttons to requeue or delete a dead letter, requeue them all, and pause or
