@@ -73,13 +73,40 @@ def _when(seconds: Optional[float]) -> str:
     return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d} UTC"
 
 
-def _clip(text: str, width: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+# Longest payload or error a listing shows of each message (`get` shows them whole).
+CLIP = 160
 
 
-def _payload(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def _clip(text: str, width: int = CLIP) -> str:
+    # Blanks fold into one space; a text far longer than shown is not folded whole.
+    cut = len(text) > 4 * width
+    text = " ".join(text[: 4 * width].split())
+    return text if len(text) <= width and not cut else text[: width - 1] + "…"
+
+
+def _payload(value: Any, width: Optional[int] = None) -> str:
+    """A payload as JSON: whole, or (with `width`) its first characters, without
+    serialising the rest of a huge one."""
+    if width is None:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    from .dashboard import _clipped
+
+    shown, cut = _clipped(value, width, compact=True, strings=True)
+    return _clip(shown + ("…" if cut else ""), width)
+
+
+# What a terminal would act on rather than show: C0 controls but tab (line feed
+# too: one stored text must not forge lines), DEL, C1 controls (0x9b is CSI on some
+# terminals) and the bidirectional overrides that reorder what is shown.
+_UNPRINTABLE = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c != 0x09}
+_UNPRINTABLE.update({c: f"\\u{c:04x}" for c in [0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
+# In JSON, C0 controls are escaped already; the others are escaped as JSON does (same value).
+_UNPRINTABLE_JSON = {c: f"\\u{c:04x}" for c in _UNPRINTABLE if c >= 0x7F}
+
+
+def _printable(line: str) -> str:
+    """`line` with every control character written as an escape (ESC as \\x1b)."""
+    return line.translate(_UNPRINTABLE)
 
 
 class _Output:
@@ -89,10 +116,11 @@ class _Output:
 
     def emit(self, value: Any, human: Callable[[], Sequence[str]]) -> None:
         if self.as_json:
-            self.out.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
+            text = json.dumps(value, ensure_ascii=False, indent=2).translate(_UNPRINTABLE_JSON)
+            self.out.write(text + "\n")
         else:
             for line in human():
-                self.out.write(line + "\n")
+                self.out.write(_printable(line) + "\n")
 
 
 DEPTH = ("scheduled", "ready", "inflight", "dead", "completed")
@@ -202,7 +230,7 @@ def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             lines.append(head)
             if m["last_error"]:
                 lines.append(f"    error:   {_clip(m['last_error'])}")
-            lines.append(f"    payload: {_clip(_payload(m['payload']))}")
+            lines.append(f"    payload: {_payload(m['payload'], CLIP)}")
         return lines
 
     out.emit(messages, human)
@@ -220,7 +248,7 @@ def _dead(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         for d in letters:
             lines.append(f"{d['id']}  died {_when(d['dead_at'])}  after {d['attempts']} attempts")
             lines.append(f"    error:   {_clip(d['last_error'])}")
-            lines.append(f"    payload: {_clip(_payload(d['payload']))}")
+            lines.append(f"    payload: {_payload(d['payload'], CLIP)}")
         return lines
 
     out.emit(letters, human)
@@ -383,7 +411,7 @@ def _repeats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
                 f"  expires {r['expire_after']:g} s after due" if r["expire_after"] is not None else "",
             ])
             lines.append(f"{r['name']}  {every}{limits}  next {_when(r['next_due_at'])}")
-            lines.append(f"    payload: {_clip(_payload(r['payload']))}")
+            lines.append(f"    payload: {_payload(r['payload'], CLIP)}")
         return lines
 
     out.emit(repeats, human)
@@ -553,30 +581,30 @@ def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         raise _BadUsage("--allow-actions needs --auth USER:PASSWORD (or DELAYQ_DASHBOARD_AUTH): without it any "
                         "web page the browser opens could requeue and delete")
     # A page must not wait for a Redis that is down: one short try per read.
-    def make_queue(name: str) -> DelayQueue:
-        return DelayQueue(args.url, name, prefix=args.prefix, partitions=args.partitions, layout=args.layout,
-                          zset_key=args.zset_key, payload_key=args.payload_key, connect_timeout=0.5,
-                          read_timeout=2.0, retry_timeout=0.0)
+    def make_queue(name: str, partitions: int, layout: str, zset_key: Optional[str],
+                   payload_key: Optional[str]) -> DelayQueue:
+        return DelayQueue(args.url, name, prefix=args.prefix, partitions=partitions, layout=layout,
+                          zset_key=zset_key, payload_key=payload_key, connect_timeout=0.5, read_timeout=2.0,
+                          retry_timeout=0.0)
 
-    queues = [make_queue(name) for name in args.queues] if args.queues else [make_queue(args.queue)]
-    opened: dict[tuple[Any, ...], DelayQueue] = {}
-
-    def discover() -> list[DelayQueue]:
-        """The queues that pools and producers registered under --prefix on --url."""
-        found = []
-        for entry in queues[0].registered_queues():
-            how = (entry["name"], entry["layout"], entry["zset_key"], entry["payload_key"], entry["partitions"])
-            if how not in opened:
-                opened[how] = DelayQueue(args.url, entry["name"], prefix=args.prefix, partitions=entry["partitions"],
-                                         layout=entry["layout"], zset_key=entry["zset_key"],
-                                         payload_key=entry["payload_key"], connect_timeout=0.5, read_timeout=2.0,
-                                         retry_timeout=0.0)
-            found.append(opened[how])
-        return found
+    queues = [make_queue(name, args.partitions, args.layout, args.zset_key, args.payload_key)
+              for name in (args.queues or ([] if args.seed_queue else [args.queue]))]
+    queues += [make_queue(name, 1, "seed", zset_key, payload_key) for name, zset_key, payload_key in args.seed_queue]
+    names = [q.name for q in queues]
+    if len(set(names)) < len(names):
+        raise _BadUsage(f"a queue is named twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
+    # The seed keys the operator named: only registry entries on these keys are opened.
+    seed_keys = [(zset_key, payload_key) for _, zset_key, payload_key in args.seed_queue]
+    if args.layout == "seed" and (args.queues or not args.seed_queue):
+        seed_keys.append((args.zset_key or "delay_queue:zset", args.payload_key or "delay_queue:payload"))
+    registry = dashboard.Registry(
+        queues[0],
+        lambda e: make_queue(e["name"], e["partitions"], e["layout"], e["zset_key"], e["payload_key"]),
+        seed_keys)
 
     return _serve(args, "the dashboard", "/",
                   lambda host, port: dashboard.make_server(queues, host, port, args.refresh, auth,
-                                                           args.allow_actions, discover=discover,
+                                                           args.allow_actions, registry=registry,
                                                            no_auth=args.no_auth, allowed_hosts=hosts))
 
 
@@ -853,11 +881,15 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("dashboard", help="a web page of the queues for people: GET / (read-only unless "
                                          "--allow-actions)")
     m.add_argument("queues", nargs="*", metavar="QUEUE",
-                   help="queues shown in full on the first page (default: --queue); every queue that pools or "
-                        "producers registered under --prefix is listed, with a page of its own")
+                   help="queues shown in full on the first page (default: --queue); the queues that pools or "
+                        "producers registered under --prefix are listed, with a page of its own (a seed-layout "
+                        "one only on keys named by --seed-queue)")
     m.add_argument("--listen", default="127.0.0.1:9809",
                    help="HOST:PORT (default: 127.0.0.1:9809; the page shows payloads: keep it private)")
     m.add_argument("--refresh", type=float, default=5.0, help="seconds between reloads of the page (0: never)")
+    m.add_argument("--seed-queue", nargs=3, action="append", default=[], metavar=("NAME", "ZSET_KEY", "PAYLOAD_KEY"),
+                   help="a seed-layout queue on these keys, shown in full with the named queues (repeatable); a "
+                        "registered seed-layout queue is opened only on keys named so (or by --layout seed)")
     _guard_arguments(m)
     m.add_argument("--allow-actions", action="store_true",
                    help="buttons to requeue and delete dead letters and to pause and resume queues (needs --auth)")

@@ -6,11 +6,13 @@ alive on every host and in every language, what runs now, what comes next and th
 latest dead letters with their errors. The page reloads itself; every figure is read
 from Redis afresh for each request.
 
-`/` lists every queue that pools or producers registered (`DelayQueue.registered_queues`)
-and those named, and shows the named ones in full; `/queue?name=NAME` is one queue's
-page, with its waiting, running, dead and completed messages a page at a time and a
-search. The charts are inline SVG: the page needs nothing from outside. A Redis that
-does not answer makes the page say so at once rather than wait (see `Reachability`).
+`/` lists the queues named and those that pools or producers registered
+(`DelayQueue.registered_queues`) as far as it may open them (see `Registry`: the
+registry is not trusted, and is read within bounds), and shows the named ones in
+full; `/queue?name=NAME` is one queue's page, with its waiting, running, dead and
+completed messages a page at a time and a search. The charts are inline SVG: the page
+needs nothing from outside. A Redis that does not answer makes the page say so at once
+rather than wait (see `Reachability`).
 
 It is read-only unless started with actions (`--allow-actions`, which needs `--auth`):
 then it has buttons to requeue or delete a dead letter, requeue them all, and pause or
@@ -36,8 +38,9 @@ import secrets
 import threading
 import time
 import urllib.parse
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from . import DelayQueue, DelayQueueError
 from .errors import ConnectionError as RedisUnreachable
@@ -45,8 +48,10 @@ from .metrics import BadRequest, NotFound, PageServer, Refused
 
 # How many rows each list shows; the command line shows more.
 ROWS = 10
-# Longest payload or error text shown; the rest is cut.
+# Longest payload, error or id shown in a row; the rest is cut (an ellipsis says so).
 SHOWN_CHARS = 160
+# Longest error trace shown; a note says how much more there is.
+SHOWN_TRACE_CHARS = 8000
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -64,11 +69,57 @@ summary{cursor:pointer}pre.trace{font-size:.85em;max-width:70em;overflow-x:auto;
 """
 
 
-def _text(value: Any) -> str:
-    shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    if len(shown) > SHOWN_CHARS:
-        shown = shown[:SHOWN_CHARS] + "…"
-    return html.escape(shown)
+def _clipped(value: Any, limit: int, compact: bool = False, strings: bool = False) -> tuple[str, bool]:
+    """`value` as shown (a string as it is unless `strings`, anything else as JSON,
+    `compact` without blanks), at most `limit` characters, and whether it was cut. A
+    huge payload is not serialised whole to show its start: the walk stops once
+    `limit` is reached (the command line's listings use it too)."""
+    comma, colon = (",", ":") if compact else (", ", ": ")
+    if isinstance(value, str) and not strings:
+        return (value, False) if len(value) <= limit else (value[:limit], True)
+    parts: list[str] = []
+    size = 0
+
+    class Full(Exception):
+        pass
+
+    def put(text: str) -> None:
+        nonlocal size
+        parts.append(text)
+        size += len(text)
+        if size > limit:
+            raise Full
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            put("{")
+            for i, (k, item) in enumerate(v.items()):
+                put((comma if i else "") + json.dumps(str(k)[:limit], ensure_ascii=False) + colon)
+                walk(item)
+            put("}")
+        elif isinstance(v, (list, tuple)):
+            put("[")
+            for i, item in enumerate(v):
+                if i:
+                    put(comma)
+                walk(item)
+            put("]")
+        elif isinstance(v, str):
+            # One character more than the limit tells that it was cut.
+            put(json.dumps(v[:limit + 1], ensure_ascii=False))
+        else:
+            put(json.dumps(v))
+
+    try:
+        walk(value)
+    except Full:
+        return "".join(parts)[:limit], True
+    return "".join(parts), False
+
+
+def _text(value: Any, limit: int = SHOWN_CHARS) -> str:
+    shown, cut = _clipped(value, limit)
+    return html.escape(shown) + ("…" if cut else "")
 
 
 def _id(m: dict[str, Any]) -> str:
@@ -79,14 +130,19 @@ def _id(m: dict[str, Any]) -> str:
 
 
 def _error(m: Mapping[str, Any], css: str = "") -> str:
-    """The last error, which unfolds into its whole trace when it came with one."""
+    """The last error, which unfolds into its trace when it came with one (cut at
+    `SHOWN_TRACE_CHARS`, saying how much more there is)."""
     if not m["last_error"]:
         return ""
     shown = f'<span class="{css}">{_text(m["last_error"])}</span>' if css else _text(m["last_error"])
     trace = m.get("error_trace")
     if not trace:
         return shown
-    return f'<details><summary>{shown}</summary><pre class="trace">{html.escape(trace)}</pre></details>'
+    more = len(trace) - SHOWN_TRACE_CHARS
+    rest = (f'\n<span class="quiet cut">… {more} more characters not shown: <code>delayq get '
+            f'{_text(m["id"])}</code> shows the whole trace</span>') if more > 0 else ""
+    return (f'<details><summary>{shown}</summary><pre class="trace">{html.escape(trace[:SHOWN_TRACE_CHARS])}'
+            f'{rest}</pre></details>')
 
 
 def _when(seconds: Optional[float]) -> str:
@@ -360,27 +416,135 @@ def _key(q: DelayQueue) -> str:
     return q.name
 
 
-def _overview(queues: list[DelayQueue], health: Reachability) -> str:
-    """One line per queue, each a link to its page: depth, pools, and the last hour."""
-    rows = []
-    for q in queues:
-        name = html.escape(q.name)
-        link = f'<a href="/queue?{html.escape(urllib.parse.urlencode({"name": q.name}))}"><code>{name}</code></a>'
+#: Registered queues the front page lists (by name; the rest are counted, each still
+#: has its page), and partitions it reads over them: a registry that anyone with
+#: write access to `<prefix>:queues` can fill must not make the page slow or large.
+LISTED = 50
+LISTED_PARTITIONS = 256
+#: Registered queues kept open between pages; others are opened for a page and closed.
+KEPT_OPEN = 8
 
-        def read(q: DelayQueue = q) -> tuple[dict[str, Any], int, list[dict[str, Any]]]:
+
+class Registry:
+    """The queues that pools and producers registered (`DelayQueue.registered_queues`
+    on `source`), opened with `open(entry)` as far as this dashboard may open them.
+
+    The registry is written by plain commands that any Redis user with write access to
+    `<prefix>:queues` can send (an application's own user may have it), while the
+    dashboard reads with the operator's credentials. So an entry names only what the
+    dashboard may look at: a native entry's keys are under the prefix's hash tag of its
+    name (the name cannot hold braces), whatever its partitions; a seed-layout entry
+    names any two keys, so it is opened only when the operator named those keys
+    (`seed_keys`: the `(zset_key, payload_key)` of the seed queues on the command line).
+    At most `KEPT_OPEN` registered queues stay open (each holds a connection)."""
+
+    def __init__(self, source: DelayQueue, open: Callable[[Mapping[str, Any]], DelayQueue],
+                 seed_keys: Sequence[tuple[str, str]] = ()) -> None:
+        self.source = source
+        self.open_entry = open
+        self.seed_keys = set(seed_keys)
+        self.kept: OrderedDict[tuple[Any, ...], DelayQueue] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def entries(self) -> list[Mapping[str, Any]]:
+        return list(self.source.registered_queues())
+
+    def refusal(self, entry: Mapping[str, Any]) -> Optional[str]:
+        """Why `entry` is not opened (plain text), or None."""
+        if entry["layout"] == "native":
+            return None
+        keys = (entry["zset_key"], entry["payload_key"])
+        if keys in self.seed_keys:
+            return None
+        return (f"not opened: a {entry['layout']}-layout queue on keys {keys[0]!r} and {keys[1]!r}, outside the "
+                "prefix; the registry does not vouch for them: name it with "
+                f"--seed-queue {entry['name']} {keys[0]} {keys[1]}")
+
+    def open(self, entry: Mapping[str, Any]) -> Union[DelayQueue, str]:
+        """The queue of `entry`, or why it is not opened (plain text)."""
+        why = self.refusal(entry)
+        if why is not None:
+            return why
+        how = (entry["name"], entry["layout"], entry["zset_key"], entry["payload_key"], entry["partitions"])
+        with self.lock:
+            q = self.kept.get(how)
+            if q is not None:
+                self.kept.move_to_end(how)
+                return q
+        try:
+            q = self.open_entry(entry)
+        except (DelayQueueError, ValueError, TypeError) as e:
+            return f"not opened: {e}"
+        with self.lock:
+            self.kept[how] = q
+            while len(self.kept) > KEPT_OPEN:
+                self.kept.popitem(last=False)
+        return q
+
+    def find(self, name: str) -> Union[DelayQueue, str, None]:
+        """The registered queue `name`, why it is not opened, or None when not registered."""
+        try:
+            entry = next((e for e in self.entries() if e["name"] == name), None)
+        except DelayQueueError:
+            return None
+        return None if entry is None else self.open(entry)
+
+
+def _overview(queues: list[DelayQueue], health: Reachability, registry: Optional[Registry] = None) -> str:
+    """One line per queue, each a link to its page: depth, pools, and the last hour. The
+    named queues first, then at most `LISTED` registered ones, reading at most
+    `LISTED_PARTITIONS` partitions of them."""
+    rows = []
+    blank = ["", "", "", "", "", ""]
+
+    def row(q: DelayQueue) -> list[str]:
+        link = f'<a href="/queue?{html.escape(urllib.parse.urlencode({"name": q.name}))}"><code>{_text(q.name)}</code></a>'
+
+        def read() -> tuple[dict[str, Any], int, list[dict[str, Any]]]:
             return dict(q.stats()), len(q.workers()), [dict(m) for m in q.minutes(CHART_MINUTES)]
 
         got, down = health.read(_key(q), read)
         if got is None:
-            rows.append([link, '<span class="bad">unreachable</span>', "", "", "", "", "", ""])
-            continue
+            return [link, '<span class="bad">unreachable</span>', *blank]
         stats, pools, minutes = got
         state = '<span class="bad">paused</span>' if stats["paused_at"] is not None else "running"
-        rows.append([link, state, str(stats["scheduled"]), str(stats["ready"]), str(stats["inflight"]),
-                     str(stats["dead"]), str(pools), str(sum(m["handled"] for m in minutes))])
+        return [link, state, str(stats["scheduled"]), str(stats["ready"]), str(stats["inflight"]),
+                str(stats["dead"]), str(pools), str(sum(m["handled"] for m in minutes))]
+
+    for q in queues:
+        rows.append(row(q))
+    note = ""
+    if registry is not None:
+        named = {q.name for q in queues}
+        try:
+            entries = [e for e in registry.entries() if e["name"] not in named]
+        except DelayQueueError as e:
+            entries = []
+            note = f'<p class="bad">the registry of queues could not be read: {_text(str(e))}</p>'
+        budget = LISTED_PARTITIONS
+        for entry in entries[:LISTED]:
+            name = f"<code>{_text(entry['name'])}</code>"
+            # Checked before opening: making a queue of many partitions costs time too.
+            opened = registry.refusal(entry) or (
+                "" if not isinstance(entry["partitions"], int) or entry["partitions"] > budget
+                else registry.open(entry))
+            if isinstance(opened, str) and opened:
+                rows.append([name, f'<span class="quiet unopened">{_text(opened, 400)}</span>', *blank])
+            elif isinstance(opened, str):
+                link = (f'<a href="/queue?{html.escape(urllib.parse.urlencode({"name": entry["name"]}))}">'
+                        f"{name}</a>")
+                rows.append([link, f'<span class="quiet">not read here: {_text(entry["partitions"])} partitions, '
+                                   f"over what this page reads ({LISTED_PARTITIONS} in all); its page shows it</span>",
+                             *blank])
+            else:
+                budget -= entry["partitions"]
+                rows.append(row(opened))
+        if len(entries) > LISTED:
+            note += (f'<p class="quiet more">{len(entries) - LISTED} more registered queues not shown (the first '
+                     f"{LISTED} by name are); each has its page: /queue?name=NAME</p>")
     return "<h2>queues</h2>" + _table(
         ["queue", "state", "scheduled", "ready", "in flight", "dead", "pools", "handled in the last hour"], rows,
-        frozenset({2, 3, 4, 5, 6, 7}))
+        frozenset({2, 3, 4, 5, 6, 7})) + note
 
 
 def _page(title: str, body: str, refresh: float, again: str, at: float) -> str:
@@ -397,11 +561,11 @@ def _page(title: str, body: str, refresh: float, again: str, at: float) -> str:
 
 def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Callable[[], float]] = None,
                 find: str = "", token: Optional[str] = None, done: str = "",
-                listed: Optional[list[DelayQueue]] = None, health: Optional[Reachability] = None) -> str:
+                registry: Optional[Registry] = None, health: Optional[Reachability] = None) -> str:
     """The page for `queues`. A queue whose Redis fails says so; the others still show.
     With `find`, the messages of each queue whose payload holds it (or whose id it is) come first.
     With `token`, the page has action buttons (see the module); `done` says what the last one did.
-    `listed` (the queues found in the registry too) adds a table of queues, each a link to its page."""
+    `registry` adds a table of the queues, those it found too, each a link to its page."""
     clock = now or time.time
     at = clock()
     health = health or Reachability(clock)
@@ -409,7 +573,7 @@ def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Ca
               'placeholder="an order number, an id, any text of a payload"> <button>find</button></form>')
     found = "".join(_found_section(q, find) for q in queues) if find else ""
     notice = f'<p class="done">{_text(done)}</p>' if done else ""
-    overview = _overview(listed, health) if listed else ""
+    overview = _overview(queues, health, registry) if registry is not None else ""
     sections = notice + search + found + overview + "".join(_queue_section(q, at, token, health) for q in queues)
     # A reload must not repeat the notice of an action.
     again = "/?" + urllib.parse.urlencode({"find": find}) if find else "/"
@@ -540,46 +704,39 @@ def _actions(lookup: Callable[[str], Optional[DelayQueue]], token: str) -> Calla
 
 def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float = 5.0,
                 auth: Optional[str] = None, actions: bool = False,
-                discover: Optional[Callable[[], list[DelayQueue]]] = None, no_auth: bool = False,
+                registry: Optional[Registry] = None, no_auth: bool = False,
                 allowed_hosts: Sequence[str] = ()) -> PageServer:
     """A server of the page for `queues` at `/` on `host:port`; call `serve_forever()`.
     `auth` ("user:password") asks every request for HTTP Basic credentials; `actions`
-    (only with `auth`) adds the buttons and `POST /action`. `discover` returns the
-    queues found in the registry (see `DelayQueue.registered_queues`): `/` lists them
-    with those of `queues`, and `/queue?name=NAME` shows any of them. Without `auth`
-    it serves only a loopback address unless `no_auth`; `allowed_hosts` are the names
-    besides localhost that a request's Host header may give (see `PageServer`)."""
+    (only with `auth`) adds the buttons and `POST /action`. `registry` (see `Registry`)
+    adds the queues found in the registry: `/` lists them after those of `queues`, and
+    `/queue?name=NAME` shows any of them that it may open. Without `auth` it serves only
+    a loopback address unless `no_auth`; `allowed_hosts` are the names besides
+    localhost that a request's Host header may give (see `PageServer`)."""
     if actions and auth is None:
         raise ValueError("dashboard actions need auth: without it any page the browser opens could use them")
     token = secrets.token_urlsafe(24) if actions else None
     health = Reachability()
-    found: dict[str, DelayQueue] = {}
-    # Pages are served by several threads: one at a time opens the queues found.
-    discovering = threading.Lock()
 
-    def known() -> list[DelayQueue]:
-        named = {q.name: q for q in queues}
-        if discover is not None:
-            with discovering:
-                try:
-                    for q in discover():
-                        found.setdefault(q.name, q)
-                except DelayQueueError:
-                    pass  # the queues' own sections say that Redis is unreachable
-        return list(named.values()) + [q for name, q in sorted(found.items()) if name not in named]
+    def find(name: str) -> Union[DelayQueue, str, None]:
+        named = next((q for q in queues if q.name == name), None)
+        if named is not None or registry is None:
+            return named
+        return registry.find(name)
 
     def lookup(name: str) -> Optional[DelayQueue]:
-        return next((q for q in queues if q.name == name), None) or found.get(name) or next(
-            (q for q in known() if q.name == name), None)
+        q = find(name)
+        return q if isinstance(q, DelayQueue) else None
 
     def page(query: dict[str, str]) -> str:
         return render_html(queues, refresh, find=query.get("find", ""), token=token, done=query.get("done", ""),
-                           listed=known(), health=health)
+                           registry=registry, health=health)
 
     def queue_page(query: dict[str, str]) -> str:
-        q = lookup(query.get("name", ""))
-        if q is None:
-            raise NotFound(f"no queue {query.get('name', '')!r} on this dashboard")
+        q = find(query.get("name", ""))
+        if not isinstance(q, DelayQueue):
+            raise NotFound(f"no queue {query.get('name', '')!r} on this dashboard"
+                           + (f" (registered, {q})" if q is not None else ""))
         pages: dict[str, int] = {}
         for which in _LISTS:
             raw = query.get(f"{which}_page", "0")

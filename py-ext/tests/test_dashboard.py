@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import delayq
-from delayq.dashboard import PAGE_ROWS, Reachability, make_server, render_html
+from delayq.dashboard import PAGE_ROWS, Reachability, Registry, make_server, render_html
 from harness import free_port, wait_for
 
 
@@ -146,12 +146,13 @@ def test_queues_are_found_in_the_registry_and_each_has_a_paged_page(redis_url: s
     assert registered["found-by-pool"]["partitions"] == 2 and registered["found-by-push"]["zset_key"] is None
     assert delayq.DelayQueue(redis_url, "x", prefix="other").registered_queues() == []
 
-    def discover() -> list[delayq.DelayQueue]:
-        return [delayq.DelayQueue(redis_url, q["name"], layout=q["layout"], zset_key=q["zset_key"],
-                                  payload_key=q["payload_key"], partitions=q["partitions"])
-                for q in named.registered_queues()]
+    def open(q: Any) -> delayq.DelayQueue:
+        return delayq.DelayQueue(redis_url, q["name"], layout=q["layout"], zset_key=q["zset_key"],
+                                 payload_key=q["payload_key"], partitions=q["partitions"])
 
-    server = make_server([named], "127.0.0.1", 0, refresh=0, auth="ops:pw", actions=True, discover=discover)
+    # The operator named the seed queue's keys: the registry's entry on them is opened.
+    registry = Registry(named, open, seed_keys=[("old:zset", "old:payload")])
+    server = make_server([named], "127.0.0.1", 0, refresh=0, auth="ops:pw", actions=True, registry=registry)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     auth = "Basic " + base64.b64encode(b"ops:pw").decode()
 
