@@ -371,11 +371,21 @@ final class DelayQueue
      * keys by their exact hash tag, its wake-up channels and the commands delayq sends,
      * e.g. `ACL SETUSER app on >PASSWORD resetkeys ~{dq:orders}:* resetchannels
      * &{dq:orders}:wake -@all +evalsha ...`. Replace `PASSWORD` with the user's password
-     * before running it.
+     * before running it. It grants `SCRIPT LOAD`, with which the user may load and run
+     * any Lua (under the same ACL); with $preloadedScripts it does not, and an admin
+     * loads delayq's scripts (loadScripts()) after each restart, failover or SCRIPT FLUSH.
      *
      * @throws DelayQueueInvalidArgumentException if $user is empty
      */
-    public function aclRule(string $user): string {}
+    public function aclRule(string $user, bool $preloadedScripts = false): string {}
+
+    /**
+     * Loads every script of delayq on the server (each node of a cluster), as an admin,
+     * for users whose rule lacks SCRIPT LOAD (aclRule($user, preloadedScripts: true)).
+     *
+     * @return int how many scripts were loaded
+     */
+    public function loadScripts(): int {}
 
     /**
      * Moves every waiting message (scheduled or due, not yet claimed) to the queue $to,

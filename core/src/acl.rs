@@ -12,7 +12,12 @@ use crate::scripts;
 /// What delayq sends outside its scripts: the script calls themselves, the pool's
 /// wake-up subscription, and its read of the envelopes a claim handed out (see
 /// claim.lua). `PING` answers `Queue::ping`.
-const CLIENT_COMMANDS: [&str; 6] = ["EVALSHA", "SCRIPT|LOAD", "SUBSCRIBE", "UNSUBSCRIBE", "PING", "HMGET"];
+const CLIENT_COMMANDS: [&str; 5] = ["EVALSHA", "SUBSCRIBE", "UNSUBSCRIBE", "PING", "HMGET"];
+
+/// What loads delayq's scripts when the server does not have them: with it, a user
+/// may load and run any Lua (which Redis runs under the same ACL, but a loop of its
+/// own stalls every client); without it, an admin loads them (`Queue::load_scripts`).
+const SCRIPT_LOAD: &str = "SCRIPT|LOAD";
 
 /// An ACL pattern matching exactly `literal` (ACL patterns are globs).
 fn exact(literal: &str) -> String {
@@ -35,6 +40,7 @@ pub(crate) fn rule_words(
     channels: &[String],
     extra: &[&str],
     with_channels: bool,
+    preloaded_scripts: bool,
 ) -> Vec<String> {
     let mut words = vec![user.to_owned(), "on".into(), ">PASSWORD".into(), "resetkeys".into()];
     match layout {
@@ -54,6 +60,7 @@ pub(crate) fn rule_words(
         .iter()
         .flat_map(|s| s.commands.iter().cloned())
         .chain(CLIENT_COMMANDS.iter().map(|c| (*c).to_owned()))
+        .chain((!preloaded_scripts).then(|| SCRIPT_LOAD.to_owned()))
         .chain(extra.iter().map(|c| (*c).to_owned()))
         .map(|c| c.to_ascii_lowercase())
         .collect();
@@ -70,6 +77,14 @@ impl Queue {
     /// `WAIT` is granted; behind Sentinel, `ROLE` (a new connection checks that the
     /// master it was named is one).
     pub fn acl_rule(&self, user: &str) -> String {
+        self.acl_rule_for(user, false)
+    }
+
+    /// As [`acl_rule`](Self::acl_rule); with `preloaded_scripts`, without `SCRIPT LOAD`:
+    /// the user can run delayq's scripts only, once an admin loaded them
+    /// ([`load_scripts`](Self::load_scripts)) after each restart, failover or
+    /// `SCRIPT FLUSH`; until then its calls fail saying so.
+    pub fn acl_rule_for(&self, user: &str, preloaded_scripts: bool) -> String {
         let inner = &*self.inner;
         let tags: Vec<String> = (0..self.partitions()).filter_map(|p| self.hash_tag(p)).collect();
         let channels: Vec<String> = inner.parts.iter().map(|k| k.wake_channel.clone()).collect();
@@ -81,8 +96,33 @@ impl Queue {
             extra.push("ROLE");
         }
         let with_channels = self.server_version().is_none_or(|v| v >= (6, 2));
-        let words = rule_words(user, &inner.opts.layout, &tags, &channels, &extra, with_channels);
+        let words = rule_words(
+            user,
+            &inner.opts.layout,
+            &tags,
+            &channels,
+            &extra,
+            with_channels,
+            preloaded_scripts,
+        );
         format!("ACL SETUSER {}", words.join(" "))
+    }
+
+    /// Load every script of delayq on the server (each node of a cluster), for users
+    /// whose rule lacks `SCRIPT LOAD` (`acl_rule_for(user, true)`); run it as an admin
+    /// after each restart, failover or `SCRIPT FLUSH`. Returns how many were loaded.
+    pub fn load_scripts(&self) -> crate::error::Result<usize> {
+        let inner = &*self.inner;
+        let all = scripts::all();
+        inner
+            .conn
+            .lock()
+            .run(&inner.endpoint, "load_scripts", Replay::Safe, |con| {
+                for s in &all {
+                    s.script.load(con)?;
+                }
+                Ok(all.len())
+            })
     }
 
     /// The server's (major, minor) version, if it answers.
@@ -114,7 +154,7 @@ mod tests {
     fn the_rule_names_each_partition_and_every_script_command() {
         let tags = vec!["{dq:orders:p0of2~3}".to_owned(), "{dq:orders:p1of2~0}".to_owned()];
         let channels: Vec<String> = tags.iter().map(|t| format!("{t}:wake")).collect();
-        let words = rule_words("app", &Layout::Native, &tags, &channels, &[], true);
+        let words = rule_words("app", &Layout::Native, &tags, &channels, &[], true, false);
         let line = words.join(" ");
         assert!(
             line.starts_with(
@@ -133,7 +173,9 @@ mod tests {
             }
         }
         assert!(words.contains(&"+evalsha".to_owned()) && words.contains(&"+script|load".to_owned()));
-        let old = rule_words("app", &Layout::Native, &tags, &channels, &[], false).join(" ");
+        let old = rule_words("app", &Layout::Native, &tags, &channels, &[], false, false).join(" ");
+        let strict = rule_words("app", &Layout::Native, &tags, &channels, &[], true, true);
+        assert!(strict.contains(&"+evalsha".to_owned()) && !strict.contains(&"+script|load".to_owned()));
         assert!(!old.contains("channels") && !old.contains('&'), "{old}");
     }
 
@@ -146,6 +188,7 @@ mod tests {
             &["delay_queue:zset:wake".into()],
             &[],
             true,
+            false,
         );
         let line = words.join(" ");
         assert!(

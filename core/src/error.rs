@@ -376,6 +376,13 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
             acl_hint(user)
         );
     }
+    if no_perm && upper.contains("SCRIPT|LOAD") {
+        return format!(
+            "this Redis does not have delayq's scripts (after a restart, a failover or SCRIPT FLUSH), and user \
+             {user:?} may not load them ({text}): an admin loads them with `delayq load-scripts` \
+             (Queue::load_scripts), as the rule made with preloaded scripts requires"
+        );
+    }
     if text.contains("permissions to access one of the keys") {
         return format!(
             "user {user:?} may not use this queue's keys ({text}): the rule grants another queue, or none. {}",

@@ -343,3 +343,51 @@ fn acks_refused_for_a_moment_by_a_permission_taken_away_go_through_once_it_is_ba
         "{summary:?}"
     );
 }
+
+/// The rule without `SCRIPT LOAD`: the user runs delayq's scripts only, once an admin
+/// loaded them, and no Lua of its own; without them, its calls say what to do.
+#[test]
+fn a_user_without_script_load_runs_only_the_scripts_an_admin_loaded() {
+    let server = RedisServer::start();
+    let mut admin = server.con();
+    let rule = server.queue("orders").acl_rule_for("strict-app", true);
+    assert!(!rule.contains("script|load") && rule.contains("+evalsha"), "{rule}");
+    set_user(&mut admin, &rule, "s3cret");
+    let url = format!("redis://strict-app:s3cret@127.0.0.1:{}", server.port);
+    let q = Queue::new(&url, "orders", QueueOptions::default()).expect("queue");
+
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut admin)
+        .expect("SCRIPT FLUSH");
+    let e = q
+        .push(&json!({"order_id": 1}), Duration::ZERO)
+        .expect_err("no scripts loaded");
+    assert!(matches!(e, Error::AuthFailed(_)), "{e:?}");
+    assert!(e.to_string().contains("`delayq load-scripts`"), "{e}");
+
+    let loaded = server.queue("orders").load_scripts().expect("load as admin");
+    assert!(loaded > 5, "{loaded}");
+    let id = q.push(&json!({"order_id": 2}), Duration::ZERO).expect("push");
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            stop_when_empty: true,
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker");
+    let summary = worker.run(1, |_d| Ok(())).expect("run");
+    assert_eq!(summary.acked, 1, "{summary:?}");
+    assert!(q.get(&id).expect("get").is_none());
+
+    // No Lua of its own: neither loaded nor sent whole.
+    let mut user = redis::Client::open(url.as_str())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    let load: redis::RedisResult<String> = redis::cmd("SCRIPT").arg("LOAD").arg("return 1").query(&mut user);
+    assert!(load.is_err(), "SCRIPT LOAD was let through");
+    let eval: redis::RedisResult<i64> = redis::cmd("EVAL").arg("return 1").arg(0).query(&mut user);
+    assert!(eval.is_err(), "EVAL was let through");
+}

@@ -1,4 +1,7 @@
 //! `DelayQueue`: the producer and admin API (mirrors `delayq::Queue`).
+// PHP names each parameter after the Rust one, in code that ext-php-rs generates
+// outside the impl: aclRule()'s `$preloadedScripts` is camelCase, as PHP spells it.
+#![allow(non_snake_case)]
 
 use ext_php_rs::boxed::ZBox;
 use ext_php_rs::exception::PhpException;
@@ -493,12 +496,20 @@ impl PhpDelayQueue {
 
     /// The `ACL SETUSER` line that grants `$user` exactly this queue: its keys, its
     /// wake-up channels and the commands delayq sends. Replace `PASSWORD` with the
-    /// user's password before running it.
-    pub fn acl_rule(&self, user: String) -> PhpResult<String> {
+    /// user's password before running it. With `$preloadedScripts`, without `SCRIPT
+    /// LOAD` (see loadScripts()).
+    #[php(defaults(preloadedScripts = false))]
+    pub fn acl_rule(&self, user: String, preloadedScripts: bool) -> PhpResult<String> {
         if user.is_empty() {
             return Err(errors::invalid("user must not be empty"));
         }
-        Ok(self.queue.acl_rule(&user))
+        Ok(self.queue.acl_rule_for(&user, preloadedScripts))
+    }
+
+    /// Load every script of delayq on the server (each node of a cluster), as an admin,
+    /// for users whose rule lacks `SCRIPT LOAD`. Returns how many.
+    pub fn load_scripts(&self) -> PhpResult<i64> {
+        Ok(i64::try_from(self.queue.load_scripts().or_throw()?).unwrap_or(i64::MAX))
     }
 
     /// Move every waiting message to the queue `to` (another name, layout, partition

@@ -747,6 +747,30 @@ final class QueueTest extends TestCase
         }
     }
 
+    public function testARuleWithoutScriptLoadWorksOnceAnAdminLoadedTheScripts(): void
+    {
+        $rule = $this->q->aclRule('strict', preloadedScripts: true);
+        $this->assertStringNotContainsString('script|load', $rule);
+        $words = preg_split('/\s+/', str_replace('>PASSWORD', '>s3cret', $rule));
+        array_shift($words);
+        try {
+            $this->assertSame(true, $this->redis->rawCommand('ACL', ...$words));
+            $this->redis->rawCommand('SCRIPT', 'FLUSH');
+            $port = $GLOBALS['DELAYQ_REDIS']->port;
+            $q = new DelayQueue("redis://strict:s3cret@127.0.0.1:$port", 'orders');
+            try {
+                $q->push(['order_id' => 1]);
+                $this->fail('pushed without the scripts');
+            } catch (DelayQueueAuthException $e) {
+                $this->assertStringContainsString('delayq load-scripts', $e->getMessage());
+            }
+            $this->assertGreaterThan(5, $this->q->loadScripts());
+            $this->assertContains($q->get($q->push(['order_id' => 2]))['state'], ['ready', 'scheduled']);
+        } finally {
+            $this->redis->rawCommand('ACL', 'DELUSER', 'strict');
+        }
+    }
+
     public function testTheUrlIsASensitiveParameterInTracesWithArguments(): void
     {
         if (PHP_VERSION_ID < 80200) {

@@ -497,8 +497,14 @@ def _restart_workers(q: DelayQueue, out: _Output, args: argparse.Namespace) -> i
 
 
 def _acl(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
-    rule = q.acl_rule(args.user)
+    rule = q.acl_rule(args.user, preloaded_scripts=args.preloaded_scripts)
     out.emit({"rule": rule}, lambda: [rule])
+    return 0
+
+
+def _load_scripts(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    n = q.load_scripts()
+    out.emit({"loaded": n}, lambda: [f"{n} scripts of delayq loaded"])
     return 0
 
 
@@ -868,7 +874,13 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("acl", help="the ACL SETUSER line granting --user exactly this queue (replace PASSWORD "
                                    "with the user's password before running it)")
     c.add_argument("--user", required=True, help="the Redis ACL user name")
+    c.add_argument("--preloaded-scripts", action="store_true",
+                   help="without SCRIPT LOAD (with it the user may run any Lua): an admin runs "
+                        "`delayq load-scripts` after each restart, failover or SCRIPT FLUSH")
     c.set_defaults(run=_acl)
+    c = sub.add_parser("load-scripts", help="load delayq's scripts on the server, as an admin, for users "
+                                            "made with `acl --preloaded-scripts`")
+    c.set_defaults(run=_load_scripts)
     m = sub.add_parser("metrics", help="Prometheus text format, once (cron, node_exporter's textfile collector)")
     m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to report (default: --queue)")
     m.set_defaults(run=_metrics)

@@ -286,12 +286,19 @@ class DelayQueue:
         with ``stopped_by`` ``"restart"``. Idle pools are woken at once; workers made
         after the request are not affected. Returns how many pools were alive when
         asked."""
-    def acl_rule(self, user: str) -> str:
+    def acl_rule(self, user: str, *, preloaded_scripts: bool = False) -> str:
         """The ``ACL SETUSER`` line that grants ``user`` exactly this queue: each
         partition's keys, its wake-up channels and the commands delayq sends, e.g.
         ``ACL SETUSER app on >PASSWORD resetkeys ~{dq:orders}:* resetchannels
         &{dq:orders}:wake -@all +evalsha ...``. Replace ``PASSWORD`` with the user's
-        password before running it. Raises InvalidArgumentError for an empty ``user``."""
+        password before running it. It grants ``SCRIPT LOAD``, with which the user may
+        load and run any Lua (under the same ACL); with ``preloaded_scripts``, it does
+        not, and an admin loads delayq's scripts (``load_scripts``) after each restart,
+        failover or ``SCRIPT FLUSH``. Raises InvalidArgumentError for an empty ``user``."""
+    def load_scripts(self) -> int:
+        """Load every script of delayq on the server (each node of a cluster), as an
+        admin, for users whose rule lacks ``SCRIPT LOAD``
+        (``acl_rule(user, preloaded_scripts=True)``). Returns how many."""
     def move_waiting(self, to: DelayQueue) -> int:
         """Move every waiting message (scheduled or due, not yet claimed) to the queue
         ``to``, which may differ in name, layout, partitions or Redis: the last step of

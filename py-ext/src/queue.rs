@@ -540,11 +540,22 @@ impl PyQueue {
     }
 
     /// The `ACL SETUSER` line that grants `user` exactly this queue (see the stub).
-    fn acl_rule(&self, py: Python<'_>, #[pyo3(from_py_with = convert::user_arg)] user: String) -> PyResult<String> {
+    #[pyo3(signature = (user, *, preloaded_scripts = false))]
+    fn acl_rule(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::user_arg)] user: String,
+        preloaded_scripts: bool,
+    ) -> PyResult<String> {
         if user.is_empty() {
             return Err(errors::invalid(py, "user must not be empty"));
         }
-        Ok(py.detach(|| self.queue.acl_rule(&user)))
+        Ok(py.detach(|| self.queue.acl_rule_for(&user, preloaded_scripts)))
+    }
+
+    /// Load every script of delayq on the server, as an admin (see the stub).
+    fn load_scripts(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| self.queue.load_scripts()).or_raise(py)
     }
 
     /// Move every waiting message to the queue `to` (see the stub); returns how many.

@@ -703,6 +703,29 @@ def test_acl_rule_grants_a_user_exactly_the_queue(server: RedisServer, redis_url
         delayq.DelayQueue(redis_url, "orders").acl_rule("")
 
 
+def test_a_rule_without_script_load_works_once_an_admin_loaded_the_scripts(
+        server: RedisServer, redis_url: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "orders", "acl",
+                           "--user", "strict", "--preloaded-scripts"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "+evalsha" in done.stdout and "script|load" not in done.stdout
+    words = done.stdout.strip().replace(">PASSWORD", ">s3cret").split()
+    try:
+        assert server.cli("ACL", *words[1:]) == "OK"
+        server.cli("SCRIPT", "FLUSH")
+        q = delayq.DelayQueue(f"redis://strict:s3cret@127.0.0.1:{server.port}", "orders")
+        with pytest.raises(delayq.AuthError, match="delayq load-scripts"):
+            q.push({"order_id": 1})
+        loaded = subprocess.run([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "orders",
+                                 "load-scripts"], capture_output=True, text=True, timeout=60, check=False)
+        assert loaded.returncode == 0, loaded.stderr
+        assert loaded.stdout.endswith("scripts of delayq loaded\n"), loaded.stdout
+        assert q.get(q.push({"order_id": 2}))["state"] in ("ready", "scheduled")  # type: ignore[index]
+    finally:
+        server.cli("ACL", "DELUSER", "strict")
+
+
 def test_a_payload_json_cannot_hold_is_bad_input_and_writes_nothing(server: RedisServer, redis_url: str) -> None:
     for payload, reason in [('{"a":NaN}', "NaN is not JSON"), ("[Infinity]", "Infinity is not JSON"),
                             ("{", "the payload is not JSON")]:
