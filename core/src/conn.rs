@@ -47,10 +47,13 @@ enum ClientKind {
 struct Sentinels {
     /// (host:port as given, a client for it)
     nodes: Vec<(String, redis::Client)>,
+    /// The sentinels' ACL user ("default" when the URL names none), for messages.
+    user: String,
     service: String,
     /// The master's URL around its address: `scheme://userinfo@` and `/db#fragment`.
     master_prefix: String,
     master_suffix: String,
+    db: i64,
     tls_root: Option<Vec<u8>>,
     /// The sentinel that answered last is asked first, as the Sentinel client
     /// specification asks: a sentinel that is down costs one connect timeout once.
@@ -64,6 +67,8 @@ pub(crate) struct Endpoint {
     pub(crate) display: String,
     /// The ACL user the URL names ("default" when it names none), for messages.
     pub(crate) user: String,
+    /// The database the URL selects, for messages.
+    db: i64,
     pub(crate) opts: ConnectOptions,
     /// Raised when a sentinel announces a new master: connections made before it are
     /// to the old one, which may still accept writes until Sentinel demotes it.
@@ -78,30 +83,112 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+/// Where the query of `rest` (what follows `scheme://`) starts: at the first `?name=`.
+/// A `?` that no `name=` follows may be part of a password.
+fn query_start(rest: &str) -> Option<usize> {
+    rest.match_indices('?').map(|(i, _)| i).find(|&i| {
+        let name = rest[i + 1..]
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
+            .count();
+        name > 0 && rest.as_bytes().get(i + 1 + name) == Some(&b'=')
+    })
+}
+
+/// The userinfo of `rest` (what follows `scheme://`), `None` without one, and what
+/// follows it. A password may hold `@`, `/`, `?` and `#`: the userinfo ends at the last
+/// `@` before the query (whose `sentinel_password` may hold an `@` too).
+fn split_userinfo(rest: &str) -> (Option<&str>, &str) {
+    let end = query_start(rest).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    }
+}
+
 /// The user of `scheme://[user[:password]@]host...`: "default" without one, as Redis
 /// names the user of a connection that gives only a password.
 fn url_user(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
-    let user = authority
-        .rsplit_once('@')
-        .map_or("", |(info, _)| info.split(':').next().unwrap_or(""));
-    if user.is_empty() {
-        "default".to_owned()
-    } else {
-        user.to_owned()
+    match split_userinfo(rest).0.and_then(|info| info.split(':').next()) {
+        Some(user) if !user.is_empty() => user.to_owned(),
+        _ => "default".to_owned(),
     }
 }
 
+/// `url` for messages: its userinfo and its query (a sentinel's password rides there)
+/// left out. An `@` after the start of the query may end a userinfo whose password
+/// holds `?name=`: then nothing after the scheme is shown. A port that is not a number
+/// may be a password whose `@host` is missing: it is left out too.
 fn redact(url: &str) -> String {
-    // A sentinel's password may ride in the query string.
-    let url = url.split_once('?').map_or(url, |(before, _)| before);
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((_, host)) => format!("{scheme}://***@{host}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+    let (prefix, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    if query_start(rest).is_some_and(|q| rest[q..].contains('@')) {
+        return format!("{prefix}***");
+    }
+    let (userinfo, after) = split_userinfo(rest);
+    let after = after.split('?').next().unwrap_or_default();
+    let (hosts, path) = after.split_at(after.find(['/', '#']).unwrap_or(after.len()));
+    let hosts: Vec<String> = hosts
+        .split(',')
+        .map(|h| match h.rsplit_once(':') {
+            Some((name, port)) if !port.ends_with(']') && !port.bytes().all(|b| b.is_ascii_digit()) => {
+                format!("{name}:***")
+            }
+            _ => h.to_owned(),
+        })
+        .collect();
+    let host = format!("{}{path}", hosts.join(","));
+    match userinfo {
+        Some(_) => format!("{prefix}***@{host}"),
+        None => format!("{prefix}{host}"),
+    }
+}
+
+/// A user or password that a URL parser would cut short, in `rest` (what follows
+/// `scheme://`).
+fn userinfo_problem(rest: &str) -> Option<String> {
+    split_userinfo(rest).0.filter(|u| u.contains(['/', '?', '#'])).map(|_| {
+        "the user or password holds a /, ? or #, which a URL reads as the end of the host: percent-encode them \
+         (/ as %2F, ? as %3F, # as %23)"
+            .to_owned()
+    })
+}
+
+/// What is wrong with one node's `url` (`scheme://[userinfo@]host[:port][/db]`), in words
+/// that name the part, where redis-rs would only say that it did not parse; `None`
+/// when nothing is found. Never quotes the userinfo.
+fn url_problem(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    if let Some(problem) = userinfo_problem(rest) {
+        return Some(problem);
+    }
+    let after = split_userinfo(rest).1;
+    // An `@` after the query's start: what looks like the port may be in the password.
+    let ambiguous = query_start(rest).is_some_and(|q| rest[q..].contains('@'));
+    let port = || {
+        if ambiguous {
+            return None;
+        }
+        let host = after.split(['/', '?', '#']).next().unwrap_or_default();
+        host.rsplit_once(':')
+            .filter(|(_, port)| !port.ends_with(']'))
+            .map(|(_, port)| port)
+    };
+    match url::Url::parse(url) {
+        // Only a number is quoted: letters there may be a password whose `@` is missing.
+        Err(url::ParseError::InvalidPort) => Some(match port() {
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+                format!("port {p} is out of range (1-65535)")
+            }
+            _ => "the port is not a number".into(),
+        }),
+        Err(url::ParseError::EmptyHost) => Some("the host is missing".into()),
+        Err(e) => Some(format!("it does not parse: {e}")),
+        Ok(parsed) if parsed.port() == Some(0) => Some("port 0 is out of range (1-65535)".into()),
+        Ok(_) => None,
     }
 }
 
@@ -191,6 +278,10 @@ fn parse_sentinels(
             }
         }
     }
+    let sentinel_user = match sentinel_userinfo.0.as_str() {
+        "" => "default".to_owned(),
+        user => user.to_owned(),
+    };
     let sentinel_userinfo = match sentinel_userinfo {
         (u, p) if u.is_empty() && p.is_empty() => String::new(),
         (u, p) => format!("{u}:{p}@"),
@@ -209,11 +300,11 @@ fn parse_sentinels(
             } else {
                 format!("{h}:26379")
             };
-            let client = open_client(
-                &format!("{node_scheme}://{sentinel_userinfo}{h}{fragment}"),
-                tls_root.as_ref(),
-            )
-            .map_err(|e| bad(format!("sentinel {h}: {e}")))?;
+            let url = format!("{node_scheme}://{sentinel_userinfo}{h}{fragment}");
+            if let Some(problem) = url_problem(&url) {
+                return Err(bad(format!("sentinel {h}: {problem}")));
+            }
+            let client = open_client(&url, tls_root.as_ref()).map_err(|e| bad(format!("sentinel {h}: {e}")))?;
             Ok((h, client))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -222,9 +313,11 @@ fn parse_sentinels(
     }
     Ok(Sentinels {
         nodes,
+        user: sentinel_user,
         service,
         master_prefix: format!("{node_scheme}://{userinfo}"),
         master_suffix: format!("/{db}{fragment}"),
+        db,
         tls_root,
         first: AtomicUsize::new(0),
     })
@@ -252,12 +345,20 @@ impl Endpoint {
                     .into(),
             )
         })?;
+        if let Some(problem) = userinfo_problem(rest) {
+            return Err(bad(problem));
+        }
         if opts.tls_ca_file.is_some() && !scheme.starts_with("rediss") {
             return Err(Error::invalid("tls_ca_file", "only applies to rediss:// URLs"));
         }
+        let mut db = 0;
         let client = match scheme {
             "redis" | "rediss" => {
+                if let Some(problem) = url_problem(url) {
+                    return Err(bad(problem));
+                }
                 let info = connection_info(url).map_err(|e| bad(e.to_string()))?;
+                db = info.redis_settings().db();
                 let client = match read_ca(&opts)? {
                     Some(root) => redis::Client::build_with_tls(
                         info,
@@ -272,16 +373,25 @@ impl Endpoint {
                 ClientKind::Single(client)
             }
             "redis+sentinel" | "rediss+sentinel" => {
-                ClientKind::Sentinel(Box::new(parse_sentinels(scheme, rest, &opts, bad)?))
+                let sentinels = parse_sentinels(scheme, rest, &opts, bad)?;
+                db = sentinels.db;
+                ClientKind::Sentinel(Box::new(sentinels))
             }
             "redis+cluster" | "rediss+cluster" => {
-                // One URL, several seed nodes: userinfo and path apply to all of them.
+                // One URL, several seed nodes: the userinfo applies to all of them.
                 let node_scheme = scheme.trim_end_matches("+cluster");
-                let (userinfo, hosts) = match rest.rsplit_once('@') {
-                    Some((u, h)) => (format!("{u}@"), h),
-                    None => (String::new(), rest),
+                let (userinfo, hosts) = match split_userinfo(rest) {
+                    (Some(u), h) => (format!("{u}@"), h),
+                    (None, h) => (String::new(), h),
                 };
-                let hosts = hosts.split('/').next().unwrap_or_default();
+                let (hosts, path) = hosts.split_once('/').unwrap_or((hosts, ""));
+                // A cluster serves database 0 only (SELECT is refused there).
+                if !matches!(path.trim_matches('/'), "" | "0") {
+                    return Err(bad(format!(
+                        "a cluster has database 0 only, the URL's path asks for {:?}",
+                        path.trim_matches('/')
+                    )));
+                }
                 let nodes: Vec<String> = hosts
                     .split(',')
                     .filter(|h| !h.is_empty())
@@ -289,6 +399,9 @@ impl Endpoint {
                     .collect();
                 if nodes.is_empty() {
                     return Err(bad("a cluster URL needs at least one host:port".into()));
+                }
+                if let Some(problem) = nodes.iter().find_map(|n| url_problem(n)) {
+                    return Err(bad(problem));
                 }
                 let seeds = nodes
                     .iter()
@@ -307,6 +420,7 @@ impl Endpoint {
             client,
             display,
             user: url_user(url),
+            db,
             opts,
             master_epoch: AtomicU64::new(0),
         })
@@ -344,12 +458,64 @@ impl Endpoint {
         Some(
             self.timed_connection(client)
                 .map(|c| (host.clone(), c))
-                .map_err(|e| self.connect_error(&e)),
+                .map_err(|e| self.connect_error_as(&e, &s.user)),
         )
     }
 
+    /// A new connection through `client`, within the connect timeout.
+    fn open(&self, client: &redis::Client) -> redis::RedisResult<redis::Connection> {
+        client
+            .get_connection_with_timeout(self.opts.connect_timeout)
+            .map_err(|e| self.why_auth_failed(client.get_connection_info(), e))
+    }
+
+    /// redis-rs reports every refused AUTH as "Password authentication failed": when
+    /// `err` is that, send the AUTH again over a connection without credentials to `info`'s
+    /// server, and when Redis answers that the user has no password, return that answer
+    /// (what to do differs: remove the password, not correct it). Otherwise `err`.
+    fn why_auth_failed(&self, info: &redis::ConnectionInfo, err: redis::RedisError) -> redis::RedisError {
+        let settings = info.redis_settings();
+        let Some(password) = settings
+            .password()
+            .filter(|_| err.kind() == redis::ErrorKind::AuthenticationFailed)
+        else {
+            return err;
+        };
+        let bare = info
+            .clone()
+            .set_redis_settings(redis::RedisConnectionInfo::default().set_skip_set_lib_name());
+        let Ok(mut con) =
+            redis::Client::open(bare).and_then(|c| c.get_connection_with_timeout(self.opts.connect_timeout))
+        else {
+            return err;
+        };
+        let _ = con.set_read_timeout(Some(self.opts.read_timeout));
+        let mut auth = |user: Option<&str>| {
+            let mut cmd = redis::cmd("AUTH");
+            cmd.arg(user).arg(password);
+            cmd.query::<()>(&mut con)
+        };
+        let mut reply = auth(settings.username());
+        // As redis-rs does: Redis before 6 knows AUTH only with the password.
+        if settings.username().is_some()
+            && reply
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("wrong number of arguments"))
+        {
+            reply = auth(None);
+        }
+        match reply {
+            Err(e) if e.to_string().contains("without any password configured") => redis::RedisError::from((
+                redis::ErrorKind::AuthenticationFailed,
+                "Password authentication failed",
+                e.detail().unwrap_or_default().to_owned(),
+            )),
+            _ => err,
+        }
+    }
+
     fn timed_connection(&self, client: &redis::Client) -> redis::RedisResult<redis::Connection> {
-        let con = client.get_connection_with_timeout(self.opts.connect_timeout)?;
+        let con = self.open(client)?;
         con.set_read_timeout(Some(self.opts.read_timeout))?;
         con.set_write_timeout(Some(self.opts.read_timeout))?;
         Ok(con)
@@ -421,8 +587,8 @@ impl Endpoint {
                     why.push(format!("sentinel {host} knows no master named {:?}", s.service));
                     continue;
                 }
-                Err(e) => match self.connect_error(&e) {
-                    e @ Error::AuthFailed(_) => return Err(e),
+                Err(e) => match self.connect_error_as(&e, &s.user) {
+                    Error::AuthFailed(text) => return Err(Error::AuthFailed(format!("sentinel {host}: {text}"))),
                     e => {
                         why.push(format!("sentinel {host}: {e}"));
                         continue;
@@ -453,7 +619,7 @@ impl Endpoint {
                     "sentinel {host} named {addr}, which is not a master (a failover is under way)"
                 )),
                 Err(e) => match self.connect_error(&e) {
-                    e @ Error::AuthFailed(_) => return Err(e),
+                    e @ (Error::AuthFailed(_) | Error::InvalidUrl { .. }) => return Err(e),
                     e => why.push(format!("sentinel {host} named {addr}: {e}")),
                 },
             }
@@ -475,9 +641,17 @@ impl Endpoint {
             ClientKind::Single(client) => {
                 Conn::single(self.timed_connection(client).map_err(|e| self.connect_error(&e))?)
             }
-            ClientKind::Cluster(client, _) => {
-                Conn::Cluster(Box::new(client.get_connection().map_err(|e| self.connect_error(&e))?))
-            }
+            ClientKind::Cluster(client, seeds) => Conn::Cluster(Box::new(client.get_connection().map_err(|e| {
+                // The cluster client reports a refused AUTH as a failure to reach every
+                // node: one seed, asked alone, says why.
+                if e.to_string().contains("Password authentication failed")
+                    && let Some(Err(seed)) = seeds.first().map(|seed| self.open(seed))
+                    && seed.kind() == redis::ErrorKind::AuthenticationFailed
+                {
+                    return self.connect_error(&seed);
+                }
+                self.connect_error(&e)
+            })?)),
             ClientKind::Sentinel(s) => {
                 let (con, addr) = self.connect_via_sentinels(s)?;
                 return Ok((Conn::single(con), Some(addr)));
@@ -487,7 +661,27 @@ impl Endpoint {
     }
 
     fn connect_error(&self, err: &redis::RedisError) -> Error {
-        match self.error(err, "connect") {
+        self.connect_error_as(err, &self.user)
+    }
+
+    /// `connect_error` for a connection as `user` (a sentinel's may differ).
+    fn connect_error_as(&self, err: &redis::RedisError, user: &str) -> Error {
+        // redis-rs's words when Redis refuses the SELECT of the URL's database: no retry
+        // can make it exist.
+        if err.to_string().contains("refused to switch database") {
+            let said = err.detail().unwrap_or("refused");
+            let hint = if said.contains("out of range") {
+                " (the server has fewer databases: see its `databases` setting)"
+            } else {
+                ""
+            };
+            return Error::InvalidUrl {
+                url: self.display.clone(),
+                reason: format!("Redis refused to select database {}: {said}{hint}", self.db),
+            };
+        }
+        let timeout = u64::try_from(self.opts.read_timeout.as_millis()).unwrap_or(u64::MAX);
+        match Error::from_redis(err, &self.display, user, "connect", timeout) {
             e @ (Error::AuthFailed(_) | Error::InvalidUrl { .. }) => e,
             Error::Timeout { .. } => Error::Connection {
                 addr: self.display.clone(),
@@ -512,9 +706,7 @@ impl Endpoint {
             ClientKind::Cluster(_, seeds) => &seeds[attempt % seeds.len()],
             ClientKind::Sentinel(s) => return self.connect_via_sentinels(s).map(|(con, _)| con),
         };
-        client
-            .get_connection_with_timeout(self.opts.connect_timeout)
-            .map_err(|e| self.connect_error(&e))
+        self.open(client).map_err(|e| self.connect_error(&e))
     }
 }
 

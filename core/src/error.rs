@@ -290,8 +290,12 @@ impl Error {
                 | ServerErrorKind::ReadOnly,
             ) => Self::ConnectionLost(format!("Redis is not ready: {err}")),
             ErrorKind::Server(ServerErrorKind::NoPerm) => Self::AuthFailed(auth_text(&err.to_string(), user, true)),
-            // redis-rs's own kind for a refused AUTH (Redis said WRONGPASS).
-            ErrorKind::AuthenticationFailed => Self::AuthFailed(auth_text(&format!("WRONGPASS {err}"), user, false)),
+            // redis-rs's own kind for a refused AUTH: Redis said WRONGPASS, or (the connection
+            // asked again, see `Endpoint::why_auth_failed`) that the user has no password.
+            ErrorKind::AuthenticationFailed => Self::AuthFailed(match err.detail() {
+                Some(said) if said.contains(NO_PASSWORD) => auth_text(said, user, false),
+                _ => auth_text(&format!("WRONGPASS {err}"), user, false),
+            }),
             ErrorKind::InvalidClientConfig => Self::InvalidUrl {
                 url: addr.to_owned(),
                 reason: err.to_string(),
@@ -357,6 +361,10 @@ fn partly_written_text(total: usize, written: usize, unknown: usize, cause: &Err
     )
 }
 
+/// What Redis answers to AUTH with a password for a user that has none ("AUTH
+/// <password> called without any password configured for the default user...").
+const NO_PASSWORD: &str = "without any password configured";
+
 /// How to get the exact ACL rule, for every permission error.
 fn acl_hint(user: &str) -> String {
     format!("`delayq acl --user {user}` (Queue::acl_rule) prints the queue's exact ACL rule")
@@ -393,6 +401,12 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
         return format!(
             "user {user:?} lacks a permission delayq needs: {text}. {}",
             acl_hint(user)
+        );
+    }
+    if text.contains(NO_PASSWORD) {
+        return format!(
+            "Redis has no password set for user {user:?}, yet the URL gives one ({text}): remove the password from \
+             the URL, or set one in Redis (requirepass)"
         );
     }
     if let Some(rest) = text.split_once("WRONGPASS").map(|(_, r)| r.trim()) {

@@ -303,3 +303,167 @@ fn bad_worker_options_are_named() {
         assert!(err.to_string().starts_with(&format!("invalid {name}")), "{name}: {err}");
     }
 }
+
+#[test]
+fn a_port_out_of_range_is_named_with_the_url() {
+    for (url, port, shown) in [
+        (
+            "redis://:secret@127.0.0.1:67011",
+            "67011",
+            "\"redis://***@127.0.0.1:67011\"",
+        ),
+        ("rediss://127.0.0.1:0", "0", "\"rediss://127.0.0.1:0\""),
+        (
+            "redis+cluster://:secret@127.0.0.1:7000,127.0.0.1:99999",
+            "99999",
+            "\"redis+cluster://***@127.0.0.1:7000,127.0.0.1:99999\"",
+        ),
+        (
+            "redis+sentinel://:secret@127.0.0.1:70000/mymaster",
+            "70000",
+            "\"redis+sentinel://***@127.0.0.1:70000/mymaster\"",
+        ),
+    ] {
+        let err = Queue::new(url, "q", QueueOptions::default()).expect_err(url);
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("port {port} is out of range (1-65535)")),
+            "{text}"
+        );
+        assert!(text.contains(shown), "{text}");
+        assert!(!text.contains("secret"), "{text}");
+    }
+    let err = Queue::new("redis://127.0.0.1:notaport", "q", QueueOptions::default()).expect_err("not a number");
+    assert!(err.to_string().contains("the port is not a number"), "{err}");
+}
+
+#[test]
+fn a_database_the_server_lacks_fails_at_the_first_connect_without_retries() {
+    let server = RedisServer::start_with(&["--databases", "4"]);
+    let q = Queue::new(&format!("{}/99", server.url()), "q", QueueOptions::default()).expect("valid");
+    let started = std::time::Instant::now();
+    let err = q.push(&1, Duration::ZERO).expect_err("database 99");
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
+    assert!(err.is_invalid_input() && !err.is_retryable(), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("database 99"), "{text}");
+    assert!(text.contains("DB index is out of range"), "{text}");
+    assert!(
+        text.contains(&format!("\"redis://127.0.0.1:{}/99\"", server.port)),
+        "{text}"
+    );
+    assert_nothing_written(&server);
+}
+
+#[test]
+fn a_password_for_a_redis_without_one_is_named_as_such() {
+    let server = RedisServer::start();
+    let q = Queue::new(
+        &format!("redis://:s3cr3t-pw@127.0.0.1:{}", server.port),
+        "q",
+        QueueOptions::default(),
+    )
+    .expect("valid");
+    let started = std::time::Instant::now();
+    let err = q.push(&1, Duration::ZERO).expect_err("no password is set");
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(matches!(err, Error::AuthFailed(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(!text.contains("wrong password"), "{text}");
+    assert!(text.contains("no password set for user \"default\""), "{text}");
+    assert!(text.contains("requirepass"), "{text}");
+    assert!(!text.contains("s3cr3t"), "{text}");
+    // A user that does not exist is still a wrong password.
+    let err = Queue::new(
+        &format!("redis://nobody:s3cr3t-pw@127.0.0.1:{}", server.port),
+        "q",
+        QueueOptions::default(),
+    )
+    .and_then(|q| q.push(&1, Duration::ZERO))
+    .expect_err("no such user");
+    assert!(err.to_string().contains("wrong password for user \"nobody\""), "{err}");
+    assert_nothing_written(&server);
+}
+
+/// Every error, parse or connect, with passwords that hold the characters a URL
+/// parser stops at, raw or percent-encoded: none shows a byte of the password.
+#[test]
+fn no_error_shows_any_part_of_a_password_that_holds_url_delimiters() {
+    // Letter pairs that no message holds, around each delimiter.
+    let pieces = ["QJ", "XK", "ZV", "WF", "MB"];
+    let port = common::free_port();
+    let mut urls = Vec::new();
+    for sep in ["?", "/", "#", "@", "%3F", "%2F", "%23", "%40", "?x=", "@h?a="] {
+        let pw = pieces.join(sep);
+        for (scheme, tail) in [
+            ("redis", format!("127.0.0.1:{port}")),
+            ("redis", format!("127.0.0.1:{port}/0")),
+            ("redis", "127.0.0.1:67011".to_owned()),
+            ("rediss", format!("127.0.0.1:{port}")),
+            ("redis+cluster", format!("127.0.0.1:{port},127.0.0.1:1")),
+            ("redis+sentinel", format!("127.0.0.1:{port}/mymaster")),
+        ] {
+            urls.push(format!("{scheme}://:{pw}@{tail}"));
+            urls.push(format!("{scheme}://user:{pw}@{tail}"));
+        }
+        urls.push(format!(
+            "redis+sentinel://127.0.0.1:{port}/mymaster?sentinel_password={pw}"
+        ));
+        urls.push(format!(
+            "redis+sentinel://:{pw}@127.0.0.1:{port}/mymaster?sentinel_password={pw}"
+        ));
+        urls.push(format!(
+            "redis+sentinel://127.0.0.1:{port}/mymaster?sentinel_pasword={pw}"
+        ));
+    }
+    let opts = QueueOptions {
+        connect: ConnectOptions {
+            retry_timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_millis(200),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for url in &urls {
+        let texts = match Queue::new(url, "q", opts.clone()) {
+            Ok(q) => {
+                let err = q.ping().expect_err("nobody listens");
+                vec![
+                    err.to_string(),
+                    format!("{err:?}"),
+                    q.url().to_owned(),
+                    format!("{q:?}"),
+                ]
+            }
+            Err(err) => vec![err.to_string(), format!("{err:?}")],
+        };
+        for text in texts {
+            for piece in pieces {
+                assert!(!text.contains(piece), "{url}: {text}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_user_or_password_holding_url_delimiters_is_told_to_percent_encode_them() {
+    for url in [
+        "redis://:QJ?XK@127.0.0.1:6379",
+        "redis://:QJ/XK@127.0.0.1:6379",
+        "redis://user:6379/XK@127.0.0.1:6379",
+        "rediss://:QJ#XK@127.0.0.1:6379",
+        "redis+cluster://:QJ/XK@127.0.0.1:7000",
+        "redis+sentinel://:QJ?XK@127.0.0.1:26379/mymaster",
+    ] {
+        let err = Queue::new(url, "q", QueueOptions::default()).expect_err(url);
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+        let text = err.to_string();
+        assert!(text.contains("percent-encode"), "{url}: {text}");
+        assert!(text.contains("@127.0.0.1:"), "{url}: {text}");
+        assert!(!text.contains("QJ") && !text.contains("XK"), "{url}: {text}");
+    }
+    // Percent-encoded, they parse.
+    Queue::new("redis://:QJ%3FXK%2F%23%40@127.0.0.1:6379", "q", QueueOptions::default()).expect("encoded");
+}

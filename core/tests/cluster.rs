@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Cluster, consume_until, push_numbered_retrying, wait_for};
-use delayq::{ConnectOptions, NewMessage, Queue, QueueOptions, Worker, WorkerOptions};
+use delayq::{ConnectOptions, Error, NewMessage, Queue, QueueOptions, Worker, WorkerOptions};
 use parking_lot::Mutex;
 
 fn cluster_queue(cluster: &Cluster, name: &str, opts: QueueOptions) -> Queue {
@@ -38,6 +38,26 @@ fn worker_opts() -> WorkerOptions {
         lease: Duration::from_secs(2),
         ..Default::default()
     }
+}
+
+#[test]
+fn a_password_the_cluster_lacks_and_a_database_other_than_0_are_named_at_once() {
+    let cluster = Cluster::start(3, 0);
+    let url = cluster.url().replace("redis+cluster://", "redis+cluster://:s3cr3t@");
+    let started = Instant::now();
+    let err = Queue::new(&url, "q", QueueOptions::default())
+        .and_then(|q| q.push(&1, Duration::ZERO))
+        .expect_err("no password is set");
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(matches!(err, Error::AuthFailed(_)), "{err:?}");
+    assert!(
+        err.to_string().contains("no password set for user \"default\""),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("s3cr3t"), "{err}");
+    let err = Queue::new(&format!("{}/3", cluster.url()), "q", QueueOptions::default()).expect_err("database 3");
+    assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
+    assert!(err.to_string().contains("database 0 only"), "{err}");
 }
 
 #[test]

@@ -184,6 +184,15 @@ fn passwords_for_the_master_and_the_sentinels_go_where_they_belong() {
         .expect_err("wrong sentinel password");
     assert!(matches!(err, Error::AuthFailed(_)), "{err:?}");
     assert!(!err.to_string().contains("sentinel-secret"), "{err}");
+
+    // A database the master lacks: refused at the first connect, not retried.
+    let no_db = format!("redis+sentinel://:node-secret@{hosts}/mymaster/99?sentinel_password=sentinel-secret");
+    let started = Instant::now();
+    let err = sentinel_queue(&no_db, "auth", 0).ping().expect_err("database 99");
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
+    assert!(err.to_string().contains("database 99"), "{err}");
+    assert!(!err.to_string().contains("secret"), "{err}");
 }
 
 /// A queue that gives up reconnecting after 300 ms.
