@@ -355,6 +355,11 @@ fn a_database_the_server_lacks_fails_at_the_first_connect_without_retries() {
         "{text}"
     );
     assert_nothing_written(&server);
+
+    // A worker on it does not start, rather than retry claims for ever.
+    let worker = delayq::Worker::new(q, delayq::WorkerOptions::default()).expect("worker");
+    let err = worker.start().expect_err("database 99");
+    assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
 }
 
 #[test]

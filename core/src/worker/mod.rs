@@ -56,11 +56,11 @@ fn pause_unless_stopped(pool: &Pool, pause: Duration) {
     w.wait(Some(Instant::now() + pause), w.epoch(), &pool.control.stop);
 }
 
-/// A fault that retrying at once cannot mend: the user may not run the scripts, or a
-/// key of the queue holds a stray type. The scripts stop before their first write on
-/// it; an operator may mend it.
+/// A fault that retrying at once cannot mend: the user may not run the scripts, a
+/// key of the queue holds a stray type, or the server refuses the URL (a database it
+/// lacks). The scripts stop before their first write on it; an operator may mend it.
 fn is_setup_fault(e: &Error) -> bool {
-    e.category() == Category::Auth || matches!(e, Error::WrongType(_))
+    e.category() == Category::Auth || matches!(e, Error::WrongType(_) | Error::InvalidUrl { .. })
 }
 
 /// Send one script call over `slot` (no retry) and decode its reply.
