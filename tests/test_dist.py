@@ -367,6 +367,13 @@ def test_the_docs_composer_snippet_installs_with_the_default_minimum_stability(t
     assert (app / "vendor" / "delayq" / "delayq" / "src").resolve() == (ROOT / "php" / "src").resolve()
 
 
+def test_frameworks_md_gives_the_same_composer_snippet_as_install_md() -> None:
+    text = (ROOT / "docs" / "frameworks.md").read_text()
+    found = re.search(r"(?s)^```json\n(.*?)^```$", text, re.MULTILINE)
+    assert found is not None, "no json block in docs/frameworks.md"
+    assert json.loads(found.group(1)) == json.loads(composer_snippet())
+
+
 def test_the_composer_package_ships_the_stub_and_maps_its_classes() -> None:
     package = ROOT / "php"
     manifest = json.loads((package / "composer.json").read_text())
