@@ -381,6 +381,36 @@ fn a_user_without_script_load_runs_only_the_scripts_an_admin_loaded() {
     assert_eq!(summary.acked, 1, "{summary:?}");
     assert!(q.get(&id).expect("get").is_none());
 
+    // A batch over partitions goes as one stream, which loads each script first: the
+    // refused load does not fail calls whose scripts are there.
+    let opts = QueueOptions {
+        partitions: 3,
+        ..QueueOptions::default()
+    };
+    let admin_multi = Queue::new(&server.url(), "multi", opts.clone()).expect("queue");
+    set_user(&mut admin, &admin_multi.acl_rule_for("strict-multi", true), "s3cret");
+    let multi_url = format!("redis://strict-multi:s3cret@127.0.0.1:{}", server.port);
+    let multi = Queue::new(&multi_url, "multi", opts).expect("queue");
+    let batch = || -> Vec<NewMessage> {
+        (0..10)
+            .map(|i| NewMessage::new(&json!({"order_id": i}), Duration::ZERO).expect("msg"))
+            .collect()
+    };
+    assert_eq!(multi.push_many(&batch()).expect("batch push").len(), 10);
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut admin)
+        .expect("SCRIPT FLUSH");
+    let e = multi.push_many(&batch()).expect_err("no scripts loaded");
+    assert!(e.to_string().contains("`delayq load-scripts`"), "{e}");
+    assert_eq!(
+        admin_multi.stats().expect("stats").ready,
+        10,
+        "the refused batch wrote nothing"
+    );
+    admin_multi.load_scripts().expect("load as admin");
+    assert_eq!(multi.push_many(&batch()).expect("batch push").len(), 10);
+
     // No Lua of its own: neither loaded nor sent whole.
     let mut user = redis::Client::open(url.as_str())
         .expect("client")

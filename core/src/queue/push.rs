@@ -286,6 +286,12 @@ impl Queue {
                         if let Some(e) = failed.or(done.cut.take()).or(done.refused.take()) {
                             return Err(e);
                         }
+                        if done.scripts_missing()
+                            && let Some(e) = done.load_refused.take()
+                        {
+                            // Missing, and this user may not load them: what an admin must do.
+                            return Err(e);
+                        }
                         if !done.scripts_missing() {
                             return Ok(done
                                 .answers

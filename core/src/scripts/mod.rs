@@ -117,8 +117,11 @@ pub(crate) struct Finished<'s> {
     /// One answer per call or plain command, in the order sent, as far as they were
     /// read: after a `cut`, the rest may or may not have run.
     pub(crate) answers: Vec<Answer<'s>>,
-    /// The first error reply other than NOSCRIPT (a load's, a call's or a command's).
+    /// The first error reply of a call or a command, other than NOSCRIPT.
     pub(crate) refused: Option<redis::RedisError>,
+    /// The first refused load: it matters only when a call found its script missing
+    /// (a user whose rule lacks `SCRIPT LOAD` runs scripts an admin loaded).
+    pub(crate) load_refused: Option<redis::RedisError>,
     /// The connection failed, or sent what is not a reply, before every reply was
     /// read: the connection goes (an I/O error is one the caller reconnects after).
     pub(crate) cut: Option<redis::RedisError>,
@@ -188,6 +191,7 @@ impl<'c, 's> Stream<'c, 's> {
         let mut done = Finished {
             answers: Vec::with_capacity(self.sent.len()),
             refused: None,
+            load_refused: None,
             cut: None,
         };
         for sent in self.sent {
@@ -225,7 +229,7 @@ impl<'c, 's> Stream<'c, 's> {
                     done.answers.push(Answer::Missing);
                 }
                 Sent::Load => {
-                    done.refused.get_or_insert(error);
+                    done.load_refused.get_or_insert(error);
                 }
                 Sent::Call(_) | Sent::Command => {
                     done.refused.get_or_insert(error);
