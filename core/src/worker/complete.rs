@@ -204,6 +204,11 @@ pub(super) fn write_part_outcomes(
             // Written, but what became of each delivery is unknown: the counters skip
             // them rather than guess.
             log::error!("delayq[{}]: {e}", pool.queue_name);
+            note_not_applied(
+                pool,
+                acks.iter().map(Outcome::ticket),
+                Error::Redis(format!("the ack was sent, but what became of it is unknown: {e}")),
+            );
         }
         if let Some((Ok(statuses), maybe_applied)) = written {
             for (o, s) in acks.iter().zip(statuses) {
@@ -324,16 +329,14 @@ pub(super) fn lease_lost(pool: &Pool, o: &Outcome) {
     let id = match o {
         Outcome::Ack { id, .. } | Outcome::Nack { id, .. } | Outcome::Release { id, .. } => id,
     };
-    log::warn!(
-        "delayq[{}]: {}",
-        pool.queue_name,
-        Error::LeaseLost {
-            id: id.clone(),
-            reason: "the lease expired and the message went to another delivery, or it was completed already; \
-                     raise `lease` or `timeout` if handlers run this long"
-                .into(),
-        }
-    );
+    let e = Error::LeaseLost {
+        id: id.clone(),
+        reason: "the lease expired and the message went to another delivery, or it was completed already; \
+                 raise `lease` or `timeout` if handlers run this long"
+            .into(),
+    };
+    log::warn!("delayq[{}]: {e}", pool.queue_name);
+    note_not_applied(pool, std::iter::once(o.ticket()), e);
 }
 
 pub(super) fn forget(pool: &Pool, done: &[Outcome]) {
@@ -354,13 +357,19 @@ pub(super) fn forget(pool: &Pool, done: &[Outcome]) {
 pub(super) const UNWRITTEN_KEPT: usize = 1024;
 
 fn note_unwritten(pool: &Pool, done: &[Outcome], e: Error) {
+    note_not_applied(pool, done.iter().map(Outcome::ticket), e);
+}
+
+/// The completions of `tickets` did not take effect as decided, for `e`: kept for a
+/// caller waiting on one (`Consumer::wait_written`).
+pub(super) fn note_not_applied(pool: &Pool, tickets: impl Iterator<Item = Ticket>, e: Error) {
     let e = Arc::new(e);
     let mut kept = pool.unwritten.lock();
-    for o in done {
+    for ticket in tickets {
         if kept.len() == UNWRITTEN_KEPT {
             kept.pop_front();
         }
-        kept.push_back((o.ticket(), Arc::clone(&e)));
+        kept.push_back((ticket, Arc::clone(&e)));
     }
 }
 

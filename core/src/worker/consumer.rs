@@ -296,11 +296,15 @@ impl Consumer {
     /// Wait until the completion of the delivery named by `receipt` (an ack, a failure,
     /// a release) is written to Redis: for a caller that must not go on before its
     /// decision is stored, such as a framework's worker that may kill its own process
-    /// next. The completer tries while the lease lasts; an error says it gave up, and
-    /// the message runs again after its lease.
+    /// next. The completer tries while the lease lasts; an error says it gave up (the
+    /// message runs again after its lease), that the lease was lost meanwhile (another
+    /// delivery has the message), or that the pool gave the message back (a stop at
+    /// once).
     pub fn wait_written(&self, receipt: Receipt) -> crate::error::Result<()> {
         if self.in_forked_child() {
-            return Ok(());
+            return Err(Error::State(
+                "a process forked from the worker cannot complete its deliveries: the parent does".into(),
+            ));
         }
         let pool = &self.members().nth(receipt.member).unwrap_or(self).pool;
         let mut outstanding = pool.outstanding.lock();
@@ -313,11 +317,21 @@ impl Consumer {
             return Ok(());
         };
         let (_, cause) = unwritten.remove(at).unwrap_or_else(|| unreachable!());
-        let text = format!("the decision was not written to Redis ({cause}); the message runs again after its lease");
-        Err(match cause.category() {
-            Category::Connection | Category::Timeout => Error::ConnectionLost(text),
-            Category::Auth => Error::AuthFailed(text),
-            _ => Error::Redis(text),
+        drop(unwritten);
+        Err(match &*cause {
+            Error::LeaseLost { id, reason } => Error::LeaseLost {
+                id: id.clone(),
+                reason: reason.clone(),
+            },
+            cause => {
+                let text =
+                    format!("the decision was not written to Redis ({cause}); the message runs again after its lease");
+                match cause.category() {
+                    Category::Connection | Category::Timeout => Error::ConnectionLost(text),
+                    Category::Auth => Error::AuthFailed(text),
+                    _ => Error::Redis(text),
+                }
+            }
         })
     }
 
@@ -341,7 +355,12 @@ impl Consumer {
     /// reached, a permission was taken away); `None` once a claim goes through. The
     /// pool keeps trying with a backoff meanwhile.
     pub fn claim_failure(&self) -> Option<Arc<Error>> {
-        self.members().find_map(|m| m.pool.claim_failure.lock().clone())
+        self.members().find_map(|m| {
+            m.pool
+                .claim_failures
+                .iter()
+                .find_map(|f| f.lock().as_ref().map(|f| Arc::clone(&f.error)))
+        })
     }
 
     /// Give a delivery back unstarted: due again at once, the attempt not counted.

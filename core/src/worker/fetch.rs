@@ -205,10 +205,6 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
     let mut last_look = Instant::now();
     let mut next_empty_check = Instant::now();
     let mut error_pause = Duration::from_millis(50);
-    // Since when claims fail and how many did: logged when it begins and when it
-    // ends, and again only when the error changes (a caller of the consumer hears
-    // of each through `Consumer::claim_failure`).
-    let mut failing: Option<(Instant, u64, String)> = None;
     loop {
         if control.stopped() {
             return;
@@ -297,31 +293,11 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             Ok(c) => c,
             Err(e) => {
                 control.slots.release(room);
-                let text = e.to_string();
-                let new = failing.as_ref().is_none_or(|(_, _, seen)| *seen != text);
-                let (_, tries, seen) = failing.get_or_insert_with(|| (started, 0, String::new()));
-                *tries += 1;
-                *seen = text;
                 // A permission taken away or a stray key: nothing was written, and only
                 // an operator can mend it, so it is an error and the pool asks less often.
-                let most = if is_setup_fault(&e) {
-                    if new {
-                        log::error!(
-                            "delayq[{}]: claim failed: {e}; retrying with backoff, logged again when it changes or ends",
-                            pool.queue_name
-                        );
-                    }
-                    Duration::from_secs(30)
-                } else {
-                    if new {
-                        log::warn!(
-                            "delayq[{}]: claim failed: {e}; retrying with backoff, logged again when it changes or ends",
-                            pool.queue_name
-                        );
-                    }
-                    Duration::from_secs(2)
-                };
-                *pool.claim_failure.lock() = Some(Arc::new(e));
+                let setup_fault = is_setup_fault(&e);
+                let most = Duration::from_secs(if setup_fault { 30 } else { 2 });
+                pool.note_claim_failed(part, e, started, setup_fault);
                 pause_unless_stopped(pool, error_pause);
                 error_pause = (error_pause * 2).min(most);
                 wake.retry_claim(part);
@@ -329,14 +305,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             }
         };
         error_pause = Duration::from_millis(50);
-        if let Some((since, tries, _)) = failing.take() {
-            log::warn!(
-                "delayq[{}]: claims work again, after {tries} failed over {}",
-                pool.queue_name,
-                crate::time::human_ms(i64::try_from(since.elapsed().as_millis()).unwrap_or(i64::MAX))
-            );
-        }
-        *pool.claim_failure.lock() = None;
+        pool.note_claim_went_through(part);
         wake.set_clock(started, replied, claimed.server_now_us);
         let paused = claimed.next_ms == PAUSED;
         pool.note_paused(paused);

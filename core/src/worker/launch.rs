@@ -232,7 +232,7 @@ impl Worker {
             member,
             group: OnceLock::new(),
             overdue: AtomicUsize::new(0),
-            claim_failure: Mutex::new(None),
+            claim_failures: (0..self.queue.partitions()).map(|_| Mutex::new(None)).collect(),
             minutes: crate::metrics::Tally::new(self.queue.partitions()),
         });
         (pool, deliver_tx, deliver_rx)

@@ -106,11 +106,63 @@ pub(super) struct Pool {
     pub(super) group: OnceLock<Vec<Weak<Pool>>>,
     /// Handlers of its deliveries past `timeout` at the last heartbeat.
     pub(super) overdue: AtomicUsize,
-    /// Why its last claim failed, or `None` when it went through (see
-    /// `yields_to_higher`, `Consumer::claim_failure`).
-    pub(super) claim_failure: Mutex<Option<Arc<Error>>>,
+    /// Per partition: why its claims fail, while they do (see `yields_to_higher`,
+    /// `Consumer::claim_failure`).
+    pub(super) claim_failures: Vec<Mutex<Option<ClaimFailure>>>,
     /// What its handlers did by minute, for the queue's per-minute records.
     pub(super) minutes: crate::metrics::Tally,
+}
+
+/// A partition's claims fail: since when, how many tries, and the last error.
+pub(super) struct ClaimFailure {
+    pub(super) error: Arc<Error>,
+    pub(super) since: Instant,
+    pub(super) tries: u64,
+}
+
+impl Pool {
+    /// Some partition's claims fail (its Redis is down, a permission was taken away).
+    pub(super) fn claims_fail(&self) -> bool {
+        self.claim_failures.iter().any(|f| f.lock().is_some())
+    }
+
+    /// A claim of `part` failed with `e`: logged when the outage begins and when its
+    /// error changes, not at every retry (a caller of the consumer hears of each
+    /// through `Consumer::claim_failure`).
+    pub(super) fn note_claim_failed(&self, part: usize, e: Error, at: Instant, setup_fault: bool) {
+        let mut failure = self.claim_failures[part].lock();
+        let text = e.to_string();
+        if failure.as_ref().is_none_or(|f| f.error.to_string() != text) {
+            let line = format!(
+                "delayq[{}]: claim failed: {text}; retrying with backoff, logged again when it changes or ends",
+                self.queue_name
+            );
+            if setup_fault {
+                log::error!("{line}");
+            } else {
+                log::warn!("{line}");
+            }
+        }
+        let (since, tries) = failure.as_ref().map_or((at, 0), |f| (f.since, f.tries));
+        *failure = Some(ClaimFailure {
+            error: Arc::new(e),
+            since,
+            tries: tries + 1,
+        });
+    }
+
+    /// A claim of `part` went through: the end of its outage, if it had one.
+    pub(super) fn note_claim_went_through(&self, part: usize) {
+        let mut failure = self.claim_failures[part].lock();
+        if let Some(f) = failure.take() {
+            log::warn!(
+                "delayq[{}]: claims work again, after {} failed over {}",
+                self.queue_name,
+                f.tries,
+                crate::time::human_ms(i64::try_from(f.since.elapsed().as_millis()).unwrap_or(i64::MAX))
+            );
+        }
+    }
 }
 
 /// Room reserved for one claim, released once the claimed deliveries are counted as
@@ -335,7 +387,7 @@ impl Pool {
     /// be due, unless it is stopped or its claims fail (its Redis is down).
     pub(super) fn has_work_for_handlers(&self) -> bool {
         !self.control.stopped()
-            && self.claim_failure.lock().is_none()
+            && !self.claims_fail()
             && (!self.buffered.is_empty() || self.claiming.load(Ordering::Acquire) > 0 || self.control.wake.due_now())
     }
 

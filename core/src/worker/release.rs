@@ -7,8 +7,10 @@ use std::sync::atomic::Ordering;
 use redis::Value;
 
 use crate::conn::{ConnSlot, Replay};
+use crate::error::Error;
 use crate::scripts::{self, Call, MAX_BATCH, complete};
 
+use super::complete::note_not_applied;
 use super::pool::{Outstanding, Pool};
 use super::summary::Counters;
 use super::{Delivery, Summary, run_call};
@@ -81,11 +83,16 @@ impl Releaser {
                         .map(|(ticket, _)| *ticket),
                     _ => None,
                 };
-                outstanding
-                    .extract_if(|ticket, _| Some(*ticket) != kept)
-                    .map(|(_, o)| o)
-                    .collect()
+                let (tickets, held): (Vec<_>, Vec<_>) =
+                    outstanding.extract_if(|ticket, _| Some(*ticket) != kept).unzip();
+                note_not_applied(
+                    pool,
+                    tickets.into_iter(),
+                    Error::State("the pool gave the message back at a stop at once; it runs again".into()),
+                );
+                held
             };
+            pool.settled.notify_all();
             let q = &pool.queue;
             let mut slot = ConnSlot::new();
             let mut released = 0;
@@ -205,5 +212,6 @@ pub(super) fn release_buffered(pool: &Pool, slot: &mut ConnSlot, why: ReleaseRea
         outstanding.remove(&d.ticket);
     }
     drop(outstanding);
+    pool.settled.notify_all();
     pool.control.slots.release(waiting.len());
 }
