@@ -42,7 +42,7 @@ pub mod registry;
 pub mod repeat;
 pub mod scale;
 pub mod scripts;
-mod threads;
+pub mod threads;
 mod time;
 mod worker;
 

@@ -1,4 +1,4 @@
-//! Threads the core starts, with every asynchronous signal blocked.
+//! Threads the core (and a binding) starts, with every asynchronous signal blocked.
 //!
 //! A signal sent to the process goes to any thread that does not block it. The host
 //! language's handlers (PHP's pcntl, Python's `signal`) and its blocking calls live
@@ -10,18 +10,19 @@ use std::io;
 use std::thread::JoinHandle;
 
 /// `std::thread::Builder::spawn` with a thread name; the thread starts with every
-/// signal blocked (the mask is inherited, so no signal can reach it before it
-/// runs), and the caller's own mask is kept.
-pub(crate) fn spawn<T: Send + 'static>(
-    name: String,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> io::Result<JoinHandle<T>> {
+/// asynchronous signal blocked (the mask is inherited, so none can reach it before it
+/// runs), and the caller's own mask is kept. A fault of the thread's own (SIGSEGV,
+/// SIGBUS, SIGFPE, SIGILL) stays deliverable, so that it is reported as one.
+pub fn spawn<T: Send + 'static>(name: String, f: impl FnOnce() -> T + Send + 'static) -> io::Result<JoinHandle<T>> {
     // SAFETY: sigset_t is plain data, filled by sigfillset; pthread_sigmask changes
     // only this thread's mask, and the old one is put back before returning.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&raw mut all);
+        for fault in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL] {
+            libc::sigdelset(&raw mut all, fault);
+        }
         libc::pthread_sigmask(libc::SIG_SETMASK, &raw const all, &raw mut old);
         let spawned = std::thread::Builder::new().name(name).spawn(f);
         libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, std::ptr::null_mut());
@@ -47,6 +48,11 @@ mod tests {
             .join()
             .expect("join");
         assert_eq!(inside, (true, true));
+        let fault = super::spawn("t".into(), move || blocked(libc::SIGSEGV))
+            .expect("spawn")
+            .join()
+            .expect("join");
+        assert!(!fault, "a thread's own fault stays deliverable");
         assert_eq!(blocked(libc::SIGTERM), before);
     }
 }

@@ -90,7 +90,7 @@ pub(crate) fn watch(release: impl FnOnce() -> usize + Send + 'static) -> Option<
         return None;
     }
     let [read_fd, write_fd] = fds;
-    let thread = std::thread::Builder::new().name("delayq-signal".into()).spawn(move || {
+    let thread = delayq::threads::spawn("delayq-signal".into(), move || {
         let mut byte = 0u8;
         // SAFETY: reads one byte into `byte` from our own pipe.
         while unsafe { libc::read(read_fd, (&raw mut byte).cast(), 1) } < 0

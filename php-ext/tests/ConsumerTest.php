@@ -130,6 +130,22 @@ final class ConsumerTest extends TestCase
     public function testASignalForPhpEndsTheWaitAndReachesThePhpThread(): void
     {
         $c = $this->consumer();
+        // The pool's threads block SIGALRM, SIGTERM and SIGINT: none of them takes a
+        // signal meant for PHP's handlers.
+        $pool = 0;
+        foreach (glob('/proc/self/task/*/status') as $status) {
+            $text = (string) @file_get_contents($status);
+            if (!preg_match('/^Name:\s+delayq-/m', $text)) {
+                continue;
+            }
+            $pool++;
+            preg_match('/^SigBlk:\s+([0-9a-f]+)$/m', $text, $m);
+            $blocked = (int) hexdec(substr($m[1], -8));
+            foreach ([SIGALRM, SIGTERM, SIGINT] as $signal) {
+                $this->assertNotSame(0, $blocked & (1 << ($signal - 1)), "$status blocks signal $signal");
+            }
+        }
+        $this->assertGreaterThan(0, $pool, 'the pool has threads named delayq-*');
         pcntl_async_signals(true);
         $alarms = 0;
         pcntl_signal(SIGALRM, function () use (&$alarms) {
