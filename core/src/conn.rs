@@ -384,6 +384,10 @@ impl Endpoint {
                     (Some(u), h) => (format!("{u}@"), h),
                     (None, h) => (String::new(), h),
                 };
+                // Not shown: what follows may hold a password the split above missed.
+                if hosts.contains(['?', '#']) {
+                    return Err(bad("a cluster URL takes no query or fragment (after `?` or `#`)".into()));
+                }
                 let (hosts, path) = hosts.split_once('/').unwrap_or((hosts, ""));
                 // A cluster serves database 0 only (SELECT is refused there).
                 if !matches!(path.trim_matches('/'), "" | "0") {
@@ -403,15 +407,21 @@ impl Endpoint {
                 if let Some(problem) = nodes.iter().find_map(|n| url_problem(n)) {
                     return Err(bad(problem));
                 }
+                let ca = read_ca(&opts)?;
                 let seeds = nodes
                     .iter()
-                    .map(|n| redis::Client::open(n.as_str()).map_err(|e| bad(e.to_string())))
+                    .map(|n| open_client(n, ca.as_ref()).map_err(|e| bad(e.to_string())))
                     .collect::<Result<Vec<_>>>()?;
-                let client = redis::cluster::ClusterClient::builder(nodes)
+                let mut builder = redis::cluster::ClusterClient::builder(nodes)
                     .connection_timeout(opts.connect_timeout)
-                    .response_timeout(opts.read_timeout)
-                    .build()
-                    .map_err(|e| bad(e.to_string()))?;
+                    .response_timeout(opts.read_timeout);
+                if let Some(root) = ca {
+                    builder = builder.certs(redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(root),
+                    });
+                }
+                let client = builder.build().map_err(|e| bad(e.to_string()))?;
                 ClientKind::Cluster(client, seeds)
             }
             other => return Err(bad(format!("unsupported scheme {other:?}"))),

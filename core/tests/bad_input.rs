@@ -472,3 +472,15 @@ fn a_user_or_password_holding_url_delimiters_is_told_to_percent_encode_them() {
     // Percent-encoded, they parse.
     Queue::new("redis://:QJ%3FXK%2F%23%40@127.0.0.1:6379", "q", QueueOptions::default()).expect("encoded");
 }
+
+#[test]
+fn a_cluster_url_with_a_query_says_it_takes_none() {
+    let err = Queue::new(
+        "redis+cluster://127.0.0.1:7000,127.0.0.1:7001/?x=1",
+        "q",
+        QueueOptions::default(),
+    )
+    .expect_err("a query on a cluster URL");
+    assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
+    assert!(err.to_string().contains("takes no query or fragment"), "{err}");
+}

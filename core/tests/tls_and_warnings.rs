@@ -160,6 +160,73 @@ fn rediss_with_a_private_ca_works_and_a_wrong_ca_is_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `rediss+cluster://` takes `tls_ca_file` too: the seed nodes and every node the
+/// cluster names are verified against the private CA.
+#[test]
+fn rediss_cluster_with_a_private_ca_works_and_a_wrong_ca_is_refused() {
+    let dir = std::env::temp_dir().join(format!("delayq-tls-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    make_certs(&dir);
+    let tls_port = common::free_port_with_bus();
+    let (cert, key, ca) = (dir.join("server.pem"), dir.join("server.key"), dir.join("ca.pem"));
+    // One master holding every slot, its bus over TLS too, so that the cluster names
+    // its TLS port.
+    let server = RedisServer::start_with(&[
+        "--cluster-enabled",
+        "yes",
+        "--tls-cluster",
+        "yes",
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        cert.to_str().expect("path"),
+        "--tls-key-file",
+        key.to_str().expect("path"),
+        "--tls-ca-cert-file",
+        ca.to_str().expect("path"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let mut admin = server.con();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16383)
+        .query(&mut admin)
+        .expect("slots");
+    common::wait_for(Duration::from_secs(30), "cluster_state:ok", || {
+        redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query::<String>(&mut admin)
+            .is_ok_and(|i| i.contains("cluster_state:ok"))
+    });
+    let cluster_queue = |ca: &Path| {
+        Queue::new(
+            &format!("rediss+cluster://127.0.0.1:{tls_port}"),
+            "secure",
+            QueueOptions {
+                connect: ConnectOptions {
+                    tls_ca_file: Some(ca.to_path_buf()),
+                    retry_timeout: Duration::from_millis(300),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .expect("valid")
+    };
+    let q = cluster_queue(&ca);
+    let id = q
+        .push(&serde_json::json!({"secret": "over TLS"}), Duration::ZERO)
+        .expect("push over TLS to the cluster");
+    assert!(q.get(&id).expect("get").is_some());
+    let err = cluster_queue(&dir.join("other.pem"))
+        .stats()
+        .expect_err("an unknown CA must be refused");
+    assert_eq!(err.category(), delayq::Category::Connection, "{err:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 struct Captured(Mutex<Vec<String>>);
 
 impl log::Log for Captured {
