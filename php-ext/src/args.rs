@@ -33,7 +33,8 @@ unsafe extern "C" {
     fn zend_argument_type_error(arg_num: u32, format: *const c_char, ...);
     fn zend_argument_error(error_ce: *mut ffi::zend_class_entry, arg_num: u32, format: *const c_char, ...);
     fn zend_get_resource_handle(module_name: *const c_char) -> c_int;
-    // ZEND_API since PHP 8.0: what `zend_add_parameter_attribute()` (an inline) calls.
+    // ZEND_API, with this signature since PHP 8.1: what `zend_add_parameter_attribute()`
+    // (an inline) calls.
     fn zend_add_attribute(
         attributes: *mut *mut ffi::HashTable,
         name: *mut ffi::zend_string,

@@ -114,8 +114,9 @@ impl PhpMessage {
 }
 
 impl Drop for PhpMessage {
-    /// A pulled message dropped undecided fails, so that it runs again after a backoff
-    /// (counted as an attempt) rather than after its lease.
+    /// A pulled message dropped undecided fails (counted as an attempt): it runs again
+    /// after the backoff rather than after its lease, or on its last attempt goes to
+    /// the dead letters.
     fn drop(&mut self) {
         let Some(pulled) = &self.pulled else { return };
         let (Some(d), Ok(consumer)) = (pulled.delivery.borrow_mut().take(), pulled.consumer.try_borrow()) else {

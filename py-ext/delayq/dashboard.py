@@ -8,7 +8,8 @@ from Redis afresh for each request.
 
 `/` lists the queues named and those that pools or producers registered
 (`DelayQueue.registered_queues`) as far as it may open them (see `Registry`: the
-registry is not trusted, and is read within bounds), and shows the named ones in
+registry is not trusted: what it renders and opens is bounded, though the registry
+itself is read whole), and shows the named ones in
 full; `/queue?name=NAME` is one queue's page, with its waiting, running, dead and
 completed messages a page at a time and a search. The charts are inline SVG: the page
 needs nothing from outside. A Redis that does not answer makes the page say so at once
