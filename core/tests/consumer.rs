@@ -1650,7 +1650,7 @@ fn claims_failing_through_an_outage_are_logged_when_it_begins_and_ends() {
     let _ = delayq::capture_logs(log::LevelFilter::Info);
     // Other tests of this binary log too, into a bounded buffer: take ours as they come.
     let mut mine: Vec<String> = Vec::new();
-    let mut take = |mine: &mut Vec<String>| {
+    let take = |mine: &mut Vec<String>| {
         mine.extend(
             delayq::take_logs()
                 .into_iter()
