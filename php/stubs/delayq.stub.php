@@ -36,7 +36,7 @@ final class DelayQueue
      *   PHP-FPM requests after the first one with the same arguments push without connecting
      * @throws DelayQueueInvalidArgumentException on an unknown option or a bad value
      */
-    public function __construct(string $url = 'redis://127.0.0.1:6379', string $queue = 'default', array $options = []) {}
+    public function __construct(#[\SensitiveParameter] string $url = 'redis://127.0.0.1:6379', string $queue = 'default', array $options = []) {}
 
     /**
      * Schedules $payload (array, scalar, null or JsonSerializable) after $delay seconds,
@@ -371,11 +371,21 @@ final class DelayQueue
      * keys by their exact hash tag, its wake-up channels and the commands delayq sends,
      * e.g. `ACL SETUSER app on >PASSWORD resetkeys ~{dq:orders}:* resetchannels
      * &{dq:orders}:wake -@all +evalsha ...`. Replace `PASSWORD` with the user's password
-     * before running it.
+     * before running it. It grants `SCRIPT LOAD`, with which the user may load and run
+     * any Lua (under the same ACL); with $preloadedScripts it does not, and an admin
+     * loads delayq's scripts (loadScripts()) after each restart, failover or SCRIPT FLUSH.
      *
      * @throws DelayQueueInvalidArgumentException if $user is empty
      */
-    public function aclRule(string $user): string {}
+    public function aclRule(string $user, bool $preloadedScripts = false): string {}
+
+    /**
+     * Loads every script of delayq on the server (each node of a cluster), as an admin,
+     * for users whose rule lacks SCRIPT LOAD (aclRule($user, preloadedScripts: true)).
+     *
+     * @return int how many scripts were loaded
+     */
+    public function loadScripts(): int {}
 
     /**
      * Moves every waiting message (scheduled or due, not yet claimed) to the queue $to,
@@ -541,8 +551,9 @@ final class DelayQueueConsumer
     public function receive(float $timeout = 1.0): ?DelayQueueMessage {}
 
     /**
-     * Seconds until the next message of its queues is due as far as the pool knows,
-     * 0.0 when one is due now, null when none is known: a caller about to sleep
+     * Seconds until a message of its queues may next be taken as far as the pool knows
+     * (the next due one, or a lease that ends sooner), 0.0 when one is due now, null
+     * when none is known: a caller about to sleep
      * before it asks again may wait for that message instead.
      */
     public function nextDueIn(): ?float {}
