@@ -70,6 +70,10 @@ summary{cursor:pointer}pre.trace{font-size:.85em;max-width:70em;overflow-x:auto;
 """
 
 
+class _Full(Exception):
+    """`_clipped` has what it shows."""
+
+
 def _clipped(value: Any, limit: int, compact: bool = False, strings: bool = False) -> tuple[str, bool]:
     """`value` as shown (a string as it is unless `strings`, anything else as JSON,
     `compact` without blanks), at most `limit` characters, and whether it was cut. A
@@ -81,15 +85,12 @@ def _clipped(value: Any, limit: int, compact: bool = False, strings: bool = Fals
     parts: list[str] = []
     size = 0
 
-    class Full(Exception):
-        pass
-
     def put(text: str) -> None:
         nonlocal size
         parts.append(text)
         size += len(text)
         if size > limit:
-            raise Full
+            raise _Full
 
     def walk(v: Any) -> None:
         if isinstance(v, dict):
@@ -113,7 +114,7 @@ def _clipped(value: Any, limit: int, compact: bool = False, strings: bool = Fals
 
     try:
         walk(value)
-    except Full:
+    except _Full:
         return "".join(parts)[:limit], True
     return "".join(parts), False
 
