@@ -51,6 +51,33 @@ static BUFFER: Buffered = Buffered {
     dropped: AtomicU64::new(0),
 };
 
+/// `text` with control characters (tab kept) and bidirectional overrides written as
+/// escapes (`\x1b`, `\u202e`): a log line holds texts that handlers and payloads
+/// chose (an exception's message), which must not drive the terminal, forge a line of
+/// their own, or reorder what is shown.
+pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    use std::fmt::Write;
+    let shown = |c: char| c == '\t' || !(c.is_control() || is_bidi_control(c));
+    if text.chars().all(shown) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if shown(c) {
+            out.push(c);
+        } else if u32::from(c) < 0x100 {
+            let _ = write!(out, "\\x{:02x}", u32::from(c));
+        } else {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// A lock held by a thread that a `fork()` left behind is never released in the
 /// child: a record is then dropped (and counted), not waited for.
 const LOCK_WAIT: Duration = Duration::from_millis(20);
@@ -69,7 +96,7 @@ impl log::Log for Buffered {
             record: LogRecord {
                 level: record.level(),
                 target: record.target().to_owned(),
-                message: record.args().to_string(),
+                message: printable(&record.args().to_string()).into_owned(),
             },
         };
         match self.records.try_lock_for(LOCK_WAIT) {
@@ -166,6 +193,15 @@ mod tests {
         assert_eq!(logger_name("delayq::workers"), "delayq.workers");
         assert_eq!(logger_name("delayq::host::supervisor"), "delayq.host.supervisor");
         assert_eq!(logger_name("rustls::client"), "delayq.rustls.client");
+    }
+
+    #[test]
+    fn controls_and_bidi_overrides_are_escaped_and_tabs_kept() {
+        assert_eq!(super::printable("plain\ttext é"), "plain\ttext é");
+        assert_eq!(
+            super::printable("\u{1b}[31mred\nforged\r\u{9b}\u{202e}x\u{7f}"),
+            "\\x1b[31mred\\x0aforged\\x0d\\x9b\\u202ex\\x7f"
+        );
     }
 
     // One test: the logger is global to the test binary.

@@ -88,6 +88,24 @@ final class LoggingTest extends TestCase
         }
     }
 
+    public function testControlCharactersOfAnErrorAreEscapedInTheLog(): void
+    {
+        $server = $GLOBALS['DELAYQ_REDIS'];
+        $server->redis()->flushAll();
+        $q = new DelayQueue($server->url(), 'jobs');
+        $id = $q->push(['n' => 1]);
+        $worker = new DelayQueueWorker($q, ['backoff_base' => 60]);
+        $worker->run(function () use ($worker) {
+            $worker->stop();
+            throw new DomainException("\e[2J\e[31mforged\n[delayq warning] all good\u{202e}");
+        });
+        $warnings = $this->logged('warning');
+        $this->assertCount(1, $warnings, implode("\n", $warnings));
+        $this->assertStringContainsString("message $id failed", $warnings[0]);
+        $this->assertStringContainsString('\x1b[2J\x1b[31mforged\x0a[delayq warning] all good\u202e', $warnings[0]);
+        $this->assertStringNotContainsString("\e", $warnings[0]);
+    }
+
     public function testAnEvictingRedisIsReportedOnceAsAWarning(): void
     {
         $evicting = new RedisServer(['--maxmemory-policy', 'allkeys-lru']);
