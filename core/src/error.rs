@@ -384,7 +384,8 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
             acl_hint(user)
         );
     }
-    if no_perm && upper.contains("SCRIPT|LOAD") {
+    // Redis 7 names the subcommand, Redis 6 only the command (SCRIPT LOAD is the one sent).
+    if no_perm && (upper.contains("SCRIPT|LOAD") || upper.contains("'SCRIPT' COMMAND")) {
         return format!(
             "this Redis does not have delayq's scripts (after a restart, a failover or SCRIPT FLUSH), and user \
              {user:?} may not load them ({text}): an admin loads them with `delayq load-scripts` \
@@ -451,6 +452,17 @@ mod tests {
         ] {
             let err = server_error(kind, "not ready");
             assert!(err.is_retryable(), "{kind:?}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn a_refused_script_load_says_an_admin_loads_the_scripts_on_redis_6_and_7() {
+        for text in [
+            "this user has no permissions to run the 'script|load' command",
+            "this user has no permissions to run the 'script' command or its subcommand",
+        ] {
+            let err = server_error(ServerErrorKind::NoPerm, text);
+            assert!(err.to_string().contains("`delayq load-scripts`"), "{err}");
         }
     }
 
