@@ -64,7 +64,8 @@ pub(super) struct Pool {
     pub(super) outstanding: Mutex<HeldMap>,
     /// Notified when completions leave `outstanding` (see `Consumer::wait_written`).
     pub(super) settled: Condvar,
-    /// The last completions given up on, and why (see `complete::note_unwritten`).
+    /// The last completions that did not take effect as decided (given up on, a lost
+    /// lease, a stop at once), and why (see `complete::note_not_applied`).
     pub(super) unwritten: Mutex<std::collections::VecDeque<(Ticket, Arc<Error>)>>,
     /// Deliveries the caller works on at once (its handler threads or tasks).
     pub(super) handlers: usize,
