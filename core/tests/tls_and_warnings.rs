@@ -104,9 +104,9 @@ fn make_certs(dir: &Path) {
     );
 }
 
-fn tls_queue(port: u16, ca: &Path) -> Queue {
+fn tls_queue(url: &str, ca: &Path) -> Queue {
     Queue::new(
-        &format!("rediss://127.0.0.1:{port}"),
+        url,
         "secure",
         QueueOptions {
             connect: ConnectOptions {
@@ -143,7 +143,7 @@ fn rediss_with_a_private_ca_works_and_a_wrong_ca_is_refused() {
         "--tls-auth-clients",
         "no",
     ]);
-    let q = tls_queue(tls_port, &ca);
+    let q = tls_queue(&format!("rediss://127.0.0.1:{tls_port}"), &ca);
     let id = q
         .push(&serde_json::json!({"secret": "over TLS"}), Duration::ZERO)
         .expect("push over TLS");
@@ -154,7 +154,7 @@ fn rediss_with_a_private_ca_works_and_a_wrong_ca_is_refused() {
     // The plain port of the same server sees the message: it really went through TLS.
     assert_eq!(server.queue("secure").stats().expect("stats").ready, 1);
 
-    let wrong = tls_queue(tls_port, &dir.join("other.pem"));
+    let wrong = tls_queue(&format!("rediss://127.0.0.1:{tls_port}"), &dir.join("other.pem"));
     let err = wrong.stats().expect_err("an unknown CA must be refused");
     assert!(matches!(err, Error::Connection { .. }), "{err:?}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -200,27 +200,13 @@ fn rediss_cluster_with_a_private_ca_works_and_a_wrong_ca_is_refused() {
             .query::<String>(&mut admin)
             .is_ok_and(|i| i.contains("cluster_state:ok"))
     });
-    let cluster_queue = |ca: &Path| {
-        Queue::new(
-            &format!("rediss+cluster://127.0.0.1:{tls_port}"),
-            "secure",
-            QueueOptions {
-                connect: ConnectOptions {
-                    tls_ca_file: Some(ca.to_path_buf()),
-                    retry_timeout: Duration::from_millis(300),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .expect("valid")
-    };
-    let q = cluster_queue(&ca);
+    let url = format!("rediss+cluster://127.0.0.1:{tls_port}");
+    let q = tls_queue(&url, &ca);
     let id = q
         .push(&serde_json::json!({"secret": "over TLS"}), Duration::ZERO)
         .expect("push over TLS to the cluster");
     assert!(q.get(&id).expect("get").is_some());
-    let err = cluster_queue(&dir.join("other.pem"))
+    let err = tls_queue(&url, &dir.join("other.pem"))
         .stats()
         .expect_err("an unknown CA must be refused");
     assert_eq!(err.category(), delayq::Category::Connection, "{err:?}");

@@ -40,9 +40,7 @@ final class QueueDriverTest extends TestCase
         $worker = $this->app->start(['queue:work', '--sleep=1']);
 
         wait_for(30, 'the job to run', fn () => count($this->app->runs()) >= 1);
-        $this->waitUntilDrained();
-        posix_kill($worker, SIGTERM);
-        $this->assertSame(0, $this->app->waitFor($worker, 30), $this->app->output());
+        $this->drainThenStop($worker);
 
         $runs = $this->app->runs();
         $this->assertCount(1, $runs, 'ran exactly once');
@@ -103,9 +101,7 @@ final class QueueDriverTest extends TestCase
         touch($this->app->log . '.fixed');
         $this->app->mustRun(['queue:retry', 'all']);
         wait_for(30, 'the retried job to run', fn () => count($this->app->runs()) === 4);
-        $this->waitUntilDrained();
-        posix_kill($worker, SIGTERM);
-        $this->assertSame(0, $this->app->waitFor($worker, 30), $this->app->output());
+        $this->drainThenStop($worker);
 
         $last = $this->app->runs()[3];
         $this->assertSame('ran', $last['event']);
@@ -127,9 +123,7 @@ final class QueueDriverTest extends TestCase
         // retry_after (the lease) is 2 s: a new worker gets the job once it has passed.
         $second = $this->app->start(['queue:work', '--sleep=1']);
         wait_for(60, 'the job to run again', fn () => count($this->app->runs()) === 3);
-        $this->waitUntilDrained();
-        posix_kill($second, SIGTERM);
-        $this->assertSame(0, $this->app->waitFor($second, 30), $this->app->output());
+        $this->drainThenStop($second);
 
         $runs = $this->app->runs();
         $this->assertSame(['started', 'started', 'ran'], array_column($runs, 'event'));
@@ -212,9 +206,7 @@ final class QueueDriverTest extends TestCase
 
         // Once the dead worker's lease has passed, the job comes back to the other one.
         wait_for(30, 'the second attempt to finish', fn () => count($this->app->runs()) === 3);
-        $this->waitUntilDrained();
-        posix_kill($second, SIGTERM);
-        $this->assertSame(0, $this->app->waitFor($second, 30), $this->app->output());
+        $this->drainThenStop($second);
 
         $runs = $this->app->runs();
         $this->assertSame(['started', 'started', 'ran'], array_column($runs, 'event'));
@@ -233,9 +225,7 @@ final class QueueDriverTest extends TestCase
         // An empty pop() makes queue:work sleep 10 s: the job due meanwhile must not wait for its end.
         $worker = $this->app->start(['queue:work', '--sleep=10'], $env);
         wait_for(30, 'the job to run', fn () => count($this->app->runs()) === 1);
-        $this->waitUntilDrained();
-        posix_kill($worker, SIGTERM);
-        $this->assertSame(0, $this->app->waitFor($worker, 30), $this->app->output());
+        $this->drainThenStop($worker);
 
         $at = $this->app->runs()[0]['at'];
         $this->assertGreaterThanOrEqual($due - 0.01, $at, 'not before its due time');
@@ -289,7 +279,9 @@ final class QueueDriverTest extends TestCase
 
     public function testRedisDownUnderQueueWorkIsReportedAsWithLaravelsRedisDriver(): void
     {
-        $outage = 12;
+        // Long enough for the pool's idle look (idle_check, 5 s) to meet the outage, then
+        // for several pops to report it, even on a loaded machine.
+        $outage = 20;
         foreach (['delayq', 'redis'] as $connection) {
             $seen[$connection] = $this->redisOutage($connection, $outage);
         }
@@ -427,6 +419,14 @@ final class QueueDriverTest extends TestCase
     private function queue(): DelayQueue
     {
         return new DelayQueue($this->redis->url(), 'default');
+    }
+
+    /** Once the queue is drained, SIGTERM stops the worker, which exits 0. */
+    private function drainThenStop(int $worker): void
+    {
+        $this->waitUntilDrained();
+        posix_kill($worker, SIGTERM);
+        $this->assertSame(0, $this->app->waitFor($worker, 30), $this->app->output());
     }
 
     private function waitUntilDrained(): void
