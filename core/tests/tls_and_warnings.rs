@@ -104,6 +104,32 @@ fn make_certs(dir: &Path) {
     );
 }
 
+/// A redis-server that also listens with TLS on `tls_port`, with `make_certs`'s
+/// certificates in `dir`, and `extra` arguments.
+fn tls_server(dir: &Path, tls_port: u16, extra: &[&str]) -> RedisServer {
+    let path = |name: &str| dir.join(name).to_str().expect("path").to_owned();
+    let (port, cert, key, ca) = (
+        tls_port.to_string(),
+        path("server.pem"),
+        path("server.key"),
+        path("ca.pem"),
+    );
+    let mut args = extra.to_vec();
+    args.extend([
+        "--tls-port",
+        &port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    RedisServer::start_with(&args)
+}
+
 fn tls_queue(url: &str, ca: &Path) -> Queue {
     Queue::new(
         url,
@@ -130,19 +156,8 @@ fn rediss_with_a_private_ca_works_and_a_wrong_ca_is_refused() {
         .local_addr()
         .expect("addr")
         .port();
-    let (cert, key, ca) = (dir.join("server.pem"), dir.join("server.key"), dir.join("ca.pem"));
-    let server = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port.to_string(),
-        "--tls-cert-file",
-        cert.to_str().expect("path"),
-        "--tls-key-file",
-        key.to_str().expect("path"),
-        "--tls-ca-cert-file",
-        ca.to_str().expect("path"),
-        "--tls-auth-clients",
-        "no",
-    ]);
+    let ca = dir.join("ca.pem");
+    let server = tls_server(&dir, tls_port, &[]);
     let q = tls_queue(&format!("rediss://127.0.0.1:{tls_port}"), &ca);
     let id = q
         .push(&serde_json::json!({"secret": "over TLS"}), Duration::ZERO)
@@ -168,25 +183,10 @@ fn rediss_cluster_with_a_private_ca_works_and_a_wrong_ca_is_refused() {
     std::fs::create_dir_all(&dir).expect("dir");
     make_certs(&dir);
     let tls_port = common::free_port_with_bus();
-    let (cert, key, ca) = (dir.join("server.pem"), dir.join("server.key"), dir.join("ca.pem"));
+    let ca = dir.join("ca.pem");
     // One master holding every slot, its bus over TLS too, so that the cluster names
     // its TLS port.
-    let server = RedisServer::start_with(&[
-        "--cluster-enabled",
-        "yes",
-        "--tls-cluster",
-        "yes",
-        "--tls-port",
-        &tls_port.to_string(),
-        "--tls-cert-file",
-        cert.to_str().expect("path"),
-        "--tls-key-file",
-        key.to_str().expect("path"),
-        "--tls-ca-cert-file",
-        ca.to_str().expect("path"),
-        "--tls-auth-clients",
-        "no",
-    ]);
+    let server = tls_server(&dir, tls_port, &["--cluster-enabled", "yes", "--tls-cluster", "yes"]);
     let mut admin = server.con();
     let _: () = redis::cmd("CLUSTER")
         .arg("ADDSLOTSRANGE")
