@@ -233,6 +233,7 @@ impl Worker {
             group: OnceLock::new(),
             overdue: AtomicUsize::new(0),
             claim_failures: (0..self.queue.partitions()).map(|_| Mutex::new(None)).collect(),
+            failing_parts: AtomicUsize::new(0),
             minutes: crate::metrics::Tally::new(self.queue.partitions()),
         });
         (pool, deliver_tx, deliver_rx)

@@ -110,6 +110,8 @@ pub(super) struct Pool {
     /// Per partition: why its claims fail, while they do (see `yields_to_higher`,
     /// `Consumer::claim_failure`).
     pub(super) claim_failures: Vec<Mutex<Option<ClaimFailure>>>,
+    /// How many of `claim_failures` hold one: read on the hand-out's path, locked never.
+    pub(super) failing_parts: AtomicUsize,
     /// What its handlers did by minute, for the queue's per-minute records.
     pub(super) minutes: crate::metrics::Tally,
 }
@@ -124,7 +126,7 @@ pub(super) struct ClaimFailure {
 impl Pool {
     /// Some partition's claims fail (its Redis is down, a permission was taken away).
     pub(super) fn claims_fail(&self) -> bool {
-        self.claim_failures.iter().any(|f| f.lock().is_some())
+        self.failing_parts.load(Ordering::Acquire) > 0
     }
 
     /// A claim of `part` failed with `e`: logged when the outage begins and when its
@@ -144,6 +146,9 @@ impl Pool {
                 log::warn!("{line}");
             }
         }
+        if failure.is_none() {
+            self.failing_parts.fetch_add(1, Ordering::AcqRel);
+        }
         let (since, tries) = failure.as_ref().map_or((at, 0), |f| (f.since, f.tries));
         *failure = Some(ClaimFailure {
             error: Arc::new(e),
@@ -156,6 +161,7 @@ impl Pool {
     pub(super) fn note_claim_went_through(&self, part: usize) {
         let mut failure = self.claim_failures[part].lock();
         if let Some(f) = failure.take() {
+            self.failing_parts.fetch_sub(1, Ordering::AcqRel);
             log::warn!(
                 "delayq[{}]: claims work again, after {} failed over {}",
                 self.queue_name,
