@@ -1,6 +1,7 @@
-"""Where Redis spends a push of one message (issue 29, item 4: a push per call against
-`redis-benchmark -c 1 -t zadd`). push.lua as the crate composes it, and copies of it
-with one part cut out, each sent N times with one message from one client; Redis's own
+"""Where Redis spends a push of one message (issues 29 and 54): the plain script of
+issue 54 (the least a server-clocked push that wakes idle pools needs), push_one.lua
+(what a push of one message sends), push.lua as the crate composes it, and copies of
+push.lua with one part cut out, each sent N times with one message from one client; Redis's own
 time per call from `INFO commandstats` (`usec_per_call` of EVALSHA), or with
 --callgrind Redis's instructions per call under valgrind's callgrind (one round: counts
 repeat where times move; the first call, which compiles the script, is not counted).
@@ -52,6 +53,20 @@ def variants(lua: str) -> dict[str, str]:
     }
 
 
+# The least a server-clocked push that wakes idle pools needs (issue 54): no queue
+# clock, no order within a millisecond, no fault handling. KEYS: messages scheduled
+# stats channel; ARGV: id, delay, envelope.
+PLAIN = """local t = redis.call('TIME')
+local ms = t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2])
+local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[2], ms, ARGV[1])
+redis.call('HINCRBY', KEYS[3], 'pushed', 1)
+if head[2] == nil or tonumber(head[2]) > ms then redis.call('PUBLISH', KEYS[4], ms) end
+return ms
+"""
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=3000)
@@ -60,33 +75,45 @@ def main() -> None:
     p.add_argument("--label", default="push-call-cost")
     args = p.parse_args()
     rounds = args.rounds or (1 if args.callgrind else 3)
-    script = composed(ROOT / "core" / "src" / "lua")["push"]
+    scripts = composed(ROOT / "core" / "src" / "lua")
+    script, one = scripts["push"], scripts["push_one"]
     keys = ["{dq:bench}:" + role for role in script["keys"]]
+    one_keys = ["{dq:bench}:" + role for role in one["keys"]]
     rows: dict[str, list[float]] = {}
+    plain_name = "the plain script of issue 54 (TIME, ZRANGE head, HSET, ZADD, HINCRBY, PUBLISH when earliest)"
+    one_name = "push_one.lua as committed (what `push` sends)"
 
-    def push(r: redis_py.Redis, sha: str, i: int) -> None:
+    def push(r: redis_py.Redis, sha: str, i: int, name: str) -> None:
         mid = str(uuid.uuid4())
         # The body without its opening brace, as the core sends it (the script writes
         # the stamp and the brace).
         body = '"v":1,"id":"%s","created_ms":1,"payload":{"order_id":%d,"action":"close"}}' % (mid, i)
-        r.evalsha(sha, len(keys), *keys, "native", "{dq:bench}:wake", "new", 1, "delay", 60000, "ordered", mid, body)
+        if name == plain_name:
+            r.evalsha(sha, 4, "{dq:bench}:messages", "{dq:bench}:scheduled", "{dq:bench}:stats", "{dq:bench}:wake",
+                      mid, 60000, "{" + body)
+        elif name == one_name:
+            r.evalsha(sha, len(one_keys), *one_keys, "native", "{dq:bench}:wake", "delay", 60000, mid, body)
+        else:
+            r.evalsha(sha, len(keys), *keys, "native", "{dq:bench}:wake", "new", 1, "delay", 60000, "ordered", mid,
+                      body)
 
     for _ in range(rounds):
-        for name, text in variants(script["lua"]).items():
+        texts = {plain_name: PLAIN, one_name: one["lua"], **variants(script["lua"])}
+        for name, text in texts.items():
             server = run.CallgrindRedis() if args.callgrind else run.Redis()
             try:
                 r = redis_py.Redis(port=server.port)
                 sha = r.script_load(text)
-                push(r, sha, 0)
+                push(r, sha, 0, name)
                 if isinstance(server, run.CallgrindRedis):
                     server.instructions()
                     for i in range(1, args.n + 1):
-                        push(r, sha, i)
+                        push(r, sha, i, name)
                     rows.setdefault(name, []).append(server.instructions() / args.n)
                 else:
                     r.config_resetstat()
                     for i in range(1, args.n + 1):
-                        push(r, sha, i)
+                        push(r, sha, i, name)
                     rows.setdefault(name, []).append(
                         float(r.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]))
             finally:

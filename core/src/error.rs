@@ -377,10 +377,15 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
     let upper = text.to_ascii_uppercase();
     let no_perm = no_perm || upper.contains("NOPERM") || text.contains("can't run this command");
     if let Some(rest) = text.split_once("delayq script ").map(|(_, r)| r).filter(|_| no_perm) {
-        // "<script> runs <COMMAND>[ on <key or channel>]", from the scripts' preflight.
+        // "<script> runs <COMMAND>[ on <key or channel>][ (undone)]", from the scripts'
+        // preflight or include/guard.lua.
         let (script, what) = rest.split_once(" runs ").unwrap_or((rest, ""));
+        let (what, written) = match what.strip_suffix(" (undone)") {
+            Some(what) => (what, "what it had written was taken back"),
+            None => (what, "nothing was written"),
+        };
         return format!(
-            "user {user:?} may not run {what} (delayq's {script} script needs it); nothing was written. {}",
+            "user {user:?} may not run {what} (delayq's {script} script needs it); {written}. {}",
             acl_hint(user)
         );
     }
@@ -425,9 +430,13 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
 fn wrong_type_text(rest: &str) -> String {
     let rest = rest.split(" script: ").next().unwrap_or(rest).trim();
     let (script, what) = rest.split_once(": ").unwrap_or(("", rest));
+    let (what, stopped) = match what.strip_suffix(" (undone)") {
+        Some(what) => (what, "stopped and took back what it had written"),
+        None => (what, "stopped before writing anything"),
+    };
     format!(
-        "{what} (another program wrote that key, or two queues share it); delayq's {script} script stopped before \
-         writing anything: rename or delete that key"
+        "{what} (another program wrote that key, or two queues share it); delayq's {script} script {stopped}: \
+         rename or delete that key"
     )
 }
 
@@ -530,6 +539,36 @@ mod tests {
             "{text}"
         );
         assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn a_fault_after_a_write_that_was_undone_says_so() {
+        let wrong = server_error(
+            ServerErrorKind::ResponseError,
+            "WRONGTYPE delayq script push_one: key {dq:o}:stats holds a string, delayq keeps a hash there (undone)",
+        )
+        .to_string();
+        assert!(
+            wrong.starts_with("key {dq:o}:stats holds a string, delayq keeps a hash there ("),
+            "{wrong}"
+        );
+        assert!(
+            wrong.contains("took back what it had written") && !wrong.contains("before writing"),
+            "{wrong}"
+        );
+        let perm = server_error(
+            ServerErrorKind::NoPerm,
+            "NOPERM delayq script push_one runs HINCRBY on {dq:o}:stats (undone)",
+        )
+        .to_string();
+        assert!(
+            perm.contains("may not run HINCRBY on {dq:o}:stats (delayq's push_one"),
+            "{perm}"
+        );
+        assert!(
+            perm.contains("what it had written was taken back") && !perm.contains("nothing was written"),
+            "{perm}"
+        );
     }
 
     #[test]

@@ -155,6 +155,7 @@ impl Queue {
             let starts = std::iter::once(0).chain(ends.iter().copied());
             let args = push::Args {
                 check_existing: sent.get() || members.iter().any(|&i| batch[i].options.id.is_some()),
+                native: matches!(layout, Layout::Native),
                 messages: members
                     .iter()
                     .zip(starts.zip(&ends))
@@ -359,7 +360,8 @@ impl Queue {
     /// counts from it, so that the batch keeps its push order.
     fn client_stamps(&self, batch: &[NewMessage]) -> Result<Vec<Option<(i64, bool)>>> {
         let inner = &*self.inner;
-        if !matches!(inner.opts.layout, Layout::Native) {
+        // One message goes to push_one.lua, which stamps it.
+        if !matches!(inner.opts.layout, Layout::Native) || batch.len() == 1 {
             return Ok(vec![None; batch.len()]);
         }
         let stampable =

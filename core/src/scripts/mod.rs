@@ -347,6 +347,7 @@ pub const ARITIES: &[(&str, i32)] = &[
     ("HMGET", -3),
     ("HSCAN", -3),
     ("HSET", -4),
+    ("HSETNX", 4),
     ("INCRBY", 3),
     // A fixed arity before Redis took its NX/XX/GT/LT options: the same words fit both.
     ("PEXPIRE", -3),
@@ -381,6 +382,9 @@ pub struct LuaScript {
     /// without one of them gets an auth error before the script writes anything,
     /// except for [`TYPE_CHECK`], which the script then goes without.
     pub commands: Vec<String>,
+    /// It runs without the preflight (include/guard.lua): a command it runs only to
+    /// undo its writes after a fault is not needed for a call to succeed.
+    pub guarded: bool,
 }
 
 impl LuaScript {
@@ -400,21 +404,25 @@ pub(crate) struct Composed {
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) used: BTreeSet<String>,
     pub(crate) commands: Vec<String>,
+    pub(crate) guarded: bool,
 }
 
 /// `-- @include` and `-- KEYS:` lines of a file's leading comment block.
-fn header(text: &str) -> (Vec<&str>, Option<Vec<&str>>) {
+fn header(text: &str) -> (Vec<&str>, Option<Vec<&str>>, bool) {
     let mut includes = Vec::new();
     let mut keys = None;
+    let mut guarded = false;
     for line in text.lines().take_while(|l| l.starts_with("--")) {
         let rest = line.trim_start_matches('-').trim();
-        if let Some(name) = rest.strip_prefix("@include ") {
+        if rest == "@guarded" {
+            guarded = true;
+        } else if let Some(name) = rest.strip_prefix("@include ") {
             includes.push(name.trim());
         } else if let Some(list) = rest.strip_prefix("KEYS:") {
             keys = Some(list.split_whitespace().collect());
         }
     }
-    (includes, keys)
+    (includes, keys, guarded)
 }
 
 /// The text with comments cut, for reading the names and commands it uses (no string
@@ -472,12 +480,90 @@ fn words(code: &str, prefix: &str) -> BTreeSet<String> {
     out
 }
 
+/// The includes' texts without the top-level functions (`local function NAME(` to a
+/// line `end` at the left margin) that neither `body` nor any function it keeps names:
+/// Redis runs a script whole at every call, so an unused function's definition costs
+/// every call. Comments and other top-level lines stay.
+fn without_unused_functions(texts: &[String], body: &str) -> Vec<String> {
+    // Each include as pieces: (function name or None, text).
+    let pieces: Vec<Vec<(Option<String>, String)>> = texts
+        .iter()
+        .map(|text| {
+            let mut out: Vec<(Option<String>, String)> = Vec::new();
+            let mut open: Option<(String, String)> = None;
+            for line in text.lines() {
+                if let Some((name, mut acc)) = open.take() {
+                    acc.push_str(line);
+                    acc.push('\n');
+                    if line == "end" {
+                        out.push((Some(name), acc));
+                    } else {
+                        open = Some((name, acc));
+                    }
+                } else if let Some(rest) = line.strip_prefix("local function ") {
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    open = Some((name, format!("{line}\n")));
+                } else {
+                    out.push((None, format!("{line}\n")));
+                }
+            }
+            if let Some((name, acc)) = open {
+                out.push((Some(name), acc));
+            }
+            out
+        })
+        .collect();
+    let mut reachable = code_of(body);
+    for (name, text) in pieces.iter().flatten() {
+        if name.is_none() {
+            reachable.push_str(&code_of(text));
+        }
+    }
+    let mut kept: BTreeSet<&str> = BTreeSet::new();
+    loop {
+        let named: BTreeSet<String> = words_in(&reachable).into_iter().map(str::to_owned).collect();
+        let mut grew = false;
+        for (name, text) in pieces.iter().flatten() {
+            if let Some(name) = name
+                && !kept.contains(name.as_str())
+                && named.contains(name)
+            {
+                kept.insert(name);
+                reachable.push_str(&code_of(text));
+                grew = true;
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    pieces
+        .iter()
+        .map(|p| {
+            p.iter()
+                .filter(|(name, _)| name.as_deref().is_none_or(|n| kept.contains(n)))
+                .map(|(_, text)| text.as_str())
+                .collect()
+        })
+        .collect()
+}
+
+/// Every identifier in `code`.
+fn words_in(code: &str) -> BTreeSet<&str> {
+    code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
 /// Compose script `name` from files that `load` reads (`"claim.lua"`,
 /// `"include/serial.lua"`), as the crate does at start and `examples/scripts.rs` does
 /// for the benches' copies.
 pub(crate) fn compose(name: &str, load: &dyn Fn(&str) -> Option<String>) -> Result<Composed, String> {
     let body = load(&format!("{name}.lua")).ok_or_else(|| format!("no script {name}.lua"))?;
-    let (includes, declared) = header(&body);
+    let (includes, declared, guarded) = header(&body);
     let declared = declared.ok_or_else(|| format!("{name}.lua: its header has no `-- KEYS:` line"))?;
     let mut keys = Vec::new();
     for role in &declared {
@@ -516,6 +602,15 @@ pub(crate) fn compose(name: &str, load: &dyn Fn(&str) -> Option<String>) -> Resu
     }
     for inc in std::iter::once("base").chain(includes) {
         visit(inc, load, &mut order, &mut texts, &mut Vec::new()).map_err(|e| format!("{name}.lua: {e}"))?;
+    }
+    // The includes after guard call Redis through it; without it, through the preflight.
+    if guarded != (order.get(1).map(String::as_str) == Some("guard")) {
+        return Err(format!(
+            "{name}.lua: a `-- @guarded` script has guard as its first include, and only it"
+        ));
+    }
+    if !guarded && order.iter().any(|o| o == "guard") {
+        return Err(format!("{name}.lua: includes guard without `-- @guarded`"));
     }
 
     let mut code = String::new();
@@ -591,17 +686,30 @@ pub(crate) fn compose(name: &str, load: &dyn Fn(&str) -> Option<String>) -> Resu
         text.push_str(&format!("local {} = {}\n", vars.join(", "), slots.join(", ")));
     }
     text.push_str("local LAYOUT, CHANNEL = ARGV[1], ARGV[2]\nlocal SEED = LAYOUT == 'seed'\n");
+    let texts = without_unused_functions(&texts, &body);
+    if guarded {
+        // What include/guard.lua names a fault with.
+        text.push_str(&format!("local SCRIPT = '{name}'\nlocal function KIND_OF(key)\n"));
+        for &i in &keys {
+            let Role { var, kind, .. } = ROLES[i];
+            text.push_str(&format!("  if key == {var} then return '{kind}' end\n"));
+        }
+        text.push_str("  return '?'\nend\n");
+    }
     for t in &texts {
         text.push_str(t);
         text.push('\n');
     }
-    text.push_str(&preflight);
+    if !guarded {
+        text.push_str(&preflight);
+    }
     text.push_str(&body);
     Ok(Composed {
         text,
         keys,
         used,
         commands: commands.into_iter().collect(),
+        guarded,
     })
 }
 
@@ -624,6 +732,7 @@ lua_files!(
     "include/completed.lua",
     "include/dead.lua",
     "include/forget.lua",
+    "include/guard.lua",
     "include/hashtable.lua",
     "include/hdel_if_any.lua",
     "include/minutes.lua",
@@ -660,6 +769,7 @@ lua_files!(
     "pause.lua",
     "purge.lua",
     "push.lua",
+    "push_one.lua",
     "push_replace.lua",
     "release.lua",
     "repeat_del.lua",
@@ -680,6 +790,7 @@ fn load(name: &'static str) -> LuaScript {
             script: redis::Script::new(&c.text),
             keys: c.keys,
             commands: c.commands,
+            guarded: c.guarded,
         },
         // The files are compiled in and the unit tests compose each one.
         Err(e) => panic!("delayq's Lua script {name} does not compose: {e}"),
@@ -698,6 +809,7 @@ macro_rules! scripts {
 
 scripts!(
     PUSH = "push",
+    PUSH_ONE = "push_one",
     PUSH_REPLACE = "push_replace",
     CLAIM = "claim",
     ACK = "ack",
@@ -853,6 +965,12 @@ mod tests {
         for s in all() {
             let c = compose(s.name, &builtin).expect("composes");
             let body = builtin(&format!("{}.lua", s.name)).expect("body");
+            if header(&body).2 {
+                // A guarded script names its faults through include/guard.lua.
+                assert!(!c.text.contains("-- preflight:"), "{}", s.name);
+                assert!(c.text.contains(&format!("local SCRIPT = '{}'", s.name)), "{}", s.name);
+                continue;
+            }
             let pre = c.text.find("-- preflight: permissions").expect("a preflight");
             assert!(c.text.contains(&format!("delayq script {} runs", s.name)), "{}", s.name);
             assert!(pre < c.text.rfind(&body).expect("the body"), "{}", s.name);

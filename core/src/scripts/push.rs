@@ -1,5 +1,5 @@
-//! push.lua's contract (push_replace.lua's too): one or many messages scheduled in one
-//! call, idempotent per id.
+//! push.lua's contract (push_replace.lua's and push_one.lua's too): one or many
+//! messages scheduled in one call, idempotent per id.
 
 use redis::{FromRedisValue, ParsingError, Value};
 
@@ -34,6 +34,8 @@ pub(crate) struct Args<'a> {
     /// Look each id up: the caller chose it, or this may be a resend. `false` only for
     /// ids delayq generated for this first send, which cannot exist yet.
     pub(crate) check_existing: bool,
+    /// The queue has the native layout (envelopes, not the recipe's bare payloads).
+    pub(crate) native: bool,
     pub(crate) messages: Vec<Message<'a>>,
 }
 
@@ -73,6 +75,11 @@ impl Args<'_> {
     /// pushed alike sends two words a message, not six, and its run of generated ids
     /// takes one score.
     pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
+        if let Some(m) = self.one() {
+            let (timing, ms) = m.due.script_args();
+            inv.arg(timing).arg(ms).arg(m.id).arg(m.envelope);
+            return;
+        }
         inv.arg(if self.check_existing { "check" } else { "new" });
         for run in self.messages.chunk_by(|a, b| a.run_key() == b.run_key()) {
             let (timing, ms, flags) = run[0].run_key();
@@ -109,9 +116,21 @@ impl FromRedisValue for Reply {
 }
 
 impl Args<'_> {
-    /// The script for these messages (see `script_for`).
+    /// The script for these messages: push_one.lua for a single message it takes,
+    /// else see `script_for`.
     pub(crate) fn script(&self) -> &'static LuaScript {
+        if self.one().is_some() {
+            return &super::PUSH_ONE;
+        }
         script_for(self.messages.iter().any(|m| m.replace))
+    }
+
+    /// The message, when the call is one that push_one.lua takes.
+    fn one(&self) -> Option<&Message<'_>> {
+        match self.messages.as_slice() {
+            [m] if self.native && !m.replace && !m.expires && m.serial_key.is_none() && !m.stamped => Some(m),
+            _ => None,
+        }
     }
 }
 
@@ -141,9 +160,12 @@ mod tests {
         };
         let args = |messages| Args {
             check_existing: true,
+            native: true,
             messages,
         };
         assert_eq!(args(vec![m(false), m(false)]).script().name, "push");
+        assert_eq!(args(vec![m(false)]).script().name, "push_one");
+        assert_eq!(args(vec![m(true)]).script().name, "push_replace");
         assert_eq!(args(vec![m(false), m(true)]).script().name, "push_replace");
         assert_eq!(super::super::PUSH.keys.len(), 6);
     }
@@ -189,6 +211,7 @@ mod tests {
         };
         let args = Args {
             check_existing: false,
+            native: true,
             messages: vec![
                 m("a", 5, None),
                 m("b", 5, None),

@@ -34,22 +34,34 @@ end
 -- may step back by less than 1 ms: the pool then wakes that much later, not earlier.
 local queue_now_us = 0
 
--- `learn`: whether this script may write what it finds; scripts that only read tell
--- the time a write would have given.
-local function queue_now(learn)
-  local t = redis.call('TIME')
+-- The queue time at Redis time `t` (TIME's reply), with `c` the clock fields of
+-- :control (clock_ms, step_ms, step_at); then Redis time in ms and, after a step back,
+-- the offset to store (clock_fields).
+local function clock_at(t, c)
   local r = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   queue_now_us = tonumber(t[2]) % 1000
-  local c = redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at')
   local last, step, step_at = tonumber(c[1]), tonumber(c[2]), tonumber(c[3])
   if last and r < last then
     step = offset_at(step, step_at, last) + (last - r)
-    step_at = r
-    if learn then
-      redis.call('HSET', K_CONTROL, 'clock_ms', fmt(r), 'step_ms', fmt(step), 'step_at', fmt(r))
-    end
-  elseif learn then
-    redis.call('HSET', K_CONTROL, 'clock_ms', fmt(r))
+    return r + step, r, step
   end
-  return r + offset_at(step, step_at, r)
+  return r + offset_at(step, step_at, r), r, nil
+end
+
+-- The fields of :control a writing script stores of clock_at's reading.
+local function clock_fields(r, step)
+  if step then
+    return 'clock_ms', fmt(r), 'step_ms', fmt(step), 'step_at', fmt(r)
+  end
+  return 'clock_ms', fmt(r)
+end
+
+-- `learn`: whether this script may write what it finds; scripts that only read tell
+-- the time a write would have given.
+local function queue_now(learn)
+  local now, r, step = clock_at(redis.call('TIME'), redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at'))
+  if learn then
+    redis.call('HSET', K_CONTROL, clock_fields(r, step))
+  end
+  return now
 end
