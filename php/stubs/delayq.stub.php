@@ -121,7 +121,7 @@ final class DelayQueue
      * find(), findField(), deadLetters()) show a stored message larger than 64 KiB as
      * `payload` null and `payload_omitted_bytes` its stored size (payload and metadata;
      * `max_attempts`, `created_at` and `expires_at` are then null too), never read, and
-     * cut an error past 4096 bytes and a trace past 8000 to their start and end around
+     * cut an error past 4096 bytes and a trace past 16 KiB to their start and end around
      * a note: so that a producer writing huge payloads cannot make them too slow to show
      * its queue. `payload_omitted_bytes` is null when the payload is there.
      *

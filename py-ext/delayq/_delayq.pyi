@@ -149,7 +149,7 @@ class DelayQueue:
         ``find_field``, ``dead_letters``) show a stored message larger than 64 KiB as
         ``payload`` None and ``payload_omitted_bytes`` its stored size (payload and
         metadata; ``max_attempts``, ``created_at`` and ``expires_at`` are then None),
-        never read, and cut an error past 4096 bytes and a trace past 8000 to their start
+        never read, and cut an error past 4096 bytes and a trace past 16 KiB to their start
         and end around a note: a producer that writes huge payloads cannot make them too
         slow to show its queue. ``payload_omitted_bytes`` is None when the payload is there."""
     def waiting(self, limit: int = 100, *, start: int = 0) -> list[MessageInfo]:

@@ -13,7 +13,7 @@ seconds.
 The listings (all of the above but ``get()``) leave out a payload whose stored message
 is larger than 64 KiB: ``payload`` is then None and ``payload_omitted_bytes`` its stored
 size (None when the payload is there), and cut an error past 4096 bytes and a trace past
-8000 to their start and end; ``get()`` shows them whole.
+16 KiB to their start and end; ``get()`` shows them whole.
 """
 
 from __future__ import annotations

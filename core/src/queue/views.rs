@@ -97,8 +97,10 @@ impl Queue {
     pub const LISTED_PAYLOAD_BYTES: usize = 64 * 1024;
 
     /// Longest error trace a listing shows whole: a longer one keeps its start and
-    /// its end (the dashboard shows as much).
-    pub const LISTED_TRACE_BYTES: usize = 8000;
+    /// its end. Twice a worker's default `max_trace_bytes`, so that only a trace kept
+    /// past that default (or written by hand) is cut, and more than the dashboard
+    /// shows, which then still points at the whole trace.
+    pub const LISTED_TRACE_BYTES: usize = 16 * 1024;
 }
 
 /// Which messages `Queue::list` shows.
