@@ -63,12 +63,23 @@ fn or_null<T>(value: Option<T>, field: impl FnOnce(T) -> Field) -> Field {
     value.map_or(Field::Null, field)
 }
 
+/// A payload, or null when the listing left it out (`payload_omitted_bytes` then says
+/// its size): "" is no JSON, and null cannot be taken for a payload that is there
+/// once the record says it was left out.
+fn payload(json: &str, omitted: Option<u64>) -> Field {
+    match omitted {
+        Some(_) => Field::Null,
+        None => Field::Json(json.to_owned()),
+    }
+}
+
 /// What `get` shows, and each item of the listings (`waiting`, `inflight`, `completed`).
 pub fn message(m: &MessageInfo) -> Record {
     Record::default()
         .with("id", text(&m.id))
         .with("state", text(m.state.as_str()))
-        .with("payload", Field::Json(m.payload_json.clone()))
+        .with("payload", payload(&m.payload_json, m.payload_omitted_bytes))
+        .with("payload_omitted_bytes", or_null(m.payload_omitted_bytes, count))
         .with("due_at", or_null(m.due_at_ms, at))
         .with("attempts", Field::Int(i64::from(m.attempts)))
         .with("max_attempts", or_null(m.max_attempts, |n| Field::Int(i64::from(n))))
@@ -135,7 +146,8 @@ pub fn worker(w: &WorkerInfo) -> Record {
 pub fn dead_letter(d: &DeadLetter) -> Record {
     Record::default()
         .with("id", text(&d.id))
-        .with("payload", Field::Json(d.payload_json.clone()))
+        .with("payload", payload(&d.payload_json, d.payload_omitted_bytes))
+        .with("payload_omitted_bytes", or_null(d.payload_omitted_bytes, count))
         .with("attempts", Field::Int(i64::from(d.attempts)))
         .with("last_error", text(&d.last_error))
         .with("error_trace", or_null(d.error_trace.as_deref(), text))
@@ -239,6 +251,7 @@ mod samples {
             id: "m".into(),
             state: crate::State::Scheduled,
             payload_json: "{}".into(),
+            payload_omitted_bytes: None,
             due_at_ms: None,
             attempts: 0,
             max_attempts: None,
@@ -262,6 +275,7 @@ mod samples {
         DeadLetter {
             id: "m".into(),
             payload_json: "{}".into(),
+            payload_omitted_bytes: None,
             attempts: 1,
             last_error: "e".into(),
             error_trace: None,
@@ -301,6 +315,24 @@ mod tests {
         assert_eq!(get("dead_at"), Some(Field::Null));
         assert_eq!(get("state"), Some(Field::Text("scheduled".into())));
         assert_eq!(get("payload"), Some(Field::Json("{}".into())));
+        assert_eq!(get("payload_omitted_bytes"), Some(Field::Null));
+    }
+
+    #[test]
+    fn a_payload_left_out_is_null_with_its_size() {
+        let mut m = samples::message();
+        m.payload_json = String::new();
+        m.payload_omitted_bytes = Some(20_000_000);
+        let r = message(&m);
+        let get = |name| r.0.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
+        assert_eq!(get("payload"), Some(Field::Null));
+        assert_eq!(get("payload_omitted_bytes"), Some(Field::Int(20_000_000)));
+        let mut d = samples::dead_letter();
+        d.payload_omitted_bytes = Some(5);
+        assert_eq!(
+            dead_letter(&d).0[1..3],
+            [("payload", Field::Null), ("payload_omitted_bytes", Field::Int(5))]
+        );
     }
 
     #[test]

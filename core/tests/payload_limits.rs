@@ -2,7 +2,8 @@
 //! `MAX_DEPTH` reaches its handler; one level deeper is refused at push, and one
 //! written past push (by hand, another tool) goes to the dead letters at its first
 //! claim with the reason, never to a handler. A message buried because earlier
-//! deliveries used up `max_attempts` keeps its last error.
+//! deliveries used up `max_attempts` keeps its last error. A payload, error or trace
+//! written past every limit leaves the listings fast: they show its size, not it.
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::{RedisServer, run_until_empty};
-use delayq::{Error, MAX_DEPTH, NewMessage, Worker, WorkerOptions};
+use delayq::{Error, Listing, MAX_DEPTH, MAX_ERROR_TEXT_BYTES, NewMessage, Queue, QueueOptions, Worker, WorkerOptions};
 
 fn deep(levels: usize) -> String {
     format!("{}1{}", "[".repeat(levels), "]".repeat(levels))
@@ -169,4 +170,171 @@ fn integers_past_the_signed_64_bit_range_are_refused_by_path_and_write_nothing()
     let edges = serde_json::json!({"max": i64::MAX, "min": i64::MIN});
     q.push(&edges, Duration::ZERO).expect("the edges");
     assert_eq!(drain(&q, WorkerOptions::default()), [edges.to_string()]);
+}
+
+/// Rewrite field `id` of `hash` so that its `"pad":""` holds `pad`, as a producer that
+/// bypasses its own limits (or writes the hash itself) would.
+fn pad_stored(con: &mut redis::Connection, hash: &str, id: &str, pad: &str) -> usize {
+    let stored: String = redis::cmd("HGET").arg(hash).arg(id).query(con).expect("HGET");
+    let padded = stored.replacen(r#""pad":"""#, &format!(r#""pad":"{pad}""#), 1);
+    assert_ne!(padded, stored, "{hash} {id}");
+    let _: () = redis::cmd("HSET")
+        .arg(hash)
+        .arg(id)
+        .arg(&padded)
+        .query(con)
+        .expect("HSET");
+    padded.len()
+}
+
+#[test]
+fn listings_show_the_size_of_a_huge_payload_and_cut_a_huge_trace() {
+    let server = RedisServer::start();
+    let q: Queue = server.queue_with(
+        "orders",
+        QueueOptions {
+            keep_completed: 10,
+            ..Default::default()
+        },
+    );
+    let payload = |name: &str| serde_json::json!({"order": "order-7", "name": name, "pad": ""});
+    let doomed = delayq::PushOptions {
+        max_attempts: Some(1),
+        ..Default::default()
+    };
+    let mut ids = std::collections::BTreeMap::new();
+    for name in ["small-dead", "big-dead"] {
+        let id = q
+            .push_json(payload(name).to_string(), delayq::Due::NOW, &doomed)
+            .expect("push");
+        ids.insert(name, id);
+    }
+    run_until_empty(&q, WorkerOptions::default(), |_| Err("gave up".into()));
+    for name in ["small-done", "big-done"] {
+        ids.insert(name, q.push(&payload(name), Duration::ZERO).expect("push"));
+    }
+    run_until_empty(&q, WorkerOptions::default(), |_| Ok(()));
+    for name in ["small-waiting", "big-waiting"] {
+        ids.insert(name, q.push(&payload(name), Duration::from_secs(3600)).expect("push"));
+    }
+    let stats = q.stats().expect("stats");
+    assert_eq!((stats.dead, stats.completed, stats.scheduled), (2, 2, 2));
+
+    let mut con = server.con();
+    let pad = "x".repeat(20 << 20);
+    let mut sizes = std::collections::BTreeMap::new();
+    for name in ["big-dead", "big-waiting"] {
+        sizes.insert(name, pad_stored(&mut con, "{dq:orders}:messages", &ids[name], &pad));
+    }
+    sizes.insert(
+        "big-done",
+        pad_stored(&mut con, "{dq:orders}:completed_messages", &ids["big-done"], &pad),
+    );
+    // A trace and an error of a megabyte each, from their start to their end.
+    let trace = format!("trace-start\n{}\ntrace-end", "t".repeat(1 << 20));
+    let error = format!("error-start {} error-end", "e".repeat(1 << 20));
+    let _: () = redis::cmd("HSET")
+        .arg("{dq:orders}:traces")
+        .arg(&ids["big-dead"])
+        .arg(&trace)
+        .query(&mut con)
+        .expect("HSET");
+    let _: () = redis::cmd("HSET")
+        .arg("{dq:orders}:errors")
+        .arg(&ids["big-dead"])
+        .arg(&error)
+        .query(&mut con)
+        .expect("HSET");
+
+    let shown = |name: &str, got: &str, omitted: Option<u64>| {
+        if name.starts_with("small") {
+            assert_eq!((got, omitted), (payload(name).to_string().as_str(), None), "{name}");
+        } else {
+            // Not the text in the message: a failure would print megabytes.
+            assert!(
+                got.is_empty() && omitted == Some(sizes[name] as u64),
+                "{name}: {} bytes shown, {omitted:?} left out",
+                got.len()
+            );
+        }
+    };
+    let waiting = q.list(Listing::Waiting, 10).expect("waiting");
+    let completed = q.list(Listing::Completed, 10).expect("completed");
+    for (m, state) in waiting
+        .iter()
+        .map(|m| (m, "waiting"))
+        .chain(completed.iter().map(|m| (m, "done")))
+    {
+        let name = ids
+            .iter()
+            .find(|(_, id)| **id == m.id)
+            .map(|(n, _)| *n)
+            .expect("a known id");
+        assert!(name.ends_with(state), "{name} listed as {state}");
+        shown(name, &m.payload_json, m.payload_omitted_bytes);
+    }
+    assert_eq!((waiting.len(), completed.len()), (2, 2));
+    let done = completed.iter().find(|m| m.id == ids["big-done"]).expect("listed");
+    assert_eq!(done.attempts, 1, "a left-out completed message keeps its attempts");
+    assert!(done.due_at_ms.is_some(), "and its due time");
+
+    let dead = q.dead_letters(10).expect("dead letters");
+    assert_eq!(dead.len(), 2);
+    for d in &dead {
+        let name = ids
+            .iter()
+            .find(|(_, id)| **id == d.id)
+            .map(|(n, _)| *n)
+            .expect("a known id");
+        shown(name, &d.payload_json, d.payload_omitted_bytes);
+    }
+    let big = dead.iter().find(|d| d.id == ids["big-dead"]).expect("listed");
+    let cut = big.error_trace.as_deref().expect("a trace");
+    assert!(cut.len() <= Queue::LISTED_TRACE_BYTES, "{}", cut.len());
+    assert!(
+        cut.starts_with("trace-start") && cut.ends_with("trace-end"),
+        "{}",
+        &cut[..40]
+    );
+    assert!(cut.contains(" bytes left out ...]"), "the cut says so");
+    assert!(big.last_error.len() <= MAX_ERROR_TEXT_BYTES, "{}", big.last_error.len());
+    assert!(big.last_error.starts_with("error-start") && big.last_error.ends_with("error-end"));
+    let small = dead.iter().find(|d| d.id == ids["small-dead"]).expect("listed");
+    assert_eq!(small.last_error, "gave up");
+
+    let found = q.find("order-7", 10).expect("find");
+    assert_eq!(found.len(), 6);
+    for m in &found {
+        let name = ids
+            .iter()
+            .find(|(_, id)| **id == m.id)
+            .map(|(n, _)| *n)
+            .expect("a known id");
+        shown(name, &m.payload_json, m.payload_omitted_bytes);
+    }
+    let traced = found.iter().find(|m| m.id == ids["big-dead"]).expect("found");
+    assert!(
+        traced
+            .error_trace
+            .as_deref()
+            .is_some_and(|t| t.len() <= Queue::LISTED_TRACE_BYTES)
+    );
+
+    // One message asked for by its id comes whole, and so does a listing told to.
+    let whole = q.get(&ids["big-waiting"]).expect("get").expect("known");
+    assert_eq!(
+        (whole.payload_json.len() > 20 << 20, whole.payload_omitted_bytes),
+        (true, None)
+    );
+    assert_eq!(
+        q.get(&ids["big-dead"]).expect("get").expect("known").error_trace,
+        Some(trace)
+    );
+    let all = q
+        .list_page_with(Listing::Waiting, 0, 10, usize::MAX)
+        .expect("waiting, whole");
+    assert!(
+        all.iter()
+            .all(|m| m.payload_omitted_bytes.is_none() && !m.payload_json.is_empty())
+    );
 }

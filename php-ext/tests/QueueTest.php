@@ -587,6 +587,24 @@ final class QueueTest extends TestCase
         $this->assertSame([], $this->redis->keys('*'), 'an oversized payload writes nothing');
     }
 
+    public function testListingsShowTheSizeOfAPayloadTheyLeaveOut(): void
+    {
+        // A payload within the producer's limit but past the listings' bound, and one
+        // written straight into Redis past every limit: both shown as their size.
+        $big = $this->q->push(['n' => 'big', 'pad' => str_repeat('x', 200000)], 60);
+        $small = $this->q->push(['n' => 'small'], 30);
+        $stored = $this->redis->hGet('{dq:orders}:messages', $big);
+        $listed = array_column($this->q->waiting(), null, 'id');
+        $this->assertSame(['n' => 'small'], $listed[$small]['payload']);
+        $this->assertNull($listed[$small]['payload_omitted_bytes']);
+        $this->assertNull($listed[$big]['payload']);
+        $this->assertSame(strlen($stored), $listed[$big]['payload_omitted_bytes']);
+        $this->assertSame(array_keys($this->q->get($small)), array_keys($listed[$big]), 'one shape');
+        $whole = $this->q->get($big);
+        $this->assertSame(200000, strlen($whole['payload']['pad']), 'get() shows it whole');
+        $this->assertNull($whole['payload_omitted_bytes']);
+    }
+
     public function testConnectionAndAuthErrorsAreTheirOwnClasses(): void
     {
         $sock = stream_socket_server('tcp://127.0.0.1:0');

@@ -116,9 +116,17 @@ final class DelayQueue
      * `completed_at`, for a completed message kept by 'keep_completed': when it was acknowledged;
      * `error_trace`, beside `last_error` when the failure came with one: the exception as
      * `(string) $e` prints it (stack trace and previous exceptions; a Python worker's
-     * traceback), cut to the worker's 'max_trace_bytes'.
+     * traceback), cut to the worker's 'max_trace_bytes'. get() shows the payload, error
+     * and trace whole, however large; the listings (waiting(), inflight(), completed(),
+     * find(), findField(), deadLetters()) show a stored message larger than 64 KiB as
+     * `payload` null and `payload_omitted_bytes` its stored size (payload and metadata;
+     * `max_attempts`, `created_at` and `expires_at` are then null too), never read, and
+     * cut an error past 4096 bytes and a trace past 16 KiB to their start and end around
+     * a note: so that a producer writing huge payloads cannot make them too slow to show
+     * its queue. `payload_omitted_bytes` is null when the payload is there.
      *
-     * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
+     * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed',
+     *   payload: mixed, payload_omitted_bytes: ?int,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
      *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}|null
      *   null for an unknown id
@@ -131,7 +139,7 @@ final class DelayQueue
      * attempts and last_error. A snapshot for looking at a queue, not for consuming it.
      *
      * @param int $limit 0 to 1000
-     * @return list<array{id: string, state: 'scheduled'|'ready', payload: mixed, due_at: float,
+     * @return list<array{id: string, state: 'scheduled'|'ready', payload: mixed, payload_omitted_bytes: ?int, due_at: float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: null, created_at: ?float,
      *   lease_until: null, expires_at: ?float, completed_at: null, serial_key: ?string}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
@@ -144,7 +152,7 @@ final class DelayQueue
      * gives it to another worker.
      *
      * @param int $limit 0 to 1000
-     * @return list<array{id: string, state: 'inflight', payload: mixed, due_at: ?float,
+     * @return list<array{id: string, state: 'inflight', payload: mixed, payload_omitted_bytes: ?int, due_at: ?float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: null, created_at: ?float,
      *   lease_until: float, expires_at: ?float, completed_at: null, serial_key: ?string}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
@@ -160,7 +168,8 @@ final class DelayQueue
      * during the scan may be missed.
      *
      * @param int $limit 0 to 1000
-     * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
+     * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed',
+     *   payload: mixed, payload_omitted_bytes: ?int,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
      *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}>
      * @throws DelayQueueInvalidArgumentException for an empty $text or a limit outside 0 to 1000
@@ -175,7 +184,8 @@ final class DelayQueue
      *
      * @param string|int|float|bool|null $value
      * @param int $limit 0 to 1000
-     * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
+     * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed',
+     *   payload: mixed, payload_omitted_bytes: ?int,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
      *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}>
      * @throws DelayQueueInvalidArgumentException for an empty $field, an array $value or a limit outside 0 to 1000
@@ -188,7 +198,7 @@ final class DelayQueue
      * `attempts` the deliveries it took.
      *
      * @param int $limit 0 to 1000
-     * @return list<array{id: string, state: 'completed', payload: mixed, due_at: ?float,
+     * @return list<array{id: string, state: 'completed', payload: mixed, payload_omitted_bytes: ?int, due_at: ?float,
      *   attempts: int, max_attempts: ?int, last_error: null, error_trace: null, dead_at: null, created_at: ?float,
      *   lease_until: null, expires_at: ?float, completed_at: float, serial_key: ?string}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
@@ -208,9 +218,10 @@ final class DelayQueue
     public function stats(): array {}
 
     /**
-     * @return list<array{id: string, payload: mixed, attempts: int, last_error: string, error_trace: ?string,
+     * @return list<array{id: string, payload: mixed, payload_omitted_bytes: ?int, attempts: int, last_error: string, error_trace: ?string,
      *   dead_at: float}>
-     *   newest first; error_trace as get() gives it
+     *   newest first; payload, payload_omitted_bytes, last_error and error_trace as the
+     *   listings show them (see get())
      */
     public function deadLetters(int $limit = 100): array {}
 

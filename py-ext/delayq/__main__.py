@@ -95,6 +95,15 @@ def _payload(value: Any, width: Optional[int] = None) -> str:
     return _clip(shown + ("…" if cut else ""), width)
 
 
+def _listed_payload(record: Mapping[str, Any]) -> str:
+    """A listed message's payload as `_payload` clips it, or the note that the listing
+    left it out (a stored message past the listings' bound: `get` shows it whole)."""
+    omitted = record.get("payload_omitted_bytes")
+    if omitted is not None:
+        return f"<payload omitted: {omitted} bytes>"
+    return _payload(record["payload"], CLIP)
+
+
 # What a terminal would act on rather than show: C0 controls but tab (line feed
 # too: one stored text must not forge lines), DEL, C1 controls (0x9b is CSI on some
 # terminals) and the bidirectional overrides that reorder what is shown.
@@ -230,7 +239,7 @@ def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             lines.append(head)
             if m["last_error"]:
                 lines.append(f"    error:   {_clip(m['last_error'])}")
-            lines.append(f"    payload: {_payload(m['payload'], CLIP)}")
+            lines.append(f"    payload: {_listed_payload(m)}")
         return lines
 
     out.emit(messages, human)
@@ -248,7 +257,7 @@ def _dead(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         for d in letters:
             lines.append(f"{d['id']}  died {_when(d['dead_at'])}  after {d['attempts']} attempts")
             lines.append(f"    error:   {_clip(d['last_error'])}")
-            lines.append(f"    payload: {_payload(d['payload'], CLIP)}")
+            lines.append(f"    payload: {_listed_payload(d)}")
         return lines
 
     out.emit(letters, human)

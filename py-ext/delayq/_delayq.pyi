@@ -134,8 +134,9 @@ class DelayQueue:
     def reschedule(self, id: str, delay: float) -> bool:
         """Move a waiting message to ``delay`` seconds from now; False when not waiting."""
     def get(self, id: str) -> Optional[MessageInfo]:
-        """``{id, state, payload, due_at, attempts, max_attempts, last_error, error_trace,
-        dead_at, created_at, lease_until, expires_at, completed_at, serial_key}``, or
+        """``{id, state, payload, payload_omitted_bytes, due_at, attempts, max_attempts,
+        last_error, error_trace, dead_at, created_at, lease_until, expires_at,
+        completed_at, serial_key}``, or
         None for an unknown id. ``state`` is scheduled, ready, inflight, dead or
         completed (kept by ``keep_completed``, acknowledged at ``completed_at``);
         ``attempts`` counts deliveries so far, the running one included; ``lease_until``
@@ -143,7 +144,14 @@ class DelayQueue:
         ``expires_at`` (with ``expire_after``) is the latest it may start;
         ``error_trace``, beside ``last_error`` when the failure came with one, is the
         handler's traceback (a PHP worker's exception with its stack trace), cut to the
-        worker's ``max_trace_bytes``."""
+        worker's ``max_trace_bytes``. ``get()`` shows payload, error and trace whole,
+        however large; the listings (``waiting``, ``inflight``, ``completed``, ``find``,
+        ``find_field``, ``dead_letters``) show a stored message larger than 64 KiB as
+        ``payload`` None and ``payload_omitted_bytes`` its stored size (payload and
+        metadata; ``max_attempts``, ``created_at`` and ``expires_at`` are then None),
+        never read, and cut an error past 4096 bytes and a trace past 16 KiB to their start
+        and end around a note: a producer that writes huge payloads cannot make them too
+        slow to show its queue. ``payload_omitted_bytes`` is None when the payload is there."""
     def waiting(self, limit: int = 100, *, start: int = 0) -> list[MessageInfo]:
         """The next ``limit`` (at most 1000) messages waiting, scheduled or ready,
         earliest due first, from every partition, each as ``get()`` shows it, after
@@ -180,8 +188,9 @@ class DelayQueue:
         messages, due already, that wait for another message of their serial key."""
     def dead_letters(self, limit: int = 100, *, start: int = 0) -> list[DeadLetter]:
         """Up to ``limit`` dead letters, newest first, after skipping the ``start``
-        newest (as ``waiting``): ``{id, payload, attempts, last_error, error_trace,
-        dead_at}``."""
+        newest (as ``waiting``): ``{id, payload, payload_omitted_bytes, attempts,
+        last_error, error_trace, dead_at}``, payloads, errors and traces bounded as the
+        listings bound them (see ``get``)."""
     def workers(self) -> list[WorkerInfo]:
         """The consumer pools alive on this queue, from every host and language, oldest
         first: ``{id, host, pid, started_at, last_seen, threads, handlers, handled,

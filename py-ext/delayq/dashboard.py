@@ -147,6 +147,15 @@ def _error(m: Mapping[str, Any], css: str = "") -> str:
             f'{rest}</pre></details>')
 
 
+def _payload(m: Mapping[str, Any]) -> str:
+    """A listed message's payload, or the note that the listing left it out (a stored
+    message past the listings' bound: `delayq get` shows it whole)."""
+    omitted = m.get("payload_omitted_bytes")
+    if omitted is not None:
+        return f'<span class="quiet">&lt;payload omitted: {omitted} bytes&gt;</span>'
+    return _text(m["payload"])
+
+
 def _when(seconds: Optional[float]) -> str:
     if seconds is None:
         return '<span class="quiet">-</span>'
@@ -259,7 +268,7 @@ def _found_section(q: DelayQueue, text: str) -> str:
     return title + _table(
         ["id", "state", "due", "attempts", "last error", "payload"],
         [[f"<code>{_text(m['id'])}</code>", m["state"], _when(m["due_at"]), str(m["attempts"]),
-          _error(m), _text(m["payload"])] for m in found],
+          _error(m), _payload(m)] for m in found],
         frozenset({3}),
     )
 
@@ -322,13 +331,13 @@ def _queue_section(q: DelayQueue, now: float, token: Optional[str] = None,
         [[_id(m), str(m["attempts"]),
           _when(m["lease_until"]) + (' <span class="bad">expired</span>'
                                      if m["lease_until"] is not None and m["lease_until"] < now else ""),
-          _text(m["payload"])] for m in running],
+          _payload(m)] for m in running],
         frozenset({1}),
     )
     upcoming = _table(
         ["id", "due", "attempts", "last error", "payload"],
         [[_id(m), _when(m["due_at"]), str(m["attempts"]),
-          _error(m), _text(m["payload"])] for m in waiting],
+          _error(m), _payload(m)] for m in waiting],
         frozenset({2}),
     )
     schedules = _table(
@@ -342,13 +351,13 @@ def _queue_section(q: DelayQueue, now: float, token: Optional[str] = None,
     completed = _table(
         ["id", "completed", "due", "attempts", "payload"],
         [[f"<code>{_text(m['id'])}</code>", _when(m["completed_at"]), _when(m["due_at"]), str(m["attempts"]),
-          _text(m["payload"])] for m in done],
+          _payload(m)] for m in done],
         frozenset({3}),
     )
     letters = _table(
         ["id", "died", "attempts", "last error", "payload"] + (["act"] if token else []),
         [[f"<code>{_text(m['id'])}</code>", _when(m["dead_at"]), str(m["attempts"]),
-          _error(m, "bad"), _text(m["payload"])]
+          _error(m, "bad"), _payload(m)]
          + ([_button(token, q.name, "requeue", "requeue", m["id"]) + _button(token, q.name, "delete", "delete", m["id"])]
             if token else []) for m in dead],
         frozenset({2}),
@@ -648,23 +657,23 @@ def _message_table(q: DelayQueue, which: str, rows: list[dict[str, Any]], now: f
             [[_id(m), str(m["attempts"]),
               _when(m["lease_until"]) + (' <span class="bad">expired</span>'
                                          if m["lease_until"] is not None and m["lease_until"] < now else ""),
-              _text(m["payload"])] for m in rows],
+              _payload(m)] for m in rows],
             frozenset({1}))
     if which == "waiting":
         return _table(
             ["id", "due", "attempts", "last error", "payload"],
-            [[_id(m), _when(m["due_at"]), str(m["attempts"]), _error(m), _text(m["payload"])] for m in rows],
+            [[_id(m), _when(m["due_at"]), str(m["attempts"]), _error(m), _payload(m)] for m in rows],
             frozenset({2}))
     if which == "completed":
         return _table(
             ["id", "completed", "due", "attempts", "payload"],
             [[f"<code>{_text(m['id'])}</code>", _when(m["completed_at"]), _when(m["due_at"]), str(m["attempts"]),
-              _text(m["payload"])] for m in rows],
+              _payload(m)] for m in rows],
             frozenset({3}))
     return _table(
         ["id", "died", "attempts", "last error", "payload"] + (["act"] if token else []),
         [[f"<code>{_text(m['id'])}</code>", _when(m["dead_at"]), str(m["attempts"]), _error(m, "bad"),
-          _text(m["payload"])]
+          _payload(m)]
          + ([_button(token, q.name, "requeue", "requeue", m["id"], back="queue")
              + _button(token, q.name, "delete", "delete", m["id"], back="queue")] if token else [])
          for m in rows],

@@ -9,6 +9,11 @@ names and order of its fields, the same in PHP), and a test checks these against
 :class:`Minute`; ``registered_queues()`` of :class:`RegisteredQueue`;
 ``Worker.run()`` a :class:`Summary`. Times are Unix seconds on the Redis clock, spans
 seconds.
+
+The listings (all of the above but ``get()``) leave out a payload whose stored message
+is larger than 64 KiB: ``payload`` is then None and ``payload_omitted_bytes`` its stored
+size (None when the payload is there), and cut an error past 4096 bytes and a trace past
+16 KiB to their start and end; ``get()`` shows them whole.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ class MessageInfo(TypedDict):
     id: str
     state: Literal["scheduled", "ready", "inflight", "dead", "completed"]
     payload: Any
+    payload_omitted_bytes: Optional[int]
     due_at: Optional[float]
     attempts: int
     max_attempts: Optional[int]
@@ -95,6 +101,7 @@ class DeadLetter(TypedDict):
 
     id: str
     payload: Any
+    payload_omitted_bytes: Optional[int]
     attempts: int
     last_error: str
     error_trace: Optional[str]

@@ -306,6 +306,30 @@ def test_waiting_and_inflight_list_what_the_api_lists(queue: delayq.DelayQueue, 
     assert too_many.returncode == 2 and "at most 1000" in too_many.stderr
 
 
+def test_listings_show_the_size_of_a_payload_they_leave_out(queue: delayq.DelayQueue, redis_url: str) -> None:
+    # Within the producer's limit, past the listings' bound: shown as its size, not read.
+    big = {"n": "big", "pad": "x" * 200_000}
+    big_id = queue.push(big, delay=60)
+    queue.push({"n": "small"}, delay=30)
+    listed = {m["id"]: m for m in queue.waiting(10)}
+    size = listed[big_id]["payload_omitted_bytes"]
+    assert isinstance(size, int) and size > 200_000 and listed[big_id]["payload"] is None
+    assert [m["payload_omitted_bytes"] for m in listed.values() if m["id"] != big_id] == [None]
+    text = cli(redis_url, "waiting").stdout
+    assert f"    payload: <payload omitted: {size} bytes>\n" in text
+    assert '    payload: {"n":"small"}\n' in text
+    assert "xxxx" not in text
+    assert cli_json(redis_url, "waiting")[0]["payload_omitted_bytes"] is None
+    # One message asked for by its id comes whole.
+    assert (queue.get(big_id) or {})["payload"] == big
+    assert (queue.get(big_id) or {})["payload_omitted_bytes"] is None
+
+    from delayq.dashboard import render_html
+
+    page = render_html([queue], refresh=0)
+    assert f"&lt;payload omitted: {size} bytes&gt;" in page and "xxxx" not in page
+
+
 def metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -196,7 +196,10 @@ def test_huge_texts_are_cut_on_the_page_and_in_listings(redis_url: str) -> None:
         done = subprocess.run([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "jobs", *command],
                               capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0 and len(done.stdout) < 2_000, (command, len(done.stdout))
-        assert "…" in done.stdout
+        # The error is cut; the payloads, past the listings' bound, are not even fetched.
+        assert "<payload omitted: " in done.stdout
+        if command in (["dead"], ["find", "m1"]):
+            assert "…" in done.stdout, "the error is cut"
 
 
 ESCAPES = "\x1b[2J\x1b]0;owned\x07\x9b31m\u202e\r"

@@ -1,6 +1,9 @@
 -- get.lua: everything known about one message.
--- ARGV[3] id.
--- Returns nil for an unknown id, else {state, envelope, due_ms, attempts, last_error,
+-- ARGV[3] id   ARGV[4] largest envelope sent whole, in bytes   ARGV[5] largest error
+--   text and ARGV[6] largest trace sent whole (longer ones are cut, see
+--   include/shown.lua): `find` lists what it found with the listings' bounds.
+-- Returns nil for an unknown id, else {state, envelope (or its size in bytes, a number,
+--   when it is larger than ARGV[4]: it is not read), due_ms, attempts, last_error,
 --   dead_at_ms, lease_until_ms, completed_at_ms, error_trace, serial_key}; state is scheduled | ready | inflight
 --   | dead | completed (kept after its acknowledgement, see keep_completed); due_ms is
 --   -1 for a dead message; dead_at_ms is -1 unless dead; lease_until_ms is -1 unless
@@ -11,23 +14,34 @@
 -- Faults: it writes nothing.
 -- @include claims
 -- @include clock
+-- @include shown
 -- @include stamp
 -- KEYS: scheduled messages inflight leases attempts errors dead control completed completed_messages traces serial_keys serial_lined claims claim_ids
 local id = ARGV[3]
-local envelope = redis.call('HGET', K_MSG, id)
+local max_envelope, max_error, max_trace = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local envelope = sized_values(K_MSG, {id}, max_envelope)[1]
 if not envelope then
-  local record = redis.call('HGET', K_DONE_MSG, id)
+  local record = sized_values(K_DONE_MSG, {id}, max_envelope)[1]
   if not record then
     return nil
   end
-  local attempts, due, kept = string.match(record, '^(%d+)|(-?%d+)|(.*)$')
+  local attempts, due, kept
+  if type(record) == 'number' then
+    -- Its attempts and due time lead the record: read it for them, send its size.
+    attempts, due = string.match(redis.call('HGET', K_DONE_MSG, id), '^(%d+)|(-?%d+)|')
+    kept = record
+  else
+    attempts, due, kept = string.match(record, '^(%d+)|(-?%d+)|(.*)$')
+  end
   return {'completed', kept, tonumber(due), tonumber(attempts), false, -1, -1,
     tonumber(redis.call('ZSCORE', K_DONE, id)) or -1, false, false}
 end
+-- A left-out envelope's stamp is not read (stamp_score then gives nothing).
+local stored = type(envelope) == 'string' and envelope or nil
 local serial = redis.call('HGET', K_SERIAL, id) or false
 local attempts = tonumber(redis.call('HGET', K_ATT, id) or '0')
-local err = redis.call('HGET', K_ERR, id)
-local trace = redis.call('HGET', K_TRACE, id)
+local err = cut_text(redis.call('HGET', K_ERR, id), max_error)
+local trace = cut_text(redis.call('HGET', K_TRACE, id), max_trace)
 local score = redis.call('ZSCORE', K_SCHED, id)
 if score then
   local lined = serial and redis.call('HGET', K_SERIAL_LINED, id)
@@ -43,7 +57,7 @@ if score then
 end
 local lease = redis.call('HGET', K_LEASE, id)
 if lease then
-  local score = lease_score(lease) or stamp_score(envelope, queue_now(false))
+  local score = lease_score(lease) or stamp_score(stored, queue_now(false))
   local lease_until = lease_deadline(id) or -1
   if not score then
     -- Nothing tells its due time: an envelope without a stamp (from a delayq before

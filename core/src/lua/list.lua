@@ -2,7 +2,10 @@
 -- ARGV[3] "waiting" (scheduled and ready, earliest due first), "inflight" (running,
 --   earliest lease deadline first) or "completed" (kept after completion, latest
 --   first)   ARGV[4] limit (1..1000)   ARGV[5] how many to skip first (paging)
--- Returns {now_ms, then groups of 10: id, state, envelope, due_ms (-1 unknown),
+--   ARGV[6] largest envelope sent whole, in bytes   ARGV[7] largest error text and
+--   ARGV[8] largest trace sent whole (longer ones are cut, see include/shown.lua)
+-- Returns {now_ms, then groups of 10: id, state, envelope (or its size in bytes, a
+--   number, when it is larger than ARGV[6]: it is not read), due_ms (-1 unknown),
 --   attempts (deliveries so far, the running one included), last_error or false,
 --   lease_until_ms (-1 unless in flight), completed_at_ms (-1 unless completed),
 --   error_trace or false, serial_key or false}. A message in its serial key's line
@@ -11,18 +14,33 @@
 -- Faults: it writes nothing.
 -- @include claims
 -- @include clock
+-- @include shown
 -- @include stamp
 -- KEYS: scheduled messages inflight leases attempts errors control completed completed_messages traces serial_keys serial_lined claims claim_ids
 local now = queue_now(false)
 local limit = tonumber(ARGV[4])
 local start = tonumber(ARGV[5])
+local max_envelope, max_error, max_trace = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 if ARGV[3] == 'completed' then
   local listed = redis.call('ZREVRANGE', K_DONE, start, start + limit - 1, 'WITHSCORES')
   local result = {now}
+  local ids = {}
   for i = 1, #listed, 2 do
-    local record = redis.call('HGET', K_DONE_MSG, listed[i])
-    if record then
-      local attempts, due, kept = string.match(record, '^(%d+)|(-?%d+)|(.*)$')
+    ids[#ids + 1] = listed[i]
+  end
+  local records = #ids > 0 and sized_values(K_DONE_MSG, ids, max_envelope) or {}
+  for i = 1, #listed, 2 do
+    local record = records[(i + 1) / 2]
+    local attempts, due, kept
+    if type(record) == 'number' then
+      -- Its attempts and due time lead the record: read it for them, once, and send
+      -- only its size (the reply, not this read, is what grows with every message).
+      attempts, due = string.match(redis.call('HGET', K_DONE_MSG, listed[i]) or '', '^(%d+)|(-?%d+)|')
+      kept = record
+    elseif record then
+      attempts, due, kept = string.match(record, '^(%d+)|(-?%d+)|(.*)$')
+    end
+    if attempts then
       local k = #result
       result[k + 1] = listed[i]
       result[k + 2] = 'completed'
@@ -101,7 +119,7 @@ local ids = {}
 for i = 1, n do
   ids[i] = listed[2 * i - 1]
 end
-local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
+local envelopes = sized_values(K_MSG, ids, max_envelope)
 local attempts = redis.call('HMGET', K_ATT, unpack(ids))
 local errors = redis.call('HMGET', K_ERR, unpack(ids))
 local traces = redis.call('HMGET', K_TRACE, unpack(ids))
@@ -119,7 +137,9 @@ for i = 1, n do
     local finished = tonumber(attempts[i]) or 0
     local state, due, attempt, lease_until
     if inflight then
-      local claimed_at = leases[i] and (lease_score(leases[i]) or stamp_score(envelopes[i], now))
+      -- A left-out envelope's stamp is not read: its due time is then unknown.
+      local stored = type(envelopes[i]) == 'string' and envelopes[i] or nil
+      local claimed_at = leases[i] and (lease_score(leases[i]) or (stored and stamp_score(stored, now)))
       state, due, attempt, lease_until = 'inflight', claimed_at and due_of(claimed_at) or -1, finished + 1, score
     else
       if lined[i] then
@@ -134,10 +154,10 @@ for i = 1, n do
     result[k + 3] = envelopes[i]
     result[k + 4] = due
     result[k + 5] = attempt
-    result[k + 6] = errors[i]
+    result[k + 6] = cut_text(errors[i], max_error)
     result[k + 7] = lease_until
     result[k + 8] = -1
-    result[k + 9] = traces[i]
+    result[k + 9] = cut_text(traces[i], max_trace)
     result[k + 10] = serials[i] or false
   end
 end

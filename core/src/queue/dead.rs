@@ -17,9 +17,22 @@ impl Queue {
     /// As [`Queue::dead_letters`], after skipping the `start` newest (at most
     /// [`MAX_PAGE_START`](crate::MAX_PAGE_START)): one page, for paging through them.
     pub fn dead_letters_page(&self, start: usize, limit: usize) -> Result<Vec<DeadLetter>> {
+        self.dead_letters_page_with(start, limit, Self::LISTED_PAYLOAD_BYTES)
+    }
+
+    /// As [`Queue::dead_letters_page`], showing stored messages up to
+    /// `max_payload_bytes` whole (`usize::MAX`: all) rather than up to
+    /// [`Queue::LISTED_PAYLOAD_BYTES`] (see [`Queue::list_page_with`]).
+    pub fn dead_letters_page_with(
+        &self,
+        start: usize,
+        limit: usize,
+        max_payload_bytes: usize,
+    ) -> Result<Vec<DeadLetter>> {
         let limit = limit.min(self.inner.opts.dead_max.max(1));
+        let bounds = Self::listing_bounds(max_payload_bytes);
         let fetch = |part: usize, start: usize, limit: usize| {
-            let args = dead::List { limit, start };
+            let args = dead::List { limit, start, bounds };
             let dead::Rows(rows) = self.call(part, "dead_letters", Replay::Safe, dead::list(), |inv| {
                 args.add_to(inv);
             })?;
@@ -27,9 +40,13 @@ impl Queue {
                 .into_iter()
                 .map(|r| DeadLetter {
                     id: r.id,
-                    payload_json: envelope::decode(&self.inner.opts.layout, &r.stored)
-                        .map(|d| d.payload_json.to_owned())
-                        .unwrap_or(r.stored),
+                    payload_json: match r.omitted_bytes {
+                        Some(_) => String::new(),
+                        None => envelope::decode(&self.inner.opts.layout, &r.stored)
+                            .map(|d| d.payload_json.to_owned())
+                            .unwrap_or(r.stored),
+                    },
+                    payload_omitted_bytes: r.omitted_bytes,
                     attempts: r.attempts,
                     last_error: r.last_error.unwrap_or_default(),
                     error_trace: r.error_trace,

@@ -7,17 +7,31 @@ use std::time::Duration;
 use crate::conn::Replay;
 use crate::error::{Error, Result};
 use crate::scripts::{MAX_BATCH, inspect};
-use crate::{Listing, MAX_ID_BYTES, MessageInfo, Queue, RateLimit, Stats, WorkerInfo, envelope};
+use crate::{Listing, MAX_ERROR_TEXT_BYTES, MAX_ID_BYTES, MessageInfo, Queue, RateLimit, Stats, WorkerInfo, envelope};
 
 use super::earliest;
 use super::validate::validate_id;
 use super::views::live_pool;
 
 impl Queue {
-    /// Everything known about one message, or `None` when the id is unknown.
+    /// Everything known about one message, or `None` when the id is unknown: its
+    /// payload, error and trace whole, however large (the listings bound them).
     pub fn get(&self, id: &str) -> Result<Option<MessageInfo>> {
+        self.get_bounded(id, inspect::Bounds::WHOLE)
+    }
+
+    /// The bounds of a listing that shows stored messages up to `max_payload_bytes`.
+    pub(super) fn listing_bounds(max_payload_bytes: usize) -> inspect::Bounds {
+        inspect::Bounds {
+            envelope: max_payload_bytes,
+            error: MAX_ERROR_TEXT_BYTES,
+            trace: Self::LISTED_TRACE_BYTES,
+        }
+    }
+
+    fn get_bounded(&self, id: &str, bounds: inspect::Bounds) -> Result<Option<MessageInfo>> {
         validate_id(id)?;
-        let args = inspect::Get { id };
+        let args = inspect::Get { id, bounds };
         let inspect::Found(record) = self.call_by_id(
             id,
             "get",
@@ -40,6 +54,21 @@ impl Queue {
     /// As [`Queue::list`], after skipping the first `start` (at most
     /// [`MAX_PAGE_START`](crate::MAX_PAGE_START)): one page of a listing, for paging through it.
     pub fn list_page(&self, which: Listing, start: usize, limit: usize) -> Result<Vec<MessageInfo>> {
+        self.list_page_with(which, start, limit, Self::LISTED_PAYLOAD_BYTES)
+    }
+
+    /// As [`Queue::list_page`], showing stored messages up to `max_payload_bytes`
+    /// whole (`usize::MAX`: all, however large) rather than up to
+    /// [`Queue::LISTED_PAYLOAD_BYTES`]; a larger one comes with
+    /// `payload_omitted_bytes` and no payload. Errors and traces are cut as
+    /// [`MessageInfo::error_trace`] says.
+    pub fn list_page_with(
+        &self,
+        which: Listing,
+        start: usize,
+        limit: usize,
+        max_payload_bytes: usize,
+    ) -> Result<Vec<MessageInfo>> {
         if limit > MAX_BATCH {
             return Err(Error::invalid(
                 "limit",
@@ -51,6 +80,7 @@ impl Queue {
                 which: which.as_str(),
                 limit,
                 start,
+                bounds: Self::listing_bounds(max_payload_bytes),
             };
             let inspect::Listed(listed) = self.call(part, "list", Replay::Safe, inspect::list(), |inv| {
                 args.add_to(inv);
@@ -71,7 +101,10 @@ impl Queue {
     /// message id ("where is the job of order 10086?"): it scans the queue, in steps of
     /// 1000 entries so that Redis is never blocked for long, comparing on the server,
     /// so its cost grows with the queue; not for the hot path. Messages written or
-    /// deleted during the scan may be missed.
+    /// deleted during the scan may be missed. What it finds comes as the listings
+    /// show it: a stored message past [`Queue::LISTED_PAYLOAD_BYTES`] with
+    /// `payload_omitted_bytes` and no payload (then the text may have matched its
+    /// metadata rather than its payload).
     pub fn find(&self, text: &str, limit: usize) -> Result<Vec<MessageInfo>> {
         if text.is_empty() || text.len() > MAX_ID_BYTES {
             return Err(Error::invalid(
@@ -82,14 +115,18 @@ impl Queue {
         // What matched may be the envelope's metadata rather than the payload, the id
         // among it: a generated id is random hex, where an order number turns up by
         // chance.
-        self.scan_for(text, limit, |info| info.id == text || info.payload_json.contains(text))
+        self.scan_for(text, limit, |info| {
+            info.id == text || info.payload_json.contains(text) || info.payload_omitted_bytes.is_some()
+        })
     }
 
     /// Up to `limit` (0 to 1000) messages whose payload is an object with the field
     /// `field` equal to `value` (a string, number, bool or null; `10086` is not
     /// `"10086"` nor `100861`), in any state, as [`find`](Self::find) looks: for an
     /// order number that is also a substring of others. It scans as `find` does, for
-    /// `"field":value` as delayq writes JSON (without spaces), then compares exactly.
+    /// `"field":value` as delayq writes JSON (without spaces), then compares exactly,
+    /// except for a message whose payload is left out (as `find` says): it is kept
+    /// on the server's match alone.
     pub fn find_field(&self, field: &str, value: &serde_json::Value, limit: usize) -> Result<Vec<MessageInfo>> {
         if field.is_empty() || field.len() > MAX_ID_BYTES {
             return Err(Error::invalid(
@@ -114,8 +151,9 @@ impl Queue {
             ));
         }
         self.scan_for(&needle, limit, |info| {
-            serde_json::from_str::<serde_json::Value>(&info.payload_json)
-                .is_ok_and(|payload| payload.get(field) == Some(value))
+            info.payload_omitted_bytes.is_some()
+                || serde_json::from_str::<serde_json::Value>(&info.payload_json)
+                    .is_ok_and(|payload| payload.get(field) == Some(value))
         })
     }
 
@@ -156,7 +194,8 @@ impl Queue {
                         // A re-pushed completed id shows its new message.
                         if found.len() < limit
                             && seen.insert(id.clone())
-                            && let Some(info) = self.get(&id)?
+                            && let Some(info) =
+                                self.get_bounded(&id, Self::listing_bounds(Self::LISTED_PAYLOAD_BYTES))?
                             && matches(&info)
                         {
                             found.push(info);
@@ -174,12 +213,14 @@ impl Queue {
     pub(super) fn message_info(&self, id: String, r: inspect::Record) -> MessageInfo {
         let decoded = envelope::decode(&self.inner.opts.layout, &r.stored)
             .ok()
+            .filter(|_| r.omitted_bytes.is_none())
             .map(|d| (d.payload_json.to_owned(), d.max_attempts, d.created_ms, d.expiry));
         let (payload_json, max_attempts, created_at_ms, expiry) = decoded.unwrap_or((r.stored, None, None, None));
         MessageInfo {
             id,
             state: r.state,
             payload_json,
+            payload_omitted_bytes: r.omitted_bytes,
             due_at_ms: r.due_ms,
             attempts: r.attempts,
             max_attempts,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::RateLimit;
+use crate::{Queue, RateLimit};
 
 /// Where a message is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -43,8 +43,16 @@ pub struct MessageInfo {
     pub id: String,
     /// Where it is now.
     pub state: State,
-    /// The payload as JSON text (or the raw stored text when it is not valid JSON).
+    /// The payload as JSON text (or the raw stored text when it is not valid JSON);
+    /// "" when a listing left it out (see `payload_omitted_bytes`).
     pub payload_json: String,
+    /// Set when a listing (`list`, `find`) left the payload out because the stored
+    /// message is larger than its bound ([`Queue::LISTED_PAYLOAD_BYTES`] by default):
+    /// its stored size in bytes (the payload and delayq's few dozen bytes of metadata
+    /// around it, which is not read either: `max_attempts`, `created_at_ms` and
+    /// `expires_at_ms` are then `None`, and so is an inflight message's `due_at_ms`).
+    /// `get` of its id reads it whole. `None` when the payload is there.
+    pub payload_omitted_bytes: Option<u64>,
     /// Due time of the pending or current delivery (of a completed message: of the
     /// delivery that completed it), Unix ms; `None` once dead, and for a message
     /// pushed by a delayq before 2026-12-03 that runs or ran since (nothing tells it,
@@ -59,7 +67,10 @@ pub struct MessageInfo {
     pub last_error: Option<String>,
     /// The stack trace that came with the last error (a PHP exception as `(string)
     /// $e` gives it, a Python traceback), cut to the worker's `max_trace_bytes`; `None`
-    /// when the failure gave none.
+    /// when the failure gave none. A listing cuts it further, to
+    /// [`Queue::LISTED_TRACE_BYTES`], and the last error to [`MAX_ERROR_TEXT_BYTES`],
+    /// as the worker cuts a trace: the start and the end around a note of how many
+    /// bytes were left out (`get` shows both whole).
     pub error_trace: Option<String>,
     /// When it went to the dead-letter set (Unix ms, Redis clock), while it is there.
     pub dead_at_ms: Option<i64>,
@@ -75,6 +86,21 @@ pub struct MessageInfo {
     pub completed_at_ms: Option<i64>,
     /// `PushOptions::serial_key`, while the message waits, runs or is dead.
     pub serial_key: Option<String>,
+}
+
+impl Queue {
+    /// Largest stored message (payload and envelope) that the listings (`list`,
+    /// `dead_letters`, `find`) show whole by default; a larger one comes with
+    /// `payload_omitted_bytes` instead of its payload, so that a producer that writes
+    /// huge payloads past its own `max_payload_bytes` (or straight into Redis) cannot
+    /// make a listing too slow or too large to show its queue.
+    pub const LISTED_PAYLOAD_BYTES: usize = 64 * 1024;
+
+    /// Longest error trace a listing shows whole: a longer one keeps its start and
+    /// its end. Twice a worker's default `max_trace_bytes`, so that only a trace kept
+    /// past that default (or written by hand) is cut, and more than the dashboard
+    /// shows, which then still points at the whole trace.
+    pub const LISTED_TRACE_BYTES: usize = 16 * 1024;
 }
 
 /// Which messages `Queue::list` shows.
@@ -146,7 +172,8 @@ pub struct WorkerInfo {
     pub handler_avg_ms: Option<f64>,
 }
 
-/// Longest text that `requeue_dead_with_error` and `delete_dead_with_error` look for.
+/// Longest text that `requeue_dead_with_error` and `delete_dead_with_error` look for,
+/// and the longest last error a listing shows whole.
 pub const MAX_ERROR_TEXT_BYTES: usize = 4096;
 
 /// A message in the dead-letter set.
@@ -154,14 +181,18 @@ pub const MAX_ERROR_TEXT_BYTES: usize = 4096;
 pub struct DeadLetter {
     /// The message id.
     pub id: String,
-    /// The payload as JSON text, as pushed.
+    /// The payload as JSON text, as pushed; "" when the listing left it out (see
+    /// `payload_omitted_bytes`).
     pub payload_json: String,
+    /// Set when the listing left the payload out, as [`MessageInfo::payload_omitted_bytes`]
+    /// says: the stored size in bytes.
+    pub payload_omitted_bytes: Option<u64>,
     /// Deliveries it had.
     pub attempts: u32,
-    /// The error that sent it here.
+    /// The error that sent it here (cut as [`MessageInfo::error_trace`] says).
     pub last_error: String,
     /// The stack trace that came with the last error, if any (see
-    /// [`MessageInfo::error_trace`]).
+    /// [`MessageInfo::error_trace`], which says how a listing cuts it).
     pub error_trace: Option<String>,
     /// When it died, Unix ms on the Redis clock.
     pub dead_at_ms: i64,

@@ -98,9 +98,21 @@ impl Queue {
         }
         let mut moved = 0;
         loop {
-            let batch = self.list(Listing::Waiting, MAX_BATCH)?;
-            if batch.is_empty() {
+            let listed = self.list(Listing::Waiting, MAX_BATCH)?;
+            if listed.is_empty() {
                 return Ok(moved);
+            }
+            // A payload the listing left out is read whole, one message at a time;
+            // one that no longer waits is no longer the move's.
+            let mut batch = Vec::with_capacity(listed.len());
+            for m in listed {
+                if m.payload_omitted_bytes.is_none() {
+                    batch.push(m);
+                } else if let Some(whole) = self.get(&m.id)?
+                    && matches!(whole.state, State::Scheduled | State::Ready)
+                {
+                    batch.push(whole);
+                }
             }
             let copies = batch.iter().map(|m| to.copy_of(m)).collect::<Result<Vec<_>>>()?;
             to.push_many(&copies)?;

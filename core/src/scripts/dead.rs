@@ -3,7 +3,8 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::replies::optional_text;
+use super::inspect::Bounds;
+use super::replies::{optional_text, stored_or_size};
 use super::{Invocation, LuaScript, decode, decode_list, decode_unsigned};
 
 /// dead.lua: the newest `limit` dead letters.
@@ -12,11 +13,13 @@ pub(crate) struct List {
     pub(crate) limit: usize,
     /// How many to skip first.
     pub(crate) start: usize,
+    pub(crate) bounds: Bounds,
 }
 
 impl List {
     pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.limit).arg(self.start);
+        self.bounds.add_to(inv);
     }
 }
 
@@ -25,7 +28,10 @@ impl List {
 pub(crate) struct Row {
     pub(crate) id: String,
     pub(crate) dead_at_ms: i64,
+    /// "" when left out (see `omitted_bytes`).
     pub(crate) stored: String,
+    /// The stored size in bytes, when it was past the bound and left out.
+    pub(crate) omitted_bytes: Option<u64>,
     pub(crate) attempts: u32,
     pub(crate) last_error: Option<String>,
     pub(crate) error_trace: Option<String>,
@@ -44,10 +50,12 @@ impl FromRedisValue for Rows {
         items
             .chunks_exact(6)
             .map(|c| {
+                let (stored, omitted_bytes) = stored_or_size(&c[2])?;
                 Ok(Row {
                     id: decode(&c[0])?,
                     dead_at_ms: decode(&c[1])?,
-                    stored: decode(&c[2])?,
+                    stored,
+                    omitted_bytes,
                     attempts: decode_unsigned(&c[3])?,
                     last_error: optional_text(&c[4])?,
                     error_trace: optional_text(&c[5])?,
@@ -147,6 +155,10 @@ mod tests {
             (3, Some("boom"), None)
         );
         assert!(Rows::from_redis_value(Value::Array(row[..5].to_vec())).is_err());
+        let mut big = row.clone();
+        big[2] = Value::Int(20_000_000);
+        let rows = Rows::from_redis_value(Value::Array(big)).expect("decodes").0;
+        assert_eq!((rows[0].stored.as_str(), rows[0].omitted_bytes), ("", Some(20_000_000)));
         // redis-rs reads a nil as an empty list: not here.
         assert!(Rows::from_redis_value(Value::Nil).is_err());
         assert!(MatchStep::from_redis_value(Value::Nil).is_err());

@@ -3,7 +3,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::replies::{optional_ms, optional_text};
+use super::replies::{optional_ms, optional_text, stored_or_size};
 use super::{Invocation, LuaScript, decode, decode_list, decode_unsigned};
 use crate::queue::State;
 
@@ -11,8 +11,10 @@ use crate::queue::State;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Record {
     pub(crate) state: State,
-    /// As stored: an envelope, or the seed layout's bare payload.
+    /// As stored: an envelope, or the seed layout's bare payload; "" when left out.
     pub(crate) stored: String,
+    /// The stored size in bytes, when it was past the bound and left out.
+    pub(crate) omitted_bytes: Option<u64>,
     pub(crate) due_ms: Option<i64>,
     /// Deliveries so far, the running one included.
     pub(crate) attempts: u32,
@@ -52,9 +54,11 @@ fn record(v: &[Value], dead_at: Option<&Value>) -> Result<Record, ParsingError> 
     else {
         return Err(format!("{} fields where 9 were due", v.len()).into());
     };
+    let (stored, omitted_bytes) = stored_or_size(stored)?;
     Ok(Record {
         state: state(state_v)?,
-        stored: decode(stored)?,
+        stored,
+        omitted_bytes,
         due_ms: optional_ms(due)?,
         attempts: decode_unsigned(attempts)?,
         last_error: optional_text(error)?,
@@ -66,15 +70,41 @@ fn record(v: &[Value], dead_at: Option<&Value>) -> Result<Record, ParsingError> 
     })
 }
 
-/// get.lua: `id` of the message.
+/// How much of each message get.lua, list.lua and dead.lua send (include/shown.lua):
+/// an envelope larger than `envelope` bytes is sent as its size, an error or a trace
+/// longer than its bound keeps its start and its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bounds {
+    pub(crate) envelope: usize,
+    pub(crate) error: usize,
+    pub(crate) trace: usize,
+}
+
+impl Bounds {
+    /// Everything whole, as `get` shows one message.
+    pub(crate) const WHOLE: Self = Self {
+        envelope: usize::MAX,
+        error: usize::MAX,
+        trace: usize::MAX,
+    };
+
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
+        // Lua reads them as doubles: `usize::MAX` stays past any stored size.
+        inv.arg(self.envelope).arg(self.error).arg(self.trace);
+    }
+}
+
+/// get.lua: `id` of the message, and how much of it to send.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Get<'a> {
     pub(crate) id: &'a str,
+    pub(crate) bounds: Bounds,
 }
 
 impl Get<'_> {
     pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.id);
+        self.bounds.add_to(inv);
     }
 }
 
@@ -111,11 +141,13 @@ pub(crate) struct List<'a> {
     pub(crate) limit: usize,
     /// How many to skip first.
     pub(crate) start: usize,
+    pub(crate) bounds: Bounds,
 }
 
 impl List<'_> {
     pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
         inv.arg(self.which).arg(self.limit).arg(self.start);
+        self.bounds.add_to(inv);
     }
 }
 
@@ -356,6 +388,14 @@ mod tests {
         v.extend(group.iter().cloned());
         let listed = Listed::from_redis_value(Value::Array(v.clone())).expect("decodes").0;
         assert_eq!((listed[0].0.as_str(), listed[0].1.lease_until_ms), ("a", Some(9)));
+        assert_eq!(listed[0].1.omitted_bytes, None);
+        let mut big = v.clone();
+        big[3] = Value::Int(20_000_000);
+        let listed = Listed::from_redis_value(Value::Array(big)).expect("decodes").0;
+        assert_eq!(
+            (listed[0].1.stored.as_str(), listed[0].1.omitted_bytes),
+            ("", Some(20_000_000))
+        );
         v.pop();
         assert!(Listed::from_redis_value(Value::Array(v)).is_err());
         let step = FindStep::from_redis_value(Value::Array(vec![s("0"), s("x")])).expect("decodes");

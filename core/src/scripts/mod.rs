@@ -348,6 +348,7 @@ pub const ARITIES: &[(&str, i32)] = &[
     ("HSCAN", -3),
     ("HSET", -4),
     ("HSETNX", 4),
+    ("HSTRLEN", 3),
     ("INCRBY", 3),
     // A fixed arity before Redis took its NX/XX/GT/LT options: the same words fit both.
     ("PEXPIRE", -3),
@@ -749,6 +750,7 @@ lua_files!(
     "include/stamp.lua",
     "include/restamp.lua",
     "include/serial.lua",
+    "include/shown.lua",
     "ack.lua",
     "beat.lua",
     "cancel.lua",

@@ -47,6 +47,15 @@ pub(crate) fn optional_text(v: &Value) -> Result<Option<String>, ParsingError> {
     }
 }
 
+/// A stored text that a listing may send as its size instead (include/shown.lua): the
+/// text, or "" and its size in bytes.
+pub(crate) fn stored_or_size(v: &Value) -> Result<(String, Option<u64>), ParsingError> {
+    match v {
+        Value::Int(_) => Ok((String::new(), Some(decode_unsigned(v)?))),
+        other => Ok((decode(other)?, None)),
+    }
+}
+
 /// A time in ms that Lua sends as -1 when there is none.
 pub(crate) fn optional_ms(v: &Value) -> Result<Option<i64>, ParsingError> {
     let ms: i64 = decode(v)?;
@@ -73,5 +82,14 @@ mod tests {
         assert_eq!(optional_text(&Value::Nil).expect("none"), None);
         assert_eq!(optional_text(&Value::BulkString(Vec::new())).expect("none"), None);
         assert_eq!(optional_ms(&Value::Int(-1)).expect("none"), None);
+        assert_eq!(
+            stored_or_size(&Value::Int(7)).expect("a size"),
+            (String::new(), Some(7))
+        );
+        assert_eq!(
+            stored_or_size(&Value::BulkString(b"{}".to_vec())).expect("a text"),
+            ("{}".to_owned(), None)
+        );
+        assert!(stored_or_size(&Value::Int(-7)).is_err());
     }
 }
