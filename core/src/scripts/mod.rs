@@ -890,6 +890,7 @@ pub(crate) fn sent_args(add_to: impl FnOnce(&mut Invocation<'_>)) -> Vec<String>
         script: redis::Script::new("return 1"),
         keys: Vec::new(),
         commands: Vec::new(),
+        guarded: false,
     };
     let mut inv = Invocation::new(&script, std::iter::empty());
     add_to(&mut inv);
