@@ -852,3 +852,89 @@ fn a_cluster_batch_refused_in_its_second_partition_names_the_first_partitions_id
         "{err}"
     );
 }
+
+/// Clients connected to `server`, this inspecting connection included.
+fn connected_clients(inspector: &mut redis::Connection) -> usize {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(inspector).expect("CLIENT LIST");
+    list.lines().count()
+}
+
+#[test]
+fn queues_made_sharing_a_connection_are_one_client_and_reconnect_together() {
+    use delayq::{Layout, Queue, QueueOptions};
+    let server = RedisServer::start();
+    let mut inspector = server.con();
+    let base = server.queue("orders");
+    let emails = base
+        .sharing_connection(
+            "emails",
+            QueueOptions {
+                partitions: 3,
+                ..QueueOptions::default()
+            },
+        )
+        .expect("queue");
+    let seed = base
+        .sharing_connection(
+            "legacy",
+            QueueOptions {
+                layout: Layout::Seed {
+                    zset_key: "old:zset".into(),
+                    payload_key: "old:payload".into(),
+                },
+                ..QueueOptions::default()
+            },
+        )
+        .expect("queue");
+    let alone = connected_clients(&mut inspector);
+    for i in 0..5 {
+        base.push(&i, Duration::ZERO).expect("push");
+        emails.push(&i, Duration::from_secs(60)).expect("push");
+        seed.push(&i, Duration::from_secs(60)).expect("push");
+    }
+    assert_eq!(connected_clients(&mut inspector), alone + 1, "three queues, one client");
+    assert_eq!(base.stats().expect("stats").ready, 5);
+    assert_eq!(emails.stats().expect("stats").scheduled, 5);
+    assert_eq!((emails.partitions(), emails.url()), (3, base.url()));
+    assert_eq!(seed.stats().expect("stats").scheduled, 5);
+
+    // Their one connection dropped: the next call of either reconnects, once, for both.
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut inspector)
+        .expect("CLIENT KILL");
+    assert_eq!(killed, 1);
+    assert_eq!(connected_clients(&mut inspector), alone);
+    emails.push(&"after", Duration::from_secs(60)).expect("push");
+    base.push(&"after", Duration::ZERO).expect("push");
+    seed.ping().expect("ping");
+    assert_eq!(
+        connected_clients(&mut inspector),
+        alone + 1,
+        "one new client, for all three"
+    );
+    assert_eq!(base.stats().expect("stats").ready, 6);
+    assert_eq!(emails.stats().expect("stats").scheduled, 6);
+
+    // Validated as `new` validates; the connection's options are the first queue's.
+    let err = base
+        .sharing_connection("bad{name", QueueOptions::default())
+        .expect_err("a brace in the name");
+    assert!(err.to_string().contains("queue name"), "{err}");
+    let mut other = QueueOptions::default();
+    other.connect.read_timeout = Duration::from_secs(1);
+    let err = base.sharing_connection("x", other).expect_err("other connect options");
+    assert!(err.to_string().contains("connection"), "{err}");
+    // A shared queue lends its connection too.
+    let shared = Queue::shared(&server.url(), "kept-shared", QueueOptions::default()).expect("queue");
+    shared.ping().expect("ping");
+    let before = connected_clients(&mut inspector);
+    shared
+        .sharing_connection("beside-shared", QueueOptions::default())
+        .expect("queue")
+        .push(&1, Duration::ZERO)
+        .expect("push");
+    assert_eq!(connected_clients(&mut inspector), before);
+}
