@@ -938,3 +938,60 @@ fn queues_made_sharing_a_connection_are_one_client_and_reconnect_together() {
         .expect("push");
     assert_eq!(connected_clients(&mut inspector), before);
 }
+
+#[test]
+fn a_page_of_the_registry_is_one_bounded_read_however_many_entries_it_holds() {
+    use delayq::{MAX_REGISTRY_PAGE, registry::FORGET_AFTER};
+    let server = RedisServer::start();
+    let mut con = server.con();
+    let now = server.now_ms();
+    // Entries as anyone with write access to dq:queues could write them.
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg("dq:queues");
+    for i in 0..20_000 {
+        zadd.arg(now - 10_000 - i)
+            .arg(format!(r#"{{"name":"spam{i:05}","layout":"native","partitions":1}}"#));
+    }
+    let _: i64 = zadd.query(&mut con).expect("ZADD");
+    let stale = now - i64::try_from(FORGET_AFTER.as_millis()).expect("ms") - 1;
+    let _: i64 = redis::cmd("ZADD")
+        .arg("dq:queues")
+        .arg(now)
+        .arg("not json")
+        .arg(now - 1)
+        .arg(r#"{"name":"dup","layout":"native","partitions":2}"#)
+        .arg(now - 2)
+        .arg(r#"{"name":"dup","layout":"native","partitions":1}"#)
+        .arg(stale)
+        .arg(r#"{"name":"forgotten","layout":"native","partitions":1}"#)
+        .query(&mut con)
+        .expect("ZADD");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .expect("RESETSTAT");
+    let q = server.queue("orders");
+    let page = q.registered_queues_page(0, 5).expect("page");
+    let names: Vec<&str> = page.queues.iter().map(|q| q.name.as_str()).collect();
+    // The unreadable entry and the older "dup" take their places on the page.
+    assert_eq!(names, ["dup", "spam00000", "spam00001"]);
+    assert_eq!(page.queues[0].partitions, 2);
+    assert_eq!(page.total, 20_003, "all but the forgotten entry");
+    let info: String = redis::cmd("INFO").arg("stats").query(&mut con).expect("INFO");
+    let sent: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("total_net_output_bytes");
+    assert!(sent < 4_000, "{sent} bytes sent for a page of five");
+
+    let later = q.registered_queues_page(20_000, 10).expect("page");
+    let names: Vec<&str> = later.queues.iter().map(|q| q.name.as_str()).collect();
+    assert_eq!(names, ["spam19997", "spam19998", "spam19999"]);
+    assert!(q.registered_queues_page(0, 0).expect("page").queues.is_empty());
+    let err = q
+        .registered_queues_page(0, MAX_REGISTRY_PAGE + 1)
+        .expect_err("too long a page");
+    assert!(err.to_string().contains("at most"), "{err}");
+    assert_eq!(q.registered_queues().expect("all").len(), 20_001);
+}
