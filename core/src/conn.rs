@@ -9,7 +9,7 @@ use redis::{ConnectionLike, RedisResult};
 use crate::error::{Error, Result};
 
 /// Connection settings shared by a queue and the workers built on it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectOptions {
     /// Longest wait for a TCP (and TLS) connection.
     pub connect_timeout: Duration,

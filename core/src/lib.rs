@@ -59,7 +59,7 @@ pub use queue::{
     MAX_PAGE_START, MAX_PAYLOAD_BYTES, MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES, MessageInfo, NewMessage, PushOptions,
     QUEUE_OPTIONS, Queue, QueueOptions, RateLimit, State, Stats, WorkerInfo, queue_option,
 };
-pub use registry::RegisteredQueue;
+pub use registry::{MAX_REGISTRY_PAGE, RegisteredQueue, RegistryPage};
 pub use repeat::{RepeatInfo, RepeatOptions, Schedule};
 pub use scripts::MAX_BATCH;
 pub use time::{Due, MAX_DELAY, delay_from_secs};

@@ -50,6 +50,22 @@ pub struct RegisteredQueue {
     pub last_seen_ms: i64,
 }
 
+/// The most entries one page of the registry holds (`registered_queues_page`).
+pub const MAX_REGISTRY_PAGE: usize = 1000;
+
+/// A page of the registry (`registered_queues_page`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RegistryPage {
+    /// The queues of the page's entries, seen most recently first, each once (as its
+    /// page's latest entry of its name says it); entries that this version cannot read
+    /// are left out, so a page may hold fewer than it was asked for.
+    pub queues: Vec<RegisteredQueue>,
+    /// The entries that are not forgotten, in all: the next page starts at
+    /// `start + limit` while that is less.
+    pub total: u64,
+}
+
 /// When this process last registered each queue (by URL and entry): producers and
 /// pools of one process share it, so a producer after a pool sends nothing.
 static REGISTERED: Mutex<Option<HashMap<String, Instant>>> = Mutex::new(None);
@@ -135,10 +151,11 @@ impl Queue {
 
     /// The queues registered on this queue's Redis under its key prefix, by name,
     /// each as the latest pool or producer said it, without those unseen for
-    /// [`FORGET_AFTER`].
+    /// [`FORGET_AFTER`]. Reads the whole registry: for a registry that others may fill,
+    /// read it a page at a time (`registered_queues_page`).
     pub fn registered_queues(&self) -> Result<Vec<RegisteredQueue>> {
         let key = self.registry_key();
-        let since = crate::time::now_unix_ms() - i64::try_from(FORGET_AFTER.as_millis()).unwrap_or(i64::MAX);
+        let since = Self::registry_since();
         let inner = &*self.inner;
         let members: Vec<(String, f64)> =
             inner
@@ -153,12 +170,7 @@ impl Queue {
                         .query(con)
                 })?;
         let mut latest: HashMap<String, RegisteredQueue> = HashMap::new();
-        for (member, score) in members {
-            // An entry this version cannot read names no queue it could open.
-            let Ok(mut q) = serde_json::from_str::<RegisteredQueue>(&member) else {
-                continue;
-            };
-            q.last_seen_ms = score as i64;
+        for q in Self::readable(members) {
             if latest
                 .get(&q.name)
                 .is_none_or(|seen| seen.last_seen_ms < q.last_seen_ms)
@@ -169,6 +181,65 @@ impl Queue {
         let mut out: Vec<RegisteredQueue> = latest.into_values().collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+
+    /// Entries `start..start + limit` of the registry, seen most recently first (at
+    /// most [`MAX_REGISTRY_PAGE`]), and how many it holds: one bounded read (a
+    /// `ZREVRANGE` and a `ZCOUNT`) however many entries others wrote. A name whose
+    /// older entry falls on a later page shows there too.
+    pub fn registered_queues_page(&self, start: usize, limit: usize) -> Result<RegistryPage> {
+        if limit > MAX_REGISTRY_PAGE {
+            return Err(crate::error::Error::invalid(
+                "limit",
+                format!("a page of the registry holds at most {MAX_REGISTRY_PAGE} entries, got {limit}"),
+            ));
+        }
+        let key = self.registry_key();
+        let since = Self::registry_since();
+        let inner = &*self.inner;
+        // By rank, which Redis finds in logarithmic time however deep the page: the
+        // forgotten entries rank last, after the `total` that are not.
+        let first = i64::try_from(start).unwrap_or(i64::MAX);
+        let last = first.saturating_add(i64::try_from(limit).unwrap_or(0)) - 1;
+        let (members, total): (Vec<(String, f64)>, u64) =
+            inner
+                .conn
+                .lock()
+                .run(&inner.endpoint, "registered_queues_page", Replay::Safe, |con| {
+                    let mut read = redis::pipe();
+                    if limit > 0 {
+                        read.cmd("ZREVRANGE").arg(&key).arg(first).arg(last).arg("WITHSCORES");
+                    }
+                    read.cmd("ZCOUNT").arg(&key).arg(since).arg("+inf");
+                    if limit > 0 {
+                        read.query(con)
+                    } else {
+                        read.query::<(u64,)>(con).map(|(total,)| (Vec::new(), total))
+                    }
+                })?;
+        let fresh = members.into_iter().filter(|&(_, score)| score >= since as f64);
+        let mut queues: Vec<RegisteredQueue> = Vec::new();
+        for q in Self::readable(fresh) {
+            if !queues.iter().any(|seen| seen.name == q.name) {
+                queues.push(q);
+            }
+        }
+        Ok(RegistryPage { queues, total })
+    }
+
+    /// The oldest score of an entry not forgotten.
+    fn registry_since() -> i64 {
+        crate::time::now_unix_ms() - i64::try_from(FORGET_AFTER.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// The entries this version can read, with when they were seen.
+    fn readable(members: impl IntoIterator<Item = (String, f64)>) -> impl Iterator<Item = RegisteredQueue> {
+        members.into_iter().filter_map(|(member, score)| {
+            // An entry this version cannot read names no queue it could open.
+            let mut q = serde_json::from_str::<RegisteredQueue>(&member).ok()?;
+            q.last_seen_ms = score as i64;
+            Some(q)
+        })
     }
 }
 

@@ -852,3 +852,146 @@ fn a_cluster_batch_refused_in_its_second_partition_names_the_first_partitions_id
         "{err}"
     );
 }
+
+/// Clients connected to `server`, this inspecting connection included.
+fn connected_clients(inspector: &mut redis::Connection) -> usize {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(inspector).expect("CLIENT LIST");
+    list.lines().count()
+}
+
+#[test]
+fn queues_made_sharing_a_connection_are_one_client_and_reconnect_together() {
+    use delayq::{Layout, Queue, QueueOptions};
+    let server = RedisServer::start();
+    let mut inspector = server.con();
+    let base = server.queue("orders");
+    let emails = base
+        .sharing_connection(
+            "emails",
+            QueueOptions {
+                partitions: 3,
+                ..QueueOptions::default()
+            },
+        )
+        .expect("queue");
+    let seed = base
+        .sharing_connection(
+            "legacy",
+            QueueOptions {
+                layout: Layout::Seed {
+                    zset_key: "old:zset".into(),
+                    payload_key: "old:payload".into(),
+                },
+                ..QueueOptions::default()
+            },
+        )
+        .expect("queue");
+    let alone = connected_clients(&mut inspector);
+    for i in 0..5 {
+        base.push(&i, Duration::ZERO).expect("push");
+        emails.push(&i, Duration::from_secs(60)).expect("push");
+        seed.push(&i, Duration::from_secs(60)).expect("push");
+    }
+    assert_eq!(connected_clients(&mut inspector), alone + 1, "three queues, one client");
+    assert_eq!(base.stats().expect("stats").ready, 5);
+    assert_eq!(emails.stats().expect("stats").scheduled, 5);
+    assert_eq!((emails.partitions(), emails.url()), (3, base.url()));
+    assert_eq!(seed.stats().expect("stats").scheduled, 5);
+
+    // Their one connection dropped: the next call of either reconnects, once, for both.
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut inspector)
+        .expect("CLIENT KILL");
+    assert_eq!(killed, 1);
+    assert_eq!(connected_clients(&mut inspector), alone);
+    emails.push(&"after", Duration::from_secs(60)).expect("push");
+    base.push(&"after", Duration::ZERO).expect("push");
+    seed.ping().expect("ping");
+    assert_eq!(
+        connected_clients(&mut inspector),
+        alone + 1,
+        "one new client, for all three"
+    );
+    assert_eq!(base.stats().expect("stats").ready, 6);
+    assert_eq!(emails.stats().expect("stats").scheduled, 6);
+
+    // Validated as `new` validates; the connection's options are the first queue's.
+    let err = base
+        .sharing_connection("bad{name", QueueOptions::default())
+        .expect_err("a brace in the name");
+    assert!(err.to_string().contains("queue name"), "{err}");
+    let mut other = QueueOptions::default();
+    other.connect.read_timeout = Duration::from_secs(1);
+    let err = base.sharing_connection("x", other).expect_err("other connect options");
+    assert!(err.to_string().contains("connection"), "{err}");
+    // A shared queue lends its connection too.
+    let shared = Queue::shared(&server.url(), "kept-shared", QueueOptions::default()).expect("queue");
+    shared.ping().expect("ping");
+    let before = connected_clients(&mut inspector);
+    shared
+        .sharing_connection("beside-shared", QueueOptions::default())
+        .expect("queue")
+        .push(&1, Duration::ZERO)
+        .expect("push");
+    assert_eq!(connected_clients(&mut inspector), before);
+}
+
+#[test]
+fn a_page_of_the_registry_is_one_bounded_read_however_many_entries_it_holds() {
+    use delayq::{MAX_REGISTRY_PAGE, registry::FORGET_AFTER};
+    let server = RedisServer::start();
+    let mut con = server.con();
+    let now = server.now_ms();
+    // Entries as anyone with write access to dq:queues could write them.
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg("dq:queues");
+    for i in 0..20_000 {
+        zadd.arg(now - 10_000 - i)
+            .arg(format!(r#"{{"name":"spam{i:05}","layout":"native","partitions":1}}"#));
+    }
+    let _: i64 = zadd.query(&mut con).expect("ZADD");
+    let stale = now - i64::try_from(FORGET_AFTER.as_millis()).expect("ms") - 1;
+    let _: i64 = redis::cmd("ZADD")
+        .arg("dq:queues")
+        .arg(now)
+        .arg("not json")
+        .arg(now - 1)
+        .arg(r#"{"name":"dup","layout":"native","partitions":2}"#)
+        .arg(now - 2)
+        .arg(r#"{"name":"dup","layout":"native","partitions":1}"#)
+        .arg(stale)
+        .arg(r#"{"name":"forgotten","layout":"native","partitions":1}"#)
+        .query(&mut con)
+        .expect("ZADD");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .expect("RESETSTAT");
+    let q = server.queue("orders");
+    let page = q.registered_queues_page(0, 5).expect("page");
+    let names: Vec<&str> = page.queues.iter().map(|q| q.name.as_str()).collect();
+    // The unreadable entry and the older "dup" take their places on the page.
+    assert_eq!(names, ["dup", "spam00000", "spam00001"]);
+    assert_eq!(page.queues[0].partitions, 2);
+    assert_eq!(page.total, 20_003, "all but the forgotten entry");
+    let info: String = redis::cmd("INFO").arg("stats").query(&mut con).expect("INFO");
+    let sent: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("total_net_output_bytes");
+    assert!(sent < 4_000, "{sent} bytes sent for a page of five");
+
+    let later = q.registered_queues_page(20_000, 10).expect("page");
+    let names: Vec<&str> = later.queues.iter().map(|q| q.name.as_str()).collect();
+    assert_eq!(names, ["spam19997", "spam19998", "spam19999"]);
+    assert!(q.registered_queues_page(0, 0).expect("page").queues.is_empty());
+    let err = q
+        .registered_queues_page(0, MAX_REGISTRY_PAGE + 1)
+        .expect_err("too long a page");
+    assert!(err.to_string().contains("at most"), "{err}");
+    assert_eq!(q.registered_queues().expect("all").len(), 20_001);
+}

@@ -595,12 +595,20 @@ def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     if args.allow_actions and auth is None:
         raise _BadUsage("--allow-actions needs --auth USER:PASSWORD (or DELAYQ_DASHBOARD_AUTH): without it any "
                         "web page the browser opens could requeue and delete")
-    # A page must not wait for a Redis that is down: one short try per read.
+    # A page must not wait for a Redis that is down: one short try per read. Every
+    # queue of the page shares the first one's connection (and so do those of the
+    # registry), so the dashboard is one client of Redis however many it shows.
+    first: list[DelayQueue] = []
+
     def make_queue(name: str, partitions: int, layout: str, zset_key: Optional[str],
                    payload_key: Optional[str]) -> DelayQueue:
-        return DelayQueue(args.url, name, prefix=args.prefix, partitions=partitions, layout=layout,
-                          zset_key=zset_key, payload_key=payload_key, connect_timeout=0.5, read_timeout=2.0,
-                          retry_timeout=0.0)
+        if first:
+            return first[0].sharing_connection(name, partitions=partitions, layout=layout, zset_key=zset_key,
+                                               payload_key=payload_key)
+        first.append(DelayQueue(args.url, name, prefix=args.prefix, partitions=partitions, layout=layout,
+                                zset_key=zset_key, payload_key=payload_key, connect_timeout=0.5, read_timeout=2.0,
+                                retry_timeout=0.0))
+        return first[0]
 
     queues = [make_queue(name, args.partitions, args.layout, args.zset_key, args.payload_key)
               for name in (args.queues or ([] if args.seed_queue else [args.queue]))]
@@ -612,10 +620,7 @@ def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     seed_keys = [(zset_key, payload_key) for _, zset_key, payload_key in args.seed_queue]
     if args.layout == "seed" and (args.queues or not args.seed_queue):
         seed_keys.append((args.zset_key or "delay_queue:zset", args.payload_key or "delay_queue:payload"))
-    registry = dashboard.Registry(
-        queues[0],
-        lambda e: make_queue(e["name"], e["partitions"], e["layout"], e["zset_key"], e["payload_key"]),
-        seed_keys)
+    registry = dashboard.Registry(queues[0], seed_keys=seed_keys)
 
     return _serve(args, "the dashboard", "/",
                   lambda host, port: dashboard.make_server(queues, host, port, args.refresh, auth,

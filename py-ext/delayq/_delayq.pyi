@@ -67,6 +67,30 @@ class DelayQueue:
         keep_completed: int = 0,
         keep_completed_for: float = 86400.0,
     ) -> DelayQueue: ...
+    def sharing_connection(
+        self,
+        queue: str,
+        *,
+        prefix: Optional[str] = None,
+        layout: str = "native",
+        zset_key: Optional[str] = None,
+        payload_key: Optional[str] = None,
+        max_payload_bytes: int = 1048576,
+        partitions: int = 1,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+        dead_max: int = 10000,
+        dead_ttl: float = 2592000.0,
+        keep_completed: int = 0,
+        keep_completed_for: float = 86400.0,
+    ) -> DelayQueue:
+        """The queue ``queue`` on this queue's Redis that shares this queue's connection:
+        many queues, one client of Redis (a dashboard of hundreds of queues). Takes the
+        options of ``DelayQueue()`` with their defaults, but ``prefix`` defaults to this
+        queue's, and those of the connection (``url``, timeouts, ``tls_ca_file``) are
+        this queue's. The calls of queues that share a connection take turns on it; a
+        ``Worker`` built on one opens its own. The connection reconnects as any does,
+        for all of them, and after ``os.fork()`` each process opens its own."""
     @property
     def name(self) -> str:
         """The queue's name."""
@@ -219,7 +243,13 @@ class DelayQueue:
         a producer once per process at its first push; entries unseen for a week are
         left out. What lists queues without being told their names (``delayq
         dashboard``); a user whose ACL rule covers only its queue's keys registers
-        nothing."""
+        nothing. Reads the whole registry: ``registered_queues_page`` reads a part."""
+    def registered_queues_page(self, limit: int = 50, *, start: int = 0) -> tuple[list[RegisteredQueue], int]:
+        """Entries ``start`` to ``start + limit`` (at most 1000) of the registry that
+        ``registered_queues`` reads, the most recently seen first, and how many entries
+        it holds: one bounded read however many others wrote to it. A name is on a page
+        once (its latest entry there); an entry that does not parse is left out, so a
+        page may hold fewer. The next page starts at ``start + limit``."""
     def requeue_dead(self, id: Optional[str] = None) -> int:
         """Send dead letters back, due now, with a fresh attempt budget: one, or all when
         ``id`` is None. Returns how many."""

@@ -116,6 +116,10 @@ class AsyncDelayQueue:
         """`DelayQueue.registered_queues`."""
         return await asyncio.to_thread(self._queue.registered_queues)
 
+    async def registered_queues_page(self, limit: int = 50, *, start: int = 0) -> tuple[list[RegisteredQueue], int]:
+        """`DelayQueue.registered_queues_page`."""
+        return await asyncio.to_thread(self._queue.registered_queues_page, limit, start=start)
+
     async def workers(self) -> list[WorkerInfo]:
         """`DelayQueue.workers`."""
         return await asyncio.to_thread(self._queue.workers)

@@ -7,10 +7,9 @@ latest dead letters with their errors. The page reloads itself; every figure is 
 from Redis afresh for each request.
 
 `/` lists the queues named and those that pools or producers registered
-(`DelayQueue.registered_queues`) as far as it may open them (see `Registry`: the
-registry is not trusted: what it renders and opens is bounded, though the registry
-itself is read whole), and shows the named ones in
-full; `/queue?name=NAME` is one queue's page, with its waiting, running, dead and
+(`DelayQueue.registered_queues_page`, a page at a time) as far as it may open them
+(see `Registry`: the registry is not trusted: what it reads, renders and opens is
+bounded, and its queues share one connection), and shows the named ones in full; `/queue?name=NAME` is one queue's page, with its waiting, running, dead and
 completed messages a page at a time and a search. The charts are inline SVG: the page
 needs nothing from outside. A Redis that does not answer makes the page say so at once
 rather than wait (see `Reachability`).
@@ -427,13 +426,18 @@ def _key(q: DelayQueue) -> str:
     return q.name
 
 
-#: Registered queues the front page lists (by name; the rest are counted, each still
-#: has its page), and partitions it reads over them: a registry that anyone with
-#: write access to `<prefix>:queues` can fill must not make the page slow or large.
+#: Registry entries the front page lists (a page at a time, the most recently seen
+#: first; the rest are counted), and partitions it reads over them: a registry that
+#: anyone with write access to `<prefix>:queues` can fill must not make the page slow
+#: or large.
 LISTED = 50
 LISTED_PARTITIONS = 256
-#: Registered queues kept open between pages; others are opened for a page and closed.
-KEPT_OPEN = 8
+#: How many of the registry's entries, the most recently seen, a queue's page looks
+#: through for its name (one bounded read), besides the handles it keeps.
+FOUND_WITHIN = 1000
+#: Handles on registered queues kept between pages. They share the connection of the
+#: registry's source (`DelayQueue.sharing_connection`), so a handle costs Redis nothing.
+KEPT_HANDLES = 256
 
 
 class Registry:
@@ -447,18 +451,28 @@ class Registry:
     name (the name cannot hold braces), whatever its partitions; a seed-layout entry
     names any two keys, so it is opened only when the operator named those keys
     (`seed_keys`: the `(zset_key, payload_key)` of the seed queues on the command line).
-    At most `KEPT_OPEN` registered queues stay open (each holds a connection)."""
 
-    def __init__(self, source: DelayQueue, open: Callable[[Mapping[str, Any]], DelayQueue],
+    Unless `open` says otherwise, each is opened on `source`'s connection (with its
+    prefix and timeouts): a registry of any size costs Redis that one client. At most
+    `KEPT_HANDLES` handles are kept between pages."""
+
+    def __init__(self, source: DelayQueue, open: Optional[Callable[[Mapping[str, Any]], DelayQueue]] = None,
                  seed_keys: Sequence[tuple[str, str]] = ()) -> None:
         self.source = source
-        self.open_entry = open
+        self.open_entry = open or self._on_source_connection
         self.seed_keys = set(seed_keys)
         self.kept: OrderedDict[tuple[Any, ...], DelayQueue] = OrderedDict()
         self.lock = threading.Lock()
 
-    def entries(self) -> list[Mapping[str, Any]]:
-        return list(self.source.registered_queues())
+    def _on_source_connection(self, entry: Mapping[str, Any]) -> DelayQueue:
+        return self.source.sharing_connection(entry["name"], layout=entry["layout"], zset_key=entry["zset_key"],
+                                              payload_key=entry["payload_key"], partitions=entry["partitions"])
+
+    def page(self, start: int = 0, limit: int = LISTED) -> tuple[list[Mapping[str, Any]], int]:
+        """Entries `start..start + limit`, the most recently seen first, and how many
+        the registry holds: one bounded read however many entries it holds."""
+        entries, total = self.source.registered_queues_page(limit, start=start)
+        return list(entries), total
 
     def refusal(self, entry: Mapping[str, Any]) -> Optional[str]:
         """Why `entry` is not opened (plain text), or None."""
@@ -488,23 +502,31 @@ class Registry:
             return f"not opened: {e}"
         with self.lock:
             self.kept[how] = q
-            while len(self.kept) > KEPT_OPEN:
+            while len(self.kept) > KEPT_HANDLES:
                 self.kept.popitem(last=False)
         return q
 
     def find(self, name: str) -> Union[DelayQueue, str, None]:
-        """The registered queue `name`, why it is not opened, or None when not registered."""
+        """The registered queue `name`, why it is not opened, or None when not registered:
+        a handle kept since a page listed it, else among the `FOUND_WITHIN` entries seen
+        most recently."""
+        with self.lock:
+            kept = next((q for q in reversed(self.kept.values()) if q.name == name), None)
+        if kept is not None:
+            return kept
         try:
-            entry = next((e for e in self.entries() if e["name"] == name), None)
+            entries, _ = self.page(0, FOUND_WITHIN)
         except DelayQueueError:
             return None
+        entry = next((e for e in entries if e["name"] == name), None)
         return None if entry is None else self.open(entry)
 
 
-def _overview(queues: list[DelayQueue], health: Reachability, registry: Optional[Registry] = None) -> str:
+def _overview(queues: list[DelayQueue], health: Reachability, registry: Optional[Registry] = None,
+              registry_start: int = 0) -> str:
     """One line per queue, each a link to its page: depth, pools, and the last hour. The
-    named queues first, then at most `LISTED` registered ones, reading at most
-    `LISTED_PARTITIONS` partitions of them."""
+    named queues first, then the registry's `LISTED` entries from `registry_start`,
+    reading at most `LISTED_PARTITIONS` partitions of them."""
     rows = []
     blank = ["", "", "", "", "", ""]
 
@@ -528,12 +550,13 @@ def _overview(queues: list[DelayQueue], health: Reachability, registry: Optional
     if registry is not None:
         named = {q.name for q in queues}
         try:
-            entries = [e for e in registry.entries() if e["name"] not in named]
+            listed, total = registry.page(registry_start)
+            entries = [e for e in listed if e["name"] not in named]
         except DelayQueueError as e:
-            entries = []
+            entries, total = [], 0
             note = f'<p class="bad">the registry of queues could not be read: {_text(str(e))}</p>'
         budget = LISTED_PARTITIONS
-        for entry in entries[:LISTED]:
+        for entry in entries:
             name = f"<code>{_text(entry['name'])}</code>"
             # Checked before opening: making a queue of many partitions costs time too.
             opened = registry.refusal(entry) or (
@@ -550,9 +573,16 @@ def _overview(queues: list[DelayQueue], health: Reachability, registry: Optional
             else:
                 budget -= entry["partitions"]
                 rows.append(row(opened))
-        if len(entries) > LISTED:
-            note += (f'<p class="quiet more">{len(entries) - LISTED} more registered queues not shown (the first '
-                     f"{LISTED} by name are); each has its page: /queue?name=NAME</p>")
+        pages = []
+        if registry_start > 0:
+            pages.append(f'<a class="page" href="/?registry_start={max(0, registry_start - LISTED)}">'
+                         f"&larr; seen more recently</a>")
+        if registry_start + LISTED < total:
+            pages.append(f'<a class="page" href="/?registry_start={registry_start + LISTED}">seen earlier &rarr;</a>')
+        shown = f"entries {registry_start + 1} to {min(total, registry_start + LISTED)} of the registry"
+        if total > LISTED or registry_start > 0:
+            note += (f'<p class="quiet more">{max(0, total - LISTED)} more registered queues not shown here '
+                     f"({shown}, the most recently seen first): {' · '.join(pages)}</p>")
     return "<h2>queues</h2>" + _table(
         ["queue", "state", "scheduled", "ready", "in flight", "dead", "pools", "handled in the last hour"], rows,
         frozenset({2, 3, 4, 5, 6, 7})) + note
@@ -572,11 +602,13 @@ def _page(title: str, body: str, refresh: float, again: str, at: float) -> str:
 
 def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Callable[[], float]] = None,
                 find: str = "", token: Optional[str] = None, done: str = "",
-                registry: Optional[Registry] = None, health: Optional[Reachability] = None) -> str:
+                registry: Optional[Registry] = None, health: Optional[Reachability] = None,
+                registry_start: int = 0) -> str:
     """The page for `queues`. A queue whose Redis fails says so; the others still show.
     With `find`, the messages of each queue whose payload holds it (or whose id it is) come first.
     With `token`, the page has action buttons (see the module); `done` says what the last one did.
-    `registry` adds a table of the queues, those it found too, each a link to its page."""
+    `registry` adds a table of the queues, those it found too (its entries from
+    `registry_start`), each a link to its page."""
     clock = now or time.time
     at = clock()
     health = health or Reachability(clock)
@@ -584,10 +616,11 @@ def render_html(queues: list[DelayQueue], refresh: float = 5.0, now: Optional[Ca
               'placeholder="an order number, an id, any text of a payload"> <button>find</button></form>')
     found = "".join(_found_section(q, find) for q in queues) if find else ""
     notice = f'<p class="done">{_text(done)}</p>' if done else ""
-    overview = _overview(queues, health, registry) if registry is not None else ""
+    overview = _overview(queues, health, registry, registry_start) if registry is not None else ""
     sections = notice + search + found + overview + "".join(_queue_section(q, at, token, health) for q in queues)
     # A reload must not repeat the notice of an action.
-    again = "/?" + urllib.parse.urlencode({"find": find}) if find else "/"
+    kept = {**({"find": find} if find else {}), **({"registry_start": str(registry_start)} if registry_start else {})}
+    again = "/?" + urllib.parse.urlencode(kept) if kept else "/"
     return _page(f"delayq: {', '.join(q.name for q in queues)}", sections, refresh, again, at)
 
 
@@ -740,8 +773,11 @@ def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float =
         return q if isinstance(q, DelayQueue) else None
 
     def page(query: dict[str, str]) -> str:
+        raw = query.get("registry_start", "0")
+        if not re.fullmatch(r"[0-9]{1,9}", raw):
+            raise BadRequest(f"registry_start must be an entry of the registry, from 0, got {raw!r}")
         return render_html(queues, refresh, find=query.get("find", ""), token=token, done=query.get("done", ""),
-                           registry=registry, health=health)
+                           registry=registry, health=health, registry_start=int(raw))
 
     def queue_page(query: dict[str, str]) -> str:
         q = find(query.get("name", ""))

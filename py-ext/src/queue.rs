@@ -78,30 +78,77 @@ impl PyQueue {
         #[pyo3(from_py_with = convert::keep_completed_arg)] keep_completed: i64,
         #[pyo3(from_py_with = convert::keep_completed_for_arg)] keep_completed_for: f64,
     ) -> PyResult<Self> {
-        use delayq::options::Value::{Count, Seconds, Text};
-        let mut values = vec![
-            ("prefix", Text(prefix.to_owned())),
-            ("layout", Text(layout.to_owned())),
-            ("max_payload_bytes", Count(max_payload_bytes)),
+        use delayq::options::Value::Seconds;
+        let mut values = queue_values(QueueValues {
+            prefix,
+            layout,
+            zset_key,
+            payload_key,
+            max_payload_bytes,
+            partitions,
+            wait_replicas,
+            wait_timeout,
+            dead_max,
+            dead_ttl,
+            keep_completed,
+            keep_completed_for,
+        });
+        values.extend([
             ("connect_timeout", Seconds(connect_timeout)),
             ("read_timeout", Seconds(read_timeout)),
             ("retry_timeout", Seconds(retry_timeout)),
-            ("partitions", Count(partitions)),
-            ("wait_replicas", Count(wait_replicas)),
-            ("wait_timeout", Seconds(wait_timeout)),
-            ("dead_max", Count(dead_max)),
-            ("dead_ttl", Seconds(dead_ttl)),
-            ("keep_completed", Count(keep_completed)),
-            ("keep_completed_for", Seconds(keep_completed_for)),
-        ];
-        values.extend(zset_key.map(|k| ("zset_key", Text(k))));
-        values.extend(payload_key.map(|k| ("payload_key", Text(k))));
+        ]);
         let mut opts = delayq::QueueOptions::from_values(values).or_raise(py)?;
         // A path, not text: one that is not UTF-8 is still a file name.
         opts.connect.tls_ca_file = tls_ca_file;
         crate::logs::sync_level(py);
         Ok(Self {
             queue: delayq::Queue::new(url, queue, opts).or_raise(py)?,
+        })
+    }
+
+    /// A queue on this queue's Redis and connection (see the stub): the options of
+    /// `DelayQueue()` but those of the connection, which are this queue's; `prefix`
+    /// defaults to this queue's.
+    #[pyo3(signature = (queue, *, prefix = None, layout = "native", zset_key = None, payload_key = None,
+        max_payload_bytes = 1_048_576, partitions = 1, wait_replicas = 0, wait_timeout = 1.0, dead_max = 10_000,
+        dead_ttl = 2_592_000.0, keep_completed = 0, keep_completed_for = 86_400.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn sharing_connection(
+        &self,
+        py: Python<'_>,
+        queue: &str,
+        prefix: Option<&str>,
+        layout: &str,
+        #[pyo3(from_py_with = convert::zset_key_arg)] zset_key: Option<String>,
+        #[pyo3(from_py_with = convert::payload_key_arg)] payload_key: Option<String>,
+        #[pyo3(from_py_with = convert::max_payload_bytes_arg)] max_payload_bytes: i64,
+        #[pyo3(from_py_with = convert::partitions_arg)] partitions: i64,
+        #[pyo3(from_py_with = convert::wait_replicas_arg)] wait_replicas: i64,
+        #[pyo3(from_py_with = convert::wait_timeout_arg)] wait_timeout: f64,
+        #[pyo3(from_py_with = convert::dead_max_arg)] dead_max: i64,
+        #[pyo3(from_py_with = convert::dead_ttl_arg)] dead_ttl: f64,
+        #[pyo3(from_py_with = convert::keep_completed_arg)] keep_completed: i64,
+        #[pyo3(from_py_with = convert::keep_completed_for_arg)] keep_completed_for: f64,
+    ) -> PyResult<Self> {
+        let values = queue_values(QueueValues {
+            prefix: prefix.unwrap_or(&self.queue.options().prefix),
+            layout,
+            zset_key,
+            payload_key,
+            max_payload_bytes,
+            partitions,
+            wait_replicas,
+            wait_timeout,
+            dead_max,
+            dead_ttl,
+            keep_completed,
+            keep_completed_for,
+        });
+        let mut opts = delayq::QueueOptions::from_values(values).or_raise(py)?;
+        opts.connect = self.queue.options().connect.clone();
+        Ok(Self {
+            queue: self.queue.sharing_connection(queue, opts).or_raise(py)?,
         })
     }
 
@@ -398,6 +445,24 @@ impl PyQueue {
         records::list(py, queues.iter().map(records_of::registered_queue))
     }
 
+    /// Entries `start..start + limit` of the registry, seen most recently first, and how
+    /// many it holds (see the stub).
+    #[pyo3(signature = (limit = 50, *, start = 0))]
+    fn registered_queues_page<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::limit_arg)] limit: usize,
+        #[pyo3(from_py_with = convert::start_arg)] start: usize,
+    ) -> PyResult<(Bound<'py, PyList>, u64)> {
+        let page = py
+            .detach(|| self.queue.registered_queues_page(start, limit))
+            .or_raise(py)?;
+        Ok((
+            records::list(py, page.queues.iter().map(records_of::registered_queue))?,
+            page.total,
+        ))
+    }
+
     /// The consumer pools alive on this queue, from every host and language.
     fn workers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let pools = py.detach(|| self.queue.workers()).or_raise(py)?;
@@ -585,6 +650,41 @@ impl PyQueue {
     fn __repr__(&self) -> String {
         format!("DelayQueue(url={:?}, queue={:?})", self.queue.url(), self.queue.name())
     }
+}
+
+/// The options of a queue but those of its connection, as given to Python.
+struct QueueValues<'a> {
+    prefix: &'a str,
+    layout: &'a str,
+    zset_key: Option<String>,
+    payload_key: Option<String>,
+    max_payload_bytes: i64,
+    partitions: i64,
+    wait_replicas: i64,
+    wait_timeout: f64,
+    dead_max: i64,
+    dead_ttl: f64,
+    keep_completed: i64,
+    keep_completed_for: f64,
+}
+
+fn queue_values(v: QueueValues<'_>) -> Vec<(&'static str, delayq::options::Value)> {
+    use delayq::options::Value::{Count, Seconds, Text};
+    let mut values = vec![
+        ("prefix", Text(v.prefix.to_owned())),
+        ("layout", Text(v.layout.to_owned())),
+        ("max_payload_bytes", Count(v.max_payload_bytes)),
+        ("partitions", Count(v.partitions)),
+        ("wait_replicas", Count(v.wait_replicas)),
+        ("wait_timeout", Seconds(v.wait_timeout)),
+        ("dead_max", Count(v.dead_max)),
+        ("dead_ttl", Seconds(v.dead_ttl)),
+        ("keep_completed", Count(v.keep_completed)),
+        ("keep_completed_for", Seconds(v.keep_completed_for)),
+    ];
+    values.extend(v.zset_key.map(|k| ("zset_key", Text(k))));
+    values.extend(v.payload_key.map(|k| ("payload_key", Text(k))));
+    values
 }
 
 impl PyQueue {

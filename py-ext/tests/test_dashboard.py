@@ -12,10 +12,12 @@ import urllib.request
 from typing import Any
 
 import pytest
+import redis
 
 import delayq
-from delayq.dashboard import PAGE_ROWS, Reachability, Registry, make_server, render_html
-from harness import free_port, wait_for
+from delayq.dashboard import LISTED, PAGE_ROWS, Reachability, Registry, make_server, render_html
+from harness import RedisServer, free_port, wait_for
+from test_untrusted_data import dashboard, register
 
 
 def test_minutes_count_what_pools_did_and_refuse_a_bad_span(queue: delayq.DelayQueue) -> None:
@@ -229,3 +231,58 @@ def test_pages_reach_past_the_first_thousand_messages(redis_url: str, partitions
         assert ids[-1] in last and "later &rarr;" not in last
     finally:
         server.shutdown()
+
+
+def test_a_dashboard_of_many_registered_queues_is_one_client_of_redis() -> None:
+    server = RedisServer("--maxclients", "100")
+    try:
+        r = redis.Redis(port=server.port)
+        register(r, *({"name": f"spam{i:03d}", "layout": "native", "partitions": 1} for i in range(150)))
+        app = delayq.DelayQueue(server.url, "orders")
+        app.ping()
+
+        def accepted() -> int:
+            return int(r.info("stats")["total_connections_received"])
+
+        before = accepted()
+        with dashboard(server.url, "orders", "audit") as get:
+            pages = {}
+            for path in ("/", "/?registry_start=50", "/?registry_start=100", "/queue?name=spam149",
+                         "/queue?name=spam000", "/queue?name=audit", "/"):
+                status, page = get(path)
+                assert status == 200 and "unreachable" not in page and "refused" not in page.lower(), (path, page)
+                pages[path] = page
+            opened = accepted() - before
+            # The named queues and every registered one read, on one connection.
+            assert opened == 1, f"the dashboard opened {opened} connections"
+            front, later = pages["/"], pages["/?registry_start=50"]
+            assert front.count('href="/queue?name=spam') == LISTED and front.count("<td>running</td>") >= LISTED
+            assert "spam149" in front and "spam099" in later and "spam099" not in front
+            assert "100 more registered queues not shown here" in front and "registry_start=50" in front
+            assert "spam000" in pages["/?registry_start=100"] and "seen earlier" not in pages["/?registry_start=100"]
+            # Redis still takes the application's pushes.
+            app.push({"order_id": 1})
+            assert app.stats()["ready"] == 1
+            assert get("/?registry_start=x")[0] == 400
+    finally:
+        server.stop()
+
+
+def test_a_registry_of_a_hundred_thousand_entries_costs_one_bounded_read_a_page(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    entries = [{"name": f"spam{i:06d}", "layout": "native", "partitions": 1} for i in range(100_000)]
+    for at in range(0, len(entries), 10_000):
+        register(r, *entries[at:at + 10_000])
+    with dashboard(redis_url, "orders") as get:
+        r.config_resetstat()
+        status, front = get("/")
+        sent = int(r.info("stats")["total_net_output_bytes"])
+        assert status == 200 and front.count('href="/queue?name=spam') == 50
+        assert "99950 more registered queues not shown here" in front
+        # The whole registry is some 6 MB; a page of it and its fifty queues a fraction.
+        assert sent < 300_000, f"Redis sent {sent} bytes for the page"
+        r.config_resetstat()
+        status, page = get("/queue?name=spam099900")
+        sent = int(r.info("stats")["total_net_output_bytes"])
+        assert status == 200 and "queue <code>spam099900</code>" in page
+        assert sent < 300_000, f"Redis sent {sent} bytes for a queue's page"

@@ -475,3 +475,31 @@ def test_a_delay_may_be_any_real_number(queue: delayq.DelayQueue) -> None:
     for delay in (decimal.Decimal("60.5"), fractions.Fraction(121, 2)):
         info = queue.get(queue.push(1, delay))
         assert info is not None and info["state"] == "scheduled"
+
+
+def test_queues_sharing_a_connection_are_one_client_with_their_own_options(redis_url: str) -> None:
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    base = delayq.DelayQueue(redis_url, "orders", prefix="shop", connect_timeout=0.5)
+    wide = base.sharing_connection("emails", partitions=3)
+    seed = base.sharing_connection("legacy", layout="seed", zset_key="old:zset", payload_key="old:payload")
+    before = int(r.info("stats")["total_connections_received"])
+    base.push({"n": 1})
+    wide.push({"n": 2}, delay=60)
+    seed.push({"n": 3}, delay=60)
+    assert int(r.info("stats")["total_connections_received"]) - before == 1
+    assert base.stats()["ready"] == 1 and wide.stats()["scheduled"] == 1 and seed.stats()["scheduled"] == 1
+    # The prefix is the first queue's unless given.
+    assert r.keys("{shop:orders}*") and r.keys("{shop:emails:p*") and not r.keys("{dq:*")
+    assert base.sharing_connection("other", prefix="dq").push(1) and r.keys("{dq:other}*")
+    with pytest.raises(delayq.InvalidArgumentError, match="queue name"):
+        base.sharing_connection("bad{name")
+    with pytest.raises(delayq.InvalidArgumentError, match="partitions"):
+        base.sharing_connection("x", partitions=0)
+    with pytest.raises(TypeError):
+        base.sharing_connection("x", connect_timeout=1.0)  # type: ignore[call-arg]
+    first, total = base.registered_queues_page(2)
+    rest, _ = base.registered_queues_page(10, start=2)
+    assert total == 3 and len(first) == 2 and len(rest) == 1
+    assert sorted(e["name"] for e in first + rest) == ["emails", "legacy", "orders"]

@@ -45,9 +45,12 @@ pub(crate) struct Inner {
     pub(crate) name: String,
     /// The keys of each partition.
     pub(crate) parts: Vec<Keys>,
-    pub(crate) endpoint: Endpoint,
+    /// Shared with the queues made by `sharing_connection`, together with `conn`: the
+    /// slot's record of the master it connected to is this endpoint's.
+    pub(crate) endpoint: Arc<Endpoint>,
     pub(crate) opts: QueueOptions,
-    pub(crate) conn: Mutex<ConnSlot>,
+    /// The producer and admin connection, shared by the queues of `sharing_connection`.
+    pub(crate) conn: Arc<Mutex<ConnSlot>>,
     /// This handle's producer side has noted the queue in the registry of queues (see
     /// registry.rs): every later push skips the process-wide bookkeeping.
     pub(crate) producer_registered: std::sync::atomic::AtomicBool,
@@ -102,34 +105,78 @@ impl Queue {
     /// A handle on queue `name` at `url`. Validates everything; connects on first use.
     pub fn new(url: &str, name: &str, opts: QueueOptions) -> Result<Self> {
         opts.check()?;
-        let parts = match &opts.layout {
+        let parts = Self::keys_of(name, &opts)?;
+        let endpoint = Endpoint::parse(url, opts.connect.clone())?;
+        Ok(Self::with(
+            name,
+            parts,
+            opts,
+            Arc::new(endpoint),
+            Arc::new(Mutex::new(ConnSlot::new())),
+        ))
+    }
+
+    /// A handle on queue `name` at this queue's Redis that shares this queue's
+    /// connection: many queues, one client of Redis (a dashboard of hundreds of
+    /// queues). Validates as `new`; `opts.connect` must be this queue's, since the
+    /// connection is made once, with them. The calls of the queues that share a
+    /// connection take turns on it; a pool built on one still opens its own. Like
+    /// any connection it reconnects when dropped, for all of them, and a forked
+    /// process opens its own.
+    pub fn sharing_connection(&self, name: &str, opts: QueueOptions) -> Result<Self> {
+        opts.check()?;
+        if opts.connect != self.inner.opts.connect {
+            return Err(Error::invalid(
+                "connect",
+                "the options of the connection differ from those of the queue whose connection it shares",
+            ));
+        }
+        let parts = Self::keys_of(name, &opts)?;
+        Ok(Self::with(
+            name,
+            parts,
+            opts,
+            Arc::clone(&self.inner.endpoint),
+            Arc::clone(&self.inner.conn),
+        ))
+    }
+
+    /// The keys of each partition of queue `name`.
+    fn keys_of(name: &str, opts: &QueueOptions) -> Result<Vec<Keys>> {
+        match &opts.layout {
             Layout::Native => {
                 validate_name("prefix", &opts.prefix)?;
                 validate_name("queue name", name)?;
                 partition_tags(&opts.prefix, name, opts.partitions)
                     .iter()
                     .map(|tag| Keys::new(tag, name, &opts.layout))
-                    .collect::<Result<Vec<_>>>()?
+                    .collect()
             }
-            Layout::Seed { .. } if opts.partitions > 1 => {
-                return Err(Error::invalid(
-                    "partitions",
-                    "the seed layout is the recipe's one ZSET and HASH; it cannot be partitioned",
-                ));
-            }
-            Layout::Seed { .. } => vec![Keys::new("", name, &opts.layout)?],
-        };
-        let endpoint = Endpoint::parse(url, opts.connect.clone())?;
-        Ok(Self {
+            Layout::Seed { .. } if opts.partitions > 1 => Err(Error::invalid(
+                "partitions",
+                "the seed layout is the recipe's one ZSET and HASH; it cannot be partitioned",
+            )),
+            Layout::Seed { .. } => Ok(vec![Keys::new("", name, &opts.layout)?]),
+        }
+    }
+
+    fn with(
+        name: &str,
+        parts: Vec<Keys>,
+        opts: QueueOptions,
+        endpoint: Arc<Endpoint>,
+        conn: Arc<Mutex<ConnSlot>>,
+    ) -> Self {
+        Self {
             inner: Arc::new(Inner {
                 name: name.to_owned(),
                 parts,
                 endpoint,
                 opts,
-                conn: Mutex::new(ConnSlot::new()),
+                conn,
                 producer_registered: std::sync::atomic::AtomicBool::new(false),
             }),
-        })
+        }
     }
 
     /// The queue's name.
