@@ -107,6 +107,20 @@ pub enum Error {
     #[error("{0}")]
     WrongType(String),
 
+    /// The queue's keys were written in a stored format newer than this build reads (a
+    /// newer delayq recorded it): the script stopped before writing anything.
+    #[error(
+        "this queue's keys are in stored format {stored}, recorded by a newer delayq; this build reads format \
+         {known} and stopped before writing anything: run the newer delayq here too (docs/workers.md, \
+         \"Upgrading\")"
+    )]
+    Format {
+        /// The format the queue records.
+        stored: u64,
+        /// The newest format this build reads.
+        known: u64,
+    },
+
     /// A script's reply did not have the shape this version of delayq reads: a bug, or
     /// a script of another version answering under the same name.
     #[error(
@@ -191,9 +205,12 @@ impl Error {
             Self::LeaseLost { .. } => Category::LeaseLost,
             Self::OutOfMemory(_) => Category::OutOfMemory,
             Self::PartlyWritten { cause, .. } => cause.category(),
-            Self::UnknownId(_) | Self::Redis(_) | Self::WrongType(_) | Self::Protocol { .. } | Self::State(_) => {
-                Category::Other
-            }
+            Self::UnknownId(_)
+            | Self::Redis(_)
+            | Self::WrongType(_)
+            | Self::Format { .. }
+            | Self::Protocol { .. }
+            | Self::State(_) => Category::Other,
         }
     }
 
@@ -321,6 +338,8 @@ impl Error {
                     .flatten()
                 {
                     Self::WrongType(wrong_type_text(rest))
+                } else if let Some((stored, known)) = format_of(&text) {
+                    Self::Format { stored, known }
                 } else if text.contains("-OOM command not allowed") {
                     // Before 7.0 a script's refused write comes back wrapped in the script's
                     // error ("Error running script …: -OOM command not allowed …").
@@ -359,6 +378,18 @@ fn partly_written_text(total: usize, written: usize, unknown: usize, cause: &Err
         "{what} (the error carries the ids written; push again only the rest, or the whole batch under the ids it \
          carries, which does not push those written twice): {cause}"
     )
+}
+
+/// The versions in a script's "DQERR format <stored> <known>" (include/clock.lua).
+fn format_of(text: &str) -> Option<(u64, u64)> {
+    // redis-rs prints an unknown error code quoted: "\"DQERR\": format 2 1 ...".
+    let rest = text
+        .split_once("DQERR")?
+        .1
+        .trim_start_matches(['"', ':', ' '])
+        .strip_prefix("format ")?;
+    let mut words = rest.split_whitespace();
+    Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
 }
 
 /// What Redis answers to AUTH with a password for a user that has none ("AUTH
@@ -536,6 +567,23 @@ mod tests {
         assert!(matches!(err, Error::WrongType(_)), "{err:?}");
         assert!(
             text.starts_with("key {dq:orders}:attempts holds a string, delayq keeps a hash there"),
+            "{text}"
+        );
+        assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn a_newer_stored_format_names_both_versions() {
+        let err = server_error(
+            ServerErrorKind::ResponseError,
+            "DQERR format 2 1 script: 1f2e, on @user_script:90.",
+        );
+        assert!(matches!(err, Error::Format { stored: 2, known: 1 }), "{err:?}");
+        assert_eq!(format_of("\"DQERR\": format 3 1 script: 1f2e"), Some((3, 1)));
+        assert_eq!(format_of("DQERR malformed push run at argument 4"), None);
+        let text = err.to_string();
+        assert!(
+            text.contains("stored format 2") && text.contains("reads format 1"),
             "{text}"
         );
         assert!(!err.is_retryable());

@@ -60,7 +60,7 @@ fn pause_unless_stopped(pool: &Pool, pause: Duration) {
 /// key of the queue holds a stray type, or the server refuses the URL (a database it
 /// lacks). The scripts stop before their first write on it; an operator may mend it.
 fn is_setup_fault(e: &Error) -> bool {
-    e.category() == Category::Auth || matches!(e, Error::WrongType(_) | Error::InvalidUrl { .. })
+    e.category() == Category::Auth || matches!(e, Error::WrongType(_) | Error::InvalidUrl { .. } | Error::Format { .. })
 }
 
 /// Send one script call over `slot` (no retry) and decode its reply.

@@ -38,8 +38,8 @@
 --                            stop were made, restart_at -> time (ms) of the latest
 --                            (see restart.lua); seen_ms, stall_ms -> when a pool
 --                            script last ran, half a lease (see stall.lua);
---                            clock_ms, step_ms, step_at -> the queue's clock
---                            (see clock.lua)
+--                            clock_ms, step_ms, step_at -> the queue's clock,
+--                            format -> the stored format's version (see clock.lua)
 --   completed ZSET  id -> time (ms) it was acknowledged, for the messages kept
 --                            after completion (QueueOptions::keep_completed)
 --   completed_messages HASH id -> "<attempts>|<due_ms>|<envelope>" of each
@@ -87,6 +87,15 @@
 -- in the same millisecond and make one up to 1 ms late, never early. The seed layout
 -- keeps the recipe's whole-second scores so the recipe's own consumers keep working.
 local SEQ_SPAN = 4096
+
+-- Stop the script with an error reply: Redis 7 replies with a raised error table as
+-- it is, Redis 6 only with a raised string (it prints a table as "(null)").
+local function raise(reply)
+  if redis.REDIS_VERSION_NUM then
+    error(reply)
+  end
+  error(reply.err, 0)
+end
 
 local function fmt(n)
   return string.format('%.0f', n)

@@ -34,10 +34,22 @@ end
 -- may step back by less than 1 ms: the pool then wakes that much later, not earlier.
 local queue_now_us = 0
 
--- The queue time at Redis time `t` (TIME's reply), with `c` the clock fields of
--- :control (clock_ms, step_ms, step_at); then Redis time in ms and, after a step back,
--- the offset to store (clock_fields).
+-- The stored format of the queue's keys and values (docs/workers.md, "Upgrading"),
+-- kept in :control beside the clock: recorded by the first script that stores the
+-- clock, and read by every script that reads it, which stops before its first write
+-- where a newer delayq recorded a higher one ("DQERR format <stored> <this build's>").
+local FORMAT = '1'
+local format_unrecorded = false
+
+-- The queue time at Redis time `t` (TIME's reply), with `c` the fields clock_ms,
+-- step_ms, step_at and format of :control; then Redis time in ms and, after a step back, the offset to store
+-- (clock_fields).
 local function clock_at(t, c)
+  local stored = tonumber(c[4])
+  if stored and stored > tonumber(FORMAT) then
+    raise(redis.error_reply('DQERR format ' .. fmt(stored) .. ' ' .. FORMAT))
+  end
+  format_unrecorded = stored == nil
   local r = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   queue_now_us = tonumber(t[2]) % 1000
   local last, step, step_at = tonumber(c[1]), tonumber(c[2]), tonumber(c[3])
@@ -51,7 +63,10 @@ end
 -- The fields of :control a writing script stores of clock_at's reading.
 local function clock_fields(r, step)
   if step then
-    return 'clock_ms', fmt(r), 'step_ms', fmt(step), 'step_at', fmt(r)
+    return 'clock_ms', fmt(r), 'step_ms', fmt(step), 'step_at', fmt(r), 'format', FORMAT
+  end
+  if format_unrecorded then
+    return 'clock_ms', fmt(r), 'format', FORMAT
   end
   return 'clock_ms', fmt(r)
 end
@@ -59,7 +74,7 @@ end
 -- `learn`: whether this script may write what it finds; scripts that only read tell
 -- the time a write would have given.
 local function queue_now(learn)
-  local now, r, step = clock_at(redis.call('TIME'), redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at'))
+  local now, r, step = clock_at(redis.call('TIME'), redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at', 'format'))
   if learn then
     redis.call('HSET', K_CONTROL, clock_fields(r, step))
   end

@@ -35,7 +35,7 @@ local redis = {
     local reply = raw.pcall(...)
     if failed(reply) then
       local command, key = ...
-      error(fault(reply, command, key))
+      raise(fault(reply, command, key))
     end
     return reply
   end,
