@@ -34,7 +34,9 @@ local reply = redis.pcall('ZADD', K_SCHED, word, id)
 if not failed(reply) then
   reply = redis.pcall('HINCRBY', K_STATS, 'pushed', 1)
   if not failed(reply) then
-    reply = redis.pcall('HSET', K_CONTROL, clock_fields(r, step))
+    if clock_moved(r, step) then
+      reply = redis.pcall('HSET', K_CONTROL, clock_fields(r, step))
+    end
     if not failed(reply) then
       return {now, 1, 0}
     end

@@ -40,6 +40,8 @@ local queue_now_us = 0
 -- where a newer delayq recorded a higher one ("DQERR format <stored> <this build's>").
 local FORMAT = '1'
 local format_unrecorded = false
+-- clock_ms as clock_at read it.
+local clock_last = nil
 
 -- The queue time at Redis time `t` (TIME's reply), with `c` the fields clock_ms,
 -- step_ms, step_at and format of :control; then Redis time in ms and, after a step back, the offset to store
@@ -50,14 +52,21 @@ local function clock_at(t, c)
     raise(redis.error_reply('DQERR format ' .. fmt(stored) .. ' ' .. FORMAT))
   end
   format_unrecorded = stored == nil
+  clock_last = tonumber(c[1])
   local r = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   queue_now_us = tonumber(t[2]) % 1000
-  local last, step, step_at = tonumber(c[1]), tonumber(c[2]), tonumber(c[3])
+  local last, step, step_at = clock_last, tonumber(c[2]), tonumber(c[3])
   if last and r < last then
     step = offset_at(step, step_at, last) + (last - r)
     return r + step, r, step
   end
   return r + offset_at(step, step_at, r), r, nil
+end
+
+-- Whether a writing script has something to store of clock_at's reading: not when
+-- the clock stands where it was stored (scripts within one millisecond).
+local function clock_moved(r, step)
+  return r ~= clock_last or step ~= nil or format_unrecorded
 end
 
 -- The fields of :control a writing script stores of clock_at's reading.
@@ -75,7 +84,7 @@ end
 -- the time a write would have given.
 local function queue_now(learn)
   local now, r, step = clock_at(redis.call('TIME'), redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at', 'format'))
-  if learn then
+  if learn and clock_moved(r, step) then
     redis.call('HSET', K_CONTROL, clock_fields(r, step))
   end
   return now
