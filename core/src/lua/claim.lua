@@ -165,11 +165,11 @@ if #expired > 0 then
   end
   if not SEED then
     local envelopes = redis.call('HMGET', K_MSG, unpack(expired))
-    local claim_no, restamped = claim_number(), {}
+    local restamped = {}
     for i, id in ipairs(expired) do
       if envelopes[i] then
         restamped[#restamped + 1] = id
-        restamped[#restamped + 1] = stamped(envelopes[i], claim_no, readd[2 * i - 1])
+        restamped[#restamped + 1] = stamped(envelopes[i], readd[2 * i - 1])
       end
     end
     if #restamped > 0 then
