@@ -14,10 +14,6 @@
 -- runs with the claim's time as its due time, and a release puts it back due now.
 local STAMP_OPEN = '{"at":['
 
-local function is_stamped(envelope)
-  return string.sub(envelope, 1, 7) == STAMP_OPEN
-end
-
 -- The score of a message claimed by `now` as its stamp tells it, nil for no envelope
 -- or one without a stamp. No later than now's: a claimed message was due, whatever a
 -- hand edit wrote.
