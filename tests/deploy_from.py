@@ -18,9 +18,10 @@ from phpcli import scan_dir_without_delayq
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# 584d542: the last commit that landed before the stamp and the lease per claim.
-# DELAYQ_DEPLOY_FROM names another, to try a deploy from it.
-DEPLOY_FROM = os.environ.get("DELAYQ_DEPLOY_FROM", "584d542b3dc2d6060731844642a7bfb6ce9beb7e")
+# 214075f: the last commit that landed before the scripts dropped what only builds
+# before it wrote (envelopes without a stamp, the stamp's claim number read from the
+# sequence). DELAYQ_DEPLOY_FROM names another, to try a deploy from it.
+DEPLOY_FROM = os.environ.get("DELAYQ_DEPLOY_FROM", "214075ffa6340550bb3db37ad1bf6940defd3ddd")
 
 
 def commit_of(name: str) -> str:

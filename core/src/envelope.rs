@@ -449,8 +449,8 @@ fn integer_out_of_range(json: &str) -> Option<(String, String)> {
 /// the deadline with due + n on the server's clock (include/base.lua's `with_deadline`), which
 /// finds it by reading the envelope's last bytes only.
 /// With `client_stamp` (a schedule score) the native envelope starts with its stamp
-/// and claim number 0 (push.lua's "stamped" runs), which the push keeps when that
-/// score is the one the message gets.
+/// (push.lua's "stamped" runs), which the push keeps when that score is the one the
+/// message gets.
 pub(crate) fn encode(
     layout: &Layout,
     id: &str,
@@ -549,18 +549,18 @@ pub(crate) fn first_place_score(due_ms: i64) -> Option<u64> {
 /// How a stamped envelope begins (lua/include/stamp.lua's `STAMP_OPEN`).
 const STAMP_OPEN: &str = r#"{"at":["#;
 
-/// Whether a native envelope begins with a stamp (well formed or not): one without
-/// was written by a delayq before the stamp.
+/// Whether a native envelope begins with a stamp (well formed or not): the scripts
+/// stamp every one they schedule, so one without is a hand edit.
 pub(crate) fn has_stamp(stored: &str) -> bool {
     stored.starts_with(STAMP_OPEN)
 }
 
-/// The schedule score in a native envelope's stamp, `{"at":[<claim no>,<score>],...`
+/// The schedule score in a native envelope's stamp, `{"at":[0,<score>],...`
 /// (written by the scripts, see lua/include/stamp.lua; decoding skips it): the score
 /// the message was last scheduled at, which gives its due time. `None` without one.
 pub(crate) fn stamp_score(stored: &str) -> Option<f64> {
-    // `[<claim number>,<score>],`, read byte by byte: it is read for every claimed
-    // message.
+    // `[<digits>,<score>],`, read byte by byte: it is read for every claimed message.
+    // The scripts write 0 before the score; any digits there are skipped.
     let rest = stored.strip_prefix(STAMP_OPEN)?.as_bytes();
     let digit_run = |b: &[u8]| b.iter().position(|c| !c.is_ascii_digit()).unwrap_or(b.len());
     let claim_no = digit_run(rest);
@@ -642,8 +642,7 @@ impl Decoded<'_> {
 /// An envelope as `encode` writes it (the scripts may restamp it and set its
 /// deadline), read in one pass that also checks the payload's syntax and depth, as
 /// every claimed message is: what `decode_envelope` and `check_shape` would find.
-/// None for anything else (a hand edit, an older delayq's envelope, a payload too
-/// deep), which they then read and judge.
+/// None for anything else (a hand edit, a payload too deep), which they then read and judge.
 fn decode_written<'a>(layout: &Layout, stored: &'a str) -> Option<Decoded<'a>> {
     let mut q = Quick {
         b: stored.as_bytes(),
@@ -778,7 +777,7 @@ mod tests {
             assert_eq!(stamp_score(without), None, "{without:?}");
         }
         // Begun (a stamp that does not parse, which buries the message) or not at all
-        // (a delayq before the stamp wrote it).
+        // (a hand edit).
         assert!(has_stamp(stamped));
         assert!(has_stamp(r#"{"at":[41],"v":1}"#));
         assert!(!has_stamp(r#"{"v":1,"id":"a","created_ms":1,"payload":[1]}"#));

@@ -282,7 +282,6 @@ mod tests {
             due_ms_of_lease(&Layout::Native, "1:7.2272307e+15"),
             Some(1_764_460_620_117)
         );
-        // An older delayq's "<token>.<i>:<score>:<attempt>" is not this format.
         for bad in ["", "1", ":2", "1:x", "1.1:2:3", "1:2:3"] {
             assert_eq!(due_ms_of_lease(&Layout::Native, bad), None, "{bad:?}");
         }

@@ -33,10 +33,8 @@
 --   lease {token, j1, lease1, ...}: each delivery's lease, which the caller sends back
 --     whole to complete it: the claim's token (absent when nothing was claimed), and
 --     after it pairs that name the others, "<token>:<score>" (see include/base.lua):
---     the seed layout's, and a read envelope without a stamp. So the reply carries the
---     token once, not once per message. A stamp gives the due time (include/stamp.lua);
---     an unread envelope without one (written by a delayq before the stamp) runs
---     with the claim's time as its due time, and a release puts it back due at once.
+--     the seed layout's. So the reply carries the token once, not once per message.
+--     A stamp gives the due time (include/stamp.lua).
 --   later {i1, attempt1, ...}: which of them are on a later attempt; every other one
 --     is on its first (nearly all are, so the reply does not repeat it).
 --   keyed {j1, key1, ...}: the serial key of the claimed messages pushed with one (see
@@ -124,12 +122,11 @@ local now = queue_now(true)
 absorb_stall(now, lease_ms)
 
 -- Expired leases go back to the front of the schedule: the message is due already.
--- A delivery with a deadline of its own (a handler past its timeout, or an older
--- delayq's) and one claimed alone count as an attempt, with the expiry as its error;
--- the messages of an expired claim of several go to the quarantine uncharged (see
--- above). Claims expire whole (see include/claims.lua).
+-- A delivery with a deadline of its own (a handler past its timeout) and one claimed
+-- alone count as an attempt, with the expiry as its error; the messages of an
+-- expired claim of several go to the quarantine uncharged (see above). Claims expire whole (see include/claims.lua).
 local expired = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', now, 'LIMIT', 0, batch)
-local older = #expired
+local detached = #expired
 -- Whole claims, while fewer than a batch are taken: at most 2000 ids, whose lists of
 -- pairs stay within what Lua's unpack takes (8000).
 local ended, quarantined, uncharged = {}, {}, {}
@@ -165,11 +162,11 @@ if #expired > 0 then
   end
   if not SEED then
     local envelopes = redis.call('HMGET', K_MSG, unpack(expired))
-    local claim_no, restamped = claim_number(), {}
+    local restamped = {}
     for i, id in ipairs(expired) do
       if envelopes[i] then
         restamped[#restamped + 1] = id
-        restamped[#restamped + 1] = stamped(envelopes[i], claim_no, readd[2 * i - 1])
+        restamped[#restamped + 1] = stamped(envelopes[i], readd[2 * i - 1])
       end
     end
     if #restamped > 0 then
@@ -178,8 +175,8 @@ if #expired > 0 then
   end
   -- In the schedule before out of the in-flight set: no message is ever in neither.
   redis.call('ZADD', K_SCHED, unpack(readd))
-  if older > 0 then
-    redis.call('ZREM', K_INFLIGHT, unpack(expired, 1, older))
+  if detached > 0 then
+    redis.call('ZREM', K_INFLIGHT, unpack(expired, 1, detached))
   end
   redis.call('HDEL', K_LEASE, unpack(expired))
   if #charged > 0 then
@@ -290,21 +287,15 @@ if n > 0 then
   -- HMGET once it holds the leases (see scripts/claim.rs), and ends the deliveries
   -- of ids that have none (orphans.lua).
   local envelopes, blocked, keys = nil, nil, nil
-  -- The score a message was claimed at, as text: the schedule's in the seed layout;
-  -- else its stamp's, or the schedule's for an envelope without one (a delayq before
-  -- the stamp).
-  local function score_of(i)
-    if seed_scores then
-      return seed_scores[i]
-    end
-    local score = stamp_score(envelopes[i], now)
-    return score and fmt(score) or redis.call('ZSCORE', K_SCHED, ids[i])
-  end
   if redis.call('EXISTS', K_SERIAL) == 1 then
     envelopes = redis.call('HMGET', K_MSG, unpack(ids))
-    local scores = {}
-    for i = 1, n do
-      scores[i] = score_of(i)
+    -- The score each was due at: the schedule's in the seed layout, else its stamp's
+    -- (now's for a hand edit without one).
+    local scores = seed_scores or {}
+    if not seed_scores then
+      for i = 1, n do
+        scores[i] = stamp_score(envelopes[i], now) or due_bound(now)
+      end
     end
     blocked, keys = serial_gate(ids, envelopes, scores, now, lease_ms)
   end
@@ -342,9 +333,8 @@ if n > 0 then
   end
   local claimed = #claimed_ids
   local deadline = fmt(now + lease_ms)
-  -- The lease is the claim's token alone for a stamped message, and for one whose
-  -- envelope the claim did not read: the reply carries it once, and the stamp tells
-  -- the score (see include/stamp.lua).
+  -- The lease is the claim's token alone but in the seed layout: the reply carries it
+  -- once, and the stamp tells the score (see include/stamp.lua).
   local token = fmt(next_seq())
   local token_colon = token .. ':'
   -- The quarantined group, those of it that the serial gate let through: first in
@@ -364,8 +354,8 @@ if n > 0 then
   for j = 1, claimed do
     local i = at and at[j] or j
     local lease = token
-    if seed_scores or (envelopes and not is_stamped(envelopes[i])) then
-      lease = token_colon .. score_of(i)
+    if seed_scores then
+      lease = token_colon .. seed_scores[i]
     end
     if j <= grouped then
       lease = group_kind .. lease

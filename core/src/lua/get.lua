@@ -60,8 +60,7 @@ if lease then
   local score = lease_score(lease) or stamp_score(stored, queue_now(false))
   local lease_until = lease_deadline(id) or -1
   if not score then
-    -- Nothing tells its due time: an envelope without a stamp (from a delayq before
-    -- it) that its claim did not read, a lease of an older delayq, or a hand edit.
+    -- Nothing tells its due time: its envelope was left out, or a hand edit.
     return {'inflight', envelope, -1, attempts + 1, err, -1, lease_until, -1, trace, serial}
   end
   return {'inflight', envelope, due_of(score), attempts + 1, err, -1, lease_until, -1, trace, serial}

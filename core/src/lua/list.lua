@@ -57,10 +57,10 @@ if ARGV[3] == 'completed' then
   return result
 end
 -- In flight: `limit` messages after the first `start`, earliest deadline first, as
--- {id1, deadline1, ...}: the claims' (include/claims.lua) and an older delayq's
+-- {id1, deadline1, ...}: the claims' (include/claims.lua) and the detached
 -- deliveries, merged. A claim's count skips it whole; one is read only to list it.
 local function inflight_page()
-  local older = redis.call('ZRANGE', K_INFLIGHT, 0, start + limit - 1, 'WITHSCORES')
+  local detached = redis.call('ZRANGE', K_INFLIGHT, 0, start + limit - 1, 'WITHSCORES')
   local page, skip, o = {}, start, 1
   local function take(id, deadline)
     if skip > 0 then
@@ -76,8 +76,8 @@ local function inflight_page()
     at = at + 100
     for c = 1, #claims, 2 do
       local token, deadline = claims[c], tonumber(claims[c + 1])
-      while older[o] and tonumber(older[o + 1]) <= deadline and #page < 2 * limit do
-        take(older[o], tonumber(older[o + 1]))
+      while detached[o] and tonumber(detached[o + 1]) <= deadline and #page < 2 * limit do
+        take(detached[o], tonumber(detached[o + 1]))
         o = o + 2
       end
       local count = tonumber(redis.call('HGET', K_CLAIM_IDS, token .. '#')) or 0
@@ -97,8 +97,8 @@ local function inflight_page()
       break
     end
   end
-  while older[o] and #page < 2 * limit do
-    take(older[o], tonumber(older[o + 1]))
+  while detached[o] and #page < 2 * limit do
+    take(detached[o], tonumber(detached[o + 1]))
     o = o + 2
   end
   return page

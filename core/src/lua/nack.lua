@@ -16,7 +16,7 @@
 -- @include serial
 -- @include stall
 -- @include restamp
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
+-- KEYS: scheduled messages inflight leases attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)
@@ -24,7 +24,6 @@ local old_head = head_score()
 local result = {}
 local retried, buried = 0, 0
 local traces_kept = redis.call('EXISTS', K_TRACE) == 1
-local claim_no = nil
 local left, left_ids = {}, {}
 for i = 5, #ARGV, 6 do
   local id, token, delay, err, trace = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
@@ -55,8 +54,7 @@ for i = 5, #ARGV, 6 do
         -- Stamped with its new due time (see include/stamp.lua).
         local envelope = redis.call('HGET', K_MSG, id)
         if envelope then
-          claim_no = claim_no or claim_number()
-          redis.call('HSET', K_MSG, id, stamped(envelope, claim_no, score))
+          redis.call('HSET', K_MSG, id, stamped(envelope, score))
         end
       end
       redis.call('ZADD', K_SCHED, score, id)

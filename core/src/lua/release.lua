@@ -11,30 +11,26 @@
 -- @include serial
 -- @include stall
 -- @include restamp
--- KEYS: scheduled messages inflight leases stats seq control serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
+-- KEYS: scheduled messages inflight leases stats control serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)
 local old_head = head_score()
 local released, left, left_ids = 0, {}, {}
-local claim_no = not SEED and claim_number()
 for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local lease = redis.call('HGET', K_LEASE, id)
   if lease and lease == token then
     -- Back to the score it was claimed at: its place in line is kept, and the
     -- delivery never ran, so it does not count as an attempt.
-    local score = lease_score(lease)
-    local envelope = claim_no and redis.call('HGET', K_MSG, id)
-    score = score or (envelope and stamp_score(envelope, now))
-    -- Stamped again: the message leaves this claim (see include/stamp.lua). A stamp
-    -- that does not parse (a hand edit) stays as it is: the next claim buries it.
-    local restamp = envelope and (not is_stamped(envelope) or stamp_score(envelope, now) ~= nil)
-    -- Neither the lease nor the stamp tells its place (an envelope from a delayq
-    -- before the stamp, which its claim did not read; a hand edit): due now.
-    score = score or score_at(now)
-    if restamp then
-      redis.call('HSET', K_MSG, id, stamped(envelope, claim_no, fmt(score)))
+    local envelope = not SEED and redis.call('HGET', K_MSG, id)
+    local stamp = envelope and stamp_score(envelope, now)
+    -- Neither the lease nor the stamp tells its place (a hand edit): due now.
+    local score = lease_score(lease) or stamp or score_at(now)
+    -- Stamped again: the message leaves this claim (see include/stamp.lua). An
+    -- envelope without a stamp that parses (a hand edit) stays as it is.
+    if stamp then
+      redis.call('HSET', K_MSG, id, stamped(envelope, fmt(score)))
     end
     redis.call('ZADD', K_SCHED, score, id)
     redis.call('HDEL', K_LEASE, id)

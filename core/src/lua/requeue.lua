@@ -10,7 +10,7 @@
 -- @include order
 -- @include schedule
 -- @include restamp
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq control traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
+-- KEYS: scheduled messages inflight leases attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 local ids = chosen_dead()
 if #ids == 0 then
   return 0
@@ -25,12 +25,11 @@ end
 if not SEED then
   local envelopes = redis.call('HMGET', K_MSG, unpack(ids))
   local renewed = {}
-  local claim_no = claim_number()
   for i, id in ipairs(ids) do
     local envelope = envelopes[i]
     if envelope then
       renewed[#renewed + 1] = id
-      renewed[#renewed + 1] = stamped(with_deadline(envelope, now), claim_no, adds[2 * i - 1])
+      renewed[#renewed + 1] = stamped(with_deadline(envelope, now), adds[2 * i - 1])
     end
   end
   if #renewed > 0 then

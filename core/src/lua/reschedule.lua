@@ -9,7 +9,7 @@
 -- @include schedule
 -- @include serial
 -- @include restamp
--- KEYS: scheduled messages inflight leases seq control serial_keys serial_holders serial_line serial_lined claims claim_ids
+-- KEYS: scheduled messages inflight leases control serial_keys serial_holders serial_line serial_lined claims claim_ids
 local id, kind, ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if not redis.call('ZSCORE', K_SCHED, id) then
   return -1
@@ -23,7 +23,7 @@ local score = score_at(due)
 if not SEED then
   local envelope = redis.call('HGET', K_MSG, id)
   if envelope then
-    redis.call('HSET', K_MSG, id, stamped(with_deadline(envelope, due), claim_number(), fmt(score)))
+    redis.call('HSET', K_MSG, id, stamped(with_deadline(envelope, due), fmt(score)))
   end
 end
 redis.call('ZADD', K_SCHED, score, id)

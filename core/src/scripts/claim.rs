@@ -78,12 +78,12 @@ impl Call for Args<'_> {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Claimed {
     pub(crate) id: String,
-    /// The claim's token, with ":<score>" for an envelope without a stamp: sent back
-    /// whole to complete the delivery. The messages of one claim share its text.
+    /// The claim's token, with ":<score>" in the seed layout: sent back whole to
+    /// complete the delivery. The messages of one claim share its text.
     pub(crate) lease: Arc<str>,
     /// The schedule score it was claimed at (the lease's or the stamp's): its due time.
-    /// None for an envelope without a stamp (see `envelope::has_stamp`) or with one
-    /// that does not parse (a hand edit: the message is buried).
+    /// None for an envelope without a stamp (a hand edit, see `envelope::has_stamp`)
+    /// or with one that does not parse (a hand edit: the message is buried).
     pub(crate) score: Option<f64>,
     /// Empty until read, when the claim left that to its caller (`Reply::unread`).
     pub(crate) envelope: String,

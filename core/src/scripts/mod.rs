@@ -364,6 +364,7 @@ pub const ARITIES: &[(&str, i32)] = &[
     ("ZRANGEBYSCORE", -4),
     ("ZREM", -3),
     ("ZREVRANGE", -4),
+    ("ZREVRANGEBYSCORE", -4),
     ("ZSCORE", 3),
 ];
 

@@ -11,8 +11,8 @@
 --   messages   HASH  id -> envelope (opaque to Lua but for its stamp, see
 --                            include/stamp.lua: payload bytes never pass through
 --                            cjson, so 64-bit integers and key order survive)
---   inflight   ZSET  id -> lease deadline (ms, server clock) of a delivery that a
---                            delayq before the lease per claim made
+--   inflight   ZSET  id -> lease deadline (ms, server clock) of a delivery
+--                            detached from its claim (see include/claims.lua)
 --   leases     HASH  id -> lease of the current delivery (see lease_score)
 --   attempts   HASH  id -> finished deliveries (written when a delivery fails, or
 --                            its lease expires claimed alone or past its timeout, see
@@ -138,10 +138,9 @@ end
 -- A lease is the fencing token of one claim (unique; one claim's deliveries share
 -- it, and one claim holds a message at most once), followed by ":<score>", the
 -- schedule score it was claimed at (a release puts it back there, and it gives the
--- due time), where the claim knows the score and no stamp (include/stamp.lua) tells
--- it: in the seed layout, and for an envelope without a stamp that the claim read
--- (serial keys); a stamped message's stamp holds that score. Completions send the whole string back and compare it as one
--- value: no parsing on the hot path. Which delivery of the message this is needs no
+-- due time), in the seed layout, whose payloads carry no stamp (include/stamp.lua);
+-- a native message's stamp holds that score. Completions send the whole string back
+-- and compare it as one value: no parsing on the hot path. Which delivery of the message this is needs no
 -- storing: attempts holds the finished ones, so the running one is attempts + 1.
 -- Returns the score a lease carries, nil for a token alone.
 local function lease_score(lease)

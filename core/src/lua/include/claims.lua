@@ -7,10 +7,9 @@
 -- nothing is deleted; an expired claim's record tells the reaper which messages to
 -- deliver again: those whose lease still names it. So a claim writes two entries
 -- whatever its size, where a deadline per message cost a ZSET entry each way.
--- A delivery with a deadline of its own in K_INFLIGHT counts in no claim: one whose
--- handler ran past its timeout (its pool detached it, see detach below), and one that
--- a delayq before the lease per claim made. The reaper, the serial gate and the views
--- read both.
+-- A delivery with a deadline of its own in K_INFLIGHT counts in no claim: its
+-- handler ran past its timeout, and its pool detached it (see detach below). The
+-- reaper, the serial gate and the views read both.
 
 -- The claim token of a lease ("<token>" or "<token>:<score>", see include/base.lua).
 local function claim_token(lease)
@@ -88,9 +87,9 @@ end
 
 -- The lease deadline (ms) of a running message, nil if it does not run.
 local function lease_deadline(id)
-  local older = redis.call('ZSCORE', K_INFLIGHT, id)
-  if older then
-    return tonumber(older)
+  local own = redis.call('ZSCORE', K_INFLIGHT, id)
+  if own then
+    return tonumber(own)
   end
   local lease = redis.call('HGET', K_LEASE, id)
   return lease and tonumber(redis.call('ZSCORE', K_CLAIMS, claim_token(lease)))

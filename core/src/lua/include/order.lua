@@ -31,12 +31,9 @@ local function score_at(due_ms)
       -- moment apart with one delay land here).
       place = order_tail - base
     elseif base <= order_tail then
-      -- The last of that millisecond, with commands that ACL rules written before this
-      -- (which grant no ZREVRANGEBYSCORE) allow.
-      local lo, hi = fmt(base), fmt(base + SEQ_SPAN - 1)
-      local waiting = redis.call('ZCOUNT', K_SCHED, lo, hi)
-      if waiting > 0 then
-        local last = redis.call('ZRANGEBYSCORE', K_SCHED, lo, hi, 'WITHSCORES', 'LIMIT', waiting - 1, 1)
+      -- The last of that millisecond.
+      local last = redis.call('ZREVRANGEBYSCORE', K_SCHED, fmt(base + SEQ_SPAN - 1), fmt(base), 'WITHSCORES', 'LIMIT', 0, 1)
+      if last[2] then
         place = tonumber(last[2]) - base
       end
     end

@@ -66,7 +66,6 @@ local function push_runs(replacing)
   end
   local now = queue_now(true)
   local old_head = head_score()
-  local claim_no = not SEED and claim_number()
   local existing, seen = {}, {}
   if check and count > 0 then
     -- One read for the whole batch (HMGET: there is no variadic HEXISTS).
@@ -99,11 +98,10 @@ local function push_runs(replacing)
     if ordered then
       score = score_at(due)
       word = fmt(score)
-      stamp = claim_no and (STAMP_OPEN .. claim_no .. ',' .. word .. '],')
+      stamp = not SEED and (STAMP_OPEN .. '0,' .. word .. '],')
       if sent then
-        -- Kept on a first send only: a resend may find the id's first message gone
-        -- after a claim held it, so it takes the sequence as it is now.
-        if score == sent[1] and not check then
+        -- Kept where the push gives the score it proposes: it is the stamp written.
+        if score == sent[1] then
           stamp = nil
         else
           -- Others wait at that millisecond: the run takes another place.
@@ -120,7 +118,7 @@ local function push_runs(replacing)
         score = score_at(due)
         -- Formatted here, once for the stamp and the ZADD.
         word = SEED and score or fmt(score)
-        stamp = claim_no and (STAMP_OPEN .. claim_no .. ',' .. word .. '],')
+        stamp = not SEED and (STAMP_OPEN .. '0,' .. word .. '],')
       end
       if body_at then
         envelope = stamp .. string.sub(envelope, body_at)

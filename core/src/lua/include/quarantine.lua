@@ -71,8 +71,8 @@ local function quarantine_size(n)
   return math.max(1, math.floor(n / 2))
 end
 
--- Entries of messages that no longer wait (deleted by an older delayq or by the
--- recipe's own consumers, which do not know the key): a page of them at a time.
+-- Entries of messages that no longer wait (deleted by the recipe's own consumers,
+-- which do not know the key): a page of them at a time.
 local function sweep_quarantine()
   local page = redis.call('HSCAN', K_QUARANTINE, 0, 'COUNT', 100)[2]
   local stale = {}

@@ -17,7 +17,7 @@ local function push_occurrence(name, due, envelope)
     local old_head = head_score()
     local score = score_at(due)
     if not SEED then
-      envelope = stamped(envelope, claim_number(), fmt(score))
+      envelope = stamped(envelope, fmt(score))
     end
     redis.call('HSET', K_MSG, id, with_deadline(envelope, due))
     redis.call('ZADD', K_SCHED, score, id)

@@ -21,7 +21,7 @@ local function absorb_stall(now, lease_ms)
     return
   end
   local grace = now + math.floor(stall_ms * 2 / 3)
-  -- Claims (include/claims.lua), and an older delayq's deliveries one by one.
+  -- Claims (include/claims.lua), and detached deliveries one by one.
   for _, key in ipairs({K_CLAIMS, K_INFLIGHT}) do
     while true do
       local ending = redis.call('ZRANGEBYSCORE', key, '-inf', '(' .. fmt(grace), 'LIMIT', 0, GRACE_STEP)
