@@ -411,8 +411,8 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
         // "<script> runs <COMMAND>[ on <key or channel>][ (undone)]", from the scripts'
         // preflight or include/guard.lua.
         let (script, what) = rest.split_once(" runs ").unwrap_or((rest, ""));
-        let (what, written) = match what.strip_suffix(" (undone)") {
-            Some(what) => (what, "what it had written was taken back"),
+        let (what, written) = match what.find(" (undone)") {
+            Some(end) => (&what[..end], "what it had written was taken back"),
             None => (what, "nothing was written"),
         };
         return format!(
@@ -461,8 +461,8 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
 fn wrong_type_text(rest: &str) -> String {
     let rest = rest.split(" script: ").next().unwrap_or(rest).trim();
     let (script, what) = rest.split_once(": ").unwrap_or(("", rest));
-    let (what, stopped) = match what.strip_suffix(" (undone)") {
-        Some(what) => (what, "stopped and took back what it had written"),
+    let (what, stopped) = match what.find(" (undone)") {
+        Some(end) => (&what[..end], "stopped and took back what it had written"),
         None => (what, "stopped before writing anything"),
     };
     format!(

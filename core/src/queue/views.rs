@@ -54,9 +54,9 @@ pub struct MessageInfo {
     /// `get` of its id reads it whole. `None` when the payload is there.
     pub payload_omitted_bytes: Option<u64>,
     /// Due time of the pending or current delivery (of a completed message: of the
-    /// delivery that completed it), Unix ms; `None` once dead, and for a message
-    /// pushed by a delayq before 2026-12-03 that runs or ran since (nothing tells it,
-    /// see docs/workers.md).
+    /// delivery that completed it), Unix ms; `None` once dead, and for a running or
+    /// completed message whose envelope has no stamp (one edited by hand: nothing
+    /// tells it).
     pub due_at_ms: Option<i64>,
     /// Deliveries so far.
     pub attempts: u32,

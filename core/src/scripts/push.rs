@@ -135,7 +135,7 @@ impl Args<'_> {
 }
 
 /// push_replace.lua for a call where a message replaces, which takes the keys a
-/// replaced message leaves; push.lua, with 6 keys, otherwise.
+/// replaced message leaves; push.lua, with 5 keys, otherwise.
 pub(crate) fn script_for(replacing: bool) -> &'static LuaScript {
     if replacing { &super::PUSH_REPLACE } else { &super::PUSH }
 }
@@ -167,7 +167,7 @@ mod tests {
         assert_eq!(args(vec![m(false)]).script().name, "push_one");
         assert_eq!(args(vec![m(true)]).script().name, "push_replace");
         assert_eq!(args(vec![m(false), m(true)]).script().name, "push_replace");
-        assert_eq!(super::super::PUSH.keys.len(), 6);
+        assert_eq!(super::super::PUSH.keys.len(), 5);
     }
 
     #[test]

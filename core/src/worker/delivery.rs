@@ -54,9 +54,9 @@ pub struct Delivery {
     pub id: String,
     /// 1 for the first delivery.
     pub attempt: u32,
-    /// When this delivery was due, Unix ms (the requested time, or the retry's; for a
-    /// message pushed by a delayq before 2026-12-03, its claim's time, see
-    /// docs/workers.md).
+    /// When this delivery was due, Unix ms (the requested time, or the retry's; for an
+    /// envelope without the stamp that tells it, such as one edited by hand, its
+    /// claim's time).
     pub due_at_ms: i64,
     /// The name of the queue it came from (with lower queues, which one).
     pub queue: Arc<str>,
