@@ -53,6 +53,30 @@ def variants(lua: str) -> dict[str, str]:
     }
 
 
+def one_variants(lua: str) -> dict[str, str]:
+    """push_one.lua without one of the things it does beyond the plain script: the
+    price of each."""
+    body = lua.rindex("local now, r, step = clock_at(")
+
+    def without(a: str, b: str) -> str:
+        assert a in lua, a
+        return lua.replace(a, b)
+    return {
+        "push_one.lua, returning where its own code starts (the call and the includes' definitions)":
+            lua[:body] + "do return 1 end\n" + lua[body:],
+        "push_one.lua without guard's redis.call wrapper (faults unnamed)":
+            without("local redis = setmetatable({", "local _unused = setmetatable({"),
+        "push_one.lua without the queue clock's read (TIME alone)":
+            without("redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at', 'format')", "{}"),
+        "push_one.lua without the queue clock's write":
+            without("reply = redis.pcall('HSET', K_CONTROL, clock_fields(r, step))", "reply = 1"),
+        "push_one.lua without its place in the millisecond (no read of the tail)":
+            without("local score = score_at(due)", "local score = due * SEQ_SPAN"),
+        "push_one.lua without counting `pushed`":
+            without("reply = redis.pcall('HINCRBY', K_STATS, 'pushed', 1)", "reply = 1"),
+    }
+
+
 # The least a server-clocked push that wakes idle pools needs (issue 54): no queue
 # clock, no order within a millisecond, no fault handling. KEYS: messages scheduled
 # stats channel; ARGV: id, delay, envelope.
@@ -91,14 +115,14 @@ def main() -> None:
         if name == plain_name:
             r.evalsha(sha, 4, "{dq:bench}:messages", "{dq:bench}:scheduled", "{dq:bench}:stats", "{dq:bench}:wake",
                       mid, 60000, "{" + body)
-        elif name == one_name:
+        elif name.startswith("push_one.lua"):
             r.evalsha(sha, len(one_keys), *one_keys, "native", "{dq:bench}:wake", "delay", 60000, mid, body)
         else:
             r.evalsha(sha, len(keys), *keys, "native", "{dq:bench}:wake", "new", 1, "delay", 60000, "ordered", mid,
                       body)
 
     for _ in range(rounds):
-        texts = {plain_name: PLAIN, one_name: one["lua"], **variants(script["lua"])}
+        texts = {plain_name: PLAIN, one_name: one["lua"], **one_variants(one["lua"]), **variants(script["lua"])}
         for name, text in texts.items():
             server = run.CallgrindRedis() if args.callgrind else run.Redis()
             try:

@@ -30,7 +30,7 @@ local function failed(reply)
   return type(reply) == 'table' and reply.err ~= nil
 end
 
-local redis = {
+local redis = setmetatable({
   call = function(...)
     local reply = raw.pcall(...)
     if failed(reply) then
@@ -39,6 +39,4 @@ local redis = {
     end
     return reply
   end,
-  pcall = raw.pcall,
-  error_reply = raw.error_reply,
-}
+}, {__index = raw})
