@@ -11,8 +11,9 @@ use crate::scripts;
 
 /// What delayq sends outside its scripts: the script calls themselves, the pool's
 /// wake-up subscription, and its read of the envelopes a claim handed out (see
-/// claim.lua). `PING` answers `Queue::ping`.
-const CLIENT_COMMANDS: [&str; 5] = ["EVALSHA", "SUBSCRIBE", "UNSUBSCRIBE", "PING", "HMGET"];
+/// claim.lua) and of their sizes (see `WorkerOptions::max_payload_bytes`). `PING`
+/// answers `Queue::ping`.
+const CLIENT_COMMANDS: [&str; 6] = ["EVALSHA", "SUBSCRIBE", "UNSUBSCRIBE", "PING", "HMGET", "HSTRLEN"];
 
 /// What loads delayq's scripts when the server does not have them: with it, a user
 /// may load and run any Lua (which Redis runs under the same ACL, but a loop of its

@@ -338,3 +338,138 @@ fn listings_show_the_size_of_a_huge_payload_and_cut_a_huge_trace() {
             .all(|m| m.payload_omitted_bytes.is_none() && !m.payload_json.is_empty())
     );
 }
+
+/// Bytes Redis has sent its clients so far (`INFO stats`).
+fn net_output(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(con).expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("total_net_output_bytes")
+}
+
+#[test]
+fn a_message_past_the_workers_max_payload_bytes_is_buried_unread() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    let small: Vec<String> = (0..3)
+        .map(|i| {
+            q.push_json(format!("{{\"order\":{i}}}"), delayq::Due::NOW, &Default::default())
+                .expect("push")
+        })
+        .collect();
+    // Written around the producer's limit: 20 MB straight into its envelope.
+    let big = q.push_json("0", delayq::Due::NOW, &Default::default()).expect("push");
+    let mut con = server.con();
+    let stored: String = redis::cmd("HGET")
+        .arg("{dq:orders}:messages")
+        .arg(&big)
+        .query(&mut con)
+        .expect("HGET");
+    let huge = format!("\"payload\":\"{}\"", "x".repeat(20 << 20));
+    let rewritten = stored.replace("\"payload\":0", &huge);
+    assert!(rewritten.len() > 20 << 20);
+    let _: () = redis::cmd("HSET")
+        .arg("{dq:orders}:messages")
+        .arg(&big)
+        .arg(&rewritten)
+        .query(&mut con)
+        .expect("HSET");
+
+    let before = net_output(&mut con);
+    let seen = Mutex::new(Vec::new());
+    let summary = run_until_empty(
+        &q,
+        WorkerOptions {
+            max_payload_bytes: 1 << 20,
+            ..Default::default()
+        },
+        |d| {
+            seen.lock().expect("lock").push(d.id.clone());
+            Ok(())
+        },
+    );
+    // The pool's whole run, its claims and reads included: the big one never left Redis.
+    let sent = net_output(&mut con) - before;
+    assert!(sent < 1 << 20, "Redis sent {sent} bytes during the run");
+
+    let mut seen = seen.into_inner().expect("lock");
+    seen.sort();
+    let mut expected = small.clone();
+    expected.sort();
+    assert_eq!(seen, expected, "the handler saw the small ones only");
+    assert_eq!((summary.handled, summary.failed), (3, 0), "{summary:?}");
+    let dead = q.dead_letters(10).expect("dead letters");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, big);
+    assert_eq!(
+        dead[0].last_error,
+        format!(
+            "message of {} bytes is past this worker's max_payload_bytes (1048576): not loaded",
+            rewritten.len()
+        )
+    );
+    // Its one delivery, as for a message that expired unrun: no failure was counted.
+    assert_eq!(dead[0].attempts, 1);
+    // Still there, whole, for whoever raises the bound and requeues it.
+    let kept = q.get(&big).expect("get").expect("known");
+    assert!(kept.payload_json.len() > 20 << 20);
+}
+
+#[test]
+fn a_payload_a_little_past_the_workers_bound_is_buried_though_read() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    let fits = q
+        .push_json("\"fits\"", delayq::Due::NOW, &Default::default())
+        .expect("push");
+    let over = format!("\"{}\"", "y".repeat(200));
+    let past = q
+        .push_json(over.clone(), delayq::Due::NOW, &Default::default())
+        .expect("push");
+    let seen = Mutex::new(Vec::new());
+    run_until_empty(
+        &q,
+        WorkerOptions {
+            max_payload_bytes: 100,
+            ..Default::default()
+        },
+        |d| {
+            seen.lock().expect("lock").push(d.id.clone());
+            Ok(())
+        },
+    );
+    assert_eq!(seen.into_inner().expect("lock"), [fits]);
+    let dead = q.dead_letters(10).expect("dead letters");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, past);
+    assert_eq!(
+        dead[0].last_error,
+        format!(
+            "payload of {} bytes is past this worker's max_payload_bytes (100)",
+            over.len()
+        )
+    );
+}
+
+#[test]
+fn a_workers_max_payload_bytes_out_of_range_is_refused_by_name() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    for bad in [0, delayq::MAX_PAYLOAD_BYTES + 1] {
+        let Err(err) = Worker::new(
+            q.clone(),
+            WorkerOptions {
+                max_payload_bytes: bad,
+                ..Default::default()
+            },
+        ) else {
+            panic!("max_payload_bytes {bad} was accepted")
+        };
+        assert!(err.to_string().contains("max_payload_bytes"), "{err}");
+    }
+    assert_eq!(
+        WorkerOptions::default().max_payload_bytes,
+        delayq::DEFAULT_MAX_PAYLOAD_BYTES
+    );
+}

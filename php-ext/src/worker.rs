@@ -658,8 +658,8 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
 impl PhpWorker {
     /// @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
     ///   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
-    ///   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, min_processes?: int,
-    ///   scale_cooldown?: float, max_jobs?: int,
+    ///   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, max_payload_bytes?: int,
+    ///   min_processes?: int, scale_cooldown?: float, max_jobs?: int,
     ///   max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable, on_failure?: callable,
     ///   lower_queues?: list<DelayQueue>, no_retry?: list<class-string<Throwable>>} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]

@@ -329,6 +329,39 @@ final class WorkerTest extends TestCase
         }
     }
 
+    public function testAPayloadPastMaxPayloadBytesIsDeadLetteredUnread(): void
+    {
+        $small = $this->q->push(['order' => 1]);
+        $big = $this->q->push(['blob' => str_repeat('x', 10000)]);
+        $seen = [];
+        $w = new DelayQueueWorker($this->q, ['stop_when_empty' => true, 'max_payload_bytes' => 1000]);
+        $summary = $w->run(function ($payload, DelayQueueMessage $m) use (&$seen) {
+            $seen[] = $m->id;
+        });
+        $this->assertSame([$small], $seen, 'the handler never got the big one');
+        $this->assertSame([1, 0], [$summary['handled'], $summary['failed']]);
+        $dead = $this->q->deadLetters();
+        $this->assertCount(1, $dead);
+        $this->assertSame($big, $dead[0]['id']);
+        $this->assertStringEndsWith("bytes is past this worker's max_payload_bytes (1000): not loaded",
+            $dead[0]['last_error']);
+        // The default bound hands it out.
+        $this->q->requeueDead($big);
+        (new DelayQueueWorker($this->q, ['stop_when_empty' => true]))->run(
+            function ($payload, DelayQueueMessage $m) use (&$seen) {
+                $seen[] = $m->id;
+            });
+        $this->assertSame([$small, $big], $seen);
+        foreach ([0, 536870913] as $bad) {
+            try {
+                new DelayQueueWorker($this->q, ['max_payload_bytes' => $bad]);
+                $this->fail("accepted max_payload_bytes $bad");
+            } catch (DelayQueueInvalidArgumentException $e) {
+                $this->assertStringContainsString('max_payload_bytes', $e->getMessage());
+            }
+        }
+    }
+
     public function testAnExceptionWhoseToStringThrowsStillLeavesItsTraceAndThePoolGoesOn(): void
     {
         $bad = $this->q->push(['n' => 1]);

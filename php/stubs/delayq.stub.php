@@ -444,8 +444,8 @@ final class DelayQueueWorker
     /**
      * @param array{threads?: int, processes?: int, batch?: int, prefetch?: int, lease?: float,
      *   max_attempts?: int, backoff_base?: float, backoff_max?: float, timeout?: float,
-     *   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, min_processes?: int,
-     *   scale_cooldown?: float, max_jobs?: int, max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
+     *   idle_check?: float, stop_when_empty?: bool, max_trace_bytes?: int, max_payload_bytes?: int,
+     *   min_processes?: int, scale_cooldown?: float, max_jobs?: int, max_memory_mb?: int, max_time?: float, on_start?: callable, on_stop?: callable, on_dead?: callable,
      *   on_failure?: callable, lower_queues?: list<DelayQueue>, no_retry?: list<class-string<Throwable>>} $options
      *   processes > 1 (or a timeout) forks handler processes and supervises them;
      *   with min_processes below processes the supervisor balances them (Horizon's
@@ -466,6 +466,10 @@ final class DelayQueueWorker
      *   max_trace_bytes (default 8192, 0 keeps none, at most 1048576): how much of a
      *   failed handler's exception, stack trace included, is kept as the message's
      *   error_trace (a longer one keeps its start and end);
+     *   max_payload_bytes (default 1048576, 1 to 536870912): a message whose payload is
+     *   larger goes to the dead-letter set at once, unrun, with the reason; the worker
+     *   reads each message's size first and never loads one past it (a producer's
+     *   max_payload_bytes bounds what its pushes write, not what another writer does);
      *   on_dead(mixed $payload, DelayQueueMessage $message, string $error) runs in the
      *   worker process after a failure sent the message to the dead-letter set (its
      *   attempts used up, or deadLetter()): a death handler for alerts; what it throws

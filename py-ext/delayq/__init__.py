@@ -336,6 +336,11 @@ class Worker:
     message's ``error_trace`` in ``get()`` and the dead letters, up to
     ``max_trace_bytes`` (its start and end when longer; 0 keeps none).
 
+    A message whose payload is larger than ``max_payload_bytes`` (the queue option of
+    the same name bounds what a push writes; one written around it, or by another
+    tool, may be larger) goes to the dead-letter set at once, unrun, with the reason;
+    the worker reads each message's size first and never loads one past the bound.
+
     ``lower_queues`` are consumed too, in that order, each only when the queues before
     it have nothing due (strict priority, as Laravel's ``--queue=high,default``);
     ``message.queue`` names the queue a message came from.
@@ -361,6 +366,7 @@ class Worker:
         idle_check: float = _DEFAULT["idle_check"],
         stop_when_empty: bool = False,
         max_trace_bytes: int = _DEFAULT["max_trace_bytes"],
+        max_payload_bytes: int = _DEFAULT["max_payload_bytes"],
         no_retry: Sequence[type[BaseException]] = (),
         concurrency: int = _DEFAULT["concurrency"],
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,
@@ -389,6 +395,7 @@ class Worker:
             stop_when_empty=stop_when_empty,
             lower_queues=list(lower_queues),
             max_trace_bytes=max_trace_bytes,
+            max_payload_bytes=max_payload_bytes,
             no_retry=no_retry,
             max_jobs=max_jobs,
             max_time=max_time,

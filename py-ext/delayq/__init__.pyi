@@ -75,6 +75,8 @@ class Worker:
     ``max_trace_bytes`` (its start and end when longer; 0 keeps none). An exception
     of a class in ``no_retry`` (or a subclass) sends its message to the dead-letter set
     at once, without retries: for failures no retry can mend (a validation error).
+    A message whose payload is larger than ``max_payload_bytes`` goes to the
+    dead-letter set at once, unrun, with the reason, never loaded.
     ``on_dead(payload, message, error)`` runs on the handler's
     thread (or loop) after a failure sent the message to the dead-letter set (its
     attempts used up, or ``message.dead_letter()``): a death handler for alerts; what it
@@ -113,6 +115,7 @@ class Worker:
         idle_check: float = 5.0,
         stop_when_empty: bool = False,
         max_trace_bytes: int = 8192,
+        max_payload_bytes: int = 1048576,
         no_retry: Sequence[type[BaseException]] = (),
         concurrency: int = 10,
         on_dead: Optional[Callable[[Any, Message, str], Any]] = None,

@@ -960,6 +960,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--stop-when-empty", action="store_true", help="return once nothing is due and nothing runs")
     w.add_argument("--max-trace-bytes", type=int, default=_DEFAULT["max_trace_bytes"], metavar="N",
                    help="keep up to N bytes of a failure's traceback with the message (0: none)")
+    w.add_argument("--max-payload-bytes", type=int, default=_DEFAULT["max_payload_bytes"], metavar="N",
+                   help="dead-letter a message whose payload is larger than N bytes, unread")
     w.add_argument("--no-retry", action="append", default=[], metavar="MODULE:CLASS",
                    help="an exception of this class sends its message to the dead-letter set at once, without "
                         "retries (repeatable; builtins:ValueError for a built-in one)")

@@ -81,6 +81,7 @@ def worker_from_args(
         idle_check=args.idle_check,
         stop_when_empty=args.stop_when_empty,
         max_trace_bytes=args.max_trace_bytes,
+        max_payload_bytes=args.max_payload_bytes,
         no_retry=no_retry,
         concurrency=args.concurrency,
         lower_queues=lower,

@@ -433,6 +433,7 @@ class _Worker:
         stop_when_empty: bool,
         lower_queues: list[DelayQueue],
         max_trace_bytes: int = 8192,
+        max_payload_bytes: int = 1048576,
         no_retry: Optional[tuple[type[BaseException], ...]] = None,
         max_jobs: Optional[int] = None,
         max_time: Optional[float] = None,

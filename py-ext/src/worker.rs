@@ -207,7 +207,7 @@ impl PyWorker {
 impl PyWorker {
     #[new]
     #[pyo3(signature = (queue, *, threads, batch, prefetch, lease, max_attempts, backoff_base, backoff_max,
-        timeout, idle_check, stop_when_empty, lower_queues, max_trace_bytes = 8192, no_retry = None,
+        timeout, idle_check, stop_when_empty, lower_queues, max_trace_bytes = 8192, max_payload_bytes = 1_048_576, no_retry = None,
         max_jobs = None, max_time = None, max_memory_mb = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -225,6 +225,7 @@ impl PyWorker {
         #[pyo3(from_py_with = convert::stop_when_empty_arg)] stop_when_empty: bool,
         lower_queues: Vec<PyRef<'_, PyQueue>>,
         max_trace_bytes: i64,
+        max_payload_bytes: i64,
         no_retry: Option<Bound<'_, PyTuple>>,
         #[pyo3(from_py_with = convert::max_jobs_arg)] max_jobs: Option<i64>,
         #[pyo3(from_py_with = convert::max_time_arg)] max_time: Option<f64>,
@@ -242,6 +243,7 @@ impl PyWorker {
             ("idle_check", Value::Seconds(idle_check)),
             ("stop_when_empty", Value::Flag(stop_when_empty)),
             ("max_trace_bytes", Value::Count(max_trace_bytes)),
+            ("max_payload_bytes", Value::Count(max_payload_bytes)),
         ];
         let optional = [
             ("timeout", timeout.map(Value::Seconds)),

@@ -166,6 +166,29 @@ def test_no_retry_takes_exception_classes_only(queue: delayq.DelayQueue, bad: li
         delayq.Worker(queue, no_retry=bad)
 
 
+def test_a_payload_past_max_payload_bytes_is_dead_lettered_unread(queue: delayq.DelayQueue) -> None:
+    small = queue.push({"order": 1})
+    big = queue.push({"blob": "x" * 10_000})
+    seen: list[str] = []
+    summary = delayq.Worker(queue, stop_when_empty=True, max_payload_bytes=1000).run(
+        lambda payload, msg: seen.append(msg.id))
+    assert seen == [small], "the handler never got the big one"
+    assert (summary["handled"], summary["failed"]) == (1, 0)
+    [dead] = queue.dead_letters()
+    assert dead["id"] == big
+    assert dead["last_error"].endswith("bytes is past this worker's max_payload_bytes (1000): not loaded")
+    # The default bound hands it out.
+    queue.requeue_dead(big)
+    delayq.Worker(queue, stop_when_empty=True).run(lambda payload, msg: seen.append(msg.id))
+    assert seen == [small, big]
+
+
+@pytest.mark.parametrize("bad", [0, 512 * 1024 * 1024 + 1])
+def test_a_bad_max_payload_bytes_is_refused_by_name(queue: delayq.DelayQueue, bad: int) -> None:
+    with pytest.raises(delayq.InvalidArgumentError, match="max_payload_bytes"):
+        delayq.Worker(queue, max_payload_bytes=bad)
+
+
 @pytest.mark.parametrize("bad", [-1, 1048577])
 def test_a_bad_max_trace_bytes_is_refused_by_name(queue: delayq.DelayQueue, bad: int) -> None:
     with pytest.raises(delayq.InvalidArgumentError, match="max_trace_bytes"):

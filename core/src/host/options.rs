@@ -15,9 +15,10 @@ use crate::scale::{MAX_PROCESSES, Scaler};
 use crate::scripts::MAX_BATCH;
 use crate::worker::MAX_TRACE_BYTES;
 use crate::worker::WorkerOptions;
+use crate::{DEFAULT_MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES};
 
 /// Every worker option, in the order the docs list them.
-pub static WORKER_OPTIONS: [OptionRow; 24] = [
+pub static WORKER_OPTIONS: [OptionRow; 25] = [
     count(
         "threads",
         1,
@@ -115,6 +116,14 @@ pub static WORKER_OPTIONS: [OptionRow; 24] = [
         Default::Count(8192),
         BOTH,
         "bytes of a failure's stack trace kept with its error; 0 keeps none",
+    ),
+    count(
+        "max_payload_bytes",
+        1,
+        MAX_PAYLOAD_BYTES as i64,
+        Default::Count(DEFAULT_MAX_PAYLOAD_BYTES as i64),
+        BOTH,
+        "largest payload handed to a handler; a larger one is dead-lettered unread",
     ),
     count(
         "concurrency",
@@ -252,6 +261,7 @@ impl WorkerSettings {
                 ("idle_check", Value::Seconds(s)) => pool.idle_check = row.check_seconds(s)?,
                 ("stop_when_empty", Value::Flag(b)) => pool.stop_when_empty = b,
                 ("max_trace_bytes", Value::Count(n)) => pool.max_trace_bytes = size(n)?,
+                ("max_payload_bytes", Value::Count(n)) => pool.max_payload_bytes = size(n)?,
                 ("concurrency", Value::Count(n)) => concurrency = size(n)?,
                 ("max_jobs", Value::Count(n)) => max_jobs = Some(row.check_count(n)? as u64),
                 ("max_time", Value::Seconds(s)) => max_time = Some(row.check_seconds(s)?),
@@ -303,6 +313,7 @@ mod tests {
         assert_eq!(w.prefetch as i64, count("prefetch"));
         assert_eq!(i64::from(w.max_attempts), count("max_attempts"));
         assert_eq!(w.max_trace_bytes as i64, count("max_trace_bytes"));
+        assert_eq!(w.max_payload_bytes, crate::DEFAULT_MAX_PAYLOAD_BYTES);
         assert_eq!(w.lease, span("lease"));
         assert_eq!(w.backoff_base, span("backoff_base"));
         assert_eq!(w.backoff_max, span("backoff_max"));

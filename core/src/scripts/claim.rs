@@ -90,6 +90,9 @@ pub(crate) struct Claimed {
     /// Which delivery of the message this is (1 = its first).
     pub(crate) attempt: u32,
     pub(crate) serial_key: Option<String>,
+    /// The envelope's size, when the pool left it unread: past its bound (see
+    /// `WorkerOptions::max_payload_bytes`).
+    pub(crate) unloaded: Option<u64>,
 }
 
 /// A repeating message with no occurrence waiting or running.
@@ -264,6 +267,7 @@ impl FromRedisValue for Reply {
                         .unwrap_or_default(),
                     attempt: 1,
                     serial_key: None,
+                    unloaded: None,
                 })
             })
             .collect::<Result<Vec<_>, ParsingError>>()?;

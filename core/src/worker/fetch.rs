@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use crate::conn::ConnSlot;
-use crate::error::{Error, Result};
+use crate::error::{Category, Error, Result};
 use crate::keys::Layout;
 use crate::metrics::Batch;
 use crate::queue::Queue;
@@ -20,6 +20,7 @@ use crate::{envelope, repeat};
 use super::complete::Outcome;
 use super::control::Control;
 use super::heartbeat::queue_now_ms;
+use super::options::WorkerOptions;
 use super::pool::{
     ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, QUARANTINE_RECHECK, Ticket, YIELD_RECHECK, take_tickets,
 };
@@ -32,11 +33,27 @@ const SEED_LOOK: Duration = Duration::from_secs(1);
 /// Before a pool starts: a claim of nothing on each partition, so that a user who
 /// may not run the scripts, or a stray key, fails the start with that error instead
 /// of a retry loop, and the worker learns which restart requests came before it
-/// (unless an earlier start, `Worker::mark_start`, did). Other errors (Redis
-/// unreachable) are left to the fetchers, which retry.
-pub(super) fn check_access(queue: &Queue, lease: Duration, control: &Control) -> Result<()> {
+/// (unless an earlier start, `Worker::mark_start`, did). A pool that reads the sizes
+/// of what it claims (`reads_sizes`) asks one first, so that a user whose rule lacks
+/// HSTRLEN fails the start too, not every claim. Other errors (Redis unreachable) are
+/// left to the fetchers, which retry.
+pub(super) fn check_access(queue: &Queue, opts: &WorkerOptions, control: &Control) -> Result<()> {
+    let lease = opts.lease;
     let qo = queue.options();
     let mut slot = ConnSlot::new();
+    if reads_sizes(opts) {
+        // Before the claims, which may write. A stray key is left to them: their
+        // error names it.
+        let messages = queue.inner.parts[0].messages();
+        let probe = slot.run_once(&queue.inner.endpoint, "claim", |con| {
+            redis::cmd("HSTRLEN").arg(messages).arg("").query::<u64>(con)
+        });
+        if let Err(e) = probe
+            && e.category() == Category::Auth
+        {
+            return Err(e);
+        }
+    }
     for part in 0..queue.partitions() {
         let args = claim::Args {
             batch: 0,
@@ -115,17 +132,36 @@ pub(super) fn claim(
     Ok((reply, replied))
 }
 
-/// The envelopes a claim left to its caller (see claim.lua): one HMGET right after
-/// the claim, on its connection. Ids found without one end their deliveries
-/// (orphans.lua). A failed read is not tried again, which could hand out a message
-/// after its lease passed on (or, after a failover, one the new master never saw
-/// claimed): the deliveries are given back at once (release.lua, fenced by the
+/// The room an envelope takes beside its payload (its id, stamp and options): a stored
+/// message longer than `max_payload_bytes` by more is not read.
+const ENVELOPE_ROOM: usize = 4096;
+
+/// The envelopes a claim left to its caller (see claim.lua): read right after the
+/// claim, on its connection, with one HMGET; a pool whose `max_payload_bytes` is below
+/// the largest first asks their sizes (HSTRLEN, pipelined) and leaves unread those too
+/// large to hand out, which `hand_out` buries. Ids found without one end their
+/// deliveries (orphans.lua). A failed read is not tried again, which could hand out a
+/// message after its lease passed on (or, after a failover, one the new master never
+/// saw claimed): the deliveries are given back at once (release.lua, fenced by the
 /// leases), or, if that fails too, expire and are delivered again.
 fn read_envelopes(pool: &Pool, slot: &mut ConnSlot, part: usize, reply: &mut claim::Reply) -> Result<()> {
     let q = &pool.queue;
     let messages = q.inner.parts[part].messages();
+    let bound = pool.opts.max_payload_bytes;
+    let mut unloaded = Vec::new();
     let read = slot
         .run_once(&q.inner.endpoint, "claim", |con| {
+            if reads_sizes(&pool.opts) {
+                let mut sizes = redis::pipe();
+                for item in &reply.items {
+                    sizes.cmd("HSTRLEN").arg(messages).arg(&item.id);
+                }
+                let sizes: Vec<u64> = sizes.query(con)?;
+                unloaded = set_aside_larger(reply, &sizes, bound.saturating_add(ENVELOPE_ROOM));
+            }
+            if reply.items.is_empty() {
+                return Ok(redis::Value::Array(Vec::new()));
+            }
             reply.envelopes_query(messages).query::<redis::Value>(con)
         })
         .and_then(|v| {
@@ -134,6 +170,8 @@ fn read_envelopes(pool: &Pool, slot: &mut ConnSlot, part: usize, reply: &mut cla
                 reason: format!("reading the envelopes: {e}"),
             })
         });
+    // Handed out after the others, in the claim's reply.
+    reply.items.append(&mut unloaded);
     match read {
         Ok(orphans) => {
             end_orphans(pool, slot, part, &orphans);
@@ -154,6 +192,33 @@ fn read_envelopes(pool: &Pool, slot: &mut ConnSlot, part: usize, reply: &mut cla
             Err(e)
         }
     }
+}
+
+/// Whether a pool asks the sizes of the envelopes it claims before it reads them: at
+/// the largest bound no envelope can be past it.
+fn reads_sizes(opts: &WorkerOptions) -> bool {
+    opts.max_payload_bytes < crate::MAX_PAYLOAD_BYTES
+}
+
+/// Takes out of `reply` the items whose envelope is longer than `most` bytes (`sizes`
+/// in the items' order, as HSTRLEN tells them), marked with their size; a reply of
+/// the wrong length takes none out (the read that follows refuses it).
+fn set_aside_larger(reply: &mut claim::Reply, sizes: &[u64], most: usize) -> Vec<claim::Claimed> {
+    let most = u64::try_from(most).unwrap_or(u64::MAX);
+    if sizes.len() != reply.items.len() || sizes.iter().all(|&size| size <= most) {
+        return Vec::new();
+    }
+    let (mut kept, mut larger) = (Vec::new(), Vec::new());
+    for (mut item, &size) in std::mem::take(&mut reply.items).into_iter().zip(sizes) {
+        if size > most {
+            item.unloaded = Some(size);
+            larger.push(item);
+        } else {
+            kept.push(item);
+        }
+    }
+    reply.items = kept;
+    larger
 }
 
 /// End the deliveries of claimed ids that have no envelope; a failure leaves them to
@@ -420,6 +485,7 @@ pub(super) fn hand_out(
     outcomes: &Sender<Outcome>,
 ) {
     let layout = &pool.queue.options().layout;
+    let max_payload = pool.opts.max_payload_bytes;
     let mut expired = 0;
     // Straight to the dead letters, without counting as a failed handler call.
     let bury = |id, token, ticket, error, past_max_attempts| {
@@ -443,7 +509,23 @@ pub(super) fn hand_out(
             attempt,
             envelope: stored,
             serial_key,
+            unloaded,
         } = item;
+        if let Some(size) = unloaded {
+            log::error!(
+                "delayq[{}]: message {id} of {size} bytes is past max_payload_bytes ({max_payload}), dead-lettered \
+                 unread",
+                pool.queue_name
+            );
+            bury(
+                id,
+                token,
+                ticket,
+                format!("message of {size} bytes is past this worker's max_payload_bytes ({max_payload}): not loaded"),
+                false,
+            );
+            continue;
+        }
         let due_at_ms = match score {
             // Never later than the claim: it was due (a stamp that an older delayq's
             // scripts, mid-deploy, did not move with its message may tell a later time).
@@ -479,6 +561,24 @@ pub(super) fn hand_out(
                     pool.queue_name
                 );
                 bury(id, token, ticket, format!("poison message: {reason}"), false);
+            }
+            // Read (the claim read it, or it was within the room an envelope takes
+            // beside its payload), yet no handler gets it: it will never fit.
+            Ok(d) if d.payload_json.len() > max_payload => {
+                log::error!(
+                    "delayq[{}]: message {id} has a payload past max_payload_bytes ({max_payload}), dead-lettered",
+                    pool.queue_name
+                );
+                bury(
+                    id,
+                    token,
+                    ticket,
+                    format!(
+                        "payload of {} bytes is past this worker's max_payload_bytes ({max_payload})",
+                        d.payload_json.len()
+                    ),
+                    false,
+                );
             }
             // Its earlier deliveries failed or ended with an expired lease (the worker
             // died or hung), or this pool allows fewer than the one before: running it

@@ -130,7 +130,7 @@ impl Worker {
     /// as a start would on an auth or permission error, or a stray key.
     pub fn mark_start(&self) -> Result<()> {
         for w in self.members() {
-            check_access(&w.queue, w.opts.lease, &w.control)?;
+            check_access(&w.queue, &w.opts, &w.control)?;
         }
         Ok(())
     }
@@ -253,7 +253,7 @@ impl Worker {
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             crate::threads::spawn(name, f).map_err(|e| Error::State(format!("cannot start a pool thread: {e}")))
         };
-        check_access(&pool.queue, pool.opts.lease, &pool.control)?;
+        check_access(&pool.queue, &pool.opts, &pool.control)?;
         let result = (|| -> Result<()> {
             for index in 0..self.opts.threads {
                 let (pool, tx, otx) = (Arc::clone(&pool), deliver_tx.clone(), outcome_tx.clone());

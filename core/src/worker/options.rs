@@ -43,6 +43,13 @@ pub struct WorkerOptions {
     /// in bytes; a longer one keeps its start and its end, where the frames that matter
     /// are (PHP lists the innermost frame first, Python last). 0 keeps none.
     pub max_trace_bytes: usize,
+    /// Largest payload, as JSON text, handed to a handler (the producers' option of the
+    /// same name bounds what a push writes). A message past it is dead-lettered at its
+    /// claim, unrun: the pool reads each envelope's size first (HSTRLEN) and never
+    /// reads one past the bound, so a message written around a producer's limit cannot
+    /// take the pool's memory. At [`MAX_PAYLOAD_BYTES`](crate::MAX_PAYLOAD_BYTES) it
+    /// reads every envelope without a look at its size, which costs Redis less.
+    pub max_payload_bytes: usize,
 }
 
 /// Upper bound of `WorkerOptions::max_trace_bytes`: a trace is kept per failed message,
@@ -66,6 +73,7 @@ impl Default for WorkerOptions {
             idle_check: span("idle_check"),
             stop_when_empty: false,
             max_trace_bytes: count("max_trace_bytes") as usize,
+            max_payload_bytes: count("max_payload_bytes") as usize,
         }
     }
 }
@@ -78,6 +86,7 @@ impl WorkerOptions {
         range("batch", self.batch)?;
         range("prefetch", self.prefetch)?;
         range("max_trace_bytes", self.max_trace_bytes)?;
+        range("max_payload_bytes", self.max_payload_bytes)?;
         if self.lease < Duration::from_millis(100) {
             return Err(Error::invalid(
                 "lease",
