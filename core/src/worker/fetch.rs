@@ -527,11 +527,11 @@ pub(super) fn hand_out(
             continue;
         }
         let due_at_ms = match score {
-            // Never later than the claim: it was due (a stamp that an older delayq's
-            // scripts, mid-deploy, did not move with its message may tell a later time).
+            // Never later than the claim: it was due (a stamp edited by hand may tell a
+            // later time).
             Some(score) => layout.due_ms_of_score(score).min(server_now_ms),
-            // Written by a delayq before the stamp, and the claim did not read it: its
-            // due time is unknown, and had come by the claim.
+            // No stamp (an envelope written by hand or by another tool): its due time
+            // is unknown, and had come by the claim.
             None if matches!(layout, Layout::Native) && !envelope::has_stamp(&stored) => server_now_ms,
             None => {
                 log::error!(
