@@ -10,6 +10,9 @@
 --   "groups", the claiming pool holds no message claimed alone, so it may take a
 --   group; "alone", it also has a handler free to start one at once, so it may take a
 --   message claimed alone. Without it, the claim takes no quarantined message.
+--   "most" and a number of bytes: where the claim reads the envelopes (serial keys), it
+--   reads none longer than that: such a message is handed out as its size (a number in
+--   envelopes) and taken as due now, for the caller to bury unread.
 -- Returns {header, ids, envelopes, later, keyed, repeats, lease} (decoded by
 --   scripts/claim.rs):
 --   header {now_ms, next_ms, reaped, limited, restart_generation, minute, us_past_ms,
@@ -29,7 +32,8 @@
 --     time.
 --   ids {id1, ..., idn}: the n messages claimed.
 --   envelopes {envelope1, ..., envelopen} when the claim read them (serial keys need
---     their stamps), else empty: the caller then reads them (see below).
+--     their stamps), else empty: the caller then reads them (see below); past "most",
+--     an envelope's size instead.
 --   lease {token, j1, lease1, ...}: each delivery's lease, which the caller sends back
 --     whole to complete it: the claim's token (absent when nothing was claimed), and
 --     after it pairs that name the others, "<token>:<score>" (see include/base.lua):
@@ -79,7 +83,7 @@
 -- @include restamp
 -- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined minutes claims claim_ids quarantine
 -- The optional sections, read whole before anything is written.
-local beat, minutes_kept, minute_deltas, quarantine_mode = nil, nil, nil, nil
+local beat, minutes_kept, minute_deltas, quarantine_mode, most = nil, nil, nil, nil, nil
 local at = 8
 while ARGV[at] do
   local section = ARGV[at]
@@ -98,6 +102,12 @@ while ARGV[at] do
       return redis.error_reply('DQERR ' .. malformed)
     end
     at = at + 3 + n
+  elseif section == 'most' then
+    most = tonumber(ARGV[at + 1])
+    if not most then
+      return redis.error_reply('DQERR malformed most section')
+    end
+    at = at + 2
   elseif section == 'quarantine' then
     quarantine_mode = ARGV[at + 1]
     if quarantine_mode ~= 'groups' and quarantine_mode ~= 'alone' then
@@ -110,6 +120,32 @@ while ARGV[at] do
 end
 if beat and not (beat[1] and beat[2] and beat[3]) then
   return redis.error_reply('DQERR malformed beat section')
+end
+
+-- The envelopes of ids (n of them), each longer than `most` bytes (when given) as its
+-- size: Redis then never copies it into Lua, nor into the reply.
+local function read_at_most(ids, n, most)
+  if not most then
+    return redis.call('HMGET', K_MSG, unpack(ids))
+  end
+  local short, n_short, at_of = {}, 0, {}
+  local envelopes = {}
+  for i = 1, n do
+    local size = redis.call('HSTRLEN', K_MSG, ids[i])
+    if size > most then
+      envelopes[i] = size
+    else
+      n_short = n_short + 1
+      short[n_short], at_of[n_short] = ids[i], i
+    end
+  end
+  if n_short > 0 then
+    local read = redis.call('HMGET', K_MSG, unpack(short))
+    for j = 1, n_short do
+      envelopes[at_of[j]] = read[j]
+    end
+  end
+  return envelopes
 end
 
 -- Expired claims reaped per call, each of up to 1000 messages: the calls that follow
@@ -288,13 +324,14 @@ if n > 0 then
   -- of ids that have none (orphans.lua).
   local envelopes, blocked, keys = nil, nil, nil
   if redis.call('EXISTS', K_SERIAL) == 1 then
-    envelopes = redis.call('HMGET', K_MSG, unpack(ids))
+    envelopes = read_at_most(ids, n, most)
     -- The score each was due at: the schedule's in the seed layout, else its stamp's
-    -- (now's for a hand edit without one).
+    -- (now's for a hand edit without one, or one left unread).
     local scores = seed_scores or {}
     if not seed_scores then
       for i = 1, n do
-        scores[i] = stamp_score(envelopes[i], now) or due_bound(now)
+        local envelope = envelopes[i]
+        scores[i] = type(envelope) == 'string' and stamp_score(envelope, now) or due_bound(now)
       end
     end
     blocked, keys = serial_gate(ids, envelopes, scores, now, lease_ms)

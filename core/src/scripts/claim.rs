@@ -27,6 +27,9 @@ pub(crate) struct Args<'a> {
     pub(crate) minutes: Option<(u32, &'a [String])>,
     /// Which quarantined messages the claim may take (see claim.lua).
     pub(crate) quarantine: Quarantine,
+    /// Where the claim reads the envelopes (serial keys), the longest it reads: a
+    /// longer one comes back as its size (`Claimed::unloaded`).
+    pub(crate) most_bytes: Option<u64>,
 }
 
 /// Which quarantined messages a claim may take (claim.lua's "quarantine" section).
@@ -61,6 +64,9 @@ impl Call for Args<'_> {
             for d in deltas {
                 inv.arg(d);
             }
+        }
+        if let Some(most) = self.most_bytes {
+            inv.arg("most").arg(most);
         }
         match self.quarantine {
             Quarantine::None => {}
@@ -256,18 +262,20 @@ impl FromRedisValue for Reply {
         let mut items = ids
             .into_iter()
             .map(|id| {
+                // An envelope past the claim's "most" comes as its size.
+                let (envelope, unloaded) = match envelopes.next() {
+                    Some(Value::Int(size)) => (String::new(), Some(decode_unsigned(&Value::Int(size))?)),
+                    Some(v) => (FromRedisValue::from_redis_value(v)?, None),
+                    None => (String::new(), None),
+                };
                 Ok(Claimed {
                     id: FromRedisValue::from_redis_value(id)?,
                     lease: Arc::clone(&token),
                     score: None,
-                    envelope: envelopes
-                        .next()
-                        .map(FromRedisValue::from_redis_value)
-                        .transpose()?
-                        .unwrap_or_default(),
+                    envelope,
                     attempt: 1,
                     serial_key: None,
-                    unloaded: None,
+                    unloaded,
                 })
             })
             .collect::<Result<Vec<_>, ParsingError>>()?;

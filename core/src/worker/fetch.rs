@@ -64,6 +64,7 @@ pub(super) fn check_access(queue: &Queue, opts: &WorkerOptions, control: &Contro
             heartbeat: None,
             minutes: None,
             quarantine: claim::Quarantine::None,
+            most_bytes: None,
         };
         match run_call(&mut slot, queue, part, &args) {
             Ok(reply) => {
@@ -104,6 +105,7 @@ pub(super) fn claim(
         heartbeat: beat.as_ref().map(|(id, ttl, info)| (*id, *ttl, info.as_str())),
         minutes: deltas.as_deref().map(|d| (crate::metrics::KEEP_MINUTES, d)),
         quarantine,
+        most_bytes: reads_sizes(&pool.opts).then(|| read_bound(&pool.opts)),
     };
     let mut reply = match run_call(slot, q, part, &args) {
         Ok(reply) => reply,
@@ -147,7 +149,6 @@ const ENVELOPE_ROOM: usize = 4096;
 fn read_envelopes(pool: &Pool, slot: &mut ConnSlot, part: usize, reply: &mut claim::Reply) -> Result<()> {
     let q = &pool.queue;
     let messages = q.inner.parts[part].messages();
-    let bound = pool.opts.max_payload_bytes;
     let mut unloaded = Vec::new();
     let read = slot
         .run_once(&q.inner.endpoint, "claim", |con| {
@@ -157,7 +158,7 @@ fn read_envelopes(pool: &Pool, slot: &mut ConnSlot, part: usize, reply: &mut cla
                     sizes.cmd("HSTRLEN").arg(messages).arg(&item.id);
                 }
                 let sizes: Vec<u64> = sizes.query(con)?;
-                unloaded = set_aside_larger(reply, &sizes, bound.saturating_add(ENVELOPE_ROOM));
+                unloaded = set_aside_larger(reply, &sizes, read_bound(&pool.opts));
             }
             if reply.items.is_empty() {
                 return Ok(redis::Value::Array(Vec::new()));
@@ -200,11 +201,15 @@ fn reads_sizes(opts: &WorkerOptions) -> bool {
     opts.max_payload_bytes < crate::MAX_PAYLOAD_BYTES
 }
 
+/// The longest envelope a pool reads.
+fn read_bound(opts: &WorkerOptions) -> u64 {
+    u64::try_from(opts.max_payload_bytes.saturating_add(ENVELOPE_ROOM)).unwrap_or(u64::MAX)
+}
+
 /// Takes out of `reply` the items whose envelope is longer than `most` bytes (`sizes`
 /// in the items' order, as HSTRLEN tells them), marked with their size; a reply of
 /// the wrong length takes none out (the read that follows refuses it).
-fn set_aside_larger(reply: &mut claim::Reply, sizes: &[u64], most: usize) -> Vec<claim::Claimed> {
-    let most = u64::try_from(most).unwrap_or(u64::MAX);
+fn set_aside_larger(reply: &mut claim::Reply, sizes: &[u64], most: u64) -> Vec<claim::Claimed> {
     if sizes.len() != reply.items.len() || sizes.iter().all(|&size| size <= most) {
         return Vec::new();
     }
