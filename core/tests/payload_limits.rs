@@ -350,16 +350,30 @@ fn net_output(con: &mut redis::Connection) -> u64 {
 
 #[test]
 fn a_message_past_the_workers_max_payload_bytes_is_buried_unread() {
+    buried_unread(false);
+}
+
+/// With serial keys the claim reads the envelopes itself: its read is bounded too.
+#[test]
+fn a_message_past_the_workers_max_payload_bytes_is_buried_unread_with_serial_keys() {
+    buried_unread(true);
+}
+
+fn buried_unread(keyed: bool) {
     let server = RedisServer::start();
     let q = server.queue("orders");
+    let options = |i: usize| delayq::PushOptions {
+        serial_key: keyed.then(|| format!("customer-{i}")),
+        ..Default::default()
+    };
     let small: Vec<String> = (0..3)
         .map(|i| {
-            q.push_json(format!("{{\"order\":{i}}}"), delayq::Due::NOW, &Default::default())
+            q.push_json(format!("{{\"order\":{i}}}"), delayq::Due::NOW, &options(i))
                 .expect("push")
         })
         .collect();
     // Written around the producer's limit: 20 MB straight into its envelope.
-    let big = q.push_json("0", delayq::Due::NOW, &Default::default()).expect("push");
+    let big = q.push_json("0", delayq::Due::NOW, &options(3)).expect("push");
     let mut con = server.con();
     let stored: String = redis::cmd("HGET")
         .arg("{dq:orders}:messages")
