@@ -541,11 +541,11 @@ def _serve(args: argparse.Namespace, what: str, path: str, make: Callable[[str, 
     except Exposed as e:
         raise _BadUsage(f"{what} will not listen on {e.host} without credentials: it is not a loopback address, "
                         "so anyone who reaches it could read it; give --auth USER:PASSWORD (or "
-                        "DELAYQ_DASHBOARD_AUTH), or --no-auth to serve them all the same") from None
+                        "DELAYQ_DASHBOARD_AUTH), or --insecure-listen to serve them all the same") from None
     except OSError as e:
         sys.stderr.write(f"delayq: cannot listen on {args.listen}: {e.strerror}\n")
         return FAILED
-    unguarded = " to anyone who reaches it, without credentials (--no-auth)" if args.no_auth else ""
+    unguarded = " to anyone who reaches it, without credentials (--insecure-listen)" if args.insecure_listen else ""
     sys.stderr.write(f"delayq: serving {what} on http://{args.listen}{path}{unguarded}\n")
     try:
         server.serve_forever()
@@ -563,8 +563,8 @@ def _auth(args: argparse.Namespace) -> Optional[str]:
         user, colon, password = auth.partition(":")
         if not colon or not user or not password:
             raise _BadUsage("--auth (or DELAYQ_DASHBOARD_AUTH) wants USER:PASSWORD, neither of them empty")
-        if args.no_auth:
-            raise _BadUsage("--no-auth and --auth (or DELAYQ_DASHBOARD_AUTH) contradict each other: give one")
+        if args.insecure_listen:
+            raise _BadUsage("--insecure-listen and --auth (or DELAYQ_DASHBOARD_AUTH) contradict each other: give one")
     return auth
 
 
@@ -582,7 +582,7 @@ def _serve_metrics(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int
     auth = _auth(args)
     hosts = _allowed_hosts(args)
     return _serve(args, "metrics", "/metrics",
-                  lambda host, port: make_server(queues, host, port, auth, args.no_auth, hosts))
+                  lambda host, port: make_server(queues, host, port, auth, args.insecure_listen, hosts))
 
 
 def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -625,7 +625,7 @@ def _dashboard(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     return _serve(args, "the dashboard", "/",
                   lambda host, port: dashboard.make_server(queues, host, port, args.refresh, auth,
                                                            args.allow_actions, registry=registry,
-                                                           no_auth=args.no_auth, allowed_hosts=hosts))
+                                                           insecure_listen=args.insecure_listen, allowed_hosts=hosts))
 
 
 def _worker(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
@@ -901,7 +901,7 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("serve-metrics", help="an HTTP endpoint for Prometheus to scrape: GET /metrics")
     m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to report (default: --queue)")
     m.add_argument("--listen", default="127.0.0.1:9808",
-                   help="HOST:PORT (default: 127.0.0.1:9808; :9808 for all, with --auth or --no-auth)")
+                   help="HOST:PORT (default: 127.0.0.1:9808; :9808 for all, with --auth or --insecure-listen)")
     _guard_arguments(m)
     m.set_defaults(run=_serve_metrics)
     m = sub.add_parser("dashboard", help="a web page of the queues for people: GET / (read-only unless "
@@ -997,7 +997,7 @@ def _guard_arguments(m: argparse.ArgumentParser) -> None:
     """Who may reach serve-metrics and the dashboard: the same options for both."""
     m.add_argument("--auth", metavar="USER:PASSWORD",
                    help="ask for these HTTP Basic credentials (default: $DELAYQ_DASHBOARD_AUTH, else none)")
-    m.add_argument("--no-auth", action="store_true",
+    m.add_argument("--insecure-listen", action="store_true",
                    help="serve without credentials on an address that is not loopback (refused otherwise): "
                         "anyone who reaches it reads it")
     m.add_argument("--allowed-hosts", metavar="NAME[,NAME...]", action="append", default=[],

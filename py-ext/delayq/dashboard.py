@@ -22,7 +22,7 @@ page that another site reaches through DNS rebinding has no credentials).
 
 Payloads and errors are the queue's own data, shown escaped and cut short; the page
 holds them, so serve it where only operators can reach it: the default listens on
-127.0.0.1, and any other address needs `--auth` (or `--no-auth`, said on purpose). A
+127.0.0.1, and any other address needs `--auth` (or `--insecure-listen`, said on purpose). A
 request whose Host header names another site is refused (DNS rebinding), and the page
 may not be framed; see `metrics.PageServer`.
 """
@@ -748,14 +748,14 @@ def _actions(lookup: Callable[[str], Optional[DelayQueue]], token: str) -> Calla
 
 def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float = 5.0,
                 auth: Optional[str] = None, actions: bool = False,
-                registry: Optional[Registry] = None, no_auth: bool = False,
+                registry: Optional[Registry] = None, insecure_listen: bool = False,
                 allowed_hosts: Sequence[str] = ()) -> PageServer:
     """A server of the page for `queues` at `/` on `host:port`; call `serve_forever()`.
     `auth` ("user:password") asks every request for HTTP Basic credentials; `actions`
     (only with `auth`) adds the buttons and `POST /action`. `registry` (see `Registry`)
     adds the queues found in the registry: `/` lists them after those of `queues`, and
     `/queue?name=NAME` shows any of them that it may open. Without `auth` it serves only
-    a loopback address unless `no_auth`; `allowed_hosts` are the names besides
+    a loopback address unless `insecure_listen`; `allowed_hosts` are the names besides
     localhost that a request's Host header may give (see `PageServer`)."""
     if actions and auth is None:
         raise ValueError("dashboard actions need auth: without it any page the browser opens could use them")
@@ -797,5 +797,5 @@ def make_server(queues: list[DelayQueue], host: str, port: int, refresh: float =
 
     html_type = "text/html; charset=utf-8"
     return PageServer((host, port), {"/": (html_type, page), "/queue": (html_type, queue_page)},
-                      actions={"/action": _actions(lookup, token)} if token else None, auth=auth, no_auth=no_auth,
+                      actions={"/action": _actions(lookup, token)} if token else None, auth=auth, insecure_listen=insecure_listen,
                       allowed_hosts=allowed_hosts)

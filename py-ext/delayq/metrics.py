@@ -153,7 +153,7 @@ class Exposed(ValueError):
 
     def __init__(self, host: str) -> None:
         super().__init__(f"will not serve without credentials on {host}, which is not a loopback address: "
-                         "give auth, or no_auth=True to serve anyone who reaches it")
+                         "give auth, or insecure_listen=True to serve anyone who reaches it")
         self.host = host
 
 
@@ -181,7 +181,7 @@ class PageServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     is answered 403. With `auth` ("user:password") every request needs those HTTP Basic
     credentials.
 
-    Without `auth` it listens only on a loopback address unless `no_auth` says to serve
+    Without `auth` it listens only on a loopback address unless `insecure_listen` says to serve
     anyone (else `Exposed`). Every request must name in its Host header an IP address,
     localhost (or a name under .localhost), the host it listens on as given, or one of
     `allowed_hosts`; any other name is answered 421, so that a site whose name resolves
@@ -193,19 +193,19 @@ class PageServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     def __init__(self, address: tuple[str, int],
                  pages: dict[str, tuple[str, Callable[[dict[str, str]], str]]],
                  actions: Optional[dict[str, Callable[[dict[str, str]], str]]] = None,
-                 auth: Optional[str] = None, no_auth: bool = False,
+                 auth: Optional[str] = None, insecure_listen: bool = False,
                  allowed_hosts: Iterable[str] = ()) -> None:
         if auth is not None:
             user, colon, password = auth.partition(":")
             if not colon or not user or not password:
                 raise ValueError("auth wants USER:PASSWORD, both not empty")
-            if no_auth:
-                raise ValueError("auth and no_auth contradict each other: give one")
+            if insecure_listen:
+                raise ValueError("auth and insecure_listen contradict each other: give one")
         super().__init__(address, _Handler, bind_and_activate=False)
         try:
             self.server_bind()
             bound = _ip(str(self.server_address[0]))
-            if auth is None and not no_auth and not (bound is not None and bound.is_loopback):
+            if auth is None and not insecure_listen and not (bound is not None and bound.is_loopback):
                 raise Exposed(str(self.server_address[0]))
             self.server_activate()
         except BaseException:
@@ -257,9 +257,9 @@ class MetricsServer(PageServer):
     each scrape; see `make_server`."""
 
     def __init__(self, address: tuple[str, int], queues: list[DelayQueue], auth: Optional[str] = None,
-                 no_auth: bool = False, allowed_hosts: Iterable[str] = ()) -> None:
+                 insecure_listen: bool = False, allowed_hosts: Iterable[str] = ()) -> None:
         page = (CONTENT_TYPE, lambda query: render(queues))
-        super().__init__(address, {"/": page, "/metrics": page}, auth=auth, no_auth=no_auth,
+        super().__init__(address, {"/": page, "/metrics": page}, auth=auth, insecure_listen=insecure_listen,
                          allowed_hosts=allowed_hosts)
         self.queues = queues
 
@@ -377,8 +377,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 def make_server(queues: list[DelayQueue], host: str, port: int, auth: Optional[str] = None,
-                no_auth: bool = False, allowed_hosts: Iterable[str] = ()) -> MetricsServer:
+                insecure_listen: bool = False, allowed_hosts: Iterable[str] = ()) -> MetricsServer:
     """A server for `queues` on `host:port`; call `serve_forever()` on it. With `auth`
     ("user:password"), a scrape needs those HTTP Basic credentials; without it, only a
-    loopback address is served unless `no_auth` (see `PageServer`)."""
-    return MetricsServer((host, port), queues, auth, no_auth, allowed_hosts)
+    loopback address is served unless `insecure_listen` (see `PageServer`)."""
+    return MetricsServer((host, port), queues, auth, insecure_listen, allowed_hosts)

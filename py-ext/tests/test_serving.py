@@ -1,6 +1,6 @@
 """`delayq dashboard` and `delayq serve-metrics` as servers, run as real processes and
 reached over real sockets: a stalled or idle connection holds no other request, an
-address other than loopback needs credentials or --no-auth said on purpose, a Host
+address other than loopback needs credentials or --insecure-listen said on purpose, a Host
 header naming another site is refused (DNS rebinding), every answer forbids framing
 and sniffing, and a query value the page cannot use is answered 400 or 404 with a
 plain text, never a dropped connection and a traceback."""
@@ -119,23 +119,23 @@ def test_a_stalled_connection_holds_no_other_request(redis_url: str, command: st
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_an_address_beyond_loopback_needs_credentials_or_no_auth(redis_url: str, command: str) -> None:
+def test_an_address_beyond_loopback_needs_credentials_or_insecure_listen(redis_url: str, command: str) -> None:
     for host in ("0.0.0.0", ""):
         err = refused(redis_url, command, host=host)
-        assert "not a loopback address" in err and "--auth" in err and "--no-auth" in err, err
+        assert "not a loopback address" in err and "--auth" in err and "--insecure-listen" in err, err
     wrong = [
-        ["--auth", "ops:"], ["--auth", ":pw"], ["--auth", "ops"], ["--auth", "ops:pw", "--no-auth"],
+        ["--auth", "ops:"], ["--auth", ":pw"], ["--auth", "ops"], ["--auth", "ops:pw", "--insecure-listen"],
         ["--allowed-hosts", "a b"],
     ]
     if command == "dashboard":
-        wrong += [["--auth", "ops:", "--allow-actions"], ["--allow-actions", "--no-auth"]]
+        wrong += [["--auth", "ops:", "--allow-actions"], ["--allow-actions", "--insecure-listen"]]
     for args in wrong:
         refused(redis_url, command, *args)
     assert "neither of them empty" in refused(redis_url, command, env={"DELAYQ_DASHBOARD_AUTH": "ops:"})
 
-    with serving(redis_url, command, "--no-auth", host="0.0.0.0") as (port, errors):
+    with serving(redis_url, command, "--insecure-listen", host="0.0.0.0") as (port, errors):
         assert fetch(port)[0].status == 200
-    assert "without credentials (--no-auth)" in errors[0]
+    assert "without credentials (--insecure-listen)" in errors[0]
     with serving(redis_url, command, "--auth", "ops:pw", host="0.0.0.0") as (port, _):
         assert fetch(port)[0].status == 401
         auth = "Basic " + base64.b64encode(b"ops:pw").decode()
