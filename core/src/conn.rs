@@ -1111,3 +1111,18 @@ impl Endpoint {
         }
     }
 }
+/// `pipe`'s commands in one round trip, their replies in order, where every command
+/// names a key of one hash slot: a cluster connection refuses a pipeline, but takes
+/// the same packed commands, routed by the first one's key.
+pub(crate) fn query_one_slot<T: redis::FromRedisValue>(
+    con: &mut dyn ConnectionLike,
+    pipe: &redis::Pipeline,
+) -> RedisResult<T> {
+    let n = pipe.cmd_iter().count();
+    let replies = if n == 0 {
+        Vec::new()
+    } else {
+        con.req_packed_commands(&pipe.get_packed_pipeline(), 0, n)?
+    };
+    Ok(T::from_redis_value(redis::Value::Array(replies))?)
+}

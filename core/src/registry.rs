@@ -114,15 +114,13 @@ impl Queue {
         let now = crate::time::now_unix_ms();
         let forget_before = now - i64::try_from(FORGET_AFTER.as_millis()).unwrap_or(i64::MAX);
         let res = slot.run(&self.inner.endpoint, "register", Replay::Safe, |con| {
-            redis::pipe()
-                .zadd(&key, &entry, now)
-                .ignore()
+            let mut note = redis::pipe();
+            note.zadd(&key, &entry, now)
                 .cmd("ZREMRANGEBYSCORE")
                 .arg(&key)
                 .arg("-inf")
-                .arg(format!("({forget_before}"))
-                .ignore()
-                .query::<()>(con)
+                .arg(format!("({forget_before}"));
+            crate::conn::query_one_slot::<()>(con, &note)
         });
         if let Err(e) = res {
             log::debug!("delayq[{}]: could not note the queue in {key}: {e}", self.name());
@@ -212,9 +210,9 @@ impl Queue {
                     }
                     read.cmd("ZCOUNT").arg(&key).arg(since).arg("+inf");
                     if limit > 0 {
-                        read.query(con)
+                        crate::conn::query_one_slot(con, &read)
                     } else {
-                        read.query::<(u64,)>(con).map(|(total,)| (Vec::new(), total))
+                        crate::conn::query_one_slot::<(u64,)>(con, &read).map(|(total,)| (Vec::new(), total))
                     }
                 })?;
         let fresh = members.into_iter().filter(|&(_, score)| score >= since as f64);

@@ -99,6 +99,10 @@ fn partitions_spread_over_the_masters_and_each_message_runs_once() {
     assert!(producer_done.load(Ordering::Acquire));
     assert_eq!(seen.len(), 2000);
     assert!(seen.values().all(|&n| n == 1), "each message exactly once");
+    // The registry is written and read on a cluster too (its commands go packed, as a
+    // cluster connection refuses a pipeline).
+    let page = q.registered_queues_page(0, 10).expect("a page of the registry");
+    assert!(page.queues.iter().any(|r| r.name == "orders"), "{page:?}");
     for node in &cluster.nodes {
         // The registry of queues (see registry.rs) is no key of the queue.
         for key in node.dump_keys().into_iter().filter(|k| k != "dq:queues") {

@@ -15,7 +15,8 @@
 -- @include schedule
 -- @include stamp
 -- KEYS: messages scheduled stats control
-local now, r, step = clock_at(redis.call('TIME'), redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at', 'format'))
+local now, r, step = clock_at(redis.call('TIME'),
+  redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at', 'format'))
 local old_head = head_score()
 local due = tonumber(ARGV[4])
 if ARGV[3] == 'delay' then

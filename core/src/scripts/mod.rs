@@ -982,6 +982,41 @@ mod tests {
     }
 
     #[test]
+    fn functions_no_code_names_are_left_out() {
+        let include = "-- a comment\nlocal function used()\n  return helper()\nend\n\
+                       local function helper()\n  return 1\nend\n\
+                       local function unused()\n  return 2\nend\n\
+                       local function at_top()\n  return 3\nend\nlocal TOP = at_top()\n";
+        let kept = without_unused_functions(&[include.to_owned()], "return used() -- unused()");
+        let kept = &kept[0];
+        for name in ["used", "helper", "at_top"] {
+            assert!(kept.contains(&format!("local function {name}()")), "{name}: {kept}");
+        }
+        assert!(!kept.contains("unused"), "{kept}");
+        assert!(
+            kept.contains("-- a comment") && kept.contains("local TOP = at_top()"),
+            "{kept}"
+        );
+    }
+
+    #[test]
+    fn a_guarded_script_has_guard_first_and_no_preflight() {
+        let files = |p: &str| match p {
+            "g.lua" => Some("-- @guarded\n-- @include guard\n-- KEYS: scheduled\nreturn 1".to_owned()),
+            "h.lua" => Some("-- @guarded\n-- KEYS: scheduled\nreturn 1".to_owned()),
+            "i.lua" => Some("-- @include guard\n-- KEYS: scheduled\nreturn 1".to_owned()),
+            "include/base.lua" | "include/guard.lua" => Some(String::new()),
+            _ => None,
+        };
+        let g = compose("g", &files).expect("composes");
+        assert!(g.guarded && !g.text.contains("-- preflight:"), "{}", g.text);
+        assert!(g.text.contains("local SCRIPT = 'g'") && g.text.contains("if key == K_SCHED then return 'zset'"));
+        for bad in ["h", "i"] {
+            assert!(compose(bad, &files).expect_err(bad).contains("guard"), "{bad}");
+        }
+    }
+
+    #[test]
     fn bad_headers_are_refused_with_the_file_named() {
         let files = |p: &str| match p {
             "x.lua" => Some("-- KEYS: scheduled nonsense\nreturn 1".to_owned()),

@@ -152,12 +152,12 @@ fn read_envelopes(pool: &Pool, slot: &mut ConnSlot, part: usize, reply: &mut cla
     let mut unloaded = Vec::new();
     let read = slot
         .run_once(&q.inner.endpoint, "claim", |con| {
-            if reads_sizes(&pool.opts) {
+            if reads_sizes(&pool.opts) && !reply.items.is_empty() {
                 let mut sizes = redis::pipe();
                 for item in &reply.items {
                     sizes.cmd("HSTRLEN").arg(messages).arg(&item.id);
                 }
-                let sizes: Vec<u64> = sizes.query(con)?;
+                let sizes: Vec<u64> = crate::conn::query_one_slot(con, &sizes)?;
                 unloaded = set_aside_larger(reply, &sizes, read_bound(&pool.opts));
             }
             if reply.items.is_empty() {

@@ -44,8 +44,8 @@ local format_unrecorded = false
 local clock_last = nil
 
 -- The queue time at Redis time `t` (TIME's reply), with `c` the fields clock_ms,
--- step_ms, step_at and format of :control; then Redis time in ms and, after a step back, the offset to store
--- (clock_fields).
+-- step_ms, step_at and format of :control; then Redis time in ms and, after a step
+-- back, the offset to store (clock_fields).
 local function clock_at(t, c)
   local stored = tonumber(c[4])
   if stored and stored > tonumber(FORMAT) then
@@ -83,7 +83,8 @@ end
 -- `learn`: whether this script may write what it finds; scripts that only read tell
 -- the time a write would have given.
 local function queue_now(learn)
-  local now, r, step = clock_at(redis.call('TIME'), redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at', 'format'))
+  local now, r, step = clock_at(redis.call('TIME'),
+    redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at', 'format'))
   if learn and clock_moved(r, step) then
     redis.call('HSET', K_CONTROL, clock_fields(r, step))
   end
