@@ -434,6 +434,20 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
             acl_hint(user)
         );
     }
+    // Redis's own refusal of a command sent alone names it: "... no permissions to run
+    // the 'hstrlen' command". (Inside a script, before 7.0, the script may have written
+    // before it: that text says "script", and falls to the words below.)
+    if let Some(command) = text
+        .split_once("permissions to run the '")
+        .and_then(|(_, rest)| rest.split_once('\''))
+        .map(|(command, _)| command.to_ascii_uppercase())
+        .filter(|_| no_perm && !text.contains("script"))
+    {
+        return format!(
+            "user {user:?} may not run {command} (delayq needs it); nothing was written. {}",
+            acl_hint(user)
+        );
+    }
     if no_perm {
         return format!(
             "user {user:?} lacks a permission delayq needs: {text}. {}",
@@ -570,6 +584,20 @@ mod tests {
             "{text}"
         );
         assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn a_command_redis_refuses_alone_is_named() {
+        let err = server_error(
+            ServerErrorKind::NoPerm,
+            "NOPERM this user has no permissions to run the 'hstrlen' command",
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("\"default\" may not run HSTRLEN (delayq needs it); nothing was written"),
+            "{text}"
+        );
+        assert!(text.contains("delayq acl --user default"), "{text}");
     }
 
     #[test]
