@@ -444,7 +444,7 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
         .filter(|_| no_perm && !text.contains("script"))
     {
         return format!(
-            "user {user:?} may not run {command} (delayq needs it); nothing was written. {}",
+            "user {user:?} may not run {command}, which delayq needs ({text}); nothing was written. {}",
             acl_hint(user)
         );
     }
