@@ -594,7 +594,11 @@ mod tests {
         );
         let text = err.to_string();
         assert!(
-            text.contains("\"default\" may not run HSTRLEN (delayq needs it); nothing was written"),
+            text.contains("\"default\" may not run HSTRLEN, which delayq needs ("),
+            "{text}"
+        );
+        assert!(
+            text.contains("'hstrlen' command") && text.contains("); nothing was written"),
             "{text}"
         );
         assert!(text.contains("delayq acl --user default"), "{text}");
