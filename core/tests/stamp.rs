@@ -1,6 +1,6 @@
 //! The stamp at the front of a native envelope (lua/include/stamp.lua): the score a
 //! message waits at, written by every script that schedules it, so that a claim need
-//! not read scores from the schedule. Envelopes from a delayq before it carry none.
+//! not read scores from the schedule. An envelope written by hand may carry none.
 
 mod common;
 
@@ -27,12 +27,7 @@ fn score(con: &mut redis::Connection, id: &str) -> Option<u64> {
     s.map(|s| s as u64)
 }
 
-fn seq(con: &mut redis::Connection) -> u64 {
-    let s: Option<u64> = redis::cmd("GET").arg("{dq:stamp}:seq").query(con).expect("get");
-    s.unwrap_or(0)
-}
-
-/// What a delayq before the stamp stored: the envelope without it.
+/// An envelope written by hand, without the stamp.
 fn strip_stamp(con: &mut redis::Connection, id: &str) {
     let stored: String = redis::cmd("HGET").arg(MESSAGES).arg(id).query(con).expect("hget");
     let (_, rest) = stored.split_once("],").expect("stamped");
@@ -53,17 +48,6 @@ fn stamped_anew(con: &mut redis::Connection, id: &str, was: Option<(u64, u64)>) 
         stamp(con, id) != was
     });
     stamp(con, id).expect("stamped")
-}
-
-/// The number of the claim that handed `d` out: its lease's token, less the mark of a
-/// claim of its own (see claim.lua's quarantine).
-fn claim_of(d: &Delivery) -> u64 {
-    d.token()
-        .split(':')
-        .next()
-        .map(|t| t.trim_start_matches(['q', 'g']))
-        .and_then(|t| t.parse().ok())
-        .expect("a numeric token")
 }
 
 /// A pool of one thread with room for `handlers` deliveries, under a lease of a minute.
@@ -95,7 +79,7 @@ fn every_script_that_schedules_a_message_stamps_it_with_its_score() {
     let id = q.push(&json!({"n": 1}), Duration::from_secs(60)).expect("push");
     let (pushed_no, pushed_at) = stamp(&mut con, &id).expect("a push stamps");
     assert_eq!(Some(pushed_at), score(&mut con, &id));
-    assert_eq!(pushed_no, seq(&mut con), "the sequence as the push found it");
+    assert_eq!(pushed_no, 0, "no claim number: nothing reads one");
     let due = q.get(&id).expect("get").expect("exists").due_at_ms;
     assert_eq!(due, Some((pushed_at / 4096) as i64));
 
@@ -112,10 +96,7 @@ fn every_script_that_schedules_a_message_stamps_it_with_its_score() {
     let d = next(&c);
     assert_eq!(d.due_at_ms, (now_at / 4096) as i64);
     assert!(!d.token().contains(':'), "{}", d.token());
-    // A failure schedules it again: stamped with the new score and a later sequence.
-    // Written after the claim that ran it: a number at least the claim's token (the
-    // push's stamp has a lower one).
-    let claims_before = claim_of(&d);
+    // A failure schedules it again: stamped with the new score.
     let was = stamp(&mut con, &id);
     c.fail_with(d, "boom", Retry::After(Duration::from_secs(1)));
     let (retry_no, retry_at) = stamped_anew(&mut con, &id, was);
@@ -123,24 +104,17 @@ fn every_script_that_schedules_a_message_stamps_it_with_its_score() {
         score(&mut con, &id).is_none_or(|s| s == retry_at),
         "waits at its stamp's score"
     );
-    assert!(
-        retry_at > now_at && retry_no >= claims_before,
-        "{retry_no} {claims_before}"
-    );
-    // A release puts it back at the same score, stamped afresh.
+    assert!(retry_at > now_at && retry_no == 0, "{retry_no} {retry_at} {now_at}");
+    // A release puts it back at the same score, its stamp as it was.
     let d = next(&c);
     assert_eq!(d.due_at_ms, (retry_at / 4096) as i64);
-    let claimed_no = claim_of(&d);
-    let was = stamp(&mut con, &id);
     c.release(d);
-    let (released_no, released_at) = stamped_anew(&mut con, &id, was);
-    assert_eq!(released_at, retry_at, "back at its place");
-    assert!(released_no >= claimed_no, "{released_no} {claimed_no}");
+    assert_eq!(stamp(&mut con, &id), Some((0, retry_at)), "back at its place");
     c.finish();
 }
 
 #[test]
-fn an_envelope_from_before_the_stamp_runs_with_its_claims_time_and_is_stamped_when_put_back() {
+fn an_envelope_without_a_stamp_runs_with_its_claims_time_and_a_retry_stamps_it() {
     let server = RedisServer::start();
     let q = server.queue("stamp");
     let mut con = server.con();
@@ -185,14 +159,7 @@ fn an_envelope_from_before_the_stamp_runs_with_its_claims_time_and_is_stamped_wh
         }
     }
     let [first, second, third]: [Delivery; 3] = got.try_into().expect("three deliveries");
-    let first_id = first.id.clone();
-    c.release(first);
-    let (_, at) = stamped_anew(&mut con, &first_id, None);
-    let back_at = (at / 4096) as i64;
-    assert!(
-        back_at >= after_claims,
-        "stamped due at once: {back_at}, not before {after_claims}"
-    );
+    c.ack(first);
     let second_id = second.id.clone();
     c.fail_with(second, "boom", Retry::After(Duration::from_secs(30)));
     let (_, at) = stamped_anew(&mut con, &second_id, None);
@@ -254,8 +221,6 @@ fn a_bulk_push_stamps_on_the_client_and_redis_keeps_the_stamp() {
     let server = RedisServer::start();
     let q = server.queue("stamp");
     let mut con = server.con();
-    // Claims were made before: the push's own stamp would carry their number.
-    set_seq(&mut con, 7);
     let before = server.now_ms();
     let ids = q.push_many(&batch(1500, Duration::from_secs(60))).expect("push");
     let after = server.now_ms();
@@ -280,7 +245,7 @@ fn a_bulk_push_stamps_on_the_client_and_redis_keeps_the_stamp() {
     assert_eq!(score(&mut con, &ids[1000]), Some(scores[1]), "the second script's");
     // A small batch of delays reads no clock: the push stamps it.
     let small = q.push_many(&batch(3, Duration::from_secs(60))).expect("push");
-    assert_eq!(stamp(&mut con, &small[0]).map(|s| s.0), Some(7));
+    assert_eq!(stamp(&mut con, &small[0]).map(|s| s.0), Some(0));
 }
 
 #[test]
@@ -300,7 +265,7 @@ fn a_client_stamp_whose_place_is_taken_is_replaced_by_the_push() {
     // one and the push writes its own stamp.
     let later = q.push_many(&batch(200, delayq::Due::AtUnixMs(at))).expect("push");
     for id in &later {
-        assert_eq!(stamp(&mut con, id), Some((7, at as u64 * 4096 + 1)), "{id}");
+        assert_eq!(stamp(&mut con, id), Some((0, at as u64 * 4096 + 1)), "{id}");
         assert_eq!(score(&mut con, id), Some(at as u64 * 4096 + 1));
     }
     let info = q.get(&later[199]).expect("get").expect("exists");
@@ -361,21 +326,20 @@ fn a_stamped_run_that_does_not_hold_is_refused_before_anything_is_written() {
 }
 
 #[test]
-fn a_resend_takes_the_sequence_as_it_is_now() {
+fn a_resend_keeps_the_clients_stamp_where_its_place_holds() {
     let server = RedisServer::start();
     let mut con = server.con();
-    set_seq(&mut con, 7);
     let at = server.now_ms() + 60_000;
     let score = at as u64 * 4096;
-    // A "check" call may resend a push whose first send ran: its ids may have been
-    // claimed since, so the client's claim number 0 is not kept.
+    // A "check" call may resend a push whose first send ran: the stamp it carries is
+    // the one the script would write, claim number 0 and the place proposed.
     let envelope = format!(r#"{{"at":[0,{score}],"v":1,"id":"a","created_ms":1,"payload":1}}"#);
     let words = ["check", "1", "at", &at.to_string(), "ordered stamped", "a", &envelope].map(String::from);
     push_directly(&mut con, &words).expect("pushed");
     let stored: String = redis::cmd("HGET").arg(MESSAGES).arg("a").query(&mut con).expect("hget");
     assert_eq!(
         stored,
-        format!(r#"{{"at":[7,{score}],"v":1,"id":"a","created_ms":1,"payload":1}}"#)
+        format!(r#"{{"at":[0,{score}],"v":1,"id":"a","created_ms":1,"payload":1}}"#)
     );
 }
 
