@@ -81,6 +81,7 @@
 -- @include serial
 -- @include stall
 -- @include restamp
+-- @include shown
 -- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined minutes claims claim_ids quarantine
 -- The optional sections, read whole before anything is written.
 local beat, minutes_kept, minute_deltas, quarantine_mode, most = nil, nil, nil, nil, nil
@@ -120,32 +121,6 @@ while ARGV[at] do
 end
 if beat and not (beat[1] and beat[2] and beat[3]) then
   return redis.error_reply('DQERR malformed beat section')
-end
-
--- The envelopes of ids (n of them), each longer than `most` bytes (when given) as its
--- size: Redis then never copies it into Lua, nor into the reply.
-local function read_at_most(ids, n, most)
-  if not most then
-    return redis.call('HMGET', K_MSG, unpack(ids))
-  end
-  local short, n_short, at_of = {}, 0, {}
-  local envelopes = {}
-  for i = 1, n do
-    local size = redis.call('HSTRLEN', K_MSG, ids[i])
-    if size > most then
-      envelopes[i] = size
-    else
-      n_short = n_short + 1
-      short[n_short], at_of[n_short] = ids[i], i
-    end
-  end
-  if n_short > 0 then
-    local read = redis.call('HMGET', K_MSG, unpack(short))
-    for j = 1, n_short do
-      envelopes[at_of[j]] = read[j]
-    end
-  end
-  return envelopes
 end
 
 -- Expired claims reaped per call, each of up to 1000 messages: the calls that follow
@@ -324,7 +299,7 @@ if n > 0 then
   -- of ids that have none (orphans.lua).
   local envelopes, blocked, keys = nil, nil, nil
   if redis.call('EXISTS', K_SERIAL) == 1 then
-    envelopes = read_at_most(ids, n, most)
+    envelopes = sized_values(K_MSG, ids, most or WHOLE)
     -- The score each was due at: the schedule's in the seed layout, else its stamp's
     -- (now's for a hand edit without one, or one left unread).
     local scores = seed_scores or {}

@@ -1,9 +1,10 @@
--- shown.lua: what a listing sends of texts that a writer may have made huge. A producer
--- that bypasses its max_payload_bytes (or writes the hash itself) must not make the
--- listings, and the operators' tools built on them, too slow to show its queue: an
--- envelope past the caller's bound is sent as its size (a number) and never read, and
--- an error or a trace past its bound keeps its start and its end, as a worker cuts a
--- trace (consumer.rs, cut_trace).
+-- shown.lua: what a listing sends, and a claim reads, of texts that a writer may have
+-- made huge. A producer that bypasses its max_payload_bytes (or writes the hash
+-- itself) must not make the listings, and the operators' tools built on them, too
+-- slow to show its queue, nor hand a pool more than it reads: an envelope past the
+-- caller's bound is sent as its size (a number) and never read, and an error or a
+-- trace past its bound keeps its start and its end, as a worker cuts a trace
+-- (consumer.rs, cut_trace).
 
 -- No stored value is this large (Redis holds at most 512 MB in one): a bound at or past
 -- it sends every value whole, without a look at its size.
