@@ -32,16 +32,16 @@ end
 -- its own clock, and the whole millisecond alone would make it wake up to 1 ms late.
 -- While an offset phases out, the queue clock can repeat a millisecond, so a reading
 -- may step back by less than 1 ms: the pool then wakes that much later, not earlier.
-local queue_now_us = 0
+local queue_now_us = 0 -- per call
 
 -- The stored format of the queue's keys and values (docs/workers.md, "Upgrading"),
 -- kept in :control beside the clock: recorded by the first script that stores the
 -- clock, and read by every script that reads it, which stops before its first write
 -- where a newer delayq recorded a higher one ("DQERR format <stored> <this build's>").
 local FORMAT = '1'
-local format_unrecorded = false
+local format_unrecorded = false -- per call
 -- clock_ms as clock_at read it.
-local clock_last = nil
+local clock_last = nil -- per call
 
 -- The queue time at Redis time `t` (TIME's reply), with `c` the fields clock_ms,
 -- step_ms, step_at and format of :control; then Redis time in ms and, after a step

@@ -7,20 +7,25 @@
 -- with `undone`, which ends the error with " (undone)": the crate then says that what
 -- was written was taken back, not that nothing was written).
 -- Must be the script's first include: the includes after it call through it.
-local raw = redis
+-- Redis's own API, looked up at each use: a library's functions are defined while
+-- Redis loads it, when `redis` holds only what loading may call (nor may loading call
+-- setmetatable, so the table below names each function the scripts use).
+local function api()
+  return redis
+end
 
 local function fault(reply, command, key, undone)
   local text = reply.err
   local tail = undone and ' (undone)' or ''
   if string.find(text, 'NOPERM', 1, true) or string.find(text, "can't run this command", 1, true) then
     if key then
-      return raw.error_reply('NOPERM delayq script ' .. SCRIPT .. ' runs ' .. command .. ' on ' .. key .. tail)
+      return api().error_reply('NOPERM delayq script ' .. SCRIPT .. ' runs ' .. command .. ' on ' .. key .. tail)
     end
-    return raw.error_reply('NOPERM delayq script ' .. SCRIPT .. ' runs ' .. command .. tail)
+    return api().error_reply('NOPERM delayq script ' .. SCRIPT .. ' runs ' .. command .. tail)
   end
   if string.sub(text, 1, 9) == 'WRONGTYPE' and key then
-    local held = raw.pcall('TYPE', key)
-    return raw.error_reply('WRONGTYPE delayq script ' .. SCRIPT .. ': key ' .. key .. ' holds a '
+    local held = api().pcall('TYPE', key)
+    return api().error_reply('WRONGTYPE delayq script ' .. SCRIPT .. ': key ' .. key .. ' holds a '
       .. tostring(held.ok or held) .. ', delayq keeps a ' .. KIND_OF(key) .. ' there' .. tail)
   end
   return reply
@@ -30,13 +35,19 @@ local function failed(reply)
   return type(reply) == 'table' and reply.err ~= nil
 end
 
-local redis = setmetatable({
+local redis = {
   call = function(...)
-    local reply = raw.pcall(...)
+    local reply = api().pcall(...)
     if failed(reply) then
       local command, key = ...
       raise(fault(reply, command, key))
     end
     return reply
   end,
-}, {__index = raw})
+  pcall = function(...)
+    return api().pcall(...)
+  end,
+  error_reply = function(text)
+    return api().error_reply(text)
+  end,
+}

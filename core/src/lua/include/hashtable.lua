@@ -7,7 +7,9 @@
 -- hash-max-listpack-value (64) in the same HSET makes Redis build a hashtable from
 -- the start; Redis never turns it back, so the field can go at once. Ids are never
 -- empty, so the empty field name is free.
-local LISTPACK_BREAKER = string.rep('-', 65)
+-- (A literal: a library's definitions run where Redis has not yet given Lua its
+-- string library.)
+local LISTPACK_BREAKER = '.................................................................'
 local function hset_as_hashtable(key, pairs)
   local n = #pairs
   pairs[n + 1] = ''

@@ -7,8 +7,8 @@
 -- times at or below it are looked up, one range read each (once per millisecond per
 -- script): a push due later than everything waiting, the common case, reads nothing more,
 -- nor does the first one due at the millisecond of the highest score, the last there.
-local order_last = {}
-local order_tail = nil
+local order_last = {} -- per call
+local order_tail = nil -- per call
 local function score_at(due_ms)
   if SEED then
     -- Rounded up: a message may be late by the recipe's one-second grain, never early.
