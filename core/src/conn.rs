@@ -1,7 +1,7 @@
 //! Connections: URL parsing, TLS, timeouts, cluster, Sentinel, reconnects with backoff,
 //! and fork safety (a process that inherited a connection never uses or closes it).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult};
@@ -73,6 +73,10 @@ pub(crate) struct Endpoint {
     /// Raised when a sentinel announces a new master: connections made before it are
     /// to the old one, which may still accept writes until Sentinel demotes it.
     master_epoch: AtomicU64,
+    /// The server has this build's library of functions (`scripts::LIBRARY`) and lets
+    /// the user call them: script calls go as FCALL, else as EVALSHA. Asked at each
+    /// new connection; a call that finds the library gone goes back to EVALSHA.
+    pub(crate) functions: AtomicBool,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -433,6 +437,7 @@ impl Endpoint {
             db,
             opts,
             master_epoch: AtomicU64::new(0),
+            functions: AtomicBool::new(false),
         })
     }
 
@@ -911,6 +916,15 @@ impl ConnSlot {
     fn connected(&mut self, ep: &Endpoint) -> Result<&mut Conn> {
         let (mut conn, master) = ep.connect()?;
         warn_if_evicting(&mut conn, master.as_deref().unwrap_or(&ep.display), None);
+        // Any failure (Redis 6 has no FCALL, the user may not run it, an admin did not
+        // load the library) leaves the calls to EVALSHA.
+        let library = &crate::scripts::LIBRARY;
+        let probe = redis::cmd("FCALL")
+            .arg(library.probe())
+            .arg(0)
+            .query::<String>(conn.as_dyn());
+        ep.functions
+            .store(probe.is_ok_and(|name| name == library.name), Ordering::Relaxed);
         self.master = master.map(|m| (m, Instant::now()));
         Ok(self.conn.insert(conn))
     }

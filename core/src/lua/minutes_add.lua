@@ -6,6 +6,7 @@
 -- Faults: every delta is read before the first write; a malformed one is a caller bug.
 -- @include clock
 -- @include minutes
+-- @adds
 -- KEYS: scheduled leases control minutes
 local keep = tonumber(ARGV[3])
 if not keep or keep < 1 then

@@ -29,5 +29,6 @@
 --   replaced message leaves (its attempts, errors, trace, dead letter and serial line);
 --   this script refuses such a run before it writes anything.
 -- @include push_runs
+-- @adds
 -- KEYS: scheduled messages stats control serial_keys
 return push_runs(nil)

@@ -14,6 +14,7 @@
 -- @include order
 -- @include schedule
 -- @include stamp
+-- @adds
 -- KEYS: messages scheduled stats control
 local now, r, step = clock_at(redis.call('TIME'),
   redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at', 'format'))

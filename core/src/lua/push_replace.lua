@@ -5,5 +5,6 @@
 --   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include push_runs
 -- @include replace
+-- @adds
 -- KEYS: scheduled messages inflight leases attempts errors dead stats control traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 return push_runs(REPLACING)

@@ -6,6 +6,7 @@
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include repeat
+-- @adds
 -- KEYS: scheduled messages inflight leases attempts errors stats repeats repeat_marks traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 local name = ARGV[3]
 if redis.call('HGET', K_REPEATS, name) ~= ARGV[4] then

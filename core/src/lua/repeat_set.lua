@@ -7,6 +7,7 @@
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
 -- @include repeat
+-- @adds
 -- KEYS: scheduled messages inflight leases attempts errors stats repeats repeat_marks traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 local name, definition, first = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if redis.call('HGET', K_REPEATS, name) == definition then

@@ -263,7 +263,11 @@ impl Queue {
     /// layout and the wake-up channel.
     pub(crate) fn invocation<'a>(&'a self, part: usize, script: &'a LuaScript) -> Invocation<'a> {
         let keys = &self.inner.parts[part];
-        let mut inv = Invocation::new(script, script.keys.iter().map(|&k| keys.all[k].as_str()));
+        let mut inv = Invocation::new(
+            script,
+            script.keys.iter().map(|&k| keys.all[k].as_str()),
+            Some(&self.inner.endpoint.functions),
+        );
         inv.arg(self.inner.opts.layout.script_name()).arg(&keys.wake_channel);
         inv
     }

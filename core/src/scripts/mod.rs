@@ -1,9 +1,14 @@
-//! The Lua scripts, one file each under `lua/`, loaded with EVALSHA and reloaded on
-//! NOSCRIPT. Each script's header says what it needs:
+//! The Lua scripts, one file each under `lua/`, called with EVALSHA and loaded on
+//! NOSCRIPT; or, where an admin installed this build's library of them (Redis 7.0+,
+//! [`Library`]), called as functions with FCALL. Each script's header says what it
+//! needs:
 //!
 //! - `-- @include NAME` pulls in `lua/include/NAME.lua` (which may name its own);
 //! - `-- KEYS: role ...` lists the queue's keys it touches, by role ([`ROLES`]); it is
-//!   sent exactly those, in that order.
+//!   sent exactly those, in that order;
+//! - `-- @guarded`: it runs without the preflight (include/guard.lua);
+//! - `-- @adds`: it adds messages, or what grows with them; as a function (see
+//!   [`Library`]), a Redis at its maxmemory refuses it before it starts.
 //!
 //! From the composed text this module also reads every command the script can run,
 //! so that (1) each script starts with a preflight that checks, before its first
@@ -12,6 +17,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::{FromRedisValue, ParsingError, Value};
 
@@ -43,23 +49,47 @@ pub(crate) trait Call {
 }
 
 /// One call of a script, written as it is added into the command that is sent
-/// (EVALSHA, the hash, the keys, the arguments): no buffer of its own per argument,
-/// which a batch of a thousand ids would pay for a thousand times.
+/// (FCALL and the function, or EVALSHA and the hash; the keys, the arguments): no
+/// buffer of its own per argument, which a batch of a thousand ids would pay for a
+/// thousand times.
 pub(crate) struct Invocation<'a> {
     script: &'a LuaScript,
     cmd: redis::Cmd,
+    /// The server's flag for this build's library (see `Endpoint::functions`).
+    library: Option<&'a AtomicBool>,
+    /// It goes as FCALL.
+    fcall: bool,
 }
 
 impl<'a> Invocation<'a> {
-    /// A call of `script` with `keys`, which must be as many as its header declares.
-    pub(crate) fn new<'k>(script: &'a LuaScript, keys: impl ExactSizeIterator<Item = &'k str>) -> Self {
+    /// A call of `script` with `keys`, which must be as many as its header declares;
+    /// as FCALL when `library` says the server has this build's functions.
+    pub(crate) fn new<'k>(
+        script: &'a LuaScript,
+        keys: impl ExactSizeIterator<Item = &'k str>,
+        library: Option<&'a AtomicBool>,
+    ) -> Self {
         debug_assert_eq!(keys.len(), script.keys.len(), "the keys of {}", script.name);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.script.get_hash()).arg(keys.len());
+        let fcall = library.is_some_and(|f| f.load(Ordering::Relaxed));
+        let mut cmd = if fcall {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(LIBRARY.function(script));
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(script.script.get_hash());
+            cmd
+        };
+        cmd.arg(keys.len());
         for key in keys {
             cmd.arg(key);
         }
-        Self { script, cmd }
+        Self {
+            script,
+            cmd,
+            library,
+            fcall,
+        }
     }
 
     /// Add one argument (or several, as `ToRedisArgs` writes them).
@@ -68,16 +98,77 @@ impl<'a> Invocation<'a> {
         self
     }
 
-    /// Run it, loading the script first if the server does not know it.
+    /// Run it, loading the script first if the server does not know it. A function
+    /// the server does not have (FUNCTION FLUSH, a restart without persistence) runs
+    /// as EVALSHA, as every call after it will (see [`learn`]).
     pub(crate) fn invoke<T: FromRedisValue>(&self, con: &mut dyn redis::ConnectionLike) -> redis::RedisResult<T> {
-        match self.cmd.query(con) {
+        let eval;
+        let cmd = match self.cmd.query(con) {
+            Err(e) if self.fcall && function_missing(&e) => {
+                eval = self.as_eval();
+                &eval
+            }
+            result => {
+                let result = self.loaded_if_missing(result, &self.cmd, con);
+                learn(self.library, false, &result);
+                return result;
+            }
+        };
+        let result = cmd.query(con);
+        let result = self.loaded_if_missing(result, cmd, con);
+        learn(self.library, true, &result);
+        result
+    }
+
+    fn loaded_if_missing<T: FromRedisValue>(
+        &self,
+        result: redis::RedisResult<T>,
+        cmd: &redis::Cmd,
+        con: &mut dyn redis::ConnectionLike,
+    ) -> redis::RedisResult<T> {
+        match result {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 self.script.script.load(con)?;
-                self.cmd.query(con)
+                cmd.query(con)
             }
             result => result,
         }
     }
+
+    /// The same call as EVALSHA.
+    fn as_eval(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.script.get_hash());
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
+        cmd
+    }
+}
+
+/// What a call's answer teaches of the server's library (`after_missing`: an EVALSHA
+/// sent because the function was missing). EVALSHA refused for want of the permission
+/// means a rule made for functions: the next call tries FCALL again, which works once
+/// an admin installed them. FCALL refused so means a rule without it, and EVALSHA
+/// answered after a missing function means the library is gone: EVALSHA from then on.
+fn learn<T>(library: Option<&AtomicBool>, after_missing: bool, result: &redis::RedisResult<T>) {
+    let Some(flag) = library else { return };
+    let refused = |command: &str| {
+        matches!(result, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+            && e.to_string().contains(&format!("'{command}' command")))
+    };
+    if refused("evalsha") {
+        flag.store(true, Ordering::Relaxed);
+    } else if after_missing || refused("fcall") {
+        flag.store(false, Ordering::Relaxed);
+    }
+}
+
+/// The server has no such function: its library was never loaded, or is gone.
+fn function_missing(e: &redis::RedisError) -> bool {
+    e.detail().is_some_and(|d| d.starts_with("Function not found"))
 }
 
 /// Commands written to one connection each as soon as it is built, their replies read
@@ -95,7 +186,8 @@ pub(crate) struct Stream<'c, 's> {
 /// One command of a stream, to read its reply as.
 enum Sent<'s> {
     Load,
-    Call(&'s LuaScript),
+    /// A call, with the server's flag for the library and whether it went as FCALL.
+    Call(&'s LuaScript, Option<&'s AtomicBool>, bool),
     Command,
 }
 
@@ -107,7 +199,8 @@ pub(crate) enum Answer<'s> {
     /// a full Redis's refusal of that write, or its checks of the arguments): it wrote
     /// nothing.
     Refused,
-    /// NOSCRIPT: it ran nothing; a later stream loads its script before its first call.
+    /// NOSCRIPT, or no such function: it ran nothing; a later stream loads its script
+    /// before its first call (and calls it with EVALSHA).
     Missing,
 }
 
@@ -156,11 +249,16 @@ impl<'c, 's> Stream<'c, 's> {
     /// the calls behind it were sent.
     pub(crate) fn send(&mut self, inv: Invocation<'s>) -> redis::RedisResult<()> {
         let script = inv.script;
+        if inv.fcall {
+            self.write(&inv.cmd)?;
+            self.sent.push(Sent::Call(script, inv.library, true));
+            return Ok(());
+        }
         let loading = !self.streamed.contains(&script.name)
             && !self
                 .sent
                 .iter()
-                .any(|s| matches!(s, Sent::Call(c) if c.name == script.name));
+                .any(|s| matches!(s, Sent::Call(c, _, false) if c.name == script.name));
         if loading {
             let mut load = redis::pipe();
             load.load_script(&script.script);
@@ -168,7 +266,7 @@ impl<'c, 's> Stream<'c, 's> {
             self.sent.push(Sent::Load);
         }
         self.write(&inv.cmd)?;
-        self.sent.push(Sent::Call(script));
+        self.sent.push(Sent::Call(script, inv.library, false));
         Ok(())
     }
 
@@ -200,8 +298,8 @@ impl<'c, 's> Stream<'c, 's> {
                 Ok(v) => {
                     match sent {
                         Sent::Load => {}
-                        Sent::Call(script) => {
-                            if !self.streamed.contains(&script.name) {
+                        Sent::Call(script, _, fcall) => {
+                            if !fcall && !self.streamed.contains(&script.name) {
                                 self.streamed.push(script.name);
                             }
                             done.answers.push(Answer::Reply(Some(script), v));
@@ -224,14 +322,26 @@ impl<'c, 's> Stream<'c, 's> {
                 }
             };
             match sent {
-                Sent::Call(script) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Sent::Call(script, _, false)
+                    if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
                     self.streamed.retain(|name| *name != script.name);
+                    done.answers.push(Answer::Missing);
+                }
+                Sent::Call(_, library, true) if function_missing(&error) => {
+                    learn::<()>(library, true, &Ok(()));
                     done.answers.push(Answer::Missing);
                 }
                 Sent::Load => {
                     done.load_refused.get_or_insert(error);
                 }
-                Sent::Call(_) | Sent::Command => {
+                Sent::Call(_, library, _) => {
+                    let error = Err::<(), _>(error);
+                    learn(library, false, &error);
+                    done.refused.get_or_insert(error.unwrap_err());
+                    done.answers.push(Answer::Refused);
+                }
+                Sent::Command => {
                     done.refused.get_or_insert(error);
                     done.answers.push(Answer::Refused);
                 }
@@ -368,6 +478,13 @@ pub const ARITIES: &[(&str, i32)] = &[
     ("ZSCORE", 3),
 ];
 
+/// The commands of [`ARITIES`] that write (PUBLISH too: Redis refuses it in a script
+/// flagged `no-writes`). A script that runs none is registered `no-writes`, so a
+/// Redis at its maxmemory still answers it.
+const WRITES: &[&str] = &[
+    "HDEL", "HINCRBY", "HSET", "HSETNX", "INCRBY", "PEXPIRE", "PUBLISH", "UNLINK", "ZADD", "ZREM",
+];
+
 /// The command the preflight's type check runs, where the user may: rules written
 /// before delayq asked for it go on working, without that check.
 pub const TYPE_CHECK: &str = "TYPE";
@@ -387,6 +504,9 @@ pub struct LuaScript {
     /// It runs without the preflight (include/guard.lua): a command it runs only to
     /// undo its writes after a fault is not needed for a call to succeed.
     pub guarded: bool,
+    /// Its part of the library, and the flags it is registered with.
+    block: String,
+    flags: &'static str,
 }
 
 impl LuaScript {
@@ -401,6 +521,11 @@ impl LuaScript {
 #[derive(Debug)]
 pub(crate) struct Composed {
     pub(crate) text: String,
+    /// Its part of delayq's library (see [`Library`]): its definitions, then
+    /// `dq_function`, which a registration and an `end` must follow.
+    pub(crate) block: String,
+    /// The flags its function is registered with.
+    pub(crate) flags: &'static str,
     pub(crate) keys: Vec<usize>,
     /// The K_ names it and its includes use (the unit tests hold `keys` to them).
     #[cfg_attr(not(test), allow(dead_code))]
@@ -410,21 +535,24 @@ pub(crate) struct Composed {
 }
 
 /// `-- @include` and `-- KEYS:` lines of a file's leading comment block.
-fn header(text: &str) -> (Vec<&str>, Option<Vec<&str>>, bool) {
+fn header(text: &str) -> (Vec<&str>, Option<Vec<&str>>, bool, bool) {
     let mut includes = Vec::new();
     let mut keys = None;
     let mut guarded = false;
+    let mut adds = false;
     for line in text.lines().take_while(|l| l.starts_with("--")) {
         let rest = line.trim_start_matches('-').trim();
         if rest == "@guarded" {
             guarded = true;
+        } else if rest == "@adds" {
+            adds = true;
         } else if let Some(name) = rest.strip_prefix("@include ") {
             includes.push(name.trim());
         } else if let Some(list) = rest.strip_prefix("KEYS:") {
             keys = Some(list.split_whitespace().collect());
         }
     }
-    (includes, keys, guarded)
+    (includes, keys, guarded, adds)
 }
 
 /// The text with comments cut, for reading the names and commands it uses (no string
@@ -565,7 +693,7 @@ fn words_in(code: &str) -> BTreeSet<&str> {
 /// for the benches' copies.
 pub(crate) fn compose(name: &str, load: &dyn Fn(&str) -> Option<String>) -> Result<Composed, String> {
     let body = load(&format!("{name}.lua")).ok_or_else(|| format!("no script {name}.lua"))?;
-    let (includes, declared, guarded) = header(&body);
+    let (includes, declared, guarded, adds) = header(&body);
     let declared = declared.ok_or_else(|| format!("{name}.lua: its header has no `-- KEYS:` line"))?;
     let mut keys = Vec::new();
     for role in &declared {
@@ -621,6 +749,26 @@ pub(crate) fn compose(name: &str, load: &dyn Fn(&str) -> Option<String>) -> Resu
         code.push('\n');
     }
     code.push_str(&code_of(&body));
+    if guarded {
+        // The includes after base call Redis through include/guard.lua's table, which
+        // has these only.
+        let after_base: String = texts[1..]
+            .iter()
+            .chain(std::iter::once(&body))
+            .map(|t| code_of(t))
+            .collect();
+        for (at, _) in after_base.match_indices("redis.") {
+            let field: String = after_base[at + 6..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !["call", "pcall", "error_reply"].contains(&field.as_str()) {
+                return Err(format!(
+                    "{name}.lua: a guarded script calls redis.{field}, which guard.lua lacks"
+                ));
+            }
+        }
+    }
     let used: BTreeSet<String> = words(&code, "K_");
     let calls = calls_in(&code);
     // TYPE too: the preflight below runs it.
@@ -682,32 +830,85 @@ pub(crate) fn compose(name: &str, load: &dyn Fn(&str) -> Option<String>) -> Resu
     }
     preflight.push_str("end -- preflight: key types\n");
 
-    let mut text = String::new();
-    if !vars.is_empty() {
-        let slots: Vec<String> = (1..=vars.len()).map(|i| format!("KEYS[{i}]")).collect();
-        text.push_str(&format!("local {} = {}\n", vars.join(", "), slots.join(", ")));
-    }
-    text.push_str("local LAYOUT, CHANNEL = ARGV[1], ARGV[2]\nlocal SEED = LAYOUT == 'seed'\n");
     let texts = without_unused_functions(&texts, &body);
+    // What the script defines before it runs: the includes, and what guard names a
+    // fault with.
+    let mut head = String::new();
     if guarded {
-        // What include/guard.lua names a fault with.
-        text.push_str(&format!("local SCRIPT = '{name}'\nlocal function KIND_OF(key)\n"));
+        head.push_str(&format!("local SCRIPT = '{name}'\nlocal function KIND_OF(key)\n"));
         for &i in &keys {
             let Role { var, kind, .. } = ROLES[i];
-            text.push_str(&format!("  if key == {var} then return '{kind}' end\n"));
+            head.push_str(&format!("  if key == {var} then return '{kind}' end\n"));
         }
-        text.push_str("  return '?'\nend\n");
+        head.push_str("  return '?'\nend\n");
     }
     for t in &texts {
-        text.push_str(t);
-        text.push('\n');
+        head.push_str(t);
+        head.push('\n');
     }
+    let mut run = String::new();
     if !guarded {
-        text.push_str(&preflight);
+        run.push_str(&preflight);
     }
-    text.push_str(&body);
+    run.push_str(&body);
+
+    let key_list = vars.join(", ");
+    let slots: Vec<String> = (1..=vars.len()).map(|i| format!("KEYS[{i}]")).collect();
+    let bind_keys = if vars.is_empty() {
+        String::new()
+    } else {
+        format!("{key_list} = {}\n", slots.join(", "))
+    };
+    const BIND_ARGS: &str = "LAYOUT, CHANNEL = ARGV[1], ARGV[2]\nSEED = LAYOUT == 'seed'\n";
+
+    // As EVAL runs it: the whole text at every call.
+    let mut text = String::new();
+    if !vars.is_empty() {
+        text.push_str(&format!("local {bind_keys}"));
+    }
+    text.push_str("local LAYOUT, CHANNEL = ARGV[1], ARGV[2]\nlocal SEED = LAYOUT == 'seed'\n");
+    text.push_str(&head);
+    text.push_str(&run);
+
+    // As a function of delayq's library (Redis 7): the definitions run once, when Redis
+    // loads the library; each call binds the keys and arguments, and sets again what
+    // an include keeps for one call (its lines marked `-- per call`). `dq_bind` sets
+    // the names the includes see; the body sees its own locals, since Lua lets one
+    // function reach at most 60 names of the functions around it.
+    let resets: String = texts
+        .iter()
+        .flat_map(|t| t.lines())
+        .filter_map(|l| l.strip_suffix(" -- per call")?.strip_prefix("local "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut block = String::from("do\nlocal KEYS, ARGV\n");
+    if !vars.is_empty() {
+        block.push_str(&format!("local {key_list}\n"));
+    }
+    block.push_str(&format!(
+        "local LAYOUT, CHANNEL, SEED\n{head}local function dq_bind(keys, args)\nKEYS, ARGV = keys, args\n\
+         {bind_keys}{BIND_ARGS}{resets}end\nlocal function dq_function(KEYS, ARGV)\ndq_bind(KEYS, ARGV)\n"
+    ));
+    if !vars.is_empty() {
+        block.push_str(&format!("local {bind_keys}"));
+    }
+    block.push_str(&format!(
+        "local LAYOUT, CHANNEL = ARGV[1], ARGV[2]\nlocal SEED = LAYOUT == 'seed'\n{run}\nend\n"
+    ));
+    // A Redis at its maxmemory refuses a function at its start unless it is flagged:
+    // a call that adds messages is refused whole, as a push script is; every other
+    // runs, as a script that drains the queue does (include/oom.lua), and reads.
+    let flags = if !commands.iter().any(|c| WRITES.contains(&c.as_str())) {
+        "'no-writes'"
+    } else if adds {
+        ""
+    } else {
+        "'allow-oom'"
+    };
     Ok(Composed {
         text,
+        block,
+        flags,
         keys,
         used,
         commands: commands.into_iter().collect(),
@@ -794,6 +995,8 @@ fn load(name: &'static str) -> LuaScript {
             keys: c.keys,
             commands: c.commands,
             guarded: c.guarded,
+            block: c.block,
+            flags: c.flags,
         },
         // The files are compiled in and the unit tests compose each one.
         Err(e) => panic!("delayq's Lua script {name} does not compose: {e}"),
@@ -845,6 +1048,56 @@ scripts!(
     ORPHANS = "orphans",
 );
 
+/// Every script as one function of a library, for a Redis with Functions (7.0+): what
+/// a script defines runs once, when Redis loads the library, not at every call; and a
+/// user may be granted FCALL of functions an admin loaded, where EVALSHA with SCRIPT
+/// LOAD would let it run any Lua. The library and its functions are named by this
+/// build's scripts, so the libraries of two builds, in a rolling deploy, live side by
+/// side.
+#[derive(Debug)]
+pub struct Library {
+    /// `delayq_` and the start of a hash of every script's text.
+    pub name: String,
+    /// What FUNCTION LOAD is sent.
+    pub text: String,
+}
+
+impl Library {
+    /// The function that runs `script`.
+    pub(crate) fn function(&self, script: &LuaScript) -> String {
+        format!("{}_{}", self.name, script.name)
+    }
+
+    /// The function that answers its own library's name: a connection calls it to learn
+    /// whether the server has this build's library.
+    pub(crate) fn probe(&self) -> &str {
+        &self.name
+    }
+}
+
+/// This build's library.
+pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    let scripts = all();
+    let hashes: String = scripts.iter().map(|s| s.script.get_hash()).collect();
+    // The SHA1 of every script's SHA1, as redis::Script computes one.
+    let name = format!("delayq_{}", &redis::Script::new(&hashes).get_hash()[..12]);
+    // A guarded script's block shadows `redis` (include/guard.lua).
+    let mut text = format!("#!lua name={name}\nlocal dq_register = redis.register_function\n");
+    for s in &scripts {
+        text.push_str(&s.block);
+        let flags = s.flags;
+        text.push_str(&format!(
+            "dq_register{{function_name = '{name}_{}', callback = dq_function, flags = {{{flags}}}}}\nend\n",
+            s.name
+        ));
+    }
+    text.push_str(&format!(
+        "dq_register{{function_name = '{name}', callback = function() return '{name}' end, \
+         flags = {{'no-writes', 'allow-stale'}}}}\n"
+    ));
+    Library { name, text }
+});
+
 /// One script as [`compose_from_dir`] makes it.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -892,8 +1145,10 @@ pub(crate) fn sent_args(add_to: impl FnOnce(&mut Invocation<'_>)) -> Vec<String>
         keys: Vec::new(),
         commands: Vec::new(),
         guarded: false,
+        block: String::new(),
+        flags: "",
     };
-    let mut inv = Invocation::new(&script, std::iter::empty());
+    let mut inv = Invocation::new(&script, std::iter::empty(), None);
     add_to(&mut inv);
     // The words as sent: EVALSHA, the hash, the key count, then the arguments.
     let packed = inv.cmd.get_packed_command();
@@ -1014,6 +1269,58 @@ mod tests {
         for bad in ["h", "i"] {
             assert!(compose(bad, &files).expect_err(bad).contains("guard"), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_library_registers_every_script_with_the_flags_its_work_calls_for() {
+        let lib = &*LIBRARY;
+        assert!(lib.text.starts_with(&format!("#!lua name={}\n", lib.name)), "{}", &lib.text[..80]);
+        let flags_of = |name: &str| -> &str {
+            let at = lib
+                .text
+                .find(&format!("function_name = '{}_{name}'", lib.name))
+                .unwrap_or_else(|| panic!("{name} is not registered"));
+            let rest = &lib.text[at..];
+            let start = rest.find("flags = {").expect("flags") + 9;
+            &rest[start..start + rest[start..].find('}').expect("end")]
+        };
+        for s in all() {
+            flags_of(s.name);
+        }
+        // Adding messages is refused whole by a full Redis; draining, the bookkeeping
+        // of reads and deleting are not; reads are registered as such.
+        for name in ["push", "push_one", "push_replace", "repeat_set", "repeat_next", "minutes_add"] {
+            assert_eq!(flags_of(name), "", "{name}");
+        }
+        for name in ["claim", "ack", "nack", "release", "extend", "beat", "cancel", "purge", "delete_dead", "stats"] {
+            assert_eq!(flags_of(name), "'allow-oom'", "{name}");
+        }
+        for name in ["dead", "find", "repeats"] {
+            assert_eq!(flags_of(name), "'no-writes'", "{name}");
+        }
+    }
+
+    #[test]
+    fn what_an_include_keeps_for_one_call_is_set_again_at_each_call() {
+        let files = |p: &str| match p {
+            "s.lua" => Some("-- @include kept\n-- KEYS: scheduled\nreturn seen()".to_owned()),
+            "include/base.lua" => Some(String::new()),
+            "include/kept.lua" => Some(
+                "local marks = {} -- per call\nlocal function seen()\n  marks[1] = true\n  return K_SCHED\nend\n"
+                    .to_owned(),
+            ),
+            _ => None,
+        };
+        let c = compose("s", &files).expect("composes");
+        let bind = &c.block[c.block.find("local function dq_bind").expect("bind")..];
+        let bind = &bind[..bind.find("\nend\n").expect("end of bind")];
+        assert!(bind.contains("marks = {}") && bind.contains("K_SCHED = KEYS[1]"), "{bind}");
+        // Defined once, before the function; the body binds its own keys.
+        let function = c.block.find("local function dq_function").expect("function");
+        assert!(c.block.find("local function seen()").expect("seen") < function);
+        assert!(c.block[function..].contains("local K_SCHED = KEYS[1]"), "{}", c.block);
+        // The script as EVAL sends it is unchanged by all this.
+        assert!(c.text.starts_with("local K_SCHED = KEYS[1]\n") && !c.text.contains("dq_"), "{}", c.text);
     }
 
     #[test]
