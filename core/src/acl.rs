@@ -20,6 +20,23 @@ const CLIENT_COMMANDS: [&str; 6] = ["EVALSHA", "SUBSCRIBE", "UNSUBSCRIBE", "PING
 /// own stalls every client); without it, an admin loads them (`Queue::load_scripts`).
 const SCRIPT_LOAD: &str = "SCRIPT|LOAD";
 
+/// How a queue's user runs delayq's scripts, as its ACL rule grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptRights {
+    /// EVALSHA, and SCRIPT LOAD of a script the server lacks: works without an admin,
+    /// and lets the user run any Lua of its own (under its ACL, but a loop stalls every
+    /// client).
+    Load,
+    /// EVALSHA of the scripts an admin loaded ([`Queue::load_scripts`]) after each
+    /// restart, failover or SCRIPT FLUSH; the user can still run a script it finds the
+    /// hash of.
+    Preloaded,
+    /// FCALL of the functions an admin installed ([`Queue::install_functions`], Redis
+    /// 7.0+): no EVALSHA, no SCRIPT LOAD, so no Lua but delayq's (and other libraries'
+    /// an admin loaded). Functions are kept across restarts and replicated.
+    Functions,
+}
+
 /// An ACL pattern matching exactly `literal` (ACL patterns are globs).
 fn exact(literal: &str) -> String {
     let mut out = String::with_capacity(literal.len());
@@ -41,7 +58,7 @@ pub(crate) fn rule_words(
     channels: &[String],
     extra: &[&str],
     with_channels: bool,
-    preloaded_scripts: bool,
+    rights: ScriptRights,
 ) -> Vec<String> {
     let mut words = vec![user.to_owned(), "on".into(), ">PASSWORD".into(), "resetkeys".into()];
     match layout {
@@ -60,8 +77,17 @@ pub(crate) fn rule_words(
     let commands: BTreeSet<String> = scripts::all()
         .iter()
         .flat_map(|s| s.commands.iter().cloned())
-        .chain(CLIENT_COMMANDS.iter().map(|c| (*c).to_owned()))
-        .chain((!preloaded_scripts).then(|| SCRIPT_LOAD.to_owned()))
+        .chain(
+            CLIENT_COMMANDS
+                .iter()
+                .filter(|c| rights != ScriptRights::Functions || **c != "EVALSHA")
+                .map(|c| (*c).to_owned()),
+        )
+        .chain(match rights {
+            ScriptRights::Load => Some(SCRIPT_LOAD.to_owned()),
+            ScriptRights::Preloaded => None,
+            ScriptRights::Functions => Some("FCALL".to_owned()),
+        })
         .chain(extra.iter().map(|c| (*c).to_owned()))
         .map(|c| c.to_ascii_lowercase())
         .collect();
@@ -78,14 +104,13 @@ impl Queue {
     /// `WAIT` is granted; behind Sentinel, `ROLE` (a new connection checks that the
     /// master it was named is one).
     pub fn acl_rule(&self, user: &str) -> String {
-        self.acl_rule_for(user, false)
+        self.acl_rule_for(user, ScriptRights::Load)
     }
 
-    /// As [`acl_rule`](Self::acl_rule); with `preloaded_scripts`, without `SCRIPT LOAD`:
-    /// the user can run delayq's scripts only, once an admin loaded them
-    /// ([`load_scripts`](Self::load_scripts)) after each restart, failover or
-    /// `SCRIPT FLUSH`; until then its calls fail saying so.
-    pub fn acl_rule_for(&self, user: &str, preloaded_scripts: bool) -> String {
+    /// As [`acl_rule`](Self::acl_rule), granting the scripts as `rights` says: with
+    /// [`ScriptRights::Preloaded`] or [`ScriptRights::Functions`], the user's calls
+    /// fail, saying so, until an admin loaded the scripts or installed the functions.
+    pub fn acl_rule_for(&self, user: &str, rights: ScriptRights) -> String {
         let inner = &*self.inner;
         let tags: Vec<String> = (0..self.partitions()).filter_map(|p| self.hash_tag(p)).collect();
         let channels: Vec<String> = inner.parts.iter().map(|k| k.wake_channel.clone()).collect();
@@ -104,13 +129,13 @@ impl Queue {
             &channels,
             &extra,
             with_channels,
-            preloaded_scripts,
+            rights,
         );
         format!("ACL SETUSER {}", words.join(" "))
     }
 
     /// Load every script of delayq on the server (each node of a cluster), for users
-    /// whose rule lacks `SCRIPT LOAD` (`acl_rule_for(user, true)`); run it as an admin
+    /// whose rule lacks `SCRIPT LOAD` ([`ScriptRights::Preloaded`]); run it as an admin
     /// after each restart, failover or `SCRIPT FLUSH`. Returns how many were loaded.
     pub fn load_scripts(&self) -> crate::error::Result<usize> {
         let inner = &*self.inner;
@@ -124,6 +149,33 @@ impl Queue {
                 }
                 Ok(all.len())
             })
+    }
+
+    /// Install this build's library of functions (`FUNCTION LOAD REPLACE`, on each
+    /// master of a cluster), Redis 7.0+, for users whose rule grants FCALL
+    /// ([`ScriptRights::Functions`]); run it as an admin once per build: Redis keeps
+    /// functions across restarts and replicates them. Connections made after it call
+    /// the functions; a build's library is named by its scripts, so the libraries of
+    /// the builds of a rolling deploy live side by side. Returns the library's name.
+    pub fn install_functions(&self) -> crate::error::Result<String> {
+        let inner = &*self.inner;
+        let library = &*scripts::LIBRARY;
+        let name = inner
+            .conn
+            .lock()
+            .run(&inner.endpoint, "install_functions", Replay::Safe, |con| {
+                redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&library.text)
+                    .query::<redis::Value>(con)
+            })
+            .map(|_| library.name.clone())?;
+        inner
+            .endpoint
+            .functions
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(name)
     }
 
     /// The server's (major, minor) version, if it answers.
@@ -155,7 +207,7 @@ mod tests {
     fn the_rule_names_each_partition_and_every_script_command() {
         let tags = vec!["{dq:orders:p0of2~3}".to_owned(), "{dq:orders:p1of2~0}".to_owned()];
         let channels: Vec<String> = tags.iter().map(|t| format!("{t}:wake")).collect();
-        let words = rule_words("app", &Layout::Native, &tags, &channels, &[], true, false);
+        let words = rule_words("app", &Layout::Native, &tags, &channels, &[], true, ScriptRights::Load);
         let line = words.join(" ");
         assert!(
             line.starts_with(
@@ -174,9 +226,32 @@ mod tests {
             }
         }
         assert!(words.contains(&"+evalsha".to_owned()) && words.contains(&"+script|load".to_owned()));
-        let old = rule_words("app", &Layout::Native, &tags, &channels, &[], false, false).join(" ");
-        let strict = rule_words("app", &Layout::Native, &tags, &channels, &[], true, true);
+        let old = rule_words("app", &Layout::Native, &tags, &channels, &[], false, ScriptRights::Load).join(" ");
+        let strict = rule_words(
+            "app",
+            &Layout::Native,
+            &tags,
+            &channels,
+            &[],
+            true,
+            ScriptRights::Preloaded,
+        );
         assert!(strict.contains(&"+evalsha".to_owned()) && !strict.contains(&"+script|load".to_owned()));
+        let functions = rule_words(
+            "app",
+            &Layout::Native,
+            &tags,
+            &channels,
+            &[],
+            true,
+            ScriptRights::Functions,
+        );
+        assert!(
+            functions.contains(&"+fcall".to_owned())
+                && !functions.contains(&"+evalsha".to_owned())
+                && !functions.contains(&"+script|load".to_owned()),
+            "{functions:?}"
+        );
         assert!(!old.contains("channels") && !old.contains('&'), "{old}");
     }
 
@@ -189,7 +264,7 @@ mod tests {
             &["delay_queue:zset:wake".into()],
             &[],
             true,
-            false,
+            ScriptRights::Load,
         );
         let line = words.join(" ");
         assert!(

@@ -428,6 +428,16 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
              (Queue::load_scripts), as the rule made with preloaded scripts requires"
         );
     }
+    // The rule made for functions grants FCALL, not EVALSHA, which a call falls back to
+    // when the server lacks this build's library.
+    if no_perm && upper.contains("'EVALSHA' COMMAND") {
+        return format!(
+            "this Redis does not have this build's delayq functions (library {}), and user {user:?} may not run \
+             delayq's scripts otherwise ({text}): an admin installs them with `delayq install-functions` \
+             (Queue::install_functions), as the rule made for functions requires",
+            crate::scripts::LIBRARY.name
+        );
+    }
     if text.contains("permissions to access one of the keys") {
         return format!(
             "user {user:?} may not use this queue's keys ({text}): the rule grants another queue, or none. {}",

@@ -46,6 +46,7 @@ pub mod threads;
 mod time;
 mod worker;
 
+pub use acl::ScriptRights;
 pub use conn::ConnectOptions;
 #[doc(hidden)]
 pub use conn::set_eviction_recheck;

@@ -350,7 +350,9 @@ fn acks_refused_for_a_moment_by_a_permission_taken_away_go_through_once_it_is_ba
 fn a_user_without_script_load_runs_only_the_scripts_an_admin_loaded() {
     let server = RedisServer::start();
     let mut admin = server.con();
-    let rule = server.queue("orders").acl_rule_for("strict-app", true);
+    let rule = server
+        .queue("orders")
+        .acl_rule_for("strict-app", delayq::ScriptRights::Preloaded);
     assert!(!rule.contains("script|load") && rule.contains("+evalsha"), "{rule}");
     set_user(&mut admin, &rule, "s3cret");
     let url = format!("redis://strict-app:s3cret@127.0.0.1:{}", server.port);
@@ -388,7 +390,11 @@ fn a_user_without_script_load_runs_only_the_scripts_an_admin_loaded() {
         ..QueueOptions::default()
     };
     let admin_multi = Queue::new(&server.url(), "multi", opts.clone()).expect("queue");
-    set_user(&mut admin, &admin_multi.acl_rule_for("strict-multi", true), "s3cret");
+    set_user(
+        &mut admin,
+        &admin_multi.acl_rule_for("strict-multi", delayq::ScriptRights::Preloaded),
+        "s3cret",
+    );
     let multi_url = format!("redis://strict-multi:s3cret@127.0.0.1:{}", server.port);
     let multi = Queue::new(&multi_url, "multi", opts).expect("queue");
     let batch = || -> Vec<NewMessage> {
@@ -420,4 +426,100 @@ fn a_user_without_script_load_runs_only_the_scripts_an_admin_loaded() {
     assert!(load.is_err(), "SCRIPT LOAD was let through");
     let eval: redis::RedisResult<i64> = redis::cmd("EVAL").arg("return 1").arg(0).query(&mut user);
     assert!(eval.is_err(), "EVAL was let through");
+}
+
+/// The rule made for functions (Redis 7): the user calls delayq's functions with FCALL
+/// and may run no Lua of its own, not even delayq's scripts by hash; before an admin
+/// installed them, and after FUNCTION FLUSH, its calls say what to do, and a pool
+/// drains once they are back.
+#[test]
+fn a_user_granted_fcall_runs_delayqs_functions_and_no_lua_of_its_own() {
+    let server = RedisServer::start();
+    let mut admin = server.con();
+    let admin_q = server.queue("orders");
+    let rule = admin_q.acl_rule_for("fn-app", delayq::ScriptRights::Functions);
+    assert!(
+        rule.contains("+fcall") && !rule.contains("+evalsha") && !rule.contains("script|load"),
+        "{rule}"
+    );
+    set_user(&mut admin, &rule, "s3cret");
+    let url = format!("redis://fn-app:s3cret@127.0.0.1:{}", server.port);
+    // The library is gone whatever the suite's servers were started with.
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query(&mut admin)
+        .expect("FUNCTION FLUSH");
+
+    let q = Queue::new(&url, "orders", QueueOptions::default()).expect("queue");
+    let e = q
+        .push(&json!({"order_id": 1}), Duration::ZERO)
+        .expect_err("no functions");
+    assert!(matches!(e, Error::AuthFailed(_)), "{e:?}");
+    assert!(e.to_string().contains("`delayq install-functions`"), "{e}");
+
+    let name = admin_q.install_functions().expect("install as admin");
+    assert_eq!(name, delayq::scripts::LIBRARY.name);
+    // The same queue calls them once they are there.
+    let first = q.push(&json!({"order_id": 2}), Duration::ZERO).expect("push");
+    let batch: Vec<NewMessage> = (0..10)
+        .map(|i| NewMessage::new(&json!({"order_id": 10 + i}), Duration::ZERO).expect("msg"))
+        .collect();
+    assert_eq!(q.push_many(&batch).expect("batch").len(), 10);
+    let worker = Worker::new(
+        q.clone(),
+        WorkerOptions {
+            stop_when_empty: true,
+            ..WorkerOptions::default()
+        },
+    )
+    .expect("worker");
+    let summary = worker.run(2, |_d| Ok(())).expect("run");
+    assert_eq!(summary.acked, 11, "{summary:?}");
+    assert!(q.get(&first).expect("get").is_none());
+
+    // FUNCTION FLUSH: the calls say what to do, and write nothing; once installed
+    // again, they go on.
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query(&mut admin)
+        .expect("FUNCTION FLUSH");
+    let e = q.push(&json!({"order_id": 3}), Duration::ZERO).expect_err("flushed");
+    assert!(e.to_string().contains("`delayq install-functions`"), "{e}");
+    let e = q.push_many(&batch).expect_err("flushed");
+    assert!(e.to_string().contains("install-functions"), "{e}");
+    let ready: u64 = redis::cmd("ZCARD")
+        .arg("{dq:orders}:scheduled")
+        .query(&mut admin)
+        .expect("ZCARD");
+    assert_eq!(ready, 0, "a refused call wrote nothing");
+    admin_q.install_functions().expect("install again");
+    q.push(&json!({"order_id": 4}), Duration::ZERO)
+        .expect("push after install");
+    assert_eq!(q.push_many(&batch).expect("batch").len(), 10);
+    assert_eq!(q.stats().expect("stats").ready, 11);
+
+    // Every script call went as FCALL (the admin's fell back to EVALSHA once, above).
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut admin).expect("INFO");
+    assert!(stats.contains("cmdstat_fcall:"), "{stats}");
+    assert!(
+        !stats.contains("cmdstat_evalsha:") || stats.contains("cmdstat_evalsha:calls=0,"),
+        "{stats}"
+    );
+
+    // No Lua of its own, nor delayq's scripts by hash.
+    let mut user = redis::Client::open(url.as_str())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    for refused in [
+        redis::cmd("SCRIPT").arg("LOAD").arg("return 1").clone(),
+        redis::cmd("EVAL").arg("return 1").arg(0).clone(),
+        redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("#!lua name=mine\nredis.register_function('mine', function() return 1 end)")
+            .clone(),
+    ] {
+        let r: redis::RedisResult<redis::Value> = refused.query(&mut user);
+        assert!(r.is_err(), "{refused:?} was let through");
+    }
 }
