@@ -362,7 +362,7 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
 
     let before = ids_alive(server, &tag);
     // The fault, and the user the operations run as.
-    let rule = admin.acl_rule("faulty");
+    let rule = admin.acl_rule_for("faulty", common::script_rights());
     let mut words: Vec<String> = rule
         .split_whitespace()
         .skip(3)
@@ -402,7 +402,7 @@ fn one_fault(server: &RedisServer, n: usize, fault: &Fault) {
     };
     // The purge and orphan queues' keys and channels too.
     for w in [&purge_admin, &orphan_admin].iter().flat_map(|q| {
-        q.acl_rule("faulty")
+        q.acl_rule_for("faulty", common::script_rights())
             .split_whitespace()
             .map(str::to_owned)
             .collect::<Vec<_>>()

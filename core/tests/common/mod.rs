@@ -92,6 +92,21 @@ impl RedisServer {
             if let Ok(mut con) = self.raw_client().get_connection()
                 && redis::cmd("PING").query::<String>(&mut con).is_ok()
             {
+                // A replica gets the functions from its master.
+                if functions_installed() {
+                    let loaded: redis::RedisResult<redis::Value> = redis::cmd("FUNCTION")
+                        .arg("LOAD")
+                        .arg("REPLACE")
+                        .arg(&delayq::scripts::LIBRARY.text)
+                        .query(&mut con);
+                    if let Err(e) = loaded {
+                        assert_eq!(
+                            e.kind(),
+                            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                            "{e}"
+                        );
+                    }
+                }
                 return;
             }
             assert!(
@@ -813,4 +828,19 @@ pub fn run_until_empty(
     )
     .expect("worker");
     worker.run(1, handler).expect("run")
+}
+
+/// DELAYQ_TEST_FUNCTIONS=1 runs a suite with delayq's library of functions installed
+/// on every server it starts (Redis 7.0+): the calls go as FCALL.
+pub fn functions_installed() -> bool {
+    std::env::var_os("DELAYQ_TEST_FUNCTIONS").is_some_and(|v| v == "1")
+}
+
+/// The script rights of the rules a suite makes: FCALL when it runs with functions.
+pub fn script_rights() -> delayq::ScriptRights {
+    if functions_installed() {
+        delayq::ScriptRights::Functions
+    } else {
+        delayq::ScriptRights::Load
+    }
 }
