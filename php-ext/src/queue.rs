@@ -13,7 +13,7 @@ use ext_php_rs::zend::ClassEntry;
 
 use crate::convert::{self, Options, OptionsArg, Seconds, ms_to_secs};
 use crate::errors::{self, OrThrow};
-use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule, records};
+use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule, ScriptRights, records};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -497,19 +497,36 @@ impl PhpDelayQueue {
     /// The `ACL SETUSER` line that grants `$user` exactly this queue: its keys, its
     /// wake-up channels and the commands delayq sends. Replace `PASSWORD` with the
     /// user's password before running it. With `$preloadedScripts`, without `SCRIPT
-    /// LOAD` (see loadScripts()).
-    #[php(defaults(preloadedScripts = false))]
-    pub fn acl_rule(&self, user: String, preloadedScripts: bool) -> PhpResult<String> {
+    /// LOAD` (see loadScripts()); with `$functions`, FCALL instead of EVALSHA and
+    /// `SCRIPT LOAD` (see installFunctions()).
+    #[php(defaults(preloadedScripts = false, functions = false))]
+    pub fn acl_rule(&self, user: String, preloadedScripts: bool, functions: bool) -> PhpResult<String> {
         if user.is_empty() {
             return Err(errors::invalid("user must not be empty"));
         }
-        Ok(self.queue.acl_rule_for(&user, preloadedScripts))
+        let rights = match (preloadedScripts, functions) {
+            (false, false) => ScriptRights::Load,
+            (true, false) => ScriptRights::Preloaded,
+            (false, true) => ScriptRights::Functions,
+            (true, true) => {
+                return Err(errors::invalid(
+                    "preloadedScripts and functions are two ways to run the scripts: give one",
+                ));
+            }
+        };
+        Ok(self.queue.acl_rule_for(&user, rights))
     }
 
     /// Load every script of delayq on the server (each node of a cluster), as an admin,
     /// for users whose rule lacks `SCRIPT LOAD`. Returns how many.
     pub fn load_scripts(&self) -> PhpResult<i64> {
         Ok(i64::try_from(self.queue.load_scripts().or_throw()?).unwrap_or(i64::MAX))
+    }
+
+    /// Install this build's library of functions (Redis 7.0+), as an admin, for users
+    /// whose rule grants FCALL. Returns the library's name.
+    pub fn install_functions(&self) -> PhpResult<String> {
+        self.queue.install_functions().or_throw()
     }
 
     /// Move every waiting message to the queue `to` (another name, layout, partition

@@ -789,6 +789,39 @@ final class QueueTest extends TestCase
         }
     }
 
+    public function testARuleForFunctionsWorksOnceAnAdminInstalledThem(): void
+    {
+        $rule = $this->q->aclRule('fn', functions: true);
+        $this->assertStringContainsString('+fcall', $rule);
+        $this->assertStringNotContainsString('+evalsha', $rule);
+        $this->assertStringNotContainsString('script|load', $rule);
+        try {
+            $this->q->aclRule('fn', preloadedScripts: true, functions: true);
+            $this->fail('both ways were accepted');
+        } catch (DelayQueueInvalidArgumentException $e) {
+            $this->assertStringContainsString('give one', $e->getMessage());
+        }
+        $words = preg_split('/\s+/', str_replace('>PASSWORD', '>s3cret', $rule));
+        array_shift($words);
+        try {
+            $this->assertSame(true, $this->redis->rawCommand('ACL', ...$words));
+            $this->redis->rawCommand('FUNCTION', 'FLUSH');
+            $port = $GLOBALS['DELAYQ_REDIS']->port;
+            $q = new DelayQueue("redis://fn:s3cret@127.0.0.1:$port", 'orders');
+            try {
+                $q->push(['order_id' => 1]);
+                $this->fail('pushed without the functions');
+            } catch (DelayQueueAuthException $e) {
+                $this->assertStringContainsString('delayq install-functions', $e->getMessage());
+            }
+            $this->assertStringStartsWith('delayq_', $this->q->installFunctions());
+            $this->assertContains($q->get($q->push(['order_id' => 2]))['state'], ['ready', 'scheduled']);
+        } finally {
+            $this->redis->rawCommand('ACL', 'DELUSER', 'fn');
+            $this->redis->rawCommand('FUNCTION', 'FLUSH');
+        }
+    }
+
     public function testTheUrlIsASensitiveParameterInTracesWithArguments(): void
     {
         if (PHP_VERSION_ID < 80200) {

@@ -385,10 +385,13 @@ final class DelayQueue
      * before running it. It grants `SCRIPT LOAD`, with which the user may load and run
      * any Lua (under the same ACL); with $preloadedScripts it does not, and an admin
      * loads delayq's scripts (loadScripts()) after each restart, failover or SCRIPT FLUSH.
+     * With $functions (Redis 7.0+) it grants FCALL instead of EVALSHA and SCRIPT LOAD:
+     * the user runs no Lua but the functions an admin installed (installFunctions()).
      *
-     * @throws DelayQueueInvalidArgumentException if $user is empty
+     * @throws DelayQueueInvalidArgumentException if $user is empty, or both
+     *         $preloadedScripts and $functions are true
      */
-    public function aclRule(string $user, bool $preloadedScripts = false): string {}
+    public function aclRule(string $user, bool $preloadedScripts = false, bool $functions = false): string {}
 
     /**
      * Loads every script of delayq on the server (each node of a cluster), as an admin,
@@ -397,6 +400,17 @@ final class DelayQueue
      * @return int how many scripts were loaded
      */
     public function loadScripts(): int {}
+
+    /**
+     * Installs this build's library of functions (FUNCTION LOAD REPLACE, each master of
+     * a cluster; Redis 7.0+), as an admin, for users whose rule grants FCALL
+     * (aclRule($user, functions: true)). Once per build: Redis keeps functions across
+     * restarts and replicates them. Connections made after it call the functions.
+     *
+     * @return string the library's name (`delayq_` and a hash of this build's scripts:
+     *                each build's library stands beside the others)
+     */
+    public function installFunctions(): string {}
 
     /**
      * Moves every waiting message (scheduled or due, not yet claimed) to the queue $to,

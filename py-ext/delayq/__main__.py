@@ -506,7 +506,7 @@ def _restart_workers(q: DelayQueue, out: _Output, args: argparse.Namespace) -> i
 
 
 def _acl(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
-    rule = q.acl_rule(args.user, preloaded_scripts=args.preloaded_scripts)
+    rule = q.acl_rule(args.user, preloaded_scripts=args.preloaded_scripts, functions=args.functions)
     out.emit({"rule": rule}, lambda: [rule])
     return 0
 
@@ -514,6 +514,15 @@ def _acl(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 def _load_scripts(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     n = q.load_scripts()
     out.emit({"loaded": n}, lambda: [f"{n} scripts of delayq loaded"])
+    return 0
+
+
+def _install_functions(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    name = q.install_functions()
+    out.emit({"library": name}, lambda: [
+        f"library {name} installed: users made with `acl --functions` call it from their next connection; "
+        "an older build's library (FUNCTION LIST LIBRARYNAME delayq_) can go (FUNCTION DELETE) once none "
+        "of its processes runs"])
     return 0
 
 
@@ -888,13 +897,20 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("acl", help="the ACL SETUSER line granting --user exactly this queue (replace PASSWORD "
                                    "with the user's password before running it)")
     c.add_argument("--user", required=True, help="the Redis ACL user name")
-    c.add_argument("--preloaded-scripts", action="store_true",
-                   help="without SCRIPT LOAD (with it the user may run any Lua): an admin runs "
-                        "`delayq load-scripts` after each restart, failover or SCRIPT FLUSH")
+    rights = c.add_mutually_exclusive_group()
+    rights.add_argument("--preloaded-scripts", action="store_true",
+                        help="without SCRIPT LOAD (with it the user may run any Lua): an admin runs "
+                             "`delayq load-scripts` after each restart, failover or SCRIPT FLUSH")
+    rights.add_argument("--functions", action="store_true",
+                        help="Redis 7.0+: FCALL of delayq's functions instead of EVALSHA and SCRIPT LOAD (the user "
+                             "runs no Lua of its own): an admin runs `delayq install-functions` once per build")
     c.set_defaults(run=_acl)
     c = sub.add_parser("load-scripts", help="load delayq's scripts on the server, as an admin, for users "
                                             "made with `acl --preloaded-scripts`")
     c.set_defaults(run=_load_scripts)
+    c = sub.add_parser("install-functions", help="install this build's library of functions (Redis 7.0+), as an "
+                                                 "admin, for users made with `acl --functions`")
+    c.set_defaults(run=_install_functions)
     m = sub.add_parser("metrics", help="Prometheus text format, once (cron, node_exporter's textfile collector)")
     m.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to report (default: --queue)")
     m.set_defaults(run=_metrics)

@@ -325,7 +325,7 @@ class DelayQueue:
         with ``stopped_by`` ``"restart"``. Idle pools are woken at once; workers made
         after the request are not affected. Returns how many pools were alive when
         asked."""
-    def acl_rule(self, user: str, *, preloaded_scripts: bool = False) -> str:
+    def acl_rule(self, user: str, *, preloaded_scripts: bool = False, functions: bool = False) -> str:
         """The ``ACL SETUSER`` line that grants ``user`` exactly this queue: each
         partition's keys, its wake-up channels and the commands delayq sends, e.g.
         ``ACL SETUSER app on >PASSWORD resetkeys ~{dq:orders}:* resetchannels
@@ -333,11 +333,21 @@ class DelayQueue:
         password before running it. It grants ``SCRIPT LOAD``, with which the user may
         load and run any Lua (under the same ACL); with ``preloaded_scripts``, it does
         not, and an admin loads delayq's scripts (``load_scripts``) after each restart,
-        failover or ``SCRIPT FLUSH``. Raises InvalidArgumentError for an empty ``user``."""
+        failover or ``SCRIPT FLUSH``. With ``functions`` (Redis 7.0+), it grants FCALL
+        instead of EVALSHA and ``SCRIPT LOAD``: the user runs no Lua but the functions
+        an admin installed (``install_functions``). Raises InvalidArgumentError for an
+        empty ``user``, or both ``preloaded_scripts`` and ``functions``."""
     def load_scripts(self) -> int:
         """Load every script of delayq on the server (each node of a cluster), as an
         admin, for users whose rule lacks ``SCRIPT LOAD``
         (``acl_rule(user, preloaded_scripts=True)``). Returns how many."""
+    def install_functions(self) -> str:
+        """Install this build's library of functions (``FUNCTION LOAD REPLACE``, each
+        master of a cluster; Redis 7.0+), as an admin, for users whose rule grants
+        FCALL (``acl_rule(user, functions=True)``). Once per build: Redis keeps
+        functions across restarts and replicates them. Connections made after it
+        call the functions. Returns the library's name (``delayq_`` and a hash of
+        this build's scripts: each build's library stands beside the others)."""
     def move_waiting(self, to: DelayQueue) -> int:
         """Move every waiting message (scheduled or due, not yet claimed) to the queue
         ``to``, which may differ in name, layout, partitions or Redis: the last step of

@@ -9,7 +9,7 @@ use crate::convert::{self, payload_to_json};
 use crate::errors::{self, OrRaise};
 use crate::records;
 use delayq::records as records_of;
-use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule};
+use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule, ScriptRights};
 
 /// A delay queue on Redis. Usable on both sides of os.fork(): each process opens its
 /// own connection.
@@ -605,22 +605,39 @@ impl PyQueue {
     }
 
     /// The `ACL SETUSER` line that grants `user` exactly this queue (see the stub).
-    #[pyo3(signature = (user, *, preloaded_scripts = false))]
+    #[pyo3(signature = (user, *, preloaded_scripts = false, functions = false))]
     fn acl_rule(
         &self,
         py: Python<'_>,
         #[pyo3(from_py_with = convert::user_arg)] user: String,
         preloaded_scripts: bool,
+        functions: bool,
     ) -> PyResult<String> {
         if user.is_empty() {
             return Err(errors::invalid(py, "user must not be empty"));
         }
-        Ok(py.detach(|| self.queue.acl_rule_for(&user, preloaded_scripts)))
+        let rights = match (preloaded_scripts, functions) {
+            (false, false) => ScriptRights::Load,
+            (true, false) => ScriptRights::Preloaded,
+            (false, true) => ScriptRights::Functions,
+            (true, true) => {
+                return Err(errors::invalid(
+                    py,
+                    "preloaded_scripts and functions are two ways to run the scripts: give one",
+                ));
+            }
+        };
+        Ok(py.detach(|| self.queue.acl_rule_for(&user, rights)))
     }
 
     /// Load every script of delayq on the server, as an admin (see the stub).
     fn load_scripts(&self, py: Python<'_>) -> PyResult<usize> {
         py.detach(|| self.queue.load_scripts()).or_raise(py)
+    }
+
+    /// Install this build's library of functions, as an admin (see the stub).
+    fn install_functions(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| self.queue.install_functions()).or_raise(py)
     }
 
     /// Move every waiting message to the queue `to` (see the stub); returns how many.

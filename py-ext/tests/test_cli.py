@@ -750,6 +750,37 @@ def test_a_rule_without_script_load_works_once_an_admin_loaded_the_scripts(
         server.cli("ACL", "DELUSER", "strict")
 
 
+def test_a_rule_for_functions_works_once_an_admin_installed_them(server: RedisServer, redis_url: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "orders", "acl",
+                           "--user", "fn", "--functions"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "+fcall" in done.stdout and "+evalsha" not in done.stdout and "script|load" not in done.stdout
+    words = done.stdout.strip().replace(">PASSWORD", ">s3cret").split()
+    both = subprocess.run([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "orders", "acl",
+                           "--user", "fn", "--functions", "--preloaded-scripts"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert both.returncode == 2, both
+    with pytest.raises(delayq.InvalidArgumentError, match="give one"):
+        delayq.DelayQueue(redis_url, "orders").acl_rule("fn", preloaded_scripts=True, functions=True)
+    try:
+        assert server.cli("ACL", *words[1:]) == "OK"
+        server.cli("FUNCTION", "FLUSH")
+        q = delayq.DelayQueue(f"redis://fn:s3cret@127.0.0.1:{server.port}", "orders")
+        with pytest.raises(delayq.AuthError, match="delayq install-functions"):
+            q.push({"order_id": 1})
+        installed = subprocess.run([sys.executable, "-m", "delayq", "--url", redis_url, "--queue", "orders",
+                                    "--json", "install-functions"], capture_output=True, text=True, timeout=60,
+                                   check=False)
+        assert installed.returncode == 0, installed.stderr
+        name = json.loads(installed.stdout)["library"]
+        assert name.startswith("delayq_") and name == delayq.DelayQueue(redis_url, "orders").install_functions()
+        assert q.get(q.push({"order_id": 2}))["state"] in ("ready", "scheduled")  # type: ignore[index]
+        assert "cmdstat_fcall" in server.cli("INFO", "commandstats")
+    finally:
+        server.cli("ACL", "DELUSER", "fn")
+        server.cli("FUNCTION", "FLUSH")
+
+
 def test_a_payload_json_cannot_hold_is_bad_input_and_writes_nothing(server: RedisServer, redis_url: str) -> None:
     for payload, reason in [('{"a":NaN}', "NaN is not JSON"), ("[Infinity]", "Infinity is not JSON"),
                             ("{", "the payload is not JSON")]:
