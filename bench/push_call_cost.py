@@ -5,7 +5,9 @@ push.lua with one part cut out, each sent N times with one message from one clie
 time per call from `INFO commandstats` (`usec_per_call` of EVALSHA), or with
 --callgrind Redis's instructions per call under valgrind's callgrind (one round: counts
 repeat where times move; the first call, which compiles the script, is not counted).
-The cut copies are not valid scripts for the queue: they price the parts.
+The cut copies are not valid scripts for the queue: they price the parts. The rows
+"as a function" send FCALL of a library loaded with FUNCTION LOAD (delayq's, as
+`delayq install-functions` loads it; the plain script's, as one function).
 
     python3 bench/push_call_cost.py [--n=3000] [--rounds=3] [--callgrind] [--label=NAME]
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import statistics
 import subprocess
 import sys
@@ -27,6 +30,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import run  # noqa: E402
 from script_cost import composed  # noqa: E402
+
+
+def library() -> dict[str, str]:
+    """This tree's library of functions: {"name", "text"}."""
+    out = subprocess.run(["cargo", "run", "-q", "--release", "-p", "delayq", "--example", "scripts", "--library"],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
 
 
 def cut(lua: str, start: str, end: str) -> str:
@@ -65,7 +75,7 @@ def one_variants(lua: str) -> dict[str, str]:
         "push_one.lua, returning where its own code starts (the call and the includes' definitions)":
             lua[:body] + "do return 1 end\n" + lua[body:],
         "push_one.lua without guard's redis.call wrapper (faults unnamed)":
-            without("local redis = setmetatable({", "local _unused = setmetatable({"),
+            without("local redis = {", "local _unused = {"),
         "push_one.lua without the queue clock's read (TIME alone)":
             without("redis.call('HMGET', K_CONTROL, 'clock_ms', 'step_ms', 'step_at', 'format')", "{}"),
         "push_one.lua without the queue clock's write":
@@ -107,27 +117,43 @@ def main() -> None:
     plain_name = "the plain script of issue 54 (TIME, ZRANGE head, HSET, ZADD, HINCRBY, PUBLISH when earliest)"
     one_name = "push_one.lua as committed (what `push` sends)"
 
+    lib = library()
+    plain_fn = plain_name + ", as a function"
+    one_fn = "push_one.lua as a function of delayq's library (what `push` sends where it is installed)"
+    push_fn = "push.lua as a function of delayq's library"
+    functions = {
+        plain_fn: ("dq_plain", "#!lua name=plain\nredis.register_function('dq_plain', function(KEYS, ARGV)\n"
+                   + PLAIN + "end)\n"),
+        one_fn: (lib["name"] + "_push_one", lib["text"]),
+        push_fn: (lib["name"] + "_push", lib["text"]),
+    }
+
     def push(r: redis_py.Redis, sha: str, i: int, name: str) -> None:
         mid = str(uuid.uuid4())
         # The body without its opening brace, as the core sends it (the script writes
         # the stamp and the brace).
         body = '"v":1,"id":"%s","created_ms":1,"payload":{"order_id":%d,"action":"close"}}' % (mid, i)
-        if name == plain_name:
-            r.evalsha(sha, 4, "{dq:bench}:messages", "{dq:bench}:scheduled", "{dq:bench}:stats", "{dq:bench}:wake",
-                      mid, 60000, "{" + body)
+        call = (lambda *a: r.fcall(functions[name][0], *a)) if name in functions else (lambda *a: r.evalsha(sha, *a))
+        if name in (plain_name, plain_fn):
+            call(4, "{dq:bench}:messages", "{dq:bench}:scheduled", "{dq:bench}:stats", "{dq:bench}:wake",
+                 mid, 60000, "{" + body)
         elif name.startswith("push_one.lua"):
-            r.evalsha(sha, len(one_keys), *one_keys, "native", "{dq:bench}:wake", "delay", 60000, mid, body)
+            call(len(one_keys), *one_keys, "native", "{dq:bench}:wake", "delay", 60000, mid, body)
         else:
-            r.evalsha(sha, len(keys), *keys, "native", "{dq:bench}:wake", "new", 1, "delay", 60000, "ordered", mid,
-                      body)
+            call(len(keys), *keys, "native", "{dq:bench}:wake", "new", 1, "delay", 60000, "ordered", mid, body)
 
     for _ in range(rounds):
-        texts = {plain_name: PLAIN, one_name: one["lua"], **one_variants(one["lua"]), **variants(script["lua"])}
+        texts = {plain_name: PLAIN, plain_fn: "", one_name: one["lua"], one_fn: "", push_fn: "",
+                 **one_variants(one["lua"]), **variants(script["lua"])}
         for name, text in texts.items():
             server = run.CallgrindRedis() if args.callgrind else run.Redis()
             try:
                 r = redis_py.Redis(port=server.port)
-                sha = r.script_load(text)
+                if name in functions:
+                    r.function_load(functions[name][1], replace=True)
+                    sha = ""
+                else:
+                    sha = r.script_load(text)
                 push(r, sha, 0, name)
                 if isinstance(server, run.CallgrindRedis):
                     server.instructions()
@@ -138,8 +164,8 @@ def main() -> None:
                     r.config_resetstat()
                     for i in range(1, args.n + 1):
                         push(r, sha, i, name)
-                    rows.setdefault(name, []).append(
-                        float(r.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]))
+                    command = "cmdstat_fcall" if name in functions else "cmdstat_evalsha"
+                    rows.setdefault(name, []).append(float(r.info("commandstats")[command]["usec_per_call"]))
             finally:
                 server.stop()
             print(name, rows[name][-1], flush=True)
@@ -147,7 +173,7 @@ def main() -> None:
     flags = f"--n={args.n} --rounds={rounds}" + (" --callgrind" if args.callgrind else "")
     unit = "Redis instructions per call" if args.callgrind else "µs per call"
     how = ("a private Redis under callgrind; the first call, which compiles the script, not counted" if args.callgrind
-           else "a private Redis pinned to CPU 0; Redis's `usec_per_call` of EVALSHA")
+           else "a private Redis pinned to CPU 0; Redis's `usec_per_call` of EVALSHA, or FCALL")
     lines = [
         f"# Redis time of a push of one message, {datetime.date.today()} ({version})",
         "",
