@@ -304,3 +304,45 @@ fn a_pool_cut_off_past_its_lease_starts_none_of_its_prefetched_deliveries() {
     assert_eq!(summary.lease_lost, 0, "{summary:?}");
     assert_no_leak(&server, "{dq:fence}");
 }
+
+#[test]
+fn a_delivery_begun_after_its_lease_passed_on_is_given_back_unstarted() {
+    let server = RedisServer::start();
+    let direct = server.queue("begin");
+    let proxy = Proxy::start(server.port);
+    direct.push(&json!({"n": 1}), Duration::ZERO).expect("push");
+    let opts = WorkerOptions {
+        threads: 1,
+        lease: Duration::from_millis(600),
+        ..WorkerOptions::default()
+    };
+    let cut_off = Worker::new(through(&proxy, "begin"), opts.clone())
+        .expect("worker")
+        .start_with(1)
+        .expect("start");
+    let delayq::Received::Message(d) = cut_off.recv_timeout(Duration::from_secs(5)) else {
+        panic!("no delivery");
+    };
+    // Received, and its handler not started yet (an asyncio task waiting for its step):
+    // the link stalls past the lease, and another pool runs the message.
+    proxy.stall(true);
+    std::thread::sleep(Duration::from_millis(700));
+    let other = Worker::new(direct.clone(), opts)
+        .expect("worker")
+        .start_with(1)
+        .expect("start");
+    let delayq::Received::Message(again) = other.recv_timeout(Duration::from_secs(5)) else {
+        panic!("not delivered to the other pool");
+    };
+    assert_eq!(n_of(&again), Ok(1));
+    assert!(cut_off.begin(d).is_none(), "begun after its lease passed on");
+    other.ack(again);
+    proxy.stall(false);
+    wait_for(Duration::from_secs(10), "the message to be acknowledged", || {
+        direct.stats().is_ok_and(|s| s.ready + s.inflight + s.scheduled == 0)
+    });
+    cut_off.finish();
+    let summary = other.finish();
+    assert_eq!(summary.acked, 1, "{summary:?}");
+    assert_no_leak(&server, "{dq:begin}");
+}

@@ -206,6 +206,11 @@ class _HandlerTimedOut(TimeoutError):
         self._delayq_error = error
 
 
+class _NotStarted(Exception):
+    """An asyncio handler's delivery whose lease ended before the handler started: given
+    back unstarted by the core."""
+
+
 def _two_arguments(handler: Any) -> Any:
     """The handler called with (payload, message): one that takes the payload alone is
     called with it alone; one that needs more than the two is refused here, at start,
@@ -489,14 +494,6 @@ class Worker:
 
         async def handle(delivery: Any) -> None:
             key = id(delivery)
-            if not consumer.lease_live(delivery):
-                # The loop got to it after its lease may have passed (the process was
-                # frozen since it was received): another worker may run it now.
-                unsettled.pop(key, None)
-                slots.release()
-                with contextlib.suppress(InvalidArgumentError):
-                    consumer.release(delivery)
-                return
             started[key] = delivery
             if len(started) == 1:
                 tell_supervisor()
@@ -507,11 +504,23 @@ class Worker:
                 unsettled.pop(key, None)
                 tell_supervisor()
 
+        async def begin(delivery: Any) -> None:
+            # The lease is read in the step that runs the handler's first code, with no
+            # await between: a freeze since the delivery was received, or since a step
+            # before this one (with a timeout, this runs in a task of its own), is seen.
+            payload, message = delivery.payload, delivery.message
+            if not consumer.begin(delivery):
+                # Given back unstarted: another worker may run it now.
+                raise _NotStarted
+            await handler(payload, message)
+
         async def settle(delivery: Any) -> None:
             raised: Optional[BaseException] = None
             try:
                 try:
-                    await self._bounded(handler(delivery.payload, delivery.message), watch, delivery)
+                    await self._bounded(begin(delivery), watch, delivery)
+                except _NotStarted:
+                    return
                 except BaseException as exc:
                     _leave_if_forked(pool_pid, exc)
                     raised = exc

@@ -756,16 +756,20 @@ impl PyConsumer {
         self.with(py, |c| c.release(d))
     }
 
-    /// Whether the delivery's lease is still live (see `Consumer::lease_live`).
-    fn lease_live(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<bool> {
-        let d = delivery
+    /// Whether the delivery's handler may start now, in this step: its lease lives by a
+    /// clock read here; else it was given back unstarted (see `Consumer::begin`). False
+    /// too for one completed already (given back at a stop).
+    fn begin(&self, py: Python<'_>, delivery: &PyDelivery) -> PyResult<bool> {
+        let c = self
+            .current(py)?
+            .ok_or_else(|| errors::new_err(py, errors::Kind::Root, "this consumer is finished".into()))?;
+        let mut held = delivery
             .delivery
             .lock_py_attached(py)
             .map_err(|_| errors::invalid(py, "this delivery is in use on another thread"))?;
-        let Some(d) = d.as_ref() else {
-            return Err(errors::invalid(py, "this delivery was completed already"));
-        };
-        self.with(py, |c| c.lease_live(d))
+        let Some(d) = held.take() else { return Ok(false) };
+        *held = c.begin(d);
+        Ok(held.is_some())
     }
 
     fn stop(&self, py: Python<'_>) -> PyResult<()> {

@@ -110,3 +110,35 @@ def test_a_poison_message_takes_no_other_with_it_when_its_worker_is_restarted(
     assert len(others) == 30, "every other message ran"
     assert others == {n: 1 for n in others}, "each other first ran as attempt 1"
     assert queue.stats()["acked"] == 30
+
+
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_an_asyncio_pool_frozen_between_a_tasks_steps_starts_no_delivery_whose_lease_ended(
+    queue: delayq.DelayQueue, redis_url: str, log: str
+) -> None:
+    # With a timeout, a coroutine handler runs in a task of its own: a freeze between the
+    # worker's step that takes the next delivery and the step that starts its handler.
+    queue.push({"n": 0, "freeze": True})
+    options: dict[str, object] = {"lease": 1.0, "timeout": 30.0, "concurrency": 2, "_async": True, "_sleep": 0.002}
+    frozen = start_worker(redis_url, log, _freeze=True, **options)
+    procs = [frozen]
+    try:
+        wait_for(20, "the freezing handler to start", lambda: len(runs(log)) == 1)
+        # Pushed now, so that the freezing handler sees its task created.
+        queue.push({"n": 1})
+        wait_for(20, "the pool to stop itself", lambda: stopped(frozen.pid))
+        procs.append(start_worker(redis_url, log, **options))
+        wait_for(20, "the other pool to run both", lambda: {n for n, _, pid, _ in runs(log) if pid != frozen.pid} == {0, 1})
+        resumed = time.time()
+        frozen.send_signal(signal.SIGCONT)
+        wait_for(20, "the queue to drain", lambda: drained(queue))
+        # Time for a delivery started late to show in the log.
+        time.sleep(0.5)
+    finally:
+        stop_all(procs)
+    late = [n for n, _, pid, start in runs(log) if pid == frozen.pid and start >= resumed]
+    assert late == [], "started by the frozen pool after its lease passed to the other"

@@ -178,19 +178,25 @@ impl Consumer {
             _ => false,
         };
         if !live {
-            log::warn!(
-                "delayq[{}]: message {} was not started: its lease may have ended while the pool was paused \
-                 or could not reach Redis; given back for another delivery",
-                self.pool.queue_name,
-                d.id
-            );
-            self.send(Outcome::release(d));
+            self.give_back_unstarted(d);
             return None;
         }
         Counters::add(&self.pool.counters.handled, 1);
         self.pool.record_start(&d, now);
         d.handed_out = Some(now);
         Some(Received::Message(d))
+    }
+
+    /// Give back `d`, whose lease may have ended before its handler started: another
+    /// consumer may run it already.
+    fn give_back_unstarted(&self, d: Delivery) {
+        log::warn!(
+            "delayq[{}]: message {} was not started: its lease may have ended while the pool was paused \
+             or could not reach Redis; given back for another delivery",
+            self.pool.queue_name,
+            d.id
+        );
+        self.send(Outcome::release(d));
     }
 
     pub(super) fn members(&self) -> impl Iterator<Item = &Consumer> {
@@ -282,15 +288,29 @@ impl Consumer {
     }
 
     /// Whether `d`'s lease is still live by the pool's clock, as `recv_timeout` checked
-    /// it when it handed `d` out: for a caller that starts the handler later (an
-    /// asyncio task, which runs once the event loop gets to it), which gives `d` back
-    /// (`release`) instead of starting it once the lease may have passed.
+    /// it when it handed `d` out. A caller that starts the handler later asks
+    /// [`begin`](Self::begin), which reads the clock at the start.
     pub fn lease_live(&self, d: &Delivery) -> bool {
         let pool = &self.owner(d).pool;
         pool.outstanding
             .lock()
             .get(&d.ticket)
             .is_some_and(|o| !o.timed_out && pool.lease_live_at(o.renewed, Instant::now()))
+    }
+
+    /// `d` back to start its handler now, while its lease lives by the pool's clock read
+    /// here; else `None`, `d` given back unstarted (as `recv_timeout` gives back one
+    /// whose lease ended in the buffer). For a caller that starts the handler some time
+    /// after the hand-out (an asyncio task, started when the event loop gets to it):
+    /// called in the same step as the handler's first code, with nothing between the
+    /// two that could wait, so that a freeze or a stall before the start is seen. A
+    /// freeze after it is one of a running handler: its lease lost, its ack refused.
+    pub fn begin(&self, d: Delivery) -> Option<Delivery> {
+        if self.lease_live(&d) {
+            return Some(d);
+        }
+        self.owner(&d).give_back_unstarted(d);
+        None
     }
 
     /// Wait until the completion of the delivery named by `receipt` (an ack, a failure,
