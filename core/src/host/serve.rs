@@ -150,6 +150,11 @@ pub fn serve<H: Handler>(
                 continue;
             }
         };
+        // The lease read again after the arguments were built, with nothing that
+        // waits between it and the call: a freeze before it gives the delivery back.
+        let Some(delivery) = consumer.begin(delivery) else {
+            continue;
+        };
         if let Some(s) = slot {
             s.started(Some(&delivery), Duration::ZERO);
         }
