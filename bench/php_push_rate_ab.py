@@ -9,6 +9,10 @@ left out of its PHP runs. Each client's ratio to `redis-benchmark` is taken roun
 round, then the median of those. `redis-benchmark -t zadd` sets one member again and
 again where the PHP clients add N; the two ZADD rates match all the same.
 
+A label that ends in `+functions` runs its build with delayq's library of functions
+installed (`installFunctions()` before the run: its pushes go as FCALL); every other
+run has none.
+
     python3 bench/php_push_rate_ab.py [--n=20000] [--rounds=5] [--label=NAME] LABEL=PATH.so ...
 """
 
@@ -66,6 +70,10 @@ def main() -> None:
     def push(label: str, system: str, *php_args: str) -> None:
         """One run of `system`, recorded under `label`: its rate and Redis's CPU a message."""
         redis.cli("FLUSHALL")
+        redis.cli("FUNCTION", "FLUSH")
+        if label.endswith("+functions"):
+            subprocess.run(["php", *php_args, "-r", f"(new DelayQueue('{redis.url}', 'f'))->installFunctions();"],
+                           env=env, check=True)
         before = redis_cpu(redis)
         out = subprocess.run(["taskset", "-c", "1", "php", *php_args, PUSH, f"--system={system}", "--mode=single",
                               f"--n={opts.n}", f"--url={redis.url}"], capture_output=True, text=True, env=env,

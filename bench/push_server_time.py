@@ -67,14 +67,30 @@ def plain(r: redis_py.Redis, url: str) -> Callable[[int], None]:
     return push
 
 
+def plain_function(r: redis_py.Redis, url: str) -> Callable[[int], None]:
+    import json
+    import uuid
+    r.function_load("#!lua name=plain\nredis.register_function('dq_plain', function(KEYS, ARGV)\n" + PLAIN + "end)\n")
+    keys = ["{dq:b}:messages", "{dq:b}:scheduled", "{dq:b}:stats", "{dq:b}:wake"]
+
+    def push(i: int) -> None:
+        r.fcall("dq_plain", 4, *keys, str(uuid.uuid4()), 60000, json.dumps(PAYLOAD))
+    return push
+
+
 def delayq_push(**options: object) -> Callable[[redis_py.Redis, str], Callable[[int], None]]:
     def make(r: redis_py.Redis, url: str) -> Callable[[int], None]:
-        partitions = int(options.pop("partitions", 1))  # type: ignore[call-overload]
-        at = bool(options.pop("at", False))
+        # A copy: each round makes its row again.
+        extra_options = dict(options)
+        partitions = int(extra_options.pop("partitions", 1))  # type: ignore[call-overload]
+        at = bool(extra_options.pop("at", False))
+        if extra_options.pop("functions", False):
+            # As `delayq install-functions` does; the queue made after it calls them.
+            delayq.DelayQueue(url, "b").install_functions()
         q = delayq.DelayQueue(url, "b", partitions=partitions)
 
         def push(i: int) -> None:
-            extra = {k: (v(i) if callable(v) else v) for k, v in options.items()}
+            extra = {k: (v(i) if callable(v) else v) for k, v in extra_options.items()}
             if at:
                 q.push_at(PAYLOAD, time.time() + 60, **extra)
             else:
@@ -92,6 +108,15 @@ ROWS: dict[str, Callable[[redis_py.Redis, str], Callable[[int], None]]] = {
     "delayq `push`, `replace`": delayq_push(id=lambda i: f"order-{i}", replace=True),
     "delayq `push`, a serial key": delayq_push(serial_key=lambda i: f"customer-{i % 100}"),
     "delayq `push`, 4 partitions": delayq_push(partitions=4),
+    "the plain script of issue 54, as a function (FCALL)": plain_function,
+    "delayq `push`, functions installed (FCALL)": delayq_push(functions=True),
+    "delayq `push_at`, functions installed": delayq_push(at=True, functions=True),
+    "delayq `push`, a chosen id, functions installed": delayq_push(id=lambda i: f"order-{i}", functions=True),
+    "delayq `push`, `replace`, functions installed": delayq_push(id=lambda i: f"order-{i}", replace=True,
+                                                                 functions=True),
+    "delayq `push`, a serial key, functions installed": delayq_push(serial_key=lambda i: f"customer-{i % 100}",
+                                                                    functions=True),
+    "delayq `push`, 4 partitions, functions installed": delayq_push(partitions=4, functions=True),
 }
 
 
