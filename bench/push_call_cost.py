@@ -34,7 +34,7 @@ from script_cost import composed  # noqa: E402
 
 def library() -> dict[str, str]:
     """This tree's library of functions: {"name", "text"}."""
-    out = subprocess.run(["cargo", "run", "-q", "--release", "-p", "delayq", "--example", "scripts", "--library"],
+    out = subprocess.run(["cargo", "run", "-q", "--release", "-p", "delayq", "--example", "scripts", "--", "--library"],
                          cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 

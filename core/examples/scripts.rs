@@ -4,7 +4,7 @@
 //! benches price such copies this way (`bench/script_cost.py`). With `--library`, this
 //! build's library of functions instead: `{"name": ..., "text": ...}`.
 //!
-//!     cargo run -q -p delayq --example scripts [DIR | --library]
+//!     cargo run -q -p delayq --example scripts [-- DIR | -- --library]
 
 fn main() {
     let dir = std::env::args().nth(1);
