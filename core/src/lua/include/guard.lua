@@ -7,25 +7,23 @@
 -- with `undone`, which ends the error with " (undone)": the crate then says that what
 -- was written was taken back, not that nothing was written).
 -- Must be the script's first include: the includes after it call through it.
--- Redis's own API, looked up at each use: a library's functions are defined while
--- Redis loads it, when `redis` holds only what loading may call (nor may loading call
--- setmetatable, so the table below names each function the scripts use).
-local function api()
-  return redis
-end
+-- Up to the table below, and within it, `redis` is Redis's own, looked up at each
+-- call: a library's functions are defined while Redis loads it, when `redis` holds
+-- only what loading may call (nor may loading call setmetatable, so the table names
+-- each function the scripts use).
 
 local function fault(reply, command, key, undone)
   local text = reply.err
   local tail = undone and ' (undone)' or ''
   if string.find(text, 'NOPERM', 1, true) or string.find(text, "can't run this command", 1, true) then
     if key then
-      return api().error_reply('NOPERM delayq script ' .. SCRIPT .. ' runs ' .. command .. ' on ' .. key .. tail)
+      return redis.error_reply('NOPERM delayq script ' .. SCRIPT .. ' runs ' .. command .. ' on ' .. key .. tail)
     end
-    return api().error_reply('NOPERM delayq script ' .. SCRIPT .. ' runs ' .. command .. tail)
+    return redis.error_reply('NOPERM delayq script ' .. SCRIPT .. ' runs ' .. command .. tail)
   end
   if string.sub(text, 1, 9) == 'WRONGTYPE' and key then
-    local held = api().pcall('TYPE', key)
-    return api().error_reply('WRONGTYPE delayq script ' .. SCRIPT .. ': key ' .. key .. ' holds a '
+    local held = redis.pcall('TYPE', key)
+    return redis.error_reply('WRONGTYPE delayq script ' .. SCRIPT .. ': key ' .. key .. ' holds a '
       .. tostring(held.ok or held) .. ', delayq keeps a ' .. KIND_OF(key) .. ' there' .. tail)
   end
   return reply
@@ -37,7 +35,7 @@ end
 
 local redis = {
   call = function(...)
-    local reply = api().pcall(...)
+    local reply = redis.pcall(...)
     if failed(reply) then
       local command, key = ...
       raise(fault(reply, command, key))
@@ -45,9 +43,9 @@ local redis = {
     return reply
   end,
   pcall = function(...)
-    return api().pcall(...)
+    return redis.pcall(...)
   end,
   error_reply = function(text)
-    return api().error_reply(text)
+    return redis.error_reply(text)
   end,
 }
