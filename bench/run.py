@@ -633,6 +633,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke test")
     parser.add_argument("--only", help=f"comma-separated workloads of {', '.join(WORKLOADS)}")
     parser.add_argument("--systems", help=f"comma-separated systems of {', '.join(SYSTEMS + OTHERS)}")
+    parser.add_argument("--functions", action="store_true",
+                        help="install delayq's library of functions first (Redis 7): delayq's calls go as FCALL")
     opts = parser.parse_args()
     workloads = opts.only.split(",") if opts.only else WORKLOADS
     systems = opts.systems.split(",") if opts.systems else SYSTEMS + OTHERS
@@ -647,6 +649,10 @@ def main() -> None:
     if OTHERS:
         install_others()
     bench = Bench(opts.quick)
+    if opts.functions:
+        # FLUSHALL between runs leaves functions in place.
+        import delayq
+        delayq.DelayQueue(bench.redis.url, "bench").install_functions()
     try:
         for workload in workloads:
             getattr(bench, workload)()
@@ -655,6 +661,8 @@ def main() -> None:
     suffix = "-quick" if opts.quick else ""
     if opts.only or opts.systems:
         suffix += "-" + "-".join(workloads)
+    if opts.functions:
+        suffix += "-functions"
     out = ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}{suffix}.md"
     plot = out.with_name(out.stem + "-lateness.png") if "lateness" in workloads else None
     if plot:
