@@ -342,7 +342,6 @@ def main() -> None:
     p.add_argument("--label", default="memory-layouts")
     args = p.parse_args()
     n = args.n
-    kb = json.dumps(KB_PAYLOAD)
     rows: list[tuple[str, str, Callable[[redis_py.Redis, run.Redis], str], tuple[str, ...]]] = []
 
     def add(group: str, name: str, fill: Callable[[redis_py.Redis, run.Redis], str],
@@ -393,7 +392,6 @@ def main() -> None:
     add("in flight", "hand-written: d2 (no stamp), lease = token:score", hand_inflight(n, p36, D_NONE, True))
     add("dead", "delayq today, dead after 1 attempt (36 B payload)", dead(n, p36))
     add("dead", "delayq today, dead after 1 attempt (1 KB payload)", dead(n, KB_PAYLOAD))
-    del kb
 
     found: dict[tuple[str, str], list[Measured]] = {}
     for rnd in range(args.rounds):
