@@ -227,25 +227,10 @@ mod tests {
         }
         assert!(words.contains(&"+evalsha".to_owned()) && words.contains(&"+script|load".to_owned()));
         let old = rule_words("app", &Layout::Native, &tags, &channels, &[], false, ScriptRights::Load).join(" ");
-        let strict = rule_words(
-            "app",
-            &Layout::Native,
-            &tags,
-            &channels,
-            &[],
-            true,
-            ScriptRights::Preloaded,
-        );
+        let with = |rights| rule_words("app", &Layout::Native, &tags, &channels, &[], true, rights);
+        let strict = with(ScriptRights::Preloaded);
         assert!(strict.contains(&"+evalsha".to_owned()) && !strict.contains(&"+script|load".to_owned()));
-        let functions = rule_words(
-            "app",
-            &Layout::Native,
-            &tags,
-            &channels,
-            &[],
-            true,
-            ScriptRights::Functions,
-        );
+        let functions = with(ScriptRights::Functions);
         assert!(
             functions.contains(&"+fcall".to_owned())
                 && !functions.contains(&"+evalsha".to_owned())

@@ -469,15 +469,7 @@ fn a_user_granted_fcall_runs_delayqs_functions_and_no_lua_of_its_own() {
         .map(|i| NewMessage::new(&json!({"order_id": 10 + i}), Duration::ZERO).expect("msg"))
         .collect();
     assert_eq!(q.push_many(&batch).expect("batch").len(), 10);
-    let worker = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            stop_when_empty: true,
-            ..WorkerOptions::default()
-        },
-    )
-    .expect("worker");
-    let summary = worker.run(2, |_d| Ok(())).expect("run");
+    let summary = common::run_until_empty(&q, WorkerOptions::default(), |_d| Ok(()));
     assert_eq!(summary.acked, 11, "{summary:?}");
     assert!(q.get(&first).expect("get").is_none());
 

@@ -1274,7 +1274,11 @@ mod tests {
     #[test]
     fn the_library_registers_every_script_with_the_flags_its_work_calls_for() {
         let lib = &*LIBRARY;
-        assert!(lib.text.starts_with(&format!("#!lua name={}\n", lib.name)), "{}", &lib.text[..80]);
+        assert!(
+            lib.text.starts_with(&format!("#!lua name={}\n", lib.name)),
+            "{}",
+            &lib.text[..80]
+        );
         let flags_of = |name: &str| -> &str {
             let at = lib
                 .text
@@ -1289,10 +1293,28 @@ mod tests {
         }
         // Adding messages is refused whole by a full Redis; draining, the bookkeeping
         // of reads and deleting are not; reads are registered as such.
-        for name in ["push", "push_one", "push_replace", "repeat_set", "repeat_next", "minutes_add"] {
+        for name in [
+            "push",
+            "push_one",
+            "push_replace",
+            "repeat_set",
+            "repeat_next",
+            "minutes_add",
+        ] {
             assert_eq!(flags_of(name), "", "{name}");
         }
-        for name in ["claim", "ack", "nack", "release", "extend", "beat", "cancel", "purge", "delete_dead", "stats"] {
+        for name in [
+            "claim",
+            "ack",
+            "nack",
+            "release",
+            "extend",
+            "beat",
+            "cancel",
+            "purge",
+            "delete_dead",
+            "stats",
+        ] {
             assert_eq!(flags_of(name), "'allow-oom'", "{name}");
         }
         for name in ["dead", "find", "repeats"] {
@@ -1314,13 +1336,20 @@ mod tests {
         let c = compose("s", &files).expect("composes");
         let bind = &c.block[c.block.find("local function dq_bind").expect("bind")..];
         let bind = &bind[..bind.find("\nend\n").expect("end of bind")];
-        assert!(bind.contains("marks = {}") && bind.contains("K_SCHED = KEYS[1]"), "{bind}");
+        assert!(
+            bind.contains("marks = {}") && bind.contains("K_SCHED = KEYS[1]"),
+            "{bind}"
+        );
         // Defined once, before the function; the body binds its own keys.
         let function = c.block.find("local function dq_function").expect("function");
         assert!(c.block.find("local function seen()").expect("seen") < function);
         assert!(c.block[function..].contains("local K_SCHED = KEYS[1]"), "{}", c.block);
         // The script as EVAL sends it is unchanged by all this.
-        assert!(c.text.starts_with("local K_SCHED = KEYS[1]\n") && !c.text.contains("dq_"), "{}", c.text);
+        assert!(
+            c.text.starts_with("local K_SCHED = KEYS[1]\n") && !c.text.contains("dq_"),
+            "{}",
+            c.text
+        );
     }
 
     #[test]
