@@ -222,6 +222,7 @@ fn count_failure(counts: &mut Summary, fate: Option<&Fate>) {
             counts.failed += 1;
             counts.dead += 1;
         }
+        Some(Fate::Cancelled) => counts.failed += 1,
         None => {}
     }
 }
@@ -352,6 +353,7 @@ impl<S: Spawner> Pool<'_, S> {
                 match fate {
                     Some(Fate::Retry(_)) => "its message is due again at once",
                     Some(Fate::Dead(_)) => "its message used its last attempt and went to the dead letters",
+                    Some(Fate::Cancelled) => "its message was cancelled while it ran, and is deleted",
                     None => "its message is delivered again when its lease ends",
                 }
             );
@@ -416,6 +418,7 @@ impl<S: Spawner> Pool<'_, S> {
                 let held = match fate {
                     Some(Fate::Retry(_)) => "; the message its handler held is due again at once",
                     Some(Fate::Dead(_)) => "; the message its handler held went to the dead letters",
+                    Some(Fate::Cancelled) => "; the message its handler held was cancelled, and is deleted",
                     // A delivery the slot could not name (see `Death::seen_in`).
                     None if death == Death::InHandler && view.held.is_none() => {
                         "; the message its handler held is delivered again when its lease ends"

@@ -28,6 +28,7 @@ pub use options::{
     QUEUE_OPTIONS, QueueOptions, RateLimit, queue_option,
 };
 pub use validate::MAX_ID_BYTES;
+pub use waiting::CancelOptions;
 pub use views::{COUNTERS, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MessageInfo, State, Stats, WorkerInfo};
 
 pub(super) fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
