@@ -241,10 +241,7 @@ fn an_older_builds_claim_number_is_no_cancel_mark() {
     }
     let (summary, calls) = run_cancelling(
         &q,
-        WorkerOptions {
-            batch: 1,
-            ..options()
-        },
+        WorkerOptions { batch: 1, ..options() },
         "c",
         || assert!(q.cancel("c").expect("cancel")),
         |d| {

@@ -222,7 +222,7 @@ class _HandlerCancelled(Exception):
 _CANCEL_POLL = 0.05
 
 
-async def _cancel_when_marked(task: "asyncio.Future[None]", message: Message, marked: list[bool]) -> None:
+async def _cancel_when_marked(task: "asyncio.Future[Any]", message: Message, marked: list[bool]) -> None:
     """Cancel ``task`` once ``message`` is cancelled (see ``Message.cancelled``)."""
     while not task.done():
         if message.cancelled:
@@ -592,19 +592,24 @@ class Worker:
         a thread, can be), and the delivery fails at once instead of waiting out its lease.
         ``watch``: the loop's watch, told which task runs ``delivery``'s handler. A
         message cancelled while it runs has its handler's task cancelled."""
-        task = asyncio.ensure_future(call)
         marked: list[bool] = []
-        watcher = None if delivery is None else asyncio.ensure_future(
+        # Without a timeout the handler runs in this task (SystemExit and the like reach
+        # the run as they are raised), which a cancel cancels; with one, in its own.
+        task = asyncio.current_task() if self._timeout is None else asyncio.ensure_future(call)
+        watcher = None if delivery is None or task is None else asyncio.ensure_future(
             _cancel_when_marked(task, delivery.message, marked))
         if watch is not None and self._timeout is not None:
             watch.handlers[task] = (delivery, time.monotonic())
         try:
             if self._timeout is None:
-                await task
+                await call
             else:
                 await self._await_bounded(task, self._timeout)
         except asyncio.CancelledError:
             if marked:
+                uncancel = getattr(asyncio.current_task(), "uncancel", None)
+                if uncancel is not None and self._timeout is None:
+                    uncancel()  # the cancel was the watcher's, and is answered here
                 raise _HandlerCancelled(delivery.message.id) from None
             raise
         finally:

@@ -315,12 +315,7 @@ impl PyQueue {
     /// whatever the handler does then); with `kill`, a worker process that runs it is
     /// killed as at its timeout. False when it is unknown or dead.
     #[pyo3(signature = (id, *, kill = false))]
-    fn cancel(
-        &self,
-        py: Python<'_>,
-        #[pyo3(from_py_with = convert::id_arg)] id: String,
-        kill: bool,
-    ) -> PyResult<bool> {
+    fn cancel(&self, py: Python<'_>, #[pyo3(from_py_with = convert::id_arg)] id: String, kill: bool) -> PyResult<bool> {
         py.detach(|| self.queue.cancel_with(&id, delayq::CancelOptions::kill(kill)))
             .or_raise(py)
     }

@@ -28,8 +28,8 @@ pub use options::{
     QUEUE_OPTIONS, QueueOptions, RateLimit, queue_option,
 };
 pub use validate::MAX_ID_BYTES;
-pub use waiting::CancelOptions;
 pub use views::{COUNTERS, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MessageInfo, State, Stats, WorkerInfo};
+pub use waiting::CancelOptions;
 
 pub(super) fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     match (a, b) {

@@ -527,4 +527,3 @@ mod tests {
         assert_eq!(cut_trace("#0 {main} and more", 5), "");
     }
 }
-
