@@ -90,10 +90,10 @@ elseif #runs > 0 then
   end
 end
 local n_done = last - first + 1
-local cancel_ms = n_done > 0 and not SEED and tonumber(redis.call('HGET', K_CONTROL, 'cancel_ms'))
-local stall_ms = cancel_ms and tonumber(redis.call('HGET', K_CONTROL, 'stall_ms'))
+local marks = n_done > 0 and not SEED and redis.call('HMGET', K_CONTROL, 'cancel_ms', 'stall_ms')
+local cancel_ms = marks and tonumber(marks[1])
 local cancel_ids, cancel_leases = {}, {}
-if cancel_ms and now - cancel_ms <= 4 * (stall_ms or 30000) then
+if cancel_ms and now - cancel_ms <= 4 * (tonumber(marks[2]) or 30000) then
   local envelopes = redis.call('HMGET', K_MSG, unpack(done, first, last))
   local kept, kept_leases = {}, {}
   for i = 1, n_done do
