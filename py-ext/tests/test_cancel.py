@@ -19,10 +19,11 @@ LEASE = 0.6
 def test_a_thread_handler_sees_the_cancel_and_its_failure_is_not_retried(queue: delayq.DelayQueue) -> None:
     queue.push({"n": 1}, id="o-1")
     seen: list[float] = []
+    at_start: list[bool] = []
     started = threading.Event()
 
     def handle(payload: Any, msg: delayq.Message) -> None:
-        assert msg.cancelled is False
+        at_start.append(msg.cancelled)  # (an assert here would only fail the delivery)
         started.set()
         deadline = time.monotonic() + 5
         while not msg.cancelled and time.monotonic() < deadline:
@@ -31,14 +32,17 @@ def test_a_thread_handler_sees_the_cancel_and_its_failure_is_not_retried(queue: 
         raise RuntimeError("fails after the cancel")
 
     def cancel() -> None:
-        assert started.wait(10)
+        started.wait(10)
         seen.append(time.monotonic())
-        assert queue.cancel("o-1") is True
+        answers.append(queue.cancel("o-1"))
 
+    answers: list[bool] = []
     canceller = threading.Thread(target=cancel)
     canceller.start()
     summary = delayq.Worker(queue, threads=1, lease=LEASE, stop_when_empty=True).run(handle)
     canceller.join()
+    assert answers == [True], "a running message is cancelled (asserted here: a thread's assert fails nothing)"
+    assert at_start == [False]
     cancelled_at, seen_at = seen
     assert seen_at - cancelled_at < LEASE / 3 + 0.2, "within a heartbeat"
     assert (summary["retried"], summary["dead"]) == (0, 0), summary
@@ -65,13 +69,15 @@ def test_an_asyncio_handlers_task_is_cancelled(queue: delayq.DelayQueue) -> None
 
     def cancel() -> None:
         wait_for(10, "the handler to start", lambda: "started" in events)
-        assert queue.cancel("o-1") is True
+        answers.append(queue.cancel("o-1"))
 
+    answers: list[bool] = []
     canceller = threading.Thread(target=cancel)
     canceller.start()
     t = time.monotonic()
     summary = delayq.Worker(queue, threads=2, lease=LEASE, stop_when_empty=True).run(handle)
     canceller.join()
+    assert answers == [True], "a running message is cancelled (asserted here: a thread's assert fails nothing)"
     assert time.monotonic() - t < 5, "not the 10 s sleep"
     assert "cancelled True" in events and "other" in events, events
     stats = queue.stats()
@@ -87,13 +93,15 @@ def test_a_handler_that_ignores_the_cancel_ends_normally(queue: delayq.DelayQueu
         time.sleep(LEASE * 2)
 
     def cancel() -> None:
-        assert started.wait(10)
-        assert queue.cancel("o-1")
+        started.wait(10)
+        answers.append(queue.cancel("o-1"))
 
+    answers: list[bool] = []
     canceller = threading.Thread(target=cancel)
     canceller.start()
     summary = delayq.Worker(queue, threads=1, lease=LEASE, stop_when_empty=True).run(handle)
     canceller.join()
+    assert answers == [True], "a running message is cancelled (asserted here: a thread's assert fails nothing)"
     assert summary["handled"] == 1
     stats = queue.stats()
     assert (stats["cancelled"], stats["acked"]) == (1, 0), stats
