@@ -421,8 +421,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             part,
             claimed.server_now_ms,
             first_ticket,
-            claimed.items,
-            flags,
+            claimed.items.into_iter().zip(flags).collect(),
             deliveries,
             outcomes,
         );
@@ -489,8 +488,7 @@ pub(super) fn hand_out(
     part: usize,
     server_now_ms: i64,
     first_ticket: Ticket,
-    items: Vec<claim::Claimed>,
-    flags: Vec<CancelFlag>,
+    items: Vec<(claim::Claimed, CancelFlag)>,
     deliveries: &Sender<Delivery>,
     outcomes: &Sender<Outcome>,
 ) {
@@ -511,7 +509,7 @@ pub(super) fn hand_out(
             past_max_attempts,
         });
     };
-    for ((ticket, item), cancel) in (first_ticket..).zip(items).zip(flags) {
+    for (ticket, (item, cancel)) in (first_ticket..).zip(items) {
         let claim::Claimed {
             id,
             lease: token,
