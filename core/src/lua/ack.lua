@@ -51,7 +51,7 @@ end
 
 run_even_out_of_memory()
 local now = queue_now(true)
-absorb_stall(now)
+local cancel_ms, stall_ms = absorb_stall(now)
 local keep = tonumber(ARGV[3])
 
 -- The acknowledged ones: done[first..last], each holding leases[i] (nil: all the
@@ -90,10 +90,8 @@ elseif #runs > 0 then
   end
 end
 local n_done = last - first + 1
-local marks = n_done > 0 and not SEED and redis.call('HMGET', K_CONTROL, 'cancel_ms', 'stall_ms')
-local cancel_ms = marks and tonumber(marks[1])
 local cancel_ids, cancel_leases = {}, {}
-if cancel_ms and now - cancel_ms <= 4 * (tonumber(marks[2]) or 30000) then
+if n_done > 0 and not SEED and cancel_ms and now - cancel_ms <= 4 * (stall_ms or 30000) then
   local envelopes = redis.call('HMGET', K_MSG, unpack(done, first, last))
   local kept, kept_leases = {}, {}
   for i = 1, n_done do

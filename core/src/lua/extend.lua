@@ -22,12 +22,11 @@
 -- KEYS: messages inflight leases stats control claims claim_ids
 run_even_out_of_memory()
 local now = queue_now(true)
-absorb_stall(now, tonumber(ARGV[3]))
+local cancel_ms = absorb_stall(now, tonumber(ARGV[3]))
 local deadline = now + tonumber(ARGV[3])
 local first_extended = 5 + 2 * tonumber(ARGV[4])
 -- Checked only while some delivery has a deadline of its own.
 local own = redis.call('EXISTS', K_INFLIGHT) == 1
-local cancel_ms = tonumber(redis.call('HGET', K_CONTROL, 'cancel_ms'))
 local marks = cancel_ms and now - cancel_ms <= 2 * tonumber(ARGV[3])
 local result, claims = {}, {}
 for i = 5, #ARGV, 2 do
