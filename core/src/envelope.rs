@@ -560,8 +560,10 @@ pub(crate) fn has_stamp(stored: &str) -> bool {
 /// the message was last scheduled at, which gives its due time. `None` without one.
 pub(crate) fn stamp_score(stored: &str) -> Option<f64> {
     // `[<digits>,<score>],`, read byte by byte: it is read for every claimed message.
-    // The scripts write 0 before the score; any digits there are skipped.
+    // The scripts write 0 before the score, or a cancel mark (-1, -2); any digits
+    // there are skipped.
     let rest = stored.strip_prefix(STAMP_OPEN)?.as_bytes();
+    let rest = rest.strip_prefix(b"-").unwrap_or(rest);
     let digit_run = |b: &[u8]| b.iter().position(|c| !c.is_ascii_digit()).unwrap_or(b.len());
     let claim_no = digit_run(rest);
     if claim_no == 0 || rest.get(claim_no) != Some(&b',') {
@@ -666,7 +668,8 @@ fn decode_written<'a>(layout: &Layout, stored: &'a str) -> Option<Decoded<'a>> {
     }
     q.exactly(b"{")?;
     if q.exactly(br#""at":["#).is_some() {
-        q.unsigned()?;
+        // 0, or a cancel mark (-1, -2: lua/include/stamp.lua).
+        q.signed()?;
         q.exactly(b",")?;
         q.unsigned()?;
         q.exactly(b"],")?;

@@ -56,15 +56,15 @@ pub use keys::{Layout, MAX_PARTITIONS};
 pub use logs::{LogRecord, capture_logs, logger_name, set_log_level, take_logs};
 pub use payload::{PayloadFault, PayloadJson, PayloadWriter};
 pub use queue::{
-    COUNTERS, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MAX_ID_BYTES, MAX_KEEP_COMPLETED,
-    MAX_PAGE_START, MAX_PAYLOAD_BYTES, MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES, MessageInfo, NewMessage, PushOptions,
-    QUEUE_OPTIONS, Queue, QueueOptions, RateLimit, State, Stats, WorkerInfo, queue_option,
+    COUNTERS, CancelOptions, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MAX_ID_BYTES,
+    MAX_KEEP_COMPLETED, MAX_PAGE_START, MAX_PAYLOAD_BYTES, MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES, MessageInfo,
+    NewMessage, PushOptions, QUEUE_OPTIONS, Queue, QueueOptions, RateLimit, State, Stats, WorkerInfo, queue_option,
 };
 pub use registry::{MAX_REGISTRY_PAGE, RegisteredQueue, RegistryPage};
 pub use repeat::{RepeatInfo, RepeatOptions, Schedule};
 pub use scripts::MAX_BATCH;
 pub use time::{Due, MAX_DELAY, delay_from_secs};
 pub use worker::{
-    Consumer, Delivery, Fate, MAX_TRACE_BYTES, MAX_WORKER_QUEUES, Receipt, Received, Releaser, Retry, Stopper, Summary,
-    Worker, WorkerOptions,
+    CancelFlag, Consumer, Delivery, Fate, MAX_TRACE_BYTES, MAX_WORKER_QUEUES, Receipt, Received, Releaser, Retry,
+    Stopper, Summary, Worker, WorkerOptions,
 };

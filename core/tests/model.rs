@@ -4,7 +4,8 @@
 //! push of a message waiting in its key's line, a purge with deliveries in hand...),
 //! with two pools on the queue, as two worker processes would be.
 //!
-//! After every step an atomic snapshot of all the keys must hold every invariant. At
+//! After every step an atomic snapshot of all the keys must hold every invariant (a
+//! message cancelled while it ran never waits nor dies again). At
 //! the end the queue must drain to nothing, and every message pushed (unless
 //! cancelled, purged or deleted as a dead letter) must have been acknowledged. The
 //! seeds are fixed, so a failure replays; `DELAYQ_MODEL_SEEDS=a..b` runs others,
@@ -359,6 +360,9 @@ struct Run {
     /// Messages with generated ids pushed since the last purge, and neither cancelled
     /// nor deleted: each must end acknowledged.
     born: BTreeSet<String>,
+    /// Messages cancelled while they ran (marked): until deleted, none may wait or be
+    /// dead again, so none runs again.
+    marked: BTreeSet<String>,
     /// What happened to each id, for the message of a failure.
     history: BTreeMap<String, Vec<String>>,
     last_steps: Vec<&'static str>,
@@ -403,6 +407,7 @@ impl Run {
             ids: Vec::new(),
             hand: Vec::new(),
             born: BTreeSet::new(),
+            marked: BTreeSet::new(),
             history: BTreeMap::new(),
             last_steps: Vec::new(),
         }
@@ -459,7 +464,13 @@ impl Run {
     }
 
     fn push(&mut self, count: usize) {
-        let batch: Vec<NewMessage> = (0..count).map(|_| self.message()).collect();
+        let mut batch: Vec<NewMessage> = (0..count).map(|_| self.message()).collect();
+        // Not the id of a message cancelled while it ran, until it is seen deleted: a
+        // new message of that id would wait, as the marked one must not.
+        batch.retain(|m| m.options.id.as_ref().is_none_or(|id| !self.marked.contains(id)));
+        if batch.is_empty() {
+            return;
+        }
         let ids = self.ok("push", self.queue.push_many(&batch));
         for (m, id) in batch.iter().zip(&ids) {
             if m.options.id.is_none() {
@@ -482,6 +493,17 @@ impl Run {
         let done = self.ok("cancel", self.queue.cancel(id));
         if done {
             self.born.remove(id);
+            // Still stored: it runs, and is marked (a waiting one is deleted).
+            let stored = self.partitions.iter().any(|names| {
+                redis::cmd("HEXISTS")
+                    .arg(&names.messages)
+                    .arg(id)
+                    .query::<bool>(&mut self.con)
+                    .expect("HEXISTS")
+            });
+            if stored {
+                self.marked.insert(id.to_owned());
+            }
         }
         self.note(id, format!("cancel: {done}"));
     }
@@ -722,6 +744,17 @@ impl Run {
         for s in &snaps {
             if let Some(id) = s.messages.iter().find(|id| !seen.insert(*id)) {
                 broken.get_or_insert_with(|| format!("{id} is stored in two partitions"));
+            }
+        }
+        // A message cancelled while it ran is deleted when its delivery ends, whatever
+        // its handler did: it never waits nor dies again. Once deleted, its id is free.
+        self.marked.retain(|id| snaps.iter().any(|s| s.messages.contains(id)));
+        for id in &self.marked {
+            if snaps
+                .iter()
+                .any(|s| s.scheduled.contains(id) || s.dead.contains(id) || s.quarantined.contains(id))
+            {
+                broken.get_or_insert_with(|| format!("{id} was cancelled while it ran, and waits or is dead"));
             }
         }
         (snaps, broken)

@@ -52,6 +52,7 @@ pub struct PhpMessage {
     pub(crate) payload: Zval,
     pub(crate) decision: Decision,
     pub(crate) pulled: Option<Pulled>,
+    pub(crate) cancel: delayq::CancelFlag,
 }
 
 impl PhpMessage {
@@ -69,6 +70,7 @@ impl PhpMessage {
             payload,
             decision: Decision::default(),
             pulled,
+            cancel: delayq::Delivery::cancel_flag(delivery),
         }
     }
 
@@ -202,6 +204,14 @@ impl PhpMessage {
     #[php(defaults(reason = "\"dead-lettered by the handler\""))]
     pub fn dead_letter(&self, reason: String) -> PhpResult<()> {
         self.decide(delayq::Retry::Never, reason)
+    }
+
+    /// Whether it was cancelled while it runs (`DelayQueue::cancel()` from any
+    /// process): its worker learns of it within a heartbeat (a third of its lease).
+    /// Whatever the handler does then, the message is deleted: not retried, not
+    /// dead-lettered. A handler that never asks ends normally.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
     }
 
     /// A message of a consumer is done: deleted.

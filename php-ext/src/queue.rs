@@ -263,10 +263,21 @@ impl PhpDelayQueue {
         self.queue.push_many(&batch).or_throw()
     }
 
-    /// Delete a message that has not been claimed yet. False when it is unknown,
-    /// running or dead.
-    pub fn cancel(&self, id: String) -> PhpResult<bool> {
-        self.queue.cancel(&id).or_throw()
+    /// Cancel a message. One that waits is deleted; one that runs is marked
+    /// cancelled: its handler sees it (`$msg->isCancelled()`) within a heartbeat, and
+    /// whatever it does then, the message is deleted, neither retried nor
+    /// dead-lettered. With `'kill' => true`, a worker process that runs it is killed
+    /// as at its timeout. False when it is unknown or dead.
+    ///
+    /// @param array{kill?: bool} $options
+    #[php(defaults(options = "OptionsArg::EMPTY"))]
+    pub fn cancel(&self, id: String, options: OptionsArg<'_>) -> PhpResult<bool> {
+        let mut o = Options::new(options.0, "cancel option");
+        let kill = o.bool("kill")?.unwrap_or(false);
+        o.finish()?;
+        self.queue
+            .cancel_with(&id, delayq::CancelOptions::kill(kill))
+            .or_throw()
     }
 
     /// Move a waiting message to `$delay` seconds from now. False when it is not

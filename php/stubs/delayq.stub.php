@@ -96,11 +96,17 @@ final class DelayQueue
     public function pushMany(array $items): array {}
 
     /**
-     * Deletes a message that has not been claimed yet.
+     * Cancels a message. One that waits is deleted. One that runs is marked cancelled:
+     * its worker learns of it within a heartbeat (a third of its lease), its handler
+     * sees `$msg->isCancelled()`, and whatever the handler does then, the message is
+     * deleted: not retried, not dead-lettered, counted as `cancelled` in stats().
      *
-     * @return bool false when the message is unknown, running or dead
+     * @param array{kill?: bool} $options 'kill' => true: a worker process
+     *   ('processes') that runs it is killed, as at its 'timeout'
+     * @return bool true when it waited (deleted) or runs (marked); false when it is
+     *   unknown or dead
      */
-    public function cancel(string $id): bool {}
+    public function cancel(string $id, array $options = []): bool {}
 
     /**
      * Moves a waiting message to $delay seconds from now.
@@ -648,6 +654,13 @@ final class DelayQueueMessage
      * @throws DelayQueueInvalidArgumentException for a second decision for the same delivery
      */
     public function deadLetter(string $reason = "dead-lettered by the handler"): void {}
+
+    /**
+     * Whether it was cancelled while it runs (DelayQueue::cancel() from any process),
+     * as its worker learned within a heartbeat. Whatever the handler does then, the
+     * message is deleted: not retried, not dead-lettered.
+     */
+    public function isCancelled(): bool {}
 
     /**
      * A message of a consumer is done: deleted. (In a handler, returning acknowledges.)

@@ -211,6 +211,32 @@ class _NotStarted(Exception):
     back unstarted by the core."""
 
 
+class _HandlerCancelled(Exception):
+    """A coroutine handler's task cancelled because its message was cancelled while it
+    ran (``DelayQueue.cancel`` from any process): the message is deleted, as cancelled.
+    Its message keeps the text alone (``_delayq_error``)."""
+
+    def __init__(self, message_id: str) -> None:
+        error = f"message {message_id} was cancelled while it ran"
+        super().__init__(error)
+        self._delayq_error = error
+
+
+# How often a running coroutine handler's message is looked at for a cancel (its pool
+# learns of one at a heartbeat, a third of the lease).
+_CANCEL_POLL = 0.05
+
+
+async def _cancel_when_marked(task: "asyncio.Future[Any]", message: Message, marked: list[bool]) -> None:
+    """Cancel ``task`` once ``message`` is cancelled (see ``Message.cancelled``)."""
+    while not task.done():
+        if message.cancelled:
+            marked.append(True)
+            task.cancel()
+            return
+        await asyncio.sleep(_CANCEL_POLL)
+
+
 def _two_arguments(handler: Any) -> Any:
     """The handler called with (payload, message): one that takes the payload alone is
     called with it alone; one that needs more than the two is refused here, at start,
@@ -573,16 +599,31 @@ class Worker:
     async def _bounded(self, call: Awaitable[None], watch: Optional[_LoopWatch] = None, delivery: Any = None) -> None:
         """Await a coroutine handler; past ``timeout`` it is cancelled (a coroutine, unlike
         a thread, can be), and the delivery fails at once instead of waiting out its lease.
-        ``watch``: the loop's watch, told which task runs ``delivery``'s handler."""
-        if self._timeout is None:
-            await call
-            return
-        task = asyncio.ensure_future(call)
-        if watch is not None:
+        ``watch``: the loop's watch, told which task runs ``delivery``'s handler. A
+        message cancelled while it runs has its handler's task cancelled."""
+        marked: list[bool] = []
+        # Without a timeout the handler runs in this task (SystemExit and the like reach
+        # the run as they are raised), which a cancel cancels; with one, in its own.
+        task = asyncio.current_task() if self._timeout is None else asyncio.ensure_future(call)
+        watcher = None if delivery is None or task is None else asyncio.ensure_future(
+            _cancel_when_marked(task, delivery.message, marked))
+        if watch is not None and self._timeout is not None:
             watch.handlers[task] = (delivery, time.monotonic())
         try:
-            await self._await_bounded(task, self._timeout)
+            if self._timeout is None:
+                await call
+            else:
+                await self._await_bounded(task, self._timeout)
+        except asyncio.CancelledError:
+            if marked:
+                uncancel = getattr(asyncio.current_task(), "uncancel", None)
+                if uncancel is not None and self._timeout is None:
+                    uncancel()  # the cancel was the watcher's, and is answered here
+                raise _HandlerCancelled(delivery.message.id) from None
+            raise
         finally:
+            if watcher is not None:
+                watcher.cancel()
             if watch is not None:
                 watch.handlers.pop(task, None)
 

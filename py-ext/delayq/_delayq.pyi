@@ -152,9 +152,14 @@ class DelayQueue:
         ``PartialPushError`` whose ``written_ids``, ``unknown_ids`` and ``ids`` say what was
         written, what may have been (a connection lost before the reply) and every id of the
         batch; it is also the class its cause raises (``OutOfMemoryError`` for a full Redis)."""
-    def cancel(self, id: str) -> bool:
-        """Delete a message that has not been claimed yet; False when it is unknown,
-        running or dead."""
+    def cancel(self, id: str, *, kill: bool = False) -> bool:
+        """Cancel a message. One that waits is deleted. One that runs is marked
+        cancelled: its worker learns of it within a heartbeat (a third of its lease),
+        its handler sees ``message.cancelled`` (an asyncio handler's task is
+        cancelled), and whatever the handler does then, the message is deleted: not
+        retried, not dead-lettered, counted as ``cancelled`` in ``stats()``. With
+        ``kill=True``, a supervised worker process (``processes``) that runs it is
+        killed as at its ``timeout``. False when it is unknown or dead."""
     def reschedule(self, id: str, delay: float) -> bool:
         """Move a waiting message to ``delay`` seconds from now; False when not waiting."""
     def get(self, id: str) -> Optional[MessageInfo]:
@@ -396,6 +401,11 @@ class Message:
     @property
     def partition(self) -> int:
         """The partition it came from (0 unless the queue has ``partitions``)."""
+    @property
+    def cancelled(self) -> bool:
+        """Whether it was cancelled while it runs (``DelayQueue.cancel`` from any
+        process), as its worker learned within a heartbeat. Whatever the handler does
+        then, the message is deleted: not retried, not dead-lettered."""
     def retry_later(self, delay: float, reason: str = "retry requested by the handler") -> None:
         """Fail this delivery and run it again after ``delay`` seconds (a rate limit's
         "try again in 60 s"), whatever the handler does next. Counts as an attempt:

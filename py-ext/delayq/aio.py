@@ -66,9 +66,9 @@ class AsyncDelayQueue:
         # A generator must not be consumed on the other thread while this one runs.
         return await asyncio.to_thread(self._queue.push_many, list(items))
 
-    async def cancel(self, id: str) -> bool:
+    async def cancel(self, id: str, *, kill: bool = False) -> bool:
         """`DelayQueue.cancel`."""
-        return await asyncio.to_thread(self._queue.cancel, id)
+        return await asyncio.to_thread(self._queue.cancel, id, kill=kill)
 
     async def reschedule(self, id: str, delay: float) -> bool:
         """`DelayQueue.reschedule`."""

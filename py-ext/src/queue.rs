@@ -310,10 +310,14 @@ impl PyQueue {
         py.detach(|| self.queue.push_many(&batch)).or_raise(py)
     }
 
-    /// Delete a message that has not been claimed yet; False when it is unknown,
-    /// running or dead.
-    fn cancel(&self, py: Python<'_>, #[pyo3(from_py_with = convert::id_arg)] id: String) -> PyResult<bool> {
-        py.detach(|| self.queue.cancel(&id)).or_raise(py)
+    /// Cancel a message: one that waits is deleted; one that runs is marked
+    /// cancelled (its handler sees `message.cancelled`, and the message is deleted
+    /// whatever the handler does then); with `kill`, a worker process that runs it is
+    /// killed as at its timeout. False when it is unknown or dead.
+    #[pyo3(signature = (id, *, kill = false))]
+    fn cancel(&self, py: Python<'_>, #[pyo3(from_py_with = convert::id_arg)] id: String, kill: bool) -> PyResult<bool> {
+        py.detach(|| self.queue.cancel_with(&id, delayq::CancelOptions::kill(kill)))
+            .or_raise(py)
     }
 
     /// Move a waiting message to `delay` seconds from now; False when not waiting.

@@ -57,6 +57,7 @@ pub(crate) struct PyMessage {
     partition: usize,
     /// What the handler asked for with retry_later() or dead_letter().
     decision: std::sync::Mutex<Option<(delayq::Retry, String)>>,
+    cancel: delayq::CancelFlag,
 }
 
 #[pymethods]
@@ -66,6 +67,15 @@ impl PyMessage {
             "Message(id={:?}, attempt={}, due_at={}, queue={:?})",
             self.id, self.attempt, self.due_at, self.queue
         )
+    }
+
+    /// Whether it was cancelled while it runs (`DelayQueue.cancel()` from any
+    /// process), as its worker learned within a heartbeat (a third of its lease).
+    /// Whatever the handler does then, the message is deleted: not retried, not
+    /// dead-lettered.
+    #[getter]
+    fn cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
     }
 
     /// Fail this delivery and run it again after `delay` seconds (a rate limit's
@@ -117,6 +127,7 @@ fn message(d: &delayq::Delivery) -> PyMessage {
         queue: d.queue.to_string(),
         partition: d.partition(),
         decision: std::sync::Mutex::new(None),
+        cancel: d.cancel_flag(),
     }
 }
 

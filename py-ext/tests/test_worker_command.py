@@ -780,3 +780,23 @@ def test_an_on_start_that_fails_stops_a_supervised_pool_at_once(
     assert done.returncode == 3, done.stderr
     assert "on_start failed: RuntimeError('no database')" in done.stderr, done.stderr
     assert "starting another" not in done.stderr, done.stderr
+
+
+def test_a_cancel_with_kill_ends_the_process_whose_handler_ignores_it(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    queue.push({"n": 0, "hold": True}, id="held")
+    pool = start(started, redis_url, tasks, "tasks:handle", "--processes", "2", "--lease", "0.6",
+                 "--log-level", "info")
+    wait_for(30, "a handler holding it", lambda: (tasks / "handled.log.holding").exists())
+    assert queue.cancel("held", kill=True)
+    wait_for(10, "the message deleted as cancelled", lambda: queue.stats()["cancelled"] == 1 and drained(queue))
+    queue.push({"n": 1})
+    wait_for(30, "the next message handled", lambda: len(handled(tasks)) == 1)
+    out, err = finish(pool, tasks)
+    assert pool.returncode == 0, err
+    assert "killed, as asked by a cancel with kill" in err, err
+    summary = json.loads(out)
+    assert summary["killed_hung"] == 0 and summary["restarts"] >= 1, summary
+    stats = queue.stats()
+    assert (stats["cancelled"], stats["retried"], stats["died"]) == (1, 0, 0), stats

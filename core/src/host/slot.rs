@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use super::hung::HungClock;
 
 use crate::queue::MAX_ID_BYTES;
-use crate::worker::{Delivery, Releaser, Summary};
+use crate::worker::{CancelFlag, Delivery, Releaser, Summary};
 
 const ID_WORDS: usize = MAX_ID_BYTES.div_ceil(8);
 /// A lease is "<token>:<score>", far shorter than this.
@@ -56,6 +56,10 @@ struct Cells {
     /// The busy period (its `starts`) in which the held delivery was named as the one
     /// blocking every other handler of the process; 0 none.
     blocker: AtomicU64,
+    /// The busy period (its `starts`) whose held delivery was cancelled with `kill`
+    /// (`Queue::cancel_with`): the supervisor kills the process as at its timeout; 0
+    /// none.
+    kill_asked: AtomicU64,
     /// The seqlock over the held delivery: odd while it is being written.
     held_seq: AtomicU64,
     /// 0: none known; else 1 + the index of its queue in the worker (0: its own queue).
@@ -106,6 +110,9 @@ pub struct SlotView {
     /// Whether the process named the held delivery's handler as the one that blocks
     /// all its others (`Slot::blocked_on`) in this busy period.
     pub blocking: bool,
+    /// Whether the held delivery was cancelled with `kill` in this busy period, and the
+    /// process gave its other waiting deliveries back: it is to be killed now.
+    pub kill_asked: bool,
     /// The process's counts, as it last published them.
     pub counts: Summary,
 }
@@ -245,6 +252,7 @@ impl SlotTable {
             mapping: Arc::clone(&self.mapping),
             index,
             writer: Arc::default(),
+            cancel: Arc::default(),
         }
     }
 
@@ -265,6 +273,7 @@ impl SlotTable {
             grace: Duration::from_millis(c.grace_ms.load(Ordering::Acquire)),
             gave_back: c.gave_back.load(Ordering::Acquire),
             blocking: starts != 0 && c.blocker.load(Ordering::Acquire) == starts && held.is_some(),
+            kill_asked: starts != 0 && c.kill_asked.load(Ordering::Acquire) == starts,
             held,
             counts: Summary::from_counts(counts).unwrap_or_default(),
         }
@@ -277,6 +286,7 @@ impl SlotTable {
         c.grace_ms.store(0, Ordering::Release);
         c.gave_back.store(0, Ordering::Release);
         c.blocker.store(0, Ordering::Release);
+        c.kill_asked.store(0, Ordering::Release);
         c.held_member.store(0, Ordering::Release);
         // Even: a process killed amid `started` left it odd, and no later one could
         // name its message.
@@ -381,6 +391,9 @@ pub struct Slot {
     /// forks inherits the mapping, and must not tell the supervisor that the
     /// parent's handler ended.
     writer: Arc<AtomicU64>,
+    /// The cancel flag of the delivery the running handler holds (this process's own
+    /// memory): one cancelled with `kill` asks the supervisor for the kill.
+    cancel: Arc<std::sync::Mutex<Option<CancelFlag>>>,
 }
 
 impl std::fmt::Debug for Slot {
@@ -410,6 +423,7 @@ impl Slot {
             }),
             index,
             writer: Arc::default(),
+            cancel: Arc::default(),
         })
     }
 
@@ -440,6 +454,9 @@ impl Slot {
         let c = self.cells();
         c.blocker.store(0, Ordering::Release);
         write_held(c, held);
+        if let Ok(mut cancel) = self.cancel.lock() {
+            *cancel = held.map(Delivery::cancel_flag);
+        }
         c.grace_ms
             .store(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX), Ordering::Release);
         c.starts.fetch_add(1, Ordering::AcqRel);
@@ -478,6 +495,13 @@ impl Slot {
         write_held(c, held);
     }
 
+    /// Whether the running handler's delivery was cancelled with `kill`.
+    fn kill_asked(&self) -> bool {
+        self.cancel
+            .lock()
+            .is_ok_and(|c| c.as_ref().is_some_and(CancelFlag::kill_asked))
+    }
+
     /// The handler ended.
     pub fn finished(&self) {
         if self.mine() {
@@ -512,6 +536,15 @@ impl Slot {
                 let c = slot.cells();
                 let starts = c.starts.load(Ordering::Acquire);
                 let busy = c.busy.load(Ordering::Acquire) == 1;
+                if busy && c.kill_asked.load(Ordering::Acquire) != starts && slot.kill_asked() {
+                    // Cancelled with `kill`: as at a timeout, the waiting deliveries go
+                    // back first, then the supervisor kills the process.
+                    releaser.stop_and_release_waiting();
+                    slot.publish(&releaser.summary());
+                    if c.starts.load(Ordering::Acquire) == starts {
+                        c.kill_asked.store(starts, Ordering::Release);
+                    }
+                }
                 if let (Some(t), Some(ran)) = (timeout, clock.observe(starts, busy, Instant::now()))
                     && HungClock::is_hung(ran, t, Duration::from_millis(c.grace_ms.load(Ordering::Acquire)))
                     && c.gave_back.load(Ordering::Acquire) != starts

@@ -137,9 +137,16 @@ struct Child {
     report: File,
     born: Instant,
     clock: HungClock,
-    /// Killed for running past the timeout: the busy period it was killed in.
+    /// Killed for running past the timeout, or for a cancel with `kill`: the busy
+    /// period it was killed in.
     killed_in: Option<u64>,
+    /// Killed for a cancel with `kill` (`Queue::cancel_with`), not at the timeout.
+    killed_for_cancel: bool,
 }
+
+/// The error a message gets when its process was killed for a cancel with `kill`
+/// (nack.lua deletes it as cancelled, whatever the error).
+const CANCEL_KILL_ERROR: &str = "cancelled while it ran; process killed (cancel with kill)";
 
 fn kill(pid: libc::pid_t, signal: libc::c_int) {
     // SAFETY: signals a child of ours.
@@ -222,6 +229,7 @@ fn count_failure(counts: &mut Summary, fate: Option<&Fate>) {
             counts.failed += 1;
             counts.dead += 1;
         }
+        Some(Fate::Cancelled) => counts.failed += 1,
         None => {}
     }
 }
@@ -266,6 +274,7 @@ impl<S: Spawner> Pool<'_, S> {
                     born: Instant::now(),
                     clock: HungClock::default(),
                     killed_in: None,
+                    killed_for_cancel: false,
                 });
             }
             Err(e) => {
@@ -337,10 +346,27 @@ impl<S: Spawner> Pool<'_, S> {
             && report.is_none()
         {
             let timeout = self.opts.timeout.unwrap_or_default();
-            let fate = self.fail_held(&view, Some(starts), &timeout_error(timeout));
+            let error = if child.killed_for_cancel {
+                CANCEL_KILL_ERROR.to_owned()
+            } else {
+                timeout_error(timeout)
+            };
+            let fate = self.fail_held(&view, Some(starts), &error);
             let mut counts = view.counts.clone();
             count_failure(&mut counts, fate.as_ref());
             self.summary.counts += &counts;
+            if child.killed_for_cancel {
+                log::info!(
+                    "worker process {pid}: killed, as asked by a cancel with kill of the message its handler \
+                     held; {}",
+                    match fate {
+                        Some(Fate::Cancelled) => "the message is deleted",
+                        _ => "its handler had ended it",
+                    }
+                );
+                self.respawn(i, None);
+                return;
+            }
             log::warn!(
                 "worker process {pid}: its handler ran past the {} s timeout and was killed{}; {}",
                 secs(timeout),
@@ -352,6 +378,7 @@ impl<S: Spawner> Pool<'_, S> {
                 match fate {
                     Some(Fate::Retry(_)) => "its message is due again at once",
                     Some(Fate::Dead(_)) => "its message used its last attempt and went to the dead letters",
+                    Some(Fate::Cancelled) => "its message was cancelled while it ran, and is deleted",
                     None => "its message is delivered again when its lease ends",
                 }
             );
@@ -416,6 +443,7 @@ impl<S: Spawner> Pool<'_, S> {
                 let held = match fate {
                     Some(Fate::Retry(_)) => "; the message its handler held is due again at once",
                     Some(Fate::Dead(_)) => "; the message its handler held went to the dead letters",
+                    Some(Fate::Cancelled) => "; the message its handler held was cancelled, and is deleted",
                     // A delivery the slot could not name (see `Death::seen_in`).
                     None if death == Death::InHandler && view.held.is_none() => {
                         "; the message its handler held is delivered again when its lease ends"
@@ -456,7 +484,6 @@ impl<S: Spawner> Pool<'_, S> {
     }
 
     fn kill_hung(&mut self) {
-        let Some(timeout) = self.opts.timeout else { return };
         let now = Instant::now();
         for i in 0..self.children.len() {
             let view = self.slots.view(i);
@@ -464,6 +491,15 @@ impl<S: Spawner> Pool<'_, S> {
             if c.killed_in.is_some() {
                 continue;
             }
+            // Its handler's message was cancelled with `kill` (the process gave its
+            // waiting deliveries back already, see `Slot::publish_while`).
+            if view.busy && view.kill_asked {
+                kill(c.pid, libc::SIGKILL);
+                c.killed_in = Some(view.starts);
+                c.killed_for_cancel = true;
+                continue;
+            }
+            let Some(timeout) = self.opts.timeout else { continue };
             // Once past the timeout, the process gives its waiting deliveries back
             // itself (see `Slot::publish_while`); it is killed when it did, or when
             // it was given the time to.

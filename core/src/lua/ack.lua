@@ -6,7 +6,12 @@
 --   pool's batch mostly come in one run.
 -- Returns the number of deliveries when every one was acked, else one status per
 --   delivery, in the order sent: 1 acked, 0 lease lost (the message lives on under
---   another delivery), -1 gone (already completed, cancelled or purged).
+--   another delivery), -1 gone (already completed, cancelled or purged), 3 cancelled
+--   (marked while it ran, see cancel.lua: deleted, counted under "cancelled", not
+--   kept as completed).
+-- Marks are looked for while the latest is recent (control's cancel_ms, within two
+-- leases, as stall_ms tells them): a pool that learned of a mark at a heartbeat
+-- fails its delivery instead, which nack.lua ends as cancelled.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include claims
@@ -46,18 +51,21 @@ end
 
 run_even_out_of_memory()
 local now = queue_now(true)
-absorb_stall(now)
+local cancel_ms, stall_ms = absorb_stall(now)
 local keep = tonumber(ARGV[3])
 
 -- The acknowledged ones: done[first..last], each holding leases[i] (nil: all the
 -- first run's lease). The usual batch, one claim's deliveries all still held, is
 -- ARGV's range itself.
 local result, done, leases, first, last = total, ARGV, nil, 5, 4
+-- Where each acknowledged one answers in a reply of one status per delivery.
+local each, done_at = nil, nil
 if #runs == 1 and not any_lost then
   first, last = runs[1][2], runs[1][3]
 elseif #runs > 0 then
   done, leases, first, last = {}, {}, 1, 0
-  local each, others, other_at = {}, {}, {}
+  local others, other_at = {}, {}
+  each, done_at = {}, {}
   for _, run in ipairs(runs) do
     local lease, lost = run[1], run[4]
     for i = run[2], run[3] do
@@ -69,6 +77,7 @@ elseif #runs > 0 then
         last = last + 1
         done[last], leases[last] = ARGV[i], lease
         each[#each + 1] = 1
+        done_at[last] = #each
       end
     end
   end
@@ -81,6 +90,33 @@ elseif #runs > 0 then
   end
 end
 local n_done = last - first + 1
+local cancel_ids, cancel_leases = {}, {}
+if n_done > 0 and not SEED and cancel_ms and now - cancel_ms <= 4 * (stall_ms or 30000) then
+  local envelopes = redis.call('HMGET', K_MSG, unpack(done, first, last))
+  local kept, kept_leases = {}, {}
+  for i = 1, n_done do
+    local lease = leases and leases[first + i - 1] or runs[1][1]
+    if cancel_mark(envelopes[i]) > 0 then
+      if not each then
+        each = {}
+        for j = 1, total do
+          each[j] = 1
+        end
+      end
+      each[done_at and done_at[first + i - 1] or i] = 3
+      cancel_ids[#cancel_ids + 1] = done[first + i - 1]
+      cancel_leases[#cancel_leases + 1] = lease
+    else
+      kept[#kept + 1] = done[first + i - 1]
+      kept_leases[#kept_leases + 1] = lease
+    end
+  end
+  if #cancel_ids > 0 then
+    result = each
+    done, leases, first, last = kept, kept_leases, 1, #kept
+    n_done = #kept
+  end
+end
 if n_done > 0 and keep > 0 then
   -- Kept as they were at their end: envelope, attempts, the due time they ran for.
   local ids = {unpack(done, first, last)}
@@ -112,5 +148,11 @@ if n_done > 0 then
     leave_claim(runs[1][1], done, first, last)
   end
   redis.call('HINCRBY', K_STATS, 'acked', n_done)
+end
+if #cancel_ids > 0 then
+  free_serial_keys(cancel_ids)
+  forget(cancel_ids)
+  leave_claims(cancel_leases, #cancel_ids, cancel_ids)
+  redis.call('HINCRBY', K_STATS, 'cancelled', #cancel_ids)
 end
 return result

@@ -1,19 +1,50 @@
--- cancel.lua: delete messages that still wait (scheduled or due, unclaimed).
--- ARGV[3] the counter that counts them: "cancelled", or "moved" when move_waiting
---   took them to another queue.   ARGV[4..] ids.
--- Returns the ids deleted; the others do not wait here (unknown, running or dead).
+-- cancel.lua: delete messages that still wait (scheduled or due, unclaimed), and
+-- mark cancelled those that run.
+-- ARGV[3] the counter that counts the deleted: "cancelled", or "moved" when
+--   move_waiting took them to another queue.   ARGV[4] the mark for those that run:
+--   "" leaves them alone, "1" cancelled, "2" cancelled and the process that runs it
+--   to be killed (see include/stamp.lua).   ARGV[5..] ids.
+-- Returns the ids deleted or marked; the others are unknown or dead, or run where no
+--   mark can be stored: in the seed layout, or with an envelope without a stamp.
+-- A marked delivery ends as cancelled whatever its handler does, counted under
+-- "cancelled" then (ack.lua, nack.lua, release.lua and claim.lua's reaper): it never
+-- runs again. Its pool learns of the mark at its next heartbeat (extend.lua), which
+-- looks for marks while control's cancel_ms, the time of the latest, is recent.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
+-- @include clock
 -- @include forget
--- KEYS: scheduled messages inflight leases attempts errors stats traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
-local removed = {}
-for i = 4, #ARGV do
-  if redis.call('ZREM', K_SCHED, ARGV[i]) == 1 then
-    removed[#removed + 1] = ARGV[i]
+-- @include stamp
+-- KEYS: scheduled messages inflight leases attempts errors stats traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine control
+local mark = ARGV[4]
+-- Read before any write: a queue of a newer format stops it with nothing written.
+local now = mark ~= '' and queue_now(true)
+local removed, marked, envelopes = {}, {}, {}
+for i = 5, #ARGV do
+  local id = ARGV[i]
+  if redis.call('ZREM', K_SCHED, id) == 1 then
+    removed[#removed + 1] = id
+  elseif mark ~= '' and not SEED and redis.call('HEXISTS', K_LEASE, id) == 1 then
+    local envelope = redis.call('HGET', K_MSG, id)
+    local now_marked = envelope and cancel_mark(envelope)
+    -- Marked already: a kill asked for stays asked for.
+    local changed = envelope and cancel_marked(envelope, math.max(now_marked, tonumber(mark)))
+    if changed then
+      marked[#marked + 1] = id
+      envelopes[#envelopes + 1] = id
+      envelopes[#envelopes + 1] = changed
+    end
   end
 end
 forget(removed)
 if #removed > 0 then
   redis.call('HINCRBY', K_STATS, ARGV[3], #removed)
+end
+if #marked > 0 then
+  redis.call('HSET', K_MSG, unpack(envelopes))
+  redis.call('HSET', K_CONTROL, 'cancel_ms', fmt(now))
+  for _, id in ipairs(marked) do
+    removed[#removed + 1] = id
+  end
 end
 return removed

@@ -156,28 +156,53 @@ for _, token in ipairs(redis.call('ZRANGEBYSCORE', K_CLAIMS, '-inf', now, 'LIMIT
   end
   ended[#ended + 1] = token
 end
-if #expired > 0 then
-  local readd, counted, errors, charged = {}, {}, {}, {}
-  local before = redis.call('HMGET', K_ATT, unpack(expired))
+-- One marked cancelled while it ran (cancel.lua) is deleted instead, counted under
+-- "cancelled": it never runs again.
+local envelopes = #expired > 0 and not SEED and redis.call('HMGET', K_MSG, unpack(expired))
+local cancelled = {}
+if envelopes then
   for i, id in ipairs(expired) do
-    readd[#readd + 1] = fmt(score_at(now))
-    readd[#readd + 1] = id
-    if not uncharged[i] then
-      local attempt = (tonumber(before[i]) or 0) + 1
-      counted[#counted + 1] = id
-      counted[#counted + 1] = attempt
-      errors[#errors + 1] = id
-      errors[#errors + 1] = 'lease expired during attempt ' .. attempt .. ' (worker stopped or hung)'
-      charged[#charged + 1] = id
+    if cancel_mark(envelopes[i]) > 0 then
+      cancelled[id] = true
+      cancelled[#cancelled + 1] = id
     end
   end
-  if not SEED then
-    local envelopes = redis.call('HMGET', K_MSG, unpack(expired))
+  if #cancelled > 0 then
+    local left = {}
+    for i = 1, #quarantined, 2 do
+      if not cancelled[quarantined[i]] then
+        left[#left + 1] = quarantined[i]
+        left[#left + 1] = quarantined[i + 1]
+      end
+    end
+    quarantined = left
+  end
+end
+if #expired > 0 then
+  local readd, counted, errors, charged, score_of = {}, {}, {}, {}, {}
+  local before = redis.call('HMGET', K_ATT, unpack(expired))
+  for i, id in ipairs(expired) do
+    -- One cancelled is deleted below.
+    if not cancelled[id] then
+      readd[#readd + 1] = fmt(score_at(now))
+      readd[#readd + 1] = id
+      score_of[id] = readd[#readd - 1]
+      if not uncharged[i] then
+        local attempt = (tonumber(before[i]) or 0) + 1
+        counted[#counted + 1] = id
+        counted[#counted + 1] = attempt
+        errors[#errors + 1] = id
+        errors[#errors + 1] = 'lease expired during attempt ' .. attempt .. ' (worker stopped or hung)'
+        charged[#charged + 1] = id
+      end
+    end
+  end
+  if envelopes then
     local restamped = {}
     for i, id in ipairs(expired) do
-      if envelopes[i] then
+      if envelopes[i] and not cancelled[id] then
         restamped[#restamped + 1] = id
-        restamped[#restamped + 1] = stamped(envelopes[i], readd[2 * i - 1])
+        restamped[#restamped + 1] = stamped(envelopes[i], score_of[id])
       end
     end
     if #restamped > 0 then
@@ -185,7 +210,9 @@ if #expired > 0 then
     end
   end
   -- In the schedule before out of the in-flight set: no message is ever in neither.
-  redis.call('ZADD', K_SCHED, unpack(readd))
+  if #readd > 0 then
+    redis.call('ZADD', K_SCHED, unpack(readd))
+  end
   if detached > 0 then
     redis.call('ZREM', K_INFLIGHT, unpack(expired, 1, detached))
   end
@@ -199,8 +226,14 @@ if #expired > 0 then
   if #quarantined > 0 then
     redis.call('HSET', K_QUARANTINE, unpack(quarantined))
   end
-  redis.call('HINCRBY', K_STATS, 'expired', #expired)
+  if #expired > #cancelled then
+    redis.call('HINCRBY', K_STATS, 'expired', #expired - #cancelled)
+  end
   free_serial_keys(expired)
+  if #cancelled > 0 then
+    forget(cancelled)
+    redis.call('HINCRBY', K_STATS, 'cancelled', #cancelled)
+  end
 end
 drop_claims(ended)
 

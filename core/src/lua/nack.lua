@@ -4,12 +4,15 @@
 --   letter now), error, stack trace ("" = none: an earlier attempt's is dropped),
 --   options, words of: "keep_last_error" (the stored last error is added to the new
 --   one), "unrun" (the handler never ran this delivery: no attempt is counted).
--- Returns one status per group: 1 retried, 2 buried, 0 lease lost, -1 gone.
+-- Returns one status per group: 1 retried, 2 buried, 0 lease lost, -1 gone, 3
+--   cancelled: the message was marked cancelled while it ran (cancel.lua), so it is
+--   deleted whatever the failure asked, and counted under "cancelled".
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include claims
 -- @include clock
 -- @include dead
+-- @include forget
 -- @include oom
 -- @include order
 -- @include schedule
@@ -22,7 +25,7 @@ local now = queue_now(true)
 absorb_stall(now)
 local old_head = head_score()
 local result = {}
-local retried, buried = 0, 0
+local retried, buried, cancelled = 0, 0, 0
 local traces_kept = redis.call('EXISTS', K_TRACE) == 1
 local left, left_ids = {}, {}
 for i = 5, #ARGV, 6 do
@@ -31,7 +34,15 @@ for i = 5, #ARGV, 6 do
   local keep_last_error = string.find(options, 'keep_last_error', 1, true) ~= nil
   local unrun = string.find(options, 'unrun', 1, true) ~= nil
   local held = redis.call('HGET', K_LEASE, id)
-  if held and held == token then
+  local envelope = held and held == token and not SEED and redis.call('HGET', K_MSG, id)
+  if envelope and cancel_mark(envelope) > 0 then
+    free_serial_keys({id})
+    forget({id})
+    cancelled = cancelled + 1
+    result[#result + 1] = 3
+    left[#left + 1] = token
+    left_ids[#left_ids + 1] = id
+  elseif held and held == token then
     local attempt = tonumber(redis.call('HGET', K_ATT, id) or '0')
     if not unrun then
       attempt = attempt + 1
@@ -52,7 +63,6 @@ for i = 5, #ARGV, 6 do
       local score = fmt(score_at(now + delay))
       if not SEED then
         -- Stamped with its new due time (see include/stamp.lua).
-        local envelope = redis.call('HGET', K_MSG, id)
         if envelope then
           redis.call('HSET', K_MSG, id, stamped(envelope, score))
         end
@@ -83,6 +93,9 @@ leave_claims(left, #left, left_ids)
 if retried > 0 then
   redis.call('HINCRBY', K_STATS, 'retried', retried)
   wake_if_new_head(old_head)
+end
+if cancelled > 0 then
+  redis.call('HINCRBY', K_STATS, 'cancelled', cancelled)
 end
 if buried > 0 then
   redis.call('HINCRBY', K_STATS, 'dead', buried)

@@ -1,29 +1,37 @@
 -- release.lua: give back deliveries that a stopping worker prefetched but never
 -- started: due again at once, at their old place, and the attempt does not count.
 -- ARGV[3..] pairs: id, lease (as claim returned it).
--- Returns the number released (pairs whose lease was lost are skipped).
+-- Returns the number released (pairs whose lease was lost are skipped). One marked
+--   cancelled meanwhile (cancel.lua) is deleted instead, counted under "cancelled".
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include claims
 -- @include clock
+-- @include forget
 -- @include oom
 -- @include schedule
 -- @include serial
 -- @include stall
 -- @include restamp
--- KEYS: scheduled messages inflight leases stats control serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
+-- KEYS: scheduled messages inflight leases attempts errors traces stats control serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine
 run_even_out_of_memory()
 local now = queue_now(true)
 absorb_stall(now)
 local old_head = head_score()
-local released, left, left_ids = 0, {}, {}
+local released, left, left_ids, cancelled = 0, {}, {}, 0
 for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local lease = redis.call('HGET', K_LEASE, id)
-  if lease and lease == token then
+  local envelope = lease and lease == token and not SEED and redis.call('HGET', K_MSG, id)
+  if envelope and cancel_mark(envelope) > 0 then
+    free_serial_keys({id})
+    forget({id})
+    cancelled = cancelled + 1
+    left[released + cancelled] = lease
+    left_ids[released + cancelled] = id
+  elseif lease and lease == token then
     -- Back to the score it was claimed at: its place in line is kept, and the
     -- delivery never ran, so it does not count as an attempt.
-    local envelope = not SEED and redis.call('HGET', K_MSG, id)
     local stamp = envelope and stamp_score(envelope, now)
     -- Neither the lease nor the stamp tells its place (a hand edit): due now.
     local score = lease_score(lease) or stamp or score_at(now)
@@ -43,11 +51,14 @@ for i = 3, #ARGV, 2 do
     end
     free_serial_keys({id})
     released = released + 1
-    left[released] = lease
-    left_ids[released] = id
+    left[released + cancelled] = lease
+    left_ids[released + cancelled] = id
   end
 end
-leave_claims(left, released, left_ids)
+leave_claims(left, released + cancelled, left_ids)
+if cancelled > 0 then
+  redis.call('HINCRBY', K_STATS, 'cancelled', cancelled)
+end
 if released > 0 then
   redis.call('HINCRBY', K_STATS, 'released', released)
   wake_if_new_head(old_head)

@@ -29,6 +29,7 @@ pub use options::{
 };
 pub use validate::MAX_ID_BYTES;
 pub use views::{COUNTERS, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MessageInfo, State, Stats, WorkerInfo};
+pub use waiting::CancelOptions;
 
 pub(super) fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     match (a, b) {

@@ -13,12 +13,44 @@ use crate::{Listing, MessageInfo, NewMessage, PayloadJson, PushOptions, Queue, S
 
 use super::validate::{expire_after_ms, validate_id};
 
+/// What [`Queue::cancel_with`] does to a message that runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CancelOptions {
+    /// Also kill the supervised worker process whose handler runs it, as its
+    /// `timeout` would (the message then ends as cancelled, not failed). Handlers that
+    /// run as threads or coroutines cannot be killed: for them this is a plain cancel.
+    pub kill: bool,
+}
+
+impl CancelOptions {
+    /// With `kill` set as given.
+    pub fn kill(kill: bool) -> Self {
+        Self { kill }
+    }
+}
+
 impl Queue {
-    /// Delete a message that has not been claimed yet. `false` when it is unknown,
-    /// running or dead.
+    /// Cancel a message: one that waits is deleted; one that runs is marked
+    /// cancelled, and ends so whatever its handler does (see
+    /// [`cancel_with`](Self::cancel_with)). `false` when it is unknown or dead.
     pub fn cancel(&self, id: &str) -> Result<bool> {
+        self.cancel_with(id, CancelOptions::default())
+    }
+
+    /// Cancel a message. One that waits is deleted, as it was never pushed. One that
+    /// runs is marked cancelled: its pool learns of it within a heartbeat (a third
+    /// of its lease), its handler sees it (`Delivery::is_cancelled`), and whatever
+    /// the handler does then, the message is neither retried nor dead-lettered: it is
+    /// deleted when the delivery ends, and counted under `cancelled` in `stats()`. A
+    /// handler that never looks ends normally. With [`CancelOptions::kill`], a
+    /// supervised process whose handler runs it is killed as at its `timeout`.
+    /// `true` when it waited or runs; `false` when it is unknown or dead, or runs where
+    /// no mark can be stored (the seed layout, an envelope edited by hand).
+    pub fn cancel_with(&self, id: &str, options: CancelOptions) -> Result<bool> {
         validate_id(id)?;
         let args = admin::Cancel {
+            mark: if options.kill { "2" } else { "1" },
             counter: "cancelled",
             ids: vec![id],
         };
@@ -42,6 +74,7 @@ impl Queue {
             }
             let args = admin::Cancel {
                 counter,
+                mark: "",
                 ids: ids.iter().map(|id| id.as_str()).collect(),
             };
             let Ids(removed) = self.call(part, "move_waiting", Replay::IfNotSent, admin::cancel(), |inv| {

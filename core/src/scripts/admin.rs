@@ -8,16 +8,19 @@ use super::{Invocation, LuaScript, decode};
 use crate::time::Due;
 
 /// cancel.lua: delete those of `ids` that still wait, counted under `counter`
-/// ("cancelled", or "moved" by move_waiting). Reply: `replies::Ids`, those deleted.
+/// ("cancelled", or "moved" by move_waiting), and mark those that run with `mark`
+/// ("" none, "1" cancelled, "2" and killed). Reply: `replies::Ids`, those deleted or
+/// marked.
 #[derive(Debug, Clone)]
 pub(crate) struct Cancel<'a> {
     pub(crate) counter: &'a str,
+    pub(crate) mark: &'a str,
     pub(crate) ids: Vec<&'a str>,
 }
 
 impl Cancel<'_> {
     pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
-        inv.arg(self.counter);
+        inv.arg(self.counter).arg(self.mark);
         for id in &self.ids {
             inv.arg(*id);
         }

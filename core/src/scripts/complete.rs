@@ -130,6 +130,11 @@ pub(crate) enum Status {
     LeaseLost,
     /// No such message any more: completed already, cancelled, purged or flushed.
     Gone,
+    /// Cancelled while it ran (cancel.lua): deleted by this completion (ack, nack,
+    /// release), or, from a heartbeat, renewed and marked.
+    Cancelled,
+    /// From a heartbeat: renewed, cancelled, and its process is to be killed.
+    CancelledKill,
 }
 
 /// One status per delivery, in the order sent.
@@ -146,6 +151,8 @@ impl FromRedisValue for Statuses {
                 2 => Ok(Status::Buried),
                 0 => Ok(Status::LeaseLost),
                 -1 => Ok(Status::Gone),
+                3 => Ok(Status::Cancelled),
+                4 => Ok(Status::CancelledKill),
                 other => Err(format!("status {other}").into()),
             })
             .collect::<Result<_, ParsingError>>()
@@ -188,6 +195,9 @@ impl FromRedisValue for Acked {
                 // Only a failure buries: an ack that says so answers something else.
                 if each.0.contains(&Status::Buried) {
                     return Err("an ack status of 2 (buried)".into());
+                }
+                if each.0.contains(&Status::CancelledKill) {
+                    return Err("an ack status of 4 (a heartbeat's)".into());
                 }
                 Ok(Self::Each(each))
             }

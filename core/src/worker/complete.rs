@@ -214,6 +214,7 @@ pub(super) fn write_part_outcomes(
             for (o, s) in acks.iter().zip(statuses) {
                 match s {
                     Status::Done => Counters::add(&c.acked, 1),
+                    Status::Cancelled => cancelled(pool, o),
                     // After a try whose reply was lost, "gone" means that try went through
                     // before the connection broke.
                     Status::Gone if maybe_applied => Counters::add(&c.acked, 1),
@@ -282,6 +283,7 @@ pub(super) fn write_part_outcomes(
                         }
                     }
                     Status::Buried => {}
+                    Status::Cancelled => cancelled(pool, o),
                     Status::Gone if lease_was_live(pool, o) => gone(pool, o),
                     _ => lease_lost(pool, o),
                 }
@@ -311,6 +313,16 @@ pub(super) fn lease_was_live(pool: &Pool, o: &Outcome) -> bool {
         .lock()
         .get(&o.ticket())
         .is_some_and(|held| !held.timed_out && pool.lease_live_at(held.renewed, Instant::now()))
+}
+
+/// The message of a completion was cancelled while it ran (`Queue::cancel`): deleted,
+/// neither retried nor dead-lettered.
+fn cancelled(pool: &Pool, o: &Outcome) {
+    let (Outcome::Ack { id, .. } | Outcome::Nack { id, .. } | Outcome::Release { id, .. }) = o;
+    log::info!(
+        "delayq[{}]: message {id} was cancelled while it ran; deleted",
+        pool.queue_name
+    );
 }
 
 /// The message of a completion was deleted while it ran: no lease was lost, and no

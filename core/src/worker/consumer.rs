@@ -216,6 +216,9 @@ impl Consumer {
     pub fn ack(&self, d: Delivery) {
         let owner = self.owner(&d);
         owner.pool.record_handler_time(&d);
+        if d.is_cancelled() {
+            return owner.send(cancelled(d));
+        }
         owner.send(Outcome::Ack {
             part: d.part,
             id: d.id,
@@ -254,6 +257,10 @@ impl Consumer {
         owner.pool.record_handler_time(&d);
         Counters::add(&owner.pool.counters.failed, 1);
         owner.pool.minutes.record_failure(d.part, queue_now_ms(&owner.pool));
+        if d.is_cancelled() {
+            owner.send(cancelled(d));
+            return Fate::Cancelled;
+        }
         let delay = match retry {
             Retry::Never => None,
             _ if d.attempt >= d.max_attempts => None,
@@ -492,6 +499,22 @@ impl Consumer {
 impl Drop for Consumer {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// The completion of a delivery its pool knows was cancelled while it ran: nack.lua
+/// deletes a marked message whatever the failure asks (see cancel.lua).
+fn cancelled(d: Delivery) -> Outcome {
+    Outcome::Nack {
+        part: d.part,
+        id: d.id,
+        token: d.token,
+        ticket: d.ticket,
+        delay_ms: -1,
+        error: "cancelled while it ran".to_owned(),
+        trace: String::new(),
+        counted: false,
+        past_max_attempts: false,
     }
 }
 

@@ -2,6 +2,7 @@
 //! `Received`, and `fail_lease` for a delivery whose process was killed.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -37,6 +38,9 @@ pub enum Fate {
     /// To the dead-letter set, with this last error: its attempts are used up, or the
     /// handler gave up on it. A death handler (Sidekiq's name) alerts on it.
     Dead(String),
+    /// Deleted: it was cancelled while it ran (`Queue::cancel`), so it is neither
+    /// retried nor dead-lettered.
+    Cancelled,
 }
 
 /// Names a delivery after it was handed back to its consumer, to wait for its
@@ -78,6 +82,32 @@ pub struct Delivery {
     /// Which of its worker's queues (0: the worker's own, then its lower queues).
     pub(super) member: usize,
     pub(super) handed_out: Option<Instant>,
+    /// Its cancel mark as its pool's heartbeat learned it (shared with its entry in
+    /// `outstanding`).
+    pub(super) cancel: CancelFlag,
+}
+
+/// Whether a delivery was cancelled while it ran (`Queue::cancel`), as its pool's
+/// heartbeat learned it: cloned, it is the same flag, for a handler's thread to read.
+#[derive(Debug, Clone, Default)]
+pub struct CancelFlag(Arc<AtomicU8>);
+
+impl CancelFlag {
+    /// Cancelled (`Queue::cancel`).
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 0
+    }
+
+    /// Cancelled with `CancelOptions::kill`: a supervised process that runs it is to
+    /// be killed, as past its timeout.
+    pub fn kill_asked(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 1
+    }
+
+    /// Note a mark a heartbeat read: 1 cancelled, 2 cancelled and kill.
+    pub(super) fn mark(&self, mark: u8) {
+        self.0.fetch_max(mark, Ordering::AcqRel);
+    }
 }
 
 impl Delivery {
@@ -111,6 +141,19 @@ impl Delivery {
         }
     }
 
+    /// Whether it was cancelled while it ran ([`Queue::cancel`]): its pool learns of
+    /// it at a heartbeat. Whatever its handler does next, the message ends as
+    /// cancelled: not retried, not dead-lettered.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// The flag behind [`is_cancelled`](Self::is_cancelled), for another thread (an
+    /// event loop's) to read, or to wait on by polling.
+    pub fn cancel_flag(&self) -> CancelFlag {
+        self.cancel.clone()
+    }
+
     /// The partition of the queue it came from (0 on an unpartitioned queue).
     pub fn partition(&self) -> usize {
         self.part
@@ -138,6 +181,7 @@ impl Delivery {
             ticket: 0,
             member,
             handed_out: None,
+            cancel: CancelFlag::default(),
         }
     }
 }
@@ -194,6 +238,7 @@ pub(crate) fn fail_lease(
     Ok(match res.0.first() {
         Some(Status::Done) if retry => Some(Fate::Retry(delay)),
         Some(Status::Done | Status::Buried) => Some(Fate::Dead(error)),
+        Some(Status::Cancelled | Status::CancelledKill) => Some(Fate::Cancelled),
         _ => None,
     })
 }

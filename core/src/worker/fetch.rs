@@ -17,6 +17,7 @@ use crate::scripts::replies::Count;
 use crate::scripts::{claim, complete, orphans};
 use crate::{envelope, repeat};
 
+use super::CancelFlag;
 use super::complete::Outcome;
 use super::control::Control;
 use super::heartbeat::queue_now_ms;
@@ -385,9 +386,10 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
         let got = claimed.items.len();
         control.slots.release(room - got);
         let first_ticket = take_tickets(got);
+        let flags: Vec<CancelFlag> = (0..got).map(|_| CancelFlag::default()).collect();
         {
             let mut outstanding = pool.outstanding.lock();
-            for (ticket, item) in (first_ticket..).zip(&claimed.items) {
+            for ((ticket, item), flag) in (first_ticket..).zip(&claimed.items).zip(&flags) {
                 outstanding.insert(
                     ticket,
                     Outstanding {
@@ -400,6 +402,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
                         detached: false,
                         alone: item.lease.starts_with('q'),
                         renewed: started,
+                        cancel: flag.clone(),
                     },
                 );
             }
@@ -418,7 +421,7 @@ pub(super) fn fetch_loop(pool: &Pool, index: usize, deliveries: &Sender<Delivery
             part,
             claimed.server_now_ms,
             first_ticket,
-            claimed.items,
+            claimed.items.into_iter().zip(flags).collect(),
             deliveries,
             outcomes,
         );
@@ -485,7 +488,7 @@ pub(super) fn hand_out(
     part: usize,
     server_now_ms: i64,
     first_ticket: Ticket,
-    items: Vec<claim::Claimed>,
+    items: Vec<(claim::Claimed, CancelFlag)>,
     deliveries: &Sender<Delivery>,
     outcomes: &Sender<Outcome>,
 ) {
@@ -506,7 +509,7 @@ pub(super) fn hand_out(
             past_max_attempts,
         });
     };
-    for (ticket, item) in (first_ticket..).zip(items) {
+    for (ticket, (item, cancel)) in (first_ticket..).zip(items) {
         let claim::Claimed {
             id,
             lease: token,
@@ -635,6 +638,7 @@ pub(super) fn hand_out(
                     ticket,
                     member: pool.member,
                     handed_out: None,
+                    cancel,
                 });
             }
         }

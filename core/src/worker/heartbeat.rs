@@ -284,10 +284,21 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                 Ok(complete::Statuses(statuses)) => {
                     let mut outstanding = pool.outstanding.lock();
                     for ((_, ticket, ..), s) in chunk.iter().zip(&statuses) {
-                        if *s == Status::Done
-                            && let Some(o) = outstanding.get_mut(ticket)
-                        {
-                            o.renewed = renewed_at;
+                        if let Some(o) = outstanding.get_mut(ticket) {
+                            match s {
+                                Status::Done => o.renewed = renewed_at,
+                                // Cancelled while it runs (cancel.lua): its handler
+                                // sees it from now on.
+                                Status::Cancelled => {
+                                    o.renewed = renewed_at;
+                                    o.cancel.mark(1);
+                                }
+                                Status::CancelledKill => {
+                                    o.renewed = renewed_at;
+                                    o.cancel.mark(2);
+                                }
+                                _ => {}
+                            }
                         }
                     }
                     drop(outstanding);

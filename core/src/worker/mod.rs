@@ -45,7 +45,7 @@ use crate::scripts::Call;
 pub use consumer::Consumer;
 pub use control::Stopper;
 pub(crate) use delivery::fail_lease;
-pub use delivery::{Delivery, Fate, Receipt, Received, Retry};
+pub use delivery::{CancelFlag, Delivery, Fate, Receipt, Received, Retry};
 pub use launch::{MAX_WORKER_QUEUES, Worker};
 pub use options::{MAX_TRACE_BYTES, WorkerOptions};
 pub use release::Releaser;

@@ -52,6 +52,8 @@ pub(super) struct Outstanding {
     /// When the call that last set its lease's deadline was sent (the claim, then
     /// each renewal): Redis counted the lease from a moment after it.
     pub(super) renewed: Instant,
+    /// Its cancel mark, as a heartbeat learned it (shared with its `Delivery`).
+    pub(super) cancel: super::CancelFlag,
 }
 
 pub(super) struct Pool {

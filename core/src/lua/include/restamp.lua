@@ -7,7 +7,7 @@ local function stamped(envelope, score_text)
   if string.byte(envelope, 1) ~= 123 then
     return envelope
   end
-  local _, stamp_end = string.find(envelope, '^{"at":%[%d+,%d+%],')
+  local _, stamp_end = string.find(envelope, '^{"at":%[%-?%d+,%d+%],')
   local rest = string.sub(envelope, (stamp_end or 1) + 1)
   if rest == '}' then
     return envelope

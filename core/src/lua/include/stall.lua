@@ -7,10 +7,12 @@
 -- that only idles (claims at most every idle_check, or at the next lease deadline)
 -- leaves gaps too, and granting the whole gap would postpone a dead pool's leases
 -- for ever.
+-- Returns, read in the same call, the time of the latest cancel mark (control's
+-- cancel_ms, see cancel.lua; nil for none) and half a lease (stall_ms, nil if unknown).
 local GRACE_STEP = 1000
 local function absorb_stall(now, lease_ms)
-  local seen = redis.call('HMGET', K_CONTROL, 'seen_ms', 'stall_ms')
-  local last, stall_ms = tonumber(seen[1]), tonumber(seen[2])
+  local seen = redis.call('HMGET', K_CONTROL, 'seen_ms', 'stall_ms', 'cancel_ms')
+  local last, stall_ms, cancel_ms = tonumber(seen[1]), tonumber(seen[2]), tonumber(seen[3])
   if lease_ms then
     stall_ms = math.floor(lease_ms / 2)
     redis.call('HSET', K_CONTROL, 'seen_ms', fmt(now), 'stall_ms', fmt(stall_ms))
@@ -18,7 +20,7 @@ local function absorb_stall(now, lease_ms)
     redis.call('HSET', K_CONTROL, 'seen_ms', fmt(now))
   end
   if not (last and stall_ms and now - last > stall_ms) then
-    return
+    return cancel_ms, stall_ms
   end
   local grace = now + math.floor(stall_ms * 2 / 3)
   -- Claims (include/claims.lua), and detached deliveries one by one.
@@ -36,4 +38,5 @@ local function absorb_stall(now, lease_ms)
       redis.call('ZADD', key, unpack(moved))
     end
   end
+  return cancel_ms, stall_ms
 end

@@ -4,7 +4,12 @@
 --             reads it here, not from the schedule, whose scores Redis before 7.2
 --             prints with printf, the most costly step of a claim; a release puts the
 --             message back there.
---   The 0 before it is read by nothing; readers skip any digits there.
+--   The number before it is 0, or the cancel mark of a message that runs: -1
+--   cancelled, -2 cancelled and its process to be killed (cancel.lua). Negative, a
+--   mark is set apart from the claim numbers (a sequence's values) that the build
+--   before this one wrote there, and stays valid JSON for every reader; that build
+--   reads a marked envelope as one without a stamp (its views decode it whole).
+--   Writing the stamp anew (a schedule) writes 0.
 -- Written by every script that puts a native message in the schedule (or, for a
 -- push, checked where the producer wrote it): a push, a repeat's occurrence, a
 -- reschedule, a requeue, a retry, a release, the reaper. The serial gate alone moves
@@ -18,6 +23,21 @@ local STAMP_OPEN = '{"at":['
 -- or one without a stamp. No later than now's: a claimed message was due, whatever a
 -- hand edit wrote.
 local function stamp_score(envelope, now)
-  local score = envelope and tonumber(string.match(envelope, '^{"at":%[%d+,(%d+)%],'))
+  local score = envelope and tonumber(string.match(envelope, '^{"at":%[%-?%d+,(%d+)%],'))
   return score and math.min(score, due_bound(now))
+end
+
+-- The cancel mark of a native envelope (see above): 1 or 2, else 0 (none, no
+-- envelope, no stamp).
+local function cancel_mark(envelope)
+  return envelope and tonumber(string.match(envelope, '^{"at":%[%-([12]),%d+%],')) or 0
+end
+
+-- `envelope` with the cancel mark `mark` (1 or 2), nil for one without a stamp.
+local function cancel_marked(envelope, mark)
+  local _, stamp_end, score = string.find(envelope, '^{"at":%[%-?%d+,(%d+)%],')
+  if not stamp_end then
+    return nil
+  end
+  return STAMP_OPEN .. '-' .. mark .. ',' .. score .. '],' .. string.sub(envelope, stamp_end + 1)
 end

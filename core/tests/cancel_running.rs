@@ -1,0 +1,331 @@
+//! `Queue::cancel` of a message that runs: its pool learns of the mark within a
+//! heartbeat, its handler sees it, and whatever the handler does then the message is
+//! deleted, counted as cancelled: never retried, never dead-lettered, never run again.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{RedisServer, assert_no_leak, wait_for};
+use delayq::{CancelOptions, Listing, Queue, State, Worker, WorkerOptions};
+use serde_json::json;
+
+const LEASE: Duration = Duration::from_millis(600);
+
+fn counter(q: &Queue, name: &str) -> u64 {
+    q.stats().expect("stats").totals.get(name).copied().unwrap_or(0)
+}
+
+fn push(q: &Queue, payload: serde_json::Value, due: Duration, id: &str) {
+    let opts = delayq::PushOptions {
+        id: Some(id.to_owned()),
+        ..delayq::PushOptions::default()
+    };
+    q.push_json(payload.to_string(), due.into(), &opts).expect("push");
+}
+
+fn options() -> WorkerOptions {
+    WorkerOptions {
+        threads: 1,
+        lease: LEASE,
+        stop_when_empty: true,
+        max_attempts: 5,
+        backoff_base: Duration::from_millis(10),
+        ..WorkerOptions::default()
+    }
+}
+
+/// Run `handler` in a pool over `q` while `cancel` runs on another thread once the
+/// handler of `id` started; the handler calls per id are returned.
+fn run_cancelling(
+    q: &Queue,
+    opts: WorkerOptions,
+    id: &str,
+    cancel: impl FnOnce() + Send,
+    handler: impl Fn(&delayq::Delivery) -> Result<(), String> + Sync,
+) -> (delayq::Summary, HashMap<String, u32>) {
+    let worker = Worker::new(q.clone(), opts).expect("worker");
+    let calls = Mutex::new(HashMap::<String, u32>::new());
+    // A check that fails inside a handler fails its delivery only: kept for the test.
+    let failed_check = Mutex::new(None::<String>);
+    let (started, running) = crossbeam_channel::bounded::<()>(1);
+    let summary = std::thread::scope(|s| {
+        s.spawn(|| {
+            running
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the handler started");
+            cancel();
+        });
+        worker
+            .run(1, |d| {
+                *calls.lock().expect("lock").entry(d.id.clone()).or_default() += 1;
+                if d.id == id && calls.lock().expect("lock")[&d.id] == 1 {
+                    let _ = started.try_send(());
+                }
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(d))).unwrap_or_else(|p| {
+                    let text = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                        .unwrap_or_default();
+                    failed_check.lock().expect("lock").get_or_insert(text);
+                    Err("a check failed".into())
+                })
+            })
+            .expect("run")
+    });
+    if let Some(text) = failed_check.into_inner().expect("lock") {
+        panic!("a check in the handler failed: {text}");
+    }
+    (summary, calls.into_inner().expect("lock"))
+}
+
+/// Wait for the mark in the handler, at most `limit`; how long it took.
+fn wait_cancelled(d: &delayq::Delivery, limit: Duration) -> Option<Duration> {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if d.is_cancelled() {
+            return Some(t.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+#[test]
+fn a_handler_sees_the_cancel_within_a_heartbeat_and_its_failure_is_not_retried() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    let cancelled_at = Mutex::new(None);
+    let seen_after = Mutex::new(None);
+    let (summary, calls) = run_cancelling(
+        &q,
+        options(),
+        "o-1",
+        || {
+            *cancelled_at.lock().expect("lock") = Some(Instant::now());
+            assert!(q.cancel("o-1").expect("cancel"), "a running message is cancelled");
+        },
+        |d| {
+            if wait_cancelled(d, Duration::from_secs(5)).is_some() {
+                *seen_after.lock().expect("lock") = cancelled_at.lock().expect("lock").map(|t| t.elapsed());
+            }
+            Err("the handler fails after the cancel".into())
+        },
+    );
+    let seen = seen_after.lock().expect("lock").expect("the handler saw the cancel");
+    // One heartbeat is a third of the lease; a scheduling slack on top.
+    assert!(seen < LEASE / 3 + Duration::from_millis(150), "seen after {seen:?}");
+    assert_eq!(calls["o-1"], 1, "never run again");
+    assert_eq!((summary.retried, summary.dead), (0, 0), "{summary:?}");
+    assert_eq!(counter(&q, "cancelled"), 1);
+    assert_eq!((counter(&q, "retried"), counter(&q, "dead")), (0, 0));
+    assert_eq!(q.get("o-1").expect("get"), None, "its data is deleted");
+    assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
+fn a_handler_that_ignores_the_cancel_ends_normally_and_the_message_counts_as_cancelled() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    push(&q, json!({"n": 2}), Duration::ZERO, "o-2");
+    let (summary, calls) = run_cancelling(
+        &q,
+        options(),
+        "o-1",
+        || assert!(q.cancel("o-1").expect("cancel")),
+        |d| {
+            if d.id == "o-1" {
+                // Several heartbeats, the mark never looked at.
+                std::thread::sleep(LEASE * 2);
+            }
+            Ok(())
+        },
+    );
+    assert_eq!((calls["o-1"], calls["o-2"]), (1, 1));
+    assert_eq!(summary.handled, 2, "{summary:?}");
+    assert_eq!(counter(&q, "cancelled"), 1);
+    assert_eq!(counter(&q, "acked"), 1, "the other one");
+    assert_eq!(q.get("o-1").expect("get"), None);
+    assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
+fn a_cancel_just_before_the_ack_counts_as_cancelled() {
+    // The handler returns before any heartbeat could carry the mark: the ack finds it.
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    let (done_tx, done) = crossbeam_channel::bounded::<()>(1);
+    let (summary, calls) = run_cancelling(
+        &q,
+        WorkerOptions {
+            lease: Duration::from_secs(30),
+            ..options()
+        },
+        "o-1",
+        || {
+            assert!(q.cancel("o-1").expect("cancel"));
+            done_tx.send(()).expect("send");
+        },
+        |d| {
+            done.recv_timeout(Duration::from_secs(10)).map_err(|e| e.to_string())?;
+            assert!(!d.is_cancelled(), "no heartbeat came between");
+            Ok(())
+        },
+    );
+    assert_eq!(calls["o-1"], 1);
+    assert_eq!(summary.acked, 0, "{summary:?} {:?}", q.stats().expect("stats").totals);
+    assert_eq!((counter(&q, "cancelled"), counter(&q, "acked")), (1, 0));
+    assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
+fn a_cancelled_message_whose_lease_expires_is_not_delivered_again() {
+    // Past its timeout the handler is left to run and its lease to expire: the reaper
+    // (another pool's claim: this one's only handler is overdue, so it claims nothing)
+    // deletes the marked message instead of delivering it again.
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    let other_calls = Mutex::new(0);
+    let (summary, calls) = run_cancelling(
+        &q,
+        WorkerOptions {
+            timeout: Some(Duration::from_millis(200)),
+            ..options()
+        },
+        "o-1",
+        || {
+            assert!(q.cancel("o-1").expect("cancel"));
+            // Claims, each of which reaps, until the lease expired and the reaper took
+            // the message.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while counter(&q, "cancelled") == 0 && Instant::now() < deadline {
+                common::run_until_empty(&q, options(), |_| {
+                    *other_calls.lock().expect("lock") += 1;
+                    Ok(())
+                });
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        },
+        |d| {
+            if d.id == "o-1" {
+                wait_for(Duration::from_secs(10), "the reaper", || counter(&q, "cancelled") == 1);
+            }
+            Ok(())
+        },
+    );
+    assert_eq!(calls.get("o-1"), Some(&1), "{summary:?}");
+    assert_eq!(*other_calls.lock().expect("lock"), 0, "not delivered again");
+    assert_eq!((counter(&q, "cancelled"), counter(&q, "expired")), (1, 0));
+    assert_eq!(q.get("o-1").expect("get"), None);
+    assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
+fn a_marked_message_reads_as_before_while_it_runs() {
+    // The mark is the stamp's first number: the views of this build and the plain JSON
+    // reading of the build before (which decodes an envelope whole when its own
+    // reading fails) see the message as it was.
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"order": 10086}), Duration::ZERO, "o-1");
+    let mut con = server.con();
+    let (summary, _) = run_cancelling(
+        &q,
+        options(),
+        "o-1",
+        || assert!(q.cancel_with("o-1", CancelOptions::kill(true)).expect("cancel")),
+        |d| {
+            wait_cancelled(d, Duration::from_secs(5)).expect("seen");
+            let stored: String = redis::cmd("HGET")
+                .arg("{dq:orders}:messages")
+                .arg("o-1")
+                .query(&mut server.con())
+                .expect("HGET");
+            let whole: serde_json::Value = serde_json::from_str(&stored).expect("valid JSON");
+            assert_eq!(whole["payload"], json!({"order": 10086}));
+            let info = q.get("o-1").expect("get").expect("known");
+            assert_eq!(
+                (info.state, info.payload_json.as_str()),
+                (State::Inflight, r#"{"order":10086}"#)
+            );
+            assert!(info.due_at_ms.is_some(), "{info:?}");
+            let running = q.list(Listing::Inflight, 10).expect("list");
+            assert_eq!(running.len(), 1);
+            assert!(stored.starts_with(r#"{"at":[-2,"#), "{stored}");
+            Ok(())
+        },
+    );
+    assert_eq!(summary.handled, 1);
+    let stored: bool = redis::cmd("HEXISTS")
+        .arg("{dq:orders}:messages")
+        .arg("o-1")
+        .query(&mut con)
+        .expect("HEXISTS");
+    assert!(!stored, "deleted when its delivery ended");
+    assert_eq!(counter(&q, "cancelled"), 1);
+}
+
+#[test]
+fn a_waiting_message_is_deleted_as_before_and_an_unknown_one_is_not_cancelled() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::from_secs(60), "later");
+    assert!(q.cancel("later").expect("cancel"));
+    assert!(!q.cancel("later").expect("cancel"), "gone now");
+    assert!(!q.cancel_with("nobody", CancelOptions::kill(true)).expect("cancel"));
+    assert_eq!(counter(&q, "cancelled"), 1);
+    assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
+fn an_older_builds_claim_number_is_no_cancel_mark() {
+    // The build before this one wrote the queue's sequence where the mark goes: a
+    // stamp of [1,...] or [2,...] is a claim number, and its message runs as usual.
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    // Run first: its mark, recent while the others run, opens the look for marks in
+    // ack.lua and extend.lua.
+    push(&q, json!({}), Duration::ZERO, "c");
+    let mut con = server.con();
+    for (id, no) in [("a", "1"), ("b", "2")] {
+        push(&q, json!({"id": id}), Duration::ZERO, id);
+        let stored: String = redis::cmd("HGET")
+            .arg("{dq:orders}:messages")
+            .arg(id)
+            .query(&mut con)
+            .expect("HGET");
+        let rest = stored.strip_prefix(r#"{"at":[0,"#).expect("a stamp");
+        let _: () = redis::cmd("HSET")
+            .arg("{dq:orders}:messages")
+            .arg(id)
+            .arg(format!(r#"{{"at":[{no},{rest}"#))
+            .query(&mut con)
+            .expect("HSET");
+    }
+    let (summary, calls) = run_cancelling(
+        &q,
+        WorkerOptions { batch: 1, ..options() },
+        "c",
+        || assert!(q.cancel("c").expect("cancel")),
+        |d| {
+            if d.id == "c" {
+                wait_cancelled(d, Duration::from_secs(5)).expect("seen");
+            } else {
+                std::thread::sleep(LEASE / 2);
+                assert!(!d.is_cancelled(), "{} is not cancelled", d.id);
+            }
+            Ok(())
+        },
+    );
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert_eq!(summary.acked, 2, "{summary:?}");
+    assert_eq!((counter(&q, "cancelled"), counter(&q, "acked")), (1, 2));
+    assert_no_leak(&server, "{dq:orders}");
+}
