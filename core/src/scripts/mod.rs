@@ -110,13 +110,13 @@ impl<'a> Invocation<'a> {
             }
             result => {
                 let result = self.loaded_if_missing(result, &self.cmd, con);
-                learn(self.library, false, &result);
+                learn(self.library, false, result.as_ref().err());
                 return result;
             }
         };
         let result = cmd.query(con);
         let result = self.loaded_if_missing(result, cmd, con);
-        learn(self.library, true, &result);
+        learn(self.library, true, result.as_ref().err());
         result
     }
 
@@ -153,11 +153,13 @@ impl<'a> Invocation<'a> {
 /// means a rule made for functions: the next call tries FCALL again, which works once
 /// an admin installed them. FCALL refused so means a rule without it, and EVALSHA
 /// answered after a missing function means the library is gone: EVALSHA from then on.
-fn learn<T>(library: Option<&AtomicBool>, after_missing: bool, result: &redis::RedisResult<T>) {
+fn learn(library: Option<&AtomicBool>, after_missing: bool, error: Option<&redis::RedisError>) {
     let Some(flag) = library else { return };
     let refused = |command: &str| {
-        matches!(result, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
-            && e.to_string().contains(&format!("'{command}' command")))
+        error.is_some_and(|e| {
+            e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+                && e.to_string().contains(&format!("'{command}' command"))
+        })
     };
     if refused("evalsha") {
         flag.store(true, Ordering::Relaxed);
@@ -329,16 +331,15 @@ impl<'c, 's> Stream<'c, 's> {
                     done.answers.push(Answer::Missing);
                 }
                 Sent::Call(_, library, true) if function_missing(&error) => {
-                    learn::<()>(library, true, &Ok(()));
+                    learn(library, true, None);
                     done.answers.push(Answer::Missing);
                 }
                 Sent::Load => {
                     done.load_refused.get_or_insert(error);
                 }
                 Sent::Call(_, library, _) => {
-                    let error = Err::<(), _>(error);
-                    learn(library, false, &error);
-                    done.refused.get_or_insert(error.unwrap_err());
+                    learn(library, false, Some(&error));
+                    done.refused.get_or_insert(error);
                     done.answers.push(Answer::Refused);
                 }
                 Sent::Command => {
