@@ -920,7 +920,7 @@ impl ConnSlot {
         // load the library) leaves the calls to EVALSHA.
         let library = &crate::scripts::LIBRARY;
         let probe = redis::cmd("FCALL")
-            .arg(library.probe())
+            .arg(&library.name)
             .arg(0)
             .query::<String>(conn.as_dyn());
         ep.functions

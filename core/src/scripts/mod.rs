@@ -1059,20 +1059,20 @@ scripts!(
 pub struct Library {
     /// `delayq_` and the start of a hash of every script's text.
     pub name: String,
-    /// What FUNCTION LOAD is sent.
+    /// What FUNCTION LOAD is sent. A function named as the library answers that name:
+    /// a connection calls it to learn whether the server has this build's library.
     pub text: String,
+    /// Each script's function, by the script's name: named once, not at every call.
+    functions: Vec<(&'static str, String)>,
 }
 
 impl Library {
     /// The function that runs `script`.
-    pub(crate) fn function(&self, script: &LuaScript) -> String {
-        format!("{}_{}", self.name, script.name)
-    }
-
-    /// The function that answers its own library's name: a connection calls it to learn
-    /// whether the server has this build's library.
-    pub(crate) fn probe(&self) -> &str {
-        &self.name
+    pub(crate) fn function(&self, script: &LuaScript) -> &str {
+        self.functions
+            .iter()
+            .find(|(name, _)| *name == script.name)
+            .map_or("", |(_, function)| function.as_str())
     }
 }
 
@@ -1084,19 +1084,21 @@ pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let name = format!("delayq_{}", &redis::Script::new(&hashes).get_hash()[..12]);
     // A guarded script's block shadows `redis` (include/guard.lua).
     let mut text = format!("#!lua name={name}\nlocal dq_register = redis.register_function\n");
+    let mut functions = Vec::with_capacity(scripts.len());
     for s in &scripts {
+        let function = format!("{name}_{}", s.name);
         text.push_str(&s.block);
         let flags = s.flags;
         text.push_str(&format!(
-            "dq_register{{function_name = '{name}_{}', callback = dq_function, flags = {{{flags}}}}}\nend\n",
-            s.name
+            "dq_register{{function_name = '{function}', callback = dq_function, flags = {{{flags}}}}}\nend\n"
         ));
+        functions.push((s.name, function));
     }
     text.push_str(&format!(
         "dq_register{{function_name = '{name}', callback = function() return '{name}' end, \
          flags = {{'no-writes', 'allow-stale'}}}}\n"
     ));
-    Library { name, text }
+    Library { name, text, functions }
 });
 
 /// One script as [`compose_from_dir`] makes it.
