@@ -18,10 +18,12 @@ from phpcli import scan_dir_without_delayq
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# 214075f: the last commit that landed before the scripts dropped what only builds
-# before it wrote (envelopes without a stamp, the stamp's claim number read from the
-# sequence). DELAYQ_DEPLOY_FROM names another, to try a deploy from it.
-DEPLOY_FROM = os.environ.get("DELAYQ_DEPLOY_FROM", "214075ffa6340550bb3db37ad1bf6940defd3ddd")
+# b5e050d: the last commit that landed before a running message could be marked
+# cancelled (a stamp's "at" of -1 or -2, which extend, ack, nack, release and the
+# reaper read as "delete it as cancelled") and before the scripts became functions of a
+# library (FCALL): its workers neither write nor read the mark. DELAYQ_DEPLOY_FROM names
+# another, to try a deploy from it.
+DEPLOY_FROM = os.environ.get("DELAYQ_DEPLOY_FROM", "b5e050dc9e02b856bc40ff2a3d3b5d7d4bd84206")
 
 
 def commit_of(name: str) -> str:
