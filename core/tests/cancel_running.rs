@@ -120,7 +120,11 @@ fn a_handler_sees_the_cancel_within_a_heartbeat_and_its_failure_is_not_retried()
     // One heartbeat is a third of the lease; a scheduling slack on top.
     assert!(seen < LEASE / 3 + Duration::from_millis(150), "seen after {seen:?}");
     assert_eq!(calls["o-1"], 1, "never run again");
-    assert_eq!((summary.retried, summary.dead), (0, 0), "{summary:?}");
+    assert_eq!(
+        (summary.retried, summary.dead, summary.cancelled),
+        (0, 0, 1),
+        "{summary:?}"
+    );
     assert_eq!(counter(&q, "cancelled"), 1);
     assert_eq!((counter(&q, "retried"), counter(&q, "dead")), (0, 0));
     assert_eq!(q.get("o-1").expect("get"), None, "its data is deleted");
@@ -151,6 +155,54 @@ fn a_handler_that_ignores_the_cancel_ends_normally_and_the_message_counts_as_can
     assert_eq!(counter(&q, "cancelled"), 1);
     assert_eq!(counter(&q, "acked"), 1, "the other one");
     assert_eq!(q.get("o-1").expect("get"), None);
+    assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
+fn a_prefetched_message_cancelled_before_its_start_is_never_started() {
+    // o-2 waits in the pool's buffer, claimed with o-1, while o-1 runs: a heartbeat
+    // brings its mark, and the pool ends it as cancelled instead of starting it.
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    // A fast handler first (claimed alone: the pool holds one message a handler until
+    // it measured one), so that the pool then claims o-1 and o-2 together.
+    push(&q, json!({"n": 0}), Duration::ZERO, "f-1");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    push(&q, json!({"n": 2}), Duration::ZERO, "o-2");
+    let marked = std::sync::atomic::AtomicBool::new(false);
+    let (summary, calls) = run_cancelling(
+        &q,
+        WorkerOptions {
+            prefetch: 2,
+            ..options()
+        },
+        "o-1",
+        || {
+            wait_for(Duration::from_secs(5), "o-2 claimed with o-1", || {
+                q.get("o-2").expect("get").is_some_and(|m| m.state == State::Inflight)
+            });
+            assert!(q.cancel("o-2").expect("cancel"), "a claimed message is marked");
+            marked.store(true, std::sync::atomic::Ordering::SeqCst);
+        },
+        |d| {
+            if d.id == "o-1" {
+                wait_for(Duration::from_secs(10), "the cancel", || {
+                    marked.load(std::sync::atomic::Ordering::SeqCst)
+                });
+                // Two heartbeats and more: the mark has reached the pool.
+                std::thread::sleep(LEASE);
+            }
+            Ok(())
+        },
+    );
+    assert_eq!(calls.get("o-2"), None, "never started: {summary:?}");
+    assert_eq!(
+        (summary.handled, summary.acked, summary.cancelled),
+        (2, 2, 1),
+        "{summary:?}"
+    );
+    assert_eq!((counter(&q, "cancelled"), counter(&q, "acked")), (1, 2));
+    assert_eq!(q.get("o-2").expect("get"), None);
     assert_no_leak(&server, "{dq:orders}");
 }
 

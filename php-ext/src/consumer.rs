@@ -129,7 +129,7 @@ impl PhpConsumer {
     /// decided; they run again after their lease. Returns the pool's counts.
     ///
     /// @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int, gone: int,
-    ///   released: int, unwritten: int, stopped_by: ?string}
+    ///   released: int, unwritten: int, cancelled: int, stopped_by: ?string}
     pub fn stop(&self) -> PhpResult<ZBox<ZendHashTable>> {
         let taken = self.consumer.borrow_mut().take();
         let ended = taken

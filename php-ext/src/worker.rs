@@ -688,7 +688,7 @@ impl PhpWorker {
     ///
     /// @param callable(mixed, DelayQueueMessage): void $handler
     /// @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int, gone: int,
-    ///   released: int, unwritten: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int,
+    ///   released: int, unwritten: int, cancelled: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int,
     ///   scaled_up: int, scaled_down: int}
     pub fn run(&self, handler: HandlerArg<'_>) -> PhpResult<ZBox<ZendHashTable>> {
         check_handler_signature(handler.0)?;

@@ -44,7 +44,7 @@ final class CancelTest extends TestCase
             throw new RuntimeException('fails after the cancel');
         });
         $this->assertSame([false, true, true], $seen);
-        $this->assertSame([0, 0], [$summary['retried'], $summary['dead']]);
+        $this->assertSame([0, 0, 1], [$summary['retried'], $summary['dead'], $summary['cancelled']]);
         $stats = $this->q->stats();
         $this->assertSame([1, 0, 0], [$stats['cancelled'], $stats['retried'], $stats['died']]);
         $this->assertNull($this->q->get('o-1'));

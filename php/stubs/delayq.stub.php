@@ -534,7 +534,7 @@ final class DelayQueueWorker
      *
      * @param callable(mixed, DelayQueueMessage): void $handler
      * @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int, gone: int,
-     *   released: int, unwritten: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int,
+     *   released: int, unwritten: int, cancelled: int, stopped_by: ?string, processes: int, restarts: int, killed_hung: int,
      *   scaled_up: int, scaled_down: int}
      *   processes is the most that ran at once (the option); scaled_up and scaled_down count
      *   the processes added and let go under min_processes
@@ -602,7 +602,7 @@ final class DelayQueueConsumer
      * decided; they run again after their lease.
      *
      * @return array{handled: int, acked: int, failed: int, retried: int, dead: int, lease_lost: int, gone: int,
-     *   released: int, unwritten: int, stopped_by: ?string}
+     *   released: int, unwritten: int, cancelled: int, stopped_by: ?string}
      */
     public function stop(): array {}
 }

@@ -128,7 +128,7 @@ class Worker:
     def run(self, handler: Handler) -> Summary:
         """Consume until ``stop()``, SIGTERM or SIGINT (which stop it gracefully) or
         ``DelayQueue.restart_workers()``; return the counts (handled, acked, failed,
-        retried, dead, lease_lost, gone, released, unwritten, stopped_by: ``"stop"``,
+        retried, dead, lease_lost, gone, released, unwritten, cancelled, stopped_by: ``"stop"``,
         ``"signal"``, ``"restart"``, ``"empty"``, ``"max_jobs"``, ``"max_time"``,
         ``"max_memory"`` or ``"exit"``) once every acknowledgement is written. A handler's ``sys.exit()``
         ends the run by raising ``SystemExit``: its message is due again at once, counted

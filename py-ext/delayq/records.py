@@ -156,6 +156,7 @@ class Summary(TypedDict):
     gone: int
     released: int
     unwritten: int
+    cancelled: int
     stopped_by: Optional[str]
 
 

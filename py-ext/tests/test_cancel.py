@@ -45,7 +45,7 @@ def test_a_thread_handler_sees_the_cancel_and_its_failure_is_not_retried(queue: 
     assert at_start == [False]
     cancelled_at, seen_at = seen
     assert seen_at - cancelled_at < LEASE / 3 + 0.2, "within a heartbeat"
-    assert (summary["retried"], summary["dead"]) == (0, 0), summary
+    assert (summary["retried"], summary["dead"], summary["cancelled"]) == (0, 0, 1), summary
     stats = queue.stats()
     assert (stats["cancelled"], stats["retried"], stats["died"]) == (1, 0, 0), stats
     assert queue.get("o-1") is None
@@ -102,7 +102,7 @@ def test_a_handler_that_ignores_the_cancel_ends_normally(queue: delayq.DelayQueu
     summary = delayq.Worker(queue, threads=1, lease=LEASE, stop_when_empty=True).run(handle)
     canceller.join()
     assert answers == [True], "a running message is cancelled (asserted here: a thread's assert fails nothing)"
-    assert summary["handled"] == 1
+    assert (summary["handled"], summary["acked"], summary["cancelled"]) == (1, 0, 1), summary
     stats = queue.stats()
     assert (stats["cancelled"], stats["acked"]) == (1, 0), stats
 

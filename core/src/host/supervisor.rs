@@ -229,7 +229,10 @@ fn count_failure(counts: &mut Summary, fate: Option<&Fate>) {
             counts.failed += 1;
             counts.dead += 1;
         }
-        Some(Fate::Cancelled) => counts.failed += 1,
+        Some(Fate::Cancelled) => {
+            counts.failed += 1;
+            counts.cancelled += 1;
+        }
         None => {}
     }
 }

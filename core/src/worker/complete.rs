@@ -315,14 +315,12 @@ pub(super) fn lease_was_live(pool: &Pool, o: &Outcome) -> bool {
         .is_some_and(|held| !held.timed_out && pool.lease_live_at(held.renewed, Instant::now()))
 }
 
-/// The message of a completion was cancelled while it ran (`Queue::cancel`): deleted,
-/// neither retried nor dead-lettered.
+/// The message of a completion was cancelled while the pool held it (`Queue::cancel`):
+/// deleted, neither retried nor dead-lettered.
 fn cancelled(pool: &Pool, o: &Outcome) {
+    Counters::add(&pool.counters.cancelled, 1);
     let (Outcome::Ack { id, .. } | Outcome::Nack { id, .. } | Outcome::Release { id, .. }) = o;
-    log::info!(
-        "delayq[{}]: message {id} was cancelled while it ran; deleted",
-        pool.queue_name
-    );
+    log::info!("delayq[{}]: message {id} was cancelled; deleted", pool.queue_name);
 }
 
 /// The message of a completion was deleted while it ran: no lease was lost, and no

@@ -158,14 +158,19 @@ impl Consumer {
         }
     }
 
-    /// Hand `d`, just taken from this pool's buffer, to the caller; `None` when its
-    /// lease may have ended (the pool was frozen, or could not renew it): another
+    /// Hand `d`, just taken from this pool's buffer, to the caller; `None` when it is
+    /// not to start: cancelled while it waited in the buffer (ended as cancelled), or
+    /// its lease may have ended (the pool was frozen, or could not renew it): another
     /// consumer may run it already, so it is given back unstarted.
     pub(super) fn accept(&self, mut d: Delivery) -> Option<Received> {
         if self.pool.control.stopped() {
             // Not started: give it back at once rather than after its lease.
             self.send(Outcome::release(d));
             return Some(Received::Stopped);
+        }
+        if d.is_cancelled() {
+            self.send(cancelled(d));
+            return None;
         }
         let now = Instant::now();
         let live = match self.pool.outstanding.lock().get_mut(&d.ticket) {
@@ -307,16 +312,21 @@ impl Consumer {
 
     /// `d` back to start its handler now, while its lease lives by the pool's clock read
     /// here; else `None`, `d` given back unstarted (as `recv_timeout` gives back one
-    /// whose lease ended in the buffer). For a caller that starts the handler some time
+    /// whose lease ended in the buffer), or ended as cancelled if it was marked since
+    /// its hand-out. For a caller that starts the handler some time
     /// after the hand-out (an asyncio task, started when the event loop gets to it):
     /// called in the same step as the handler's first code, with nothing between the
     /// two that could wait, so that a freeze or a stall before the start is seen. A
     /// freeze after it is one of a running handler: its lease lost, its ack refused.
     pub fn begin(&self, d: Delivery) -> Option<Delivery> {
-        if self.lease_live(&d) {
+        let owner = self.owner(&d);
+        if d.is_cancelled() {
+            owner.send(cancelled(d));
+        } else if self.lease_live(&d) {
             return Some(d);
+        } else {
+            owner.give_back_unstarted(d);
         }
-        self.owner(&d).give_back_unstarted(d);
         None
     }
 
@@ -502,7 +512,7 @@ impl Drop for Consumer {
     }
 }
 
-/// The completion of a delivery its pool knows was cancelled while it ran: nack.lua
+/// The completion of a delivery its pool knows was cancelled, run or not: nack.lua
 /// deletes a marked message whatever the failure asks (see cancel.lua).
 fn cancelled(d: Delivery) -> Outcome {
     Outcome::Nack {

@@ -29,6 +29,10 @@ pub struct Summary {
     /// Completions that could not be written before their lease ran out (Redis
     /// unreachable); those messages will be delivered again.
     pub unwritten: u64,
+    /// Deliveries whose message was cancelled while the pool held it (`cancel`), ended
+    /// as cancelled whatever their handler returned, or never started when the mark
+    /// came before their handler's start.
+    pub cancelled: u64,
 }
 
 #[derive(Default)]
@@ -42,12 +46,13 @@ pub(super) struct Counters {
     pub(super) gone: AtomicU64,
     pub(super) released: AtomicU64,
     pub(super) unwritten: AtomicU64,
+    pub(super) cancelled: AtomicU64,
 }
 
 impl Summary {
     /// Every count by name, in one order: what the bindings report (PHP's summary
     /// array, Python's dict) and what a supervised process sends its parent.
-    pub fn counts(&self) -> [(&'static str, u64); 9] {
+    pub fn counts(&self) -> [(&'static str, u64); 10] {
         [
             ("handled", self.handled),
             ("acked", self.acked),
@@ -58,6 +63,7 @@ impl Summary {
             ("gone", self.gone),
             ("released", self.released),
             ("unwritten", self.unwritten),
+            ("cancelled", self.cancelled),
         ]
     }
 
@@ -77,6 +83,7 @@ impl Summary {
                 "gone" => &mut s.gone,
                 "released" => &mut s.released,
                 "unwritten" => &mut s.unwritten,
+                "cancelled" => &mut s.cancelled,
                 other => return Err(Error::invalid("summary", format!("no count is named {other:?}"))),
             };
             *field += n;
@@ -97,6 +104,7 @@ impl std::ops::AddAssign<&Summary> for Summary {
         self.gone += other.gone;
         self.released += other.released;
         self.unwritten += other.unwritten;
+        self.cancelled += other.cancelled;
     }
 }
 
@@ -117,6 +125,7 @@ impl Counters {
             gone: g(&self.gone),
             released: g(&self.released),
             unwritten: g(&self.unwritten),
+            cancelled: g(&self.cancelled),
         }
     }
 }
