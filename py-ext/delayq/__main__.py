@@ -351,10 +351,11 @@ def _workers(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
 
 
 def _cancel(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
-    cancelled = q.cancel(args.id)
+    cancelled = q.cancel(args.id, kill=args.kill)
     out.emit({"cancelled": cancelled}, lambda: [f"cancelled {args.id}" if cancelled else f"{args.id} not cancelled"])
     if not cancelled:
-        sys.stderr.write(f"delayq: {args.id!r} is not waiting in {args.label} (unknown, running or dead)\n")
+        sys.stderr.write(f"delayq: {args.id!r} is neither waiting nor running in {args.label} (unknown, "
+                         "completed or dead)\n")
         return NOT_FOUND
     return 0
 
@@ -868,8 +869,11 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("unrepeat", help="stop a repeating message (its waiting occurrence is cancelled)")
     c.add_argument("name")
     c.set_defaults(run=_unrepeat)
-    c = sub.add_parser("cancel", help="delete a message that is still waiting")
+    c = sub.add_parser("cancel", help="cancel a message: one that waits is deleted, one that runs is marked "
+                       "cancelled (its handler sees it; it is deleted when the handler ends)")
     c.add_argument("id")
+    c.add_argument("--kill", action="store_true",
+                   help="a supervised worker process (--processes) that runs it is killed, as at its --timeout")
     c.set_defaults(run=_cancel)
     c = sub.add_parser("purge", help="delete every message of the queue")
     c.add_argument("--yes", action="store_true", help="really")

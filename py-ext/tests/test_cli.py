@@ -138,13 +138,38 @@ def test_cancel_and_purge(queue: delayq.DelayQueue, redis_url: str) -> None:
     queue.push({"n": 2}, delay=60)
     assert cli_json(redis_url, "cancel", a) == {"cancelled": True}
     again = cli(redis_url, "cancel", a)
-    assert again.returncode == 1 and "is not waiting" in again.stderr
+    assert again.returncode == 1 and "is neither waiting nor running" in again.stderr
 
     refused = cli(redis_url, "purge")
     assert refused.returncode == 2 and "add --yes" in refused.stderr
     assert queue.stats()["scheduled"] == 1, "nothing deleted without --yes"
     assert cli_json(redis_url, "purge", "--yes") == {"purged": 1}
     assert queue.stats()["scheduled"] == 0
+
+
+def test_cancel_marks_a_running_message_and_with_kill_too(queue: delayq.DelayQueue, redis_url: str) -> None:
+    ids = [queue.push({"n": n}) for n in range(2)]
+    started: list[str] = []
+    seen: list[str] = []
+
+    def handle(payload: Any, msg: delayq.Message) -> None:
+        started.append(msg.id)
+        wait_for(10, "the cancel", lambda: msg.cancelled)
+        seen.append(msg.id)
+
+    worker = delayq.Worker(queue, threads=1, lease=0.6, stop_when_empty=True)
+    runner = threading.Thread(target=worker.run, args=(handle,))
+    runner.start()
+    try:
+        wait_for(10, "the first handler running", lambda: len(started) == 1)
+        assert cli_json(redis_url, "cancel", started[0]) == {"cancelled": True}
+        wait_for(10, "the second handler running", lambda: len(started) == 2)
+        assert cli(redis_url, "cancel", "--kill", started[1]).stdout == f"cancelled {started[1]}\n"
+    finally:
+        runner.join(20)
+    assert sorted(seen) == sorted(ids)
+    stats = queue.stats()
+    assert (stats["cancelled"], stats["acked"], stats["retried"]) == (2, 0, 0), stats
 
 
 def test_bad_input_and_an_unreachable_redis_have_their_own_exit_status(redis_url: str) -> None:
