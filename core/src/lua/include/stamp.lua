@@ -5,10 +5,10 @@
 --             prints with printf, the most costly step of a claim; a release puts the
 --             message back there.
 --   The number before it is 0, or the cancel mark of a message that runs: -1
---   cancelled, -2 cancelled and its process to be killed (cancel.lua). Negative, a
---   mark is set apart from the claim numbers (a sequence's values) that the build
---   before this one wrote there, and stays valid JSON for every reader; that build
---   reads a marked envelope as one without a stamp (its views decode it whole).
+--   cancelled, -2 cancelled and its process to be killed (cancel.lua). The build
+--   before this one neither reads nor writes a mark: where it restamps a marked
+--   envelope it writes its stamp in front, and the marked one stays behind it as a
+--   second field that only the first is read of (tests/test_rolling_deploy.py).
 --   Writing the stamp anew (a schedule) writes 0.
 -- Written by every script that puts a native message in the schedule (or, for a
 -- push, checked where the producer wrote it): a push, a repeat's occurrence, a
