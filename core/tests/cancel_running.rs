@@ -208,7 +208,17 @@ fn a_prefetched_message_cancelled_before_its_start_is_never_started() {
 
 #[test]
 fn a_cancel_just_before_the_ack_counts_as_cancelled() {
-    // The handler returns before any heartbeat could carry the mark: the ack finds it.
+    cancel_just_before_the_end(Ok(()));
+}
+
+#[test]
+fn a_cancel_just_before_a_failure_counts_as_cancelled_not_failed() {
+    cancel_just_before_the_end(Err("fails".into()));
+}
+
+/// The handler ends with `end` before any heartbeat could carry the mark: the ack or
+/// the nack finds it.
+fn cancel_just_before_the_end(end: Result<(), String>) {
     let server = RedisServer::start();
     let q = server.queue("orders");
     push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
@@ -227,12 +237,20 @@ fn a_cancel_just_before_the_ack_counts_as_cancelled() {
         |d| {
             done.recv_timeout(Duration::from_secs(10)).map_err(|e| e.to_string())?;
             assert!(!d.is_cancelled(), "no heartbeat came between");
-            Ok(())
+            end.clone()
         },
     );
     assert_eq!(calls["o-1"], 1);
-    assert_eq!(summary.acked, 0, "{summary:?} {:?}", q.stats().expect("stats").totals);
-    assert_eq!((counter(&q, "cancelled"), counter(&q, "acked")), (1, 0));
+    assert_eq!(
+        (summary.acked, summary.failed, summary.retried, summary.cancelled),
+        (0, 0, 0, 1),
+        "{summary:?} {:?}",
+        q.stats().expect("stats").totals
+    );
+    assert_eq!(
+        (counter(&q, "cancelled"), counter(&q, "acked"), counter(&q, "retried")),
+        (1, 0, 0)
+    );
     assert_no_leak(&server, "{dq:orders}");
 }
 

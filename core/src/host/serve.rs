@@ -156,7 +156,7 @@ pub fn serve<H: Handler>(
             continue;
         };
         if let Some(s) = slot {
-            s.started(Some(&delivery), Duration::ZERO);
+            s.started(Some(&delivery), Duration::ZERO, true);
         }
         let returned = handler.call(&call);
         if consumer.in_forked_child() {

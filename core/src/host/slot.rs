@@ -36,7 +36,7 @@ use crate::worker::{CancelFlag, Delivery, Releaser, Summary};
 const ID_WORDS: usize = MAX_ID_BYTES.div_ceil(8);
 /// A lease is "<token>:<score>", far shorter than this.
 const LEASE_WORDS: usize = 16;
-const COUNTS: usize = 9;
+const COUNTS: usize = Summary::FIELDS;
 /// How often a process copies its counts into its slot.
 const PUBLISH_EVERY: Duration = Duration::from_millis(20);
 
@@ -446,8 +446,9 @@ impl Slot {
     }
 
     /// A handler starts on `held` (None: the process cannot name one), allowed `grace`
-    /// past the timeout.
-    pub fn started(&self, held: Option<&Delivery>, grace: Duration) {
+    /// past the timeout. `killable`: a cancel of `held` with `kill` kills the process
+    /// (false where it would kill other handlers with it: coroutines of one loop).
+    pub fn started(&self, held: Option<&Delivery>, grace: Duration, killable: bool) {
         if !self.mine() {
             return;
         }
@@ -455,7 +456,7 @@ impl Slot {
         c.blocker.store(0, Ordering::Release);
         write_held(c, held);
         if let Ok(mut cancel) = self.cancel.lock() {
-            *cancel = held.map(Delivery::cancel_flag);
+            *cancel = held.filter(|_| killable).map(Delivery::cancel_flag);
         }
         c.grace_ms
             .store(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX), Ordering::Release);
@@ -615,7 +616,7 @@ mod tests {
         let table = SlotTable::anonymous(2).expect("table");
         let slot = table.slot(1);
         let first = Delivery::for_test("order-10086", "17:1700000000000", 2, 5, 3, 1);
-        slot.started(Some(&first), Duration::ZERO);
+        slot.started(Some(&first), Duration::ZERO, true);
         let seen = table.view(1);
         assert_eq!((seen.starts, seen.busy), (1, true));
         assert_eq!(
@@ -632,14 +633,14 @@ mod tests {
         slot.finished();
         let long_id = "x".repeat(MAX_ID_BYTES);
         let second = Delivery::for_test(&long_id, "18:1", 1, 1, 0, 0);
-        slot.started(Some(&second), Duration::ZERO);
+        slot.started(Some(&second), Duration::ZERO, true);
         let seen = table.view(1);
         assert_eq!(seen.starts, 2, "a new busy period");
         assert_eq!(seen.held.map(|h| (h.id, h.member)), Some((long_id, 0)));
         let unkeepable = Delivery::for_test("y", &"9".repeat(LEASE_WORDS * 8 + 1), 1, 1, 0, 0);
-        slot.started(Some(&unkeepable), Duration::ZERO);
+        slot.started(Some(&unkeepable), Duration::ZERO, true);
         assert_eq!(table.view(1).held, None, "a lease cut short would fence nothing");
-        slot.started(None, Duration::ZERO);
+        slot.started(None, Duration::ZERO, true);
         assert_eq!(table.view(1).held, None);
     }
 
@@ -651,7 +652,7 @@ mod tests {
         let blocker = Delivery::for_test("blocker", "7:2", 2, 3, 0, 0);
         slot.blocked_on(&blocker);
         assert_eq!(table.view(0).held, None, "no handler runs: nothing to name");
-        slot.started(Some(&oldest), Duration::ZERO);
+        slot.started(Some(&oldest), Duration::ZERO, true);
         assert!(!table.view(0).blocking);
         slot.blocked_on(&blocker);
         let seen = table.view(0);
@@ -676,7 +677,7 @@ mod tests {
         slot.blocked_on(&unkeepable);
         assert!(!table.view(0).blocking, "a blocker it cannot name releases nothing");
         slot.blocked_on(&blocker);
-        slot.started(Some(&oldest), Duration::ZERO);
+        slot.started(Some(&oldest), Duration::ZERO, true);
         let seen = table.view(0);
         assert_eq!(
             (seen.starts, seen.blocking),
@@ -695,20 +696,25 @@ mod tests {
         let path = table.path().expect("a file").to_owned();
         let slot = Slot::open(&path, 2).expect("slot");
         assert!(Slot::open(&path, 3).is_err());
-        slot.started(None, Duration::from_millis(1500));
+        slot.started(None, Duration::from_millis(1500), true);
         let seen = table.view(2);
         assert_eq!(
             (seen.starts, seen.busy, seen.grace, seen.held),
             (1, true, Duration::from_millis(1500), None)
         );
-        slot.publish(&Summary {
-            handled: 4,
-            acked: 3,
-            ..Summary::default()
-        });
+        // Every count, the last one too, reaches the supervisor.
+        let counts = Summary::from_counts(
+            Summary::default()
+                .counts()
+                .iter()
+                .zip(1..)
+                .map(|((name, _), n)| (*name, n)),
+        )
+        .expect("counts");
+        slot.publish(&counts);
         slot.finished();
         let seen = table.view(2);
-        assert_eq!((seen.busy, seen.counts.handled, seen.counts.acked), (false, 4, 3));
+        assert_eq!((seen.busy, &seen.counts), (false, &counts));
         assert_eq!(table.view(0), SlotView::default(), "other slots untouched");
         table.reset(2);
         assert_eq!(table.view(2).counts, Summary::default());

@@ -229,10 +229,7 @@ fn count_failure(counts: &mut Summary, fate: Option<&Fate>) {
             counts.failed += 1;
             counts.dead += 1;
         }
-        Some(Fate::Cancelled) => {
-            counts.failed += 1;
-            counts.cancelled += 1;
-        }
+        Some(Fate::Cancelled) => counts.cancelled += 1,
         None => {}
     }
 }
@@ -395,12 +392,18 @@ impl<S: Spawner> Pool<'_, S> {
             }
             Some(Report::Done { counts, stopped_by }) => {
                 self.summary.counts += &counts;
-                // It stopped its pool to be killed, and its handler returned before the
-                // kill: that stop was its own, not the pool's.
-                let readied_for_kill = view.gave_back != 0 && view.gave_back == view.starts;
+                // It stopped its pool to be killed (past the timeout, or a cancel with
+                // `kill`), and its handler returned before the kill: that stop was its
+                // own, not the pool's.
+                let past_timeout = view.gave_back != 0 && view.gave_back == view.starts;
                 match stopped_by {
-                    Some(StopReason::Stop) | None if readied_for_kill => {
-                        log::info!("worker process {pid}: its handler ended past the timeout; starting another");
+                    Some(StopReason::Stop) | None if past_timeout || view.kill_asked => {
+                        let why = if past_timeout {
+                            "its handler ended past the timeout"
+                        } else {
+                            "its handler ended before the kill its message's cancel asked for"
+                        };
+                        log::info!("worker process {pid}: {why}; starting another");
                         self.respawn(i, None);
                     }
                     Some(why) if why.recycles() => {

@@ -283,7 +283,14 @@ pub(super) fn write_part_outcomes(
                         }
                     }
                     Status::Buried => {}
-                    Status::Cancelled => cancelled(pool, o),
+                    Status::Cancelled => {
+                        // A failure of a message cancelled before the pool heard of
+                        // it: the message ends as cancelled, not as a failure.
+                        if counted {
+                            Counters::sub(&c.failed, 1);
+                        }
+                        cancelled(pool, o);
+                    }
                     Status::Gone if lease_was_live(pool, o) => gone(pool, o),
                     _ => lease_lost(pool, o),
                 }

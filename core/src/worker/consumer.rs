@@ -260,12 +260,12 @@ impl Consumer {
     pub fn fail_traced(&self, d: Delivery, error: &str, trace: &str, retry: Retry) -> Fate {
         let owner = self.owner(&d);
         owner.pool.record_handler_time(&d);
-        Counters::add(&owner.pool.counters.failed, 1);
-        owner.pool.minutes.record_failure(d.part, queue_now_ms(&owner.pool));
         if d.is_cancelled() {
             owner.send(cancelled(d));
             return Fate::Cancelled;
         }
+        Counters::add(&owner.pool.counters.failed, 1);
+        owner.pool.minutes.record_failure(d.part, queue_now_ms(&owner.pool));
         let delay = match retry {
             Retry::Never => None,
             _ if d.attempt >= d.max_attempts => None,

@@ -11,7 +11,8 @@ pub struct Summary {
     pub handled: u64,
     /// Successful handler calls whose ack was written.
     pub acked: u64,
-    /// Handler calls that failed (retried or dead-lettered).
+    /// Handler calls that failed (retried or dead-lettered; not those whose message
+    /// was cancelled: see `cancelled`).
     pub failed: u64,
     /// Of the failures, scheduled for another attempt.
     pub retried: u64,
@@ -50,9 +51,12 @@ pub(super) struct Counters {
 }
 
 impl Summary {
+    /// How many counts `counts` gives: what a supervised process's slot holds.
+    pub const FIELDS: usize = 10;
+
     /// Every count by name, in one order: what the bindings report (PHP's summary
     /// array, Python's dict) and what a supervised process sends its parent.
-    pub fn counts(&self) -> [(&'static str, u64); 10] {
+    pub fn counts(&self) -> [(&'static str, u64); Self::FIELDS] {
         [
             ("handled", self.handled),
             ("acked", self.acked),
@@ -111,6 +115,10 @@ impl std::ops::AddAssign<&Summary> for Summary {
 impl Counters {
     pub(super) fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(super) fn sub(c: &AtomicU64, n: u64) {
+        c.fetch_sub(n, Ordering::Relaxed);
     }
 
     pub(super) fn summary(&self) -> Summary {
