@@ -516,7 +516,9 @@ class Worker:
             if oldest is None:
                 self._slot.finished()
             else:
-                self._slot.started(started[oldest], _COROUTINE_GRACE)
+                # A cancel with kill would end every coroutine of the loop with its
+                # own: for them it is a plain cancel (their tasks are cancelled).
+                self._slot.started(started[oldest], _COROUTINE_GRACE, killable=False)
 
         async def handle(delivery: Any) -> None:
             key = id(delivery)

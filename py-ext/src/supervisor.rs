@@ -36,13 +36,13 @@ impl PySlot {
     }
 
     /// A handler started on `delivery` (None: unknown), allowed `grace` seconds past
-    /// the timeout.
-    #[pyo3(signature = (delivery, grace = 0.0))]
-    fn started(&self, py: Python<'_>, delivery: Option<&PyDelivery>, grace: f64) {
+    /// the timeout; `killable` as `Slot::started` has it.
+    #[pyo3(signature = (delivery, grace = 0.0, killable = true))]
+    fn started(&self, py: Python<'_>, delivery: Option<&PyDelivery>, grace: f64, killable: bool) {
         let grace = Duration::from_secs_f64(grace.clamp(0.0, 86_400.0));
         match delivery {
-            Some(d) => d.with_delivery(py, |d| self.slot.started(d, grace)),
-            None => self.slot.started(None, grace),
+            Some(d) => d.with_delivery(py, |d| self.slot.started(d, grace, killable)),
+            None => self.slot.started(None, grace, killable),
         }
     }
 

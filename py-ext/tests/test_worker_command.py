@@ -41,6 +41,13 @@ def handle(payload, msg):
         open(LOG + ".holding", "w").close()
         while True:
             time.sleep(0.05)
+    if payload.get("until_cancelled"):
+        # Stops at the mark, a moment after its process got ready for the kill.
+        open(LOG + ".holding." + str(payload["n"]), "w").close()
+        while not msg.cancelled:
+            time.sleep(0.005)
+        time.sleep(0.04)
+        return
     if payload.get("crash") and not os.path.exists(LOG + ".crashed"):
         open(LOG + ".crashed", "w").close()
         os._exit(9)
@@ -61,6 +68,16 @@ async def wait_then_handle(payload, msg):
     import asyncio
     await asyncio.sleep(payload.get("wait", 0))
     handle(payload, msg)
+
+async def hold_async(payload, msg):
+    import asyncio
+    with open(LOG + ".holding", "a") as f:
+        f.write(str(payload["n"]) + "\\n")
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        await asyncio.sleep(0.1)  # its clean-up
+        raise
 
 def report(payload, msg, exc):
     with open(LOG + ".failures", "a") as f:
@@ -800,3 +817,51 @@ def test_a_cancel_with_kill_ends_the_process_whose_handler_ignores_it(
     assert summary["killed_hung"] == 0 and summary["restarts"] >= 1, summary
     stats = queue.stats()
     assert (stats["cancelled"], stats["retried"], stats["died"]) == (1, 0, 0), stats
+
+
+def test_a_handler_that_stops_at_a_cancel_with_kill_before_the_kill_costs_the_pool_nothing(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    # Its process stopped its pool to be killed; the handler returned first, so no kill
+    # came: the supervisor starts another process as after a kill, not as after a death
+    # it cannot explain (whose backoff, repeated, gives the pool up).
+    pool = start(started, redis_url, tasks, "tasks:handle", "--processes", "2", "--lease", "0.6",
+                 "--log-level", "info")
+    for n in range(5):
+        queue.push({"n": n, "until_cancelled": True}, id=f"c{n}")
+        wait_for(30, f"the handler of c{n}", lambda: (tasks / f"handled.log.holding.{n}").exists())
+        assert queue.cancel(f"c{n}", kill=True)
+        wait_for(10, f"c{n} deleted as cancelled", lambda: queue.stats()["cancelled"] == n + 1)
+    queue.push({"n": 99})
+    wait_for(30, "the next message handled", lambda: len(handled(tasks)) == 1)
+    out, err = finish(pool, tasks)
+    assert pool.returncode == 0, err
+    assert "without a reason" not in err, err
+    stats = queue.stats()
+    assert (stats["cancelled"], stats["acked"], stats["retried"], stats["died"]) == (5, 1, 0, 0), stats
+
+
+def test_a_cancel_with_kill_of_a_coroutine_is_a_plain_cancel(
+    queue: delayq.DelayQueue, redis_url: str, tasks: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    # One supervised process runs both coroutines: a kill for the older one's cancel
+    # would end the other with it.
+    pool = start(started, redis_url, tasks, "tasks:hold_async", "--processes", "1", "--timeout", "60",
+                 "--lease", "0.6", "--log-level", "info")
+    holding = tasks / "handled.log.holding"
+    queue.push({"n": 0}, id="a0")
+    wait_for(30, "a0 running", lambda: holding.exists() and holding.read_text().split() == ["0"])
+    queue.push({"n": 1}, id="a1")
+    wait_for(30, "a1 running beside it", lambda: holding.read_text().split() == ["0", "1"])
+    assert queue.cancel("a0", kill=True)
+    wait_for(10, "a0 deleted as cancelled", lambda: queue.stats()["cancelled"] == 1)
+    time.sleep(0.5)  # what a kill would take, and a lease more for a1 to come back
+    assert queue.get("a1")["state"] == "inflight"  # type: ignore[index]
+    assert queue.cancel("a1")
+    wait_for(10, "a1 deleted as cancelled", lambda: queue.stats()["cancelled"] == 2)
+    out, err = finish(pool, tasks)
+    assert pool.returncode == 0, err
+    assert "killed" not in err, err
+    assert holding.read_text().split() == ["0", "1"], "each ran once"
+    summary = json.loads(out)
+    assert (summary["restarts"], summary["cancelled"]) == (0, 2), summary
