@@ -354,8 +354,8 @@ def _cancel(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     cancelled = q.cancel(args.id, kill=args.kill)
     out.emit({"cancelled": cancelled}, lambda: [f"cancelled {args.id}" if cancelled else f"{args.id} not cancelled"])
     if not cancelled:
-        sys.stderr.write(f"delayq: {args.id!r} is neither waiting nor running in {args.label} (unknown, "
-                         "completed or dead)\n")
+        sys.stderr.write(f"delayq: {args.id!r} is not cancelled in {args.label}: it is unknown, completed or "
+                         "dead (or runs in the seed layout, which cannot mark it)\n")
         return NOT_FOUND
     return 0
 

@@ -138,7 +138,7 @@ def test_cancel_and_purge(queue: delayq.DelayQueue, redis_url: str) -> None:
     queue.push({"n": 2}, delay=60)
     assert cli_json(redis_url, "cancel", a) == {"cancelled": True}
     again = cli(redis_url, "cancel", a)
-    assert again.returncode == 1 and "is neither waiting nor running" in again.stderr
+    assert again.returncode == 1 and "is not cancelled in" in again.stderr
 
     refused = cli(redis_url, "purge")
     assert refused.returncode == 2 and "add --yes" in refused.stderr
