@@ -13,7 +13,10 @@ A label that ends in `+functions` runs its build with delayq's library of functi
 installed (`installFunctions()` before the run: its pushes go as FCALL); every other
 run has none.
 
-    python3 bench/php_push_rate_ab.py [--n=20000] [--rounds=5] [--label=NAME] LABEL=PATH.so ...
+With --unpinned, Redis and every client may run on either CPU (the rate users see on a
+machine whose Redis shares its cores; it swings more between hours).
+
+    python3 bench/php_push_rate_ab.py [--n=20000] [--rounds=5] [--unpinned] [--label=NAME] LABEL=PATH.so ...
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def main() -> None:
     parser.add_argument("builds", nargs="+", help="LABEL=PATH of a delayq.so")
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--unpinned", action="store_true", help="Redis and clients on either CPU")
     parser.add_argument("--label", default="php-push-rate-ab", help="results file: bench/results/<date>-<label>.md")
     opts = parser.parse_args()
     builds = dict(b.split("=", 1) for b in opts.builds)
@@ -64,6 +68,9 @@ def main() -> None:
     # Before the runs: the ini copy is gone after them.
     php_versions = versions(env)
     redis = run.Redis()
+    cpus = "0,1" if opts.unpinned else "1"
+    if opts.unpinned:
+        subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(redis.proc.pid)], capture_output=True, check=True)
 
     cpu: dict[str, list[float]] = {label: [] for label in rates}
 
@@ -75,7 +82,7 @@ def main() -> None:
             subprocess.run(["php", *php_args, "-r", f"(new DelayQueue('{redis.url}', 'f'))->installFunctions();"],
                            env=env, check=True)
         before = redis_cpu(redis)
-        out = subprocess.run(["taskset", "-c", "1", "php", *php_args, PUSH, f"--system={system}", "--mode=single",
+        out = subprocess.run(["taskset", "-c", cpus, "php", *php_args, PUSH, f"--system={system}", "--mode=single",
                               f"--n={opts.n}", f"--url={redis.url}"], capture_output=True, text=True, env=env,
                              check=True).stdout
         result = json.loads(out)
@@ -91,7 +98,7 @@ def main() -> None:
             push("recipe", "seed")
             push("phpredis", "zadd")
             push("script", "script")
-            rates["zadd"].append(run.benchmark_rate(redis.port, "zadd", opts.n))
+            rates["zadd"].append(run.benchmark_rate(redis.port, "zadd", opts.n, cpus=cpus))
             print({k: round(v[-1]) for k, v in rates.items()}, flush=True)
     finally:
         redis.stop()
@@ -105,9 +112,12 @@ def main() -> None:
         "",
         f"Redis {run.server_version()}, {php_versions}.",
         "",
-        f"Command: `python3 bench/php_push_rate_ab.py --n={opts.n} --rounds={opts.rounds} --label={opts.label} "
+        f"Command: `python3 bench/php_push_rate_ab.py --n={opts.n} --rounds={opts.rounds}"
+        + (" --unpinned" if opts.unpinned else "") + f" --label={opts.label} "
         + " ".join(f"{label}=<{Path(path).name}>" for label, path in builds.items())
-        + "` (a private Redis pinned to CPU 0, every client pinned to CPU 1, in turns; median of the rounds, range in brackets).",
+        + ("` (a private Redis and every client on either CPU" if opts.unpinned
+           else "` (a private Redis pinned to CPU 0, every client pinned to CPU 1")
+        + ", in turns; median of the rounds, range in brackets).",
         "",
         "| client | per second | range | vs `redis-benchmark` ZADD (median of the rounds' ratios) | range "
         "| Redis CPU µs a message (median) |",

@@ -56,10 +56,10 @@ def server_version(root: str | None = None) -> str:
     return next(w[2:] for w in out.split() if w.startswith("v="))
 
 
-def benchmark_rate(port: int, test: str, n: int, pipeline: int = 1) -> float:
+def benchmark_rate(port: int, test: str, n: int, pipeline: int = 1, cpus: str = "1") -> float:
     """Requests a second of `redis-benchmark -c 1 -t <test>`, pinned as every client."""
     out = subprocess.run(
-        ["taskset", "-c", "1", "redis-benchmark", "-p", str(port), "-c", "1",
+        ["taskset", "-c", cpus, "redis-benchmark", "-p", str(port), "-c", "1",
          "-n", str(n), "-P", str(pipeline), "-t", test, "--csv"],
         capture_output=True, text=True, check=True).stdout
     line = [row for row in out.splitlines() if row.startswith('"') and not row.startswith('"test"')][0]
