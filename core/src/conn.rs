@@ -918,13 +918,10 @@ impl ConnSlot {
         warn_if_evicting(&mut conn, master.as_deref().unwrap_or(&ep.display), None);
         // Any failure (Redis 6 has no FCALL, the user may not run it, an admin did not
         // load the library) leaves the calls to EVALSHA.
-        let library = &crate::scripts::LIBRARY;
-        let probe = redis::cmd("FCALL")
-            .arg(&library.name)
-            .arg(0)
-            .query::<String>(conn.as_dyn());
+        let library = &*crate::scripts::LIBRARY_NAME;
+        let probe = redis::cmd("FCALL").arg(library).arg(0).query::<String>(conn.as_dyn());
         ep.functions
-            .store(probe.is_ok_and(|name| name == library.name), Ordering::Relaxed);
+            .store(probe.is_ok_and(|name| name == *library), Ordering::Relaxed);
         self.master = master.map(|m| (m, Instant::now()));
         Ok(self.conn.insert(conn))
     }

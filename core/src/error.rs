@@ -435,7 +435,7 @@ fn auth_text(text: &str, user: &str, no_perm: bool) -> String {
             "this Redis does not have this build's delayq functions (library {}), and user {user:?} may not run \
              delayq's scripts otherwise ({text}): an admin installs them with `delayq install-functions` \
              (Queue::install_functions), as the rule made for functions requires",
-            crate::scripts::LIBRARY.name
+            *crate::scripts::LIBRARY_NAME
         );
     }
     if text.contains("permissions to access one of the keys") {

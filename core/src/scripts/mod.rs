@@ -73,7 +73,7 @@ impl<'a> Invocation<'a> {
         let fcall = library.is_some_and(|f| f.load(Ordering::Relaxed));
         let mut cmd = if fcall {
             let mut cmd = redis::cmd("FCALL");
-            cmd.arg(LIBRARY.function(script));
+            cmd.arg(&script.function);
             cmd
         } else {
             let mut cmd = redis::cmd("EVALSHA");
@@ -508,6 +508,8 @@ pub struct LuaScript {
     /// Its part of the library, and the flags it is registered with.
     block: String,
     flags: &'static str,
+    /// The name of its function in this build's library.
+    function: String,
 }
 
 impl LuaScript {
@@ -919,6 +921,9 @@ pub(crate) fn compose(name: &str, load: &dyn Fn(&str) -> Option<String>) -> Resu
 
 macro_rules! lua_files {
     ($($file:literal),* $(,)?) => {
+        /// Every one of the crate's own Lua files, for the library's name.
+        const LUA_TEXTS: &[&str] = &[$(include_str!(concat!("../lua/", $file))),*];
+
         /// The crate's own Lua files, by their path under `lua/`.
         pub(crate) fn builtin(path: &str) -> Option<String> {
             match path {
@@ -998,6 +1003,7 @@ fn load(name: &'static str) -> LuaScript {
             guarded: c.guarded,
             block: c.block,
             flags: c.flags,
+            function: format!("{}_{name}", *LIBRARY_NAME),
         },
         // The files are compiled in and the unit tests compose each one.
         Err(e) => panic!("delayq's Lua script {name} does not compose: {e}"),
@@ -1057,48 +1063,44 @@ scripts!(
 /// side.
 #[derive(Debug)]
 pub struct Library {
-    /// `delayq_` and the start of a hash of every script's text.
+    /// [`LIBRARY_NAME`].
     pub name: String,
     /// What FUNCTION LOAD is sent. A function named as the library answers that name:
     /// a connection calls it to learn whether the server has this build's library.
     pub text: String,
-    /// Each script's function, by the script's name: named once, not at every call.
-    functions: Vec<(&'static str, String)>,
 }
 
-impl Library {
-    /// The function that runs `script`.
-    pub(crate) fn function(&self, script: &LuaScript) -> &str {
-        self.functions
-            .iter()
-            .find(|(name, _)| *name == script.name)
-            .map_or("", |(_, function)| function.as_str())
+/// This build's library's name: `delayq_` and 12 hex digits of a hash (FNV-1a) of what
+/// makes its text, the Lua files and the code that composes them (this file). Every
+/// new connection asks for it, so it is made without composing a script.
+pub static LIBRARY_NAME: LazyLock<String> = LazyLock::new(|| {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for text in LUA_TEXTS.iter().chain([&include_str!("mod.rs")]) {
+        // Each text ends with a byte no text holds, so that no two splits hash alike.
+        for b in text.bytes().chain([0xff]) {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
     }
-}
+    format!("delayq_{:012x}", hash >> 16)
+});
 
-/// This build's library.
+/// This build's library: every script composed, for its install.
 pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    let scripts = all();
-    let hashes: String = scripts.iter().map(|s| s.script.get_hash()).collect();
-    // The SHA1 of every script's SHA1, as redis::Script computes one.
-    let name = format!("delayq_{}", &redis::Script::new(&hashes).get_hash()[..12]);
+    let name = LIBRARY_NAME.clone();
     // A guarded script's block shadows `redis` (include/guard.lua).
     let mut text = format!("#!lua name={name}\nlocal dq_register = redis.register_function\n");
-    let mut functions = Vec::with_capacity(scripts.len());
-    for s in &scripts {
-        let function = format!("{name}_{}", s.name);
+    for s in all() {
         text.push_str(&s.block);
-        let flags = s.flags;
+        let (function, flags) = (&s.function, s.flags);
         text.push_str(&format!(
             "dq_register{{function_name = '{function}', callback = dq_function, flags = {{{flags}}}}}\nend\n"
         ));
-        functions.push((s.name, function));
     }
     text.push_str(&format!(
         "dq_register{{function_name = '{name}', callback = function() return '{name}' end, \
          flags = {{'no-writes', 'allow-stale'}}}}\n"
     ));
-    Library { name, text, functions }
+    Library { name, text }
 });
 
 /// One script as [`compose_from_dir`] makes it.
@@ -1150,6 +1152,7 @@ pub(crate) fn sent_args(add_to: impl FnOnce(&mut Invocation<'_>)) -> Vec<String>
         guarded: false,
         block: String::new(),
         flags: "",
+        function: String::new(),
     };
     let mut inv = Invocation::new(&script, std::iter::empty(), None);
     add_to(&mut inv);
