@@ -255,6 +255,66 @@ fn cancel_just_before_the_end(end: Result<(), String>) {
 }
 
 #[test]
+fn a_cancel_before_the_ack_counts_as_cancelled_whatever_lease_another_pool_has() {
+    // Acks look for marks while the latest is recent, as the last pool to run a script
+    // tells a lease: a pool of 0.2 s leases beside this one of 30 s must not end that
+    // look before this pool's ack, which comes 1 s after the cancel and before its first
+    // heartbeat (10 s).
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    let (done_tx, done) = crossbeam_channel::bounded::<()>(1);
+    let (summary, calls) = run_cancelling(
+        &q,
+        WorkerOptions {
+            lease: Duration::from_secs(30),
+            ..options()
+        },
+        "o-1",
+        || {
+            let short = Worker::new(
+                q.clone(),
+                WorkerOptions {
+                    lease: Duration::from_millis(200),
+                    idle_check: Duration::from_millis(20),
+                    ..options()
+                },
+            )
+            .expect("worker");
+            let stopper = short.stopper();
+            std::thread::scope(|s| {
+                let idle = s.spawn(|| short.run(1, |_| Ok(())).expect("run"));
+                wait_for(Duration::from_secs(5), "the short pool's half lease in control", || {
+                    let half: Option<u64> = redis::cmd("HGET")
+                        .arg("{dq:orders}:control")
+                        .arg("stall_ms")
+                        .query(&mut server.con())
+                        .expect("HGET");
+                    half == Some(100)
+                });
+                assert!(q.cancel("o-1").expect("cancel"));
+                std::thread::sleep(Duration::from_secs(1));
+                done_tx.send(()).expect("send");
+                wait_for(Duration::from_secs(10), "o-1 ended", || {
+                    counter(&q, "cancelled") + counter(&q, "acked") == 1
+                });
+                stopper.stop();
+                idle.join().expect("idle pool");
+            });
+        },
+        |d| {
+            done.recv_timeout(Duration::from_secs(10)).map_err(|e| e.to_string())?;
+            assert!(!d.is_cancelled(), "no heartbeat came between");
+            Ok(())
+        },
+    );
+    assert_eq!(calls["o-1"], 1);
+    assert_eq!((summary.acked, summary.cancelled), (0, 1), "{summary:?}");
+    assert_eq!((counter(&q, "cancelled"), counter(&q, "acked")), (1, 0));
+    assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
 fn a_cancelled_message_whose_lease_expires_is_not_delivered_again() {
     // Past its timeout the handler is left to run and its lease to expire: the reaper
     // (another pool's claim: this one's only handler is overdue, so it claims nothing)

@@ -9,9 +9,9 @@
 --   another delivery), -1 gone (already completed, cancelled or purged), 3 cancelled
 --   (marked while it ran, see cancel.lua: deleted, counted under "cancelled", not
 --   kept as completed).
--- Marks are looked for while the latest is recent (control's cancel_ms, within two
--- leases, as stall_ms tells them): a pool that learned of a mark at a heartbeat
--- fails its delivery instead, which nack.lua ends as cancelled.
+-- Marks are looked for while the latest is recent (control's cancel_ms, see
+-- cancel.lua, within two leases as stall_ms tells them): a pool that learned of a
+-- mark at a heartbeat fails its delivery instead, which nack.lua ends as cancelled.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include claims

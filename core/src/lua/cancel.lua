@@ -8,10 +8,14 @@
 --   mark can be stored: in the seed layout, or with an envelope without a stamp.
 -- A marked delivery ends as cancelled whatever its handler does, counted under
 -- "cancelled" then (ack.lua, nack.lua, release.lua and claim.lua's reaper): it never
--- runs again. Its pool learns of the mark at its next heartbeat (extend.lua), which
--- looks for marks while control's cancel_ms, the time of the latest, is recent.
+-- runs again. Its pool learns of the mark at its next heartbeat (extend.lua), and
+-- until then its ack finds it (ack.lua): both look for marks while control's
+-- cancel_ms is recent, which is the latest end, as the mark found them, of the leases
+-- of marked messages (each pool's heartbeat comes before its lease ends, whatever
+-- the lease of the pool that ran a script last).
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
+-- @include claims
 -- @include clock
 -- @include forget
 -- @include stamp
@@ -19,7 +23,7 @@
 local mark = ARGV[4]
 -- Read before any write: a queue of a newer format stops it with nothing written.
 local now = mark ~= '' and queue_now(true)
-local removed, marked, envelopes = {}, {}, {}
+local removed, marked, envelopes, lease_end = {}, {}, {}, now
 for i = 5, #ARGV do
   local id = ARGV[i]
   if redis.call('ZREM', K_SCHED, id) == 1 then
@@ -30,6 +34,7 @@ for i = 5, #ARGV do
     -- Marked already: a kill asked for stays asked for.
     local changed = envelope and cancel_marked(envelope, math.max(now_marked, tonumber(mark)))
     if changed then
+      lease_end = math.max(lease_end, lease_deadline(id) or now)
       marked[#marked + 1] = id
       envelopes[#envelopes + 1] = id
       envelopes[#envelopes + 1] = changed
@@ -42,7 +47,8 @@ if #removed > 0 then
 end
 if #marked > 0 then
   redis.call('HSET', K_MSG, unpack(envelopes))
-  redis.call('HSET', K_CONTROL, 'cancel_ms', fmt(now))
+  local latest = tonumber(redis.call('HGET', K_CONTROL, 'cancel_ms'))
+  redis.call('HSET', K_CONTROL, 'cancel_ms', fmt(math.max(lease_end, latest or lease_end)))
   for _, id in ipairs(marked) do
     removed[#removed + 1] = id
   end
