@@ -131,13 +131,26 @@ final class ConsumerTest extends TestCase
     {
         $c = $this->consumer();
         // The pool's threads block SIGALRM, SIGTERM and SIGINT: none of them takes a
-        // signal meant for PHP's handlers.
-        $pool = 0;
-        foreach (glob('/proc/self/task/*/status') as $status) {
-            $text = (string) @file_get_contents($status);
-            if (!preg_match('/^Name:\s+delayq-/m', $text)) {
-                continue;
+        // signal meant for PHP's handlers. They start, and name themselves, in the
+        // background: read them once their list stops changing.
+        $named = function (): array {
+            $found = [];
+            foreach (glob('/proc/self/task/*/status') as $status) {
+                $text = (string) @file_get_contents($status);
+                if (preg_match('/^Name:\s+delayq-/m', $text)) {
+                    $found[$status] = $text;
+                }
             }
+            return $found;
+        };
+        $deadline = microtime(true) + 10;
+        do {
+            $before = array_keys($named());
+            usleep(100000);
+            $threads = $named();
+        } while (($before === [] || $before !== array_keys($threads)) && microtime(true) < $deadline);
+        $pool = 0;
+        foreach ($threads as $status => $text) {
             $pool++;
             preg_match('/^SigBlk:\s+([0-9a-f]+)$/m', $text, $m);
             $blocked = (int) hexdec(substr($m[1], -8));
