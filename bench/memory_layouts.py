@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import run  # noqa: E402
-from push_server_time import KB_PAYLOAD, PAYLOAD  # noqa: E402
+from push_server_time import KB_PAYLOAD, PAYLOAD, fill_recipe  # noqa: E402
 from script_cost import composed  # noqa: E402
 
 QUEUE = "b"
@@ -65,14 +65,6 @@ SPAN = 4096  # include/base.lua's SEQ_SPAN: a score is due_ms * SPAN + the place
 BUCKET_FILL = 90
 CHUNK = 1000
 RECIPE = "recipe: HSET + ZADD, uniqid ids (27 chars)"
-
-
-def uniqid() -> str:
-    """PHP's uniqid('msg_', true): "%s%08x%05x" and lcg_value() * 10 as "%.8F", 27
-    characters (push_server_time.py's makes 26: its entropy part lacks the leading digit)."""
-    t = time.time()
-    lcg = int.from_bytes(os.urandom(4), "big") / 2**32 * 10
-    return "msg_%08x%05x%.8f" % (int(t), int((t - int(t)) * 1_000_000), lcg)
 
 
 def uuid7() -> bytes:
@@ -190,17 +182,9 @@ def measure(n: int, fill: Callable[[redis_py.Redis, run.Redis], str], config: tu
 
 
 def recipe(n: int, payload: dict[str, Any]) -> Callable[[redis_py.Redis, run.Redis], str]:
-    """As push_server_time.py's memory(): phpredis HSET + ZADD, whole-second scores."""
+    """The recipe's producer, as push_server_time.py's memory() runs it."""
     def fill(r: redis_py.Redis, server: run.Redis) -> str:
-        body = json.dumps(payload)
-        pipe = r.pipeline(transaction=False)
-        for i in range(n):
-            mid = uniqid()
-            pipe.hset("delay:payloads", mid, body)
-            pipe.zadd("delay:queue", {mid: int(time.time()) + 3600})
-            if i % 500 == 499:
-                pipe.execute()
-        pipe.execute()
+        mid = fill_recipe(r, n, payload)
         return f"id e.g. `{mid}` ({len(mid)} chars)"
     return fill
 

@@ -36,9 +36,28 @@ KB_PAYLOAD = {"order_id": 123456, "action": "close", "note": "x" * 1000}
 
 
 def uniqid() -> str:
-    """PHP's uniqid('msg_', true), as the recipe's producer makes its ids."""
+    """PHP's uniqid('msg_', true), as the recipe's producer makes its ids: "%s%08x%05x"
+    and lcg_value() * 10 as "%.8F", 27 characters."""
     t = time.time()
-    return "msg_%8x%05x.%08d" % (int(t), int((t - int(t)) * 1_000_000), int.from_bytes(os.urandom(4), "big") % 10**8)
+    lcg = int.from_bytes(os.urandom(4), "big") / 2**32 * 10
+    return "msg_%08x%05x%.8f" % (int(t), int((t - int(t)) * 1_000_000), lcg)
+
+
+def fill_recipe(r: redis_py.Redis, n: int, payload: dict[str, object]) -> str:
+    """n messages as the recipe's producer stores them (HSET + ZADD, whole-second
+    scores, an hour ahead), pipelined; an id it made, for the report."""
+    import json
+    body = json.dumps(payload)
+    pipe = r.pipeline(transaction=False)
+    mid = ""
+    for i in range(n):
+        mid = uniqid()
+        pipe.hset("delay:payloads", mid, body)
+        pipe.zadd("delay:queue", {mid: int(time.time()) + 3600})
+        if i % 500 == 499:
+            pipe.execute()
+    pipe.execute()
+    return mid
 
 
 def server_usec(r: redis_py.Redis) -> float:
@@ -121,22 +140,13 @@ ROWS: dict[str, Callable[[redis_py.Redis, str], Callable[[int], None]]] = {
 
 
 def memory(n: int, payload: dict[str, object], how: str) -> float:
-    import json
     server = run.Redis()
     try:
         r = redis_py.Redis(port=server.port)
         r.memory_purge()
         empty = int(r.info("memory")["used_memory"])
         if how == "recipe":
-            body = json.dumps(payload)
-            pipe = r.pipeline(transaction=False)
-            for i in range(n):
-                mid = uniqid()
-                pipe.hset("delay:payloads", mid, body)
-                pipe.zadd("delay:queue", {mid: int(time.time()) + 3600})
-                if i % 500 == 499:
-                    pipe.execute()
-            pipe.execute()
+            fill_recipe(r, n, payload)
         else:
             q = delayq.DelayQueue(server.url, "b")
             if how == "push":
