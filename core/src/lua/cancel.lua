@@ -21,12 +21,16 @@
 -- @include stamp
 -- KEYS: scheduled messages inflight leases attempts errors stats traces serial_keys serial_holders serial_line serial_lined claims claim_ids quarantine control
 local mark = ARGV[4]
--- Read before any write: a queue of a newer format stops it with nothing written.
+-- Every read before the first write: a queue of a newer format stops it with nothing
+-- written (queue_now), and no read can fail past a write.
 local now = mark ~= '' and queue_now(true)
-local removed, marked, envelopes, lease_end = {}, {}, {}, now
+local latest = now and tonumber(redis.call('HGET', K_CONTROL, 'cancel_ms'))
+local removed, marked, envelopes, lease_end, seen = {}, {}, {}, now, {}
 for i = 5, #ARGV do
   local id = ARGV[i]
-  if redis.call('ZREM', K_SCHED, id) == 1 then
+  if seen[id] then
+    -- Named twice: once is its answer.
+  elseif redis.call('ZSCORE', K_SCHED, id) then
     removed[#removed + 1] = id
   elseif mark ~= '' and not SEED and redis.call('HEXISTS', K_LEASE, id) == 1 then
     local envelope = redis.call('HGET', K_MSG, id)
@@ -40,14 +44,15 @@ for i = 5, #ARGV do
       envelopes[#envelopes + 1] = changed
     end
   end
+  seen[id] = true
 end
-forget(removed)
 if #removed > 0 then
+  redis.call('ZREM', K_SCHED, unpack(removed))
+  forget(removed)
   redis.call('HINCRBY', K_STATS, ARGV[3], #removed)
 end
 if #marked > 0 then
   redis.call('HSET', K_MSG, unpack(envelopes))
-  local latest = tonumber(redis.call('HGET', K_CONTROL, 'cancel_ms'))
   redis.call('HSET', K_CONTROL, 'cancel_ms', fmt(math.max(lease_end, latest or lease_end)))
   for _, id in ipairs(marked) do
     removed[#removed + 1] = id
