@@ -791,6 +791,9 @@ final class QueueTest extends TestCase
 
     public function testARuleForFunctionsWorksOnceAnAdminInstalledThem(): void
     {
+        if (version_compare($this->redis->info('server')['redis_version'], '7.0', '<')) {
+            $this->markTestSkipped('Functions came with Redis 7.0: the EVALSHA rules are for Redis 6');
+        }
         $rule = $this->q->aclRule('fn', functions: true);
         $this->assertStringContainsString('+fcall', $rule);
         $this->assertStringNotContainsString('+evalsha', $rule);
