@@ -32,6 +32,7 @@ mod error;
 mod fork;
 pub mod host;
 mod keys;
+mod lines;
 mod logs;
 pub mod metrics;
 pub mod options;
@@ -56,9 +57,10 @@ pub use keys::{Layout, MAX_PARTITIONS};
 pub use logs::{LogRecord, capture_logs, logger_name, set_log_level, take_logs};
 pub use payload::{PayloadFault, PayloadJson, PayloadWriter};
 pub use queue::{
-    COUNTERS, CancelOptions, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MAX_ID_BYTES,
-    MAX_KEEP_COMPLETED, MAX_PAGE_START, MAX_PAYLOAD_BYTES, MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES, MessageInfo,
-    NewMessage, PushOptions, QUEUE_OPTIONS, Queue, QueueOptions, RateLimit, State, Stats, WorkerInfo, queue_option,
+    COUNTERS, CancelOptions, DEFAULT_MAX_PAYLOAD_BYTES, DeadLetter, GroupLimit, Listing, MAX_ERROR_TEXT_BYTES,
+    MAX_ID_BYTES, MAX_KEEP_COMPLETED, MAX_PAGE_START, MAX_PAYLOAD_BYTES, MAX_RATE_LIMIT_PERIOD, MAX_SHARED_QUEUES,
+    MessageInfo, NewMessage, PushOptions, QUEUE_OPTIONS, Queue, QueueOptions, RateLimit, State, Stats, WorkerInfo,
+    queue_option,
 };
 pub use registry::{MAX_REGISTRY_PAGE, RegisteredQueue, RegistryPage};
 pub use repeat::{RepeatInfo, RepeatOptions, Schedule};

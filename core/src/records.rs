@@ -263,6 +263,7 @@ mod samples {
             expires_at_ms: None,
             completed_at_ms: None,
             serial_key: None,
+            group: None,
         }
     }
 

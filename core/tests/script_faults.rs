@@ -159,6 +159,10 @@ fn operations() -> Vec<Operation> {
                 .and_then(|()| q.clear_rate_limit())
                 .map(drop)
         }),
+        op(&["group_limit"], "set_group_limit", |q| {
+            q.set_group_limit(Some("merchant-9"), delayq::GroupLimit::concurrency(2).expect("limit"))
+                .and_then(|()| q.set_group_limit(None, delayq::GroupLimit::none()))
+        }),
         op(&["restart"], "restart_workers", |q| q.restart_workers().map(drop)),
         op(&["repeat_set"], "repeat", |q| {
             let every = delayq::Schedule::every(Duration::from_secs(3600)).expect("schedule");
@@ -208,10 +212,14 @@ fn fill(q: &Queue) {
         m.options.id = Some(format!("due-{i}"));
         if i <= 2 {
             m.options.serial_key = Some("customer-7".into());
+        } else {
+            m.options.group = Some("merchant-9".into());
         }
         batch.push(m);
     }
     q.push_many(&batch).expect("push_many");
+    q.set_group_limit(Some("merchant-9"), delayq::GroupLimit::concurrency(1).expect("limit"))
+        .expect("group limit");
     let every = delayq::Schedule::every(Duration::from_secs(3600)).expect("schedule");
     q.repeat("hourly", &every, &json!({"report": 1})).expect("repeat");
 }

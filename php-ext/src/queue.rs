@@ -66,6 +66,7 @@ fn read_push_options(o: &mut Options<'_>) -> PhpResult<delayq::PushOptions> {
         replace: o.bool("replace")?.unwrap_or(false),
         expire_after: o.duration("expire_after")?,
         serial_key: o.string("serial_key")?,
+        group: None,
     })
 }
 

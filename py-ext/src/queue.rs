@@ -180,6 +180,7 @@ impl PyQueue {
             replace,
             expire_after: duration(py, "expire_after", expire_after)?,
             serial_key,
+            group: None,
         };
         py.detach(|| self.queue.push_json(json, due, &opts)).or_raise(py)
     }
@@ -209,6 +210,7 @@ impl PyQueue {
             replace,
             expire_after: duration(py, "expire_after", expire_after)?,
             serial_key,
+            group: None,
         };
         py.detach(|| self.queue.push_json(json, due, &opts)).or_raise(py)
     }
@@ -297,6 +299,7 @@ impl PyQueue {
                             d.get_item("expire_after")?.map(|v| v.extract()).transpose()?,
                         )?,
                         serial_key: d.get_item("serial_key")?.map(|v| v.extract()).transpose()?,
+                        group: None,
                     },
                 }
             } else {

@@ -69,6 +69,7 @@
 -- @include quarantine
 -- @include dead
 -- @include forget
+-- @include group_limits
 -- @include hashtable
 -- @include hdel_if_any
 -- @include minutes
@@ -342,7 +343,7 @@ if n > 0 then
         scores[i] = type(envelope) == 'string' and stamp_score(envelope, now) or due_bound(now)
       end
     end
-    blocked, keys = serial_gate(ids, envelopes, scores, now, lease_ms)
+    blocked, keys = serial_gate(ids, envelopes, scores, now, lease_ms, group_limit)
   end
   -- Usually every id read is handed out: the list ZRANGEBYSCORE gave is the reply's,
   -- with no copy per message. Ids the serial gate held back (back in the schedule,

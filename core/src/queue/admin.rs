@@ -1,12 +1,16 @@
-//! Operating a queue: pause and resume, rate limits, restarting workers, purge.
+//! Operating a queue: pause and resume, rate and group limits, restarting workers,
+//! purge.
 
 use std::collections::BTreeSet;
 
+use super::validate::validate_key;
 use crate::conn::Replay;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::keys::Layout;
+use crate::lines;
 use crate::scripts::admin;
 use crate::scripts::replies::{Count, Flag, Ids};
-use crate::{Queue, RateLimit};
+use crate::{GroupLimit, Queue, RateLimit};
 
 impl Queue {
     /// Stop consumption on every partition, for every consumer pool on any host, until
@@ -76,6 +80,37 @@ impl Queue {
             had |= had_here;
         }
         Ok(had)
+    }
+
+    /// Set `group`'s limits, or with `None` the default for every group without limits
+    /// of its own; `GroupLimit::none()` clears them. Takes effect at once on every pool:
+    /// a raised limit starts messages its group held back. Lowering it stops no running
+    /// message; new ones wait until the group runs fewer than the limit.
+    pub fn set_group_limit(&self, group: Option<&str>, limit: GroupLimit) -> Result<()> {
+        if let Some(group) = group {
+            validate_key("group", group)?;
+        }
+        if let Layout::Seed { .. } = self.inner.opts.layout {
+            return Err(Error::invalid(
+                "group",
+                "is not available in the seed layout (the recipe's own consumers would not respect it)",
+            ));
+        }
+        let key = lines::group_key(group.unwrap_or_default());
+        let parts = match group {
+            Some(group) => vec![self.partition_of(group, Some(group))],
+            None => (0..self.partitions()).collect(),
+        };
+        for part in parts {
+            let _: i64 = self.call(part, "set_group_limit", Replay::Safe, admin::group_limit(), |inv| {
+                admin::GroupLimit {
+                    key: &key,
+                    concurrency: limit.concurrency,
+                }
+                .add_to(inv);
+            })?;
+        }
+        Ok(())
     }
 
     /// The rate limit in force, if any.

@@ -232,6 +232,7 @@ impl Queue {
             expires_at_ms: expiry.map(|(_, deadline)| deadline),
             completed_at_ms: r.completed_at_ms,
             serial_key: r.serial_key,
+            group: r.group,
         }
     }
 

@@ -24,8 +24,8 @@ use crate::keys::{Keys, Layout, partition_of, partition_tags, validate_name};
 use crate::scripts::{self, Invocation, LuaScript, MAX_BATCH};
 
 pub use options::{
-    DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEEP_COMPLETED, MAX_PAYLOAD_BYTES, MAX_RATE_LIMIT_PERIOD, NewMessage, PushOptions,
-    QUEUE_OPTIONS, QueueOptions, RateLimit, queue_option,
+    DEFAULT_MAX_PAYLOAD_BYTES, GroupLimit, MAX_KEEP_COMPLETED, MAX_PAYLOAD_BYTES, MAX_RATE_LIMIT_PERIOD, NewMessage,
+    PushOptions, QUEUE_OPTIONS, QueueOptions, RateLimit, queue_option,
 };
 pub use validate::MAX_ID_BYTES;
 pub use views::{COUNTERS, DeadLetter, Listing, MAX_ERROR_TEXT_BYTES, MessageInfo, State, Stats, WorkerInfo};

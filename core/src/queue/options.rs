@@ -329,6 +329,41 @@ pub struct PushOptions {
     /// retry may start after a later message of the key. It also picks the partition
     /// of a partitioned queue. Native layout only.
     pub serial_key: Option<String>,
+    /// The group it belongs to (a merchant, a tenant, a partner's API): at most the
+    /// group's concurrency limit of its messages run at once, on every pool and host
+    /// (`Queue::set_group_limit`); the others wait in the group's line, in due order,
+    /// and start as running ones end. A group without a limit of its own takes the
+    /// queue's default for groups, and runs without bound while there is none. It
+    /// picks the partition of a partitioned queue, as a serial key does (serial keys
+    /// are groups of limit 1); a message has one or the other. Native layout only.
+    pub group: Option<String>,
+}
+
+/// A group's limits (`Queue::set_group_limit`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupLimit {
+    /// At most this many of the group's messages run at once; `None`: no limit of its
+    /// own (the queue's default for groups applies).
+    pub concurrency: Option<u32>,
+}
+
+impl GroupLimit {
+    /// At most `n` (1 or more) of a group's messages run at once.
+    pub fn concurrency(n: u32) -> Result<Self> {
+        if n == 0 {
+            return Err(Error::invalid(
+                "concurrency",
+                "must be at least 1 (pause the queue to hold every message)",
+            ));
+        }
+        Ok(Self { concurrency: Some(n) })
+    }
+
+    /// No limit: the group's own is cleared (the default applies), or the default is.
+    pub fn none() -> Self {
+        Self::default()
+    }
 }
 
 /// One message of a `push_many` batch.

@@ -9,9 +9,11 @@ use crate::error::{Error, Result};
 use crate::payload::to_json;
 use crate::scripts::{self, Answer, Call, Finished, Invocation, MAX_BATCH, Stream, now, push};
 use crate::time::Due;
-use crate::{Layout, NewMessage, PayloadJson, PushOptions, Queue, envelope, keys};
+use crate::{Layout, NewMessage, PayloadJson, PushOptions, Queue, envelope, keys, lines};
 
-use super::validate::{expire_after_ms, validate_id, validate_key, validate_max_attempts, validate_serial_key};
+use super::validate::{
+    expire_after_ms, validate_group, validate_id, validate_key, validate_max_attempts, validate_serial_key,
+};
 
 impl Queue {
     /// Schedule `payload` (any serialisable value) after `delay`. Returns its id.
@@ -80,6 +82,9 @@ impl Queue {
             if let Some(key) = &m.options.serial_key {
                 validate_serial_key(layout, key, m.options.partition_key.as_deref()).map_err(at)?;
             }
+            if let Some(group) = &m.options.group {
+                validate_group(layout, group, &m.options).map_err(at)?;
+            }
             if m.options.replace && m.options.id.is_none() {
                 return Err(at(Error::invalid(
                     "replace",
@@ -101,9 +106,14 @@ impl Queue {
         let n = self.partitions();
         let mut by_part: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, m) in batch.iter().enumerate() {
-            let key = m.options.partition_key.as_deref().or(m.options.serial_key.as_deref());
+            let key = (m.options.partition_key.as_deref())
+                .or(m.options.serial_key.as_deref())
+                .or(m.options.group.as_deref());
             by_part[self.partition_of(&ids[i], key)].push(i);
         }
+        let line_keys: Vec<_> = (batch.iter())
+            .map(|m| lines::encode(m.options.serial_key.as_deref(), m.options.group.as_deref()))
+            .collect();
         let resolved = self.client_stamps(batch)?;
         // Each client stamp's score: a partition's k-th script proposes place k of the
         // millisecond, which it gets if nothing else waits there.
@@ -171,7 +181,7 @@ impl Queue {
                             } else {
                                 envelope::body(layout, envelope)
                             },
-                            serial_key: batch[i].options.serial_key.as_deref(),
+                            serial_key: line_keys[i].as_deref(),
                             generated_id: batch[i].options.id.is_none(),
                             stamped: stamps[i].is_some(),
                         }

@@ -33,6 +33,30 @@ pub(super) fn validate_serial_key(layout: &Layout, key: &str, partition_key: Opt
     Ok(())
 }
 
+/// A group, like a serial key, lives in one partition, which it picks.
+pub(super) fn validate_group(layout: &Layout, group: &str, options: &crate::PushOptions) -> Result<()> {
+    validate_key("group", group)?;
+    if matches!(layout, Layout::Seed { .. }) {
+        return Err(Error::invalid(
+            "group",
+            "is not available in the seed layout (the recipe's own consumers would not respect it)",
+        ));
+    }
+    if options.serial_key.is_some() {
+        return Err(Error::invalid(
+            "group",
+            "and serial_key were both given: a serial key is a group of limit 1, give one of them",
+        ));
+    }
+    if options.partition_key.as_deref().is_some_and(|p| p != group) {
+        return Err(Error::invalid(
+            "partition_key",
+            "differs from group, which picks the partition: messages of one group must share one",
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn validate_key(what: &str, id: &str) -> Result<()> {
     if id.is_empty() || id.len() > MAX_ID_BYTES {
         return Err(Error::invalid(

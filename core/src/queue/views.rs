@@ -86,6 +86,8 @@ pub struct MessageInfo {
     pub completed_at_ms: Option<i64>,
     /// `PushOptions::serial_key`, while the message waits, runs or is dead.
     pub serial_key: Option<String>,
+    /// `PushOptions::group`, while the message waits, runs or is dead.
+    pub group: Option<String>,
 }
 
 impl Queue {

@@ -194,6 +194,7 @@ impl Queue {
                 max_attempts: m.max_attempts,
                 expire_after,
                 serial_key: m.serial_key.clone(),
+                group: m.group.clone(),
                 ..PushOptions::default()
             },
         })

@@ -84,6 +84,25 @@ impl Limit {
     }
 }
 
+/// group_limit.lua: a group's concurrency limit (its key, include/serial.lua), or the
+/// default for every group, or `None` to clear it. Reply: `replies::Count`-like
+/// integer, the limit before, -1 if none.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroupLimit<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) concurrency: Option<u32>,
+}
+
+impl GroupLimit<'_> {
+    pub(crate) fn add_to(&self, inv: &mut Invocation<'_>) {
+        inv.arg(self.key);
+        match self.concurrency {
+            Some(n) => inv.arg(n),
+            None => inv.arg(""),
+        };
+    }
+}
+
 /// The scripts. restart.lua takes no arguments and replies `replies::Ids` (the pools
 /// alive); purge.lua none and replies `replies::Count`.
 pub(crate) fn cancel() -> &'static LuaScript {
@@ -97,6 +116,9 @@ pub(crate) fn pause() -> &'static LuaScript {
 }
 pub(crate) fn limit() -> &'static LuaScript {
     &super::LIMIT
+}
+pub(crate) fn group_limit() -> &'static LuaScript {
+    &super::GROUP_LIMIT
 }
 pub(crate) fn restart() -> &'static LuaScript {
     &super::RESTART

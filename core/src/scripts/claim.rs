@@ -96,6 +96,7 @@ pub(crate) struct Claimed {
     /// Which delivery of the message this is (1 = its first).
     pub(crate) attempt: u32,
     pub(crate) serial_key: Option<String>,
+    pub(crate) group: Option<String>,
     /// The envelope's size, when the pool left it unread: past its bound (see
     /// `WorkerOptions::max_payload_bytes`).
     pub(crate) unloaded: Option<u64>,
@@ -275,6 +276,7 @@ impl FromRedisValue for Reply {
                     envelope,
                     attempt: 1,
                     serial_key: None,
+                    group: None,
                     unloaded,
                 })
             })
@@ -290,7 +292,8 @@ impl FromRedisValue for Reply {
             items[index(&pair[0], n)?].attempt = decode_unsigned(&pair[1])?;
         }
         for pair in keyed.chunks_exact(2) {
-            items[index(&pair[0], n)?].serial_key = Some(decode(&pair[1])?);
+            let item = &mut items[index(&pair[0], n)?];
+            (item.serial_key, item.group) = crate::lines::decode(decode(&pair[1])?);
         }
         let broken_repeats = repeats
             .chunks_exact(3)

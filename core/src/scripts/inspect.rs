@@ -24,6 +24,7 @@ pub(crate) struct Record {
     pub(crate) completed_at_ms: Option<i64>,
     pub(crate) error_trace: Option<String>,
     pub(crate) serial_key: Option<String>,
+    pub(crate) group: Option<String>,
 }
 
 fn state(v: &Value) -> Result<State, ParsingError> {
@@ -66,8 +67,19 @@ fn record(v: &[Value], dead_at: Option<&Value>) -> Result<Record, ParsingError> 
         lease_until_ms: optional_ms(lease_until)?,
         completed_at_ms: optional_ms(completed)?,
         error_trace: optional_text(trace)?,
-        serial_key: optional_text(serial)?,
-    })
+        serial_key: None,
+        group: None,
+    }
+    .with_line_key(optional_text(serial)?))
+}
+
+impl Record {
+    fn with_line_key(mut self, stored: Option<String>) -> Self {
+        if let Some(stored) = stored {
+            (self.serial_key, self.group) = crate::lines::decode(stored);
+        }
+        self
+    }
 }
 
 /// How much of each message get.lua, list.lua and dead.lua send (include/shown.lua):

@@ -517,6 +517,7 @@ pub(super) fn hand_out(
             attempt,
             envelope: stored,
             serial_key,
+            group,
             unloaded,
         } = item;
         if let Some(size) = unloaded {
@@ -631,6 +632,7 @@ pub(super) fn hand_out(
                     max_attempts,
                     expires_at_ms: d.expiry.map(|(_, deadline)| deadline),
                     serial_key,
+                    group,
                     stored,
                     payload,
                     token,

@@ -8,6 +8,14 @@
 -- score it was due at. When a holder's lease ends (ack, failure, release, expiry), the
 -- first of the line goes back to that score: due at once, ahead of what came due later.
 -- Costs nothing while no message of the queue has a key (the hashes do not exist).
+-- Groups share this machinery: a group's key is "\1" and its name (a serial key has no
+-- control character, so the two never meet). Its holders entry counts its running
+-- deliveries instead of naming one, and it holds back a message only when that count
+-- reaches its concurrency limit (include/group_limits.lua).
+
+local function is_group(key)
+  return string.byte(key, 1) == 1
+end
 
 
 -- Take ids out of their lines (claimed, cancelled, rescheduled, replaced, gone).
@@ -29,11 +37,12 @@ local function unline(ids)
 end
 
 -- The first of `key`'s line that still waits goes back to the score it was due at.
+-- Returns whether one did.
 local function wake_line(key)
   while true do
     local first = redis.call('ZRANGEBYLEX', K_SERIAL_LINE, '[' .. key .. '\0', '(' .. key .. '\1', 'LIMIT', 0, 1)[1]
     if not first then
-      return
+      return false
     end
     local score, id = line_entry(first, key)
     redis.call('ZREM', K_SERIAL_LINE, first)
@@ -42,7 +51,7 @@ local function wake_line(key)
       local old_head = head_score()
       redis.call('ZADD', K_SCHED, score, id)
       wake_if_earlier(old_head, tonumber(score))
-      return
+      return true
     end
   end
 end
@@ -58,11 +67,33 @@ local function free_serial_keys(ids, first, last)
     ids = {unpack(ids, first, last)}
   end
   local keys = redis.call('HMGET', K_SERIAL, unpack(ids))
+  -- Each ended lease of a group frees one of its places: the first of its line for
+  -- each (a group at its limit after a lowered limit holds a woken one back again).
+  local groups, freed = {}, {}
   for i = 1, #ids do
     local key = keys[i]
-    if key and redis.call('HGET', K_SERIAL_HOLD, key) == ids[i] then
+    if key and is_group(key) then
+      if not freed[key] then
+        groups[#groups + 1] = key
+      end
+      freed[key] = (freed[key] or 0) + 1
+    elseif key and redis.call('HGET', K_SERIAL_HOLD, key) == ids[i] then
       redis.call('HDEL', K_SERIAL_HOLD, key)
       wake_line(key)
+    end
+  end
+  for _, key in ipairs(groups) do
+    -- Not a count: an older build took the group for a serial key; start afresh.
+    local left = (tonumber(redis.call('HGET', K_SERIAL_HOLD, key)) or 0) - freed[key]
+    if left > 0 then
+      redis.call('HSET', K_SERIAL_HOLD, key, left)
+    else
+      redis.call('HDEL', K_SERIAL_HOLD, key)
+    end
+    for _ = 1, freed[key] do
+      if not wake_line(key) then
+        break
+      end
     end
   end
 end
@@ -71,14 +102,30 @@ end
 -- indexes that may not (their key is held, by a running delivery or by an earlier
 -- message of this claim), which are back in the schedule and in their key's line, and
 -- every message's key (false for none), which the claim hands to the handler.
-local function serial_gate(ids, envelopes, scores, now, lease_ms)
+-- limit_of(key): a group's concurrency limit, nil for none.
+local function serial_gate(ids, envelopes, scores, now, lease_ms, limit_of)
   local keys = redis.call('HMGET', K_SERIAL, unpack(ids))
   local blocked, taken, back = {}, {}, {}
+  -- A group's running count with this claim's starts, and its limit.
+  local groups, running, limits, before = {}, {}, {}, {}
   for i = 1, #ids do
     local key, id = keys[i], ids[i]
     if key and envelopes[i] then
       local until_ms
-      if taken[key] then
+      if is_group(key) then
+        if not running[key] then
+          groups[#groups + 1] = key
+          running[key] = tonumber(redis.call('HGET', K_SERIAL_HOLD, key)) or 0
+          before[key] = running[key]
+          limits[key] = limit_of(key) or false
+        end
+        if limits[key] and running[key] >= limits[key] then
+          -- A safety net: the end of one of its running leases wakes it first.
+          until_ms = now + lease_ms
+        else
+          running[key] = running[key] + 1
+        end
+      elseif taken[key] then
         until_ms = now + lease_ms
       else
         local holder = redis.call('HGET', K_SERIAL_HOLD, key)
@@ -97,10 +144,17 @@ local function serial_gate(ids, envelopes, scores, now, lease_ms)
         back[#back + 1] = until_ms
         back[#back + 1] = id
       else
-        taken[key] = id
-        redis.call('HSET', K_SERIAL_HOLD, key, id)
+        if not is_group(key) then
+          taken[key] = id
+          redis.call('HSET', K_SERIAL_HOLD, key, id)
+        end
         unline({id})
       end
+    end
+  end
+  for _, key in ipairs(groups) do
+    if running[key] > before[key] then
+      redis.call('HSET', K_SERIAL_HOLD, key, running[key])
     end
   end
   if #back > 0 then
