@@ -9,7 +9,7 @@ cargo test -p delayq --all-targets
 cargo test -p delayq --doc
 echo "== core: the scripts as functions of delayq's library (FCALL), where they differ or fault"
 DELAYQ_TEST_FUNCTIONS=1 cargo test -p delayq --test script_faults --test faults --test producer --test claims \
-  --test order --test serial --test clock_steps --test format --test stamp --test expiry --test acl --test cancel_running
+  --test order --test serial --test groups --test clock_steps --test format --test stamp --test expiry --test acl --test cancel_running
 
 echo "== PHP extension: PHPUnit"
 cargo build -q --release -p delayq-php
