@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
+use common::{RedisServer, StopOnDrop, assert_no_leak, hung_consumer, receive, wait_for};
 use delayq::{Error, GroupLimit, Layout, NewMessage, PushOptions, QueueOptions, Received, Worker, WorkerOptions};
 use parking_lot::Mutex;
 use serde_json::json;
@@ -15,13 +15,6 @@ fn grouped(n: u64, group: &str) -> NewMessage {
     let mut m = NewMessage::new(&json!({"n": n, "group": group}), Duration::ZERO).expect("message");
     m.options.group = Some(group.to_owned());
     m
-}
-
-fn receive(c: &delayq::Consumer) -> delayq::Delivery {
-    match c.recv_timeout(Duration::from_secs(5)) {
-        Received::Message(d) => d,
-        other => panic!("expected a delivery, got {other:?}"),
-    }
 }
 
 fn nothing_for(c: &delayq::Consumer, wait: Duration) {
@@ -188,19 +181,8 @@ fn a_lease_that_ends_unacknowledged_frees_its_place() {
         .expect("limit");
     q.push_many(&(0..2u64).map(|n| grouped(n, "g")).collect::<Vec<_>>())
         .expect("push");
-    // A hangs past its timeout: its lease runs out.
-    let a = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            prefetch: 1,
-            threads: 1,
-            lease: Duration::from_millis(500),
-            timeout: Some(Duration::from_millis(50)),
-            ..WorkerOptions::default()
-        },
-    )
-    .expect("worker a");
-    let ca = a.start().expect("start a");
+    // Consumer A takes the first and hangs: its lease runs out.
+    let ca = hung_consumer(&q);
     let held = receive(&ca);
     let cb = Worker::new(q.clone(), WorkerOptions::default())
         .and_then(|w| w.start_with(2))

@@ -6,7 +6,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{RedisServer, StopOnDrop, assert_no_leak, wait_for};
+use common::{RedisServer, StopOnDrop, assert_no_leak, hung_consumer, receive, wait_for};
 use delayq::{Layout, NewMessage, PushOptions, QueueOptions, Received, State, Worker, WorkerOptions};
 use parking_lot::Mutex;
 use serde_json::json;
@@ -27,13 +27,6 @@ fn line_length(server: &RedisServer, tag: &str) -> u64 {
         .arg(format!("{tag}:serial_line"))
         .query(&mut server.con())
         .expect("ZCARD")
-}
-
-fn receive(c: &delayq::Consumer) -> delayq::Delivery {
-    match c.recv_timeout(Duration::from_secs(5)) {
-        Received::Message(d) => d,
-        other => panic!("expected a delivery, got {other:?}"),
-    }
 }
 
 fn nothing_for(c: &delayq::Consumer, wait: Duration) {
@@ -220,20 +213,8 @@ fn a_holder_whose_worker_died_frees_its_key_when_its_lease_ends() {
     let server = RedisServer::start();
     let q = server.queue("serial-crash");
     push_two_of_one_key(&q);
-    // Consumer A takes the first and "hangs": its heartbeat stops at `timeout`, so its
-    // lease runs out.
-    let a = Worker::new(
-        q.clone(),
-        WorkerOptions {
-            prefetch: 1,
-            threads: 1,
-            lease: Duration::from_millis(500),
-            timeout: Some(Duration::from_millis(50)),
-            ..WorkerOptions::default()
-        },
-    )
-    .expect("worker a");
-    let ca = a.start().expect("start a");
+    // Consumer A takes the first and hangs: its lease runs out.
+    let ca = hung_consumer(&q);
     let held = receive(&ca);
     assert_eq!(n_of(&held), 1);
     let b = Worker::new(q.clone(), WorkerOptions::default()).expect("worker b");

@@ -849,3 +849,26 @@ pub fn script_rights() -> delayq::ScriptRights {
         delayq::ScriptRights::Load
     }
 }
+
+/// The next delivery of `c`, within 5 s.
+pub fn receive(c: &delayq::Consumer) -> delayq::Delivery {
+    match c.recv_timeout(Duration::from_secs(5)) {
+        delayq::Received::Message(d) => d,
+        other => panic!("expected a delivery, got {other:?}"),
+    }
+}
+
+/// A consumer of one handler that "hangs": its heartbeat leaves a delivery out once
+/// past a 50 ms timeout, so the lease of what it holds ends 500 ms after its claim.
+pub fn hung_consumer(q: &Queue) -> delayq::Consumer {
+    let opts = delayq::WorkerOptions {
+        prefetch: 1,
+        threads: 1,
+        lease: Duration::from_millis(500),
+        timeout: Some(Duration::from_millis(50)),
+        ..delayq::WorkerOptions::default()
+    };
+    delayq::Worker::new(q.clone(), opts)
+        .and_then(|w| w.start())
+        .expect("a hung consumer")
+}
