@@ -13,7 +13,7 @@ use crate::queue::Queue;
 use crate::scripts::claim;
 
 use super::control::Control;
-use super::heartbeat::{Lateness, Registration};
+use super::registration::{Lateness, Registration};
 use super::summary::Counters;
 use super::{Delivery, WorkerOptions};
 
