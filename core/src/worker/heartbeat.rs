@@ -14,7 +14,8 @@ use crate::conn::ConnSlot;
 use crate::scripts::complete::Status;
 use crate::scripts::{MAX_BATCH, beat, complete, extend};
 
-use super::pool::{Pool, Ticket};
+use super::delivery::Ticket;
+use super::pool::Pool;
 use super::registration::{Lateness, Registration};
 use super::release::{ReleaseReason, release_buffered};
 use super::run_call;

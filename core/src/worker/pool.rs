@@ -13,13 +13,10 @@ use crate::queue::Queue;
 use crate::scripts::claim;
 
 use super::control::Control;
+use super::delivery::{CancelFlag, Delivery, Ticket};
+use super::options::WorkerOptions;
 use super::registration::{Lateness, Registration};
 use super::summary::Counters;
-use super::{Delivery, WorkerOptions};
-
-/// A delivery in `Pool::outstanding`: the number its claim gave it, unique in its pool.
-/// Completions find their delivery by it without comparing text.
-pub(super) type Ticket = u64;
 
 /// The next claim's first ticket. One count for the whole process, not one per pool:
 /// a delivery completed on another consumer than its own (a stale one kept past
@@ -53,7 +50,7 @@ pub(super) struct Outstanding {
     /// each renewal): Redis counted the lease from a moment after it.
     pub(super) renewed: Instant,
     /// Its cancel mark, as a heartbeat learned it (shared with its `Delivery`).
-    pub(super) cancel: super::CancelFlag,
+    pub(super) cancel: CancelFlag,
 }
 
 pub(super) struct Pool {
