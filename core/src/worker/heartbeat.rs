@@ -15,7 +15,7 @@ use crate::scripts::complete::Status;
 use crate::scripts::{MAX_BATCH, beat, complete, extend};
 
 use super::delivery::Ticket;
-use super::pool::Pool;
+use super::pool::{Pool, queue_now_ms};
 use super::registration::{Lateness, Registration};
 use super::release::{ReleaseReason, release_buffered};
 use super::run_call;
@@ -281,14 +281,6 @@ fn detach(pool: &Pool, slot: &mut ConnSlot, detaching: &mut [(usize, Ticket, Str
             ),
         }
     }
-}
-
-/// The queue's clock as the pool knows it (its own until a claim told it).
-pub(super) fn queue_now_ms(pool: &Pool) -> i64 {
-    pool.control
-        .wake
-        .server_now_ms()
-        .unwrap_or_else(crate::time::now_unix_ms)
 }
 
 /// Add what the handlers did to the queue's per-minute records, and let the first

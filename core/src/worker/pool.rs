@@ -1,5 +1,6 @@
 //! The state one running pool shares among its threads: what it holds, its
-//! counters, the prefetch room, and the priority rules between a worker's queues.
+//! counters, the prefetch room, the priority rules between a worker's queues, and
+//! the queue's clock as the pool knows it (`queue_now_ms`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -245,6 +246,14 @@ pub(super) const PAUSED: i64 = -2;
 pub(super) const REPEAT_CHECK: Duration = Duration::from_secs(60);
 /// How soon after a failed push of an occurrence it is tried again.
 pub(super) const REPEAT_RETRY: Duration = Duration::from_secs(5);
+
+/// The queue's clock as the pool knows it (its own until a claim told it).
+pub(super) fn queue_now_ms(pool: &Pool) -> i64 {
+    pool.control
+        .wake
+        .server_now_ms()
+        .unwrap_or_else(crate::time::now_unix_ms)
+}
 
 impl Pool {
     /// A claim on `part` reported its restart generation: one past what the pool saw
