@@ -14,6 +14,7 @@ mod queue;
 mod records;
 mod signals;
 mod supervisor;
+mod values;
 mod worker;
 
 use std::sync::atomic::{AtomicBool, Ordering};
