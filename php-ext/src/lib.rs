@@ -13,6 +13,7 @@ mod message;
 mod queue;
 mod records;
 mod signals;
+mod summary;
 mod supervisor;
 mod values;
 mod worker;

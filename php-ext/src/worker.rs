@@ -20,6 +20,7 @@ use crate::errors::{self, OrThrow};
 use crate::message::{Decision, PhpMessage};
 use crate::queue::PhpDelayQueue;
 use crate::signals;
+use crate::summary::{RunSummary, summary_array};
 use crate::supervisor;
 use crate::values;
 use delayq::host::{Called, Outcome, Slot, StopReason, WorkerSettings};
@@ -178,13 +179,6 @@ impl std::fmt::Debug for PhpWorker {
             .field("worker", &self.worker)
             .finish_non_exhaustive()
     }
-}
-
-/// The counts of one process's run.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct RunSummary {
-    pub(crate) core: delayq::Summary,
-    pub(crate) ended: Option<StopReason>,
 }
 
 /// A process that a handler (or a hook) forked with `pcntl_fork()` came back into the
@@ -537,14 +531,6 @@ fn call_hook(callable: Option<&Zval>, name: &str) -> PhpResult<()> {
         // The PHP exception stays pending and reaches the caller unchanged.
         Err(e) => Err(PhpException::from(format!("{name} failed: {e}"))),
     }
-}
-
-/// A run's summary as PHP's array; a supervised pool adds the supervisor's counts.
-pub(crate) fn summary_array(
-    s: &RunSummary,
-    pool: Option<&delayq::host::PoolSummary>,
-) -> PhpResult<ZBox<ZendHashTable>> {
-    crate::records::record(delayq::records::summary(&s.core, s.ended, pool))
 }
 
 /// The option `lower_queues`: a list of `DelayQueue` objects.
