@@ -26,7 +26,7 @@ use ext_php_rs::ffi;
 use ext_php_rs::types::Zval;
 use ext_php_rs::zend::{ClassEntry, ExecutorGlobals};
 
-use crate::{convert, errors};
+use crate::{errors, values};
 
 unsafe extern "C" {
     fn zend_verify_scalar_type_hint(type_mask: u32, arg: *mut ffi::zval, strict: bool, is_internal_arg: bool) -> bool;
@@ -329,7 +329,7 @@ unsafe fn argument_passes(number: u32, declared: ffi::zend_type, arg: *mut ffi::
         }
     }
     // SAFETY: per the contract.
-    let given = convert::type_name(unsafe { &*arg.cast::<Zval>() });
+    let given = values::type_name(unsafe { &*arg.cast::<Zval>() });
     let message = format!("must be of type {}, {given} given", type_text(declared));
     if let Ok(message) = CString::new(message) {
         // SAFETY: a "%s" format with one C string; the engine names the method and the
@@ -356,7 +356,7 @@ unsafe fn utf8_passes(number: u32, declared: ffi::zend_type, arg: *mut ffi::zval
     let Some(text) = (unsafe { &*arg.cast::<Zval>() }).zend_str() else {
         return true;
     };
-    let Err(e) = convert::utf8(text.as_bytes()) else {
+    let Err(e) = values::utf8(text.as_bytes()) else {
         return true;
     };
     let message = format!("is not valid UTF-8 (byte {}): \"{}\"", e.at, e.shown);

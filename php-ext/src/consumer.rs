@@ -16,7 +16,7 @@ use ext_php_rs::zend::ExecutorGlobals;
 use crate::convert::{self, Seconds};
 use crate::errors;
 use crate::message::{PhpMessage, Pulled, SharedConsumer};
-use crate::worker::{RunSummary, summary_array};
+use crate::summary::{RunSummary, summary_array};
 
 type PhpResult<T> = Result<T, PhpException>;
 

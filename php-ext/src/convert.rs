@@ -3,7 +3,6 @@
 //! objects are refused with the path of the culprit, and nothing is serialize()d.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 
 use ext_php_rs::convert::IntoZval;
 use ext_php_rs::exception::PhpException;
@@ -15,6 +14,7 @@ use ext_php_rs::zend::ClassEntry;
 use delayq::options::{Kind as OptionKind, OptionRow, Value};
 use delayq::{PayloadFault, PayloadJson, PayloadWriter};
 
+use crate::values::{Invalid, type_name, utf8};
 use crate::{args, errors};
 
 type PhpResult<T> = Result<T, PhpException>;
@@ -161,33 +161,6 @@ pub(crate) enum Key {
         shown: String,
         at: usize,
     },
-}
-
-/// A string's bytes as UTF-8, or the error naming it.
-pub(crate) fn utf8(bytes: &[u8]) -> Result<&str, Invalid> {
-    std::str::from_utf8(bytes).map_err(|e| Invalid {
-        shown: escaped(bytes),
-        at: e.valid_up_to(),
-    })
-}
-
-/// Bytes that are not valid UTF-8, shown for a message.
-pub(crate) struct Invalid {
-    pub(crate) shown: String,
-    pub(crate) at: usize,
-}
-
-/// `bytes` for a message: valid text as is (escaped like Rust's `{:?}`), every invalid
-/// byte as `\xNN`.
-fn escaped(bytes: &[u8]) -> String {
-    let mut shown = String::with_capacity(bytes.len() + 8);
-    for chunk in bytes.utf8_chunks() {
-        shown.extend(chunk.valid().chars().flat_map(char::escape_debug));
-        for b in chunk.invalid() {
-            let _ = write!(shown, "\\x{b:02x}");
-        }
-    }
-    shown
 }
 
 fn key_of(key: &Zval) -> Key {
@@ -408,20 +381,6 @@ pub(crate) fn seconds(value: &Zval, name: &str) -> PhpResult<f64> {
         "{name} must be a number of seconds (int|float), {} given",
         type_name(value)
     )))
-}
-
-pub(crate) fn type_name(value: &Zval) -> String {
-    match value.get_type() {
-        DataType::Object(_) => value
-            .object()
-            .and_then(|o| o.get_class_name().ok())
-            .unwrap_or_else(|| "object".into()),
-        DataType::Long => "int".into(),
-        DataType::Double => "float".into(),
-        DataType::True | DataType::False | DataType::Bool => "bool".into(),
-        DataType::Null => "null".into(),
-        other => other.to_string().to_lowercase(),
-    }
 }
 
 /// Reads an options array, refusing keys nobody asked for. Its name is put together

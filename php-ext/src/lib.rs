@@ -13,7 +13,9 @@ mod message;
 mod queue;
 mod records;
 mod signals;
+mod summary;
 mod supervisor;
+mod values;
 mod worker;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -13,6 +13,7 @@ use ext_php_rs::zend::ClassEntry;
 
 use crate::convert::{self, Options, OptionsArg, Seconds, ms_to_secs};
 use crate::errors::{self, OrThrow};
+use crate::values;
 use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule, ScriptRights, records};
 
 type PhpResult<T> = Result<T, PhpException>;
@@ -142,7 +143,7 @@ fn absolute(at: &Zval) -> PhpResult<delayq::Due> {
     let wrong_type = || {
         errors::type_error(format!(
             "at must be a Unix timestamp (int|float) or a DateTimeInterface, {} given",
-            convert::type_name(at)
+            values::type_name(at)
         ))
     };
     if let Some(object) = at.object() {
@@ -232,7 +233,7 @@ impl PhpDelayQueue {
             let table = item.dereference().array().ok_or_else(|| {
                 errors::type_error(format!(
                     "pushMany item {i} must be an array, {} given",
-                    convert::type_name(item)
+                    values::type_name(item)
                 ))
             })?;
             let mut o = Options::item(table, "pushMany item", i, "key");
@@ -583,7 +584,7 @@ fn message_list(infos: Vec<MessageInfo>) -> PhpResult<ZBox<ZendHashTable>> {
 fn schedule_of(value: &Zval, tz: Option<&str>) -> PhpResult<Schedule> {
     let value = value.dereference();
     if let Some(pattern) = value.zend_str() {
-        let pattern = convert::utf8(pattern.as_bytes())
+        let pattern = values::utf8(pattern.as_bytes())
             .map_err(|e| errors::invalid(format!("$schedule is not valid UTF-8 (byte {}): \"{}\"", e.at, e.shown)))?;
         return Schedule::cron(pattern, tz).or_throw();
     }
@@ -592,6 +593,6 @@ fn schedule_of(value: &Zval, tz: Option<&str>) -> PhpResult<Schedule> {
     }
     Err(errors::invalid(format!(
         "$schedule must be a cron pattern (string) or an interval in seconds (int|float), got {}",
-        convert::type_name(value)
+        values::type_name(value)
     )))
 }

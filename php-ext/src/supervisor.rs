@@ -16,7 +16,8 @@ use ext_php_rs::zend::ExecutorGlobals;
 use crate::callable::Callee;
 use crate::errors;
 use crate::signals;
-use crate::worker::{PhpWorker, RunSummary, summary_array};
+use crate::summary::{RunSummary, summary_array};
+use crate::worker::PhpWorker;
 
 type PhpResult<T> = Result<T, PhpException>;
 

@@ -20,7 +20,9 @@ use crate::errors::{self, OrThrow};
 use crate::message::{Decision, PhpMessage};
 use crate::queue::PhpDelayQueue;
 use crate::signals;
+use crate::summary::{RunSummary, summary_array};
 use crate::supervisor;
+use crate::values;
 use delayq::host::{Called, Outcome, Slot, StopReason, WorkerSettings};
 
 type PhpResult<T> = Result<T, PhpException>;
@@ -177,13 +179,6 @@ impl std::fmt::Debug for PhpWorker {
             .field("worker", &self.worker)
             .finish_non_exhaustive()
     }
-}
-
-/// The counts of one process's run.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct RunSummary {
-    pub(crate) core: delayq::Summary,
-    pub(crate) ended: Option<StopReason>,
 }
 
 /// A process that a handler (or a hook) forked with `pcntl_fork()` came back into the
@@ -538,14 +533,6 @@ fn call_hook(callable: Option<&Zval>, name: &str) -> PhpResult<()> {
     }
 }
 
-/// A run's summary as PHP's array; a supervised pool adds the supervisor's counts.
-pub(crate) fn summary_array(
-    s: &RunSummary,
-    pool: Option<&delayq::host::PoolSummary>,
-) -> PhpResult<ZBox<ZendHashTable>> {
-    crate::records::record(delayq::records::summary(&s.core, s.ended, pool))
-}
-
 /// The option `lower_queues`: a list of `DelayQueue` objects.
 fn lower_queues(value: Option<&Zval>) -> PhpResult<Vec<delayq::Queue>> {
     const WHAT: &str = "DelayQueueWorker option 'lower_queues'";
@@ -553,7 +540,7 @@ fn lower_queues(value: Option<&Zval>) -> PhpResult<Vec<delayq::Queue>> {
     let list = value.dereference().array().ok_or_else(|| {
         errors::type_error(format!(
             "{WHAT} must be an array of DelayQueue, {} given",
-            convert::type_name(value)
+            values::type_name(value)
         ))
     })?;
     convert::entries(list)
@@ -565,7 +552,7 @@ fn lower_queues(value: Option<&Zval>) -> PhpResult<Vec<delayq::Queue>> {
                 .ok_or_else(|| {
                     errors::type_error(format!(
                         "{WHAT} must hold DelayQueue objects, item {i} is {}",
-                        convert::type_name(item)
+                        values::type_name(item)
                     ))
                 })
         })
@@ -583,14 +570,14 @@ fn no_retry_classes(value: Option<&Zval>) -> PhpResult<Vec<String>> {
     let list = value.dereference().array().ok_or_else(|| {
         errors::type_error(format!(
             "{WHAT} must be an array of exception class names, {} given",
-            convert::type_name(value)
+            values::type_name(value)
         ))
     })?;
     convert::entries(list)
         .enumerate()
         .map(|(i, (_, item))| {
             if let Some(bytes) = item.dereference().zend_str() {
-                convert::utf8(bytes.as_bytes()).map_err(|e| {
+                values::utf8(bytes.as_bytes()).map_err(|e| {
                     errors::invalid(format!(
                         "{WHAT}: item {i} is not valid UTF-8 (byte {}): \"{}\"",
                         e.at, e.shown
@@ -600,7 +587,7 @@ fn no_retry_classes(value: Option<&Zval>) -> PhpResult<Vec<String>> {
             let name = item.dereference().string().ok_or_else(|| {
                 errors::type_error(format!(
                     "{WHAT} must hold class names, item {i} is {}",
-                    convert::type_name(item)
+                    values::type_name(item)
                 ))
             })?;
             let class = ClassEntry::try_find(name.trim_start_matches('\\'))
@@ -638,7 +625,7 @@ fn worker_options(options: Option<&ZendHashTable>) -> PhpResult<Parsed> {
         Some(v) if v.is_callable() => Ok(Some(v.shallow_clone())),
         Some(v) => Err(errors::type_error(format!(
             "DelayQueueWorker option '{name}' must be callable, {} given",
-            convert::type_name(v)
+            values::type_name(v)
         ))),
         None => Ok(None),
     };

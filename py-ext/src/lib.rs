@@ -6,10 +6,12 @@
 mod convert;
 mod errors;
 mod logs;
+mod message;
 mod options;
 mod queue;
 mod records;
 mod scale;
+mod slot;
 mod supervisor;
 mod worker;
 
@@ -27,13 +29,13 @@ fn cancel_error(timeout: f64) -> String {
 fn _delayq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install(m.py());
     m.add_class::<queue::PyQueue>()?;
-    m.add_class::<worker::PyMessage>()?;
+    m.add_class::<message::PyMessage>()?;
     m.add_class::<worker::PyWorker>()?;
     m.add_class::<worker::PyConsumer>()?;
-    m.add_class::<worker::PyDelivery>()?;
+    m.add_class::<message::PyDelivery>()?;
     m.add_class::<scale::PyScaler>()?;
-    m.add_class::<supervisor::PySlot>()?;
-    m.add_class::<supervisor::PySlotTable>()?;
+    m.add_class::<slot::PySlot>()?;
+    m.add_class::<slot::PySlotTable>()?;
     m.add_class::<supervisor::PySupervisor>()?;
     m.add_class::<supervisor::PyStopSignals>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

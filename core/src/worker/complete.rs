@@ -11,7 +11,8 @@ use crate::error::Error;
 use crate::scripts::complete::Status;
 use crate::scripts::{Call, MAX_BATCH, complete};
 
-use super::pool::{Pool, Ticket};
+use super::delivery::Ticket;
+use super::pool::Pool;
 use super::summary::Counters;
 use super::{Delivery, is_setup_fault, run_call};
 

@@ -14,8 +14,7 @@ use crate::time::MAX_DELAY;
 
 use super::complete::Outcome;
 use super::control::{Control, group_stopped};
-use super::heartbeat::queue_now_ms;
-use super::pool::{Pool, YIELD_RECHECK};
+use super::pool::{Pool, YIELD_RECHECK, queue_now_ms};
 use super::summary::Counters;
 use super::{Delivery, Fate, Receipt, Received, Releaser, Retry, Stopper, Summary};
 

@@ -1,5 +1,6 @@
 //! What a handler gets and what its failure leads to: `Delivery`, `Retry`, `Fate`,
-//! `Received`, and `fail_lease` for a delivery whose process was killed.
+//! `Received`, and `fail_lease` for a delivery whose process was killed; the
+//! `Ticket` that names a delivery in its pool.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -15,6 +16,10 @@ use crate::scripts::complete::Status;
 use crate::scripts::{Call, complete};
 use crate::time::MAX_DELAY;
 use crate::{envelope, scripts};
+
+/// A delivery in `Pool::outstanding`: the number its claim gave it, unique in its pool.
+/// Completions find their delivery by it without comparing text.
+pub(super) type Ticket = u64;
 
 /// How a failed delivery goes on (see [`Consumer::fail_with`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +53,7 @@ pub enum Fate {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Receipt {
     pub(super) member: usize,
-    pub(super) ticket: super::pool::Ticket,
+    pub(super) ticket: Ticket,
 }
 
 /// One delivery of a message to a handler.
@@ -80,7 +85,7 @@ pub struct Delivery {
     pub(super) token: Arc<str>,
     pub(super) part: usize,
     /// Its entry in its pool's `outstanding`.
-    pub(super) ticket: super::pool::Ticket,
+    pub(super) ticket: Ticket,
     /// Which of its worker's queues (0: the worker's own, then its lower queues).
     pub(super) member: usize,
     pub(super) handed_out: Option<Instant>,

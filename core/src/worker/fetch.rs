@@ -20,10 +20,10 @@ use crate::{envelope, repeat};
 use super::CancelFlag;
 use super::complete::Outcome;
 use super::control::Control;
-use super::heartbeat::queue_now_ms;
+use super::delivery::Ticket;
 use super::options::WorkerOptions;
 use super::pool::{
-    ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, QUARANTINE_RECHECK, Ticket, YIELD_RECHECK, take_tickets,
+    ClaimUnderWay, EMPTY_POLL, Outstanding, PAUSED, Pool, QUARANTINE_RECHECK, YIELD_RECHECK, queue_now_ms, take_tickets,
 };
 use super::wake::Pick;
 use super::{Delivery, is_setup_fault, pause_unless_stopped, run_call};

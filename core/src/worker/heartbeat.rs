@@ -5,87 +5,22 @@
 //! handler is stuck.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use parking_lot::Mutex;
 
 use crate::conn::ConnSlot;
 use crate::scripts::complete::Status;
 use crate::scripts::{MAX_BATCH, beat, complete, extend};
 
-use super::pool::{Pool, Ticket};
+use super::delivery::Ticket;
+use super::pool::{Pool, queue_now_ms};
+use super::registration::{Lateness, Registration};
 use super::release::{ReleaseReason, release_buffered};
-use super::{WorkerOptions, run_call};
-
-/// This pool's entry in the queue's list of live pools (`Queue::workers`). The
-/// heartbeat prepares each renewal and the next claim carries it (a claim runs at
-/// least every `idle_check`, so an idle pool sends Redis nothing more); one that no
-/// claim took within a heartbeat is sent on its own.
-pub(super) struct Registration {
-    pub(super) id: String,
-    pub(super) host: String,
-    pub(super) started_at_ms: i64,
-    pub(super) ttl: Duration,
-    /// The renewal waiting for a claim to carry it: its info JSON.
-    pub(super) pending: Mutex<Option<String>>,
-}
-
-/// Handler starts and their lateness (ms).
-#[derive(Clone, Copy, Default)]
-pub(super) struct Lateness {
-    pub(super) started: u64,
-    pub(super) sum_ms: i64,
-    pub(super) max_ms: i64,
-}
-
-impl Lateness {
-    pub(super) fn add(&mut self, ms: i64) {
-        self.started += 1;
-        self.sum_ms = self.sum_ms.saturating_add(ms);
-        self.max_ms = self.max_ms.max(ms);
-    }
-
-    pub(super) fn merge(&mut self, other: Self) {
-        self.started += other.started;
-        self.sum_ms = self.sum_ms.saturating_add(other.sum_ms);
-        self.max_ms = self.max_ms.max(other.max_ms);
-    }
-}
-
-pub(super) static POOLS_STARTED: AtomicU64 = AtomicU64::new(0);
-
-pub(super) fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
+use super::run_call;
 
 impl Registration {
-    pub(super) fn new(opts: &WorkerOptions) -> Self {
-        let host = host_name();
-        let n = POOLS_STARTED.fetch_add(1, Ordering::Relaxed) + 1;
-        Self {
-            id: format!("{host}:{}:{n}", std::process::id()),
-            host,
-            started_at_ms: crate::time::now_unix_ms(),
-            // A renewal can wait up to two heartbeats (one for a claim to carry it);
-            // one more, and a margin for a slow Redis.
-            ttl: opts.heartbeat() * 3 + Duration::from_secs(1),
-            pending: Mutex::new(None),
-        }
-    }
-
-    pub(super) fn ttl_ms(&self) -> u64 {
-        u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)
-    }
-
     /// The pool's entry in the list of pools; it reports the lateness of the handler
     /// starts since the last renewal that was sent. A renewal that no claim carried
     /// is replaced by the next, which reports its starts too.
@@ -122,11 +57,6 @@ impl Registration {
         let info = self.pending.lock().take()?;
         pool.lateness.lock().1 = Lateness::default();
         Some((&self.id, self.ttl_ms(), info))
-    }
-
-    /// A claim that was to carry `info` failed: the next one carries it.
-    pub(super) fn put_back(&self, info: String) {
-        self.pending.lock().get_or_insert(info);
     }
 
     /// On every heartbeat: prepare a renewal, and send the previous one if no claim
@@ -351,14 +281,6 @@ fn detach(pool: &Pool, slot: &mut ConnSlot, detaching: &mut [(usize, Ticket, Str
             ),
         }
     }
-}
-
-/// The queue's clock as the pool knows it (its own until a claim told it).
-pub(super) fn queue_now_ms(pool: &Pool) -> i64 {
-    pool.control
-        .wake
-        .server_now_ms()
-        .unwrap_or_else(crate::time::now_unix_ms)
 }
 
 /// Add what the handlers did to the queue's per-minute records, and let the first

@@ -14,7 +14,7 @@
 //! a lower pool claims nothing while a higher one holds unstarted deliveries, is
 //! claiming or knows of due messages (see `Pool::yields_to_higher`).
 //!
-//! Files, one role each: `complete`, `consumer`, `control`, `delivery`, `fetch`, `heartbeat`, `launch`, `options`, `pool`, `release`, `run`, `summary`, `wake`, `wakeups`.
+//! Files, one role each: `complete`, `consumer`, `control`, `delivery`, `fetch`, `heartbeat`, `launch`, `options`, `pool`, `registration`, `release`, `run`, `summary`, `wake`, `wakeups`.
 
 mod complete;
 mod consumer;
@@ -25,6 +25,7 @@ mod heartbeat;
 mod launch;
 mod options;
 mod pool;
+mod registration;
 mod release;
 mod run;
 mod summary;

@@ -1,5 +1,6 @@
 //! The state one running pool shares among its threads: what it holds, its
-//! counters, the prefetch room, and the priority rules between a worker's queues.
+//! counters, the prefetch room, the priority rules between a worker's queues, and
+//! the queue's clock as the pool knows it (`queue_now_ms`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -13,13 +14,10 @@ use crate::queue::Queue;
 use crate::scripts::claim;
 
 use super::control::Control;
-use super::heartbeat::{Lateness, Registration};
+use super::delivery::{CancelFlag, Delivery, Ticket};
+use super::options::WorkerOptions;
+use super::registration::{Lateness, Registration};
 use super::summary::Counters;
-use super::{Delivery, WorkerOptions};
-
-/// A delivery in `Pool::outstanding`: the number its claim gave it, unique in its pool.
-/// Completions find their delivery by it without comparing text.
-pub(super) type Ticket = u64;
 
 /// The next claim's first ticket. One count for the whole process, not one per pool:
 /// a delivery completed on another consumer than its own (a stale one kept past
@@ -53,7 +51,7 @@ pub(super) struct Outstanding {
     /// each renewal): Redis counted the lease from a moment after it.
     pub(super) renewed: Instant,
     /// Its cancel mark, as a heartbeat learned it (shared with its `Delivery`).
-    pub(super) cancel: super::CancelFlag,
+    pub(super) cancel: CancelFlag,
 }
 
 pub(super) struct Pool {
@@ -248,6 +246,14 @@ pub(super) const PAUSED: i64 = -2;
 pub(super) const REPEAT_CHECK: Duration = Duration::from_secs(60);
 /// How soon after a failed push of an occurrence it is tried again.
 pub(super) const REPEAT_RETRY: Duration = Duration::from_secs(5);
+
+/// The queue's clock as the pool knows it (its own until a claim told it).
+pub(super) fn queue_now_ms(pool: &Pool) -> i64 {
+    pool.control
+        .wake
+        .server_now_ms()
+        .unwrap_or_else(crate::time::now_unix_ms)
+}
 
 impl Pool {
     /// A claim on `part` reported its restart generation: one past what the pool saw
