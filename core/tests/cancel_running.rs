@@ -440,3 +440,49 @@ fn an_older_builds_claim_number_is_no_cancel_mark() {
     assert_eq!((counter(&q, "cancelled"), counter(&q, "acked")), (1, 2));
     assert_no_leak(&server, "{dq:orders}");
 }
+
+#[test]
+fn a_prefetched_message_cancelled_before_a_stop_counts_as_cancelled_not_released() {
+    // No heartbeat comes between the cancel and the stop (30 s leases): the release at
+    // the stop finds the mark and deletes the message, and the summary says so.
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    // A fast delivery first (claimed alone until the pool measured one), so that the
+    // pool then claims o-1 and o-2 together.
+    push(&q, json!({"n": 0}), Duration::ZERO, "f-1");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    push(&q, json!({"n": 2}), Duration::ZERO, "o-2");
+    let opts = WorkerOptions {
+        prefetch: 2,
+        lease: Duration::from_secs(30),
+        ..options()
+    };
+    let c = Worker::new(q.clone(), opts)
+        .expect("worker")
+        .start_with(1)
+        .expect("start");
+    let mut handled = Vec::new();
+    while handled.len() < 2 {
+        let delayq::Received::Message(d) = c.recv_timeout(Duration::from_secs(5)) else {
+            panic!("no delivery after {handled:?}");
+        };
+        handled.push(d.id.clone());
+        if d.id == "o-1" {
+            wait_for(Duration::from_secs(5), "o-2 claimed with o-1", || {
+                q.get("o-2").expect("get").is_some_and(|m| m.state == State::Inflight)
+            });
+            assert!(q.cancel("o-2").expect("cancel"));
+        }
+        c.ack(d);
+    }
+    assert_eq!(handled, ["f-1", "o-1"]);
+    let summary = c.finish();
+    assert_eq!(
+        (summary.handled, summary.acked, summary.released, summary.cancelled),
+        (2, 2, 0, 1),
+        "{summary:?}"
+    );
+    assert_eq!((counter(&q, "cancelled"), counter(&q, "released")), (1, 0));
+    assert_eq!(q.get("o-2").expect("get"), None);
+    assert_no_leak(&server, "{dq:orders}");
+}
