@@ -486,3 +486,26 @@ fn a_prefetched_message_cancelled_before_a_stop_counts_as_cancelled_not_released
     assert_eq!(q.get("o-2").expect("get"), None);
     assert_no_leak(&server, "{dq:orders}");
 }
+
+#[test]
+fn a_delivery_cancelled_before_its_late_start_is_not_counted_as_handled() {
+    // A caller that starts the handler after the hand-out (an asyncio task) asks
+    // `begin`: the mark came between, so no handler starts it.
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    let c = Worker::new(q.clone(), options())
+        .expect("worker")
+        .start_with(1)
+        .expect("start");
+    let delayq::Received::Message(d) = c.recv_timeout(Duration::from_secs(5)) else {
+        panic!("no delivery");
+    };
+    assert!(q.cancel("o-1").expect("cancel"));
+    wait_cancelled(&d, Duration::from_secs(5)).expect("a heartbeat brought the mark");
+    assert!(c.begin(d).is_none(), "not started");
+    let summary = c.finish();
+    assert_eq!((summary.handled, summary.cancelled), (0, 1), "{summary:?}");
+    assert_eq!(counter(&q, "cancelled"), 1);
+    assert_no_leak(&server, "{dq:orders}");
+}

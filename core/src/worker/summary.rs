@@ -7,7 +7,8 @@ use crate::error::{Error, Result};
 /// Counts of one run of the pool.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
-    /// Deliveries handed to the handler.
+    /// Deliveries whose handler started (one handed out and then not started, see
+    /// `Consumer::begin`, is not counted).
     pub handled: u64,
     /// Successful handler calls whose ack was written.
     pub acked: u64,
