@@ -509,3 +509,45 @@ fn a_delivery_cancelled_before_its_late_start_is_not_counted_as_handled() {
     assert_eq!(counter(&q, "cancelled"), 1);
     assert_no_leak(&server, "{dq:orders}");
 }
+
+#[test]
+fn a_handler_past_its_timeout_still_sees_the_cancel() {
+    // Past its timeout the delivery leaves its claim (its lease is no longer renewed),
+    // but its handler may still run until that lease ends: the heartbeats still bring
+    // it the mark.
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    let lease = Duration::from_millis(1500);
+    let seen = Mutex::new(None);
+    let (summary, calls) = run_cancelling(
+        &q,
+        WorkerOptions {
+            lease,
+            timeout: Some(Duration::from_millis(200)),
+            ..options()
+        },
+        "o-1",
+        || {
+            wait_for(Duration::from_secs(5), "o-1 detached from its claim", || {
+                let own: Option<f64> = redis::cmd("ZSCORE")
+                    .arg("{dq:orders}:inflight")
+                    .arg("o-1")
+                    .query(&mut server.con())
+                    .expect("ZSCORE");
+                own.is_some()
+            });
+            assert!(q.cancel("o-1").expect("cancel"));
+        },
+        |d| {
+            *seen.lock().expect("lock") = wait_cancelled(d, lease);
+            Ok(())
+        },
+    );
+    let seen = seen.lock().expect("lock").expect("the handler saw the cancel");
+    assert!(seen < lease, "seen after {seen:?}");
+    assert_eq!(calls["o-1"], 1);
+    assert_eq!((summary.acked, summary.cancelled), (0, 1), "{summary:?}");
+    assert_eq!((counter(&q, "cancelled"), counter(&q, "acked")), (1, 0));
+    assert_no_leak(&server, "{dq:orders}");
+}
