@@ -431,6 +431,8 @@ fn an_older_builds_claim_number_is_no_cancel_mark() {
             } else {
                 std::thread::sleep(LEASE / 2);
                 assert!(!d.is_cancelled(), "{} is not cancelled", d.id);
+                let info = q.get(&d.id).expect("get").expect("known");
+                assert_eq!((info.state, info.cancelled), (State::Inflight, false), "{}", d.id);
             }
             Ok(())
         },
@@ -550,4 +552,34 @@ fn a_handler_past_its_timeout_still_sees_the_cancel() {
     assert_eq!((summary.acked, summary.cancelled), (0, 1), "{summary:?}");
     assert_eq!((counter(&q, "cancelled"), counter(&q, "acked")), (1, 0));
     assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
+fn get_and_the_running_listing_show_the_mark_at_once() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    push(&q, json!({"n": 2}), Duration::from_secs(60), "later");
+    let c = Worker::new(q.clone(), options())
+        .expect("worker")
+        .start_with(1)
+        .expect("start");
+    let delayq::Received::Message(d) = c.recv_timeout(Duration::from_secs(5)) else {
+        panic!("no delivery");
+    };
+    let info = q.get("o-1").expect("get").expect("known");
+    assert_eq!((info.state, info.cancelled), (State::Inflight, false));
+    assert!(q.cancel("o-1").expect("cancel"));
+    // Read from the stored mark: no heartbeat needs to come first.
+    let info = q.get("o-1").expect("get").expect("known");
+    assert_eq!((info.state, info.cancelled), (State::Inflight, true), "{info:?}");
+    assert_eq!(info.payload_json, r#"{"n":1}"#);
+    let running = q.list(Listing::Inflight, 10).expect("list");
+    assert_eq!(running.iter().map(|m| m.cancelled).collect::<Vec<_>>(), [true]);
+    let waiting = q.get("later").expect("get").expect("known");
+    assert!(!waiting.cancelled, "{waiting:?}");
+    c.ack(d);
+    let summary = c.finish();
+    assert_eq!(summary.cancelled, 1, "{summary:?}");
+    assert_eq!(q.get("o-1").expect("get"), None);
 }

@@ -86,6 +86,11 @@ pub struct MessageInfo {
     pub completed_at_ms: Option<i64>,
     /// `PushOptions::serial_key`, while the message waits, runs or is dead.
     pub serial_key: Option<String>,
+    /// It runs and was cancelled meanwhile (`Queue::cancel`): its delivery ends as
+    /// cancelled whatever its handler does. The mark is read from the stored message,
+    /// so a listing that left the payload out (`payload_omitted_bytes`) shows `false`;
+    /// `get` always tells.
+    pub cancelled: bool,
 }
 
 impl Queue {
