@@ -578,6 +578,20 @@ pub(crate) fn stamp_score(stored: &str) -> Option<f64> {
     digits_value(&rest[..score]).map(|s| s as f64)
 }
 
+/// Whether a native envelope's stamp carries a cancel mark, `{"at":[-1,<score>],...` or
+/// `-2` (written by cancel.lua while the message runs, see lua/include/stamp.lua's
+/// `cancel_mark`): an older build's claim number there, which has no sign, is none.
+pub(crate) fn cancel_marked(stored: &str) -> bool {
+    let Some(rest) = stored
+        .strip_prefix(STAMP_OPEN)
+        .and_then(|r| r.strip_prefix("-1,").or_else(|| r.strip_prefix("-2,")))
+    else {
+        return false;
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    digits > 0 && rest[digits..].starts_with("],")
+}
+
 /// The value of a run of ASCII digits (at least one) that fits in a u64.
 fn digits_value(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() {
@@ -754,6 +768,27 @@ mod tests {
         assert_eq!(first_place_score(i64::MAX), None, "past what a double holds exactly");
         assert_eq!(first_place_score((1 << 53) / 4096), None);
         assert!(first_place_score((1 << 53) / 4096 - 1).is_some());
+    }
+
+    #[test]
+    fn a_cancel_mark_is_a_negative_one_or_two_before_the_score_as_stamp_lua_reads_it() {
+        for marked in [r#"{"at":[-1,5],"v":1}"#, r#"{"at":[-2,7227230722048007],"v":1}"#] {
+            assert!(cancel_marked(marked), "{marked:?}");
+        }
+        for unmarked in [
+            r#"{"at":[0,5],"v":1}"#,
+            // An older build's claim number.
+            r#"{"at":[1,5],"v":1}"#,
+            r#"{"at":[2,5],"v":1}"#,
+            r#"{"at":[-3,5],"v":1}"#,
+            r#"{"at":[-12,5],"v":1}"#,
+            r#"{"at":[-1,],"v":1}"#,
+            r#"{"at":[-1,5]"#,
+            r#"{"v":1,"at":[-1,5]}"#,
+            "",
+        ] {
+            assert!(!cancel_marked(unmarked), "{unmarked:?}");
+        }
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub enum Field {
     Float(f64),
     /// Text.
     Text(String),
+    /// Yes or no.
+    Bool(bool),
     /// A payload as stored: shown decoded, or as its text when it is not JSON (a seed
     /// layout's producer may store anything).
     Json(String),
@@ -91,6 +93,7 @@ pub fn message(m: &MessageInfo) -> Record {
         .with("expires_at", or_null(m.expires_at_ms, at))
         .with("completed_at", or_null(m.completed_at_ms, at))
         .with("serial_key", or_null(m.serial_key.as_deref(), text))
+        .with("cancelled", Field::Bool(m.cancelled))
 }
 
 /// A rate limit in force.
@@ -264,6 +267,7 @@ mod samples {
             completed_at_ms: None,
             serial_key: None,
             group: None,
+            cancelled: false,
         }
     }
 

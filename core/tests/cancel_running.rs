@@ -431,6 +431,8 @@ fn an_older_builds_claim_number_is_no_cancel_mark() {
             } else {
                 std::thread::sleep(LEASE / 2);
                 assert!(!d.is_cancelled(), "{} is not cancelled", d.id);
+                let info = q.get(&d.id).expect("get").expect("known");
+                assert_eq!((info.state, info.cancelled), (State::Inflight, false), "{}", d.id);
             }
             Ok(())
         },
@@ -439,4 +441,145 @@ fn an_older_builds_claim_number_is_no_cancel_mark() {
     assert_eq!(summary.acked, 2, "{summary:?}");
     assert_eq!((counter(&q, "cancelled"), counter(&q, "acked")), (1, 2));
     assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
+fn a_prefetched_message_cancelled_before_a_stop_counts_as_cancelled_not_released() {
+    // No heartbeat comes between the cancel and the stop (30 s leases): the release at
+    // the stop finds the mark and deletes the message, and the summary says so.
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    // A fast delivery first (claimed alone until the pool measured one), so that the
+    // pool then claims o-1 and o-2 together.
+    push(&q, json!({"n": 0}), Duration::ZERO, "f-1");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    push(&q, json!({"n": 2}), Duration::ZERO, "o-2");
+    let opts = WorkerOptions {
+        prefetch: 2,
+        lease: Duration::from_secs(30),
+        ..options()
+    };
+    let c = Worker::new(q.clone(), opts)
+        .expect("worker")
+        .start_with(1)
+        .expect("start");
+    let mut handled = Vec::new();
+    while handled.len() < 2 {
+        let delayq::Received::Message(d) = c.recv_timeout(Duration::from_secs(5)) else {
+            panic!("no delivery after {handled:?}");
+        };
+        handled.push(d.id.clone());
+        if d.id == "o-1" {
+            wait_for(Duration::from_secs(5), "o-2 claimed with o-1", || {
+                q.get("o-2").expect("get").is_some_and(|m| m.state == State::Inflight)
+            });
+            assert!(q.cancel("o-2").expect("cancel"));
+        }
+        c.ack(d);
+    }
+    assert_eq!(handled, ["f-1", "o-1"]);
+    let summary = c.finish();
+    assert_eq!(
+        (summary.handled, summary.acked, summary.released, summary.cancelled),
+        (2, 2, 0, 1),
+        "{summary:?}"
+    );
+    assert_eq!((counter(&q, "cancelled"), counter(&q, "released")), (1, 0));
+    assert_eq!(q.get("o-2").expect("get"), None);
+    assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
+fn a_delivery_cancelled_before_its_late_start_is_not_counted_as_handled() {
+    // A caller that starts the handler after the hand-out (an asyncio task) asks
+    // `begin`: the mark came between, so no handler starts it.
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    let c = Worker::new(q.clone(), options())
+        .expect("worker")
+        .start_with(1)
+        .expect("start");
+    let delayq::Received::Message(d) = c.recv_timeout(Duration::from_secs(5)) else {
+        panic!("no delivery");
+    };
+    assert!(q.cancel("o-1").expect("cancel"));
+    wait_cancelled(&d, Duration::from_secs(5)).expect("a heartbeat brought the mark");
+    assert!(c.begin(d).is_none(), "not started");
+    let summary = c.finish();
+    assert_eq!((summary.handled, summary.cancelled), (0, 1), "{summary:?}");
+    assert_eq!(counter(&q, "cancelled"), 1);
+    assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
+fn a_handler_past_its_timeout_still_sees_the_cancel() {
+    // Past its timeout the delivery leaves its claim (its lease is no longer renewed),
+    // but its handler may still run until that lease ends: the heartbeats still bring
+    // it the mark.
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    let lease = Duration::from_millis(1500);
+    let seen = Mutex::new(None);
+    let (summary, calls) = run_cancelling(
+        &q,
+        WorkerOptions {
+            lease,
+            timeout: Some(Duration::from_millis(200)),
+            ..options()
+        },
+        "o-1",
+        || {
+            wait_for(Duration::from_secs(5), "o-1 detached from its claim", || {
+                let own: Option<f64> = redis::cmd("ZSCORE")
+                    .arg("{dq:orders}:inflight")
+                    .arg("o-1")
+                    .query(&mut server.con())
+                    .expect("ZSCORE");
+                own.is_some()
+            });
+            assert!(q.cancel("o-1").expect("cancel"));
+        },
+        |d| {
+            *seen.lock().expect("lock") = wait_cancelled(d, lease);
+            Ok(())
+        },
+    );
+    let seen = seen.lock().expect("lock").expect("the handler saw the cancel");
+    assert!(seen < lease, "seen after {seen:?}");
+    assert_eq!(calls["o-1"], 1);
+    assert_eq!((summary.acked, summary.cancelled), (0, 1), "{summary:?}");
+    assert_eq!((counter(&q, "cancelled"), counter(&q, "acked")), (1, 0));
+    assert_no_leak(&server, "{dq:orders}");
+}
+
+#[test]
+fn get_and_the_running_listing_show_the_mark_at_once() {
+    let server = RedisServer::start();
+    let q = server.queue("orders");
+    push(&q, json!({"n": 1}), Duration::ZERO, "o-1");
+    push(&q, json!({"n": 2}), Duration::from_secs(60), "later");
+    let c = Worker::new(q.clone(), options())
+        .expect("worker")
+        .start_with(1)
+        .expect("start");
+    let delayq::Received::Message(d) = c.recv_timeout(Duration::from_secs(5)) else {
+        panic!("no delivery");
+    };
+    let info = q.get("o-1").expect("get").expect("known");
+    assert_eq!((info.state, info.cancelled), (State::Inflight, false));
+    assert!(q.cancel("o-1").expect("cancel"));
+    // Read from the stored mark: no heartbeat needs to come first.
+    let info = q.get("o-1").expect("get").expect("known");
+    assert_eq!((info.state, info.cancelled), (State::Inflight, true), "{info:?}");
+    assert_eq!(info.payload_json, r#"{"n":1}"#);
+    let running = q.list(Listing::Inflight, 10).expect("list");
+    assert_eq!(running.iter().map(|m| m.cancelled).collect::<Vec<_>>(), [true]);
+    let waiting = q.get("later").expect("get").expect("known");
+    assert!(!waiting.cancelled, "{waiting:?}");
+    c.ack(d);
+    let summary = c.finish();
+    assert_eq!(summary.cancelled, 1, "{summary:?}");
+    assert_eq!(q.get("o-1").expect("get"), None);
 }

@@ -294,8 +294,9 @@ impl PhpDelayQueue {
     /// Everything known about a message, or null for an unknown id.
     ///
     /// @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
-    ///   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string,
-    ///   dead_at: ?float, created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}|null
+    ///   payload_omitted_bytes: ?int, due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string,
+    ///   error_trace: ?string, dead_at: ?float, created_at: ?float, lease_until: ?float, expires_at: ?float,
+    ///   completed_at: ?float, serial_key: ?string, cancelled: bool}|null
     pub fn get(&self, id: String) -> PhpResult<Option<ZBox<ZendHashTable>>> {
         match self.queue.get(&id).or_throw()? {
             Some(info) => Ok(Some(crate::records::record(records::message(&info))?)),

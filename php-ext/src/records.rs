@@ -37,6 +37,7 @@ fn value(field: Field) -> PhpResult<Zval> {
         Field::Int(n) => convert::zv(n),
         Field::Float(x) => convert::zv(x),
         Field::Text(s) => convert::zv(s),
+        Field::Bool(b) => convert::zv(b),
         Field::Json(text) => convert::json_to_zval(&text).unwrap_or_else(|_| convert::zv(text)),
         Field::Record(r) => {
             let mut z = Zval::new();

@@ -57,7 +57,11 @@ final class CancelTest extends TestCase
         $m = $c->receive(5.0);
         $this->assertNotNull($m);
         $this->assertFalse($m->isCancelled());
+        $this->assertFalse($this->q->get('o-1')['cancelled']);
         $this->assertTrue($this->q->cancel('o-1', ['kill' => false]));
+        // Read from the mark: before the worker learns of it.
+        $info = $this->q->get('o-1');
+        $this->assertSame(['inflight', true], [$info['state'], $info['cancelled']]);
         $this->assertTrue(self::waitCancelled($m));
         $m->ack();
         $c->stop();

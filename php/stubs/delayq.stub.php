@@ -129,12 +129,14 @@ final class DelayQueue
      * `max_attempts`, `created_at` and `expires_at` are then null too), never read, and
      * cut an error past 4096 bytes and a trace past 16 KiB to their start and end around
      * a note: so that a producer writing huge payloads cannot make them too slow to show
-     * its queue. `payload_omitted_bytes` is null when the payload is there.
+     * its queue. `payload_omitted_bytes` is null when the payload is there. `cancelled`
+     * is true for a running message that cancel() marked: its delivery ends as cancelled
+     * whatever its handler does (a listing that left the payload out shows false).
      *
      * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed',
      *   payload: mixed, payload_omitted_bytes: ?int,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
-     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}|null
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string, cancelled: bool}|null
      *   null for an unknown id
      */
     public function get(string $id): ?array {}
@@ -147,7 +149,7 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'scheduled'|'ready', payload: mixed, payload_omitted_bytes: ?int, due_at: float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: null, created_at: ?float,
-     *   lease_until: null, expires_at: ?float, completed_at: null, serial_key: ?string}>
+     *   lease_until: null, expires_at: ?float, completed_at: null, serial_key: ?string, cancelled: false}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function waiting(int $limit = 100): array {}
@@ -160,7 +162,7 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'inflight', payload: mixed, payload_omitted_bytes: ?int, due_at: ?float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: null, created_at: ?float,
-     *   lease_until: float, expires_at: ?float, completed_at: null, serial_key: ?string}>
+     *   lease_until: float, expires_at: ?float, completed_at: null, serial_key: ?string, cancelled: bool}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function inflight(int $limit = 100): array {}
@@ -177,7 +179,7 @@ final class DelayQueue
      * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed',
      *   payload: mixed, payload_omitted_bytes: ?int,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
-     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}>
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string, cancelled: bool}>
      * @throws DelayQueueInvalidArgumentException for an empty $text or a limit outside 0 to 1000
      */
     public function find(string $text, int $limit = 20): array {}
@@ -193,7 +195,7 @@ final class DelayQueue
      * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed',
      *   payload: mixed, payload_omitted_bytes: ?int,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
-     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string}>
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string, cancelled: bool}>
      * @throws DelayQueueInvalidArgumentException for an empty $field, an array $value or a limit outside 0 to 1000
      */
     public function findField(string $field, mixed $value, int $limit = 20): array {}
@@ -206,7 +208,7 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'completed', payload: mixed, payload_omitted_bytes: ?int, due_at: ?float,
      *   attempts: int, max_attempts: ?int, last_error: null, error_trace: null, dead_at: null, created_at: ?float,
-     *   lease_until: null, expires_at: ?float, completed_at: float, serial_key: ?string}>
+     *   lease_until: null, expires_at: ?float, completed_at: float, serial_key: ?string, cancelled: false}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function completed(int $limit = 100): array {}

@@ -175,7 +175,7 @@ def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
         trace_lines = ["error trace:"] + ["    " + line for line in trace.splitlines()] if trace else []
         return [
             f"id:           {info['id']}",
-            f"state:        {info['state']}",
+            f"state:        {info['state']}" + (" (cancelled)" if info["cancelled"] else ""),
             f"due at:       {_when(info['due_at'])}",
             f"attempts:     {info['attempts']}"
             + (f" of {info['max_attempts']}" if info["max_attempts"] is not None else ""),

@@ -165,7 +165,7 @@ class DelayQueue:
     def get(self, id: str) -> Optional[MessageInfo]:
         """``{id, state, payload, payload_omitted_bytes, due_at, attempts, max_attempts,
         last_error, error_trace, dead_at, created_at, lease_until, expires_at,
-        completed_at, serial_key}``, or
+        completed_at, serial_key, cancelled}``, or
         None for an unknown id. ``state`` is scheduled, ready, inflight, dead or
         completed (kept by ``keep_completed``, acknowledged at ``completed_at``);
         ``attempts`` counts deliveries so far, the running one included; ``lease_until``
@@ -180,7 +180,10 @@ class DelayQueue:
         metadata; ``max_attempts``, ``created_at`` and ``expires_at`` are then None),
         never read, and cut an error past 4096 bytes and a trace past 16 KiB to their start
         and end around a note: a producer that writes huge payloads cannot make them too
-        slow to show its queue. ``payload_omitted_bytes`` is None when the payload is there."""
+        slow to show its queue. ``payload_omitted_bytes`` is None when the payload is there.
+        ``cancelled`` is True for a running message that ``cancel()`` marked: its
+        delivery ends as cancelled whatever its handler does (a listing that left the
+        payload out shows False)."""
     def waiting(self, limit: int = 100, *, start: int = 0) -> list[MessageInfo]:
         """The next ``limit`` (at most 1000) messages waiting, scheduled or ready,
         earliest due first, from every partition, each as ``get()`` shows it, after

@@ -38,6 +38,7 @@ class MessageInfo(TypedDict):
     expires_at: Optional[float]
     completed_at: Optional[float]
     serial_key: Optional[str]
+    cancelled: bool
 
 
 class RateLimit(TypedDict):

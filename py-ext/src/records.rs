@@ -34,6 +34,7 @@ fn value(py: Python<'_>, field: Field) -> PyResult<Bound<'_, PyAny>> {
         Field::Int(n) => n.into_pyobject(py)?.into_any(),
         Field::Float(x) => x.into_pyobject(py)?.into_any(),
         Field::Text(s) => s.into_pyobject(py)?.into_any(),
+        Field::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
         Field::Json(text) => match json_to_py(py, &text) {
             Ok(v) => v,
             Err(_) => text.into_pyobject(py)?.into_any(),

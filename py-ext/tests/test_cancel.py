@@ -33,15 +33,20 @@ def test_a_thread_handler_sees_the_cancel_and_its_failure_is_not_retried(queue: 
 
     def cancel() -> None:
         started.wait(10)
+        infos.append(queue.get("o-1"))
         seen.append(time.monotonic())
         answers.append(queue.cancel("o-1"))
+        infos.append(queue.get("o-1"))
 
     answers: list[bool] = []
+    infos: list[Any] = []
     canceller = threading.Thread(target=cancel)
     canceller.start()
     summary = delayq.Worker(queue, threads=1, lease=LEASE, stop_when_empty=True).run(handle)
     canceller.join()
     assert answers == [True], "a running message is cancelled (asserted here: a thread's assert fails nothing)"
+    assert [(i["state"], i["cancelled"]) for i in infos] == [("inflight", False), ("inflight", True)], infos
+    assert all(type(i["cancelled"]) is bool for i in infos), infos
     assert at_start == [False]
     cancelled_at, seen_at = seen
     assert seen_at - cancelled_at < LEASE / 3 + 0.2, "within a heartbeat"

@@ -1,8 +1,9 @@
 -- release.lua: give back deliveries that a stopping worker prefetched but never
 -- started: due again at once, at their old place, and the attempt does not count.
 -- ARGV[3..] pairs: id, lease (as claim returned it).
--- Returns the number released (pairs whose lease was lost are skipped). One marked
---   cancelled meanwhile (cancel.lua) is deleted instead, counted under "cancelled".
+-- Returns {released, cancelled}: how many went back, and how many were deleted instead
+--   as marked cancelled meanwhile (cancel.lua), counted under "cancelled"; pairs whose
+--   lease was lost are skipped.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); that write takes no memory, so a full Redis lets it run.
 -- @include claims
@@ -63,4 +64,4 @@ if released > 0 then
   redis.call('HINCRBY', K_STATS, 'released', released)
   wake_if_new_head(old_head)
 end
-return released
+return {released, cancelled}

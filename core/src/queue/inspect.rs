@@ -7,7 +7,10 @@ use std::time::Duration;
 use crate::conn::Replay;
 use crate::error::{Error, Result};
 use crate::scripts::{MAX_BATCH, inspect};
-use crate::{Listing, MAX_ERROR_TEXT_BYTES, MAX_ID_BYTES, MessageInfo, Queue, RateLimit, Stats, WorkerInfo, envelope};
+use crate::{
+    Layout, Listing, MAX_ERROR_TEXT_BYTES, MAX_ID_BYTES, MessageInfo, Queue, RateLimit, State, Stats, WorkerInfo,
+    envelope,
+};
 
 use super::earliest;
 use super::validate::validate_id;
@@ -211,6 +214,10 @@ impl Queue {
     }
 
     pub(super) fn message_info(&self, id: String, r: inspect::Record) -> MessageInfo {
+        // The seed layout's bare payloads carry no stamp, and only a running message a mark.
+        let cancelled = r.state == State::Inflight
+            && matches!(self.inner.opts.layout, Layout::Native)
+            && envelope::cancel_marked(&r.stored);
         let decoded = envelope::decode(&self.inner.opts.layout, &r.stored)
             .ok()
             .filter(|_| r.omitted_bytes.is_none())
@@ -233,6 +240,7 @@ impl Queue {
             completed_at_ms: r.completed_at_ms,
             serial_key: r.serial_key,
             group: r.group,
+            cancelled,
         }
     }
 

@@ -88,6 +88,11 @@ pub struct MessageInfo {
     pub serial_key: Option<String>,
     /// `PushOptions::group`, while the message waits, runs or is dead.
     pub group: Option<String>,
+    /// It runs and was cancelled meanwhile (`Queue::cancel`): its delivery ends as
+    /// cancelled whatever its handler does. The mark is read from the stored message,
+    /// so a listing that left the payload out (`payload_omitted_bytes`) shows `false`;
+    /// `get` always tells.
+    pub cancelled: bool,
 }
 
 impl Queue {

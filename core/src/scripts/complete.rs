@@ -206,13 +206,23 @@ impl FromRedisValue for Acked {
     }
 }
 
-/// How many deliveries a release returned to the queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Released(pub(crate) u64);
+/// What a release did: how many deliveries it returned to the queue, and how many it
+/// deleted instead, their messages marked cancelled (cancel.lua).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Released {
+    pub(crate) released: u64,
+    pub(crate) cancelled: u64,
+}
 
 impl FromRedisValue for Released {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        decode_unsigned(&v).map(Self)
+        match decode_list(v, "the reply")?.as_slice() {
+            [released, cancelled] => Ok(Self {
+                released: decode_unsigned(released)?,
+                cancelled: decode_unsigned(cancelled)?,
+            }),
+            other => Err(format!("a release reply of {} values", other.len()).into()),
+        }
     }
 }
 
@@ -241,8 +251,16 @@ mod tests {
         assert!(Statuses::from_redis_value(Value::Array(vec![Value::Int(7)])).is_err());
         assert!(Statuses::from_redis_value(Value::Int(1)).is_err());
         assert!(Statuses::from_redis_value(Value::Nil).is_err(), "a nil is no statuses");
-        assert_eq!(Released::from_redis_value(Value::Int(3)).expect("decodes"), Released(3));
-        assert!(Released::from_redis_value(Value::Int(-3)).is_err());
+        let reply = |a, b| Value::Array(vec![Value::Int(a), Value::Int(b)]);
+        assert_eq!(
+            Released::from_redis_value(reply(3, 1)).expect("decodes"),
+            Released {
+                released: 3,
+                cancelled: 1
+            }
+        );
+        assert!(Released::from_redis_value(reply(-3, 0)).is_err());
+        assert!(Released::from_redis_value(Value::Int(3)).is_err());
     }
 
     #[test]

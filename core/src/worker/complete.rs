@@ -303,10 +303,10 @@ pub(super) fn write_part_outcomes(
         let args = complete::Release {
             deliveries: releases.iter().map(Outcome::delivery).collect(),
         };
-        if let Ok((complete::Released(n), _)) = write_with_retry(pool, slot, refusals, part, releases.len(), &args)
+        if let Ok((released, _)) = write_with_retry(pool, slot, refusals, part, releases.len(), &args)
             .map_err(|e| note_unwritten(pool, &releases, e))
         {
-            Counters::add(&c.released, n);
+            count_released(pool, released);
         }
         forget(pool, &releases);
     }
@@ -321,6 +321,20 @@ pub(super) fn lease_was_live(pool: &Pool, o: &Outcome) -> bool {
         .lock()
         .get(&o.ticket())
         .is_some_and(|held| !held.timed_out && pool.lease_live_at(held.renewed, Instant::now()))
+}
+
+/// A release's counts: those it deleted as marked cancelled (the pool had not heard of
+/// the mark yet) end as the pool's other cancelled deliveries do.
+pub(super) fn count_released(pool: &Pool, r: complete::Released) {
+    Counters::add(&pool.counters.released, r.released);
+    Counters::add(&pool.counters.cancelled, r.cancelled);
+    if r.cancelled > 0 {
+        log::info!(
+            "delayq[{}]: {} messages given back unstarted were cancelled; deleted",
+            pool.queue_name,
+            r.cancelled
+        );
+    }
 }
 
 /// The message of a completion was cancelled while the pool held it (`Queue::cancel`):

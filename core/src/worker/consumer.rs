@@ -326,6 +326,8 @@ impl Consumer {
         } else {
             owner.give_back_unstarted(d);
         }
+        // Counted at its hand-out; no handler started it after all.
+        Counters::sub(&owner.pool.counters.handled, 1);
         None
     }
 

@@ -15,7 +15,7 @@ use crate::scripts::complete::Status;
 use crate::scripts::{MAX_BATCH, beat, complete, extend};
 
 use super::delivery::Ticket;
-use super::pool::{Pool, queue_now_ms};
+use super::pool::{Outstanding, Pool, queue_now_ms};
 use super::registration::{Lateness, Registration};
 use super::release::{ReleaseReason, release_buffered};
 use super::run_call;
@@ -168,6 +168,8 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
         }
         let mut running = Vec::new();
         let mut detaching = Vec::new();
+        // Of `running`, the detached ones: asked for their marks only.
+        let mut overdue_asked = Vec::new();
         {
             let mut outstanding = pool.outstanding.lock();
             for (ticket, o) in outstanding.iter_mut() {
@@ -177,6 +179,12 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                     // of this one ends at the deadline it has now.
                     if !o.detached {
                         detaching.push((o.part, *ticket, o.id.clone(), Arc::clone(&o.lease)));
+                    } else if now.saturating_duration_since(o.renewed) < pool.opts.lease {
+                        // Its handler may still run until that deadline: asked with the
+                        // others, it is not renewed (see extend.lua), and a cancel mark
+                        // still reaches its handler.
+                        overdue_asked.push(*ticket);
+                        running.push((o.part, *ticket, o.id.clone(), Arc::clone(&o.lease)));
                     }
                     if !o.timed_out {
                         o.timed_out = true;
@@ -215,27 +223,22 @@ pub(super) fn heartbeat_loop(pool: &Pool, done: &Receiver<()>) {
                     let mut outstanding = pool.outstanding.lock();
                     for ((_, ticket, ..), s) in chunk.iter().zip(&statuses) {
                         if let Some(o) = outstanding.get_mut(ticket) {
-                            match s {
-                                Status::Done => o.renewed = renewed_at,
-                                // Cancelled while it runs (cancel.lua): its handler
-                                // sees it from now on.
-                                Status::Cancelled => {
-                                    o.renewed = renewed_at;
-                                    o.cancel.mark(1);
-                                }
-                                Status::CancelledKill => {
-                                    o.renewed = renewed_at;
-                                    o.cancel.mark(2);
-                                }
-                                _ => {}
+                            // A detached one keeps its deadline (see extend.lua).
+                            if matches!(s, Status::Done | Status::Cancelled | Status::CancelledKill) && !o.detached {
+                                o.renewed = renewed_at;
                             }
+                            note_mark(o, *s);
                         }
                     }
                     drop(outstanding);
                     for ((_, ticket, id, _), s) in chunk.iter().zip(statuses) {
                         // A completion written since the snapshot above is no loss: its
-                        // message is gone or it has left `outstanding` by now.
-                        if s == Status::LeaseLost && pool.outstanding.lock().contains_key(ticket) {
+                        // message is gone or it has left `outstanding` by now. A detached
+                        // one's loss was foretold at its timeout.
+                        if s == Status::LeaseLost
+                            && !overdue_asked.contains(ticket)
+                            && pool.outstanding.lock().contains_key(ticket)
+                        {
                             log::warn!(
                                 "delayq[{}]: lease of {id} was lost before the handler finished",
                                 pool.queue_name
@@ -267,11 +270,12 @@ fn detach(pool: &Pool, slot: &mut ConnSlot, detaching: &mut [(usize, Ticket, Str
         };
         match run_call(slot, &pool.queue, chunk[0].0, &args) {
             // Detached, lost or gone: there is nothing left to detach either way.
-            Ok(complete::Statuses(_)) => {
+            Ok(complete::Statuses(statuses)) => {
                 let mut outstanding = pool.outstanding.lock();
-                for (_, ticket, ..) in chunk {
+                for ((_, ticket, ..), s) in chunk.iter().zip(statuses) {
                     if let Some(o) = outstanding.get_mut(ticket) {
                         o.detached = true;
+                        note_mark(o, s);
                     }
                 }
             }
@@ -280,6 +284,16 @@ fn detach(pool: &Pool, slot: &mut ConnSlot, detaching: &mut [(usize, Ticket, Str
                 pool.queue_name
             ),
         }
+    }
+}
+
+/// A heartbeat's status of a delivery that tells a cancel mark (cancel.lua): its
+/// handler sees it from now on.
+fn note_mark(o: &mut Outstanding, s: Status) {
+    match s {
+        Status::Cancelled => o.cancel.mark(1),
+        Status::CancelledKill => o.cancel.mark(2),
+        _ => {}
     }
 }
 

@@ -10,9 +10,8 @@ use crate::conn::{ConnSlot, Replay};
 use crate::error::Error;
 use crate::scripts::{self, Call, MAX_BATCH, complete};
 
-use super::complete::note_not_applied;
+use super::complete::{count_released, note_not_applied};
 use super::pool::{Outstanding, Pool};
-use super::summary::Counters;
 use super::{Delivery, Summary, run_call};
 
 /// See [`Consumer::releaser`].
@@ -116,7 +115,10 @@ impl Releaser {
                         })
                         .and_then(|v| scripts::read::<complete::Released>(complete::release(), v));
                     match res {
-                        Ok(complete::Released(n)) => released += usize::try_from(n).unwrap_or(usize::MAX),
+                        Ok(r) => {
+                            count_released(pool, r);
+                            released += usize::try_from(r.released).unwrap_or(usize::MAX);
+                        }
                         Err(e) => log::warn!(
                             "delayq[{}]: could not give {} deliveries back; they run again after their lease: {e}",
                             pool.queue_name,
@@ -125,7 +127,6 @@ impl Releaser {
                     }
                 }
             }
-            Counters::add(&pool.counters.released, released as u64);
             total += released;
         }
         total
@@ -165,11 +166,9 @@ pub(super) fn release_buffered(pool: &Pool, slot: &mut ConnSlot, why: ReleaseRea
     for d in &waiting {
         by_part[d.part].push(d);
     }
-    let res = by_part
-        .iter()
-        .enumerate()
-        .filter(|(_, ds)| !ds.is_empty())
-        .try_fold(0, |total, (part, ds)| {
+    let res = by_part.iter().enumerate().filter(|(_, ds)| !ds.is_empty()).try_fold(
+        complete::Released::default(),
+        |total, (part, ds)| {
             let args = complete::Release {
                 deliveries: ds
                     .iter()
@@ -179,11 +178,16 @@ pub(super) fn release_buffered(pool: &Pool, slot: &mut ConnSlot, why: ReleaseRea
                     })
                     .collect(),
             };
-            run_call(slot, q, part, &args).map(|complete::Released(n)| total + n)
-        });
+            run_call(slot, q, part, &args).map(|r: complete::Released| complete::Released {
+                released: total.released + r.released,
+                cancelled: total.cancelled + r.cancelled,
+            })
+        },
+    );
     match res {
-        Ok(n) => {
-            Counters::add(&pool.counters.released, n);
+        Ok(r) => {
+            count_released(pool, r);
+            let n = r.released;
             match why {
                 ReleaseReason::Stalled => log::warn!(
                     "delayq[{}]: every handler is past its timeout; gave {n} waiting deliveries back to the queue",

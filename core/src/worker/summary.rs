@@ -7,7 +7,8 @@ use crate::error::{Error, Result};
 /// Counts of one run of the pool.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
-    /// Deliveries handed to the handler.
+    /// Deliveries whose handler started (one handed out and then not started, see
+    /// `Consumer::begin`, is not counted).
     pub handled: u64,
     /// Successful handler calls whose ack was written.
     pub acked: u64,
@@ -25,14 +26,15 @@ pub struct Summary {
     pub gone: u64,
     /// Prefetched, never-started deliveries given back: at stop, and those whose
     /// lease may have ended before a handler could start them (the pool was paused or
-    /// cut off from Redis). Those another delivery held already are not counted.
+    /// cut off from Redis). Those another delivery held already are not counted, nor
+    /// those whose message was cancelled meanwhile: deleted, they count as `cancelled`.
     pub released: u64,
     /// Completions that could not be written before their lease ran out (Redis
     /// unreachable); those messages will be delivered again.
     pub unwritten: u64,
     /// Deliveries whose message was cancelled while the pool held it (`cancel`), ended
     /// as cancelled whatever their handler returned, or never started when the mark
-    /// came before their handler's start.
+    /// came before their handler's start (given back at a stop included).
     pub cancelled: u64,
 }
 
