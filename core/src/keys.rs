@@ -155,7 +155,7 @@ pub(crate) fn partition_of(key: &str, n: usize) -> usize {
 /// The names after the first two keys (the schedule and the messages), in the order
 /// of `scripts::ROLES`; native keys put them after the hash tag, the seed layout after
 /// the recipe's ZSET name.
-const SUFFIXES: [&str; 25] = [
+const SUFFIXES: [&str; 26] = [
     "inflight",
     "leases",
     "attempts",
@@ -181,6 +181,7 @@ const SUFFIXES: [&str; 25] = [
     "claims",
     "claim_ids",
     "quarantine",
+    "group_grants",
 ];
 
 impl Keys {

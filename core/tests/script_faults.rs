@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use common::{RedisServer, StopOnDrop, assert_no_leak, run_until_empty};
 use delayq::{
-    Category, Error, Listing, NewMessage, PushOptions, Queue, QueueOptions, RateLimit, Worker, WorkerOptions,
+    Category, Error, GroupLimit, Listing, NewMessage, PushOptions, Queue, QueueOptions, RateLimit, Worker,
+    WorkerOptions,
 };
 use serde_json::json;
 
@@ -160,8 +161,13 @@ fn operations() -> Vec<Operation> {
                 .map(drop)
         }),
         op(&["group_limit"], "set_group_limit", |q| {
-            q.set_group_limit(Some("merchant-9"), delayq::GroupLimit::concurrency(2).expect("limit"))
-                .and_then(|()| q.set_group_limit(None, delayq::GroupLimit::none()))
+            let rate = RateLimit::new(100, 1.0).expect("rate");
+            q.set_group_limit(
+                Some("merchant-9"),
+                GroupLimit::concurrency(2).expect("limit").with_rate(rate),
+            )
+            .and_then(|_| q.set_group_limit(None, GroupLimit::none()))
+            .map(drop)
         }),
         op(&["restart"], "restart_workers", |q| q.restart_workers().map(drop)),
         op(&["repeat_set"], "repeat", |q| {
@@ -218,8 +224,12 @@ fn fill(q: &Queue) {
         batch.push(m);
     }
     q.push_many(&batch).expect("push_many");
-    q.set_group_limit(Some("merchant-9"), delayq::GroupLimit::concurrency(1).expect("limit"))
-        .expect("group limit");
+    let rate = RateLimit::new(100, 1.0).expect("rate");
+    q.set_group_limit(
+        Some("merchant-9"),
+        GroupLimit::concurrency(1).expect("limit").with_rate(rate),
+    )
+    .expect("group limit");
     let every = delayq::Schedule::every(Duration::from_secs(3600)).expect("schedule");
     q.repeat("hourly", &every, &json!({"report": 1})).expect("repeat");
 }

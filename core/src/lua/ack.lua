@@ -138,7 +138,7 @@ elseif redis.call('EXISTS', K_DONE) == 1 then
   trim_completed(now, keep, tonumber(ARGV[4]))
 end
 if n_done > 0 then
-  free_serial_keys(done, first, last)
+  free_serial_keys(done, first, last, now)
   forget(done, first, last)
   -- Last: an error before it leaves a claim counting too many, which its reaper
   -- clears, never a lease without its claim.
@@ -150,7 +150,7 @@ if n_done > 0 then
   redis.call('HINCRBY', K_STATS, 'acked', n_done)
 end
 if #cancel_ids > 0 then
-  free_serial_keys(cancel_ids)
+  free_serial_keys(cancel_ids, nil, nil, now)
   forget(cancel_ids)
   leave_claims(cancel_leases, #cancel_ids, cancel_ids)
   redis.call('HINCRBY', K_STATS, 'cancelled', #cancel_ids)

@@ -83,7 +83,7 @@
 -- @include stall
 -- @include restamp
 -- @include shown
--- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined minutes claims claim_ids quarantine
+-- KEYS: scheduled messages inflight leases attempts errors dead stats seq workers paused repeats repeat_marks limit limit_log control traces serial_keys serial_holders serial_line serial_lined minutes claims claim_ids quarantine group_grants
 -- The optional sections, read whole before anything is written.
 local beat, minutes_kept, minute_deltas, quarantine_mode, most = nil, nil, nil, nil, nil
 local at = 8
@@ -230,13 +230,15 @@ if #expired > 0 then
   if #expired > #cancelled then
     redis.call('HINCRBY', K_STATS, 'expired', #expired - #cancelled)
   end
-  free_serial_keys(expired)
+  free_serial_keys(expired, nil, nil, now)
   if #cancelled > 0 then
     forget(cancelled)
     redis.call('HINCRBY', K_STATS, 'cancelled', #cancelled)
   end
 end
 drop_claims(ended)
+-- Group grants that left their rate window bring back what they held in line.
+expire_group_grants(now)
 
 trim_dead(now, tonumber(ARGV[5]), tonumber(ARGV[6]))
 if beat then
@@ -306,6 +308,12 @@ if batch > 0 then
   -- Quarantined messages are passed over, but for one group: read past them.
   local quarantine = redis.call('EXISTS', K_QUARANTINE) == 1
   local read = quarantine and batch + math.min(redis.call('HLEN', K_QUARANTINE), 1000) or batch
+  -- Where messages have keys or groups, a backlog of one of them may stand in front of
+  -- others' messages: read past it (what its limits hold goes to its line, once), so
+  -- that groups take turns (serial_gate, which hands out no more than the batch).
+  if not quarantine and redis.call('EXISTS', K_SERIAL) == 1 then
+    read = math.min(math.max(4 * batch, 100), 1000)
+  end
   if SEED then
     local due = redis.call('ZRANGEBYSCORE', K_SCHED, '-inf', fmt(due_bound(now)), 'WITHSCORES', 'LIMIT', 0, read)
     seed_scores = {}
@@ -331,8 +339,9 @@ if n > 0 then
   -- byte of every string it receives), so otherwise the caller reads them with one
   -- HMGET once it holds the leases (see scripts/claim.rs), and ends the deliveries
   -- of ids that have none (orphans.lua).
-  local envelopes, blocked, keys = nil, nil, nil
+  local envelopes, blocked, keys, groups = nil, nil, nil, nil
   if redis.call('EXISTS', K_SERIAL) == 1 then
+    groups = group_gate(now, lease_ms)
     envelopes = sized_values(K_MSG, ids, most or WHOLE)
     -- The score each was due at: the schedule's in the seed layout, else its stamp's
     -- (now's for a hand edit without one, or one left unread).
@@ -343,7 +352,7 @@ if n > 0 then
         scores[i] = type(envelope) == 'string' and stamp_score(envelope, now) or due_bound(now)
       end
     end
-    blocked, keys = serial_gate(ids, envelopes, scores, now, lease_ms, group_limit)
+    blocked, keys = serial_gate(ids, envelopes, scores, now, lease_ms, groups, batch)
   end
   -- Usually every id read is handed out: the list ZRANGEBYSCORE gave is the reply's,
   -- with no copy per message. Ids the serial gate held back (back in the schedule,
@@ -383,6 +392,9 @@ if n > 0 then
   -- once, and the stamp tells the score (see include/stamp.lua).
   local token = fmt(next_seq())
   local token_colon = token .. ':'
+  if groups then
+    groups.finish(token)
+  end
   -- The quarantined group, those of it that the serial gate let through: first in
   -- line (so that a free handler starts one taken alone at once), under a claim of
   -- its own.

@@ -36,7 +36,7 @@ for i = 5, #ARGV, 6 do
   local held = redis.call('HGET', K_LEASE, id)
   local envelope = held and held == token and not SEED and redis.call('HGET', K_MSG, id)
   if envelope and cancel_mark(envelope) > 0 then
-    free_serial_keys({id})
+    free_serial_keys({id}, nil, nil, now)
     forget({id})
     cancelled = cancelled + 1
     result[#result + 1] = 3
@@ -82,7 +82,7 @@ for i = 5, #ARGV, 6 do
     redis.call('HDEL', K_LEASE, id)
     left[#left + 1] = token
     left_ids[#left_ids + 1] = id
-    free_serial_keys({id})
+    free_serial_keys({id}, nil, nil, now)
   elseif redis.call('HEXISTS', K_MSG, id) == 1 then
     result[#result + 1] = 0
   else

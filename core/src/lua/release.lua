@@ -25,7 +25,7 @@ for i = 3, #ARGV, 2 do
   local lease = redis.call('HGET', K_LEASE, id)
   local envelope = lease and lease == token and not SEED and redis.call('HGET', K_MSG, id)
   if envelope and cancel_mark(envelope) > 0 then
-    free_serial_keys({id})
+    free_serial_keys({id}, nil, nil, now)
     forget({id})
     cancelled = cancelled + 1
     left[released + cancelled] = lease
@@ -50,7 +50,7 @@ for i = 3, #ARGV, 2 do
       local held = tonumber(redis.call('HGET', K_CLAIM_IDS, claim_token(lease) .. '#')) or 1
       redis.call('HSET', K_QUARANTINE, id, kind == 'q' and 1 or math.max(held, 2))
     end
-    free_serial_keys({id})
+    free_serial_keys({id}, nil, nil, now)
     released = released + 1
     left[released + cancelled] = lease
     left_ids[released + cancelled] = id

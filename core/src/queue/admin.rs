@@ -84,9 +84,10 @@ impl Queue {
 
     /// Set `group`'s limits, or with `None` the default for every group without limits
     /// of its own; `GroupLimit::none()` clears them. Takes effect at once on every pool:
-    /// a raised limit starts messages its group held back. Lowering it stops no running
-    /// message; new ones wait until the group runs fewer than the limit.
-    pub fn set_group_limit(&self, group: Option<&str>, limit: GroupLimit) -> Result<()> {
+    /// a raised limit starts messages its group held back. Lowering one stops no running
+    /// message; new ones wait until the group is within it. Returns whether limits were
+    /// in force there before.
+    pub fn set_group_limit(&self, group: Option<&str>, limit: GroupLimit) -> Result<bool> {
         if let Some(group) = group {
             validate_key("group", group)?;
         }
@@ -101,16 +102,29 @@ impl Queue {
             Some(group) => vec![self.partition_of(group, Some(group))],
             None => (0..self.partitions()).collect(),
         };
+        if let Some(n) = limit.concurrency {
+            GroupLimit::concurrency(n)?;
+        }
+        let rate = match limit.rate {
+            Some(rate) => {
+                rate.validate(1)?;
+                Some((rate.max, u64::try_from(rate.per.as_millis()).unwrap_or(u64::MAX)))
+            }
+            None => None,
+        };
+        let mut had = false;
         for part in parts {
-            let _: i64 = self.call(part, "set_group_limit", Replay::Safe, admin::group_limit(), |inv| {
+            let Flag(had_here) = self.call(part, "set_group_limit", Replay::Safe, admin::group_limit(), |inv| {
                 admin::GroupLimit {
                     key: &key,
                     concurrency: limit.concurrency,
+                    rate,
                 }
                 .add_to(inv);
             })?;
+            had |= had_here;
         }
-        Ok(())
+        Ok(had)
     }
 
     /// The rate limit in force, if any.

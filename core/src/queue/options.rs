@@ -339,13 +339,16 @@ pub struct PushOptions {
     pub group: Option<String>,
 }
 
-/// A group's limits (`Queue::set_group_limit`).
+/// A group's limits (`Queue::set_group_limit`): a group with limits of its own ignores
+/// the queue's default for groups, whole.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GroupLimit {
-    /// At most this many of the group's messages run at once; `None`: no limit of its
-    /// own (the queue's default for groups applies).
+    /// At most this many of the group's messages run at once.
     pub concurrency: Option<u32>,
+    /// At most `max` of the group's messages start in any window of `per`, on every
+    /// pool: the window is exact, as the queue's rate limit's is.
+    pub rate: Option<RateLimit>,
 }
 
 impl GroupLimit {
@@ -357,10 +360,29 @@ impl GroupLimit {
                 "must be at least 1 (pause the queue to hold every message)",
             ));
         }
-        Ok(Self { concurrency: Some(n) })
+        Ok(Self {
+            concurrency: Some(n),
+            rate: None,
+        })
     }
 
-    /// No limit: the group's own is cleared (the default applies), or the default is.
+    /// At most `limit.max` of a group's messages start in any window of `limit.per`.
+    pub fn rate(limit: RateLimit) -> Self {
+        Self {
+            rate: Some(limit),
+            ..Self::default()
+        }
+    }
+
+    /// These limits and a rate limit.
+    pub fn with_rate(self, limit: RateLimit) -> Self {
+        Self {
+            rate: Some(limit),
+            ..self
+        }
+    }
+
+    /// No limits: the group's own are cleared (the default applies), or the default is.
     pub fn none() -> Self {
         Self::default()
     }

@@ -84,13 +84,15 @@ impl Limit {
     }
 }
 
-/// group_limit.lua: a group's concurrency limit (its key, include/serial.lua), or the
-/// default for every group, or `None` to clear it. Reply: `replies::Count`-like
-/// integer, the limit before, -1 if none.
+/// group_limit.lua: a group's limits (its key, include/serial.lua), or the default for
+/// every group; none of them clears them. Reply: `replies::Flag`, whether limits were
+/// in force under that key.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct GroupLimit<'a> {
     pub(crate) key: &'a str,
     pub(crate) concurrency: Option<u32>,
+    /// (max, per ms).
+    pub(crate) rate: Option<(u32, u64)>,
 }
 
 impl GroupLimit<'_> {
@@ -99,6 +101,10 @@ impl GroupLimit<'_> {
         match self.concurrency {
             Some(n) => inv.arg(n),
             None => inv.arg(""),
+        };
+        match self.rate {
+            Some((max, per_ms)) => inv.arg(max).arg(per_ms),
+            None => inv.arg("").arg(""),
         };
     }
 }

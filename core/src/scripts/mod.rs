@@ -412,7 +412,7 @@ const fn role(name: &'static str, var: &'static str, kind: &'static str) -> Role
 }
 
 /// Every key role, in `Keys::all` order (documented in `lua/include/base.lua`).
-pub const ROLES: [Role; 27] = [
+pub const ROLES: [Role; 28] = [
     role("scheduled", "K_SCHED", "zset"),
     role("messages", "K_MSG", "hash"),
     role("inflight", "K_INFLIGHT", "zset"),
@@ -440,6 +440,7 @@ pub const ROLES: [Role; 27] = [
     role("claims", "K_CLAIMS", "zset"),
     role("claim_ids", "K_CLAIM_IDS", "hash"),
     role("quarantine", "K_QUARANTINE", "hash"),
+    role("group_grants", "K_GROUP_GRANTS", "zset"),
 ];
 
 /// Redis's arity of each command the scripts run (COMMAND INFO: `n` exactly n words,

@@ -49,7 +49,9 @@
 --   serial_keys HASH id -> serial key of a message pushed with one: messages
 --                            sharing it never run at the same time (see serial_gate)
 --   serial_holders HASH serial key -> id of the delivery that holds it (while
---                            that id holds a lease)
+--                            that id holds a lease); a group's key ("\1" name) ->
+--                            how many of its deliveries hold a lease, "\2" name ->
+--                            its starts still in its rate window
 --   serial_line ZSET "<key>\0<score>\0<id>" (scores all 0: ordered by key, then
 --                            by the score the message was due at): messages waiting
 --                            for their key
@@ -62,6 +64,9 @@
 --                            still holds
 --   quarantine HASH id -> the size of claim a waiting message whose claim expired
 --                            may next be taken in (see include/quarantine.lua)
+--   group_grants ZSET "<group key>\0<claim token>\0<count>" -> when (ms) the
+--                            starts a claim granted a group under its rate limit
+--                            leave the window (see include/group_limits.lua)
 -- Scripts return error replies only for caller bugs, as "DQERR <code> <detail>", and
 -- for the faults the preflight finds before the first write (below).
 

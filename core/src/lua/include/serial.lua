@@ -10,8 +10,8 @@
 -- Costs nothing while no message of the queue has a key (the hashes do not exist).
 -- Groups share this machinery: a group's key is "\1" and its name (a serial key has no
 -- control character, so the two never meet). Its holders entry counts its running
--- deliveries instead of naming one, and it holds back a message only when that count
--- reaches its concurrency limit (include/group_limits.lua).
+-- deliveries instead of naming one, and its limits (include/group_limits.lua) decide
+-- which of its messages wait in its line.
 
 local function is_group(key)
   return string.byte(key, 1) == 1
@@ -36,15 +36,20 @@ local function unline(ids)
   end
 end
 
--- The first of `key`'s line that still waits goes back to the score it was due at.
+-- The first of `key`'s line that still waits goes back to the score it was due at; a
+-- group's, given `at` (a score for now), to `at` if later: behind what is due now, so
+-- that groups take turns rather than the group that just ran going first again.
 -- Returns whether one did.
-local function wake_line(key)
+local function wake_line(key, at)
   while true do
     local first = redis.call('ZRANGEBYLEX', K_SERIAL_LINE, '[' .. key .. '\0', '(' .. key .. '\1', 'LIMIT', 0, 1)[1]
     if not first then
       return false
     end
     local score, id = line_entry(first, key)
+    if at and is_group(key) and at > tonumber(score) then
+      score = fmt(at)
+    end
     redis.call('ZREM', K_SERIAL_LINE, first)
     redis.call('HDEL', K_SERIAL_LINED, id)
     if redis.call('ZSCORE', K_SCHED, id) then
@@ -57,8 +62,8 @@ local function wake_line(key)
 end
 
 -- The leases of ids[first..last] (default: all) ended: the keys they held are free,
--- and their lines move on.
-local function free_serial_keys(ids, first, last)
+-- and their lines move on (groups' behind what is due at `now`, when given).
+local function free_serial_keys(ids, first, last, now)
   first, last = first or 1, last or #ids
   if last < first or redis.call('EXISTS', K_SERIAL_HOLD) == 0 then
     return
@@ -91,7 +96,7 @@ local function free_serial_keys(ids, first, last)
       redis.call('HDEL', K_SERIAL_HOLD, key)
     end
     for _ = 1, freed[key] do
-      if not wake_line(key) then
+      if not wake_line(key, now and score_at(now)) then
         break
       end
     end
@@ -102,28 +107,44 @@ end
 -- indexes that may not (their key is held, by a running delivery or by an earlier
 -- message of this claim), which are back in the schedule and in their key's line, and
 -- every message's key (false for none), which the claim hands to the handler.
--- limit_of(key): a group's concurrency limit, nil for none.
-local function serial_gate(ids, envelopes, scores, now, lease_ms, limit_of)
+-- groups: the claim's gate of group messages (group_gate in include/group_limits.lua).
+-- Once `room` messages may run, the others are left where they are (also in blocked),
+-- but for those of groups at their limits: they go to their lines, so that the next
+-- claims read past a group's backlog once. Groups take turns: the first message of
+-- each group that runs nothing goes first, then the rest in due order.
+local function serial_gate(ids, envelopes, scores, now, lease_ms, groups, room)
   local keys = redis.call('HMGET', K_SERIAL, unpack(ids))
   local blocked, taken, back = {}, {}, {}
-  -- A group's running count with this claim's starts, and its limit.
-  local groups, running, limits, before = {}, {}, {}, {}
+  local admitted, first = 0, {}
+  for i = 1, #ids do
+    local key = keys[i]
+    if admitted < room and key and envelopes[i] and is_group(key) and groups.idle(key) then
+      groups.admit(key)
+      unline({ids[i]})
+      first[i] = true
+      admitted = admitted + 1
+    end
+  end
   for i = 1, #ids do
     local key, id = keys[i], ids[i]
-    if key and envelopes[i] then
+    local full = admitted >= room
+    if first[i] then
+      -- Taken above.
+    elseif not (key and envelopes[i]) or (full and not is_group(key)) then
+      if full then
+        blocked[i] = true
+      else
+        admitted = admitted + 1
+      end
+    else
       local until_ms
       if is_group(key) then
-        if not running[key] then
-          groups[#groups + 1] = key
-          running[key] = tonumber(redis.call('HGET', K_SERIAL_HOLD, key)) or 0
-          before[key] = running[key]
-          limits[key] = limit_of(key) or false
-        end
-        if limits[key] and running[key] >= limits[key] then
-          -- A safety net: the end of one of its running leases wakes it first.
-          until_ms = now + lease_ms
+        if full then
+          -- Left where it is unless its group is at its limits.
+          until_ms = groups.held(key)
+          blocked[i] = true
         else
-          running[key] = running[key] + 1
+          until_ms = groups.admit(key)
         end
       elseif taken[key] then
         until_ms = now + lease_ms
@@ -143,18 +164,14 @@ local function serial_gate(ids, envelopes, scores, now, lease_ms, limit_of)
         end
         back[#back + 1] = until_ms
         back[#back + 1] = id
-      else
+      elseif not full then
+        admitted = admitted + 1
         if not is_group(key) then
           taken[key] = id
           redis.call('HSET', K_SERIAL_HOLD, key, id)
         end
         unline({id})
       end
-    end
-  end
-  for _, key in ipairs(groups) do
-    if running[key] > before[key] then
-      redis.call('HSET', K_SERIAL_HOLD, key, running[key])
     end
   end
   if #back > 0 then
