@@ -267,6 +267,7 @@ mod samples {
             completed_at_ms: None,
             serial_key: None,
             group: None,
+            held: None,
             cancelled: false,
         }
     }

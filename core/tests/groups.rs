@@ -155,6 +155,17 @@ fn a_raised_limit_starts_held_messages_at_once_and_ends_free_places() {
     let info = q.get(&first.id).expect("get").expect("known");
     assert_eq!(info.group.as_deref(), Some("g"));
     assert_eq!(q.stats().expect("stats").held, 2);
+    for waiting in q.list(delayq::Listing::Waiting, 10).expect("list") {
+        let info = q.get(&waiting.id).expect("get").expect("known");
+        assert_eq!(
+            (info.state, info.held.as_deref()),
+            (
+                delayq::State::Ready,
+                Some("group \"g\" runs 1 of its concurrency limit of 1")
+            ),
+        );
+    }
+    assert_eq!(q.get(&first.id).expect("get").expect("known").held, None);
     q.set_group_limit(Some("g"), GroupLimit::concurrency(3).expect("limit"))
         .expect("raise");
     let second = receive(&c);
@@ -392,4 +403,34 @@ fn a_long_backlog_of_one_group_does_not_hold_up_the_others() {
         big_before < 100,
         "{big_before} of the big group ran before the small groups were through"
     );
+}
+
+#[test]
+fn get_says_why_a_message_of_a_group_waits() {
+    let server = RedisServer::start();
+    let q = server.queue("groups-held");
+    let rate = delayq::RateLimit::new(1, 60.0).expect("rate");
+    q.set_group_limit(Some("partner"), GroupLimit::rate(rate))
+        .expect("limit");
+    q.push_many(&(0..3u64).map(|n| grouped(n, "partner")).collect::<Vec<_>>())
+        .expect("push");
+    let c = Worker::new(q.clone(), WorkerOptions::default())
+        .and_then(|w| w.start_with(2))
+        .expect("worker");
+    let d = receive(&c);
+    wait_for(Duration::from_secs(5), "the others held", || {
+        q.stats().expect("stats").held == 2
+    });
+    for waiting in q.list(delayq::Listing::Waiting, 10).expect("list") {
+        let info = q.get(&waiting.id).expect("get").expect("known");
+        assert_eq!(
+            (info.state, info.held.as_deref()),
+            (
+                delayq::State::Ready,
+                Some("group \"partner\" started 1 in its rate limit's window (1 per 1 min 0 s)")
+            ),
+        );
+    }
+    c.ack(d);
+    c.finish();
 }

@@ -69,7 +69,7 @@
 -- @include quarantine
 -- @include dead
 -- @include forget
--- @include group_limits
+-- @include group_gate
 -- @include hashtable
 -- @include hdel_if_any
 -- @include minutes

@@ -11,12 +11,32 @@
 --   is none, and so is error_trace; serial_key is false for a message pushed without one.
 --   A message in its serial key's line is ready, due when it was due (not when its
 --   safety net would bring it back, see serial_gate).
+--   A waiting message in its key's or group's line also comes with why it waits:
+--   {"serial", holder id or false}, {"concurrency", running, limit}, {"rate", starts
+--   in the window, max, per ms}, or {"line"} (a place freed: it is due again).
 -- Faults: it writes nothing.
 -- @include claims
+-- @include group_limits
 -- @include clock
 -- @include shown
 -- @include stamp
--- KEYS: scheduled messages inflight leases attempts errors dead control completed completed_messages traces serial_keys serial_lined claims claim_ids
+-- KEYS: scheduled messages inflight leases attempts errors dead control completed completed_messages traces serial_keys serial_holders serial_lined claims claim_ids
+-- Why a message in `key`'s line waits (see above).
+local function held_by(key)
+  if string.byte(key, 1) ~= 1 then
+    return {'serial', redis.call('HGET', K_SERIAL_HOLD, key) or false}
+  end
+  local concurrency, max, per = group_limit(key)
+  local counts = redis.call('HMGET', K_SERIAL_HOLD, key, rate_field(key))
+  local running, used = tonumber(counts[1]) or 0, tonumber(counts[2]) or 0
+  if concurrency and running >= concurrency then
+    return {'concurrency', running, concurrency}
+  elseif max and used >= max then
+    return {'rate', used, max, per}
+  end
+  return {'line'}
+end
+
 local id = ARGV[3]
 local max_envelope, max_error, max_trace = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local envelope = sized_values(K_MSG, {id}, max_envelope)[1]
@@ -45,15 +65,21 @@ local trace = cut_text(redis.call('HGET', K_TRACE, id), max_trace)
 local score = redis.call('ZSCORE', K_SCHED, id)
 if score then
   local lined = serial and redis.call('HGET', K_SERIAL_LINED, id)
+  local held = false
   if lined then
     score = line_entry(lined, serial)
+    held = held_by(serial)
+  elseif serial and string.byte(serial, 1) == 1 and stored then
+    -- Woken from its group's line behind what was due then: its stamp tells when it
+    -- was due.
+    score = stamp_score(stored, queue_now(false)) or score
   end
   local due = due_of(tonumber(score))
   local state = 'scheduled'
   if tonumber(score) <= due_bound(queue_now(false)) then
     state = 'ready'
   end
-  return {state, envelope, due, attempts, err, -1, -1, -1, trace, serial}
+  return {state, envelope, due, attempts, err, -1, -1, -1, trace, serial, held}
 end
 local lease = redis.call('HGET', K_LEASE, id)
 if lease then

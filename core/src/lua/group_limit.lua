@@ -6,7 +6,7 @@
 -- Returns 1 if limits were in force under that field before, 0 if not.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
--- @include group_limits
+-- @include group_gate
 -- KEYS: scheduled inflight leases control serial_keys serial_holders serial_line serial_lined claims claim_ids group_grants
 -- Messages held back by the limits before are woken here at most this many a call;
 -- the rest when their safety net comes due (a lease, or the window).

@@ -238,6 +238,9 @@ impl Queue {
             lease_until_ms: r.lease_until_ms,
             expires_at_ms: expiry.map(|(_, deadline)| deadline),
             completed_at_ms: r.completed_at_ms,
+            held: r
+                .held
+                .map(|h| held_text(&h, r.serial_key.as_deref(), r.group.as_deref())),
             serial_key: r.serial_key,
             group: r.group,
             cancelled,
@@ -323,5 +326,23 @@ impl Queue {
         let mut out: Vec<WorkerInfo> = latest.into_values().collect();
         out.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
         Ok(out)
+    }
+}
+
+/// Why a message waits in its line, in words.
+fn held_text(held: &inspect::Held, serial_key: Option<&str>, group: Option<&str>) -> String {
+    let key = serial_key.unwrap_or_default();
+    let group = group.unwrap_or_default();
+    match held {
+        inspect::Held::Serial(Some(holder)) => format!("serial key {key:?} runs message {holder}"),
+        inspect::Held::Serial(None) => format!("waits in serial key {key:?}'s line"),
+        inspect::Held::Concurrency { running, limit } => {
+            format!("group {group:?} runs {running} of its concurrency limit of {limit}")
+        }
+        inspect::Held::Rate { used, max, per_ms } => format!(
+            "group {group:?} started {used} in its rate limit's window ({max} per {})",
+            crate::time::human_ms(i64::try_from(*per_ms).unwrap_or(i64::MAX))
+        ),
+        inspect::Held::Line => format!("waits in group {group:?}'s line"),
     }
 }

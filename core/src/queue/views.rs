@@ -88,6 +88,9 @@ pub struct MessageInfo {
     pub serial_key: Option<String>,
     /// `PushOptions::group`, while the message waits, runs or is dead.
     pub group: Option<String>,
+    /// Why a due message waits in its serial key's or group's line (`get` only), e.g.
+    /// "group merchant-42 runs 3 of its concurrency limit of 3".
+    pub held: Option<String>,
     /// It runs and was cancelled meanwhile (`Queue::cancel`): its delivery ends as
     /// cancelled whatever its handler does. The mark is read from the stored message,
     /// so a listing that left the payload out (`payload_omitted_bytes`) shows `false`;

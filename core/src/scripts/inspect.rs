@@ -25,6 +25,52 @@ pub(crate) struct Record {
     pub(crate) error_trace: Option<String>,
     pub(crate) serial_key: Option<String>,
     pub(crate) group: Option<String>,
+    /// Why a waiting message in its key's or group's line waits (get.lua only).
+    pub(crate) held: Option<Held>,
+}
+
+/// Why a message waits in its serial key's or group's line (get.lua).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Held {
+    /// Its serial key runs another message (its id, when known).
+    Serial(Option<String>),
+    /// Its group runs `running` of `limit`.
+    Concurrency { running: u64, limit: u64 },
+    /// Its group started `used` in its window, of `max` per `per_ms`.
+    Rate { used: u64, max: u64, per_ms: u64 },
+    /// A place freed: it is due again.
+    Line,
+}
+
+impl Held {
+    fn decode(v: &Value) -> Result<Option<Self>, ParsingError> {
+        if matches!(v, Value::Nil | Value::Boolean(false)) {
+            return Ok(None);
+        }
+        let items = decode_list(v.clone(), "held")?;
+        let kind: String = items.first().map(decode).transpose()?.unwrap_or_default();
+        let n = |i: usize| {
+            items
+                .get(i)
+                .map(decode_unsigned)
+                .transpose()?
+                .ok_or_else(|| ParsingError::from("held: a number is missing"))
+        };
+        Ok(Some(match kind.as_str() {
+            "serial" => Self::Serial(items.get(1).map(optional_text).transpose()?.flatten()),
+            "concurrency" => Self::Concurrency {
+                running: n(1)?,
+                limit: n(2)?,
+            },
+            "rate" => Self::Rate {
+                used: n(1)?,
+                max: n(2)?,
+                per_ms: n(3)?,
+            },
+            "line" => Self::Line,
+            other => return Err(format!("held {other:?}").into()),
+        }))
+    }
 }
 
 fn state(v: &Value) -> Result<State, ParsingError> {
@@ -69,6 +115,7 @@ fn record(v: &[Value], dead_at: Option<&Value>) -> Result<Record, ParsingError> 
         error_trace: optional_text(trace)?,
         serial_key: None,
         group: None,
+        held: None,
     }
     .with_line_key(optional_text(serial)?))
 }
@@ -131,7 +178,12 @@ impl FromRedisValue for Found {
         }
         let items = decode_list(v, "the reply")?;
         let [state, stored, due, attempts, error, dead_at, rest @ ..] = items.as_slice() else {
-            return Err(format!("{} fields where 10 were due", items.len()).into());
+            return Err(format!("{} fields where 10 or 11 were due", items.len()).into());
+        };
+        // A waiting message's reply ends with why it waits.
+        let (rest, held) = match rest {
+            [rest @ .., held] if rest.len() == 4 => (rest, Held::decode(held)?),
+            rest => (rest, None),
         };
         let mut fields = vec![
             state.clone(),
@@ -141,7 +193,8 @@ impl FromRedisValue for Found {
             error.clone(),
         ];
         fields.extend_from_slice(rest);
-        record(&fields, Some(dead_at)).map(|r| Self(Some(r)))
+        let record = record(&fields, Some(dead_at))?;
+        Ok(Self(Some(Record { held, ..record })))
     }
 }
 

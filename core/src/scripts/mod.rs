@@ -942,6 +942,7 @@ lua_files!(
     "include/completed.lua",
     "include/dead.lua",
     "include/forget.lua",
+    "include/group_gate.lua",
     "include/group_limits.lua",
     "include/guard.lua",
     "include/hashtable.lua",
