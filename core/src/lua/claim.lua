@@ -22,8 +22,9 @@
 --     us_past_ms: the microseconds past now_ms (0..999) of the clock reading.
 --     quarantined_left: 1 if a quarantined message was due and not taken (its mode
 --     did not allow it, or the claim took another group), else 0.
---     limited: 1 if a rate limit is in force (the caller then claims only for idle
---     handlers, so that a message starts as it is handed out, see limit.lua), else 0.
+--     limited: 1 if a rate limit is in force, the queue's or a group's (the caller
+--     then claims only for idle handlers, so that a message starts as it is handed
+--     out, see limit.lua), else 0.
 --     restart_generation: how many requests that running pools stop were made (see
 --     restart.lua); a pool that saw a lower one at its start stops gracefully.
 --     next_ms: earliest due time or lease deadline still ahead (for due messages the
@@ -267,6 +268,11 @@ local claimed_ids, claimed_envelopes, later, keyed, lease_part = {}, {}, {}, {},
 -- The per-minute records are written last, when nothing else can fail: a claim that
 -- raised leaves them to be sent again, not counted twice.
 local function reply()
+  -- While a group's rate window holds grants, the pool claims for idle handlers only,
+  -- so that its messages start as they are granted, as under the queue's rate limit.
+  if redis.call('EXISTS', K_GROUP_GRANTS) == 1 then
+    header[4] = 1
+  end
   if minute_deltas then
     header[6] = add_minutes(now, minutes_kept, minute_deltas)
   end
@@ -472,7 +478,8 @@ if n > 0 then
   end
 end
 
--- The next moment worth waking for: the schedule's head or the next lease to expire.
+-- The next moment worth waking for: the schedule's head, the next lease to expire, or
+-- the next group grant to leave its window (what it held in line is then due).
 local next_ms = -1
 local head = head_score()
 if head then
@@ -482,7 +489,7 @@ if head then
     next_ms = limited_until()
   end
 end
-for _, key in ipairs({K_CLAIMS, K_INFLIGHT}) do
+for _, key in ipairs({K_CLAIMS, K_INFLIGHT, K_GROUP_GRANTS}) do
   local lease_head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   if lease_head[2] then
     local expiry = tonumber(lease_head[2])
