@@ -25,7 +25,27 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-const SERIAL_KEYS: [Option<&str>; 4] = [None, Some("order:1"), Some("order:2"), Some("order:3")];
+/// What a message may be pushed with: nothing, a serial key, or a group.
+#[derive(Clone, Copy)]
+enum Line {
+    None,
+    Serial(&'static str),
+    Group(&'static str),
+}
+
+const LINES: [Line; 6] = [
+    Line::None,
+    Line::Serial("order:1"),
+    Line::Serial("order:2"),
+    Line::Serial("order:3"),
+    Line::Group("tenant:a"),
+    Line::Group("tenant:b"),
+];
+
+/// A group's stored key (include/serial.lua), as the snapshot reads it.
+fn group_key(group: &str) -> String {
+    format!("\u{1}{group}")
+}
 /// A delivery in hand for less than this is surely still leased: the pool extends the
 /// lease of a handler until it runs past the worker's timeout.
 const TIMEOUT: Duration = Duration::from_millis(250);
@@ -54,6 +74,8 @@ struct Snapshot {
     /// Native layout only: each scheduled message's score, and each envelope.
     scores: BTreeMap<String, f64>,
     envelopes: BTreeMap<String, String>,
+    /// Groups' rate grants in their window: "<group key>\0<token>\0<count>".
+    grants: Vec<String>,
 }
 
 /// The key names of one partition: native ones under its hash tag; the seed layout's
@@ -128,8 +150,9 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
         .arg(k("claim_ids"))
         .arg(k("inflight"));
     pipe.cmd("HKEYS").arg(k("quarantine"));
+    pipe.cmd("ZRANGE").arg(k("group_grants")).arg(0).arg(-1);
     #[allow(clippy::type_complexity)]
-    let (sets, hashes, maps, scores, envelopes, claims_broken, quarantined): (
+    let (sets, hashes, maps, scores, envelopes, claims_broken, quarantined, grants): (
         (Vec<String>, Vec<String>, Vec<String>, Vec<String>, Vec<String>),
         (
             Vec<String>,
@@ -148,6 +171,7 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
         BTreeMap<String, String>,
         String,
         Vec<String>,
+        Vec<String>,
     ) = {
         let v: Vec<redis::Value> = pipe.query(con).expect("snapshot");
         let set = |i: usize| -> Vec<String> { redis::from_redis_value(v[i].clone()).expect("set") };
@@ -160,6 +184,7 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
             map(15),
             redis::from_redis_value(v[16].clone()).expect("claims rule"),
             set(17),
+            set(18),
         )
     };
     let to_set = |v: Vec<String>| v.into_iter().collect::<BTreeSet<_>>();
@@ -183,6 +208,7 @@ fn snapshot(con: &mut redis::Connection, names: &KeyNames) -> Snapshot {
         quarantined: to_set(quarantined),
         scores: if names.native { scores } else { BTreeMap::new() },
         envelopes: if names.native { envelopes } else { BTreeMap::new() },
+        grants,
     }
 }
 
@@ -265,7 +291,34 @@ fn broken_rule(s: &Snapshot) -> Option<String> {
     if let Some(id) = s.quarantined.difference(&s.scheduled).next() {
         return Some(format!("{id} is quarantined but does not wait"));
     }
-    for (key, id) in &s.holders {
+    // A group's entry counts its running deliveries ("\x01" name), and its starts in
+    // its rate window ("\x02" name) are what its grants add up to.
+    for (key, value) in &s.holders {
+        if let Some(group) = key.strip_prefix('\u{2}') {
+            let granted: u64 = (s.grants.iter())
+                .filter_map(|g| g.strip_prefix(&format!("{}\0", group_key(group))))
+                .map(|rest| {
+                    rest.rsplit('\0')
+                        .next()
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .unwrap_or(0)
+                })
+                .sum();
+            if value.parse::<u64>().ok() != Some(granted) {
+                return Some(format!("group {group} counts {value} starts, its grants {granted}"));
+            }
+        } else if key.starts_with('\u{1}') {
+            let running = s
+                .inflight
+                .iter()
+                .filter(|id| s.serial_keys.get(*id) == Some(key))
+                .count();
+            if value.parse::<usize>().ok() != Some(running) {
+                return Some(format!("group {key:?} counts {value} running, but {running} run"));
+            }
+        }
+    }
+    for (key, id) in s.holders.iter().filter(|(k, _)| !k.starts_with(['\u{1}', '\u{2}'])) {
         if !s.inflight.contains(id) || s.serial_keys.get(id) != Some(key) {
             return Some(format!(
                 "key {key} is held by {id}, which is not a running message of that key"
@@ -274,6 +327,7 @@ fn broken_rule(s: &Snapshot) -> Option<String> {
     }
     for id in &s.inflight {
         if let Some(key) = s.serial_keys.get(id)
+            && !key.starts_with('\u{1}')
             && s.holders.get(key) != Some(id)
         {
             return Some(format!(
@@ -297,11 +351,14 @@ fn broken_rule(s: &Snapshot) -> Option<String> {
         }
     }
     // A native message's stamp holds the score it waits at (one in its key's line waits
-    // at its safety net's, and its line keeps the score), and one in flight has one.
+    // at its safety net's, and its line keeps the score; one woken from its group's line
+    // waits behind what was due then, at a later score), and one in flight has one.
     for (id, envelope) in &s.envelopes {
         let stamp = stamp_score(envelope);
+        let woken = s.serial_keys.get(id).is_some_and(|k| k.starts_with('\u{1}'));
         if let Some(score) = s.scores.get(id)
             && !s.lined.contains_key(id)
+            && !(woken && stamp.is_some_and(|stamp| stamp <= *score))
             && stamp != Some(*score)
         {
             return Some(format!(
@@ -365,6 +422,8 @@ struct Run {
     marked: BTreeSet<String>,
     /// What happened to each id, for the message of a failure.
     history: BTreeMap<String, Vec<String>>,
+    /// Each group's concurrency limit in force.
+    concurrency: BTreeMap<&'static str, u32>,
     last_steps: Vec<&'static str>,
 }
 
@@ -409,6 +468,7 @@ impl Run {
             born: BTreeSet::new(),
             marked: BTreeSet::new(),
             history: BTreeMap::new(),
+            concurrency: BTreeMap::new(),
             last_steps: Vec::new(),
         }
     }
@@ -440,16 +500,16 @@ impl Run {
         let due = Duration::from_millis(rng.random_range(0..30));
         let mut m = NewMessage::new(&json!({ "n": self.pushed }), due).expect("message");
         m.options = PushOptions {
-            serial_key: SERIAL_KEYS[rng.random_range(0..SERIAL_KEYS.len())].map(str::to_owned),
             max_attempts: rng.random_bool(0.2).then(|| rng.random_range(1..4)),
             expire_after: rng
                 .random_bool(0.1)
                 .then(|| Duration::from_millis(rng.random_range(1..50))),
             ..PushOptions::default()
         };
+        let mut line = LINES[rng.random_range(0..LINES.len())];
         if self.seed_layout {
             // The recipe's keys have no room for these (refused there).
-            (m.options.serial_key, m.options.expire_after, m.options.max_attempts) = (None, None, None);
+            (line, m.options.expire_after, m.options.max_attempts) = (Line::None, None, None);
         }
         if rng.random_bool(0.2) {
             // A small pool of ids: idempotent pushes, and replacing ones.
@@ -457,10 +517,35 @@ impl Run {
             m.options.id = Some(format!("id-{id}"));
             m.options.replace = rng.random_bool(0.3);
             if self.partitioned {
-                m.options.serial_key = SERIAL_KEYS[id % SERIAL_KEYS.len()].map(str::to_owned);
+                line = LINES[id % LINES.len()];
             }
         }
+        match line {
+            Line::None => {}
+            Line::Serial(key) => m.options.serial_key = Some(key.to_owned()),
+            Line::Group(group) => m.options.group = Some(group.to_owned()),
+        }
         m
+    }
+
+    /// Limits for the groups: tenant:a's own, the default for tenant:b; concurrency only
+    /// ever raised, so that what runs never exceeds the limit in force.
+    fn group_limits(&mut self) {
+        for (group, name) in [(Some("tenant:a"), "tenant:a"), (None, "tenant:b")] {
+            let concurrency = self
+                .concurrency
+                .get(name)
+                .map_or(self.rng.random_range(1..3), |n| n + 1);
+            if concurrency > 4 {
+                continue;
+            }
+            let mut limit = delayq::GroupLimit::concurrency(concurrency).expect("limit");
+            if self.rng.random_bool(0.5) {
+                limit = limit.with_rate(delayq::RateLimit::new(self.rng.random_range(2..6), 0.1).expect("rate"));
+            }
+            self.ok("set_group_limit", self.queue.set_group_limit(group, limit));
+            self.concurrency.insert(name, concurrency);
+        }
     }
 
     fn push(&mut self, count: usize) {
@@ -479,7 +564,10 @@ impl Run {
             let o = &m.options;
             self.note(
                 id,
-                format!("pushed {:?} key {:?} replace {}", m.due, o.serial_key, o.replace),
+                format!(
+                    "pushed {:?} key {:?} group {:?} replace {}",
+                    m.due, o.serial_key, o.group, o.replace
+                ),
             );
         }
         self.ids.extend(ids);
@@ -557,6 +645,21 @@ impl Run {
                     self.last_steps,
                 );
             }
+        }
+        if let Some(group) = &d.group {
+            let limit = self.concurrency.get(group.as_str()).copied().unwrap_or(u32::MAX) as usize;
+            let running = (self.hand.iter())
+                .filter(|h| h.delivery.group.as_ref() == Some(group) && !h.purged && h.since.elapsed() < TIMEOUT)
+                .count();
+            assert!(
+                running < limit,
+                "seed {} step {}: {} of group {group} handed out while {running} of its limit {limit} run\n\
+                 last steps: {:?}",
+                self.seed,
+                self.step,
+                d.id,
+                self.last_steps
+            );
         }
         self.note(&d.id, format!("received (attempt {})", d.attempt));
         self.hand.push(InHand {
@@ -703,6 +806,10 @@ impl Run {
                 self.purge();
                 "purge"
             }
+            99 if !self.seed_layout && self.rng.random_bool(0.2) => {
+                self.group_limits();
+                "group limits"
+            }
             99 => match self.rng.random_range(0..4) {
                 0 => {
                     self.repeat_or_unrepeat();
@@ -790,7 +897,10 @@ impl Run {
         }
         for s in &snaps {
             assert!(
-                s.messages.is_empty() && s.holders.is_empty() && s.line.is_empty() && s.serial_keys.is_empty(),
+                s.messages.is_empty()
+                    && s.holders.keys().all(|k| k.starts_with('\u{2}'))
+                    && s.line.is_empty()
+                    && s.serial_keys.is_empty(),
                 "seed {seed}: left after the drain: {s:#?}"
             );
         }
@@ -806,6 +916,9 @@ impl Run {
 fn run_seed(seed: u64, steps: usize, partitions: u32, layout: &Layout) {
     let server = RedisServer::start();
     let mut run = Run::start(&server, seed, partitions, layout);
+    if !run.seed_layout {
+        run.group_limits();
+    }
     for step in 0..steps {
         run.step = step;
         let what = run.random_step();
