@@ -286,3 +286,58 @@ fn without_wait_a_failover_loses_at_most_the_replication_window() {
         "lost {lost:?}, more than the {window} pushes of the last 100 ms"
     );
 }
+
+/// Groups on a cluster: each group lives in the partition its name picks, where its
+/// limit holds, over every master.
+#[test]
+fn a_groups_limit_holds_on_a_cluster() {
+    let cluster = Cluster::start(3, 0);
+    let q = cluster_queue(
+        &cluster,
+        "tenants",
+        QueueOptions {
+            partitions: 3,
+            ..Default::default()
+        },
+    );
+    q.set_group_limit(None, delayq::GroupLimit::concurrency(1).expect("limit"))
+        .expect("default limit on every partition");
+    let batch: Vec<NewMessage> = (0..60u64)
+        .map(|i| {
+            let mut m = NewMessage::new(&i, Duration::ZERO).expect("msg");
+            m.options.group = Some(format!("tenant-{}", i % 6));
+            m
+        })
+        .collect();
+    q.push_many(&batch).expect("push_many");
+    let running: Mutex<std::collections::BTreeMap<String, u32>> = Mutex::default();
+    let (most, done) = (AtomicU64::new(0), AtomicU64::new(0));
+    let worker = Worker::new(q.clone(), worker_opts()).expect("worker");
+    std::thread::scope(|s| {
+        let stopper = worker.stopper();
+        s.spawn(|| {
+            worker
+                .run(6, |d| {
+                    let group = d.group.clone().expect("a group");
+                    let now = {
+                        let mut r = running.lock();
+                        let n = r.entry(group.clone()).or_default();
+                        *n += 1;
+                        *n
+                    };
+                    most.fetch_max(u64::from(now), Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(5));
+                    *running.lock().get_mut(&group).expect("running") -= 1;
+                    done.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                })
+                .expect("run")
+        });
+        wait_for(Duration::from_secs(30), "every message run", || {
+            done.load(Ordering::SeqCst) == 60
+        });
+        stopper.stop();
+    });
+    assert_eq!(most.load(Ordering::SeqCst), 1, "two of one group ran at once");
+    assert_eq!(q.stats().expect("stats").total("acked"), 60);
+}
