@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-.PHONY: help setup demo build php python dist php-dist test php-versions redis-versions soak hunt bench bench-cluster bench-redis-cost bench-script-cost bench-model-floor bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed bench-serial-keys lint fmt clippy doc
+.PHONY: help setup demo build php python dist php-dist test php-versions redis-versions soak hunt bench bench-cluster bench-redis-cost bench-script-cost bench-model-floor bench-rate-limit bench-priority bench-python-processes bench-rss bench-php-requests bench-keep-completed bench-serial-keys bench-groups lint fmt clippy doc
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-24s %s\n", $$1, $$2}'
@@ -79,6 +79,9 @@ bench-keep-completed: ## Drain rate and Redis memory with keep_completed 0 and 1
 
 bench-serial-keys: ## Drain rate of messages spread over 1, 10, 100 serial keys and none
 	python3 bench/serial_keys.py
+
+bench-groups: ## A claim's Redis time and drain rate with 10 000 groups; how long small groups wait behind a big one
+	python3 bench/groups.py
 
 lint: fmt clippy ## cargo fmt --check and clippy -D warnings
 
