@@ -63,13 +63,13 @@ fn a_newer_format_stops_every_call_before_it_writes_and_names_both_versions() {
     let _: () = redis::cmd("HSET")
         .arg("{dq:newer}:control")
         .arg("format")
-        .arg("2")
+        .arg("3")
         .query(&mut server.con())
         .expect("HSET");
     let before = snapshot(&server, "{dq:newer}");
     let check = |what: &str, err: Error| {
-        assert!(matches!(err, Error::Format { stored: 2, known: 1 }), "{what}: {err:?}");
-        assert!(err.to_string().contains("stored format 2"), "{what}: {err}");
+        assert!(matches!(err, Error::Format { stored: 3, known: 2 }), "{what}: {err:?}");
+        assert!(err.to_string().contains("stored format 3"), "{what}: {err}");
     };
     check("push", q.push(&json!({"n": 1}), Duration::ZERO).expect_err("push"));
     let batch: Vec<NewMessage> = (0..2)
@@ -89,4 +89,30 @@ fn a_newer_format_stops_every_call_before_it_writes_and_names_both_versions() {
         snapshot(&server, "{dq:newer}") == before,
         "a call wrote under a newer format"
     );
+}
+
+/// Groups are what builds of format 1 would misread (as serial keys): the first push
+/// of a group, or a group's limit, records format 2, and nothing lowers it again.
+#[test]
+fn a_queue_that_holds_groups_records_format_2() {
+    let server = RedisServer::start();
+    for (name, with_group) in [("pushed", true), ("limited", false)] {
+        let q = server.queue(name);
+        let tag = format!("{{dq:{name}}}");
+        q.push(&json!({"n": 0}), Duration::ZERO).expect("push");
+        assert_eq!(recorded(&server, &tag).as_deref(), Some("1"));
+        if with_group {
+            let mut m = NewMessage::new(&json!({"n": 1}), Duration::ZERO).expect("message");
+            m.options.group = Some("merchant-42".into());
+            q.push_many(&[m]).expect("push a group");
+        } else {
+            q.set_group_limit(None, delayq::GroupLimit::concurrency(2).expect("limit"))
+                .expect("limit");
+        }
+        assert_eq!(recorded(&server, &tag).as_deref(), Some("2"), "{name}");
+        let summary = run_until_empty(&q, WorkerOptions::default(), |_| Ok(()));
+        assert_eq!(summary.acked, if with_group { 2 } else { 1 });
+        q.push(&json!({"n": 2}), Duration::ZERO).expect("push");
+        assert_eq!(recorded(&server, &tag).as_deref(), Some("2"), "{name}");
+    }
 }

@@ -6,6 +6,7 @@
 -- Returns 1 if limits were in force under that field before, 0 if not.
 -- Faults: permissions and key types are checked before its first write (preflight,
 --   include/base.lua); a full Redis refuses that write, before anything is written.
+-- @include clock
 -- @include group_gate
 -- KEYS: scheduled inflight leases control serial_keys serial_holders serial_line serial_lined claims claim_ids group_grants
 -- Messages held back by the limits before are woken here at most this many a call;
@@ -13,6 +14,8 @@
 local WOKEN = 1000
 local key = ARGV[3]
 local field = 'group' .. key
+-- Stops where a newer build recorded a format this one cannot read.
+queue_now(false)
 local before = redis.call('HEXISTS', K_CONTROL, field)
 -- The lines to look at: the group's own, or every group's (their keys sort before any
 -- serial key's), a group at a time.
@@ -34,6 +37,7 @@ end
 if ARGV[4] == '' and ARGV[5] == '' then
   redis.call('HDEL', K_CONTROL, field)
 else
+  record_format(GROUPS_FORMAT)
   redis.call('HSET', K_CONTROL, field, ARGV[4] .. '|' .. ARGV[5] .. '|' .. ARGV[6])
 end
 -- Each line's first messages, as many as the limits now leave room for, go back to

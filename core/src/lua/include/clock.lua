@@ -38,7 +38,12 @@ local queue_now_us = 0 -- per call
 -- kept in :control beside the clock: recorded by the first script that stores the
 -- clock, and read by every script that reads it, which stops before its first write
 -- where a newer delayq recorded a higher one ("DQERR format <stored> <this build's>").
-local FORMAT = '1'
+-- FORMAT is the highest this build reads; a queue records FIRST_FORMAT until it holds
+-- groups, which builds before them would take for serial keys: then GROUPS_FORMAT.
+local FORMAT = '2'
+local FIRST_FORMAT = '1'
+local GROUPS_FORMAT = '2'
+local format_stored = nil -- per call, as clock_at read it
 local format_unrecorded = false -- per call
 -- clock_ms as clock_at read it.
 local clock_last = nil -- per call
@@ -51,7 +56,7 @@ local function clock_at(t, c)
   if stored and stored > tonumber(FORMAT) then
     raise(redis.error_reply('DQERR format ' .. fmt(stored) .. ' ' .. FORMAT))
   end
-  format_unrecorded = stored == nil
+  format_stored, format_unrecorded = stored, stored == nil
   clock_last = tonumber(c[1])
   local r = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   queue_now_us = tonumber(t[2]) % 1000
@@ -71,11 +76,14 @@ end
 
 -- The fields of :control a writing script stores of clock_at's reading.
 local function clock_fields(r, step)
+  if step and format_unrecorded then
+    return 'clock_ms', fmt(r), 'step_ms', fmt(step), 'step_at', fmt(r), 'format', FIRST_FORMAT
+  end
   if step then
-    return 'clock_ms', fmt(r), 'step_ms', fmt(step), 'step_at', fmt(r), 'format', FORMAT
+    return 'clock_ms', fmt(r), 'step_ms', fmt(step), 'step_at', fmt(r)
   end
   if format_unrecorded then
-    return 'clock_ms', fmt(r), 'format', FORMAT
+    return 'clock_ms', fmt(r), 'format', FIRST_FORMAT
   end
   return 'clock_ms', fmt(r)
 end
@@ -89,4 +97,13 @@ local function queue_now(learn)
     redis.call('HSET', K_CONTROL, clock_fields(r, step))
   end
   return now
+end
+
+-- Record that the queue holds what only format `n` and later read, after queue_now
+-- read the format (a build that reads less then stops on the queue).
+local function record_format(n)
+  if (format_stored or 0) < tonumber(n) then
+    redis.call('HSET', K_CONTROL, 'format', n)
+    format_stored = tonumber(n)
+  end
 end

@@ -171,6 +171,15 @@ local function push_runs(replacing)
   end
   local created = n_adds / 2 - n_replaced
   if n_adds > 0 then
+    if any_serial then
+      -- A group (include/serial.lua) is what builds of format 1 would misread.
+      for _, serial in pairs(serial_of) do
+        if string.byte(serial, 1) == 1 then
+          record_format(GROUPS_FORMAT)
+          break
+        end
+      end
+    end
     redis.call('HSET', K_MSG, unpack(envelopes))
     redis.call('ZADD', K_SCHED, unpack(adds))
     if any_serial then
