@@ -3,6 +3,7 @@ unicode, nested maps and 64-bit integers arrive equal, on the same keys."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -371,6 +372,51 @@ def test_a_serial_key_held_by_a_php_worker_holds_a_python_worker_back(
     assert sorted(rows) == [0, 1, 2] and rows[0][3] == "php" and rows[2][3] == "python", rows
     assert float(rows[1][1]) >= float(rows[0][2]), "the second started once the first ended"
     assert summary["acked"] >= 1 and drained(queue)
+
+
+def test_a_group_limit_set_from_php_holds_a_python_worker_to_it(queue: delayq.DelayQueue, redis_url: str) -> None:
+    """PHP pushes two groups' messages and limits one to 2 at once; a Python worker of 6
+    handlers drains them, never running more than 2 of that group, and sees each
+    message's group."""
+    said = json.loads(php(
+        """
+        $q = new DelayQueue($argv[1], 'jobs');
+        $before = $q->setGroupLimit('merchant-42', 2);
+        $items = [];
+        for ($n = 0; $n < 10; $n++) {
+            $items[] = ['payload' => ['n' => $n, 'group' => 'merchant-42'], 'delay' => $n / 1000, 'group' => 'merchant-42'];
+        }
+        for ($n = 0; $n < 4; $n++) {
+            $items[] = ['payload' => ['n' => $n, 'group' => 'merchant-7'], 'delay' => 0.005, 'group' => 'merchant-7'];
+        }
+        $ids = $q->pushMany($items);
+        echo json_encode(['before' => $before, 'group' => $q->get($ids[0])['group']]);
+        """,
+        redis_url,
+    ))
+    assert said == {"before": False, "group": "merchant-42"}
+    running: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    worker = delayq.Worker(queue, concurrency=6, lease=60, stop_when_empty=True)
+
+    async def handle(payload: dict[str, Any], msg: delayq.Message) -> None:
+        group = msg.group or "none"
+        assert group == payload["group"]
+        running[group] = running.get(group, 0) + 1
+        peak[group] = max(peak.get(group, 0), running[group])
+        await asyncio.sleep(0.03)
+        running[group] -= 1
+
+    done = threading.Timer(30, worker.stop)
+    done.start()
+    try:
+        summary = worker.run(handle)
+    finally:
+        done.cancel()
+    assert summary["acked"] == 14 and summary["stopped_by"] == "empty", summary
+    assert peak["merchant-42"] == 2, peak
+    assert peak["merchant-7"] > 1, "the other group has no limit"
+    assert drained(queue) and queue.stats()["held"] == 0
 
 
 def test_a_payload_at_the_depth_limit_crosses_both_ways_and_one_past_it_is_refused_in_both(

@@ -93,6 +93,8 @@ pub fn message(m: &MessageInfo) -> Record {
         .with("expires_at", or_null(m.expires_at_ms, at))
         .with("completed_at", or_null(m.completed_at_ms, at))
         .with("serial_key", or_null(m.serial_key.as_deref(), text))
+        .with("group", or_null(m.group.as_deref(), text))
+        .with("held", or_null(m.held.as_deref(), text))
         .with("cancelled", Field::Bool(m.cancelled))
 }
 

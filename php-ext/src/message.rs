@@ -47,6 +47,7 @@ pub struct PhpMessage {
     pub(crate) due_at: f64,
     pub(crate) expires_at: Option<f64>,
     pub(crate) serial_key: Option<String>,
+    pub(crate) group: Option<String>,
     pub(crate) queue: String,
     pub(crate) partition: i64,
     pub(crate) payload: Zval,
@@ -65,6 +66,7 @@ impl PhpMessage {
             due_at: convert::ms_to_secs(delivery.due_at_ms),
             expires_at: delivery.expires_at_ms.map(convert::ms_to_secs),
             serial_key: delivery.serial_key.clone(),
+            group: delivery.group.clone(),
             queue: delivery.queue.to_string(),
             partition: delivery.partition() as i64,
             payload,
@@ -174,6 +176,13 @@ impl PhpMessage {
     #[php(getter)]
     pub fn get_serial_key(&self) -> Option<String> {
         self.serial_key.clone()
+    }
+
+    /// With the push option 'group': the group, whose limits it counts against; else
+    /// null.
+    #[php(getter)]
+    pub fn get_group(&self) -> Option<String> {
+        self.group.clone()
     }
 
     /// The queue's name.

@@ -14,7 +14,7 @@ use ext_php_rs::zend::ClassEntry;
 use crate::convert::{self, Options, OptionsArg, Seconds, ms_to_secs};
 use crate::errors::{self, OrThrow};
 use crate::values;
-use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule, ScriptRights, records};
+use delayq::{GroupLimit, Listing, MessageInfo, RateLimit, RepeatOptions, Schedule, ScriptRights, records};
 
 type PhpResult<T> = Result<T, PhpException>;
 
@@ -67,7 +67,7 @@ fn read_push_options(o: &mut Options<'_>) -> PhpResult<delayq::PushOptions> {
         replace: o.bool("replace")?.unwrap_or(false),
         expire_after: o.duration("expire_after")?,
         serial_key: o.string("serial_key")?,
-        group: None,
+        group: o.string("group")?,
     })
 }
 
@@ -191,7 +191,8 @@ impl PhpDelayQueue {
     /// Schedule `$payload` (array, scalar, null or JsonSerializable) after `$delay`
     /// seconds, measured on the Redis server's clock. Returns the message id.
     ///
-    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string} $options
+    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string,
+    ///   group?: string} $options
     #[php(defaults(delay = 0.0, options = "OptionsArg::EMPTY"))]
     pub fn push(&self, payload: &Zval, delay: Seconds, options: OptionsArg<'_>) -> PhpResult<String> {
         let due = delayq::delay_from_secs("delay", delay.0)
@@ -204,7 +205,8 @@ impl PhpDelayQueue {
 
     /// Schedule `$payload` at `$at`: Unix seconds (float) or a DateTimeInterface.
     ///
-    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string} $options
+    /// @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string,
+    ///   group?: string} $options
     #[php(defaults(options = "OptionsArg::EMPTY"))]
     pub fn push_at(&self, payload: &Zval, at: DueTimeArg<'_>, options: OptionsArg<'_>) -> PhpResult<String> {
         let due = absolute(at.0)?;
@@ -216,16 +218,18 @@ impl PhpDelayQueue {
     /// Schedule many messages in one round trip (two for 1 000 delays or more, the first
     /// reading the Redis clock so that the client stamps them). Each item is
     /// `['payload' => …, 'delay' => seconds]` or `['payload' => …, 'at' => time]`, with
-    /// optional `'id'`, `'max_attempts'`, `'partition_key'`, `'replace'`, `'expire_after'` and `'serial_key'`. Returns the ids in order. Nothing is
-    /// written unless every item is valid. Up to 1 000 messages of one partition are one
-    /// script, written all or none, and its error is the one a push throws. A batch of
+    /// optional `'id'`, `'max_attempts'`, `'partition_key'`, `'replace'`, `'expire_after'`,
+    /// `'serial_key'` and `'group'`. Returns the ids in order. Nothing is written unless
+    /// every item is valid. Up to 1 000 messages of one partition are one script, written
+    /// all or none, and its error is the one a push throws. A batch of
     /// several scripts (more messages, or several partitions) that fails in one may have
     /// written others: then it throws a `DelayQueuePartialPushException` (errors.rs),
     /// which names every id of the batch, those written and those whose outcome is
     /// unknown, and is also the class its cause throws.
     ///
     /// @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
-    ///   partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string}> $items
+    ///   partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string,
+    ///   group?: string}> $items
     /// @return list<string>
     pub fn push_many(&self, items: &ZendHashTable) -> PhpResult<Vec<String>> {
         let mut batch = Vec::with_capacity(items.len());
@@ -296,7 +300,8 @@ impl PhpDelayQueue {
     /// @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed', payload: mixed,
     ///   payload_omitted_bytes: ?int, due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string,
     ///   error_trace: ?string, dead_at: ?float, created_at: ?float, lease_until: ?float, expires_at: ?float,
-    ///   completed_at: ?float, serial_key: ?string, cancelled: bool}|null
+    ///   completed_at: ?float, serial_key: ?string, group: ?string, held: ?string,
+    ///   cancelled: bool}|null
     pub fn get(&self, id: String) -> PhpResult<Option<ZBox<ZendHashTable>>> {
         match self.queue.get(&id).or_throw()? {
             Some(info) => Ok(Some(crate::records::record(records::message(&info))?)),
@@ -488,6 +493,22 @@ impl PhpDelayQueue {
     /// was set.
     pub fn clear_rate_limit(&self) -> PhpResult<bool> {
         self.queue.clear_rate_limit().or_throw()
+    }
+
+    /// Limit `$group`'s messages, or with null every group without limits of its own:
+    /// at most `$concurrency` running at once and at most `$max` started in any window
+    /// of `$per` seconds (1 unless given), over every worker pool on every host. Neither
+    /// clears them. Returns whether limits were in force before.
+    #[php(optional = concurrency)]
+    pub fn set_group_limit(
+        &self,
+        group: Option<String>,
+        concurrency: Option<i64>,
+        max: Option<i64>,
+        per: Option<Seconds>,
+    ) -> PhpResult<bool> {
+        let limit = GroupLimit::from_args(concurrency, max, per.map(|p| p.0)).or_throw()?;
+        self.queue.set_group_limit(group.as_deref(), limit).or_throw()
     }
 
     /// The rate limit in force, or null.

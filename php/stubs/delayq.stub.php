@@ -43,7 +43,7 @@ final class DelayQueue
      * measured on the Redis server's clock. One round trip.
      *
      * @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool,
-     *   expire_after?: float, serial_key?: string} $options
+     *   expire_after?: float, serial_key?: string, group?: string} $options
      *   'id' makes the push idempotent: a message of that id is kept as it is, or, with
      *   'replace' => true, replaced (payload and due time, attempts and last error reset)
      *   while it waits or is dead; a running one is left alone ('replace' debounces:
@@ -56,7 +56,11 @@ final class DelayQueue
      *   "order:10086") never run at the same time and start in due order: while one runs,
      *   the next waits and starts as soon as it ends (a failure frees the key, so its
      *   retry may come after a later message of the key; the key also picks the
-     *   partition; not in the seed layout)
+     *   partition; not in the seed layout); a message's 'group' (say "merchant-42") counts
+     *   against that group's limits (setGroupLimit()): beyond them its messages wait in
+     *   the group's line while other groups go on (a serial key is a group of limit 1, so
+     *   a message takes one or the other; the group picks the partition; not in the seed
+     *   layout)
      * @return string the message id
      * @throws DelayQueuePayloadException when the payload cannot become JSON or is too large
      * @throws DelayQueueInvalidArgumentException on a negative, NAN or INF delay or a bad option
@@ -71,7 +75,7 @@ final class DelayQueue
      * @param float|\DateTimeInterface $at Unix time in seconds (an int is a float here, as
      *   everywhere in PHP), or a date
      * @param array{id?: string, max_attempts?: int, partition_key?: string, replace?: bool,
-     *   expire_after?: float, serial_key?: string} $options as for push()
+     *   expire_after?: float, serial_key?: string, group?: string} $options as for push()
      * @return string the message id
      */
     public function pushAt(mixed $payload, float|\DateTimeInterface $at, array $options = []): string {}
@@ -88,7 +92,7 @@ final class DelayQueue
      * only when none may have been written is it the cause's own exception.
      *
      * @param list<array{payload: mixed, delay?: float, at?: float|\DateTimeInterface, id?: string, max_attempts?: int,
-     *   partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string}> $items
+     *   partition_key?: string, replace?: bool, expire_after?: float, serial_key?: string, group?: string}> $items
      * @return list<string> the ids, in order
      * @throws DelayQueuePartialPushException when some scripts of the batch were written (or may
      *   have been) and another failed
@@ -132,11 +136,15 @@ final class DelayQueue
      * its queue. `payload_omitted_bytes` is null when the payload is there. `cancelled`
      * is true for a running message that cancel() marked: its delivery ends as cancelled
      * whatever its handler does (a listing that left the payload out shows false).
+     * `group` is the push option 'group'; `held`, from get() only (null in the
+     * listings), says why a due message waits in its serial key's or group's line, e.g.
+     * 'group "merchant-42" runs 3 of its concurrency limit of 3'.
      *
      * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed',
      *   payload: mixed, payload_omitted_bytes: ?int,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
-     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string, cancelled: bool}|null
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float,
+     *   serial_key: ?string, group: ?string, held: ?string, cancelled: bool}|null
      *   null for an unknown id
      */
     public function get(string $id): ?array {}
@@ -149,7 +157,8 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'scheduled'|'ready', payload: mixed, payload_omitted_bytes: ?int, due_at: float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: null, created_at: ?float,
-     *   lease_until: null, expires_at: ?float, completed_at: null, serial_key: ?string, cancelled: false}>
+     *   lease_until: null, expires_at: ?float, completed_at: null,
+     *   serial_key: ?string, group: ?string, held: null, cancelled: false}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function waiting(int $limit = 100): array {}
@@ -162,7 +171,8 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'inflight', payload: mixed, payload_omitted_bytes: ?int, due_at: ?float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: null, created_at: ?float,
-     *   lease_until: float, expires_at: ?float, completed_at: null, serial_key: ?string, cancelled: bool}>
+     *   lease_until: float, expires_at: ?float, completed_at: null,
+     *   serial_key: ?string, group: ?string, held: null, cancelled: bool}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function inflight(int $limit = 100): array {}
@@ -179,7 +189,8 @@ final class DelayQueue
      * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed',
      *   payload: mixed, payload_omitted_bytes: ?int,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
-     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string, cancelled: bool}>
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float,
+     *   serial_key: ?string, group: ?string, held: null, cancelled: bool}>
      * @throws DelayQueueInvalidArgumentException for an empty $text or a limit outside 0 to 1000
      */
     public function find(string $text, int $limit = 20): array {}
@@ -195,7 +206,8 @@ final class DelayQueue
      * @return list<array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed',
      *   payload: mixed, payload_omitted_bytes: ?int,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
-     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float, serial_key: ?string, cancelled: bool}>
+     *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float,
+     *   serial_key: ?string, group: ?string, held: null, cancelled: bool}>
      * @throws DelayQueueInvalidArgumentException for an empty $field, an array $value or a limit outside 0 to 1000
      */
     public function findField(string $field, mixed $value, int $limit = 20): array {}
@@ -208,14 +220,15 @@ final class DelayQueue
      * @param int $limit 0 to 1000
      * @return list<array{id: string, state: 'completed', payload: mixed, payload_omitted_bytes: ?int, due_at: ?float,
      *   attempts: int, max_attempts: ?int, last_error: null, error_trace: null, dead_at: null, created_at: ?float,
-     *   lease_until: null, expires_at: ?float, completed_at: float, serial_key: ?string, cancelled: false}>
+     *   lease_until: null, expires_at: ?float, completed_at: float,
+     *   serial_key: ?string, group: ?string, held: null, cancelled: false}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function completed(int $limit = 100): array {}
 
     /**
      * Summed over the partitions. `held` counts the scheduled messages, due already,
-     * that wait for another message of their serial key to finish.
+     * that wait in their serial key's or group's line (get() says why).
      *
      * @return array{scheduled: int, ready: int, inflight: int, dead: int, completed: int, held: int,
      *   next_due_at: ?float, paused_at: ?float, rate_limit: array{max: int, per: float}|null, partitions: int,
@@ -364,6 +377,22 @@ final class DelayQueue
      * @return bool false if no limit was set
      */
     public function clearRateLimit(): bool {}
+
+    /**
+     * Limits $group's messages, or with null the default of every group without limits
+     * of its own: at most $concurrency of them run at once, and at most $max start in any
+     * window of $per seconds (1 unless given), over every worker pool on every host and
+     * in every language. A group's messages beyond its limits wait in its line, in due
+     * order, while other groups go on. Stored in Redis until changed: a raised limit
+     * starts held messages at once; a lowered one stops none that runs. Without
+     * $concurrency and $max, clears the limits (a group's own: the default applies to it
+     * again). Not in the seed layout.
+     *
+     * @return bool whether limits were in force before
+     * @throws DelayQueueInvalidArgumentException for a bad group, $concurrency or $max
+     *   below 1, $per outside 0.001 to 2678400 (31 days) or without $max; nothing is written
+     */
+    public function setGroupLimit(?string $group, ?int $concurrency = null, ?int $max = null, ?float $per = null): bool {}
 
     /**
      * The rate limit in force (stats()['rate_limit'] too).
@@ -629,6 +658,8 @@ final class DelayQueueMessage
     public $expiresAt;
     /** @var string|null with the push option 'serial_key': the key, which no other running message holds meanwhile */
     public $serialKey;
+    /** @var string|null with the push option 'group': the group, whose limits it counts against */
+    public $group;
     /** @var string the queue's name */
     public $queue;
     /** @var int the partition it came from (0 unless the queue has 'partitions') */

@@ -16,6 +16,7 @@ writing code. The same queues from PHP, Python or Rust.
     delayq --queue orders repeat nightly-report --cron "0 2 * * *" --tz Asia/Shanghai '{}'
     delayq --queue orders resume
     delayq --queue orders rate-limit 100 --per 60   # at most 100 a minute, over every pool
+    delayq --queue orders group-limit merchant-42 --concurrency 3   # at most 3 of its messages at once
     delayq --queue orders restart-workers   # after a deploy: running pools stop, to be started anew
     delayq --queue orders acl --user app    # the ACL SETUSER line for it; replace PASSWORD
     delayq serve-metrics orders payments --listen :9808   # for Prometheus to scrape
@@ -148,7 +149,7 @@ def _stats(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     def human() -> list[str]:
         depth = ", ".join(f"{s[k]} {k}" for k in DEPTH)
         if s["held"]:
-            depth += f" ({s['held']} of the scheduled held for their serial key)"
+            depth += f" ({s['held']} of the scheduled held in their serial key's or group's line)"
         counters = "  ".join(f"{k} {v}" for k, v in s.items() if k not in NOT_COUNTERS)
         return [
             f"{args.label}: {depth}",
@@ -185,6 +186,8 @@ def _get(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
             f"completed at: {_when(info['completed_at'])}",
             f"created at:   {_when(info['created_at'])}",
             f"serial key:   {info['serial_key'] or '-'}",
+            f"group:        {info['group'] or '-'}",
+        ] + ([f"held:         {info['held']}"] if info["held"] else []) + [
             f"payload:      {_payload(info['payload'])}",
         ] + trace_lines
 
@@ -236,6 +239,8 @@ def _listing(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
                     head += f"  after {m['attempts']} failed attempt{'' if m['attempts'] == 1 else 's'}"
             if m.get("serial_key"):
                 head += f"  serial key {m['serial_key']}"
+            if m.get("group"):
+                head += f"  group {m['group']}"
             lines.append(head)
             if m["last_error"]:
                 lines.append(f"    error:   {_clip(m['last_error'])}")
@@ -391,7 +396,7 @@ def _push(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     payload = _json_payload(args.payload)
     msg_id = q.push(payload, args.delay, id=args.id, max_attempts=args.max_attempts,
                     partition_key=args.partition_key, replace=args.replace, expire_after=args.expire_after,
-                    serial_key=args.serial_key)
+                    serial_key=args.serial_key, group=args.group)
     out.emit({"id": msg_id}, lambda: [msg_id])
     return 0
 
@@ -478,6 +483,27 @@ def _resume(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
     changed = q.resume()
     out.emit({"paused": False, "changed": changed},
              lambda: [f"{args.label} resumed" if changed else f"{args.label} was not paused"])
+    return 0
+
+
+def _group_limit(q: DelayQueue, out: _Output, args: argparse.Namespace) -> int:
+    group: Optional[str] = None if args.default else args.group
+    whose = "groups without limits of their own" if group is None else f"group {group}"
+    if args.clear:
+        if args.concurrency is not None or args.max is not None or args.per is not None:
+            raise _BadUsage("give limits or --clear, not both")
+        had = q.set_group_limit(group)
+        out.emit({"group": group, "concurrency": None, "rate_limit": None, "had_limits": had},
+                 lambda: [f"{args.label}: {whose}: limits cleared" if had else f"{args.label}: {whose} had no limits"])
+        return 0
+    if args.concurrency is None and args.max is None and args.per is None:
+        raise _BadUsage("give --concurrency, --max (with --per) or --clear; a group's limits are not read back")
+    had = q.set_group_limit(group, concurrency=args.concurrency, max=args.max, per=args.per)
+    rate = None if args.max is None else {"max": args.max, "per": 1.0 if args.per is None else args.per}
+    shown = ([] if args.concurrency is None else [f"at most {args.concurrency} running at once"]) + (
+        [] if rate is None else [_rate(rate)])
+    out.emit({"group": group, "concurrency": args.concurrency, "rate_limit": rate, "had_limits": had},
+             lambda: [f"{args.label}: {whose}: " + ", ".join(shown) + (" (replacing its limits)" if had else "")])
     return 0
 
 
@@ -845,6 +871,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--max-attempts", type=int, help="deliveries before the dead-letter set")
     c.add_argument("--partition-key", help="on a partitioned queue: keeps related messages together")
     c.add_argument("--serial-key", help="messages sharing it never run at the same time, and start in due order")
+    c.add_argument("--group", help="its group (a tenant, a merchant): it counts against the group's limits "
+                   "(see group-limit)")
     c.add_argument("--replace", action="store_true",
                    help="with --id: replace a waiting (or dead) message of that id instead of keeping it")
     c.add_argument("--expire-after", type=float, metavar="SECONDS",
@@ -898,6 +926,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--per", type=float, help="the window in seconds (default: 1)")
     c.add_argument("--clear", action="store_true", help="lift the limit; held-back workers start at once")
     c.set_defaults(run=_rate_limit)
+    c = sub.add_parser("group-limit", help="set (--concurrency N, --max M [--per SECONDS]) or --clear a group's "
+                       "limits, or with --default those of every group without limits of its own")
+    whose = c.add_mutually_exclusive_group(required=True)
+    whose.add_argument("group", nargs="?", help="the group, as pushed (--group)")
+    whose.add_argument("--default", action="store_true", help="the default of every group without limits of its own")
+    c.add_argument("--concurrency", type=int, help="at most this many of its messages run at once")
+    c.add_argument("--max", type=int, help="at most this many of its messages start in any window of --per seconds")
+    c.add_argument("--per", type=float, help="that window in seconds (default: 1)")
+    c.add_argument("--clear", action="store_true", help="lift its limits (a group's own: the default applies again)")
+    c.set_defaults(run=_group_limit)
     c = sub.add_parser("acl", help="the ACL SETUSER line granting --user exactly this queue (replace PASSWORD "
                                    "with the user's password before running it)")
     c.add_argument("--user", required=True, help="the Redis ACL user name")

@@ -105,6 +105,7 @@ class DelayQueue:
         replace: bool = False,
         expire_after: Optional[float] = None,
         serial_key: Optional[str] = None,
+        group: Optional[str] = None,
     ) -> str:
         """Schedule ``payload`` (any JSON value) after ``delay`` seconds on the Redis
         server's clock; returns the message id. An ``id`` makes the push idempotent:
@@ -120,7 +121,11 @@ class DelayQueue:
         ``"order:10086"``) never run at the same time and start in due order: while one
         runs, the next waits and starts as soon as it ends (a failure frees the key, so
         its retry may come after a later message of the key; the key also picks the
-        partition; not in the seed layout).
+        partition; not in the seed layout). A message's ``group`` (say
+        ``"merchant-42"``) counts against that group's limits (``set_group_limit``):
+        beyond them its messages wait in the group's line while other groups go on (a
+        serial key is a group of limit 1, so a message takes one or the other; the group
+        picks the partition; not in the seed layout).
 
         Raises TypeError for a value that is not JSON, ValueError (or
         InvalidArgumentError) for NaN, negative or infinite delays, PayloadError when
@@ -136,6 +141,7 @@ class DelayQueue:
         replace: bool = False,
         expire_after: Optional[float] = None,
         serial_key: Optional[str] = None,
+        group: Optional[str] = None,
     ) -> str:
         """Schedule ``payload`` at ``at``: Unix seconds or a datetime. A naive datetime
         (no ``tzinfo``) is this process's local time, as ``datetime.timestamp()`` reads
@@ -145,7 +151,7 @@ class DelayQueue:
         """Schedule many messages in one round trip (two for 1 000 delays or more, the first
         reading the Redis clock so that the client stamps them): ``(payload, delay)`` tuples or dicts
         with ``payload`` and optional ``delay`` or ``at``, ``id``, ``max_attempts``,
-        ``partition_key``, ``replace``, ``expire_after``, ``serial_key``. Nothing is written unless every
+        ``partition_key``, ``replace``, ``expire_after``, ``serial_key``, ``group``. Nothing is written unless every
         item is valid. Up to 1 000 messages of one partition are one script, written all or none,
         and its error is the one a push raises. A batch of several scripts (more messages, or
         several partitions) that fails in one may have written others: then it raises a
@@ -165,7 +171,7 @@ class DelayQueue:
     def get(self, id: str) -> Optional[MessageInfo]:
         """``{id, state, payload, payload_omitted_bytes, due_at, attempts, max_attempts,
         last_error, error_trace, dead_at, created_at, lease_until, expires_at,
-        completed_at, serial_key, cancelled}``, or
+        completed_at, serial_key, group, held, cancelled}``, or
         None for an unknown id. ``state`` is scheduled, ready, inflight, dead or
         completed (kept by ``keep_completed``, acknowledged at ``completed_at``);
         ``attempts`` counts deliveries so far, the running one included; ``lease_until``
@@ -183,7 +189,10 @@ class DelayQueue:
         slow to show its queue. ``payload_omitted_bytes`` is None when the payload is there.
         ``cancelled`` is True for a running message that ``cancel()`` marked: its
         delivery ends as cancelled whatever its handler does (a listing that left the
-        payload out shows False)."""
+        payload out shows False). ``group`` is the push's ``group``; ``held``, from
+        ``get()`` only (None in the listings), says why a due message waits in its serial
+        key's or group's line, e.g. ``'group "merchant-42" runs 3 of its concurrency
+        limit of 3'``."""
     def waiting(self, limit: int = 100, *, start: int = 0) -> list[MessageInfo]:
         """The next ``limit`` (at most 1000) messages waiting, scheduled or ready,
         earliest due first, from every partition, each as ``get()`` shows it, after
@@ -217,7 +226,8 @@ class DelayQueue:
         over the ``partitions``, and lifetime counters
         (pushed, delivered, acked, retried, died, expired, released, cancelled, requeued,
         discarded, trimmed, purged, replaced, moved). ``held`` counts the scheduled
-        messages, due already, that wait for another message of their serial key."""
+        messages, due already, that wait in their serial key's or group's line (``get()``
+        says why)."""
     def dead_letters(self, limit: int = 100, *, start: int = 0) -> list[DeadLetter]:
         """Up to ``limit`` dead letters, newest first, after skipping the ``start``
         newest (as ``waiting``): ``{id, payload, payload_omitted_bytes, attempts,
@@ -322,6 +332,25 @@ class DelayQueue:
         0.001 to 2678400 (31 days); nothing is written."""
     def clear_rate_limit(self) -> bool:
         """Lift the rate limit; pools it held back start at once. False if none was set."""
+    def set_group_limit(
+        self,
+        group: Optional[str],
+        *,
+        concurrency: Optional[int] = None,
+        max: Optional[int] = None,
+        per: Optional[float] = None,
+    ) -> bool:
+        """Limit ``group``'s messages, or with None the default of every group without
+        limits of its own: at most ``concurrency`` of them run at once, and at most
+        ``max`` start in any window of ``per`` seconds (1 unless given), over every
+        worker pool on every host and in every language. A group's messages beyond its
+        limits wait in its line, in due order, while other groups go on. Stored in Redis
+        until changed: a raised limit starts held messages at once; a lowered one stops
+        none that runs. Without ``concurrency`` and ``max``, clears the limits (a group's
+        own: the default applies to it again). Not in the seed layout. Returns whether
+        limits were in force before. ``InvalidArgumentError`` (a ``ValueError``) for a
+        bad group, ``concurrency`` or ``max`` below 1, ``per`` outside 0.001 to 2678400
+        (31 days) or without ``max``; nothing is written."""
     def rate_limit(self) -> Optional[RateLimit]:
         """The rate limit in force, ``{"max": int, "per": float}``, or None (also
         ``stats()["rate_limit"]``)."""
@@ -398,6 +427,9 @@ class Message:
     def serial_key(self) -> Optional[str]:
         """With ``serial_key``: the key, which no other running message holds
         meanwhile; else None."""
+    @property
+    def group(self) -> Optional[str]:
+        """With ``group``: the group, whose limits it counts against; else None."""
     @property
     def queue(self) -> str:
         """The queue's name."""

@@ -44,20 +44,20 @@ class AsyncDelayQueue:
     async def push(self, payload: Any, delay: float = 0.0, *, id: Optional[str] = None,
                    max_attempts: Optional[int] = None, partition_key: Optional[str] = None,
                    replace: bool = False, expire_after: Optional[float] = None,
-                   serial_key: Optional[str] = None) -> str:
+                   serial_key: Optional[str] = None, group: Optional[str] = None) -> str:
         """`DelayQueue.push`."""
         return await asyncio.to_thread(self._queue.push, payload, delay, id=id, max_attempts=max_attempts,
                                        partition_key=partition_key, replace=replace, expire_after=expire_after,
-                                       serial_key=serial_key)
+                                       serial_key=serial_key, group=group)
 
     async def push_at(self, payload: Any, at: Union[float, datetime], *, id: Optional[str] = None,
                       max_attempts: Optional[int] = None, partition_key: Optional[str] = None,
                       replace: bool = False, expire_after: Optional[float] = None,
-                      serial_key: Optional[str] = None) -> str:
+                      serial_key: Optional[str] = None, group: Optional[str] = None) -> str:
         """`DelayQueue.push_at`."""
         return await asyncio.to_thread(self._queue.push_at, payload, at, id=id, max_attempts=max_attempts,
                                        partition_key=partition_key, replace=replace, expire_after=expire_after,
-                                       serial_key=serial_key)
+                                       serial_key=serial_key, group=group)
 
     async def push_many(self, items: Iterable[Union[tuple[Any, float], Mapping[str, Any]]]) -> list[str]:
         """`DelayQueue.push_many`: one round trip (two for 1 000 delays or more), nothing
@@ -169,6 +169,12 @@ class AsyncDelayQueue:
     async def set_rate_limit(self, max: int, per: float = 1.0) -> None:
         """`DelayQueue.set_rate_limit`."""
         await asyncio.to_thread(self._queue.set_rate_limit, max, per)
+
+    async def set_group_limit(self, group: Optional[str], *, concurrency: Optional[int] = None,
+                              max: Optional[int] = None, per: Optional[float] = None) -> bool:
+        """`DelayQueue.set_group_limit`."""
+        return await asyncio.to_thread(self._queue.set_group_limit, group, concurrency=concurrency, max=max,
+                                       per=per)
 
     async def clear_rate_limit(self) -> bool:
         """`DelayQueue.clear_rate_limit`."""

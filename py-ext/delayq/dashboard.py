@@ -124,10 +124,11 @@ def _text(value: Any, limit: int = SHOWN_CHARS) -> str:
 
 
 def _id(m: dict[str, Any]) -> str:
-    """A message's id, with its serial key when it has one (what a waiting message may
-    wait for)."""
-    key = m.get("serial_key")
-    return f"<code>{_text(m['id'])}</code>" + (f"<br><small>serial key {_text(key)}</small>" if key else "")
+    """A message's id, with its serial key or group when it has one (what a waiting
+    message may wait for)."""
+    key, group = m.get("serial_key"), m.get("group")
+    return f"<code>{_text(m['id'])}</code>" + (f"<br><small>serial key {_text(key)}</small>" if key else "") + (
+        f"<br><small>group {_text(group)}</small>" if group else "")
 
 
 def _error(m: Mapping[str, Any], css: str = "") -> str:
@@ -304,7 +305,7 @@ def _queue_section(q: DelayQueue, now: float, token: Optional[str] = None,
         limit = stats["rate_limit"]
         state.append(f"rate limit {limit['max']} per {limit['per']:g} s")
     if stats["held"]:
-        state.append(f"{stats['held']} scheduled held for their serial key")
+        state.append(f"{stats['held']} scheduled held in their serial key's or group's line")
     if not pools:
         state.append('<span class="bad">no worker pool alive</span>' if stats["ready"] else "no worker pool alive")
     depth = _table(

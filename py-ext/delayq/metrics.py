@@ -28,7 +28,7 @@ _HELP = {
     "delayq_messages": ("gauge", "Messages in the queue by state."),
     "delayq_held_messages": (
         "gauge",
-        "Scheduled messages, due already, that wait for another message of their serial key to finish "
+        "Scheduled messages, due already, that wait in their serial key's or group's line "
         "(counted in delayq_messages as scheduled).",
     ),
     "delayq_lag_seconds": (

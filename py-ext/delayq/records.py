@@ -38,6 +38,8 @@ class MessageInfo(TypedDict):
     expires_at: Optional[float]
     completed_at: Optional[float]
     serial_key: Optional[str]
+    group: Optional[str]
+    held: Optional[str]
     cancelled: bool
 
 

@@ -392,6 +392,10 @@ argument_readers! {
     opt_id_arg -> Option<String> = opt_text("id");
     partition_key_arg -> Option<String> = opt_text("partition_key");
     serial_key_arg -> Option<String> = opt_text("serial_key");
+    group_arg -> Option<String> = opt_text("group");
+    concurrency_arg -> Option<i64> = opt_whole_i64("concurrency");
+    opt_max_arg -> Option<i64> = opt_whole_i64("max");
+    opt_per_arg -> Option<f64> = opt_number("per");
     name_arg -> String = text("name");
     text_arg -> String = text("text");
     field_arg -> String = text("field");

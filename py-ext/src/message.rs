@@ -30,6 +30,9 @@ pub(crate) struct PyMessage {
     /// else None.
     #[pyo3(get)]
     serial_key: Option<String>,
+    /// With `group`: the group, whose limits it counts against; else None.
+    #[pyo3(get)]
+    group: Option<String>,
     /// The queue's name.
     #[pyo3(get)]
     pub(crate) queue: String,
@@ -105,6 +108,7 @@ pub(crate) fn message(d: &delayq::Delivery) -> PyMessage {
         due_at: d.due_at_ms as f64 / 1000.0,
         expires_at: d.expires_at_ms.map(|ms| ms as f64 / 1000.0),
         serial_key: d.serial_key.clone(),
+        group: d.group.clone(),
         queue: d.queue.to_string(),
         partition: d.partition(),
         decision: std::sync::Mutex::new(None),

@@ -9,7 +9,7 @@ use crate::convert::{self, payload_to_json};
 use crate::errors::{self, OrRaise};
 use crate::records;
 use delayq::records as records_of;
-use delayq::{Listing, MessageInfo, RateLimit, RepeatOptions, Schedule, ScriptRights};
+use delayq::{GroupLimit, Listing, MessageInfo, RateLimit, RepeatOptions, Schedule, ScriptRights};
 
 /// A delay queue on Redis. Usable on both sides of os.fork(): each process opens its
 /// own connection.
@@ -155,7 +155,7 @@ impl PyQueue {
     /// Schedule `payload` (any JSON value) after `delay` seconds on the Redis clock.
     /// Returns the message id; an `id` makes the push idempotent.
     #[pyo3(signature = (payload, delay = 0.0, *, id = None, max_attempts = None, partition_key = None,
-        replace = false, expire_after = None, serial_key = None))]
+        replace = false, expire_after = None, serial_key = None, group = None))]
     #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
@@ -168,6 +168,7 @@ impl PyQueue {
         #[pyo3(from_py_with = convert::replace_arg)] replace: bool,
         #[pyo3(from_py_with = convert::expire_after_arg)] expire_after: Option<f64>,
         #[pyo3(from_py_with = convert::serial_key_arg)] serial_key: Option<String>,
+        #[pyo3(from_py_with = convert::group_arg)] group: Option<String>,
     ) -> PyResult<String> {
         let due = delayq::delay_from_secs("delay", delay)
             .map(delayq::Due::In)
@@ -180,14 +181,14 @@ impl PyQueue {
             replace,
             expire_after: duration(py, "expire_after", expire_after)?,
             serial_key,
-            group: None,
+            group,
         };
         py.detach(|| self.queue.push_json(json, due, &opts)).or_raise(py)
     }
 
     /// Schedule `payload` at `at`: Unix seconds or a datetime.
     #[pyo3(signature = (payload, at, *, id = None, max_attempts = None, partition_key = None, replace = false,
-        expire_after = None, serial_key = None))]
+        expire_after = None, serial_key = None, group = None))]
     #[allow(clippy::too_many_arguments)]
     fn push_at(
         &self,
@@ -200,6 +201,7 @@ impl PyQueue {
         #[pyo3(from_py_with = convert::replace_arg)] replace: bool,
         #[pyo3(from_py_with = convert::expire_after_arg)] expire_after: Option<f64>,
         #[pyo3(from_py_with = convert::serial_key_arg)] serial_key: Option<String>,
+        #[pyo3(from_py_with = convert::group_arg)] group: Option<String>,
     ) -> PyResult<String> {
         let due = at_due(py, at)?;
         let json = payload_to_json(payload)?;
@@ -210,7 +212,7 @@ impl PyQueue {
             replace,
             expire_after: duration(py, "expire_after", expire_after)?,
             serial_key,
-            group: None,
+            group,
         };
         py.detach(|| self.queue.push_json(json, due, &opts)).or_raise(py)
     }
@@ -218,7 +220,7 @@ impl PyQueue {
     /// Schedule many messages in one round trip (two for 1 000 delays or more, the first
     /// reading the Redis clock so that the client stamps them): `(payload, delay)` tuples or dicts
     /// with `payload` and optional `delay` or `at`, `id`, `max_attempts`, `partition_key`, `replace`,
-    /// `expire_after`, `serial_key`. Nothing is written unless every item is valid. Up
+    /// `expire_after`, `serial_key`, `group`. Nothing is written unless every item is valid. Up
     /// to 1 000 messages of one partition are one script, written all or none, and its
     /// error is the one a push raises. A batch of several scripts (more messages, or
     /// several partitions) that fails in one may have written others: then it raises a
@@ -255,6 +257,7 @@ impl PyQueue {
                         "replace",
                         "expire_after",
                         "serial_key",
+                        "group",
                     ]
                     .contains(&k.as_str())
                     {
@@ -262,7 +265,7 @@ impl PyQueue {
                             py,
                             format!(
                                 "push_many item {i} has an unknown key '{k}' \
-                                 (known: payload, delay, at, id, max_attempts, partition_key, replace, expire_after, serial_key)"
+                                 (known: payload, delay, at, id, max_attempts, partition_key, replace, expire_after, serial_key, group)"
                             ),
                         ));
                     }
@@ -299,7 +302,7 @@ impl PyQueue {
                             d.get_item("expire_after")?.map(|v| v.extract()).transpose()?,
                         )?,
                         serial_key: d.get_item("serial_key")?.map(|v| v.extract()).transpose()?,
-                        group: None,
+                        group: d.get_item("group")?.map(|v| v.extract()).transpose()?,
                     },
                 }
             } else {
@@ -598,6 +601,22 @@ impl PyQueue {
     /// Lift the rate limit; pools it held back start at once. False if none was set.
     fn clear_rate_limit(&self, py: Python<'_>) -> PyResult<bool> {
         py.detach(|| self.queue.clear_rate_limit()).or_raise(py)
+    }
+
+    /// Limit `group`'s messages, or with None every group without limits of its own;
+    /// neither `concurrency` nor `max` clears them (see the stub).
+    #[pyo3(signature = (group, *, concurrency = None, max = None, per = None))]
+    fn set_group_limit(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::group_arg)] group: Option<String>,
+        #[pyo3(from_py_with = convert::concurrency_arg)] concurrency: Option<i64>,
+        #[pyo3(from_py_with = convert::opt_max_arg)] max: Option<i64>,
+        #[pyo3(from_py_with = convert::opt_per_arg)] per: Option<f64>,
+    ) -> PyResult<bool> {
+        let limit = GroupLimit::from_args(concurrency, max, per).or_raise(py)?;
+        py.detach(|| self.queue.set_group_limit(group.as_deref(), limit))
+            .or_raise(py)
     }
 
     /// The rate limit in force, as `{"max": int, "per": float}`, or None.

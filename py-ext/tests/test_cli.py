@@ -317,6 +317,63 @@ def test_rate_limit_is_shown_set_and_cleared(queue: delayq.DelayQueue, redis_url
     assert queue.rate_limit() is None
 
 
+def test_group_limit_sets_and_clears_a_groups_limits_and_the_default(
+    queue: delayq.DelayQueue, redis_url: str
+) -> None:
+    assert cli_json(redis_url, "group-limit", "merchant-42", "--concurrency", "3") == {
+        "group": "merchant-42", "concurrency": 3, "rate_limit": None, "had_limits": False}
+    assert cli(redis_url, "group-limit", "merchant-42", "--concurrency", "2", "--max", "10", "--per", "60").stdout == (
+        "queue jobs: group merchant-42: at most 2 running at once, at most 10 messages per 60 s"
+        " (replacing its limits)\n")
+    assert cli_json(redis_url, "group-limit", "--default", "--max", "5") == {
+        "group": None, "concurrency": None, "rate_limit": {"max": 5, "per": 1.0}, "had_limits": False}
+    for bad, says in [(["merchant-42", "--concurrency", "0"], "concurrency"), (["merchant-42", "--max", "0"], "max"),
+                      (["merchant-42", "--per", "60"], "per"), (["merchant-42", "--clear", "--max", "1"], "not both"),
+                      (["merchant-42"], "--clear"), (["--concurrency", "1"], "group"),
+                      (["merchant-42", "--default", "--clear"], "not allowed with"), (["", "--concurrency", "1"], "group")]:
+        done = cli(redis_url, "group-limit", *bad)
+        assert done.returncode == 2 and says in done.stderr, (bad, done.stderr)
+    assert cli(redis_url, "group-limit", "merchant-42", "--clear").stdout == (
+        "queue jobs: group merchant-42: limits cleared\n"), "a refused change left the limits alone"
+    assert cli_json(redis_url, "group-limit", "merchant-42", "--clear")["had_limits"] is False
+    assert cli(redis_url, "group-limit", "--default", "--clear").stdout == (
+        "queue jobs: groups without limits of their own: limits cleared\n")
+    assert queue.set_group_limit(None) is False
+
+
+def test_push_takes_a_group_and_get_shows_it_and_why_it_waits(queue: delayq.DelayQueue, redis_url: str) -> None:
+    queue.set_group_limit("merchant-42", concurrency=1)
+    first = cli_json(redis_url, "push", '{"n": 1}', "--group", "merchant-42")["id"]
+    second = cli_json(redis_url, "push", '{"n": 2}', "--delay", "0.001", "--group", "merchant-42")["id"]
+    assert queue.get(first)["group"] == "merchant-42"  # type: ignore[index]
+    assert "  group merchant-42\n" in cli(redis_url, "waiting").stdout
+    release = threading.Event()
+    worker = delayq.Worker(queue, concurrency=2, lease=60)
+
+    async def hold_the_group(payload: Any, msg: delayq.Message) -> None:
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+
+    runner = threading.Thread(target=worker.run, args=(hold_the_group,))
+    runner.start()
+    try:
+        # The second handler is idle: the pool claims the group's second message, which waits.
+        wait_for(10, "the second message held", lambda: queue.stats()["held"] == 1)
+        text = cli(redis_url, "get", second).stdout
+        info = cli_json(redis_url, "get", second)
+        running = cli(redis_url, "get", first).stdout
+    finally:
+        release.set()
+        worker.stop()
+        runner.join()
+    assert "group:        merchant-42\n" in text
+    assert 'held:         group "merchant-42" runs 1 of its concurrency limit of 1\n' in text
+    assert info["held"] == 'group "merchant-42" runs 1 of its concurrency limit of 1'
+    assert "state:        inflight" in running and "held:" not in running
+    bad = cli(redis_url, "push", "1", "--group", "g", "--serial-key", "k")
+    assert bad.returncode == 2 and "group" in bad.stderr
+
+
 def test_waiting_and_inflight_list_what_the_api_lists(queue: delayq.DelayQueue, redis_url: str) -> None:
     queue.push({"n": 1}, delay=60)
     queue.push({"n": 2}, serial_key="order:2")
@@ -443,13 +500,13 @@ def test_a_message_held_for_its_serial_key_shows_in_stats_metrics_and_the_dashbo
         release.set()
         worker.stop()
         runner.join()
-    assert "(1 of the scheduled held for their serial key)" in text
+    assert "(1 of the scheduled held in their serial key's or group's line)" in text
     assert "held" not in text.split("since created:")[1], "a depth, not a counter"
     assert m[("delayq_held_messages", (("queue", "jobs"),))] == 1
     assert ("delayq_events_total", (("event", "held"), ("queue", "jobs"))) not in m
-    assert "1 scheduled held for their serial key" in page
+    assert "1 scheduled held in their serial key's or group's line" in page
     assert queue.stats()["held"] == 0
-    assert "held for their serial key" not in cli(redis_url, "stats").stdout
+    assert "held in their" not in cli(redis_url, "stats").stdout
 
 
 def test_metrics_of_an_unreachable_redis_say_so(redis_url: str) -> None:

@@ -386,6 +386,27 @@ impl GroupLimit {
     pub fn none() -> Self {
         Self::default()
     }
+
+    /// Limits from a binding's arguments, each named in an error: a concurrency limit,
+    /// and a rate limit of `max` per `per_secs` seconds (1 unless given). None of them
+    /// is `none()`; `per_secs` without `max` is refused rather than ignored.
+    pub fn from_args(concurrency: Option<i64>, max: Option<i64>, per_secs: Option<f64>) -> Result<Self> {
+        let whole = |name: &str, n: i64| {
+            u32::try_from(n).map_err(|_| Error::invalid(name, format!("must be from 1 to {}, got {n}", u32::MAX)))
+        };
+        let limit = match concurrency {
+            Some(n) => Self::concurrency(whole("concurrency", n)?)?,
+            None => Self::none(),
+        };
+        match (max, per_secs) {
+            (Some(max), per) => Ok(limit.with_rate(RateLimit::new(whole("max", max)?, per.unwrap_or(1.0))?)),
+            (None, Some(_)) => Err(Error::invalid(
+                "per",
+                "applies only with max (the rate limit is max messages per per seconds)",
+            )),
+            (None, None) => Ok(limit),
+        }
+    }
 }
 
 /// One message of a `push_many` batch.
@@ -487,6 +508,33 @@ impl RateLimit {
 mod tests {
     use super::*;
     use crate::options::check_table;
+
+    #[test]
+    fn group_limits_from_arguments_name_the_bad_one() {
+        let rate = RateLimit::new(10, 60.0).expect("rate");
+        assert_eq!(
+            GroupLimit::from_args(None, None, None).expect("none"),
+            GroupLimit::none()
+        );
+        assert_eq!(
+            GroupLimit::from_args(Some(3), Some(10), Some(60.0)).expect("both"),
+            GroupLimit::concurrency(3).expect("3").with_rate(rate)
+        );
+        assert_eq!(
+            GroupLimit::from_args(None, Some(10), None).expect("max").rate,
+            Some(RateLimit::new(10, 1.0).expect("rate"))
+        );
+        let named = |c, m, p| match GroupLimit::from_args(c, m, p) {
+            Err(Error::InvalidArgument { name, .. }) => name,
+            other => panic!("expected an invalid argument, got {other:?}"),
+        };
+        assert_eq!(named(Some(0), None, None), "concurrency");
+        assert_eq!(named(Some(-1), None, None), "concurrency");
+        assert_eq!(named(Some(1 << 40), None, None), "concurrency");
+        assert_eq!(named(None, Some(0), None), "max");
+        assert_eq!(named(None, None, Some(2.0)), "per");
+        assert_eq!(named(Some(1), Some(1), Some(0.0)), "per");
+    }
 
     #[test]
     fn the_table_is_the_defaults() {
