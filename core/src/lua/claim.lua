@@ -314,10 +314,12 @@ if batch > 0 then
   -- Quarantined messages are passed over, but for one group: read past them.
   local quarantine = redis.call('EXISTS', K_QUARANTINE) == 1
   local read = quarantine and batch + math.min(redis.call('HLEN', K_QUARANTINE), 1000) or batch
-  -- Where messages have keys or groups, a backlog of one of them may stand in front of
-  -- others' messages: read past it (what its limits hold goes to its line, once), so
-  -- that groups take turns (serial_gate, which hands out no more than the batch).
-  if not quarantine and redis.call('EXISTS', K_SERIAL) == 1 then
+  -- Where messages have groups (the queue's format says so), a backlog of one group may
+  -- stand in front of others' messages: read past it (what its limits hold goes to its
+  -- line, once), so that groups take turns (serial_gate, which hands out no more than
+  -- the batch).
+  local grouped = (format_stored or 0) >= tonumber(GROUPS_FORMAT)
+  if not quarantine and grouped and redis.call('EXISTS', K_SERIAL) == 1 then
     read = math.min(math.max(4 * batch, 100), 1000)
   end
   if SEED then
