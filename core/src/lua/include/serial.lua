@@ -107,7 +107,7 @@ end
 -- indexes that may not (their key is held, by a running delivery or by an earlier
 -- message of this claim), which are back in the schedule and in their key's line, and
 -- every message's key (false for none), which the claim hands to the handler.
--- groups: the claim's gate of group messages (group_gate in include/group_limits.lua).
+-- groups: the claim's gate of group messages (group_gate in include/group_gate.lua).
 -- Once `room` messages may run, the others are left where they are (also in blocked),
 -- but for those of groups at their limits: they go to their lines, so that the next
 -- claims read past a group's backlog once. Groups take turns: the first message of
