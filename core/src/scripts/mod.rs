@@ -834,6 +834,22 @@ pub(crate) fn compose(name: &str, load: &dyn Fn(&str) -> Option<String>) -> Resu
     }
     preflight.push_str("end -- preflight: key types\n");
 
+    // The includes and the script share one scope: a second function of one name would
+    // shadow the first, and without_unused_functions would keep the callees of one only.
+    let mut defined = BTreeSet::new();
+    for line in texts.iter().chain([&body]).flat_map(|t| t.lines()) {
+        if let Some(rest) = line.strip_prefix("local function ") {
+            let function: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !defined.insert(function.clone()) {
+                return Err(format!(
+                    "{name}.lua: {function} is defined twice in it and its includes"
+                ));
+            }
+        }
+    }
     let texts = without_unused_functions(&texts, &body);
     // What the script defines before it runs: the includes, and what guard names a
     // fault with.
@@ -1369,7 +1385,9 @@ mod tests {
             "x.lua" => Some("-- KEYS: scheduled nonsense\nreturn 1".to_owned()),
             "y.lua" => Some("-- no keys line\nreturn 1".to_owned()),
             "z.lua" => Some("-- @include a\n-- KEYS:\nreturn 1".to_owned()),
+            "w.lua" => Some("-- @include c\n-- KEYS:\nlocal function f()\n  return 2\nend\nreturn f()".to_owned()),
             "include/base.lua" => Some(String::new()),
+            "include/c.lua" => Some("local function f()\n  return 1\nend\n".to_owned()),
             "include/a.lua" => Some("-- @include b\n".to_owned()),
             "include/b.lua" => Some("-- @include a\n".to_owned()),
             _ => None,
@@ -1381,5 +1399,10 @@ mod tests {
                 .contains("no `-- KEYS:` line")
         );
         assert!(compose("z", &files).expect_err("refused").contains("include cycle"));
+        assert!(
+            compose("w", &files)
+                .expect_err("refused")
+                .contains("f is defined twice")
+        );
     }
 }
