@@ -421,15 +421,11 @@ fn get_says_why_a_message_of_a_group_waits() {
     wait_for(Duration::from_secs(5), "the others held", || {
         q.stats().expect("stats").held == 2
     });
+    let why = "group \"partner\" started 1 in its rate limit's window (1 per 1 min 0 s)";
     for waiting in q.list(delayq::Listing::Waiting, 10).expect("list") {
+        assert_eq!(waiting.held.as_deref(), Some(why), "the listing says why too");
         let info = q.get(&waiting.id).expect("get").expect("known");
-        assert_eq!(
-            (info.state, info.held.as_deref()),
-            (
-                delayq::State::Ready,
-                Some("group \"partner\" started 1 in its rate limit's window (1 per 1 min 0 s)")
-            ),
-        );
+        assert_eq!((info.state, info.held.as_deref()), (delayq::State::Ready, Some(why)));
     }
     c.ack(d);
     c.finish();

@@ -136,8 +136,8 @@ final class DelayQueue
      * its queue. `payload_omitted_bytes` is null when the payload is there. `cancelled`
      * is true for a running message that cancel() marked: its delivery ends as cancelled
      * whatever its handler does (a listing that left the payload out shows false).
-     * `group` is the push option 'group'; `held`, from get() only (null in the
-     * listings), says why a due message waits in its serial key's or group's line, e.g.
+     * `group` is the push option 'group'; `held` (null in the listings of running and
+     * completed messages) says why a due message waits in its serial key's or group's line, e.g.
      * 'group "merchant-42" runs 3 of its concurrency limit of 3'.
      *
      * @return array{id: string, state: 'scheduled'|'ready'|'inflight'|'dead'|'completed',
@@ -158,7 +158,7 @@ final class DelayQueue
      * @return list<array{id: string, state: 'scheduled'|'ready', payload: mixed, payload_omitted_bytes: ?int, due_at: float,
      *   attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: null, created_at: ?float,
      *   lease_until: null, expires_at: ?float, completed_at: null,
-     *   serial_key: ?string, group: ?string, held: null, cancelled: false}>
+     *   serial_key: ?string, group: ?string, held: ?string, cancelled: false}>
      * @throws DelayQueueInvalidArgumentException for a limit outside 0 to 1000
      */
     public function waiting(int $limit = 100): array {}
@@ -190,7 +190,7 @@ final class DelayQueue
      *   payload: mixed, payload_omitted_bytes: ?int,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
      *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float,
-     *   serial_key: ?string, group: ?string, held: null, cancelled: bool}>
+     *   serial_key: ?string, group: ?string, held: ?string, cancelled: bool}>
      * @throws DelayQueueInvalidArgumentException for an empty $text or a limit outside 0 to 1000
      */
     public function find(string $text, int $limit = 20): array {}
@@ -207,7 +207,7 @@ final class DelayQueue
      *   payload: mixed, payload_omitted_bytes: ?int,
      *   due_at: ?float, attempts: int, max_attempts: ?int, last_error: ?string, error_trace: ?string, dead_at: ?float,
      *   created_at: ?float, lease_until: ?float, expires_at: ?float, completed_at: ?float,
-     *   serial_key: ?string, group: ?string, held: null, cancelled: bool}>
+     *   serial_key: ?string, group: ?string, held: ?string, cancelled: bool}>
      * @throws DelayQueueInvalidArgumentException for an empty $field, an array $value or a limit outside 0 to 1000
      */
     public function findField(string $field, mixed $value, int $limit = 20): array {}

@@ -189,8 +189,8 @@ class DelayQueue:
         slow to show its queue. ``payload_omitted_bytes`` is None when the payload is there.
         ``cancelled`` is True for a running message that ``cancel()`` marked: its
         delivery ends as cancelled whatever its handler does (a listing that left the
-        payload out shows False). ``group`` is the push's ``group``; ``held``, from
-        ``get()`` only (None in the listings), says why a due message waits in its serial
+        payload out shows False). ``group`` is the push's ``group``; ``held`` (None in the
+        listings of running and completed messages) says why a due message waits in its serial
         key's or group's line, e.g. ``'group "merchant-42" runs 3 of its concurrency
         limit of 3'``."""
     def waiting(self, limit: int = 100, *, start: int = 0) -> list[MessageInfo]:

@@ -125,10 +125,11 @@ def _text(value: Any, limit: int = SHOWN_CHARS) -> str:
 
 def _id(m: dict[str, Any]) -> str:
     """A message's id, with its serial key or group when it has one (what a waiting
-    message may wait for)."""
-    key, group = m.get("serial_key"), m.get("group")
+    message may wait for), and why it waits."""
+    key, group, held = m.get("serial_key"), m.get("group"), m.get("held")
     return f"<code>{_text(m['id'])}</code>" + (f"<br><small>serial key {_text(key)}</small>" if key else "") + (
-        f"<br><small>group {_text(group)}</small>" if group else "")
+        f"<br><small>group {_text(group)}</small>" if group else "") + (
+        f"<br><small>held: {_text(held)}</small>" if held else "")
 
 
 def _error(m: Mapping[str, Any], css: str = "") -> str:

@@ -21,22 +21,6 @@
 -- @include shown
 -- @include stamp
 -- KEYS: scheduled messages inflight leases attempts errors dead control completed completed_messages traces serial_keys serial_holders serial_lined claims claim_ids
--- Why a message in `key`'s line waits (see above).
-local function held_by(key)
-  if string.byte(key, 1) ~= 1 then
-    return {'serial', redis.call('HGET', K_SERIAL_HOLD, key) or false}
-  end
-  local concurrency, max, per = group_limit(key)
-  local counts = redis.call('HMGET', K_SERIAL_HOLD, key, rate_field(key))
-  local running, used = tonumber(counts[1]) or 0, tonumber(counts[2]) or 0
-  if concurrency and running >= concurrency then
-    return {'concurrency', running, concurrency}
-  elseif max and used >= max then
-    return {'rate', used, max, per}
-  end
-  return {'line'}
-end
-
 local id = ARGV[3]
 local max_envelope, max_error, max_trace = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local envelope = sized_values(K_MSG, {id}, max_envelope)[1]
@@ -68,7 +52,7 @@ if score then
   local held = false
   if lined then
     score = line_entry(lined, serial)
-    held = held_by(serial)
+    held = why_held(serial)
   elseif serial and string.byte(serial, 1) == 1 and stored then
     -- Woken from its group's line behind what was due then: its stamp tells when it
     -- was due.

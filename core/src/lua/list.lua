@@ -4,19 +4,22 @@
 --   first)   ARGV[4] limit (1..1000)   ARGV[5] how many to skip first (paging)
 --   ARGV[6] largest envelope sent whole, in bytes   ARGV[7] largest error text and
 --   ARGV[8] largest trace sent whole (longer ones are cut, see include/shown.lua)
--- Returns {now_ms, then groups of 10: id, state, envelope (or its size in bytes, a
+-- Returns {now_ms, then groups of 11: id, state, envelope (or its size in bytes, a
 --   number, when it is larger than ARGV[6]: it is not read), due_ms (-1 unknown),
 --   attempts (deliveries so far, the running one included), last_error or false,
 --   lease_until_ms (-1 unless in flight), completed_at_ms (-1 unless completed),
---   error_trace or false, serial_key or false}. A message in its serial key's line
---   shows when it was due (see get.lua).
+--   error_trace or false, serial_key or false, held or false}. A message in its serial
+--   key's or group's line shows when it was due, and why it waits (held, see
+--   include/group_limits.lua); one woken from its group's line, when it was due (its
+--   stamp's score, see get.lua).
 -- Read-only; one call reads at most 1000 messages, so Redis is never blocked for long.
 -- Faults: it writes nothing.
 -- @include claims
 -- @include clock
+-- @include group_limits
 -- @include shown
 -- @include stamp
--- KEYS: scheduled messages inflight leases attempts errors control completed completed_messages traces serial_keys serial_lined claims claim_ids
+-- KEYS: scheduled messages inflight leases attempts errors control completed completed_messages traces serial_keys serial_holders serial_lined claims claim_ids
 local now = queue_now(false)
 local limit = tonumber(ARGV[4])
 local start = tonumber(ARGV[5])
@@ -52,6 +55,7 @@ if ARGV[3] == 'completed' then
       result[k + 8] = tonumber(listed[i + 1])
       result[k + 9] = false
       result[k + 10] = false
+      result[k + 11] = false
     end
   end
   return result
@@ -135,7 +139,7 @@ for i = 1, n do
   if envelopes[i] then
     local score = tonumber(listed[2 * i])
     local finished = tonumber(attempts[i]) or 0
-    local state, due, attempt, lease_until
+    local state, due, attempt, lease_until, held = nil, nil, nil, nil, false
     if inflight then
       -- A left-out envelope's stamp is not read: its due time is then unknown.
       local stored = type(envelopes[i]) == 'string' and envelopes[i] or nil
@@ -144,6 +148,9 @@ for i = 1, n do
     else
       if lined[i] then
         score = tonumber((line_entry(lined[i], serials[i])))
+        held = why_held(serials[i])
+      elseif serials[i] and string.byte(serials[i], 1) == 1 and type(envelopes[i]) == 'string' then
+        score = stamp_score(envelopes[i], now) or score
       end
       state = score <= ready_bound and 'ready' or 'scheduled'
       due, attempt, lease_until = due_of(score), finished, -1
@@ -159,6 +166,7 @@ for i = 1, n do
     result[k + 8] = -1
     result[k + 9] = cut_text(traces[i], max_trace)
     result[k + 10] = serials[i] or false
+    result[k + 11] = held
   end
 end
 return result

@@ -88,7 +88,8 @@ pub struct MessageInfo {
     pub serial_key: Option<String>,
     /// `PushOptions::group`, while the message waits, runs or is dead.
     pub group: Option<String>,
-    /// Why a due message waits in its serial key's or group's line (`get` only), e.g.
+    /// Why a due message waits in its serial key's or group's line (`get` and the
+    /// waiting listings), e.g.
     /// "group merchant-42 runs 3 of its concurrency limit of 3".
     pub held: Option<String>,
     /// It runs and was cancelled meanwhile (`Queue::cancel`): its delivery ends as

@@ -226,12 +226,21 @@ impl FromRedisValue for Listed {
         let Some((_now, groups)) = items.split_first() else {
             return Err("an empty reply".into());
         };
-        if !groups.len().is_multiple_of(10) {
-            return Err(format!("{} values, not groups of 10", groups.len()).into());
+        if !groups.len().is_multiple_of(11) {
+            return Err(format!("{} values, not groups of 11", groups.len()).into());
         }
         groups
-            .chunks_exact(10)
-            .map(|g| Ok((decode(&g[0])?, record(&g[1..], None)?)))
+            .chunks_exact(11)
+            .map(|g| {
+                let held = Held::decode(&g[10])?;
+                Ok((
+                    decode(&g[0])?,
+                    Record {
+                        held,
+                        ..record(&g[1..10], None)?
+                    },
+                ))
+            })
             .collect::<Result<_, ParsingError>>()
             .map(Self)
     }
@@ -448,12 +457,14 @@ mod tests {
             Value::Int(-1),
             Value::Nil,
             Value::Nil,
+            Value::Array(vec![s("concurrency"), Value::Int(3), Value::Int(3)]),
         ];
         let mut v = vec![Value::Int(1)];
         v.extend(group.iter().cloned());
         let listed = Listed::from_redis_value(Value::Array(v.clone())).expect("decodes").0;
         assert_eq!((listed[0].0.as_str(), listed[0].1.lease_until_ms), ("a", Some(9)));
         assert_eq!(listed[0].1.omitted_bytes, None);
+        assert_eq!(listed[0].1.held, Some(Held::Concurrency { running: 3, limit: 3 }));
         let mut big = v.clone();
         big[3] = Value::Int(20_000_000);
         let listed = Listed::from_redis_value(Value::Array(big)).expect("decodes").0;

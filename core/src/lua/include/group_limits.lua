@@ -20,3 +20,21 @@ end
 local function rate_field(key)
   return '\2' .. string.sub(key, 2)
 end
+
+-- Why a message in `key`'s line waits (get.lua, list.lua): {"serial", holder id or
+-- false}, {"concurrency", running, limit}, {"rate", starts in the window, max, per
+-- ms}, or {"line"} (a place freed: it is due again).
+local function why_held(key)
+  if string.byte(key, 1) ~= 1 then
+    return {'serial', redis.call('HGET', K_SERIAL_HOLD, key) or false}
+  end
+  local concurrency, max, per = group_limit(key)
+  local counts = redis.call('HMGET', K_SERIAL_HOLD, key, rate_field(key))
+  local running, used = tonumber(counts[1]) or 0, tonumber(counts[2]) or 0
+  if concurrency and running >= concurrency then
+    return {'concurrency', running, concurrency}
+  elseif max and used >= max then
+    return {'rate', used, max, per}
+  end
+  return {'line'}
+end
