@@ -387,3 +387,35 @@ def test_a_cancel_of_either_build_leaves_a_message_the_other_runs_in_a_known_sta
         assert s["expired"] == 0, s
     if functions:
         assert "cmdstat_fcall" in server.cli("INFO", "commandstats")
+
+
+def test_a_queue_that_holds_groups_stops_the_build_before_them(redis_url: str, tmp_path: Path) -> None:
+    """The build before groups would take a group for a serial key: once a queue holds
+    one, it records format 2, and that build's producers and pools stop on it, naming
+    the format, while this build's run it."""
+    old_cmd, old_env = php_with(extension_at(DEPLOY_FROM), tmp_path / "ini")
+    queue = delayq.DelayQueue(redis_url, "grouped")
+    queue.push({"n": 1}, 0, group="tenant-1")
+    pushed = subprocess.run(
+        [*old_cmd, "-r", "try { (new DelayQueue($argv[1], 'grouped'))->push(['n' => 2]); }"
+         " catch (Throwable $e) { fwrite(STDERR, $e->getMessage()); exit(3); }", redis_url],
+        env=old_env, capture_output=True, text=True, timeout=60)
+    assert pushed.returncode == 3, pushed
+    assert "format 2" in pushed.stderr, pushed.stderr
+    log = tmp_path / "old.log"
+    log.touch()
+    pool = subprocess.Popen([*old_cmd, str(HERE / "pools" / "span_pool.php"), redis_url, "grouped", str(log),
+                             json.dumps({"lease": LEASE})],
+                            env=old_env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = pool.communicate(timeout=60)
+    finally:
+        if pool.poll() is None:
+            os.killpg(pool.pid, signal.SIGKILL)
+    assert pool.returncode != 0 and "format 2" in err, err
+    assert log.read_text() == ""
+    assert queue.stats()["pushed"] == 1
+    seen: list[Any] = []
+    worker = delayq.Worker(queue, stop_when_empty=True)
+    worker.run(lambda payload, msg: seen.append((payload, msg.group)))
+    assert seen == [({"n": 1}, "tenant-1")]
