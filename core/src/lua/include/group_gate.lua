@@ -25,18 +25,7 @@ local function expire_group_grants(now)
   end
   redis.call('ZREM', K_GROUP_GRANTS, unpack(old))
   for _, key in ipairs(order) do
-    local field = rate_field(key)
-    local left = (tonumber(redis.call('HGET', K_SERIAL_HOLD, field)) or 0) - freed[key]
-    if left > 0 then
-      redis.call('HSET', K_SERIAL_HOLD, field, left)
-    else
-      redis.call('HDEL', K_SERIAL_HOLD, field)
-    end
-    for _ = 1, freed[key] do
-      if not wake_line(key, score_at(now)) then
-        break
-      end
-    end
+    free_places(rate_field(key), key, freed[key], score_at(now))
   end
 end
 

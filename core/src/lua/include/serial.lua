@@ -61,6 +61,24 @@ local function wake_line(key, at)
   end
 end
 
+-- `n` places of group `key` are free, counted in its holders entry `field` (its
+-- running deliveries, or its starts in its rate window): the count drops by n, and as
+-- many of its line wake, behind `at` when given.
+local function free_places(field, key, n, at)
+  -- Not a count: an older build took the group for a serial key; start afresh.
+  local left = (tonumber(redis.call('HGET', K_SERIAL_HOLD, field)) or 0) - n
+  if left > 0 then
+    redis.call('HSET', K_SERIAL_HOLD, field, left)
+  else
+    redis.call('HDEL', K_SERIAL_HOLD, field)
+  end
+  for _ = 1, n do
+    if not wake_line(key, at) then
+      break
+    end
+  end
+end
+
 -- The leases of ids[first..last] (default: all) ended: the keys they held are free,
 -- and their lines move on (groups' behind what is due at `now`, when given).
 local function free_serial_keys(ids, first, last, now)
@@ -88,18 +106,7 @@ local function free_serial_keys(ids, first, last, now)
     end
   end
   for _, key in ipairs(groups) do
-    -- Not a count: an older build took the group for a serial key; start afresh.
-    local left = (tonumber(redis.call('HGET', K_SERIAL_HOLD, key)) or 0) - freed[key]
-    if left > 0 then
-      redis.call('HSET', K_SERIAL_HOLD, key, left)
-    else
-      redis.call('HDEL', K_SERIAL_HOLD, key)
-    end
-    for _ = 1, freed[key] do
-      if not wake_line(key, now and score_at(now)) then
-        break
-      end
-    end
+    free_places(key, key, freed[key], now and score_at(now))
   end
 end
 
