@@ -132,6 +132,8 @@ run_even_out_of_memory()
 local batch = tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[4])
 local now = queue_now(true)
+-- A queue that never held a group (its format says so) skips groups' steps.
+local holds_groups = (format_stored or 0) >= tonumber(GROUPS_FORMAT)
 absorb_stall(now, lease_ms)
 
 -- Expired leases go back to the front of the schedule: the message is due already.
@@ -239,7 +241,9 @@ if #expired > 0 then
 end
 drop_claims(ended)
 -- Group grants that left their rate window bring back what they held in line.
-expire_group_grants(now)
+if holds_groups then
+  expire_group_grants(now)
+end
 
 trim_dead(now, tonumber(ARGV[5]), tonumber(ARGV[6]))
 if beat then
@@ -270,7 +274,7 @@ local claimed_ids, claimed_envelopes, later, keyed, lease_part = {}, {}, {}, {},
 local function reply()
   -- While a group's rate window holds grants, the pool claims for idle handlers only,
   -- so that its messages start as they are granted, as under the queue's rate limit.
-  if redis.call('EXISTS', K_GROUP_GRANTS) == 1 then
+  if holds_groups and redis.call('EXISTS', K_GROUP_GRANTS) == 1 then
     header[4] = 1
   end
   if minute_deltas then
@@ -318,8 +322,7 @@ if batch > 0 then
   -- stand in front of others' messages: read past it (what its limits hold goes to its
   -- line, once), so that groups take turns (serial_gate, which hands out no more than
   -- the batch).
-  local grouped = (format_stored or 0) >= tonumber(GROUPS_FORMAT)
-  if not quarantine and grouped and redis.call('EXISTS', K_SERIAL) == 1 then
+  if not quarantine and holds_groups and redis.call('EXISTS', K_SERIAL) == 1 then
     read = math.min(math.max(4 * batch, 100), 1000)
   end
   if SEED then
@@ -491,7 +494,7 @@ if head then
     next_ms = limited_until()
   end
 end
-for _, key in ipairs({K_CLAIMS, K_INFLIGHT, K_GROUP_GRANTS}) do
+for _, key in ipairs(holds_groups and {K_CLAIMS, K_INFLIGHT, K_GROUP_GRANTS} or {K_CLAIMS, K_INFLIGHT}) do
   local lease_head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   if lease_head[2] then
     local expiry = tonumber(lease_head[2])
